@@ -1,0 +1,34 @@
+# servesim: `make run` replays the bundled trace; `make test` runs the whole suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test parity bench clean venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU build of torch first: a plain `torch` would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q triton==3.7.1
+	$(BIN)/python -m pip install -q -e '.[dev,gpu]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/servesim replay --out runs/default
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+parity: $(STAMP)
+	$(BIN)/python tools/parity.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/sched_speed.py
+	$(BIN)/python benchmarks/sim_speed.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info
