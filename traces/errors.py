@@ -1,0 +1,38 @@
+"""One error type for bad user input (trace files, profiles, specs, scenarios).
+
+Every message names where the problem is (file and line when there is one), which field, what was
+found and what is allowed, so a user can fix the input without reading our code.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad input: raised instead of crashing or silently corrupting results."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,  # 1-based line (or row) number in `path`
+        field: str | None = None,
+        allowed: str | None = None,  # what would have been accepted, in words
+    ) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.allowed = allowed
+        self.detail = message
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = self.path or "<input>"
+        if self.line is not None:
+            where += f", line {self.line}"
+        if self.field is not None:
+            where += f", field '{self.field}'"
+        text = f"{where}: {self.detail}"
+        if self.allowed:
+            text += f" (allowed: {self.allowed})"
+        return text
