@@ -1,0 +1,298 @@
+"""schedule(), split into its phases. Mixed into Scheduler (scheduler.py).
+
+The algorithm has no prefill or decode phase: each request's num_computed_tokens chases its
+num_tokens_with_spec, and one token budget is spent first on RUNNING requests (in order), then,
+only if nothing was preempted, on WAITING ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from scheduler.kv.manager import KVCacheBlocks
+from scheduler.output import NewRequestData, SchedulerOutput
+from scheduler.queues import create_request_queue
+from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class _StepState:
+    """Everything one schedule() call accumulates before it builds the SchedulerOutput."""
+
+    token_budget: int
+    new_reqs: list[Request] = field(default_factory=list)
+    resumed_reqs: list[Request] = field(default_factory=list)
+    running_reqs: list[Request] = field(default_factory=list)  # scheduled from RUNNING
+    preempted_reqs: list[Request] = field(default_factory=list)
+    req_to_new_blocks: dict[str, KVCacheBlocks] = field(default_factory=dict)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens
+    spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_loras: set[int] = field(default_factory=set)
+    prefix_events: list[dict] = field(default_factory=list)  # only filled when tracing
+
+
+class ScheduleMixin:
+    def schedule(self: Scheduler, now_s: float | None = None) -> SchedulerOutput:
+        if now_s is not None:
+            self.now_s = now_s
+        if self.continuum is not None:
+            self.continuum.sweep(self.now_s)
+            self.waiting.update_pinned_state(self.continuum.pinned_job_ids())
+        if self.tracer is not None:
+            self.tracer.snapshot(self)
+        st = _StepState(token_budget=self.max_num_scheduled_tokens)
+        self._schedule_running(st)
+        if self.max_loras is not None:
+            st.scheduled_loras = {r.lora_id for r in st.running_reqs if r.lora_id is not None}
+        if not st.preempted_reqs:
+            self._schedule_waiting(st)
+        out = self._build_output(st)
+        self._update_after_schedule(out)
+        if self.tracer is not None:
+            self.tracer.decision(self, st, out)
+        return out
+
+    # --- phase 1: RUNNING ----------------------------------------------------------------------
+    def _schedule_running(self: Scheduler, st: _StepState) -> None:
+        cfg = self.scheduler_config
+        threshold = cfg.long_prefill_token_threshold
+        lookahead = self.num_lookahead_tokens
+        req_index = 0
+        while req_index < len(self.running) and st.token_budget > 0:
+            request = self.running[req_index]
+            # Async skip-ahead: the in-flight step already reaches max_tokens even if every draft
+            # is rejected, so scheduling another step would only produce a discarded token.
+            if (
+                request.num_output_placeholders > 0
+                and request.num_computed_tokens + 2 - request.num_output_placeholders
+                >= request.num_prompt_tokens + request.max_tokens
+            ):
+                req_index += 1
+                continue
+            num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, st.token_budget)
+            # Keep the input position below max_model_len (matters with spec decode).
+            num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
+            if num_new <= 0:
+                req_index += 1  # `continue`, not `break`: later requests may still fit
+                continue
+            new_blocks, num_rolled_back = self._allocate_or_preempt(st, request, num_new, lookahead)
+            # Each rolled-back victim sat before this request in `running` (as in vLLM, victims
+            # that were skipped earlier in the step do not shift the index).
+            req_index -= num_rolled_back
+            if new_blocks is None:
+                break
+            st.running_reqs.append(request)
+            rid = request.request_id
+            st.req_to_new_blocks[rid] = new_blocks
+            st.num_scheduled_tokens[rid] = num_new
+            st.token_budget -= num_new
+            req_index += 1
+            if request.spec_token_ids:
+                num_spec = num_new + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
+                if num_spec > 0:
+                    st.spec_decode_tokens[rid] = request.spec_token_ids[:num_spec]
+                request.spec_token_ids = []  # new drafts arrive via update_draft_token_ids
+
+    def _allocate_or_preempt(self: Scheduler, st: _StepState, request: Request, num_new: int,
+                             lookahead: int) -> tuple[KVCacheBlocks | None, int]:
+        """allocate_slots, preempting victims until it succeeds or the request itself is evicted.
+
+        Returns the new blocks (None if the request was evicted) and how many victims had been
+        scheduled earlier in this step and were rolled back."""
+        rolled_back = 0
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
+            if new_blocks is not None:
+                return new_blocks, rolled_back
+            victim = self._pick_victim()
+            self.running.remove(victim)
+            if victim in st.running_reqs:
+                # Priority policy: roll back what the victim was given earlier in this step.
+                vid = victim.request_id
+                st.running_reqs.remove(victim)
+                st.token_budget += st.num_scheduled_tokens.pop(vid)
+                st.req_to_new_blocks.pop(vid)
+                st.spec_decode_tokens.pop(vid, None)
+                rolled_back += 1
+            self._preempt_request(victim)
+            st.preempted_reqs.append(victim)
+            if victim is request:
+                return None, rolled_back
+
+    def _pick_victim(self: Scheduler) -> Request:
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        if self.continuum is not None:
+            # Prefer the last running request of a job with no warm pin.
+            pinned = self.continuum.pinned_job_ids()
+            for r in reversed(self.running):
+                if r.job_id is None or r.job_id not in pinned:
+                    return r
+        return self.running[-1]
+
+    def _preempt_request(self: Scheduler, request: Request) -> None:
+        """Free the victim's KV and send it back to the front of the waiting queue (recompute)."""
+        assert request.status == RequestStatus.RUNNING
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        if request.spec_token_ids:
+            request.spec_token_ids = []
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.prepend_request(request)
+
+    # --- phase 2: WAITING ----------------------------------------------------------------------
+    def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
+        cfg = self.scheduler_config
+        threshold = cfg.long_prefill_token_threshold
+        kvm = self.kv_cache_manager
+        step_skipped = create_request_queue(self.policy)
+        while (self.waiting or self.skipped_waiting) and st.token_budget > 0:
+            if len(self.running) == self.max_num_running_reqs:
+                break
+            queue = self._select_waiting_queue()
+            request = queue.peek_request()
+            if request.status in BLOCKED_WAITING_STATES and not self._try_promote_blocked(request):
+                queue.pop_request()
+                step_skipped.prepend_request(request)
+                continue
+            if (
+                self.max_loras is not None
+                and request.lora_id is not None
+                and len(st.scheduled_loras) == self.max_loras
+                and request.lora_id not in st.scheduled_loras
+            ):
+                queue.pop_request()
+                step_skipped.prepend_request(request)
+                continue
+            if request.num_computed_tokens == 0:
+                new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
+                num_computed = num_new_local
+            else:  # came back from a remote KV transfer with its tokens already in place
+                new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
+                num_computed = request.num_computed_tokens
+            # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
+            num_new = request.num_tokens - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not cfg.enable_chunked_prefill and num_new > st.token_budget:
+                break
+            num_new = min(num_new, st.token_budget)
+            lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
+            if self.tracer is not None:
+                st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
+                                         "local_hit_tokens": num_new_local,
+                                         "num_prompt_tokens": request.num_prompt_tokens,
+                                         "num_tokens": request.num_tokens})
+            if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
+                request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks
+            ):
+                break
+            new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
+                                            new_computed_blocks=new_computed_blocks,
+                                            num_lookahead_tokens=lookahead)
+            if new_blocks is None:
+                break
+            self._admit(st, queue.pop_request(), num_new, num_computed)
+        if step_skipped:
+            self.skipped_waiting.prepend_requests(step_skipped)
+
+    def _admit(self: Scheduler, st: _StepState, request: Request, num_new: int, num_computed: int) -> None:
+        self.running.append(request)
+        if request.status == RequestStatus.WAITING:
+            st.new_reqs.append(request)
+        elif request.status == RequestStatus.PREEMPTED:
+            st.resumed_reqs.append(request)
+        else:
+            raise RuntimeError(f"invalid status {request.status} for admission of {request.request_id}")
+        if self.max_loras is not None and request.lora_id is not None:
+            st.scheduled_loras.add(request.lora_id)
+        rid = request.request_id
+        st.req_to_new_blocks[rid] = self.kv_cache_manager.get_blocks(rid)
+        st.num_scheduled_tokens[rid] = num_new
+        st.token_budget -= num_new
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_computed
+
+    def _select_waiting_queue(self: Scheduler):
+        if self.policy != "priority":
+            return self.skipped_waiting or self.waiting
+        if self.waiting and self.skipped_waiting:
+            w, s = self.waiting.peek_request(), self.skipped_waiting.peek_request()
+            return self.waiting if w < s else self.skipped_waiting
+        return self.waiting or self.skipped_waiting
+
+    def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            if request.request_id not in self.finished_recving_kv_req_ids:
+                return False
+            self.finished_recving_kv_req_ids.discard(request.request_id)
+            # The transferred blocks are now valid: enter them in the prefix cache.
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+            return True
+        return False  # grammar / streaming states are never promoted in this model
+
+    # --- output --------------------------------------------------------------------------------
+    def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
+        total = sum(st.num_scheduled_tokens.values())
+        assert total <= self.max_num_scheduled_tokens and st.token_budget >= 0
+        assert len(self.running) <= self.max_num_running_reqs
+        num_common = [0] * self.kv_cache_manager.num_kv_cache_groups
+        if self.running:
+            num_common = self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
+        new_data = [
+            NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
+                           st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id)
+            for r in st.new_reqs
+        ]
+        cached = self._make_cached_request_data(st)
+        self.prev_step_scheduled_req_ids = set(st.num_scheduled_tokens)
+        return SchedulerOutput(
+            scheduled_new_reqs=new_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=st.num_scheduled_tokens,
+            total_num_scheduled_tokens=total,
+            scheduled_spec_decode_tokens=st.spec_decode_tokens,
+            num_common_prefix_blocks=num_common,
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in st.preempted_reqs},
+        )
+
+    def _make_cached_request_data(self: Scheduler, st: _StepState):
+        from scheduler.output import CachedRequestData
+
+        data = CachedRequestData()
+        prev = self.prev_step_scheduled_req_ids
+        num_running = len(st.running_reqs)
+        for idx, req in enumerate(st.running_reqs + st.resumed_reqs):
+            rid = req.request_id
+            data.req_ids.append(rid)
+            if idx >= num_running:
+                data.resumed_req_ids.add(rid)
+            if rid not in prev:
+                data.all_token_ids[rid] = list(req.all_token_ids)
+            data.new_block_ids.append(st.req_to_new_blocks[rid].get_block_ids_or_none())
+            data.num_computed_tokens.append(req.num_computed_tokens)
+            data.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)
+        return data
+
+    def _update_after_schedule(self: Scheduler, out: SchedulerOutput) -> None:
+        """Advance num_computed_tokens right away so the next schedule() can continue a chunked
+        prefill without waiting for this step's output (rejections are clawed back later)."""
+        requests = self.requests
+        for rid, n in out.num_scheduled_tokens.items():
+            request = requests[rid]
+            request.num_computed_tokens += n
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+        self.finished_req_ids = set()

@@ -1,0 +1,45 @@
+"""AsyncScheduler: step N+1 is scheduled before step N's output is applied.
+
+Sampled tokens of an in-flight step are unknown when the next step is scheduled, so each
+scheduled non-chunk request gets output placeholders that count as computed; they are replaced
+by real tokens in update_from_output, and blocks are cached only then.
+"""
+
+from __future__ import annotations
+
+from scheduler.output import SchedulerOutput
+from scheduler.request import Request, RequestStatus
+from scheduler.scheduler import Scheduler
+
+
+class AsyncScheduler(Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Read-only draft placeholders; real drafts are filled in by the worker.
+        self._spec_placeholders: list[int] = [0] * self.num_spec_tokens
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        super()._update_after_schedule(out)
+        for rid in out.num_scheduled_tokens:
+            request = self.requests[rid]
+            if request.is_prefill_chunk:
+                continue
+            request.num_output_placeholders += 1 + len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            request.spec_token_ids = self._spec_placeholders
+
+    def _update_request_with_output(self, request: Request, new_ids: list[int]) -> tuple[list[int], bool]:
+        if request.discard_latest_async_tokens:
+            request.discard_latest_async_tokens = False
+            return [], False
+        status_before = request.status
+        new_ids, stopped = super()._update_request_with_output(request, new_ids)
+        request.num_output_placeholders -= len(new_ids)
+        assert request.num_output_placeholders >= 0
+        if status_before == RequestStatus.RUNNING:  # a preempted request holds no blocks
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_output_placeholders)
+        return new_ids, stopped
+
+
+def make_scheduler(scheduler_config, cache_config, **kwargs) -> Scheduler:
+    cls = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+    return cls(scheduler_config, cache_config, **kwargs)

@@ -1,0 +1,111 @@
+"""Scheduler and cache configuration: nested dataclasses validated on construction.
+
+Defaults follow vLLM 0.19.1 where vLLM has one (scheduler_reserve_full_isl=True, chunked prefill
+on, prefix caching on, block size 16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("fcfs", "priority", "continuum")
+SPEC_METHODS = ("ngram", "eagle", "draft_model")
+ATTENTION_LAYOUTS = ("full", "sliding_window", "hybrid")
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256  # running requests at most
+    max_num_batched_tokens: int = 2048  # token budget per step
+    max_model_len: int = 2048  # tokens (prompt + output) per request at most
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # > 0: cap each request's tokens per step
+    policy: str = "fcfs"  # one of POLICIES
+    async_scheduling: bool = False
+    num_spec_tokens: int = 0  # speculative tokens proposed per step per request
+    spec_method: str = "ngram"  # eagle / draft_model also reserve lookahead slots
+    scheduler_reserve_full_isl: bool = True  # admit only if the whole prompt fits
+    max_loras: int | None = None  # None: LoRA disabled; else adapters per step at most
+    # Continuum (policy == "continuum"): pins longer than this are not worth it (seconds).
+    continuum_pin_threshold_s: float = 2.0
+    # Continuum: tool-call gap predicted for a job with no observations yet (seconds).
+    continuum_default_gap_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _require(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
+        )
+        _require(self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
+        _require(
+            self.long_prefill_token_threshold >= 0,
+            f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}",
+        )
+        _require(self.policy in POLICIES, f"unknown policy {self.policy!r} (valid: {', '.join(POLICIES)})")
+        _require(self.num_spec_tokens >= 0, f"num_spec_tokens must be >= 0, got {self.num_spec_tokens}")
+        _require(
+            self.spec_method in SPEC_METHODS,
+            f"unknown spec_method {self.spec_method!r} (valid: {', '.join(SPEC_METHODS)})",
+        )
+        _require(self.max_loras is None or self.max_loras >= 1, "max_loras must be None or >= 1")
+        _require(self.continuum_pin_threshold_s >= 0, "continuum_pin_threshold_s must be >= 0")
+        _require(self.continuum_default_gap_s >= 0, "continuum_default_gap_s must be >= 0")
+        if not self.enable_chunked_prefill:
+            # vLLM's rule: without chunking every prompt must fit in one step's budget.
+            _require(
+                self.max_num_batched_tokens >= self.max_model_len,
+                "with chunked prefill off, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})",
+            )
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved beyond the scheduled tokens for the drafter (eagle, draft model)."""
+        return self.num_spec_tokens if self.spec_method in ("eagle", "draft_model") else 0
+
+    @property
+    def use_eagle(self) -> bool:
+        return self.spec_method == "eagle" and self.num_spec_tokens > 0
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_gpu_blocks: int = 1000  # blocks in the pool, block 0 (the null block) included
+    enable_prefix_caching: bool = True
+    sliding_window: int | None = None  # tokens; required by the sliding_window/hybrid layouts
+    # "full": one full-attention group; "sliding_window": one sliding-window group;
+    # "hybrid": a full-attention group and a sliding-window group sharing the pool.
+    attention: str = "full"
+    hash_algo: str = "sha256"  # block hash function: sha256 | blake2b
+    enable_kv_cache_events: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        _require(
+            self.num_gpu_blocks >= 2,
+            f"num_gpu_blocks must be >= 2 (block 0 is the null block), got {self.num_gpu_blocks}",
+        )
+        _require(
+            self.attention in ATTENTION_LAYOUTS,
+            f"unknown attention layout {self.attention!r} (valid: {', '.join(ATTENTION_LAYOUTS)})",
+        )
+        if self.sliding_window is not None and self.attention == "full":
+            self.attention = "sliding_window"  # a window given alone means every layer uses it
+        if self.attention != "full":
+            _require(
+                self.sliding_window is not None and self.sliding_window >= 1,
+                f"attention={self.attention!r} needs sliding_window >= 1 tokens",
+            )
+        from scheduler.hashing import HASH_FUNCTIONS
+
+        _require(
+            self.hash_algo in HASH_FUNCTIONS,
+            f"unknown hash_algo {self.hash_algo!r} (valid: {', '.join(sorted(HASH_FUNCTIONS))})",
+        )

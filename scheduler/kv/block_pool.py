@@ -1,0 +1,204 @@
+"""The block pool: all blocks, the free queue, and the prefix-cache map hash -> block(s)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from scheduler.kv.block import FreeKVCacheBlockQueue, KVCacheBlock
+from scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+if TYPE_CHECKING:
+    from scheduler.request import Request
+
+
+def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
+    return block_hash + group_id.to_bytes(4, "big", signed=False)
+
+
+def get_block_hash(key: bytes) -> bytes:
+    return key[:-4]
+
+
+class BlockHashToBlockMap:
+    """hash key -> one block, or {block_id: block} when identical content was cached twice.
+
+    Duplicates are kept (not merged) so that block tables stay append-only; lookups return the
+    first inserted block.
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        blocks = self._cache.get(key)
+        if blocks is None or isinstance(blocks, KVCacheBlock):
+            return blocks
+        return next(iter(blocks.values()))
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            self._cache[key] = block
+        elif isinstance(blocks, KVCacheBlock):
+            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+        else:
+            blocks[block.block_id] = block
+
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        blocks = self._cache.pop(key, None)
+        if blocks is None:
+            return None
+        if isinstance(blocks, KVCacheBlock):
+            if blocks.block_id == block_id:
+                return blocks
+            self._cache[key] = blocks
+            return None
+        block = blocks.pop(block_id, None)
+        if blocks:
+            self._cache[key] = blocks
+        return block
+
+    def items(self):
+        """(key, block) for every cached block (duplicates included). For invariant checks."""
+        for key, blocks in self._cache.items():
+            if isinstance(blocks, KVCacheBlock):
+                yield key, blocks
+            else:
+                for block in blocks.values():
+                    yield key, block
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+class BlockPool:
+    """Allocation, freeing, caching and LRU eviction of KV blocks. Block 0 is the null block."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, enable_kv_cache_events: bool = False):
+        if num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # The null block never enters the free queue and its ref_cnt is not maintained.
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+        """The cached block for each group, or None if any group misses."""
+        out = []
+        for gid in group_ids:
+            block = self.cached_block_hash_to_block.get_one_block(make_block_hash_with_group_id(block_hash, gid))
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+    ) -> None:
+        """Give blocks[num_cached_blocks:num_full_blocks] their hashes and enter them in the cache."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
+        assert len(request.block_hashes) >= num_full_blocks, "block hashes lag the cached tokens"
+        new_hashes: list[bytes] | None = [] if self.enable_kv_cache_events else None
+        for i, blk in enumerate(new_full_blocks):
+            if blk.is_null:  # sliding-window positions that were skipped
+                continue
+            block_hash = request.block_hashes[num_cached_blocks + i]
+            key = make_block_hash_with_group_id(block_hash, group_id)
+            blk.block_hash = key
+            self.cached_block_hash_to_block.insert(key, blk)
+            if new_hashes is not None:
+                new_hashes.append(block_hash)
+        if new_hashes is not None:
+            parent = request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
+            tokens = request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
+            self.kv_event_queue.append(
+                BlockStored(tuple(new_hashes), parent, tuple(tokens), block_size, request.lora_id)
+            )
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop blocks from the front of the free queue, evicting their cached hashes (LRU)."""
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            for block in ret:
+                self._maybe_evict_cached_block(block)
+                block.ref_cnt += 1
+        else:
+            for block in ret:
+                block.ref_cnt += 1
+        return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        key = block.block_hash
+        if key is None:
+            return False
+        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
+            return False
+        block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(BlockRemoved((get_block_hash(key),)))
+        return True
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """A prefix-cache hit: take a reference, pulling eviction candidates off the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each; those reaching 0 join the free queue in the given order."""
+        blocks = list(ordered_blocks)
+        for block in blocks:
+            block.ref_cnt -= 1
+        self.free_block_queue.append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        for block_id in block_ids:
+            self._maybe_evict_cached_block(self.blocks[block_id])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is still in use."""
+        if self.num_gpu_blocks - self.get_num_free_blocks() != 1:  # the null block is always used
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        for block in self.blocks:
+            block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_num_cached_blocks(self) -> int:
+        return len(self.cached_block_hash_to_block)
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks (null block excluded) that are not free."""
+        total = self.num_gpu_blocks - 1
+        return 1.0 - self.get_num_free_blocks() / total if total else 0.0
+
+    def take_events(self) -> list[KVCacheEvent]:
+        if not self.enable_kv_cache_events:
+            return []
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events

@@ -1,0 +1,159 @@
+"""Coordinators: spread each KV-manager call over the KV cache groups.
+
+- NoPrefixCache: caching off; any number of groups; never hits.
+- Unitary: one group (the common case).
+- Hybrid: several groups (e.g. full + sliding window); the hit length is the fixed point where
+  every attention type accepts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import lcm
+from typing import TYPE_CHECKING
+
+from scheduler.kv.block import KVCacheBlock
+from scheduler.kv.block_pool import BlockPool
+from scheduler.kv.single_type import MANAGERS, KVCacheGroupSpec, SingleTypeKVCacheManager
+
+if TYPE_CHECKING:
+    from scheduler.request import Request
+
+BlocksByGroup = tuple[list[KVCacheBlock], ...]
+
+
+class KVCacheCoordinator:
+    def __init__(self, groups: Sequence[KVCacheGroupSpec], num_blocks: int, enable_caching: bool,
+                 use_eagle: bool, enable_kv_cache_events: bool):
+        self.groups = tuple(groups)
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events)
+        self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
+            MANAGERS[g.kind](g, self.block_pool, enable_caching, i) for i, g in enumerate(self.groups)
+        )
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: BlocksByGroup, total_computed_tokens: int) -> int:
+        return sum(
+            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i], total_computed_tokens)
+            for i, m in enumerate(self.managers)
+        )
+
+    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: BlocksByGroup,
+                                     num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
+        for i, m in enumerate(self.managers):
+            m.allocate_new_computed_blocks(
+                request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
+            )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> BlocksByGroup:
+        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.managers)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        for m in self.managers:
+            m.cache_blocks(request, num_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        for m in self.managers:
+            m.free(request_id)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in self.managers]
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        for m in self.managers:
+            m.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def get_blocks(self, request_id: str) -> BlocksByGroup:
+        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.managers)
+
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_cache_hit_length: int) -> tuple[BlocksByGroup, int]:
+        raise NotImplementedError
+
+
+class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    def __init__(self, groups, num_blocks, use_eagle, enable_kv_cache_events):
+        super().__init__(groups, num_blocks, False, use_eagle, enable_kv_cache_events)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * len(self.managers)
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        return tuple([] for _ in self.managers), 0
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    def __init__(self, groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events):
+        super().__init__(groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events)
+        assert len(self.groups) == 1
+        self.spec = self.groups[0]
+        self.block_size = self.spec.block_size
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        hit = type(self.managers[0]).find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, [0], self.block_pool, self.spec, self.use_eagle, self.block_size
+        )
+        return hit, len(hit[0]) * self.block_size
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    def __init__(self, groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events):
+        super().__init__(groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events)
+        # Merge identical specs into one lookup; full attention first (it is cheapest to shrink).
+        merged: list[tuple[KVCacheGroupSpec, list[int]]] = []
+        for i, spec in enumerate(self.groups):
+            for existing, ids in merged:
+                if existing == spec:
+                    ids.append(i)
+                    break
+            else:
+                merged.append((spec, [i]))
+        if len(merged) < 2:
+            raise ValueError("a hybrid KV cache needs at least two different attention groups")
+        self.attention_groups = sorted(merged, key=lambda x: x[0].kind != "full")
+        self.lcm_block_size = lcm(*(spec.block_size for spec, _ in merged))
+        # Our hashes are at the common block size; groups with other block sizes are not supported.
+        if len({spec.block_size for spec, _ in merged}) != 1:
+            raise ValueError("hybrid groups must share one block_size")
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        """Shrink the candidate length until every attention type accepts it (a fixed point)."""
+        hit_by_group: list[list[KVCacheBlock] | None] = [None] * len(self.groups)
+        hit_length = max_cache_hit_length
+        simple = len(self.attention_groups) == 2 and self.attention_groups[0][0].kind == "full"
+        while True:
+            curr = hit_length
+            for spec, ids in self.attention_groups:
+                cached = hit_by_group[ids[0]]
+                if spec.kind == "full" and cached is not None:
+                    # A full-attention hit of length L contains every shorter prefix.
+                    curr = curr // spec.block_size * spec.block_size
+                    continue
+                hit = MANAGERS[spec.kind].find_longest_cache_hit(
+                    block_hashes, curr, ids, self.block_pool, spec, self.use_eagle, self.lcm_block_size
+                )
+                curr = len(hit[0]) * spec.block_size
+                for gid, blocks in zip(ids, hit):
+                    hit_by_group[gid] = blocks
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if simple:
+                break
+        spec, ids = self.attention_groups[0]
+        if spec.kind == "full":
+            n = hit_length // spec.block_size
+            for gid in ids:
+                if hit_by_group[gid] is not None:
+                    del hit_by_group[gid][n:]
+        return tuple(b if b is not None else [] for b in hit_by_group), hit_length
+
+
+def make_coordinator(groups: Sequence[KVCacheGroupSpec], num_blocks: int, enable_caching: bool,
+                     use_eagle: bool, enable_kv_cache_events: bool) -> KVCacheCoordinator:
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(groups, num_blocks, use_eagle, enable_kv_cache_events)
+    if len(groups) == 1:
+        return UnitaryKVCacheCoordinator(groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events)
+    return HybridKVCacheCoordinator(groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events)

@@ -1,0 +1,179 @@
+"""KVCacheManager: the scheduler-facing facade over the coordinator and block pool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scheduler.kv.block import KVCacheBlock
+from scheduler.kv.coordinator import make_coordinator
+from scheduler.kv.single_type import KVCacheGroupSpec, cdiv
+
+if TYPE_CHECKING:
+    from scheduler.config import CacheConfig
+    from scheduler.request import Request
+
+
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """Blocks per KV cache group: blocks[group][i] (the scheduler never looks inside)."""
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def get_block_ids_or_none(self) -> tuple[list[int], ...] | None:
+        """None when no group got a block (a cached request with nothing new)."""
+        if all(len(g) == 0 for g in self.blocks):
+            return None
+        return self.get_block_ids()
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups since the last reset; preempted requests are counted apart."""
+
+    requests: int = 0  # lookups by requests never preempted
+    queries: int = 0  # tokens looked up
+    hits: int = 0  # tokens found
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    reset: bool = False  # reset_prefix_cache() ran
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+def group_specs_from_config(cache_config: CacheConfig) -> list[KVCacheGroupSpec]:
+    bs = cache_config.block_size
+    if cache_config.attention == "full":
+        return [KVCacheGroupSpec("full", bs)]
+    if cache_config.attention == "sliding_window":
+        return [KVCacheGroupSpec("sliding_window", bs, cache_config.sliding_window)]
+    return [KVCacheGroupSpec("full", bs), KVCacheGroupSpec("sliding_window", bs, cache_config.sliding_window)]
+
+
+class KVCacheManager:
+    def __init__(self, cache_config: CacheConfig, max_model_len: int, use_eagle: bool = False,
+                 log_stats: bool = True):
+        self.max_model_len = max_model_len
+        self.enable_caching = cache_config.enable_prefix_caching
+        self.block_size = cache_config.block_size
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.coordinator = make_coordinator(
+            group_specs_from_config(cache_config), cache_config.num_gpu_blocks, self.enable_caching,
+            use_eagle, cache_config.enable_kv_cache_events,
+        )
+        self.num_kv_cache_groups = len(self.coordinator.managers)
+        self.block_pool = self.coordinator.block_pool
+        # Shared immutable "no blocks" value; allocate_slots uses identity to spot it (as vLLM).
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Return and reset the stats gathered since the last call."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Longest prefix-cache hit, in whole blocks, capped at num_tokens - 1 so the last token is
+        recomputed (its logits are needed)."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        max_hit = request.num_tokens - 1
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_hit)
+        if self.log_stats:
+            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+        return self._blocks(blocks), num_hit_tokens
+
+    def can_fit_full_sequence(self, request: Request, num_new_computed_tokens: int = 0,
+                              new_computed_blocks: KVCacheBlocks | None = None,
+                              num_external_computed_tokens: int = 0) -> bool:
+        """Admission gate: could the whole prompt (not just the first chunk) get its blocks now?"""
+        ncb = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(local + num_external_computed_tokens, self.max_model_len)
+        full = min(request.num_tokens, self.max_model_len)
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, ncb, total_computed)
+        return need <= self.block_pool.get_num_free_blocks()
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False) -> KVCacheBlocks | None:
+        """Give the request slots for num_new_tokens (+ lookahead) after its computed prefix.
+
+        Returns the newly allocated blocks, or None on shortage -- in which case nothing changed
+        except blocks that slid out of a sliding window (freeing those is always safe).
+        Layout: | computed | new hits | external hits | new | lookahead |; only verified tokens
+        (up to request.num_tokens) are entered into the prefix cache.
+        """
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be > 0 when there are no external computed tokens")
+        ncb = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(local + num_external_computed_tokens, self.max_model_len)
+        num_tokens_main = total_computed + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
+        rid = request.request_id
+        self.coordinator.remove_skipped_blocks(rid, total_computed)
+        need = self.coordinator.get_num_blocks_to_allocate(
+            rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens
+        )
+        if need > self.block_pool.get_num_free_blocks():
+            return None
+        if ncb is not self.empty_kv_cache_blocks.blocks or num_external_computed_tokens > 0:
+            self.coordinator.allocate_new_computed_blocks(rid, ncb, local, num_external_computed_tokens)
+        new_blocks = self.coordinator.allocate_new_blocks(rid, num_tokens_need_slot)
+        if self.enable_caching and not delay_cache_blocks:
+            self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return self._blocks(new_blocks)
+
+    def free(self, request: Request) -> None:
+        self.coordinator.free(request.request_id)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return self._blocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def num_blocks_held(self, request_id: str) -> int:
+        return sum(len(m.req_to_blocks.get(request_id, ())) for m in self.coordinator.managers)
+
+    def take_events(self):
+        return self.block_pool.take_events()
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks a request of num_tokens needs per group (the never-fits check uses it)."""
+        return cdiv(min(num_tokens, self.max_model_len), self.block_size) * self.num_kv_cache_groups
+
+    def _blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

@@ -1,0 +1,111 @@
+"""Boundary types between the scheduler and the executors (simulated or GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.kv.manager import PrefixCacheStats
+from scheduler.request import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request scheduled for the first time (the worker has no state for it yet)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: tuple[list[int], ...]  # group -> block ids of the whole request so far
+    num_computed_tokens: int  # tokens already in KV (prefix-cache hit) before this step
+    lora_id: int | None = None
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Deltas for requests the worker already knows (running, or resumed after preemption)."""
+
+    req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: set[str] = field(default_factory=set)  # back after preemption: replace blocks
+    new_token_ids: list[list[int]] = field(default_factory=list)  # only with pipeline parallelism
+    # req_id -> all token ids, only for requests not scheduled in the previous step.
+    all_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)  # None: no new blocks
+    num_computed_tokens: list[int] = field(default_factory=list)  # before this step's tokens
+    num_output_tokens: list[int] = field(default_factory=list)  # incl. async placeholders
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]  # req_id -> tokens this step, in scheduling order
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict[str, list[int]]  # req_id -> draft token ids verified this step
+    num_common_prefix_blocks: list[int]  # per KV group, blocks shared by every request holding KV
+    finished_req_ids: set[str]  # finished since the previous schedule(): the worker frees them
+    preempted_req_ids: set[str]
+    num_invalid_spec_tokens: dict[str, int] | None = None
+
+    @classmethod
+    def make_empty(cls) -> SchedulerOutput:
+        return cls([], CachedRequestData(), {}, 0, {}, [], set(), set())
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What the executor returns for one step."""
+
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]  # per request; empty for a partial prefill chunk
+    # req_id -> draft tokens proposed for the next step (spec decode), if any.
+    draft_token_ids: dict[str, list[int]] | None = None
+
+
+@dataclass(slots=True)
+class SpecDecodingStats:
+    num_spec_tokens: int  # configured drafts per step
+    num_drafts: int = 0  # requests that verified drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # position -> accepted count (acceptance by draft position)
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for i in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int  # waiting + skipped_waiting
+    kv_cache_usage: float  # fraction of usable blocks in use
+    prefix_cache_stats: PrefixCacheStats
+    spec_decoding_stats: SpecDecodingStats | None = None
+    num_pinned_reqs: int = 0  # Continuum
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """Per-request result of update_from_output (or of an abort / ignore)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | "repetition" | None
+    num_cached_tokens: int  # prefix-cache hit at admission (0 if never admitted)
+    stop_reason: int | str | None = None
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    outputs: list[RequestOutput]
+    scheduler_stats: SchedulerStats | None = None
+    finished_req_ids: list[str] = field(default_factory=list)  # in finishing order

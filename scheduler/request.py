@@ -1,0 +1,214 @@
+"""Request and its lifecycle states, with vLLM V1's field names.
+
+One counter model: a request is only `num_computed_tokens` chasing `num_tokens_with_spec`. Whether it
+is "prefilling" or "decoding" is never stored; metrics derive it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle states; every value above PREEMPTED is a finished state (as in vLLM)."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+# Blocked waiting states: the request sits in skipped_waiting until something outside promotes it.
+BLOCKED_WAITING_STATES = frozenset(
+    {
+        RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+        RequestStatus.WAITING_FOR_REMOTE_KVS,
+        RequestStatus.WAITING_FOR_STREAMING_REQ,
+    }
+)
+
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ERROR: "error",
+    RequestStatus.FINISHED_REPETITION: "repetition",
+}
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """The subset of vLLM's SamplingParams that the scheduler reads."""
+
+    max_tokens: int = 16  # output tokens after which the request stops (length cap)
+    min_tokens: int = 0  # no stop rule fires before this many output tokens
+    ignore_eos: bool = False
+    eos_token_id: int | None = None  # None: the model has no EOS (never stops on it)
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+
+
+BlockHasher = Callable[["Request"], list[bytes]]
+
+
+class Request:
+    """A request as the scheduler sees it. Mirrors vllm.v1.request.Request."""
+
+    __slots__ = (
+        "request_id", "priority", "sampling_params", "arrival_time", "lora_id", "cache_salt",
+        "job_id", "is_last_step", "status", "stop_reason", "max_tokens", "prompt_token_ids",
+        "num_prompt_tokens", "_output_token_ids", "_all_token_ids", "num_output_placeholders",
+        "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
+        "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
+        "num_external_computed_tokens", "block_hashes", "_block_hasher", "skip_reading_prefix_cache",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float = 0.0,  # seconds (any epoch the caller uses); a priority tie-breaker
+        priority: int = 0,  # lower runs first under the priority policy
+        lora_id: int | None = None,  # LoRA adapter id (> 0); None = base model
+        cache_salt: str | None = None,  # isolates this request's prefix cache entries
+        block_hasher: BlockHasher | None = None,
+        job_id: str | None = None,  # Continuum: the agentic job this turn belongs to
+        is_last_step: bool = True,  # Continuum: False for non-final turns of a job
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
+        if lora_id is not None and lora_id <= 0:
+            raise ValueError(f"request {request_id!r}: lora_id must be > 0 or None")
+        self.request_id = request_id
+        self.priority = priority
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.lora_id = lora_id
+        self.cache_salt = cache_salt
+        self.job_id = job_id
+        self.is_last_step = is_last_step
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.max_tokens = sampling_params.max_tokens
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        # Async scheduling: tokens scheduled whose ids are not known yet (counted as computed).
+        self.num_output_placeholders = 0
+        self.discard_latest_async_tokens = False
+        self.spec_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        # Prefix-cache hit (tokens) at first admission; None until then (vLLM uses -1).
+        self.num_cached_tokens: int | None = None
+        self.is_prefill_chunk = False
+        self.num_preemptions = 0
+        self.num_external_computed_tokens = 0
+        self.block_hashes: list[bytes] = []
+        self._block_hasher = block_hasher
+        self.skip_reading_prefix_cache = False
+        self.update_block_hashes()
+
+    # --- token bookkeeping -------------------------------------------------------------------
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Hash the newly completed full blocks (block hashes grow with the tokens)."""
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._output_token_ids  # read-only by convention
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all_token_ids  # read-only by convention
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def get_finished_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+    # --- priority-queue order: priority, then arrival_time, then request_id --------------------
+    def __lt__(self, other: Request) -> bool:
+        if self.priority != other.priority:
+            return self.priority < other.priority
+        if self.arrival_time != other.arrival_time:
+            return self.arrival_time < other.arrival_time
+        return self.request_id < other.request_id
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Apply vLLM's stop rules after a token was appended; sets status on stop.
+
+    Order matters and follows vLLM: min_tokens gates everything; then EOS (unless ignore_eos),
+    stop token ids, then the length caps (max_model_len, max_tokens).
+    """
+    params = request.sampling_params
+    if request.num_output_tokens < params.min_tokens:
+        return False
+    last = request._output_token_ids[-1]
+    if not params.ignore_eos and params.eos_token_id is not None and last == params.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last in params.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last
+        return True
+    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

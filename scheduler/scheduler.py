@@ -1,0 +1,260 @@
+"""The vLLM V1 scheduler (0.19.1 behaviour) with the Continuum KV-pinning policy.
+
+Typical use (what an engine loop does each step):
+
+    sched = Scheduler(SchedulerConfig(...), CacheConfig(...))
+    sched.add_request(Request(...), now_s=t)
+    out = sched.schedule(now_s=t)                    # SchedulerOutput
+    model_out = executor.execute(out)                # ModelRunnerOutput
+    results = sched.update_from_output(out, model_out, now_s=t + step)
+
+Time is only ever passed in; the scheduler never reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler._schedule import ScheduleMixin
+from scheduler.config import CacheConfig, SchedulerConfig
+from scheduler.continuum import ContinuumPinner
+from scheduler.hashing import make_block_hasher
+from scheduler.kv.manager import KVCacheManager
+from scheduler.output import (
+    EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
+    SpecDecodingStats,
+)
+from scheduler.queues import create_request_queue
+from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, check_stop
+
+
+class Scheduler(ScheduleMixin):
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 log_stats: bool = True, tracer=None) -> None:
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.policy = scheduler_config.policy
+        self.max_num_running_reqs = scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.max_loras = scheduler_config.max_loras
+        self.num_spec_tokens = scheduler_config.num_spec_tokens
+        self.num_lookahead_tokens = scheduler_config.num_lookahead_tokens
+        self.log_stats = log_stats
+        self.block_size = cache_config.block_size
+        self.block_hasher = (
+            make_block_hasher(cache_config.block_size, cache_config.hash_algo)
+            if cache_config.enable_prefix_caching else None
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(self.policy)
+        self.skipped_waiting = create_request_queue(self.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()  # since the previous schedule()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+        self.finished_recving_kv_req_ids: set[str] = set()  # P/D: KV transfers that completed
+        self.kv_cache_manager = KVCacheManager(
+            cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
+        )
+        self.continuum: ContinuumPinner | None = None
+        if self.policy == "continuum":
+            self.continuum = ContinuumPinner(
+                self.kv_cache_manager, self.requests, scheduler_config.continuum_pin_threshold_s,
+                scheduler_config.continuum_default_gap_s,
+            )
+        self.tracer = tracer
+        self.now_s = 0.0
+        self.num_preemptions_total = 0
+        self._ignored: list[RequestOutput] = []
+        self._max_request_blocks = cache_config.num_gpu_blocks - 1
+
+    # --- requests in -----------------------------------------------------------------------------
+    def make_request(self, request_id: str, prompt_token_ids: list[int], sampling_params, **kw) -> Request:
+        """Build a Request whose block hashes match this scheduler's cache settings."""
+        return Request(request_id, prompt_token_ids, sampling_params, block_hasher=self.block_hasher, **kw)
+
+    def add_request(self, request: Request, now_s: float | None = None) -> None:
+        if now_s is not None:
+            self.now_s = now_s
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request._block_hasher is None and self.block_hasher is not None:
+            request._block_hasher = self.block_hasher
+            request.update_block_hashes()
+        if self._never_fits(request):
+            # It would block the head of the queue forever: finish it as ignored, never schedule.
+            request.status = RequestStatus.FINISHED_IGNORED
+            self._ignored.append(RequestOutput(request.request_id, [], "length", 0))
+            return
+        self.requests[request.request_id] = request
+        if request.status in BLOCKED_WAITING_STATES:
+            self.skipped_waiting.add_request(request)
+        else:
+            self.waiting.add_request(request)
+        if self.continuum is not None:
+            self.continuum.estimator.request_arrives(request, self.now_s)
+
+    def _never_fits(self, request: Request) -> bool:
+        if request.num_prompt_tokens > self.max_model_len:
+            return True
+        return self.kv_cache_manager.blocks_needed(request.num_prompt_tokens) > self._max_request_blocks
+
+    def take_ignored_outputs(self) -> list[RequestOutput]:
+        """Requests finished as FINISHED_IGNORED at add_request time (prompt can never fit)."""
+        out, self._ignored = self._ignored, []
+        return out
+
+    # --- results in ------------------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput,
+                           now_s: float | None = None) -> EngineCoreOutputs:
+        if now_s is not None:
+            self.now_s = now_s
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        spec_stats: SpecDecodingStats | None = None
+        outputs: list[RequestOutput] = self.take_ignored_outputs()
+        finished: list[str] = [o.request_id for o in outputs]
+        stopped_running: set[Request] = set()
+        stopped_preempted: set[Request] = set()
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue  # aborted while the step was executing
+            new_ids = sampled[index[rid]] if sampled else []
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            if drafts and new_ids:
+                spec_stats = self._clawback_rejected(request, drafts, new_ids, spec_stats)
+            stopped = False
+            status_before = request.status
+            if new_ids:
+                new_ids, stopped = self._update_request_with_output(request, list(new_ids))
+            if stopped:
+                reason = request.get_finished_reason()
+                self._free_request(request)
+                (stopped_running if status_before == RequestStatus.RUNNING else stopped_preempted).add(request)
+                finished.append(rid)
+            else:
+                reason = None
+            if new_ids or stopped:
+                outputs.append(RequestOutput(rid, new_ids, reason, request.num_cached_tokens or 0,
+                                             request.stop_reason))
+        if stopped_running:
+            self.running = [r for r in self.running if r not in stopped_running]
+        if stopped_preempted:
+            self.waiting.remove_requests(stopped_preempted)
+        if model_runner_output.draft_token_ids:
+            self.update_draft_token_ids(model_runner_output.draft_token_ids)
+        stats = self.make_stats(spec_stats) if self.log_stats else None
+        return EngineCoreOutputs(outputs, stats, finished)
+
+    def _clawback_rejected(self, request: Request, drafts: list[int], new_ids: list[int],
+                           spec_stats: SpecDecodingStats | None) -> SpecDecodingStats:
+        """Spec decode: the step computed every draft, but only accepted ones stay computed."""
+        num_draft = len(drafts)
+        num_accepted = len(new_ids) - 1
+        num_rejected = num_draft - num_accepted
+        if request.num_computed_tokens > 0:
+            request.num_computed_tokens -= num_rejected
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders -= num_rejected
+        if spec_stats is None:
+            spec_stats = SpecDecodingStats(self.num_spec_tokens, num_accepted_tokens_per_pos=[0] * max(self.num_spec_tokens, num_draft))
+        spec_stats.observe_draft(num_draft, num_accepted)
+        return spec_stats
+
+    def _update_request_with_output(self, request: Request, new_ids: list[int]) -> tuple[list[int], bool]:
+        """Append tokens one by one, stopping at the first stop condition (later ones are dropped)."""
+        stopped = False
+        for n, tok in enumerate(new_ids, 1):
+            request.append_output_token_ids(tok)
+            if check_stop(request, self.max_model_len):
+                stopped = True
+                del new_ids[n:]
+                break
+        return new_ids, stopped
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        for rid, drafts in draft_token_ids.items():
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            request.spec_token_ids = [] if request.is_prefill_chunk else list(drafts)
+
+    # --- finishing -------------------------------------------------------------------------------
+    def finish_requests(self, request_ids: str | Iterable[str] | None,
+                        finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+                        now_s: float | None = None) -> list[str]:
+        """Finish requests from outside (aborts). Returns the ids that were actually unfinished."""
+        if now_s is not None:
+            self.now_s = now_s
+        assert RequestStatus.is_finished(finished_status)
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        elif request_ids is None:
+            request_ids = list(self.requests)
+        valid = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            valid.append(request)
+        running_drop = {r for r in valid if r.status == RequestStatus.RUNNING}
+        waiting_drop = [r for r in valid if r.status != RequestStatus.RUNNING]
+        if running_drop:
+            self.running = [r for r in self.running if r not in running_drop]
+        if waiting_drop:
+            self.waiting.remove_requests(waiting_drop)
+            self.skipped_waiting.remove_requests(waiting_drop)
+        for request in valid:
+            request.status = finished_status
+            self._free_request(request)
+        return [r.request_id for r in valid]
+
+    def _free_request(self, request: Request) -> None:
+        assert request.is_finished()
+        self.finished_req_ids.add(request.request_id)
+        if self.continuum is not None and request.status != RequestStatus.FINISHED_ABORTED:
+            if self.continuum.maybe_pin(request, self.now_s):
+                return  # blocks stay referenced until the pin expires or is replaced
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+
+    # --- P/D hooks -------------------------------------------------------------------------------
+    def mark_kv_received(self, request_id: str) -> None:
+        """A remote KV transfer for a WAITING_FOR_REMOTE_KVS request has completed."""
+        self.finished_recving_kv_req_ids.add(request_id)
+
+    # --- state queries ---------------------------------------------------------------------------
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.skipped_waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        return bool(self.finished_req_ids)
+
+    def has_requests(self) -> bool:
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting incl. skipped)."""
+        return len(self.running), len(self.waiting) + len(self.skipped_waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self, spec_stats: SpecDecodingStats | None = None) -> SchedulerStats:
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + len(self.skipped_waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
+            spec_decoding_stats=spec_stats,
+            num_pinned_reqs=len(self.continuum.pins) if self.continuum is not None else 0,
+        )
+
+    def check_invariants(self) -> None:
+        from scheduler.invariants import check_invariants
+
+        check_invariants(self)

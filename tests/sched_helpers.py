@@ -1,0 +1,61 @@
+"""Builders shared by the scheduler tests (requests and model outputs made by hand, like vLLM's)."""
+
+from __future__ import annotations
+
+import zlib
+
+from scheduler import (
+    CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig,
+    make_block_hasher, make_scheduler,
+)
+
+
+def make_sched(num_blocks: int = 100, block_size: int = 4, max_num_seqs: int = 16,
+               max_num_batched_tokens: int = 64, max_model_len: int = 256, **kw) -> Scheduler:
+    cache_kw = {k: kw.pop(k) for k in list(kw) if k in ("enable_prefix_caching", "sliding_window", "attention",
+                                                       "enable_kv_cache_events", "hash_algo")}
+    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         max_model_len=max_model_len, **kw)
+    cc = CacheConfig(block_size=block_size, num_gpu_blocks=num_blocks, **cache_kw)
+    return make_scheduler(sc, cc)
+
+
+def req(sched: Scheduler, rid: str, tokens: list[int] | int, max_tokens: int = 8, **kw) -> Request:
+    if isinstance(tokens, int):
+        # Distinct content per request id, so no accidental prefix sharing.
+        base = 1000 + zlib.crc32(rid.encode()) % 50_000 * 10
+        tokens = [base + i for i in range(tokens)]
+    sp_kw = {k: kw.pop(k) for k in list(kw) if k in ("min_tokens", "ignore_eos", "eos_token_id", "stop_token_ids")}
+    sp = SamplingParams(max_tokens=max_tokens, **sp_kw)
+    hasher = sched.block_hasher or make_block_hasher(sched.block_size)
+    return Request(rid, tokens, sp, block_hasher=hasher, **kw)
+
+
+def output_for(out, tokens: dict[str, list[int]] | None = None, default: int = 7) -> ModelRunnerOutput:
+    """One sampled token per request that finished its known tokens (partial chunks sample none)."""
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        if tokens is not None and rid in tokens:
+            sampled.append(list(tokens[rid]))
+        else:
+            sampled.append([default])
+    return ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled)
+
+
+def step(sched: Scheduler, tokens: dict[str, list[int]] | None = None, default: int = 7):
+    """schedule + update, sampling only for requests that are not partial prefill chunks."""
+    out = sched.schedule()
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        r = sched.requests[rid]
+        if r.is_prefill_chunk:
+            sampled.append([])
+        elif tokens is not None and rid in tokens:
+            sampled.append(list(tokens[rid]))
+        else:
+            sampled.append([default])
+    eco = sched.update_from_output(out, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled))
+    sched.check_invariants()
+    return out, eco
