@@ -1,6 +1,6 @@
 """Record golden traces with the live vLLM oracle (run with the oracle venv's python).
 
-    /tmp/vllm-oracle-venv/bin/python tools/record_golden.py ORACLE_DIR OUT_DIR [seed]
+    /tmp/vllm-oracle-venv/bin/python tools/record_golden.py ORACLE_DIR OUT_DIR [seed [CONFIGS.json]]
 
 For each config in golden_configs.py: OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json}.
 One process imports vLLM once and calls the oracle driver's main() per config.
@@ -33,12 +33,15 @@ def argv_for(flags: dict) -> list[str]:
 def main() -> int:
     oracle_dir, out_dir = sys.argv[1], sys.argv[2]
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    names = sys.argv[4].split(",") if len(sys.argv) > 4 else list(GOLDEN_CONFIGS)
+    configs = GOLDEN_CONFIGS
+    if len(sys.argv) > 4:  # a JSON file {name: flags} (used by tools/parity.py)
+        with open(sys.argv[4]) as f:
+            configs = json.load(f)
     sys.path.insert(0, oracle_dir)
     import drive  # the oracle driver
 
-    for name in names:
-        flags = dict(WORKLOAD_FLAGS, seed=seed, **GOLDEN_CONFIGS[name])
+    for name, extra in configs.items():
+        flags = dict(WORKLOAD_FLAGS, seed=seed, **extra)
         d = os.path.join(out_dir, name)
         os.makedirs(d, exist_ok=True)
         tmp_trace = os.path.join(d, "trace.jsonl")

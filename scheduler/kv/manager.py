@@ -79,6 +79,9 @@ class KVCacheManager:
         self.block_pool = self.coordinator.block_pool
         # Shared immutable "no blocks" value; allocate_slots uses identity to spot it (as vLLM).
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # One full-attention group (the common case): allocate_slots has an exact shortcut.
+        managers = self.coordinator.managers
+        self._single_full = managers[0] if len(managers) == 1 and managers[0].spec.kind == "full" else None
 
     @property
     def usage(self) -> float:
@@ -130,6 +133,19 @@ class KVCacheManager:
         num_tokens_main = total_computed + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
         rid = request.request_id
+        mgr = self._single_full
+        if mgr is not None and ncb is self.empty_kv_cache_blocks.blocks and num_external_computed_tokens == 0:
+            # Same result as the general path below for one full-attention group and no new hits:
+            # nothing slides out of a window and no hit leaves the free queue.
+            n_new = -(-num_tokens_need_slot // self.block_size) - len(mgr.req_to_blocks.get(rid, ()))
+            if n_new > self.block_pool.free_block_queue.num_free_blocks:
+                return None
+            req_blocks = mgr.req_to_blocks[rid]
+            new = self.block_pool.get_new_blocks(n_new) if n_new > 0 else []
+            req_blocks.extend(new)
+            if self.enable_caching and not delay_cache_blocks:
+                mgr.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+            return KVCacheBlocks((new,)) if new else self.empty_kv_cache_blocks
         self.coordinator.remove_skipped_blocks(rid, total_computed)
         need = self.coordinator.get_num_blocks_to_allocate(
             rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens
