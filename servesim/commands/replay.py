@@ -1,0 +1,59 @@
+"""`servesim replay`: replay a request trace on the simulated vLLM engine and summarise it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import typer
+
+from servesim.cli import app
+from traces.errors import InputError
+
+
+def _build_config(model, gpu, tp, cost_model, seed, sets):
+    from servesim.overrides import apply_overrides
+    from simulator.config import CostModelConfig, SimConfig
+
+    cfg = SimConfig()
+    cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
+    cfg.cost_model = CostModelConfig(name=cost_model)
+    if Path(cost_model).suffix in (".json", ".yaml", ".yml"):  # a fitted model file from `servesim fit`
+        cfg.cost_model = CostModelConfig(name="profiled", params={"path": cost_model})
+    cfg.seed = seed
+    pairs = {}
+    for item in sets:
+        if "=" not in item:
+            raise InputError(f"--set expects key=value, got {item!r}", field="--set")
+        k, v = item.split("=", 1)
+        pairs[k.strip()] = v
+    return apply_overrides(cfg, pairs)
+
+
+@app.command()
+def replay(
+    trace: Path = typer.Argument(None, help="trace file (default: the bundled ShareGPT sample)"),
+    fmt: str = typer.Option("auto", "--format", help="trace format (auto sniffs; see traces.available_formats)"),
+    model: str = typer.Option("llama-3.1-8b", "--model"),
+    gpu: str = typer.Option("h100", "--gpu"),
+    tp: int = typer.Option(1, "--tp"),
+    cost_model: str = typer.Option("roofline", "--cost-model", help="registry name, or a fitted model file"),
+    sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
+    seed: int = typer.Option(0, "--seed"),
+    max_requests: int = typer.Option(None, "--max-requests"),
+    rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
+    out: Path = typer.Option(Path("runs/replay"), "--out"),
+    step_trace: Path = typer.Option(None, "--step-trace", help="write every engine step in the oracle's schema"),
+) -> None:
+    """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
+    from rich.console import Console
+
+    from servesim.api import load_trace, run
+    from servesim.report import print_summary, progress_reporter
+
+    cfg = _build_config(model, gpu, tp, cost_model, seed, sets)
+    wl = load_trace(trace, fmt, max_requests, rate_scale)
+    console = Console(stderr=True)
+    with progress_reporter(console, len(wl.requests)) as progress:
+        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress)
+    print_summary(Console(), res.summary, wl, out)

@@ -1,0 +1,91 @@
+"""Simulation configuration: nested dataclasses that YAML mirrors one to one, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.config import CacheConfig, SchedulerConfig
+from simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from traces.errors import InputError
+
+
+@dataclass(slots=True)
+class HardwareConfig:
+    model: str = "llama-3.1-8b"  # model id or alias (see simulator/specs/models.yaml)
+    gpu: str = "h100"  # GPU id or alias (see simulator/specs/gpus.yaml)
+    tp: int = 1  # tensor-parallel degree
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory vLLM may use (weights + KV + activations)
+    activation_reserve_gib: float = 2.0  # per GPU: activations, CUDA graphs, allocator slack
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise InputError(f"tp must be >= 1, got {self.tp}", field="hardware.tp")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InputError("must be in (0, 1]", field="hardware.gpu_memory_utilization")
+        if self.activation_reserve_gib < 0:
+            raise InputError("must be >= 0", field="hardware.activation_reserve_gib")
+
+
+@dataclass(slots=True)
+class CostModelConfig:
+    name: str = "roofline"  # registry name: roofline | profiled | ...
+    params: dict[str, Any] = field(default_factory=dict)  # model-specific parameters (e.g. path)
+    cpu_overhead: CpuOverheadConfig = field(default_factory=CpuOverheadConfig)
+
+
+@dataclass(slots=True)
+class SpecDecodeConfig:
+    # Probability that draft position i is accepted given positions < i were (empty: no spec decode).
+    acceptance: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.acceptance = tuple(float(p) for p in self.acceptance)
+        if any(not 0 <= p <= 1 for p in self.acceptance):
+            raise InputError("acceptance probabilities must be in [0, 1]", field="spec_decode.acceptance")
+
+
+@dataclass(slots=True)
+class SloConfig:
+    ttft_s: float = 2.0  # a request meets the SLO when TTFT <= ttft_s ...
+    tpot_s: float = 0.1  # ... and TPOT <= tpot_s
+
+    def __post_init__(self) -> None:
+        if self.ttft_s <= 0 or self.tpot_s <= 0:
+            raise InputError("SLO thresholds must be > 0", field="slo")
+
+
+@dataclass(slots=True)
+class SimConfig:
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_model_len=8192))
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    # True: cache.num_gpu_blocks is derived from GPU memory the way vLLM does (kv_capacity.py);
+    # setting cache.num_gpu_blocks explicitly (YAML or --set) turns this off.
+    derive_num_gpu_blocks: bool = True
+    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
+    spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    seed: int = 0
+    fast_forward: bool = False  # exact fast-forward over provably plain decode steps
+
+    def __post_init__(self) -> None:
+        if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):
+            raise InputError(
+                f"spec_decode.acceptance has {len(self.spec_decode.acceptance)} entries but "
+                f"scheduler.num_spec_tokens is {self.scheduler.num_spec_tokens}", field="spec_decode.acceptance")
+        if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
+            raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
+                             field="spec_decode.acceptance")
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain dict/list form of a config tree (for config.yaml)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

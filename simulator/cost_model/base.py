@@ -1,0 +1,144 @@
+"""The interface between the engine and the step-time models, and the cost-model registry.
+
+The engine builds one :class:`StepShape` per simulated step and asks a :class:`CostModel` for the
+GPU time of that forward pass. Models are created by name through :func:`make_cost_model`, so
+scenario files and the CLI can choose one without importing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import compress
+from typing import Any, Protocol, runtime_checkable
+
+from traces.errors import InputError
+
+
+@dataclass(slots=True, frozen=True)
+class StepShape:
+    """What the GPU computes in one engine step (one entry per scheduled request)."""
+
+    num_new_tokens: tuple[int, ...]  # tokens computed this step: prefill chunk, 1 for decode, 1+k spec
+    num_context_tokens: tuple[int, ...]  # tokens already in the KV cache before this step
+    num_sampled: int  # requests that sample a token this step (rows through lm_head + sampler)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.num_new_tokens)
+
+    def validate(self) -> None:
+        """Check the invariants (not called on the hot path: the engine builds valid shapes)."""
+        if len(self.num_new_tokens) != len(self.num_context_tokens):
+            raise InputError("StepShape: num_new_tokens and num_context_tokens differ in length",
+                             field="num_context_tokens")
+        if any(n <= 0 for n in self.num_new_tokens):
+            raise InputError("StepShape: every scheduled request computes at least one token",
+                             field="num_new_tokens")
+        if any(c < 0 for c in self.num_context_tokens):
+            raise InputError("StepShape: context tokens cannot be negative", field="num_context_tokens")
+        if not 0 <= self.num_sampled <= len(self.num_new_tokens):
+            raise InputError("StepShape: num_sampled must be between 0 and the number of requests",
+                             field="num_sampled")
+
+
+def decode_shape(batch_size: int, context_tokens: int) -> StepShape:
+    """A pure-decode step: ``batch_size`` requests, each with ``context_tokens`` already cached."""
+    return StepShape((1,) * batch_size, (context_tokens,) * batch_size, batch_size)
+
+
+def prefill_shape(chunk_tokens: int, cached_tokens: int = 0, *, sampled: bool = True) -> StepShape:
+    """One prefill chunk of ``chunk_tokens`` on top of ``cached_tokens`` (prefix hits or earlier chunks)."""
+    return StepShape((chunk_tokens,), (cached_tokens,), 1 if sampled else 0)
+
+
+def batch_sums(new: tuple[int, ...], ctx: tuple[int, ...]
+               ) -> tuple[int, int, int, int, int, int, int, int]:
+    """Sufficient statistics of a step for the cost models, computed without a Python loop in
+    the common cases (all decodes; decodes plus one prefill chunk).
+
+    Returns ``(tokens, ctx_sum, n_decode, decode_ctx, n_prefill, prefill_tokens, prefill_cp,
+    prefill_cc)``: decodes are requests computing exactly one token; every other request is
+    "prefill-like" (a prompt chunk or a speculative verification), and for those
+    ``prefill_cp = sum(chunk * cached)`` and ``prefill_cc = sum(chunk ** 2)``.
+    """
+    tokens, ctx_sum = sum(new), sum(ctx)
+    n_decode = new.count(1)
+    n_prefill = len(new) - n_decode
+    if n_prefill == 0:
+        return tokens, ctx_sum, n_decode, ctx_sum, 0, 0, 0, 0
+    if n_prefill == 1:  # the only entry != 1 has the remaining tokens: find it in C
+        chunk = tokens - n_decode
+        cached = ctx[new.index(chunk)]
+        return (tokens, ctx_sum, n_decode, ctx_sum - cached, 1, chunk, chunk * cached,
+                chunk * chunk)
+    cp = cc = pctx = 0
+    for i in compress(range(len(new)), map(_ONE_NE, new)):
+        n, c = new[i], ctx[i]
+        cp += n * c
+        cc += n * n
+        pctx += c
+    return (tokens, ctx_sum, n_decode, ctx_sum - pctx, n_prefill, tokens - n_decode, cp, cc)
+
+
+_ONE_NE = (1).__ne__
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    name: str
+
+    def step_time_s(self, shape: StepShape) -> float:
+        """GPU time of the forward pass for this step, seconds (CPU overhead is modelled apart)."""
+        ...
+
+
+CostModelFactory = Callable[..., CostModel]
+_REGISTRY: dict[str, CostModelFactory] = {}
+
+
+def register_cost_model(name: str) -> Callable[[CostModelFactory], CostModelFactory]:
+    """Class/function decorator: make ``factory(model=, gpu=, tp=, **params)`` available by name."""
+
+    def wrap(factory: CostModelFactory) -> CostModelFactory:
+        if name in _REGISTRY and _REGISTRY[name] is not factory:
+            raise ValueError(f"cost model '{name}' registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return wrap
+
+
+def available_cost_models() -> list[str]:
+    _load_builtin_models()
+    return sorted(_REGISTRY)
+
+
+def make_cost_model(name: str, *, model: Any = None, gpu: Any = None, tp: int | None = None,
+                    **params: Any) -> CostModel:
+    """Build a registered cost model. ``model``/``gpu`` are ids, aliases or specs; ``tp=None``
+    means 1 for analytic models and "whatever the file was fitted for" for ``profiled``."""
+    _load_builtin_models()
+    key = str(name).strip().lower()
+    if key not in _REGISTRY:
+        raise InputError(f"unknown cost model '{name}'", field="cost_model",
+                         allowed=", ".join(sorted(_REGISTRY)))
+    return _REGISTRY[key](model=model, gpu=gpu, tp=tp, **params)
+
+
+def _load_builtin_models() -> None:
+    # Importing the modules runs their @register_cost_model decorators; done lazily so that
+    # `base` stays importable on its own and registration order cannot cause import cycles.
+    from . import fitted, roofline  # noqa: F401
+
+
+def check_params(model_name: str, params: dict[str, Any], allowed: set[str]) -> None:
+    """Reject unknown keyword parameters with the list of accepted ones."""
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise InputError(f"cost model '{model_name}': unknown parameter(s) {unknown}",
+                         field=unknown[0], allowed=", ".join(sorted(allowed)) or "none")

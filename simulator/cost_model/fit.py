@@ -1,0 +1,214 @@
+"""Fit a ``profiled`` cost model from profile rows (see docs/COST_MODELS.md, "profiled").
+
+Selection: rows for the target GPU whose dtype has the model's element size, and either the
+target model at the target TP degree, or model-agnostic kernel rows (GEMMs; attention with the
+model's per-GPU head counts; all-reduce over ``tp`` GPUs). Ops nothing measured are filled from
+the roofline model and marked ``origin: roofline`` in ``fit_error``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import InputError
+
+from ..specs import ModelSpec, resolve_gpu, resolve_model
+from .fit_ops import fit_curve, fit_grid, fit_step_regression, gemm_curve, roofline_curve
+from .fitted import FORMAT, VERSION, FittedCostModel
+from .importers import import_profile
+from .profile_schema import CALLS_PER_LAYER, OPS, validate_profile
+from .roofline import RooflineCostModel
+
+_LAYER_OPS = ("norm", "qkv_proj", "rope", "o_proj", "gate_up_proj", "act", "down_proj",
+              "residual_add")
+_TOKEN_OPS = ("embedding", "final_norm")
+_ROW_OPS = ("lm_head", "sampler")
+_TOKEN_GRID = [2.0 ** i for i in range(16)]  # 1 .. 32768 tokens, for roofline fill-ins
+_ROW_GRID = [2.0 ** i for i in range(12)]
+_BYTES_GRID = [2.0 ** i for i in range(10, 32)]
+_ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1}
+
+
+def fit(profile_rows: pd.DataFrame | Sequence[pd.DataFrame], model: Any, gpu: Any, tp: int = 1,
+        *, holdout_fraction: float = 0.2, seed: int = 0) -> FittedCostModel:
+    """Fit per-op tables for (model, gpu, tp) and return the ready-to-use cost model."""
+    spec, gspec = resolve_model(model), resolve_gpu(gpu)
+    if not 0 <= holdout_fraction < 1:
+        raise InputError("holdout_fraction must be in [0, 1)", field="holdout_fraction")
+    frames = [profile_rows] if isinstance(profile_rows, pd.DataFrame) else list(profile_rows)
+    rows = validate_profile(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    sel = _select(rows, spec, gspec.name, tp)
+    roof = RooflineCostModel(model=spec, gpu=gspec, tp=tp)
+    rng = np.random.default_rng(seed)
+    data: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "model": spec.name, "gpu": gspec.name, "tp": tp,
+        "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
+        "dtype_bytes": spec.dtype_bytes, "ops": {}, "fit_error": {},
+    }
+    errors = data["fit_error"]
+    step_rows = sel[sel["op"].isin(["model_prefill", "model_decode"])]
+    layer_rows = sel[sel["op"].map(lambda o: OPS[o][0] != "step")]
+    if layer_rows.empty and not step_rows.empty:  # coarse whole-request data only
+        data["step_regression"], errs = fit_step_regression(step_rows)
+        errors.update(errs)
+    else:
+        _fit_ops(data, layer_rows, spec, roof, rng, holdout_fraction)
+        data["attention"] = _fit_attention(layer_rows, spec, tp, roof, rng, holdout_fraction,
+                                           errors)
+        data["allreduce"] = _fit_allreduce(layer_rows, tp, roof, rng, holdout_fraction, errors)
+    data["metadata"] = {
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sources": sorted(sel["source"].dropna().unique().tolist()),
+        "paths": sorted(sel["path"].dropna().unique().tolist()),
+        "frameworks": sorted(sel["framework"].dropna().unique().tolist()),
+        "n_rows_used": int(len(sel)), "holdout_fraction": holdout_fraction, "seed": seed,
+    }
+    return FittedCostModel(data)
+
+
+def _select(rows: pd.DataFrame, spec: ModelSpec, gpu: str, tp: int) -> pd.DataFrame:
+    size_ok = rows["dtype"].isna() | (rows["dtype"].map(lambda d: _ELEM_BYTES.get(d, 0))
+                                      == spec.dtype_bytes)
+    on_gpu = rows[(rows["gpu"] == gpu) & size_ok]
+    mine = (on_gpu["model"] == spec.name) & (on_gpu["tp"] == tp).fillna(False)
+    generic = (on_gpu["model"] == "") & (on_gpu["op"] != "allreduce") & on_gpu["tp"].isna()
+    heads_ok = on_gpu["num_heads"].isna() | (
+        (on_gpu["num_heads"] == spec.heads_per_gpu(tp))
+        & (on_gpu["num_kv_heads"] == spec.kv_heads_per_gpu(tp))
+        & (on_gpu["head_dim"] == spec.head_dim)).fillna(False)
+    allreduce = (on_gpu["op"] == "allreduce") & (on_gpu["tp"] == tp).fillna(False)
+    sel = on_gpu[(mine | (generic & heads_ok) | allreduce).to_numpy(bool)]
+    if sel.empty or (sel["op"] == "allreduce").all():
+        have = rows.drop_duplicates(["gpu", "model", "tp"])[["gpu", "model", "tp"]]
+        combos = "; ".join(f"gpu={g} model={m or '(any)'} tp={t if pd.notna(t) else '(any)'}"
+                           for g, m, t in have.itertuples(index=False))
+        raise InputError(f"no profile rows for model={spec.name} gpu={gpu} tp={tp} "
+                         f"(dtype of {spec.dtype_bytes} bytes)", field="profile",
+                         allowed=combos or "no rows at all")
+    return sel
+
+
+def _put(data: dict, op: str, scope: str, calls: int, curve, err: dict) -> None:
+    data["ops"][op] = {"scope": scope, "calls": calls, "curve": curve.to_dict()}
+    data["fit_error"][op] = err
+
+
+def _fit_ops(data: dict, rows: pd.DataFrame, spec: ModelSpec, roof: RooflineCostModel,
+             rng: np.random.Generator, holdout: float) -> None:
+    """Token-indexed ops: measured curves, GEMM-derived projections, roofline for the rest."""
+    gemm_grid = None
+    gemm_rows = rows[rows["op"] == "gemm"]
+    if len(gemm_rows):
+        gemm_grid, err = fit_grid(gemm_rows, ["gemm_m", "gemm_n", "gemm_k"], rng, holdout,
+                                  "measured gemm kernels", monotone=True)
+        data["fit_error"]["gemm"] = err
+    tp = data["tp"]
+    h, inter = spec.hidden_size, spec.intermediate_size // tp
+    qkv_n = (spec.q_size // tp) + 2 * spec.kv_heads_per_gpu(tp) * spec.head_dim
+    gemm_shapes = {"qkv_proj": (qkv_n, h), "o_proj": (h, spec.q_size // tp),
+                   "gate_up_proj": (2 * inter, h), "down_proj": (h, inter),
+                   "lm_head": (-(-spec.vocab_size // tp), h)}
+    plan = [(op, "layer", CALLS_PER_LAYER.get(op, 1)) for op in _LAYER_OPS] + \
+        [(op, "tokens", 1) for op in _TOKEN_OPS] + [(op, "rows", 1) for op in _ROW_OPS]
+    for op, scope, calls in plan:
+        measured = rows[rows["op"] == op]
+        if len(measured):
+            curve, err = fit_curve(measured, "num_tokens", rng, holdout, "measured")
+            _put(data, op, scope, calls, curve, err)
+        elif op in gemm_shapes and gemm_grid is not None and not (spec.is_moe and "proj" in op
+                                                                  and op.startswith(("gate", "down"))):
+            n, k = gemm_shapes[op]
+            curve = gemm_curve(gemm_grid, n, k)
+            _put(data, op, scope, calls, curve, {**data["fit_error"]["gemm"],
+                                                 "origin": f"gemm kernels n={n} k={k}"})
+        elif op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") and not spec.is_moe \
+                or op in _TOKEN_OPS + _ROW_OPS:
+            grid = _ROW_GRID if scope == "rows" else _TOKEN_GRID
+            _put(data, op, scope, calls, roofline_curve(lambda x, o=op: roof.op_time_s(o, x), grid),
+                 _roofline_err())
+    if spec.is_moe and "gate_up_proj" not in data["ops"]:
+        _put(data, "moe_experts", "layer", 1,
+             roofline_curve(lambda x: roof.op_time_s("moe", x), _TOKEN_GRID), _roofline_err())
+    if not {"norm", "rope", "act"} & set(data["ops"]):  # nothing elementwise was measured
+        _put(data, "elementwise", "layer", 1,
+             roofline_curve(lambda x: roof.op_time_s("elementwise", x), _TOKEN_GRID),
+             _roofline_err())
+
+
+def _roofline_err() -> dict:
+    return {"origin": "roofline", "n_points": 0, "mape_fit": None, "mape_holdout": None}
+
+
+def _fit_attention(rows: pd.DataFrame, spec: ModelSpec, tp: int, roof: RooflineCostModel,
+                   rng: np.random.Generator, holdout: float, errors: dict) -> dict:
+    mixed = rows[rows["op"] == "attn_mixed"]
+    if len(mixed):  # vLLM's own mixed prefill+decode batch: use it whole
+        grid, errors["attn_mixed"] = fit_grid(
+            mixed, ["chunk_len", "prefix_len", "batch_size", "context_len"], rng, holdout,
+            "measured")
+        return {"kind": "mixed", "grid": grid.to_dict()}
+    pre, dec = rows[rows["op"] == "attn_prefill"], rows[rows["op"] == "attn_decode"]
+    if not len(pre) and not len(dec):
+        errors["attention"] = _roofline_err()
+        return {"kind": "roofline", "coefficients": roof.attention_coefficients()}
+    out: dict[str, Any] = {"kind": "split"}
+    if len(pre):
+        pre = pre.assign(prefix_len=pre["prefix_len"].fillna(0))
+        grid, errors["attn_prefill"] = fit_grid(pre, ["batch_size", "chunk_len", "prefix_len"],
+                                                rng, holdout, "measured")
+        out["prefill"] = grid.to_dict()
+        out["prefill_has_prefix"] = bool(pre["prefix_len"].nunique() > 1)
+    if len(dec):
+        grid, errors["attn_decode"] = fit_grid(dec, ["batch_size", "context_len"], rng, holdout,
+                                               "measured")
+        out["decode"] = grid.to_dict()
+    missing = [k for k in ("prefill", "decode") if k not in out]
+    if missing:  # measure what we have; the other phase would silently cost nothing otherwise
+        raise InputError(f"attention was profiled without its {missing[0]} phase for "
+                         f"{spec.name} tp={tp}; add a profile that has it", field="op")
+    return out
+
+
+def _fit_allreduce(rows: pd.DataFrame, tp: int, roof: RooflineCostModel,
+                   rng: np.random.Generator, holdout: float, errors: dict) -> dict | None:
+    if tp == 1:
+        return None
+    ar = rows[rows["op"] == "allreduce"]
+    if len(ar):
+        curve, errors["allreduce"] = fit_curve(ar, "bytes", rng, holdout, "measured")
+    else:
+        curve = roofline_curve(lambda b: roof.op_time_s("allreduce", b), _BYTES_GRID)
+        errors["allreduce"] = _roofline_err()
+    return {"calls": CALLS_PER_LAYER["allreduce"], "curve": curve.to_dict()}
+
+
+def load_profiles(paths: Sequence[str | Path], source: str = "auto") -> pd.DataFrame:
+    """Import several profile files/folders (each through its importer) into one table."""
+    if not paths:
+        raise InputError("no profile paths given", field="profile")
+    return pd.concat([import_profile(source, p) for p in paths], ignore_index=True)
+
+
+def fit_main(profile_paths: Sequence[str | Path], out_path: str | Path, model: Any, gpu: Any,
+             tp: int = 1, source: str = "auto") -> FittedCostModel:
+    """CLI entry (``servesim fit PROFILE... --out COSTMODEL``): import, fit, save atomically."""
+    fitted = fit(load_profiles(profile_paths, source), model, gpu, tp)
+    fitted.save(out_path)
+    return fitted
+
+
+def format_fit_report(fitted: FittedCostModel) -> str:
+    """Human-readable per-op fit error table (for the CLI)."""
+    lines = [f"{fitted.model} on {fitted.gpu} tp={fitted.tp}",
+             f"{'op':<14}{'origin':<34}{'points':>8}{'MAPE fit':>10}{'held-out':>10}"]
+    for op, e in fitted.fit_error.items():
+        fmt = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(f"{op:<14}{e['origin'][:33]:<34}{e['n_points']:>8}"
+                     f"{fmt(e['mape_fit']):>10}{fmt(e['mape_holdout']):>10}")
+    return "\n".join(lines)

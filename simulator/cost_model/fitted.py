@@ -1,0 +1,187 @@
+"""The ``profiled`` cost model: step time from per-op tables fitted to real measurements.
+
+Step time = num_layers * (dense ops at the step's token count + attention for the step's exact
+composition + 2 all-reduces) + embedding/final-norm (tokens) + lm_head/sampler (sampled rows).
+The tables are produced by :func:`simulator.cost_model.fit.fit` and stored as one JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from traces.errors import InputError
+
+from ..specs import resolve_gpu, resolve_model
+from .base import StepShape, batch_sums, check_params, register_cost_model
+from .interp import Curve, NestedGrid
+
+FORMAT = "servesim-profiled-cost-model"
+VERSION = 1
+
+
+class FittedCostModel:
+    """Evaluates a fitted profile; construct with :meth:`load` or from :func:`fit`."""
+
+    __slots__ = ("name", "data", "model", "gpu", "tp", "_layers", "_dense", "_tok", "_rows",
+                 "_ar", "_ar_bytes_per_tok", "_attn_kind", "_attn", "_attn_decode", "_prefix_axis",
+                 "_coef")
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise InputError(f"not a {FORMAT} v{VERSION} file", field="format")
+        self.name = "profiled"
+        self.data = data
+        self.model, self.gpu, self.tp = data["model"], data["gpu"], int(data["tp"])
+        self._layers = int(data["num_layers"])
+        self._ar_bytes_per_tok = int(data["hidden_size"]) * int(data["dtype_bytes"])
+        ops = data.get("ops", {})
+        self._dense = self._combine(ops, "layer")
+        self._tok = self._combine(ops, "tokens")
+        self._rows = self._combine(ops, "rows")
+        self._ar = Curve.from_dict(data["allreduce"]["curve"]) if data.get("allreduce") else None
+        self._coef = data.get("step_regression")
+        self._load_attention(data.get("attention") or {"kind": "none"})
+
+    @staticmethod
+    def _combine(ops: dict, scope: str) -> Curve | None:
+        chosen = [(Curve.from_dict(o["curve"]), o["calls"]) for o in ops.values()
+                  if o["scope"] == scope]
+        if not chosen:
+            return None
+        return Curve.combine([c for c, _ in chosen], [w for _, w in chosen])
+
+    def _load_attention(self, attn: dict) -> None:
+        self._attn_kind = attn["kind"]
+        self._attn = self._attn_decode = None
+        self._prefix_axis = False
+        if self._attn_kind == "mixed":
+            self._attn = NestedGrid.from_dict(attn["grid"])
+        elif self._attn_kind == "split":
+            if attn.get("prefill"):
+                self._attn = NestedGrid.from_dict(attn["prefill"])
+                self._prefix_axis = bool(attn.get("prefill_has_prefix"))
+            if attn.get("decode"):
+                self._attn_decode = NestedGrid.from_dict(attn["decode"])
+        elif self._attn_kind == "roofline":
+            c = attn["coefficients"]
+            self._attn = (c["s_per_pair"], c["s_per_kv_token"], c["s_per_q_token"], c["overhead_s"])
+        elif self._attn_kind != "none":
+            raise InputError(f"unknown attention kind {self._attn_kind!r}", field="attention")
+
+    # ---- hot path -------------------------------------------------------------------------
+    def step_time_s(self, shape: StepShape) -> float:
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
+                                                                shape.num_context_tokens)
+        if tokens == 0:
+            return 0.0
+        if self._coef is not None:
+            return self._step_regression(npf, ptok, pc, cc, nd, kd)
+        layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
+        if self._dense is not None:
+            layer += self._dense(tokens)
+        if self._ar is not None:
+            layer += 2.0 * self._ar(tokens * self._ar_bytes_per_tok)
+        total = self._layers * layer
+        if self._tok is not None:
+            total += self._tok(tokens)
+        if shape.num_sampled and self._rows is not None:
+            total += self._rows(shape.num_sampled)
+        return total
+
+    def _attention_s(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int,
+                     tokens: int, ctx_sum: int) -> float:
+        kind = self._attn_kind
+        if kind == "mixed":
+            # All prefill-like requests as one equivalent chunk that keeps the quadratic work
+            # (chunk^2 summed) and the chunk x prefix work of the real batch.
+            chunk = math.sqrt(cc) if npf else 0.0
+            prefix = pc / chunk if npf else 0.0
+            return self._attn(chunk, prefix, nd, kd / nd if nd else 0.0)
+        if kind == "split":
+            t = 0.0
+            if npf and self._attn is not None:
+                if self._prefix_axis:
+                    chunk = math.sqrt(cc)
+                    t += self._attn(1, chunk, pc / chunk)
+                else:  # table without cached prefixes: npf sequences of equal causal work
+                    work = pc + 0.5 * (cc + ptok)
+                    t += self._attn(npf, math.sqrt(2.0 * work / npf), 0)
+            if nd and self._attn_decode is not None:
+                t += self._attn_decode(nd, kd / nd)
+            return t
+        if kind == "roofline":
+            spp, spk, spq, overhead = self._attn
+            pairs = pc + 0.5 * (cc + ptok) + kd + nd
+            return max(pairs * spp, (ctx_sum + tokens) * spk + tokens * spq) + overhead
+        return 0.0
+
+    def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:
+        pre, dec = self._coef.get("prefill"), self._coef.get("decode")
+        t = 0.0
+        if npf and pre:
+            t += pre[0] + pre[1] * ptok + pre[2] * (pc + 0.5 * (cc + ptok))
+        if nd and dec:
+            t += dec[0] + dec[1] * nd + dec[2] * (kd + nd)
+        if npf and nd and pre and dec:
+            t -= min(pre[0], dec[0])  # one forward pass: the fixed cost is paid once
+        return t
+
+    # ---- persistence ----------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict:
+        return self.data.get("metadata", {})
+
+    @property
+    def fit_error(self) -> dict:
+        return self.data.get("fit_error", {})
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically: a temp file in the same folder, then rename over the target."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.data, fh, separators=(",", ":"))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FittedCostModel":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(f"cannot read fitted cost model: {exc}", path=str(path)) from None
+        try:
+            return cls(data)
+        except InputError as exc:
+            raise InputError(exc.detail, path=str(path), field=exc.field) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"malformed fitted cost model ({exc!r})", path=str(path)) from None
+
+
+@register_cost_model("profiled")
+def make_profiled(model: Any = None, gpu: Any = None, tp: int | None = None,
+                  path: str | Path | None = None, **params: Any) -> FittedCostModel:
+    """Load a fitted file; model/gpu/tp, when given, must match what it was fitted for."""
+    check_params("profiled", params, set())
+    if path is None:
+        raise InputError("the profiled cost model needs path=<fitted .json from `servesim fit`>",
+                         field="path")
+    fitted = FittedCostModel.load(path)
+    wanted = {"model": model and resolve_model(model).name, "gpu": gpu and resolve_gpu(gpu).name,
+              "tp": tp}
+    for key, value in wanted.items():
+        have = getattr(fitted, key)
+        if value is not None and value != have:
+            raise InputError(f"fitted for {key}={have}, but {key}={value} was requested",
+                             path=str(path), field=key)
+    return fitted

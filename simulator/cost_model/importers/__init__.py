@@ -1,0 +1,105 @@
+"""Importers: turn each public profile format into the tidy table of ``profile_schema``.
+
+``import_profile(source, path)`` dispatches by name; ``source="auto"`` recognises the format from
+the file name and header. Each importer reads the real upstream files as they are laid out under
+``/work/shared/data/gpu_profiles`` (see docs/PROFILE_SCHEMA.md for the mapping of every column).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from traces.errors import InputError
+
+from ...specs import find_gpu, resolve_model
+from ..profile_schema import read_profile, validate_profile
+
+Importer = Callable[[Path], pd.DataFrame]
+Detector = Callable[[Path], bool]
+_IMPORTERS: dict[str, tuple[Importer, Detector]] = {}
+
+
+def register_importer(name: str, detect: Detector) -> Callable[[Importer], Importer]:
+    def wrap(fn: Importer) -> Importer:
+        _IMPORTERS[name] = (fn, detect)
+        return fn
+
+    return wrap
+
+
+def available_importers() -> list[str]:
+    return sorted(_IMPORTERS)
+
+
+def detect_source(path: str | Path) -> str:
+    path = Path(path)
+    for name, (_, detect) in _IMPORTERS.items():
+        try:
+            if detect(path):
+                return name
+        except (OSError, ValueError):
+            continue
+    raise InputError("cannot tell which profile format this is; pass the source explicitly",
+                     path=str(path), field="source", allowed=", ".join(available_importers()))
+
+
+def import_profile(source: str, path: str | Path) -> pd.DataFrame:
+    """Read ``path`` with the importer named ``source`` ("auto" detects it); schema-validated."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError("profile path does not exist", path=str(path))
+    name = detect_source(path) if source == "auto" else str(source).strip().lower()
+    if name not in _IMPORTERS:
+        raise InputError(f"unknown profile source '{source}'", field="source",
+                         allowed="auto, " + ", ".join(available_importers()))
+    return validate_profile(_IMPORTERS[name][0](path), str(path))
+
+
+def header(path: Path) -> list[str]:
+    """Column names of a CSV (gzip or not) without reading the body."""
+    return list(pd.read_csv(path, nrows=0).columns)
+
+
+def read_table(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    """Read a CSV and insist on the columns an importer relies on."""
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read: {exc}", path=str(path)) from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise InputError(f"missing columns {missing}; is this the right source?", path=str(path),
+                         allowed=", ".join(required))
+    return df
+
+
+def gpu_label(name: str) -> str:
+    """Canonical GPU id when we know the device, else the raw label lowercased (kept, not guessed)."""
+    spec = find_gpu(name)
+    return spec.name if spec else name.strip().lower()
+
+
+def model_label(name: str) -> str:
+    try:
+        return resolve_model(name).name
+    except InputError:
+        return name.strip().lower()
+
+
+def is_csv(path: Path) -> bool:
+    return path.is_file() and path.name.lower().endswith((".csv", ".csv.gz"))
+
+
+@register_importer("servesim", lambda p: is_csv(p) and {"op", "latency_s"} <= set(header(p))
+                   or p.name.endswith((".parquet", ".jsonl", ".jsonl.gz")))
+def _import_own(path: Path) -> pd.DataFrame:
+    return read_profile(path)
+
+
+# Importing the modules registers them (order = detection order after the own format).
+from . import aiconfigurator, llmservingsim, splitwise, vidur  # noqa: E402,F401
+
+__all__ = ["available_importers", "detect_source", "import_profile", "register_importer"]

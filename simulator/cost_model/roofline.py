@@ -1,0 +1,237 @@
+"""Analytic roofline step-time model: needs no measurements, only model and GPU specs.
+
+Every kernel of a decoder layer costs ``max(flops / (peak * e_c), bytes / (bw * e_m)) + overhead``
+for the exact batch of the step; a step is ``num_layers`` layers plus the embedding, final norm,
+lm_head and sampler. Derivations and the calibration of the efficiency factors are in
+docs/COST_MODELS.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from traces.errors import InputError
+
+from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
+from .base import StepShape, batch_sums, check_params, register_cost_model
+
+
+_DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
+
+
+@dataclass(slots=True, frozen=True)
+class RooflineParams:
+    """Tunable knobs; an efficiency left as None takes the GPU spec's calibrated value."""
+
+    compute_efficiency: float | None = None  # fraction of peak bf16 FLOP/s reached by GEMMs
+    memory_efficiency: float | None = None  # fraction of peak DRAM bandwidth reached by GEMMs
+    attention_compute_efficiency: float | None = None  # same for flash-attention prefill
+    attention_memory_efficiency: float | None = None  # same for decode attention (KV reads)
+    interconnect_efficiency: float | None = None  # fraction of link bandwidth an all-reduce gets
+    collective_latency_s: float | None = None  # fixed cost per all-reduce, seconds
+    kernel_overhead_s: float = 4e-6  # per GEMM / elementwise kernel: launch gap + tail, seconds
+    attention_overhead_s: float = 1e-5  # per attention call (split-KV combine, metadata), seconds
+    elementwise_kernels_per_layer: int = 5  # 2 norms, rotary, activation, KV-cache write
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name.endswith("efficiency") and not 0 < value <= 1:
+                raise InputError(f"roofline: {f.name} must be in (0, 1], got {value!r}", field=f.name)
+            if value < 0:
+                raise InputError(f"roofline: {f.name} must be >= 0, got {value!r}", field=f.name)
+
+
+@register_cost_model("roofline")
+class RooflineCostModel:
+    """Per-step roofline over the exact batch composition (see module docstring)."""
+
+    __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
+                 "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
+                 "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar_s_per_tok", "_head")
+
+    def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
+                 **params: Any) -> None:
+        if model is None or gpu is None:
+            raise InputError("the roofline cost model needs both a model and a gpu",
+                             field="model" if model is None else "gpu")
+        check_params("roofline", params, {f.name for f in fields(RooflineParams)})
+        self.name = "roofline"
+        self.model: ModelSpec = resolve_model(model)
+        self.gpu: GpuSpec = resolve_gpu(gpu)
+        self.tp = 1 if tp is None else tp
+        self.params = RooflineParams(**params)
+        layer_weight_elems(self.model, self.tp)  # validates tp against the head count
+        self._precompute()
+
+    def _eff(self, field: str) -> float:
+        value = getattr(self.params, field)
+        return getattr(self.gpu, field) if value is None else value
+
+    def _precompute(self) -> None:
+        m, g, tp, b = self.model, self.gpu, self.tp, self.model.dtype_bytes
+        # Inverse throughputs (seconds per FLOP / per byte) so the hot path only multiplies.
+        self._c = 1.0 / (g.peak_flops * self._eff("compute_efficiency"))
+        self._ac = 1.0 / (g.peak_flops * self._eff("attention_compute_efficiency"))
+        self._m = 1.0 / (g.peak_mem_bytes_per_s * self._eff("memory_efficiency"))
+        self._am = 1.0 / (g.peak_mem_bytes_per_s * self._eff("attention_memory_efficiency"))
+        self._ko = self.params.kernel_overhead_s
+        self._ao = self.params.attention_overhead_s
+        h, w = m.hidden_size, layer_weight_elems(m, tp)
+        qkv_out = w["qkv_proj"] // h
+        inter = m.intermediate_size // tp
+        # Dense GEMMs as (FLOPs per token, weight bytes, activation bytes per token).
+        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * b, (h + qkv_out) * b),
+                 (2.0 * w["o_proj"], w["o_proj"] * b, (m.q_size // tp + h) * b)]
+        if m.is_moe:
+            gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b))
+            # Per expert: gate_up + down weights; per routed token: activations in and out.
+            expert_elems = 3 * h * inter
+            self._moe = (m.num_experts, m.experts_per_token / m.num_experts, 2.0 * expert_elems,
+                         expert_elems * b, (2 * h + 3 * inter) * b, m.experts_per_token)
+        else:
+            gemms.append((2.0 * w["gate_up_proj"], w["gate_up_proj"] * b, (h + 2 * inter) * b))
+            gemms.append((2.0 * w["down_proj"], w["down_proj"] * b, (inter + h) * b))
+            self._moe = None
+        self._gemms = tuple(gemms)
+        heads, kv_heads = m.heads_per_gpu(tp), m.kv_heads_per_gpu(tp)
+        self._attn_flops_per_pair = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC each
+        self._kv_bytes_per_tok = 2 * kv_heads * m.head_dim * b  # K and V of one layer
+        self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
+        # Elementwise traffic per token: 2 RMSNorms (read+write h), rotary on q,k, SiLU*mul
+        # (read 2*inter, write inter), 2 residual adds (read 2h, write h), KV-cache write.
+        self._ew_bytes_per_tok = (4 * h + 2 * qkv_out + 3 * inter + 6 * h) * b
+        self._ew_kernels = self.params.elementwise_kernels_per_layer
+        self._precompute_collectives(b)
+        vocab = -(-m.vocab_size // tp)  # vocab-parallel lm_head shard
+        link = g.link_bytes_per_s * self._eff("interconnect_efficiency")
+        self._head = (
+            2.0 * h * vocab,  # lm_head FLOPs per sampled row
+            h * vocab * b,  # lm_head weight bytes
+            (h + vocab) * b,  # lm_head activation bytes per row
+            3 * 4 * m.vocab_size,  # sampler: ~3 passes over fp32 logits per row
+            2 * h * b,  # embedding gather / final norm bytes per token (read + write)
+            (tp - 1) / tp * 4 * m.vocab_size / link,  # logits all-gather seconds per row (tp > 1)
+        )
+
+    def _precompute_collectives(self, b: int) -> None:
+        g, tp = self.gpu, self.tp
+        if tp == 1:
+            self._ar_lat, self._ar_s_per_tok = 0.0, 0.0
+            return
+        lat = self.params.collective_latency_s
+        self._ar_lat = g.collective_latency_s if lat is None else lat
+        link = g.link_bytes_per_s * self._eff("interconnect_efficiency")
+        # A ring all-reduce moves 2*(tp-1)/tp of the message over each GPU's link.
+        self._ar_s_per_tok = 2.0 * (tp - 1) / tp * self.model.hidden_size * b / link
+
+    # ---- hot path -------------------------------------------------------------------------
+    def step_time_s(self, shape: StepShape) -> float:
+        new, ctx = shape.num_new_tokens, shape.num_context_tokens
+        if self.model.sliding_window is None:
+            tokens, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
+            # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
+            pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
+        else:
+            tokens = sum(new)
+            pairs, kv_tokens = self._windowed_work(new, ctx)
+        if tokens == 0:
+            return 0.0
+        layer = self._layer_parts(tokens, pairs, kv_tokens)
+        return self.model.num_layers * sum(layer) + sum(self._head_parts(tokens, shape.num_sampled))
+
+    def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[float, int]:
+        """(query-key pairs, KV tokens read) with a sliding attention window."""
+        window = self.model.sliding_window
+        pairs, kv = 0.0, 0
+        for n, c in zip(new, ctx):
+            full = min(max(window - c, 0), n)  # queries that still see their whole prefix
+            pairs += full * c + 0.5 * full * (full + 1) + (n - full) * window
+            kv += min(c, window) + n
+        return pairs, kv
+
+    def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int
+                     ) -> tuple[float, float, float, float]:
+        """Seconds of one layer: (GEMMs, attention, elementwise, all-reduce)."""
+        c, m, ko = self._c, self._m, self._ko
+        gemm = 0.0
+        for flops, wbytes, abytes in self._gemms:
+            gemm += max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko
+        if self._moe is not None:
+            experts, p_pick, flops, wbytes, abytes, top_k = self._moe
+            # Expected distinct experts hit when tokens route uniformly (each picks top_k).
+            active = experts * (1.0 - (1.0 - p_pick) ** tokens)
+            routed = tokens * top_k
+            gemm += max(routed * flops * c, (active * wbytes + routed * abytes) * m) + 2 * ko
+        attn = max(pairs * self._attn_flops_per_pair * self._ac,
+                   (kv_tokens * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok) * self._am)
+        attn += self._ao
+        elementwise = tokens * self._ew_bytes_per_tok * m + self._ew_kernels * ko
+        comm = 2.0 * (self._ar_lat + tokens * self._ar_s_per_tok) if self.tp > 1 else 0.0
+        return gemm, attn, elementwise, comm
+
+    def _head_parts(self, tokens: int, sampled: int) -> tuple[float, float, float, float]:
+        """Seconds outside the layers: (embedding, final norm, lm_head, sampler)."""
+        flops, wbytes, rbytes, sbytes, tbytes, gather = self._head
+        m, ko = self._m, self._ko
+        embed = tokens * tbytes * m + ko
+        norm = tokens * tbytes * m + ko
+        if sampled == 0:
+            return embed, norm, 0.0, 0.0
+        lm_head = max(sampled * flops * self._c, (wbytes + sampled * rbytes) * m) + ko
+        if self.tp > 1:  # gather the vocab-parallel logits
+            lm_head += self._ar_lat + sampled * gather
+        sampler = sampled * sbytes * m + 2 * ko
+        return embed, norm, lm_head, sampler
+
+    # ---- per-op access (the `profiled` fitter fills unmeasured ops with these) ---------------
+    def op_time_s(self, op: str, count: float) -> float:
+        """Seconds of one op: per layer for layer ops (``count`` = tokens), per step for
+        embedding/final_norm (tokens) and lm_head/sampler (rows), one call for allreduce
+        (``count`` = message bytes)."""
+        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and self._moe is None):
+            flops, wbytes, abytes = self._gemms[_DENSE_GEMMS.index(op)]
+            return max(count * flops * self._c, (wbytes + count * abytes) * self._m) + self._ko
+        if op == "moe":  # router + experts
+            gemm, _, _, _ = self._layer_parts(count, 0.0, 0)
+            return gemm - sum(self.op_time_s(g, count) for g in _DENSE_GEMMS[:2])
+        if op == "elementwise":
+            return count * self._ew_bytes_per_tok * self._m + self._ew_kernels * self._ko
+        if op == "allreduce":
+            per_byte = self._ar_s_per_tok / (self.model.hidden_size * self.model.dtype_bytes)
+            return self._ar_lat + count * per_byte
+        if op in _HEAD_OPS:
+            parts = self._head_parts(count, count) if op in ("lm_head", "sampler") else \
+                self._head_parts(count, 0)
+            return parts[_HEAD_OPS.index(op)]
+        raise KeyError(op)
+
+    def attention_coefficients(self) -> dict[str, float]:
+        """The roofline attention of one layer as coefficients (serialised by `profiled`)."""
+        return {"s_per_pair": self._attn_flops_per_pair * self._ac,
+                "s_per_kv_token": self._kv_bytes_per_tok * self._am,
+                "s_per_q_token": self._q_bytes_per_tok * self._am, "overhead_s": self._ao}
+
+    # ---- introspection --------------------------------------------------------------------
+    def breakdown(self, shape: StepShape) -> dict[str, float]:
+        """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
+        new, ctx = shape.num_new_tokens, shape.num_context_tokens
+        tokens = sum(new)
+        if tokens == 0:
+            return {}
+        if self.model.sliding_window is None:
+            _, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
+            work = (kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens)
+        else:
+            work = self._windowed_work(new, ctx)
+        parts = self._layer_parts(tokens, *work)
+        layers = self.model.num_layers
+        out = {name: layers * v for name, v in zip(("gemm", "attention", "elementwise",
+                                                      "allreduce"), parts)}
+        out.update(zip(("embedding", "final_norm", "lm_head", "sampler"),
+                       self._head_parts(tokens, shape.num_sampled)))
+        return out

@@ -1,0 +1,197 @@
+"""The simulated engine: vLLM's EngineCore loop on a SimPy clock.
+
+    schedule() -> executor.execute() -> env.timeout(step time) -> update_from_output()
+
+With async scheduling the loop keeps two steps in flight like vLLM's batch queue: step N+1 is
+scheduled (its CPU work overlapping step N on the GPU) before step N's output is applied. When
+nothing is waiting or running the engine sleeps until the next arrival: no busy loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import IO
+
+import simpy
+
+from scheduler import CacheConfig, Request, SamplingParams, make_scheduler
+from scheduler.steptrace import finish_record, step_record
+from simulator.config import SimConfig
+from simulator.cost_model import make_cost_model
+from simulator.executor import Executor, SimExecutor
+from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
+from simulator.metrics import MetricsCollector, StepRecord
+from simulator.tokens import TokenSource
+from traces.workload import RequestSpec, Workload
+
+
+def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
+    """The cache config to run with: as configured, or with num_gpu_blocks derived from memory."""
+    hw = cfg.hardware
+    if not cfg.derive_num_gpu_blocks:
+        return cfg.cache, None
+    cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cfg.cache.block_size, hw.gpu_memory_utilization,
+                                hw.activation_reserve_gib)
+    return replace(cfg.cache, num_gpu_blocks=cap.num_gpu_blocks), cap
+
+
+@dataclass(slots=True)
+class EngineResult:
+    metrics: MetricsCollector
+    sim_duration_s: float  # from the first arrival (t=0) to the last finish
+    wall_time_s: float
+    num_steps: int
+    prefix_hits: int  # tokens, requests never preempted (vLLM's hit-rate definition)
+    prefix_queries: int
+    cache: CacheConfig
+    kv_capacity: KvCapacity | None
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, workload: Workload, executor: Executor | None = None,
+                 step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None):
+        self.cfg = cfg
+        self.workload = workload
+        self.cache, self.kv_capacity = resolve_cache(cfg)
+        self.scheduler = make_scheduler(cfg.scheduler, self.cache)
+        hw = cfg.hardware
+        if executor is None:
+            cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+            executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens)
+        self.executor = executor
+        self.cpu = cfg.cost_model.cpu_overhead
+        self.env = simpy.Environment()
+        self.metrics = MetricsCollector()
+        self.step_trace = step_trace
+        self.progress = progress
+        self._wake: simpy.Event | None = None
+        self._arrived_since_step: list[str] = []
+        self._all_arrived = False
+        self._num_done = 0
+        self.num_steps = 0
+        self.prefix_hits = self.prefix_queries = 0
+
+    # --- processes -----------------------------------------------------------------------------
+    def _arrivals(self):
+        sched, env = self.scheduler, self.env
+        for spec in self.workload.requests:
+            if spec.arrival_time_s > env.now:
+                yield env.timeout(spec.arrival_time_s - env.now)
+            self._add(spec)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+        self._all_arrived = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _add(self, spec: RequestSpec) -> None:
+        sched, now = self.scheduler, self.env.now
+        self.metrics.on_arrival(spec.request_id, now, spec.prompt_len, spec.output_len)
+        req = Request(spec.request_id, spec.token_ids(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+                      arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
+                      block_hasher=sched.block_hasher, job_id=spec.session_id, is_last_step=spec.is_last_turn)
+        sched.add_request(req, now_s=now)
+        self._arrived_since_step.append(spec.request_id)
+        for out in sched.take_ignored_outputs():  # a prompt that can never fit: reported, not run
+            self.metrics.on_finish(out.request_id, now, out.finish_reason, 0)
+            self._num_done += 1
+
+    def _engine_loop(self):
+        env, sched = self.env, self.scheduler
+        depth = 2 if self.cfg.scheduler.async_scheduling else 1
+        in_flight: deque = deque()
+        gpu_free_at = 0.0
+        while True:
+            if not sched.has_unfinished_requests() and not in_flight:
+                if self._all_arrived:
+                    return
+                self._wake = env.event()
+                yield self._wake
+                continue
+            now = env.now
+            so = sched.schedule(now_s=now)
+            rec, step_rec = self._on_schedule(so, now)
+            mro, gpu_s = self.executor.execute(so)
+            cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
+            # CPU preparation precedes the GPU work; with async scheduling it overlaps the previous step.
+            start = max(now + cpu_s, gpu_free_at)
+            gpu_free_at = start + gpu_s
+            step_rec.gpu_time_s = gpu_s
+            in_flight.append((so, mro, gpu_free_at, rec, step_rec))
+            while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
+                so0, mro0, end0, rec0, step0 = in_flight.popleft()
+                if end0 > env.now:
+                    yield env.timeout(end0 - env.now)
+                self._on_update(so0, mro0, rec0, step0)
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def _on_schedule(self, so, now: float) -> tuple[dict | None, StepRecord]:
+        m = self.metrics.requests
+        for nr in so.scheduled_new_reqs:
+            if m[nr.req_id].first_scheduled_s is None:
+                m[nr.req_id].first_scheduled_s = now
+        for rid in so.preempted_req_ids:
+            m[rid].num_preemptions += 1
+        rec = None
+        if self.step_trace is not None:
+            rec = step_record(self.num_steps, self._arrived_since_step, so, self.scheduler)
+        self._arrived_since_step = []
+        sched = self.scheduler
+        shape_prefill = shape_decode = 0
+        spec = so.scheduled_spec_decode_tokens
+        cached = so.scheduled_cached_reqs
+        decode_ids = {rid for i, rid in enumerate(cached.req_ids)
+                      if rid not in cached.resumed_req_ids and cached.num_computed_tokens[i] >= sched.requests[rid].num_prompt_tokens}
+        for rid, n in so.num_scheduled_tokens.items():
+            if rid in decode_ids and n - len(spec.get(rid, ())) == 1:
+                shape_decode += n
+            else:
+                shape_prefill += n
+        running, waiting = sched.get_request_counts()
+        step_rec = StepRecord(self.num_steps, now, 0.0, 0.0, len(so.num_scheduled_tokens), shape_prefill,
+                              shape_decode, sched.kv_cache_manager.usage, running, waiting, len(so.preempted_req_ids))
+        self.metrics.steps.append(step_rec)
+        self.num_steps += 1
+        return rec, step_rec
+
+    def _on_update(self, so, mro, rec: dict | None, step_rec: StepRecord) -> None:
+        now = self.env.now
+        step_rec.duration_s = now - step_rec.start_s  # schedule to output applied
+        eco = self.scheduler.update_from_output(so, mro, now_s=now)
+        for out in eco.outputs:
+            if out.new_token_ids:
+                self.metrics.on_tokens(out.request_id, now, len(out.new_token_ids))
+            if out.finish_reason is not None:
+                self.metrics.on_finish(out.request_id, now, out.finish_reason, out.num_cached_tokens)
+                self._num_done += 1
+        ps = eco.scheduler_stats.prefix_cache_stats
+        self.prefix_hits += ps.hits
+        self.prefix_queries += ps.queries
+        if rec is not None:
+            sampled = {rid: t[0] for rid, t in zip(mro.req_ids, mro.sampled_token_ids) if t}
+            finish_record(rec, sampled, [o.request_id for o in eco.outputs if o.finish_reason is not None],
+                          eco.scheduler_stats)
+            self.step_trace.write(_dumps(rec) + "\n")
+        if self.progress is not None and self.num_steps % 256 == 0:
+            self.progress(now, self._num_done)
+
+    # --- run -----------------------------------------------------------------------------------
+    def run(self) -> EngineResult:
+        t0 = time.perf_counter()
+        self.env.process(self._arrivals())
+        loop = self.env.process(self._engine_loop())
+        self.env.run(until=loop)
+        end = max([r.finish_s for r in self.metrics.requests.values() if r.finish_s is not None], default=0.0)
+        if self.progress is not None:
+            self.progress(self.env.now, self._num_done)
+        return EngineResult(self.metrics, end, time.perf_counter() - t0, self.num_steps, self.prefix_hits,
+                            self.prefix_queries, self.cache, self.kv_capacity)
+
+
+def _dumps(rec: dict) -> str:
+    import json
+
+    return json.dumps(rec)

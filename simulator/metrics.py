@@ -1,0 +1,176 @@
+"""Metrics: per request, per step, a 1-second time series and a summary.
+
+Phase (prefill vs decode) is derived here, never stored by the scheduler: a step's tokens are
+prefill tokens while they cover positions inside the prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    arrival_s: float
+    prompt_len: int  # tokens
+    output_len_target: int  # tokens the trace asks for
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)  # when each output token was produced
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    step: int
+    start_s: float
+    duration_s: float  # GPU + CPU time charged to the step
+    gpu_time_s: float
+    num_requests: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    kv_usage: float  # fraction of usable blocks in use after the step was scheduled
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+
+
+class MetricsCollector:
+    def __init__(self) -> None:
+        self.requests: dict[str, RequestRecord] = {}
+        self.steps: list[StepRecord] = []
+        self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
+        self.prefix_hits = 0
+
+    def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
+        self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
+
+    def on_tokens(self, request_id: str, t: float, n: int) -> None:
+        rec = self.requests[request_id]
+        if rec.first_token_s is None and n:
+            rec.first_token_s = t
+        rec.token_times_s.extend([t] * n)
+
+    def on_finish(self, request_id: str, t: float, reason: str | None, num_cached_tokens: int) -> None:
+        rec = self.requests[request_id]
+        rec.finish_s = t
+        rec.finish_reason = reason
+        rec.num_cached_tokens = num_cached_tokens
+
+    # --- tables -------------------------------------------------------------------------------
+    def requests_frame(self) -> pd.DataFrame:
+        rows = []
+        for r in self.requests.values():
+            times = r.token_times_s
+            itl = np.diff(times) if len(times) > 1 else np.array([])
+            rows.append({
+                "request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len,
+                "output_len": len(times), "output_len_target": r.output_len_target,
+                "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s, "finish_s": r.finish_s,
+                "queueing_s": _sub(r.first_scheduled_s, r.arrival_s),
+                "ttft_s": _sub(r.first_token_s, r.arrival_s),
+                "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
+                "e2e_s": _sub(r.finish_s, r.arrival_s),
+                "itl_s": itl.tolist(),
+                "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
+                "finish_reason": r.finish_reason,
+            })
+        return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([_asdict(s) for s in self.steps], columns=STEP_COLUMNS)
+
+    def timeseries_frame(self, end_s: float) -> pd.DataFrame:
+        """1-second ticks: state at the last step that started at or before each tick."""
+        steps = self.steps_frame()
+        ticks = np.arange(0.0, math.floor(max(end_s, 0.0)) + 1.0)
+        if steps.empty:
+            return pd.DataFrame({"t_s": ticks, "running": 0, "waiting": 0, "kv_cache_pct": 0.0,
+                                 "prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0})
+        idx = np.searchsorted(steps["start_s"].to_numpy(), ticks, side="right") - 1
+        valid = idx >= 0
+        take = np.where(valid, idx, 0)
+        sec = np.floor(steps["start_s"].to_numpy()).astype(int)
+        pre = np.bincount(sec, weights=steps["num_prefill_tokens"], minlength=len(ticks))[: len(ticks)]
+        dec = np.bincount(sec, weights=steps["num_decode_tokens"], minlength=len(ticks))[: len(ticks)]
+        return pd.DataFrame({
+            "t_s": ticks,
+            "running": np.where(valid, steps["num_running"].to_numpy()[take], 0),
+            "waiting": np.where(valid, steps["num_waiting"].to_numpy()[take], 0),
+            "kv_cache_pct": np.where(valid, 100.0 * steps["kv_usage"].to_numpy()[take], 0.0),
+            "prefill_tokens_per_s": pre, "decode_tokens_per_s": dec,
+        })
+
+
+REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
+                   "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
+                   "num_preemptions", "num_cached_tokens", "finish_reason"]
+STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
+                "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions"]
+
+
+def _sub(a: float | None, b: float) -> float | None:
+    return None if a is None else a - b
+
+
+def _asdict(obj) -> dict:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+def stats(values) -> dict:
+    arr = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))], dtype=float)
+    if arr.size == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "count": 0}
+    out = {"mean": float(arr.mean())}
+    for p in PERCENTILES:
+        out[f"p{p}"] = float(np.percentile(arr, p))
+    out["count"] = int(arr.size)
+    return out
+
+
+def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: float, slo, num_requests: int,
+              prefix_hits: int, prefix_queries: int) -> dict:
+    req = collector.requests_frame()
+    done = req[req["finish_reason"].notna() & (req["finish_reason"] != "abort")]
+    ok = done[done["output_len"] > 0]
+    itl = [x for lst in ok["itl_s"] for x in lst]
+    out_tokens = int(ok["output_len"].sum())
+    in_tokens = int(ok["prompt_len"].sum())
+    dur = max(sim_duration_s, 1e-12)
+    good = ok[(ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)]
+    steps = collector.steps_frame()
+    return {
+        "num_requests": num_requests,
+        "num_finished": int(len(ok)),
+        "num_ignored": int((req["finish_reason"] == "length").sum() - (ok["finish_reason"] == "length").sum()),
+        "sim_duration_s": sim_duration_s,
+        "wall_time_s": wall_time_s,
+        "num_steps": int(len(steps)),
+        "ttft_s": stats(ok["ttft_s"]),
+        "tpot_s": stats(ok["tpot_s"]),
+        "itl_s": stats(itl),
+        "e2e_s": stats(ok["e2e_s"]),
+        "queueing_s": stats(ok["queueing_s"]),
+        "throughput": {
+            "requests_per_s": len(ok) / dur,
+            "output_tokens_per_s": out_tokens / dur,
+            "total_tokens_per_s": (out_tokens + in_tokens) / dur,
+        },
+        "goodput": {"slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "requests_per_s": len(good) / dur,
+                    "fraction_meeting_slo": len(good) / max(len(ok), 1)},
+        "num_preemptions": int(steps["num_preemptions"].sum()) if not steps.empty else 0,
+        "prefix_cache_hit_rate": prefix_hits / prefix_queries if prefix_queries else 0.0,
+        "prefix_cache_hit_tokens": prefix_hits,
+        "prefix_cache_query_tokens": prefix_queries,
+        "kv_usage_mean": float(steps["kv_usage"].mean()) if not steps.empty else 0.0,
+    }

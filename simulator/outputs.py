@@ -1,0 +1,55 @@
+"""Write a run's results atomically: everything goes into a temporary folder renamed at the end, so a
+killed run never leaves a result folder that looks complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from simulator.config import SimConfig, to_dict
+from simulator.engine import EngineResult
+from simulator.metrics import summarize
+
+
+def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
+    s = summarize(res.metrics, res.sim_duration_s, res.wall_time_s, cfg.slo, num_requests, res.prefix_hits,
+                  res.prefix_queries)
+    s["num_gpu_blocks"] = res.cache.num_gpu_blocks
+    s["num_gpu_blocks_source"] = res.kv_capacity.source if res.kv_capacity is not None else "configured"
+    s["sim_speedup_x"] = res.sim_duration_s / res.wall_time_s if res.wall_time_s > 0 else None
+    return s
+
+
+def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
+                  step_trace_tmp: str | None = None) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        end = summary["sim_duration_s"]
+        res.metrics.requests_frame().to_parquet(tmp / "requests.parquet", index=False)
+        res.metrics.steps_frame().to_parquet(tmp / "steps.parquet", index=False)
+        res.metrics.timeseries_frame(end).to_csv(tmp / "timeseries.csv", index=False)
+        resolved = to_dict(cfg)
+        resolved["cache"] = to_dict(res.cache)
+        resolved["workload"] = workload_meta
+        (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

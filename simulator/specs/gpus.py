@@ -1,0 +1,112 @@
+"""Accelerator specs: datasheet peaks plus achievable-efficiency factors (see ``gpus.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from traces.errors import InputError
+
+from ._names import alias_keys, candidates
+
+_SPEC_FILE = Path(__file__).with_name("gpus.yaml")
+_INTERCONNECTS = ("nvlink", "pcie")
+
+
+@dataclass(slots=True, frozen=True)
+class GpuSpec:
+    name: str  # short lowercase id, e.g. "h100"
+    vendor_name: str  # the device string nvidia-smi / torch report
+    memory_gib: float  # device memory, GiB (2**30 bytes)
+    mem_bandwidth_gb_s: float  # peak DRAM bandwidth, 1e9 bytes/s
+    bf16_dense_tflops: float  # peak dense bf16 tensor throughput, 1e12 FLOP/s
+    interconnect: str  # "nvlink" or "pcie": the GPU-to-GPU link used by tensor parallelism
+    interconnect_gb_s: float  # one direction, per GPU, 1e9 bytes/s
+    collective_latency_s: float  # fixed cost of one small all-reduce, seconds
+    compute_efficiency: float  # achievable fraction of bf16_dense_tflops on large GEMMs
+    memory_efficiency: float  # achievable fraction of mem_bandwidth_gb_s on streaming GEMMs
+    attention_compute_efficiency: float  # same, for flash-attention prefill (lower than GEMMs)
+    attention_memory_efficiency: float  # same, for paged decode attention reading the KV cache
+    interconnect_efficiency: float = 0.7  # achievable fraction of interconnect_gb_s (bus bandwidth)
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in ("memory_gib", "mem_bandwidth_gb_s", "bf16_dense_tflops", "interconnect_gb_s"):
+            if not getattr(self, f) > 0:
+                raise InputError(f"gpu '{self.name}': {f} must be positive", field=f)
+        if self.collective_latency_s < 0:
+            raise InputError(f"gpu '{self.name}': collective_latency_s must be >= 0",
+                             field="collective_latency_s")
+        for f in ("compute_efficiency", "memory_efficiency", "attention_compute_efficiency",
+                  "attention_memory_efficiency", "interconnect_efficiency"):
+            if not 0 < getattr(self, f) <= 1:
+                raise InputError(f"gpu '{self.name}': {f} must be in (0, 1]", field=f)
+        if self.interconnect not in _INTERCONNECTS:
+            raise InputError(f"gpu '{self.name}': unknown interconnect {self.interconnect!r}",
+                             field="interconnect", allowed=", ".join(_INTERCONNECTS))
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+    @property
+    def peak_flops(self) -> float:  # FLOP/s
+        return self.bf16_dense_tflops * 1e12
+
+    @property
+    def peak_mem_bytes_per_s(self) -> float:
+        return self.mem_bandwidth_gb_s * 1e9
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.interconnect_gb_s * 1e9
+
+
+@cache
+def _registry() -> tuple[dict[str, GpuSpec], dict[str, str]]:
+    raw = yaml.safe_load(_SPEC_FILE.read_text())
+    allowed = {f.name for f in fields(GpuSpec)} - {"name"}
+    specs: dict[str, GpuSpec] = {}
+    lookup: dict[str, str] = {}
+    for name, entry in raw.items():
+        unknown = set(entry) - allowed
+        if unknown:
+            raise InputError(f"gpu '{name}': unknown fields {sorted(unknown)}", path=str(_SPEC_FILE),
+                             allowed=", ".join(sorted(allowed)))
+        entry = dict(entry, aliases=tuple(entry.get("aliases") or ()))
+        spec = GpuSpec(name=name, **entry)
+        specs[name] = spec
+        vendor = spec.vendor_name
+        # "NVIDIA H100 80GB HBM3" is also typed without the vendor word.
+        names = (name, vendor, vendor.removeprefix("NVIDIA "), *spec.aliases,
+                 *(f"nvidia-{a}" for a in spec.aliases), f"nvidia-{name}")
+        for alias in names:
+            for key in alias_keys(alias):
+                lookup.setdefault(key, name)
+    return specs, lookup
+
+
+def available_gpus() -> list[str]:
+    return sorted(_registry()[0])
+
+
+def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
+    """Spec for a short id or an alias (case-insensitive; vendor strings, ``h100_sxm``, ...)."""
+    if isinstance(name, GpuSpec):
+        return name
+    specs, lookup = _registry()
+    for key in candidates(str(name)):
+        if key in lookup:
+            return specs[lookup[key]]
+    raise InputError(f"unknown gpu '{name}'", field="gpu", allowed=", ".join(available_gpus()))
+
+
+def find_gpu(name: str) -> GpuSpec | None:
+    """Like :func:`resolve_gpu` but returns None for unknown names (importers keep raw labels)."""
+    try:
+        return resolve_gpu(name)
+    except InputError:
+        return None

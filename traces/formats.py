@@ -1,0 +1,125 @@
+"""Load any supported trace by format name, or let "auto" sniff it.
+
+    load_workload("conversation_trace.jsonl.gz")                 # sniffed: mooncake
+    load_workload("sharegpt.csv.gz", fmt="lengths", rate_per_s=4)
+    available_formats()  # ['azure', 'canonical', 'lengths', 'llmservingsim', 'mooncake', 'oracle']
+
+Sniffing looks at the encoding (from the extension, else the first byte) and the keys of the
+first JSON line / the CSV header / the Parquet schema, and picks the format whose signature
+columns are all present. When nothing or several formats match it says what it tried.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+from traces.errors import InputError
+from traces.registry import all_formats, available_formats, encoding_of, get_format, register_format
+from traces.rows import open_text
+from traces.workload import Workload
+
+__all__ = ["available_formats", "load_workload", "register_format", "sniff_format"]
+
+
+def _first_keys(path: Path, encoding: str) -> list[str]:
+    """Keys of the first JSON object / CSV header / Parquet schema ([] when unreadable)."""
+    if encoding == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except Exception:  # not a Parquet file after all
+            return []
+    try:
+        with open_text(path) as fh:
+            if encoding == "csv":
+                return next(csv.reader(fh), [])
+            for text in fh:
+                if text.strip():
+                    obj = json.loads(text)
+                    return list(obj) if isinstance(obj, dict) else []
+    except (json.JSONDecodeError, UnicodeDecodeError, csv.Error, OSError, EOFError):
+        return []
+    return []
+
+
+def _guess_encoding(path: Path) -> str:
+    encoding = encoding_of(path)
+    if encoding is not None:
+        return encoding
+    with open(path, "rb") as fh:
+        if fh.read(4) == b"PAR1":
+            return "parquet"
+    try:
+        with open_text(path) as fh:
+            first = fh.read(1)
+    except (UnicodeDecodeError, OSError, EOFError):
+        return "csv"
+    return "jsonl" if first == "{" else "csv"
+
+
+def sniff_format(path: str | Path) -> str:
+    """Name of the registered format that `path` looks like; InputError saying what was tried."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError("file not found", path=str(file))
+    encoding = _guess_encoding(file)
+    keys = set(_first_keys(file, encoding))
+    matches: list[tuple[int, str]] = []
+    tried: list[str] = []
+    for info in all_formats():
+        if encoding not in info.encodings:
+            tried.append(f"{info.name} (reads {'/'.join(info.encodings)})")
+            continue
+        hits = [len(sig) for sig in info.signatures if sig <= keys]
+        if hits:
+            matches.append((max(hits), info.name))
+        else:
+            needs = " or ".join("{" + ", ".join(sorted(sig)) + "}" for sig in info.signatures)
+            tried.append(f"{info.name} (needs {needs})")
+    if not matches:
+        found = ", ".join(sorted(keys)) if keys else "no readable keys/header"
+        raise InputError(
+            f"cannot tell the trace format: {encoding} file with {found}; tried "
+            + "; ".join(tried),
+            path=str(file), field="fmt", allowed=", ".join(available_formats()),
+        )
+    matches.sort(reverse=True)  # most specific signature first
+    if len(matches) > 1 and matches[0][0] == matches[1][0]:
+        names = ", ".join(name for _, name in matches)
+        raise InputError(f"ambiguous trace format: matches {names}", path=str(file),
+                         field="fmt", allowed="pass fmt= explicitly")
+    return matches[0][1]
+
+
+def load_workload(path: str | Path, fmt: str = "auto", **options: Any) -> Workload:
+    """Load a trace file as a Workload. `options` go to the format's loader (see its docstring)."""
+    file = Path(path)
+    try:
+        return _load(file, fmt, options)
+    except InputError as exc:
+        if exc.path is not None:
+            raise
+        # Errors raised without a file (options, request invariants) still name the file.
+        raise InputError(exc.detail, path=str(file), line=exc.line, field=exc.field,
+                         allowed=exc.allowed) from None
+
+
+def _load(file: Path, fmt: str, options: dict[str, Any]) -> Workload:
+    name = sniff_format(file) if fmt == "auto" else fmt
+    info = get_format(name)
+    if not file.is_file():
+        raise InputError("file not found", path=str(file))
+    params = inspect.signature(info.loader).parameters
+    accepted = [p for p in params if params[p].kind == inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise InputError(
+            f"unknown option(s) {', '.join(unknown)} for format {name!r}", path=str(file),
+            field=unknown[0], allowed=", ".join(accepted) or "no options",
+        )
+    return info.loader(file, **options)

@@ -1,0 +1,190 @@
+"""Reading and validating trace rows: every problem becomes an InputError naming file, line, field.
+
+Line numbers are 1-based physical lines of the file (for CSV the header is line 1, so data row i,
+0-based, is line i + 2); for Parquet they are 1-based row numbers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import InputError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    """True when the file starts with the gzip magic bytes (whatever its extension says)."""
+    with open(path, "rb") as fh:
+        return fh.read(2) == _GZIP_MAGIC
+
+
+def open_text(path: Path) -> IO[str]:
+    """Open a text file, transparently gunzipping it; missing files raise InputError."""
+    if not path.is_file():
+        raise InputError("file not found", path=str(path))
+    if is_gzip(path):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def iter_json_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based line, object) for each non-blank line of a JSON-lines file."""
+    with open_text(path) as fh:
+        for line_no, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(
+                    f"not valid JSON ({exc.msg} at column {exc.colno})",
+                    path=str(path), line=line_no, allowed="one JSON object per line",
+                ) from None
+            if not isinstance(obj, dict):
+                raise InputError(
+                    f"expected a JSON object, got {type(obj).__name__}",
+                    path=str(path), line=line_no, allowed="one JSON object per line",
+                )
+            yield line_no, obj
+
+
+def require_keys(obj: dict[str, Any], keys: tuple[str, ...], path: Path, line: int) -> None:
+    """Raise naming the first missing key."""
+    for key in keys:
+        if key not in obj:
+            raise InputError(
+                f"missing field '{key}' (present: {', '.join(sorted(obj)) or 'none'})",
+                path=str(path), line=line, field=key, allowed=f"rows with {', '.join(keys)}",
+            )
+
+
+def as_int(value: Any, *, path: Path, line: int, field: str, min_value: int | None) -> int:
+    """Validate an integer (integral floats like 12.0 are accepted; bools and strings are not)."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok and isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    allowed = "an integer" if min_value is None else f"an integer >= {min_value}"
+    if not ok:
+        raise InputError(f"non-integer value {value!r}", path=str(path), line=line,
+                         field=field, allowed=allowed)
+    if min_value is not None and value < min_value:
+        raise InputError(f"value {value} is too small", path=str(path), line=line,
+                         field=field, allowed=allowed)
+    return int(value)
+
+
+def as_float(value: Any, *, path: Path, line: int, field: str, min_value: float = 0.0) -> float:
+    """Validate a finite number >= min_value."""
+    allowed = f"a finite number >= {min_value:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"non-numeric value {value!r}", path=str(path), line=line,
+                         field=field, allowed=allowed)
+    number = float(value)
+    if not math.isfinite(number) or number < min_value:
+        raise InputError(f"value {value!r} is out of range", path=str(path), line=line,
+                         field=field, allowed=allowed)
+    return number
+
+
+def as_int_tuple(value: Any, *, path: Path, line: int, field: str, upper: int | None = None
+                 ) -> tuple[int, ...]:
+    """Validate a list of non-negative integers (below `upper` when given)."""
+    allowed = "a list of integers >= 0" + (f" and < {upper}" if upper is not None else "")
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"expected a list, got {value!r:.60}", path=str(path), line=line,
+                         field=field, allowed=allowed)
+    for item in value:
+        if type(item) is not int or item < 0 or (upper is not None and item >= upper):
+            raise InputError(f"bad element {item!r}", path=str(path), line=line,
+                             field=field, allowed=allowed)
+    return tuple(value)
+
+
+def check_sorted(times: list[float], lines: list[int], path: Path, field: str, note: str) -> None:
+    """Raise at the first row whose time is smaller than the previous row's."""
+    for i in range(1, len(times)):
+        if times[i] < times[i - 1]:
+            raise InputError(
+                f"timestamp {times[i]:g} is smaller than the previous row's "
+                f"{times[i - 1]:g}; {note}",
+                path=str(path), line=lines[i], field=field, allowed="non-decreasing timestamps",
+            )
+
+
+def require_rows(count: int, path: Path) -> None:
+    if count == 0:
+        raise InputError("file has no requests (empty)", path=str(path),
+                         allowed="at least one data row")
+
+
+# --- pandas helpers for CSV formats ------------------------------------------------------------
+
+
+def read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    """Read a CSV (optionally gzipped) as strings and check the header has `required` columns."""
+    if not path.is_file():
+        raise InputError("file not found", path=str(path))
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, compression="infer")
+    except pd.errors.EmptyDataError:
+        raise InputError("file is empty", path=str(path), allowed="a CSV header and rows") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot parse CSV: {exc}", path=str(path)) from None
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise InputError(
+            f"missing column(s) {', '.join(missing)}; "
+            f"header has {', '.join(map(str, frame.columns))}",
+            path=str(path), line=1, field=missing[0], allowed=f"columns {', '.join(required)}",
+        )
+    require_rows(len(frame), path)
+    return frame
+
+
+def int_column(frame: pd.DataFrame, column: str, path: Path, min_value: int) -> np.ndarray:
+    """Column as int64, raising at the first non-integer or too-small cell (CSV line numbers)."""
+    raw = frame[column]
+    numbers = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(numbers) | (numbers != np.floor(numbers)) | (numbers < min_value)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise InputError(
+            f"bad value {raw.iloc[row]!r}", path=str(path), line=row + 2, field=column,
+            allowed=f"an integer >= {min_value}",
+        )
+    return numbers.astype(np.int64)
+
+
+def float_column(frame: pd.DataFrame, column: str, path: Path, min_value: float) -> np.ndarray:
+    """Column as float64, raising at the first non-numeric or too-small cell."""
+    raw = frame[column]
+    numbers = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(numbers) | (numbers < min_value)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise InputError(
+            f"bad value {raw.iloc[row]!r}", path=str(path), line=row + 2, field=column,
+            allowed=f"a finite number >= {min_value:g}",
+        )
+    return numbers
+
+
+def check_sorted_column(values: np.ndarray, path: Path, field: str, note: str) -> None:
+    """Vectorised check_sorted for CSV columns (line = row + 2)."""
+    drops = np.flatnonzero(np.diff(values) < 0)
+    if drops.size:
+        row = int(drops[0]) + 1
+        raise InputError(
+            f"timestamp at this row is earlier than the previous row's; {note}",
+            path=str(path), line=row + 2, field=field, allowed="non-decreasing timestamps",
+        )

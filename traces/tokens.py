@@ -1,0 +1,83 @@
+"""Deterministic synthetic token ids for traces that carry no real tokens.
+
+Why: the scheduler's prefix cache hashes token ids per KV block, so a trace that only says "these
+two requests share 3 Mooncake hash blocks" must become token lists whose first 3*512 tokens are
+identical and whose other tokens differ. Every id here is a pure function of a *stream key* and a
+*position*, computed with the SplitMix64 finaliser in numpy (vectorised, no global state, no
+Python `hash()`, which is salted per process). Ids are in [0, 2**31).
+
+Streams are domain-separated so that different kinds never collide by construction of the key:
+- ``hash_block_stream(h)``: Mooncake hash id ``h``; position = offset inside the 512-token block.
+- ``group_stream(g)``: shared-prefix group ``g``; position = token index in the prompt.
+- ``text_stream(s)``: per request (or per session) stream keyed by a string id; position = token
+  index in the conversation, so a later session turn re-reads the same tokens as earlier turns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+TOKEN_ID_LIMIT = 2**31  # ids are in [0, TOKEN_ID_LIMIT): fits int32 tensors and any signed index
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64 increment
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+_MASK64 = (1 << 64) - 1
+
+# Domain tags (arbitrary odd 64-bit constants) keep the three stream kinds apart.
+_TAG_HASH_BLOCK = 0x6A09E667F3BCC909
+_TAG_GROUP = 0xBB67AE8584CAA73B
+_TAG_TEXT = 0x3C6EF372FE94F82B
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on a uint64 array (wrap-around arithmetic is intended)."""
+    z = z.copy()
+    z ^= z >> np.uint64(30)
+    z *= _MUL1
+    z ^= z >> np.uint64(27)
+    z *= _MUL2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _key_from_int(tag: int, value: int) -> int:
+    """64-bit stream key from a domain tag and a non-negative integer id."""
+    mixed = _mix(np.array([(tag ^ (value * 0x9E3779B97F4A7C15)) & _MASK64], dtype=np.uint64))
+    return int(mixed[0])
+
+
+def group_stream(group: int) -> int:
+    """Stream key of a shared-prefix group."""
+    return _key_from_int(_TAG_GROUP, group)
+
+
+def text_stream(ident: str) -> int:
+    """Stream key of a request or session id (stable across processes and platforms)."""
+    digest = hashlib.blake2b(ident.encode("utf-8"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") ^ _TAG_TEXT) & _MASK64
+
+
+def stream_tokens(key: int, start: int, stop: int) -> np.ndarray:
+    """Token ids of stream `key` at positions [start, stop), as int64 in [0, 2**31)."""
+    positions = np.arange(start, stop, dtype=np.uint64)
+    z = _mix(np.uint64(key) + (positions + np.uint64(1)) * _GOLDEN)
+    return (z >> np.uint64(33)).astype(np.int64)
+
+
+def hash_block_tokens(hash_ids: tuple[int, ...], block_len: int, num_tokens: int) -> np.ndarray:
+    """Tokens of the first `num_tokens` positions covered by Mooncake-style `hash_ids`.
+
+    Block i holds the tokens of hash id ``hash_ids[i]`` at offsets 0..block_len-1; they depend only
+    on (hash id, offset), never on i or the request, so equal leading ids give equal leading
+    tokens at any re-chunking. The last block is truncated to `num_tokens`.
+    """
+    if num_tokens <= 0 or not hash_ids:
+        return np.empty(0, dtype=np.int64)
+    ids = np.asarray(hash_ids, dtype=np.uint64)
+    keys = _mix((ids * _GOLDEN) ^ np.uint64(_TAG_HASH_BLOCK))  # one key per hash id
+    offsets = np.arange(block_len, dtype=np.uint64)
+    z = _mix(keys[:, None] + (offsets[None, :] + np.uint64(1)) * _GOLDEN)
+    return (z >> np.uint64(33)).astype(np.int64).reshape(-1)[:num_tokens]

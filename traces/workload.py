@@ -1,0 +1,203 @@
+"""Canonical request and workload types: every loader and generator produces these.
+
+Token ids are never materialised at load time (a 12k-request Mooncake trace would be ~150 M
+tokens); `RequestSpec.token_ids()` builds them on demand, deterministically, from whatever
+sharing information the trace has (see `traces.tokens` for the id streams):
+
+1. real ids (`prompt_token_ids`) when the trace has them;
+2. Mooncake `prefix_hash_ids`: block i of `prefix_block_len` tokens is a pure function of
+   (hash id, offset), so two requests sharing k leading hash ids share exactly their first
+   min(k * prefix_block_len, prompt lens) tokens, at any vLLM block size;
+3. a shared-prefix group: the first `prefix_len` tokens are a pure function of (group, position);
+4. everything else comes from a per-request stream keyed by `request_id`, or by `session_id`
+   for multi-turn sessions, indexed by absolute position. A later turn of a session therefore
+   re-reads exactly the earlier turn's prompt *and* output tokens (`output_token_ids()`), which
+   is real prefix growth without storing any ids.
+
+The GPU runner's vocabulary is smaller than 2**31: use `token_ids_mod(vocab_size)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.errors import InputError
+from traces.tokens import (
+    TOKEN_ID_LIMIT,
+    group_stream,
+    hash_block_tokens,
+    stream_tokens,
+    text_stream,
+)
+
+DEFAULT_PREFIX_BLOCK_LEN = 512  # Mooncake hash-id block size in tokens
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    request_id: str
+    arrival_time_s: float  # seconds since trace start (>= 0)
+    prompt_len: int  # prompt tokens (>= 1)
+    output_len: int  # tokens generated; the request finishes at this length (ignore_eos)
+    prompt_token_ids: tuple[int, ...] | None = None  # real token ids when the trace has them
+    prefix_hash_ids: tuple[int, ...] | None = None  # Mooncake ids, one per prefix_block_len tokens
+    prefix_block_len: int = DEFAULT_PREFIX_BLOCK_LEN  # tokens per prefix hash id
+    prefix_group: int | None = None  # shared-prefix group id (synthetic/canonical traces)
+    prefix_len: int = 0  # tokens of the group's shared prefix at the start of the prompt
+    priority: int = 0  # lower runs first under the priority policy
+    session_id: str | None = None  # multi-turn session / agentic job id (Continuum job_id)
+    is_last_turn: bool = True  # False for non-final turns of a session
+    lora_id: int | None = None
+    arrival_step: int | None = None  # only for step-indexed workloads (the vLLM oracle format)
+
+    def __post_init__(self) -> None:
+        # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
+        if self.prompt_token_ids is not None and not isinstance(self.prompt_token_ids, tuple):
+            self.prompt_token_ids = tuple(self.prompt_token_ids)
+        if self.prefix_hash_ids is not None:
+            self.prefix_hash_ids = tuple(self.prefix_hash_ids) or None
+        problem = self._problem()
+        if problem is not None:
+            field_name, message, allowed = problem
+            raise InputError(
+                f"request {self.request_id!r}: {message}", field=field_name, allowed=allowed
+            )
+
+    def _problem(self) -> tuple[str, str, str] | None:
+        """First invariant violated, as (field, message, allowed); None when the spec is valid."""
+        if not isinstance(self.request_id, str) or not self.request_id:
+            return "request_id", f"got {self.request_id!r}", "a non-empty string"
+        if not (self.arrival_time_s >= 0.0 and math.isfinite(self.arrival_time_s)):
+            return "arrival_time_s", f"got {self.arrival_time_s!r}", "a finite number >= 0"
+        if self.prompt_len < 1:
+            return "prompt_len", f"got {self.prompt_len}", "an integer >= 1"
+        if self.output_len < 1:
+            return "output_len", f"got {self.output_len}", "an integer >= 1"
+        ids = self.prompt_token_ids
+        if ids is not None and len(ids) != self.prompt_len:
+            msg = f"{len(ids)} token ids but prompt_len is {self.prompt_len}"
+            return "prompt_token_ids", msg, "exactly prompt_len ids"
+        if self.prefix_block_len < 1:
+            return "prefix_block_len", f"got {self.prefix_block_len}", "an integer >= 1"
+        hashes = self.prefix_hash_ids
+        if hashes is not None:
+            max_blocks = -(-self.prompt_len // self.prefix_block_len)
+            if len(hashes) > max_blocks:
+                msg = f"{len(hashes)} hash ids cover more than prompt_len {self.prompt_len}"
+                return "prefix_hash_ids", msg, f"at most ceil(prompt_len/{self.prefix_block_len})"
+        if not 0 <= self.prefix_len <= self.prompt_len:
+            msg = f"prefix_len {self.prefix_len} with prompt_len {self.prompt_len}"
+            return "prefix_len", msg, "0 <= prefix_len <= prompt_len"
+        if self.prefix_len > 0 and self.prefix_group is None:
+            return "prefix_group", "prefix_len > 0 needs a prefix_group", "an integer group id"
+        if self.prefix_group is not None and self.prefix_group < 0:
+            return "prefix_group", f"got {self.prefix_group}", "an integer >= 0 or none"
+        session = self.session_id
+        if session is not None and (not isinstance(session, str) or not session):
+            return "session_id", f"got {self.session_id!r}", "a non-empty string or none"
+        if self.arrival_step is not None and self.arrival_step < 0:
+            return "arrival_step", f"got {self.arrival_step}", "an integer >= 0 or none"
+        return None
+
+    def _stream_key(self) -> int:
+        """Key of the per-request (or per-session) token stream."""
+        if self.session_id:
+            return text_stream("session:" + self.session_id)
+        return text_stream("req:" + self.request_id)
+
+    def token_array(self) -> np.ndarray:
+        """Prompt token ids as an int64 numpy array (see the module docstring for the rules)."""
+        if self.prompt_token_ids is not None:
+            return np.asarray(self.prompt_token_ids, dtype=np.int64)
+        n = self.prompt_len
+        parts: list[np.ndarray] = []
+        covered = 0
+        if self.prefix_hash_ids:
+            head = hash_block_tokens(self.prefix_hash_ids, self.prefix_block_len, n)
+            parts.append(head)
+            covered = len(head)
+        elif self.prefix_group is not None and self.prefix_len > 0:
+            parts.append(stream_tokens(group_stream(self.prefix_group), 0, self.prefix_len))
+            covered = self.prefix_len
+        if covered < n:
+            parts.append(stream_tokens(self._stream_key(), covered, n))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def token_ids(self) -> list[int]:
+        """Prompt token ids (len == prompt_len), each in [0, 2**31)."""
+        if self.prompt_token_ids is not None:
+            return list(self.prompt_token_ids)
+        return self.token_array().tolist()
+
+    def token_ids_mod(self, vocab_size: int) -> list[int]:
+        """Prompt token ids folded into a model vocabulary (what the GPU runner feeds the model).
+
+        Equal ids stay equal, so prefix sharing is preserved; distinct ids may collide, which for
+        vocab_size >= ~1000 leaves a chance of a spurious 16-token block match that is negligible.
+        """
+        if not 1 <= vocab_size <= TOKEN_ID_LIMIT:
+            raise InputError(f"vocab_size {vocab_size}", field="vocab_size", allowed="1..2**31")
+        return (self.token_array() % vocab_size).tolist()
+
+    def output_token_ids(self) -> list[int]:
+        """Deterministic ids for the `output_len` generated tokens.
+
+        They continue the request's (or session's) stream at positions prompt_len.., so when a
+        simulator appends these as the "generated" tokens, the next turn of the same session, whose
+        prompt re-reads that stream, hits the KV blocks written during this turn's decode.
+        """
+        key = self._stream_key()
+        return stream_tokens(key, self.prompt_len, self.prompt_len + self.output_len).tolist()
+
+
+@dataclass(slots=True)
+class Workload:
+    requests: list[RequestSpec]  # sorted by (arrival_time_s, order in file)
+    name: str
+    source: str  # file path or generator description
+    attribution: str | None = None
+
+    def __post_init__(self) -> None:
+        times = [r.arrival_time_s for r in self.requests]
+        if any(b < a for a, b in zip(times, times[1:])):
+            raise InputError(
+                f"workload {self.name!r}: requests are not sorted by arrival_time_s",
+                field="arrival_time_s",
+                allowed="non-decreasing arrival times (use Workload.from_unsorted)",
+            )
+
+    @classmethod
+    def from_unsorted(
+        cls, requests: list[RequestSpec], name: str, source: str, attribution: str | None = None
+    ) -> Workload:
+        """Sort stably by arrival time (ties keep their given order) and build the workload."""
+        ordered = sorted(requests, key=lambda r: r.arrival_time_s)
+        return cls(requests=ordered, name=name, source=source, attribution=attribution)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Time of the last arrival (0 for an empty workload)."""
+        return self.requests[-1].arrival_time_s if self.requests else 0.0
+
+    def summary(self) -> dict[str, float]:
+        """Counts and means, for reports and sanity checks."""
+        n = len(self.requests)
+        if n == 0:
+            return {"num_requests": 0}
+        prompt = np.fromiter((r.prompt_len for r in self.requests), dtype=np.int64, count=n)
+        output = np.fromiter((r.output_len for r in self.requests), dtype=np.int64, count=n)
+        return {
+            "num_requests": n,
+            "duration_s": self.duration_s,
+            "rate_per_s": (n - 1) / self.duration_s if self.duration_s > 0 else float("nan"),
+            "mean_prompt_len": float(prompt.mean()),
+            "mean_output_len": float(output.mean()),
+            "max_prompt_len": int(prompt.max()),
+            "max_output_len": int(output.max()),
+        }
