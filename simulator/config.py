@@ -67,8 +67,8 @@ class SimConfig:
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
     spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    engine: str = "vllm"  # scheduler engine (simulator/engines.py): vllm | sglang
     seed: int = 0
-    fast_forward: bool = False  # exact fast-forward over provably plain decode steps
 
     def __post_init__(self) -> None:
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):

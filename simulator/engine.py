@@ -17,7 +17,8 @@ from typing import IO
 
 import simpy
 
-from scheduler import CacheConfig, Request, SamplingParams, make_scheduler
+from scheduler import CacheConfig, Request, SamplingParams
+from simulator.engines import make_engine_scheduler
 from scheduler.steptrace import finish_record, step_record
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
@@ -51,19 +52,23 @@ class EngineResult:
 
 
 class Engine:
-    def __init__(self, cfg: SimConfig, workload: Workload, executor: Executor | None = None,
-                 step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None):
+    def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
+                 step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
+                 env: simpy.Environment | None = None, name: str = "engine0",
+                 on_finish: Callable[[str, str | None], None] | None = None):
         self.cfg = cfg
         self.workload = workload
+        self.name = name
+        self.on_finish = on_finish  # (request_id, finish_reason) -> None, e.g. for a router
         self.cache, self.kv_capacity = resolve_cache(cfg)
-        self.scheduler = make_scheduler(cfg.scheduler, self.cache)
+        self.scheduler = make_engine_scheduler(cfg.engine, cfg.scheduler, self.cache, cfg)
         hw = cfg.hardware
         if executor is None:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens)
         self.executor = executor
         self.cpu = cfg.cost_model.cpu_overhead
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
         self.metrics = MetricsCollector()
         self.step_trace = step_trace
         self.progress = progress
@@ -76,16 +81,35 @@ class Engine:
 
     # --- processes -----------------------------------------------------------------------------
     def _arrivals(self):
-        sched, env = self.scheduler, self.env
+        env = self.env
         for spec in self.workload.requests:
             if spec.arrival_time_s > env.now:
                 yield env.timeout(spec.arrival_time_s - env.now)
-            self._add(spec)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
+            self.submit(spec)
+        self.close()
+
+    def submit(self, spec: RequestSpec) -> None:
+        """A request arrives now (from the workload, or from a router in a cluster)."""
+        self._add(spec)
+        self._wake_up()
+
+    def close(self) -> None:
+        """No more requests will be submitted: the loop ends once the engine drains."""
         self._all_arrived = True
+        self._wake_up()
+
+    def _wake_up(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    @property
+    def num_outstanding(self) -> int:
+        """Requests waiting or running (a router's load signal)."""
+        return self.scheduler.get_num_unfinished_requests()
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.kv_cache_manager.usage
 
     def _add(self, spec: RequestSpec) -> None:
         sched, now = self.scheduler, self.env.now
@@ -96,8 +120,7 @@ class Engine:
         sched.add_request(req, now_s=now)
         self._arrived_since_step.append(spec.request_id)
         for out in sched.take_ignored_outputs():  # a prompt that can never fit: reported, not run
-            self.metrics.on_finish(out.request_id, now, out.finish_reason, 0)
-            self._num_done += 1
+            self._finished(out.request_id, now, out.finish_reason, 0)
 
     def _engine_loop(self):
         env, sched = self.env, self.scheduler
@@ -165,8 +188,7 @@ class Engine:
             if out.new_token_ids:
                 self.metrics.on_tokens(out.request_id, now, len(out.new_token_ids))
             if out.finish_reason is not None:
-                self.metrics.on_finish(out.request_id, now, out.finish_reason, out.num_cached_tokens)
-                self._num_done += 1
+                self._finished(out.request_id, now, out.finish_reason, out.num_cached_tokens)
         ps = eco.scheduler_stats.prefix_cache_stats
         self.prefix_hits += ps.hits
         self.prefix_queries += ps.queries
@@ -178,16 +200,29 @@ class Engine:
         if self.progress is not None and self.num_steps % 256 == 0:
             self.progress(now, self._num_done)
 
+    def _finished(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
+        self.metrics.on_finish(request_id, now, reason, num_cached)
+        self._num_done += 1
+        if self.on_finish is not None:
+            self.on_finish(request_id, reason)
+
     # --- run -----------------------------------------------------------------------------------
+    def start(self) -> simpy.Process:
+        """Start the engine loop in its environment (a cluster starts several, then runs the env)."""
+        return self.env.process(self._engine_loop())
+
     def run(self) -> EngineResult:
+        """Replay this engine's own workload to the end (single-engine use)."""
         t0 = time.perf_counter()
         self.env.process(self._arrivals())
-        loop = self.env.process(self._engine_loop())
-        self.env.run(until=loop)
+        self.env.run(until=self.start())
+        return self.result(time.perf_counter() - t0)
+
+    def result(self, wall_time_s: float) -> EngineResult:
         end = max([r.finish_s for r in self.metrics.requests.values() if r.finish_s is not None], default=0.0)
         if self.progress is not None:
             self.progress(self.env.now, self._num_done)
-        return EngineResult(self.metrics, end, time.perf_counter() - t0, self.num_steps, self.prefix_hits,
+        return EngineResult(self.metrics, end, wall_time_s, self.num_steps, self.prefix_hits,
                             self.prefix_queries, self.cache, self.kv_capacity)
 
 

@@ -11,7 +11,7 @@ from servesim.cli import app
 from traces.errors import InputError
 
 
-def _build_config(model, gpu, tp, cost_model, seed, sets):
+def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
     from servesim.overrides import apply_overrides
     from simulator.config import CostModelConfig, SimConfig
 
@@ -21,6 +21,7 @@ def _build_config(model, gpu, tp, cost_model, seed, sets):
     if Path(cost_model).suffix in (".json", ".yaml", ".yml"):  # a fitted model file from `servesim fit`
         cfg.cost_model = CostModelConfig(name="profiled", params={"path": cost_model})
     cfg.seed = seed
+    cfg.engine = engine
     pairs = {}
     for item in sets:
         if "=" not in item:
@@ -40,6 +41,7 @@ def replay(
     cost_model: str = typer.Option("roofline", "--cost-model", help="registry name, or a fitted model file"),
     sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
     seed: int = typer.Option(0, "--seed"),
+    engine: str = typer.Option("vllm", "--engine", help="scheduler engine: vllm | sglang"),
     max_requests: int = typer.Option(None, "--max-requests"),
     rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
     out: Path = typer.Option(Path("runs/replay"), "--out"),
@@ -51,7 +53,7 @@ def replay(
     from servesim.api import load_trace, run
     from servesim.report import print_summary, progress_reporter
 
-    cfg = _build_config(model, gpu, tp, cost_model, seed, sets)
+    cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     wl = load_trace(trace, fmt, max_requests, rate_scale)
     console = Console(stderr=True)
     with progress_reporter(console, len(wl.requests)) as progress:

@@ -68,6 +68,8 @@ def fit(profile_rows: pd.DataFrame | Sequence[pd.DataFrame], model: Any, gpu: An
         "paths": sorted(sel["path"].dropna().unique().tolist()),
         "frameworks": sorted(sel["framework"].dropna().unique().tolist()),
         "n_rows_used": int(len(sel)), "holdout_fraction": holdout_fraction, "seed": seed,
+        # per op: origin, points, MAPE on the profile rows and on held-out points
+        "fit_error": data.pop("fit_error"),
     }
     return FittedCostModel(data)
 

@@ -138,7 +138,8 @@ class FittedCostModel:
 
     @property
     def fit_error(self) -> dict:
-        return self.data.get("fit_error", {})
+        """Per op: origin, number of points, MAPE on the profile rows and on held-out points."""
+        return self.metadata.get("fit_error", {})
 
     def save(self, path: str | Path) -> None:
         """Write atomically: a temp file in the same folder, then rename over the target."""

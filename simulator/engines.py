@@ -1,0 +1,52 @@
+"""Scheduler engines by name: what `engine: vllm|sglang` in a scenario (or --engine) selects.
+
+An engine factory takes (SchedulerConfig, CacheConfig, SimConfig) and returns an object with the
+scheduler interface the simulated engine loop uses:
+  add_request(Request, now_s), schedule(now_s) -> SchedulerOutput,
+  update_from_output(SchedulerOutput, ModelRunnerOutput, now_s) -> EngineCoreOutputs (with
+  scheduler_stats.prefix_cache_stats), has_unfinished_requests(), get_num_unfinished_requests(),
+  get_request_counts() -> (running, waiting), take_ignored_outputs(), requests (id -> Request),
+  block_hasher, kv_cache_manager.usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler import make_scheduler
+from traces.errors import InputError
+
+EngineFactory = Callable[..., object]
+_ENGINES: dict[str, EngineFactory] = {}
+
+
+def register_engine(name: str):
+    def wrap(factory: EngineFactory) -> EngineFactory:
+        _ENGINES[name] = factory
+        return factory
+    return wrap
+
+
+@register_engine("vllm")
+def _vllm(scheduler_config, cache_config, sim_config=None):
+    return make_scheduler(scheduler_config, cache_config)
+
+
+def _load_optional() -> None:
+    try:  # the SGLang-style engine registers itself when its module exists
+        import simulator.sglang_engine  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != "simulator.sglang_engine":
+            raise
+
+
+def available_engines() -> list[str]:
+    _load_optional()
+    return sorted(_ENGINES)
+
+
+def make_engine_scheduler(name: str, scheduler_config, cache_config, sim_config=None):
+    _load_optional()
+    if name not in _ENGINES:
+        raise InputError(f"unknown engine {name!r}", field="engine", allowed=", ".join(sorted(_ENGINES)))
+    return _ENGINES[name](scheduler_config, cache_config, sim_config)
