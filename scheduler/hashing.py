@@ -86,4 +86,5 @@ def make_block_hasher(block_size: int, hash_fn: HashFn | str = "sha256"):
             start += block_size
         return new_hashes
 
+    request_block_hasher.block_size = block_size  # lets Request skip calls until a block completes
     return request_block_hasher

@@ -84,7 +84,8 @@ class Request:
         "num_prompt_tokens", "_output_token_ids", "_all_token_ids", "num_output_placeholders",
         "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
-        "num_external_computed_tokens", "block_hashes", "_block_hasher", "skip_reading_prefix_cache",
+        "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size",
+        "skip_reading_prefix_cache",
         "__weakref__",
     )
 
@@ -132,6 +133,8 @@ class Request:
         self.num_external_computed_tokens = 0
         self.block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
+        # Tokens per hashed block: no hashing work until another full block exists (1 = always ask).
+        self._hash_block_size = getattr(block_hasher, "block_size", 1)
         self.skip_reading_prefix_cache = False
         self.update_block_hashes()
 
@@ -147,8 +150,11 @@ class Request:
 
     def update_block_hashes(self) -> None:
         """Hash the newly completed full blocks (block hashes grow with the tokens)."""
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+        if self._block_hasher is None:
+            return
+        if len(self._all_token_ids) < (len(self.block_hashes) + 1) * self._hash_block_size:
+            return  # no new full block yet
+        self.block_hashes.extend(self._block_hasher(self))
 
     @property
     def output_token_ids(self) -> list[int]:

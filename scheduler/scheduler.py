@@ -80,6 +80,7 @@ class Scheduler(ScheduleMixin):
             raise ValueError(f"duplicate request id {request.request_id!r}")
         if request._block_hasher is None and self.block_hasher is not None:
             request._block_hasher = self.block_hasher
+            request._hash_block_size = self.block_size
             request.update_block_hashes()
         if self._never_fits(request):
             # It would block the head of the queue forever: finish it as ignored, never schedule.
