@@ -21,6 +21,7 @@ from traces.errors import InputError
 from ..specs import ModelSpec, resolve_gpu, resolve_model
 from .fit_ops import fit_curve, fit_grid, fit_step_regression, gemm_curve, roofline_curve
 from .fitted import FORMAT, VERSION, FittedCostModel
+from .interp import NestedGrid
 from .importers import import_profile
 from .profile_schema import CALLS_PER_LAYER, OPS, validate_profile
 from .roofline import RooflineCostModel
@@ -118,23 +119,25 @@ def _fit_ops(data: dict, rows: pd.DataFrame, spec: ModelSpec, roof: RooflineCost
                    "lm_head": (-(-spec.vocab_size // tp), h)}
     plan = [(op, "layer", CALLS_PER_LAYER.get(op, 1)) for op in _LAYER_OPS] + \
         [(op, "tokens", 1) for op in _TOKEN_OPS] + [(op, "rows", 1) for op in _ROW_OPS]
+    moe_mlp = ("gate_up_proj", "down_proj") if spec.is_moe else ()
     for op, scope, calls in plan:
         measured = rows[rows["op"] == op]
+        if op in moe_mlp:  # routed experts are modelled as one op below, not dense GEMMs
+            continue
         if len(measured):
             curve, err = fit_curve(measured, "num_tokens", rng, holdout, "measured")
-            _put(data, op, scope, calls, curve, err)
-        elif op in gemm_shapes and gemm_grid is not None and not (spec.is_moe and "proj" in op
-                                                                  and op.startswith(("gate", "down"))):
+        elif op in gemm_shapes and gemm_grid is not None:
             n, k = gemm_shapes[op]
             curve = gemm_curve(gemm_grid, n, k)
-            _put(data, op, scope, calls, curve, {**data["fit_error"]["gemm"],
-                                                 "origin": f"gemm kernels n={n} k={k}"})
-        elif op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") and not spec.is_moe \
-                or op in _TOKEN_OPS + _ROW_OPS:
+            err = {**data["fit_error"]["gemm"], "origin": f"gemm kernels n={n} k={k}"}
+        elif op in gemm_shapes or op in _TOKEN_OPS + _ROW_OPS:  # unmeasured: roofline fill-in
             grid = _ROW_GRID if scope == "rows" else _TOKEN_GRID
-            _put(data, op, scope, calls, roofline_curve(lambda x, o=op: roof.op_time_s(o, x), grid),
-                 _roofline_err())
-    if spec.is_moe and "gate_up_proj" not in data["ops"]:
+            curve = roofline_curve(lambda x, o=op: roof.op_time_s(o, x), grid)
+            err = _roofline_err()
+        else:  # rope/act/norm/residual_add unmeasured: covered by "elementwise" below
+            continue
+        _put(data, op, scope, calls, curve, err)
+    if spec.is_moe:
         _put(data, "moe_experts", "layer", 1,
              roofline_curve(lambda x: roof.op_time_s("moe", x), _TOKEN_GRID), _roofline_err())
     if not {"norm", "rope", "act"} & set(data["ops"]):  # nothing elementwise was measured
@@ -162,6 +165,9 @@ def _fit_attention(rows: pd.DataFrame, spec: ModelSpec, tp: int, roof: RooflineC
     out: dict[str, Any] = {"kind": "split"}
     if len(pre):
         pre = pre.assign(prefix_len=pre["prefix_len"].fillna(0))
+        chunked = set(pre.loc[pre["prefix_len"] > 0, "path"])
+        if chunked:  # a chunked-prefill table wins over files that never cached a prefix:
+            pre = pre[pre["path"].isin(chunked)]  # one grid must not mix measurement setups
         grid, errors["attn_prefill"] = fit_grid(pre, ["batch_size", "chunk_len", "prefix_len"],
                                                 rng, holdout, "measured")
         out["prefill"] = grid.to_dict()
@@ -170,11 +176,35 @@ def _fit_attention(rows: pd.DataFrame, spec: ModelSpec, tp: int, roof: RooflineC
         grid, errors["attn_decode"] = fit_grid(dec, ["batch_size", "context_len"], rng, holdout,
                                                "measured")
         out["decode"] = grid.to_dict()
-    missing = [k for k in ("prefill", "decode") if k not in out]
-    if missing:  # measure what we have; the other phase would silently cost nothing otherwise
-        raise InputError(f"attention was profiled without its {missing[0]} phase for "
-                         f"{spec.name} tp={tp}; add a profile that has it", field="op")
+    for phase in ("prefill", "decode"):  # a phase nobody measured comes from the roofline
+        if phase not in out:
+            out[phase] = _roofline_attention_grid(roof, phase).to_dict()
+            out["prefill_has_prefix"] = out.get("prefill_has_prefix", True)
+            errors[f"attn_{phase}"] = _roofline_err()
     return out
+
+
+def _roofline_attention_grid(roof: RooflineCostModel, phase: str) -> NestedGrid:
+    """The roofline attention of one phase, tabulated like a measured grid."""
+    c = roof.attention_coefficients()
+
+    def seconds(pairs: float, kv: float, q: float) -> float:
+        return max(pairs * c["s_per_pair"], kv * c["s_per_kv_token"] + q * c["s_per_q_token"]) \
+            + c["overhead_s"]
+
+    pts, ys = [], []
+    if phase == "decode":  # (batch, context)
+        for b in (2 ** i for i in range(12)):
+            for k in [0] + [2 ** i for i in range(4, 18)]:
+                pts.append((b, k))
+                ys.append(seconds(b * (k + 1), b * (k + 1), b))
+        return NestedGrid.from_points(["batch_size", "context_len"], np.array(pts), np.array(ys))
+    for chunk in (2 ** i for i in range(16)):  # (batch = 1, chunk, prefix)
+        for p in [0] + [2 ** i for i in range(4, 18)]:
+            pts.append((1, chunk, p))
+            ys.append(seconds(chunk * p + chunk * (chunk + 1) / 2, chunk + p, chunk))
+    return NestedGrid.from_points(["batch_size", "chunk_len", "prefix_len"], np.array(pts),
+                                  np.array(ys))
 
 
 def _fit_allreduce(rows: pd.DataFrame, tp: int, roof: RooflineCostModel,

@@ -138,8 +138,9 @@ def fit_step_regression(df: pd.DataFrame) -> tuple[dict, dict]:
     return coef, err
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[list[float], dict]:
-    # Relative least squares (rows weighted by 1/y) so small batches matter as much as big ones.
+def _nonneg_solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Relative least squares (rows weighted by 1/y) so small batches matter as much as big ones;
+    # a term whose coefficient comes out negative is dropped and the rest refitted.
     w = 1.0 / y
     active = list(range(x.shape[1]))
     while True:
@@ -149,16 +150,37 @@ def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[list[float], dict]:
         active.pop(int(np.argmin(sol)))
     beta = np.zeros(x.shape[1])
     beta[active] = np.maximum(sol, 0)
-    fit_err = mape(x @ beta, y)
-    # Held-out error by 5-fold cross-validation on the same features.
-    # Folds by distinct shape, so repeats of one measurement never sit on both sides.
+    return beta
+
+
+def _leave_one_shape_out(x: np.ndarray, y: np.ndarray, shape_id: np.ndarray,
+                         use: np.ndarray) -> np.ndarray:
+    """Relative error of each row when its whole shape (all repeats) is left out of the fit."""
+    err = np.full_like(y, np.nan)
+    for sid in np.unique(shape_id[use]):
+        out = shape_id == sid
+        train = use & ~out
+        if train.sum() >= x.shape[1]:
+            err[out] = np.abs(x[out] @ _nonneg_solve(x[train], y[train]) - y[out]) / y[out]
+    return err
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[list[float], dict]:
     shape_id = pd.factorize(pd.Series([tuple(r) for r in x.round(6)]))[0]
-    folds = shape_id % 5
-    preds = np.empty_like(y)
-    for f in range(5):
-        tr, te = folds != f, folds == f
-        if not te.any() or tr.sum() < x.shape[1]:
-            continue
-        s, *_ = np.linalg.lstsq(x[tr][:, active] * w[tr, None], y[tr] * w[tr], rcond=None)
-        preds[te] = x[te][:, active] @ np.maximum(s, 0)
-    return beta.tolist(), _error(len(y), fit_err, mape(preds, y), "linear regression")
+    use = np.ones(len(y), dtype=bool)
+    loso = _leave_one_shape_out(x, y, shape_id, use)
+    # One round of outlier rejection: a shape the others predict far worse than is typical is a
+    # measurement anomaly (e.g. Splitwise's TP2 batch-64 prefills, faster than batch 32), and
+    # with a dozen shapes one such point would drag every coefficient.
+    finite = loso[np.isfinite(loso)]
+    if len(finite):
+        bad = np.isfinite(loso) & (loso > max(1.0, 5 * float(np.median(finite))))
+        if (~bad).sum() >= 2 * x.shape[1] and bad.any():
+            use = ~bad
+            loso = _leave_one_shape_out(x, y, shape_id, use)
+    beta = _nonneg_solve(x[use], y[use])
+    held = loso[use & np.isfinite(loso)]
+    err = _error(int(use.sum()), mape(x[use] @ beta, y[use]),
+                 float(held.mean()) if len(held) else None, "linear regression")
+    err["outliers_dropped"] = int((~use).sum())
+    return beta.tolist(), err

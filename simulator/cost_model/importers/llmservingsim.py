@@ -36,8 +36,8 @@ _V019_OPS = {
 }
 
 
-def _tp_from_dir(path: Path) -> int | None:
-    match = re.fullmatch(r"tp(\d+)", path.parent.name)
+def _tp_from_dir(folder: Path) -> int | None:
+    match = re.fullmatch(r"tp(\d+)", folder.name)
     return int(match.group(1)) if match else None
 
 
@@ -122,7 +122,7 @@ def _v019_context(tp_dir: Path) -> dict:
     variant = str(meta.get("variant") or parts[-2])
     return {"source": "llmservingsim", "gpu": gpu_label(device), "model": model_label(model),
             "device": device, "framework": f"vllm {meta.get('vllm_version', '0.19')} eager",
-            "dtype": variant, "tp": _tp_from_dir(tp_dir / "x")}
+            "dtype": variant, "tp": _tp_from_dir(tp_dir)}
 
 
 def _v019_file(path: Path, ctx: dict) -> pd.DataFrame:

@@ -1,0 +1,101 @@
+"""The worker-side view shared by every executor (simulated or GPU): which requests sample in a step,
+and which tokens they sample.
+
+Output token k of a request is the vLLM oracle's rule (steptrace.oracle_token), so the scheduler sees
+the same tokens, and the same prefix-cache block hashes, in every mode. Speculative decoding uses a
+seeded per-position acceptance model: draft position i of the step whose first new output is the
+request's k-th is accepted when u(seed, req_id, k, i) < acceptance[i] and every earlier position
+was; u is a pure hash, so the outcome does not depend on who asks or in which order.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from scheduler.output import ModelRunnerOutput, SchedulerOutput
+from scheduler.steptrace import oracle_token
+
+
+def _uniform(seed: int, req_id: str, k: int, i: int) -> float:
+    return zlib.crc32(f"{seed}:{req_id}:{k}:{i}".encode()) / 2**32
+
+
+class TokenSource:
+    def __init__(self, seed: int = 0, acceptance: tuple[float, ...] = ()) -> None:
+        self.seed = seed
+        self.acceptance = tuple(acceptance)
+
+    def token(self, req_id: str, k: int) -> int:
+        return oracle_token(req_id, k)
+
+    def num_accepted(self, req_id: str, k: int, num_drafts: int) -> int:
+        """Accepted drafts (always a prefix) when the step's first new output is the k-th."""
+        n = 0
+        for i in range(min(num_drafts, len(self.acceptance))):
+            if _uniform(self.seed, req_id, k, i) >= self.acceptance[i]:
+                break
+            n += 1
+        return n
+
+    def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
+        """Drafts proposed after output k-1: the target's own next tokens, so acceptance is what
+        the acceptance model says (a rejected draft is simply not used)."""
+        return [oracle_token(req_id, k + i) for i in range(num_spec_tokens)]
+
+
+class BatchTracker:
+    """Per-request worker state rebuilt from SchedulerOutputs only (like vLLM's persistent batch)."""
+
+    def __init__(self, tokens: TokenSource, num_spec_tokens: int = 0) -> None:
+        self.tokens = tokens
+        self.num_spec_tokens = num_spec_tokens
+        self.num_tokens: dict[str, int] = {}  # req_id -> tokens the worker knows (prompt + sampled)
+        self.num_out: dict[str, int] = {}  # req_id -> output tokens sampled so far
+
+    def prepare(self, so: SchedulerOutput) -> tuple[list[str], list[int], list[int], list[bool]]:
+        """(request order, new tokens, context tokens before the step, samples?) for this step."""
+        for rid in so.finished_req_ids:
+            self.num_tokens.pop(rid, None)
+            self.num_out.pop(rid, None)
+        computed = {}
+        for nr in so.scheduled_new_reqs:
+            computed[nr.req_id] = nr.num_computed_tokens
+            self.num_tokens[nr.req_id] = len(nr.prompt_token_ids)
+            self.num_out.setdefault(nr.req_id, 0)
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            computed[rid] = cached.num_computed_tokens[i]
+        req_ids = list(so.num_scheduled_tokens)
+        new, ctx, sample = [], [], []
+        for rid in req_ids:
+            n, c = so.num_scheduled_tokens[rid], computed[rid]
+            new.append(n)
+            ctx.append(c)
+            # Samples when the step reaches the end of the tokens the worker knows: the scheduler's
+            # is_prefill_chunk rule. Steps execute in order, so with async scheduling the worker
+            # already holds the tokens that were placeholders when this step was scheduled.
+            sample.append(c + n >= self.num_tokens[rid])
+        return req_ids, new, ctx, sample
+
+    def sample(self, so: SchedulerOutput, req_ids: list[str], sample: list[bool],
+               chosen: dict[str, int] | None = None) -> ModelRunnerOutput:
+        """Sampled tokens per request; `chosen` overrides the first token (real greedy sampling)."""
+        sampled: list[list[int]] = []
+        drafts_next: dict[str, list[int]] | None = {} if self.num_spec_tokens else None
+        spec = so.scheduled_spec_decode_tokens
+        for rid, do in zip(req_ids, sample):
+            if not do:
+                sampled.append([])
+                continue
+            k = self.num_out[rid]
+            n_drafts = len(spec.get(rid, ()))
+            n_acc = self.tokens.num_accepted(rid, k, n_drafts) if n_drafts else 0
+            toks = [self.tokens.token(rid, k + j) for j in range(n_acc + 1)]
+            if chosen is not None and rid in chosen:
+                toks = [chosen[rid]]
+            sampled.append(toks)
+            self.num_out[rid] = k + len(toks)
+            self.num_tokens[rid] += len(toks)
+            if drafts_next is not None:
+                drafts_next[rid] = self.tokens.drafts(rid, k + len(toks), self.num_spec_tokens)
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled, drafts_next)
