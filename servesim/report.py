@@ -50,3 +50,12 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
     )
     if out is not None:
         console.print(f"results in {out}/")
+
+
+def write_gpu_timings(out: Path, timings) -> None:
+    """steps_gpu.csv: predicted vs measured time of every step the GPU executor ran."""
+    import pandas as pd
+
+    rows = [{"num_tokens": t.num_tokens, "num_requests": t.num_requests, "prepare_s": t.prepare_s,
+             "measured_s": t.measured_s, "predicted_s": t.predicted_s} for t in timings]
+    pd.DataFrame(rows).to_csv(Path(out) / "steps_gpu.csv", index=False)

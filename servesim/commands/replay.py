@@ -42,6 +42,10 @@ def replay(
     sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
     seed: int = typer.Option(0, "--seed"),
     engine: str = typer.Option("vllm", "--engine", help="scheduler engine: vllm | sglang"),
+    executor: str = typer.Option("sim", "--executor", help="sim (cost model) | gpu (real model, Triton kernels)"),
+    device: str = typer.Option("cuda", "--device", help="with --executor gpu: cuda | cpu"),
+    clock: str = typer.Option("model", "--clock", help="with --executor gpu: model (cost model) | measured"),
+    sampling: str = typer.Option("source", "--sampling", help="with --executor gpu: source (shared rule) | greedy"),
     max_requests: int = typer.Option(None, "--max-requests"),
     rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
     out: Path = typer.Option(Path("runs/replay"), "--out"),
@@ -55,7 +59,22 @@ def replay(
 
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     wl = load_trace(trace, fmt, max_requests, rate_scale)
+    if executor not in ("sim", "gpu"):
+        raise InputError(f"unknown executor {executor!r}", field="--executor", allowed="sim, gpu")
+    if clock not in ("model", "measured"):
+        raise InputError(f"unknown clock {clock!r}", field="--clock", allowed="model, measured")
+    if sampling not in ("source", "greedy"):
+        raise InputError(f"unknown sampling {sampling!r}", field="--sampling", allowed="source, greedy")
+    exe = None
+    if executor == "gpu":
+        from servesim.gpu import make_gpu_executor
+
+        exe = make_gpu_executor(cfg, device=device, clock=clock, sampling=sampling)
     console = Console(stderr=True)
     with progress_reporter(console, len(wl.requests)) as progress:
-        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress)
+        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe)
+    if exe is not None:
+        from servesim.report import write_gpu_timings
+
+        write_gpu_timings(out, exe.timings)
     print_summary(Console(), res.summary, wl, out)

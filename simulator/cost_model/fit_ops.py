@@ -29,11 +29,12 @@ def aggregate(df: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.DataFrame, pd.D
 
 
 def monotone_clean(agg: pd.DataFrame, axes: Sequence[str]) -> tuple[pd.DataFrame, int]:
-    """Make latency non-decreasing along every axis by taking, for each point, the minimum over
-    all points that are at least as large on every axis *along one axis at a time* (a suffix
-    minimum). A GEMM is never slower than a strictly larger one -- padding would run the larger
-    kernel -- so such points are kernel-heuristic outliers (e.g. the aiconfigurator H100 bf16
-    GEMM at m=2048, n=12288, k=8192 takes 3.4x its n=16384 neighbour)."""
+    """Make latency non-decreasing along every axis: each point takes the minimum of itself and
+    the larger points on the same line (a suffix minimum, one axis at a time, two sweeps).
+
+    A GEMM is never slower than a strictly larger one -- padding would run the larger kernel --
+    so such points are kernel-heuristic outliers (e.g. the aiconfigurator H100 bf16 GEMM at
+    m=2048, n=12288, k=8192 takes 3.4x its n=16384 neighbour)."""
     out = agg.copy()
     before = out["latency_s"].to_numpy().copy()
     for _ in range(2):  # a second sweep settles interactions between axes
@@ -53,9 +54,10 @@ def _error(n_points: int, fit_err: float, holdout_err: float | None, origin: str
             else round(holdout_err, 5)}
 
 
-def _hold_out(n_candidates: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
-    n_hold = int(round(holdout * len(n_candidates)))
-    return rng.choice(n_candidates, size=n_hold, replace=False) if n_hold else n_candidates[:0]
+def _hold_out(candidates: np.ndarray, holdout: float, rng: np.random.Generator) -> np.ndarray:
+    """A random ``holdout`` fraction of the candidate indices."""
+    n_hold = int(round(holdout * len(candidates)))
+    return rng.choice(candidates, size=n_hold, replace=False) if n_hold else candidates[:0]
 
 
 def fit_curve(df: pd.DataFrame, x: str, rng: np.random.Generator, holdout: float,

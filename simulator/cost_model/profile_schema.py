@@ -6,9 +6,9 @@ of ops are documented in docs/PROFILE_SCHEMA.md; this module is the executable f
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from traces.errors import InputError
@@ -90,11 +90,11 @@ def validate_profile(df: pd.DataFrame, path: str | None = None) -> pd.DataFrame:
     if bad_ops or df["op"].isna().any():
         raise InputError(f"unknown op(s) {bad_ops or ['<empty>']}", path=path, field="op",
                          allowed=", ".join(OPS))
-    lat = df["latency_s"]
-    bad = ~(lat.notna() & (lat > 0) & lat.map(lambda v: math.isfinite(v) if pd.notna(v) else False))
+    lat = df["latency_s"].to_numpy(dtype=float, na_value=np.nan)
+    bad = ~(np.isfinite(lat) & (lat > 0))
     if bad.any():
-        row = int(bad.to_numpy().nonzero()[0][0])
-        raise InputError(f"latency_s must be a positive finite number, got {lat.iloc[row]!r}",
+        row = int(bad.nonzero()[0][0])
+        raise InputError(f"latency_s must be a positive finite number, got {lat[row]!r}",
                          path=path, line=row + 2, field="latency_s")
     for op, (_, required) in OPS.items():
         sel = df["op"] == op

@@ -1,0 +1,105 @@
+"""GpuExecutor: runs the same SchedulerOutputs as the simulator on a real model (CUDA or CPU).
+
+execute(scheduler_output) -> (model_runner_output, step_time_s), like simulator.executor.SimExecutor.
+Sampled tokens come from the shared token source (scheduler.worker) so the scheduler sees the same
+outputs in both modes; `sampling="greedy"` samples real argmax tokens instead (free-running output).
+The clock: "model" returns the cost model's prediction (the SimPy clock then matches --executor sim
+exactly), "measured" the measured GPU time. Every step's predicted and measured times are kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gpu_runner.inputs import PersistentBatch
+from gpu_runner.model import LlamaModel
+from scheduler.output import ModelRunnerOutput, SchedulerOutput
+from scheduler.worker import BatchTracker, TokenSource
+
+
+@dataclass(slots=True)
+class StepTiming:
+    num_tokens: int
+    num_requests: int
+    prepare_s: float  # host-side input preparation
+    measured_s: float  # forward + logits (CUDA events on a GPU, perf_counter on CPU)
+    predicted_s: float | None  # the cost model's prediction, when one is attached
+
+
+def require_device(device: str) -> torch.device:
+    """The device to run on, or a clear refusal naming what is missing."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            reason = "torch has no CUDA support (a CPU build is installed)" if torch.version.cuda is None \
+                else "no CUDA device is visible"
+            raise RuntimeError(f"--device {device} needs a CUDA GPU, but {reason}; use --device cpu for a "
+                               f"functional run (times are then CPU times)")
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise RuntimeError("--device cuda needs triton (pip install 'servesim[gpu]')") from None
+    elif device != "cpu":
+        raise RuntimeError(f"unknown device {device!r} (allowed: cpu, cuda, cuda:N)")
+    return torch.device(device)
+
+
+class GpuExecutor:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, tokens: TokenSource,
+                 num_spec_tokens: int = 0, cost_model=None, clock: str = "model", sampling: str = "source"):
+        if clock not in ("model", "measured"):
+            raise ValueError(f"clock must be 'model' or 'measured', got {clock!r}")
+        if clock == "model" and cost_model is None:
+            raise ValueError("clock='model' needs a cost model")
+        if sampling not in ("source", "greedy"):
+            raise ValueError(f"sampling must be 'source' or 'greedy', got {sampling!r}")
+        self.model = model
+        self.device = model.device
+        model.allocate_kv_cache(num_blocks, block_size)
+        self.batch = PersistentBatch(block_size, model.config.vocab_size, self.device)
+        self.tracker = BatchTracker(tokens, num_spec_tokens)
+        self.cost_model = cost_model
+        self.clock = clock
+        self.sampling = sampling
+        self.timings: list[StepTiming] = []
+
+    def execute(self, so: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
+        t0 = time.perf_counter()
+        req_ids, new, ctx, sample = self.tracker.prepare(so)
+        self.batch.update(so)
+        if not req_ids:
+            return self.tracker.sample(so, req_ids, sample), 0.0
+        inputs = self.batch.build(so, ctx)
+        prepare_s = time.perf_counter() - t0
+        logits, measured_s = self._forward(inputs)
+        chosen = None
+        if self.sampling == "greedy":
+            top = logits.argmax(dim=-1).tolist()  # [S]
+            chosen = {rid: int(top[i]) for i, rid in enumerate(req_ids) if sample[i]}
+        out = self.tracker.sample(so, req_ids, sample, chosen)
+        for rid, toks in zip(out.req_ids, out.sampled_token_ids):
+            if toks:
+                self.batch.append_tokens(rid, toks)
+        predicted = None
+        if self.cost_model is not None:
+            from simulator.cost_model.base import StepShape  # optional: the runner works without it
+
+            predicted = self.cost_model.step_time_s(StepShape(tuple(new), tuple(ctx), sum(sample)))
+        self.timings.append(StepTiming(sum(new), len(new), prepare_s, measured_s, predicted))
+        return out, predicted if self.clock == "model" else measured_s
+
+    def _forward(self, inputs) -> tuple[torch.Tensor, float]:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn)  # [T, hidden]
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, vocab]
+            end.record()
+            torch.cuda.synchronize()
+            return logits, start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        return logits, time.perf_counter() - t0

@@ -1,0 +1,221 @@
+"""The scenario schema is the configuration dataclasses themselves: a YAML section is valid when its
+keys are the fields of the matching dataclass and its values have the fields' types.
+
+Two kinds of error, because they are handled differently in a sweep:
+  * `SchemaError` (an unknown key): the file is wrong for every variant, so nothing runs;
+  * any other `InputError` (wrong type, impossible value): only the variants with that value fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from functools import cache
+from typing import Any
+
+from servesim.scenario.source import Marks, dotted
+from simulator.config import SimConfig
+from traces.errors import InputError
+
+# Scenario-level keys besides the SimConfig fields.
+SCENARIO_KEYS = ("name", "description", "workload", "sweep", "smoke")
+
+
+class SchemaError(InputError):
+    """An unknown key: structural, reported before anything runs, whatever the sweep."""
+
+
+def unknown_key(key: Any, valid: list[str], path: tuple, marks: Marks) -> SchemaError:
+    near = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    where = f" in '{dotted(path)}'" if path else " at the top level"
+    mark = marks.near(path + (key,))
+    return SchemaError(f"unknown key {key!r}{where}{hint}", path=mark.file if mark else None,
+                       line=mark.line if mark else None, field=dotted(path + (key,)),
+                       allowed=", ".join(valid))
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def dataclass_in(hint: Any) -> type | None:
+    """The dataclass in `X` or `X | None`, else None."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    for arg in typing.get_args(hint):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def check_keys(data: dict, cls: type, path: tuple, marks: Marks) -> None:
+    """Every key of `data` (recursively) must be a field of `cls`; values that are not mappings
+    (e.g. a bare number for a distribution) are left to the dataclass to judge."""
+    if not isinstance(data, dict):
+        return  # the type check reports it
+    valid = field_names(cls)
+    for key, value in data.items():
+        if key not in valid:
+            raise unknown_key(key, valid, path, marks)
+        sub = dataclass_in(_hints(cls)[key])
+        if sub is not None and isinstance(value, dict):
+            check_keys(value, sub, path + (key,), marks)
+
+
+def convert(value: Any, hint: Any, path: tuple, marks: Marks) -> Any:
+    """Check `value` against a type hint; return it in canonical form (floats, tuples)."""
+    ok, out = _convert(value, hint)
+    if not ok:
+        raise marks.error(f"expected {_type_name(hint)}, got {value!r}", path)
+    return out
+
+
+def _convert(value: Any, hint: Any) -> tuple[bool, Any]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True, value
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            ok, out = _convert(value, arg)
+            if ok:
+                return True, out
+        return False, value
+    if hint is type(None):
+        return value is None, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return ok, float(value) if ok else value
+    if hint is str:
+        return isinstance(value, str), value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        item = args[0] if args else Any
+        items = [_convert(v, item) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict), value
+    return True, value  # dataclasses are built by the caller
+
+
+def _type_name(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if hint is type(None):
+        return "null"
+    if origin in (tuple, list):
+        return f"a list of {_type_name(args[0]) if args else 'values'}"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping (keys of {hint.__name__})"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def build(default: Any, data: Any, path: tuple, marks: Marks) -> Any:
+    """A copy of the dataclass instance `default` with the fields in `data` set and validated."""
+    cls = type(default)
+    if not isinstance(data, dict):
+        raise marks.error(f"expected a mapping (keys of {cls.__name__}), got {data!r:.60}", path,
+                          allowed=", ".join(field_names(cls)))
+    hints, kwargs = _hints(cls), {}
+    for key, value in data.items():
+        if key not in hints:
+            raise unknown_key(key, field_names(cls), path, marks)
+        sub = dataclass_in(hints[key])
+        if sub is not None and value is not None:
+            kwargs[key] = build(getattr(default, key), value, path + (key,), marks)
+        else:
+            kwargs[key] = convert(value, hints[key], path + (key,), marks)
+    try:
+        return dataclasses.replace(default, **kwargs)
+    except (ValueError, TypeError) as exc:  # InputError is a ValueError
+        raise _blame(exc, data, path, marks) from None
+
+
+def _blame(exc: Exception, data: dict, path: tuple, marks: Marks) -> InputError:
+    """Point a constructor's complaint at the key it is about (its `field`, or a key it names)."""
+    detail = exc.detail if isinstance(exc, InputError) else str(exc)
+    allowed = exc.allowed if isinstance(exc, InputError) else None
+    named = getattr(exc, "field", None) or ""
+    key = named.rsplit(".", 1)[-1] if named else None
+    if key not in data:  # the scheduler's ValueErrors name the field in the message
+        key = next((k for k in data if str(k) in detail), None)
+    target = path + (key,) if key is not None else path
+    return marks.error(detail, target, allowed=allowed)
+
+
+def build_sim_config(data: dict, marks: Marks) -> SimConfig:
+    """SimConfig from the scenario's top-level sections (workload/sweep/... are ignored here)."""
+    sections = {k: v for k, v in data.items() if k not in SCENARIO_KEYS}
+    explicit_blocks = isinstance(sections.get("cache"), dict) and "num_gpu_blocks" in sections["cache"]
+    if explicit_blocks:
+        if sections.get("derive_num_gpu_blocks") is True:
+            raise marks.error("cache.num_gpu_blocks is set, so it cannot also be derived from GPU memory",
+                              ("derive_num_gpu_blocks",), allowed="drop one of the two")
+        sections["derive_num_gpu_blocks"] = False  # an explicit pool size wins, as with --set
+    cfg = build(SimConfig(), sections, (), marks)
+    check_feasible(cfg, marks)
+    return cfg
+
+
+def check_feasible(cfg: SimConfig, marks: Marks) -> None:
+    """What vLLM would refuse at start-up, or what could never run, with the key to blame."""
+    from simulator.cost_model import available_cost_models, make_cost_model
+    from simulator.engine import resolve_cache
+    from simulator.engines import available_engines
+    from simulator.specs import resolve_gpu, resolve_model
+
+    hw, sched = cfg.hardware, cfg.scheduler
+    for key, resolve in (("model", resolve_model), ("gpu", resolve_gpu)):
+        try:
+            resolve(getattr(hw, key))
+        except InputError as exc:
+            raise marks.error(exc.detail, ("hardware", key), allowed=exc.allowed) from None
+    if cfg.engine not in available_engines():
+        raise marks.error(f"engine {cfg.engine!r} is not available here", ("engine",),
+                          allowed=", ".join(available_engines()))
+    if sched.max_num_batched_tokens < sched.max_num_seqs:
+        raise marks.error(
+            f"max_num_batched_tokens ({sched.max_num_batched_tokens}) < max_num_seqs ({sched.max_num_seqs}): "
+            "vLLM refuses this (a step could not give every running request one token)",
+            ("scheduler", "max_num_batched_tokens"), allowed=f">= {sched.max_num_seqs}")
+    if cfg.cost_model.name not in available_cost_models():
+        raise marks.error(f"unknown cost model {cfg.cost_model.name!r}", ("cost_model", "name"),
+                          allowed=", ".join(available_cost_models()))
+    try:
+        make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+        cache_cfg, _ = resolve_cache(cfg)
+    except InputError as exc:
+        target = ("cost_model",) if "cost" in (exc.field or "") or exc.path else ("hardware",)
+        raise marks.error(exc.detail, target, allowed=exc.allowed) from None
+    _check_pool(cfg, cache_cfg.num_gpu_blocks, marks)
+
+
+def _check_pool(cfg: SimConfig, num_gpu_blocks: int, marks: Marks) -> None:
+    block = cfg.cache.block_size
+    usable = num_gpu_blocks - 1  # block 0 is the null block
+    need = -(-cfg.scheduler.max_model_len // block)
+    where = ("cache", "num_gpu_blocks") if not cfg.derive_num_gpu_blocks else ("hardware",)
+    if usable < 1:
+        raise marks.error(f"the KV pool has {num_gpu_blocks} block(s), less than one usable block", where)
+    if need > usable:
+        # vLLM's start-up check: one request of max_model_len tokens must fit in the KV cache.
+        raise marks.error(
+            f"the KV pool holds {usable} blocks x {block} tokens = {usable * block} tokens, less than one "
+            f"request of max_model_len={cfg.scheduler.max_model_len} ({need} blocks)", where,
+            allowed="more blocks, or a smaller scheduler.max_model_len")

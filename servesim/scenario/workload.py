@@ -1,0 +1,158 @@
+"""The `workload:` section: a trace file, or a synthetic generator whose parameters mirror
+`traces.synthetic_config.SyntheticConfig` one to one.
+
+    workload: {trace: ../traces/data/mooncake_conversation_first5min.jsonl.gz, max_requests: 300}
+    workload: {trace: sharegpt-300}                      # a bundled sample, by name
+    workload: {generator: poisson, num_requests: 500, arrival: {rate_per_s: 8}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesim.scenario.schema import check_keys, convert, unknown_key
+from servesim.scenario.source import Marks
+from traces.errors import InputError
+
+TRACE_KEYS: dict[str, Any] = {"trace": str, "format": str, "options": dict}
+GENERATOR_KEYS: dict[str, Any] = {"generator": str, "seed": int | None}
+# Transforms that apply to either kind, in this order: rate, then time limit, then request count.
+COMMON_KEYS: dict[str, Any] = {"rate_scale": float | None, "time_limit_s": float | None,
+                               "max_requests": int | None}
+SMOKE_MAX_REQUESTS = 16  # --smoke: every variant replays at most this many requests
+
+
+@dataclass(slots=True)
+class WorkloadSpec:
+    """A resolved, validated workload description: what a worker needs to rebuild the requests."""
+
+    trace: str | None = None  # absolute path of a trace file, or a bundled trace name
+    format: str = "auto"  # trace format (traces.available_formats)
+    options: dict[str, Any] = field(default_factory=dict)  # format loader options
+    generator: str | None = None  # synthetic generator name (traces.available_generators)
+    params: dict[str, Any] = field(default_factory=dict)  # SyntheticConfig as plain data
+    seed: int = 0  # generator rng seed
+    rate_scale: float | None = None  # 2.0 = twice the traffic
+    time_limit_s: float | None = None  # keep arrivals before this time, seconds
+    max_requests: int | None = None  # keep the first N requests
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        keep = ("trace", "format", "options") if self.trace is not None else ("generator", "params", "seed")
+        return {k: v for k, v in out.items() if k in keep or (k in COMMON_KEYS and v is not None)}
+
+    def smoke(self) -> WorkloadSpec:
+        """The same workload cut to a few requests (CI and quick looks)."""
+        limit = min(self.max_requests or SMOKE_MAX_REQUESTS, SMOKE_MAX_REQUESTS)
+        params = self.params
+        if self.generator is not None:  # cut inside the generator, so sessions end on a last turn
+            params = {**params, "num_requests": min(params.get("num_requests") or limit, limit)}
+        return dataclasses.replace(self, max_requests=limit, params=params)
+
+
+def parse_workload(data: Any, default_seed: int, marks: Marks) -> WorkloadSpec:
+    """Validate the `workload:` mapping; errors name file, line and key."""
+    from traces.synthetic import available_generators
+    from traces.synthetic_config import SyntheticConfig
+
+    path = ("workload",)
+    if not isinstance(data, dict):
+        raise marks.error("expected a mapping with `trace:` or `generator:`", path)
+    if ("trace" in data) == ("generator" in data):
+        raise marks.error("give exactly one of `trace:` (a file) and `generator:` (synthetic)", path)
+    common = {k: convert(data[k], hint, path + (k,), marks) for k, hint in COMMON_KEYS.items() if k in data}
+    _check_transforms(common, marks)
+    if "trace" in data:
+        for key in data:
+            if key not in TRACE_KEYS and key not in COMMON_KEYS:
+                raise unknown_key(key, [*TRACE_KEYS, *COMMON_KEYS], path, marks)
+        values = {k: convert(data[k], hint, path + (k,), marks) for k, hint in TRACE_KEYS.items() if k in data}
+        spec = WorkloadSpec(trace=_resolve_trace(values["trace"], marks), format=values.get("format", "auto"),
+                            options=dict(values.get("options") or {}), **common)
+        _check_format(spec, marks)
+        return spec
+    synth = {k: v for k, v in data.items() if k not in GENERATOR_KEYS and k not in COMMON_KEYS}
+    allowed = [*GENERATOR_KEYS, *COMMON_KEYS, *(f.name for f in dataclasses.fields(SyntheticConfig))]
+    for key in synth:
+        if key not in allowed:
+            raise unknown_key(key, allowed, path, marks)
+    check_keys(synth, SyntheticConfig, path, marks)
+    name = convert(data["generator"], str, path + ("generator",), marks)
+    if name not in available_generators():
+        raise marks.error(f"unknown generator {name!r}", path + ("generator",),
+                          allowed=", ".join(available_generators()))
+    seed = convert(data.get("seed"), int | None, path + ("seed",), marks)
+    spec = WorkloadSpec(generator=name, params=synth, seed=default_seed if seed is None else seed, **common)
+    _check_generator(spec, marks)
+    return spec
+
+
+def _check_transforms(common: dict, marks: Marks) -> None:
+    for key, low in (("rate_scale", 0.0), ("time_limit_s", 0.0)):
+        if common.get(key) is not None and common[key] <= low:
+            raise marks.error(f"must be > 0, got {common[key]}", ("workload", key))
+    if common.get("max_requests") is not None and common["max_requests"] < 1:
+        raise marks.error(f"must be >= 1, got {common['max_requests']}", ("workload", "max_requests"))
+
+
+def _resolve_trace(value: str, marks: Marks) -> str:
+    """A path relative to the file that wrote `trace:`, or a bundled sample's name."""
+    from traces.bundled import available_bundled_traces
+
+    mark = marks.near(("workload", "trace"))
+    base = Path(mark.file).parent if mark and mark.line is not None else Path.cwd()
+    candidate = (base / value).expanduser()
+    if candidate.is_file():
+        return str(candidate.resolve())
+    if value in available_bundled_traces():
+        return value
+    raise marks.error(f"trace file not found: {candidate}", ("workload", "trace"),
+                      allowed="a trace file (relative to the scenario) or a bundled trace: "
+                              + ", ".join(available_bundled_traces()))
+
+
+def _check_format(spec: WorkloadSpec, marks: Marks) -> None:
+    from traces.formats import available_formats
+
+    if spec.format != "auto" and spec.format not in available_formats():
+        raise marks.error(f"unknown trace format {spec.format!r}", ("workload", "format"),
+                          allowed="auto, " + ", ".join(available_formats()))
+
+
+def _check_generator(spec: WorkloadSpec, marks: Marks) -> None:
+    """Build the SyntheticConfig now so an impossible parameter fails before anything runs."""
+    from traces.synthetic_config import SyntheticConfig, config_from_dict
+
+    try:
+        config_from_dict(SyntheticConfig, spec.params)
+    except InputError as exc:
+        parts = tuple(p for p in (exc.field or "").split(".") if p)
+        raise marks.error(exc.detail, ("workload", *parts), allowed=exc.allowed) from None
+
+
+def build_workload(spec: WorkloadSpec):
+    """The Workload a variant replays (runs in the worker)."""
+    import numpy as np
+
+    from traces.bundled import available_bundled_traces, load_bundled
+    from traces.formats import load_workload
+    from traces.synthetic import make_workload
+    from traces.transforms import rate_scale, request_limit, time_limit
+
+    if spec.trace is not None:
+        if spec.trace in available_bundled_traces() and not Path(spec.trace).is_file():
+            wl = load_bundled(spec.trace, **spec.options)
+        else:
+            wl = load_workload(spec.trace, spec.format, **spec.options)
+    else:
+        wl = make_workload(spec.generator, spec.params, np.random.default_rng(spec.seed))
+    if spec.rate_scale is not None:
+        wl = rate_scale(wl, spec.rate_scale)
+    if spec.time_limit_s is not None:
+        wl = time_limit(wl, spec.time_limit_s)
+    if spec.max_requests is not None:
+        wl = request_limit(wl, spec.max_requests)
+    return wl

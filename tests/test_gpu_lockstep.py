@@ -1,0 +1,66 @@
+"""Lock-step: the GPU executor (real model on CPU) and the simulated executor produce identical
+SchedulerOutputs and step traces; the GPU paths refuse clearly without CUDA."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from servesim.api import load_trace, run
+from servesim.overrides import apply_overrides
+from simulator.config import SimConfig
+from traces.errors import InputError
+
+
+def tiny_cfg(**kw) -> SimConfig:
+    cfg = SimConfig()
+    cfg.hardware = dataclasses.replace(cfg.hardware, model="tiny-llama")
+    return apply_overrides(cfg, {"cache.num_gpu_blocks": 512, "cache.block_size": 16, **kw})
+
+
+def test_sim_and_gpu_cpu_write_identical_step_traces(tmp_path):
+    from servesim.gpu import make_gpu_executor
+
+    wl = load_trace(None, max_requests=6)
+    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 512})
+    run(cfg, wl, step_trace=tmp_path / "a.jsonl")
+    exe = make_gpu_executor(cfg, device="cpu", clock="model")
+    res_gpu = run(cfg, wl, step_trace=tmp_path / "b.jsonl", executor=exe)
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert res_gpu.summary["num_finished"] == 6
+    # Every executed step pairs the cost model's prediction with a measured time.
+    assert exe.timings and all(t.predicted_s is not None and t.measured_s > 0 for t in exe.timings)
+
+
+def test_measured_clock_and_greedy_sampling_run(tmp_path):
+    from servesim.gpu import make_gpu_executor
+
+    wl = load_trace(None, max_requests=2)
+    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 256})
+    exe = make_gpu_executor(cfg, device="cpu", clock="measured", sampling="greedy")
+    res = run(cfg, wl, executor=exe)
+    assert res.summary["num_finished"] == 2
+    steps = res.steps
+    assert (steps["duration_s"] > 0).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_refused_with_a_clear_message():
+    from servesim.gpu import make_gpu_executor
+
+    with pytest.raises(InputError, match="needs a CUDA GPU"):
+        make_gpu_executor(tiny_cfg(), device="cuda")
+
+
+def test_unknown_model_preset_and_oversized_cpu_cache_refused():
+    from servesim.gpu import make_gpu_executor
+
+    cfg = SimConfig()
+    cfg.hardware = dataclasses.replace(cfg.hardware, model="mixtral-8x7b")
+    with pytest.raises(InputError, match="no GPU-runner preset"):
+        make_gpu_executor(cfg, device="cpu")
+    big = dataclasses.replace(SimConfig(), hardware=dataclasses.replace(SimConfig().hardware, model="llama-3.1-8b"))
+    with pytest.raises(InputError, match="GiB on the CPU"):
+        make_gpu_executor(big, device="cpu")
