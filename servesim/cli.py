@@ -19,7 +19,7 @@ def _root() -> None:
 def _register() -> None:
     from servesim.commands import steptrace  # noqa: F401  (registers on import)
 
-    for name in ("replay", "fit"):
+    for name in ("replay", "fit", "calibrate", "validate", "run", "plot", "plan", "cluster"):
         try:
             __import__(f"servesim.commands.{name}")
         except ModuleNotFoundError as e:  # a command whose module is not there yet

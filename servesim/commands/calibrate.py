@@ -1,0 +1,60 @@
+"""`servesim calibrate`: measure a model's operations and whole steps on a GPU, write a profile in the
+simulator's schema, and report how well a cost model fitted from the op rows predicts the steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from servesim.cli import app
+from traces.errors import InputError
+
+
+@app.command()
+def calibrate(
+    model: str = typer.Option(..., "--model", help="GPU-runner preset (tiny-llama, llama-3.1-8b, ...)"),
+    out: Path = typer.Option(None, "--out", help="profile file to write (.csv); default runs/calibration/MODEL.csv"),
+    device: str = typer.Option("cuda", "--device", help="cuda | cpu (cpu: functional runs only)"),
+    gpu_label: str = typer.Option(None, "--gpu-label", help="GPU id for the profile (default: from the device name)"),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16"),
+    quick: bool = typer.Option(False, "--quick", help="a few points only (smoke runs)"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Sweep ops (tokens for linear layers; attention by chunk x context and batch x context) and steps."""
+    import torch
+
+    from gpu_runner.calibrate import CalibrationGrid, calibrate as sweep
+    from gpu_runner.model import LlamaModel
+    from gpu_runner.runner import require_device
+    from gpu_runner.weights import PRESETS, preset
+    from servesim.calibration_report import write_report
+    from simulator.cost_model.profile_schema import make_profile, write_profile
+    from simulator.specs import find_gpu, resolve_model
+
+    try:
+        dev = require_device(device)
+    except RuntimeError as e:
+        raise InputError(str(e), field="--device") from None
+    if model.lower() not in PRESETS:
+        raise InputError(f"no GPU-runner preset {model!r}", field="--model", allowed=", ".join(sorted(PRESETS)))
+    if dtype not in ("bf16", "fp16"):
+        raise InputError(f"unknown dtype {dtype!r}", field="--dtype", allowed="bf16, fp16")
+    if gpu_label is None:
+        found = find_gpu(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
+        if found is None:
+            raise InputError("cannot tell which GPU this is", field="--gpu-label",
+                             allowed="a GPU id such as h100 (see simulator/specs/gpus.yaml)")
+        gpu_label = found.name
+    spec = resolve_model(model)
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    m = LlamaModel.random(preset(model.lower()), seed=seed, dtype=torch_dtype, device=dev,
+                          backend="triton" if dev.type == "cuda" else "torch")
+    grid = CalibrationGrid.quick() if quick else CalibrationGrid()
+    rows = sweep(m, spec.name, gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True))
+    out = out or Path("runs/calibration") / f"{spec.name}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_profile(make_profile(rows), out)
+    typer.echo(f"wrote {len(rows)} profile rows to {out}")
+    table = write_report(out, spec.name, gpu_label)
+    typer.echo(table)

@@ -1,0 +1,123 @@
+"""Where variants run, by name: `local` (a process pool) or `ray` (tasks on a Ray cluster).
+
+A backend takes the tasks and calls `done(outcome)` as each one finishes, in completion order, so
+the driver can report and publish results while the rest still run.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+from servesim.scenario.runner import Outcome, VariantTask, execute
+from traces.errors import InputError
+
+Backend = Callable[[list[VariantTask], Path, "int | None", "str | None", Callable[[Outcome], None]], None]
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str):
+    def wrap(fn: Backend) -> Backend:
+        _BACKENDS[name] = fn
+        return fn
+    return wrap
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    if name not in _BACKENDS:
+        raise InputError(f"unknown backend {name!r}", field="--backend", allowed=", ".join(available_backends()))
+    return _BACKENDS[name]
+
+
+def default_workers(num_tasks: int) -> int:
+    return max(1, min(num_tasks, os.cpu_count() or 1))
+
+
+@register_backend("local")
+def run_local(tasks: list[VariantTask], root: Path, workers: int | None, address: str | None,
+              done: Callable[[Outcome], None]) -> None:
+    """Workers write their own folders (same filesystem). One worker: run in this process (no
+    start-up cost, same results); more: a spawn pool (safe with threads, same on every OS)."""
+    if address:
+        raise InputError("--ray-address only applies to --backend ray", field="--ray-address")
+    for task in tasks:
+        task.root = str(root)
+    workers = workers or default_workers(len(tasks))
+    if workers == 1:
+        for task in tasks:
+            done(execute(task))
+        return
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(execute, task): task for task in tasks}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                done(_result(fut, futures[fut]))
+    finally:  # Ctrl-C: drop what has not started; finished variants are already published
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(fut, task: VariantTask) -> Outcome:
+    try:
+        return fut.result()
+    except Exception as exc:  # noqa: BLE001 - a worker process died (OOM kill, segfault)
+        _write_crash(task, exc)
+        return Outcome(task.name, "error", f"worker died: {type(exc).__name__}: {exc}")
+
+
+def _write_crash(task: VariantTask, exc: Exception) -> None:
+    from servesim.scenario import store
+
+    if task.root is not None:
+        store.publish(task.root, task.name, {"error.txt": f"worker died: {exc!r}\n".encode(), **task.extra_files})
+
+
+@register_backend("ray")
+def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: str | None,
+            done: Callable[[Outcome], None]) -> None:
+    """One Ray task per variant; results come back through the object store (a cluster's nodes
+    need not share our filesystem) and are published here as each finishes (ray.wait)."""
+    ray = _import_ray()
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING)
+        else:
+            ray.init(num_cpus=workers or default_workers(len(tasks)), include_dashboard=False,
+                     logging_level=logging.WARNING)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(execute)
+        refs = {remote.remote(task): task for task in tasks}
+        pending = list(refs)
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for ref in finished:
+                try:
+                    outcome = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the task or its node died
+                    task = refs[ref]
+                    outcome = Outcome(task.name, "error", f"ray task died: {type(exc).__name__}: {exc}",
+                                      files={"error.txt": repr(exc).encode(), **task.extra_files})
+                done(outcome)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise InputError("the Ray backend needs Ray, which is not installed", field="--backend",
+                         allowed="pip install servesim[ray] (or pip install 'ray>=2.9'), or --backend local") from None
+    return ray

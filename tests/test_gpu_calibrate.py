@@ -1,0 +1,50 @@
+"""Calibration on the CPU (functional): the sweep writes a valid profile that `fit` accepts, and the
+report pairs predicted with measured step times."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from gpu_runner.calibrate import CalibrationGrid, calibrate
+from gpu_runner.model import LlamaModel
+from gpu_runner.weights import preset
+from simulator.cost_model.profile_schema import make_profile, validate_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_sweep_rows_follow_the_profile_schema():
+    m = LlamaModel.random(preset("tiny-llama"), dtype=torch.bfloat16, backend="torch")
+    rows = calibrate(m, "tiny-llama", "h100", CalibrationGrid.quick())
+    df = validate_profile(make_profile(rows))
+    ops = set(df["op"])
+    assert {"qkv_proj", "down_proj", "attn_prefill", "attn_decode", "model_prefill", "model_decode"} <= ops
+    assert (df["latency_s"] > 0).all()
+
+
+def test_calibrate_cli_writes_profile_and_report_and_fit_accepts_it(tmp_path):
+    out = tmp_path / "tiny.csv"
+    p = subprocess.run([sys.executable, "-m", "servesim", "calibrate", "--model", "tiny-llama", "--device", "cpu",
+                        "--gpu-label", "h100", "--quick", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "step-time error" in p.stdout
+    report = pd.read_csv(tmp_path / "tiny.report.csv")
+    assert len(report) == 6 and (report["predicted_s"] > 0).all()
+    assert (tmp_path / "tiny.report.png").exists()
+    q = subprocess.run([sys.executable, "-m", "servesim", "fit", str(out), "--out", str(tmp_path / "cm.json"),
+                        "--model", "tiny-llama", "--gpu", "h100"], capture_output=True, text=True, cwd=ROOT)
+    assert q.returncode == 0, q.stderr
+    assert (tmp_path / "cm.json").exists()
+
+
+def test_calibrate_refuses_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        return
+    p = subprocess.run([sys.executable, "-m", "servesim", "calibrate", "--model", "tiny-llama", "--out",
+                        str(tmp_path / "x.csv")], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr
