@@ -69,6 +69,8 @@ class SimConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     engine: str = "vllm"  # scheduler engine (simulator/engines.py): vllm | sglang
     seed: int = 0
+    # Exact fast-forward over provably plain decode steps (same results as stepping; faster).
+    fast_forward: bool = False
 
     def __post_init__(self) -> None:
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):

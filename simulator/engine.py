@@ -78,14 +78,23 @@ class Engine:
         self._num_done = 0
         self.num_steps = 0
         self.prefix_hits = self.prefix_queries = 0
+        # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
+        self._next_arrival_s = 0.0
+        self._ff = None
+        if cfg.fast_forward:
+            from simulator.fast_forward import FastForward
+
+            self._ff = FastForward(self)
 
     # --- processes -----------------------------------------------------------------------------
     def _arrivals(self):
         env = self.env
         for spec in self.workload.requests:
             if spec.arrival_time_s > env.now:
+                self._next_arrival_s = spec.arrival_time_s
                 yield env.timeout(spec.arrival_time_s - env.now)
             self.submit(spec)
+        self._next_arrival_s = float("inf")
         self.close()
 
     def submit(self, spec: RequestSpec) -> None:
@@ -126,7 +135,7 @@ class Engine:
         env, sched = self.env, self.scheduler
         depth = 2 if self.cfg.scheduler.async_scheduling else 1
         in_flight: deque = deque()
-        gpu_free_at = 0.0
+        self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         while True:
             if not sched.has_unfinished_requests() and not in_flight:
                 if self._all_arrived:
@@ -135,13 +144,20 @@ class Engine:
                 yield self._wake
                 continue
             now = env.now
+            if self._ff is not None and self._ff.enabled and not in_flight:
+                fast = self._ff.try_step(now, self._next_arrival_s)
+                if fast is not None:
+                    end, finish = fast
+                    yield env.timeout(end - now)
+                    finish()
+                    continue
             so = sched.schedule(now_s=now)
             rec, step_rec = self._on_schedule(so, now)
             mro, gpu_s = self.executor.execute(so)
             cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
             # CPU preparation precedes the GPU work; with async scheduling it overlaps the previous step.
-            start = max(now + cpu_s, gpu_free_at)
-            gpu_free_at = start + gpu_s
+            start = max(now + cpu_s, self._gpu_free_at)
+            self._gpu_free_at = gpu_free_at = start + gpu_s
             step_rec.gpu_time_s = gpu_s
             in_flight.append((so, mro, gpu_free_at, rec, step_rec))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):

@@ -1,0 +1,221 @@
+"""A cluster of simulated engines on one SimPy clock: routers, and optionally P/D disaggregation.
+
+    res = Cluster(ClusterConfig(...), workload).run()
+    res.summary, res.requests (one row per request, with the replica), res.replicas[i].result
+
+One arrival process reads the workload; each request reaches the router `routing_latency_s` after
+it arrives, and the router's pick receives it in that same instant. Each replica is a full
+`Engine` (its own scheduler, executor and cost model, from its own SimConfig).
+
+With P/D (cfg.pd set) the router picks a prefill replica, which runs the prompt and one token
+(output_len=1) and keeps the KV; `handoff_latency_s` later the decode router picks a decode
+replica, whose scheduler reserves blocks for the prompt (WAITING_FOR_REMOTE_KVS) and thereby starts
+the transfer on its link; when the transfer lands the prefill side frees its blocks and the decode
+side recomputes the last prompt token and generates the full output_len tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+
+import numpy as np
+import simpy
+
+from scheduler.request import Request
+from simulator.cluster.config import ClusterConfig
+from simulator.cluster.link import KVLink
+from simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
+from simulator.cluster.routers import Decision, make_router
+from simulator.config import SimConfig
+from simulator.engine import Engine
+from simulator.specs import kv_bytes_per_token, resolve_model
+from traces.errors import InputError
+from traces.workload import RequestSpec, Workload
+
+
+@dataclass(slots=True)
+class Replica:
+    index: int  # position in Cluster.replicas (the `replica` column)
+    name: str  # e.g. "both0", "prefill1", or f"{group name}{i}"
+    role: str  # "both" | "prefill" | "decode"
+    cfg: SimConfig
+    engine: Engine
+    num_routed: int = 0  # requests the router sent here
+
+
+@dataclass(slots=True)
+class RouteRecord:
+    replica: int  # Replica.index
+    time_s: float  # when the router decided (= when the replica received the request)
+    reason: str
+    score: float | None
+
+
+@dataclass(slots=True)
+class PDTimeline:
+    """One request's P/D milestones (seconds on the cluster clock)."""
+
+    prefill_done_s: float | None = None  # the prefill replica produced its token and kept the KV
+    decode: RouteRecord | None = None
+    transfer_start_s: float | None = None  # decode side reserved blocks; the transfer began
+    transfer_end_s: float | None = None  # the last byte landed
+    external_tokens: int = 0  # tokens whose KV crossed the link (prompt minus decode-side cache hits)
+    kv_bytes: int = 0  # bytes on the link (per GPU: each TP rank sends its shard in parallel)
+
+
+class Cluster:
+    def __init__(self, cfg: ClusterConfig, workload: Workload) -> None:
+        self.cfg = cfg
+        self.workload = workload
+        self.env = simpy.Environment()
+        self.rng = np.random.default_rng(cfg.seed)  # the run's one Generator, shared by the routers
+        self._specs = {s.request_id: s for s in workload.requests}
+        if len(self._specs) != len(workload.requests):
+            raise InputError("the workload has duplicate request ids", field="request_id",
+                             allowed="unique ids (a cluster merges results by id)")
+        self.replicas = self._build_replicas()
+        self.router = make_router(cfg.router.name, cfg.router.params, self.rng, "router")
+        self.routes: dict[str, RouteRecord] = {}
+        self.front = [r for r in self.replicas if r.role != "decode"]  # what the main router picks from
+        self.decoders = [r for r in self.replicas if r.role == "decode"]
+        self.timelines: dict[str, PDTimeline] = {}
+        self.links: list[KVLink] = []
+        if cfg.pd is not None:
+            self.decode_router = make_router(cfg.pd.decode_router.name, cfg.pd.decode_router.params, self.rng,
+                                             "pd.decode_router")
+            if cfg.pd.link.scope == "shared":
+                self.links = [KVLink(self.env, cfg.pd.link, "shared")]
+            else:
+                self.links = [KVLink(self.env, cfg.pd.link, f"to_{r.name}") for r in self.decoders]
+            self._link_of = {r.index: self.links[0 if len(self.links) == 1 else i] for i, r in enumerate(self.decoders)}
+            self._kv_bytes = self._kv_bytes_table()
+        self._arrivals_done = False
+        self._num_final = 0
+
+    def _build_replicas(self) -> list[Replica]:
+        out: list[Replica] = []
+        for group in self.cfg.replicas:
+            for i in range(group.count):
+                idx = len(out)
+                name = f"{group.name or group.role}{i}"
+                kw = dict(env=self.env, name=name)
+                if group.role == "prefill":
+                    engine = PrefillEngine(group.sim, on_finish=partial(self._on_prefill_finish, idx), **kw)
+                elif group.role == "decode":
+                    conn = RemotePrefillConnector(partial(self._start_transfer, idx))
+                    engine = DecodeEngine(group.sim, connector=conn, on_finish=partial(self._on_decode_finish, idx), **kw)
+                else:
+                    engine = Engine(group.sim, on_finish=self._on_finish, **kw)
+                out.append(Replica(idx, name, group.role, group.sim, engine))
+        names = [r.name for r in out]
+        if len(set(names)) != len(names):
+            raise InputError("replica names collide", field="replicas[].name", allowed="distinct group names")
+        return out
+
+    def _kv_bytes_table(self) -> dict[tuple[int, int], int]:
+        """Bytes per token on the link for each (prefill, decode) TP pair: the larger per-GPU shard,
+        since ranks send in parallel and the side with fewer ranks holds more per GPU."""
+        model = resolve_model(self.replicas[0].cfg.hardware.model)
+        tps = {r.cfg.hardware.tp for r in self.replicas}
+        per_gpu = {tp: kv_bytes_per_token(model, tp) for tp in tps}
+        return {(p, d): max(per_gpu[p], per_gpu[d]) for p in tps for d in tps}
+
+    # --- arrivals and routing --------------------------------------------------------------------
+    def _arrivals(self):
+        env, latency = self.env, self.cfg.routing_latency_s
+        for spec in self.workload.requests:
+            t = spec.arrival_time_s + latency  # constant latency keeps arrival order: a delay line
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self._dispatch(spec)
+        for r in self.front:
+            r.engine.close()
+        self._arrivals_done = True
+        self._maybe_close_decoders()
+
+    def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
+        d: Decision = router.choose(spec, candidates, self.env.now)
+        rep = candidates[d.candidate]
+        rep.num_routed += 1
+        return rep, RouteRecord(rep.index, self.env.now, d.reason, d.score)
+
+    def _dispatch(self, spec: RequestSpec) -> None:
+        rep, rec = self._route(self.router, spec, self.front)
+        self.routes[spec.request_id] = rec
+        if self.cfg.pd is None:
+            rep.engine.submit(spec)
+            return
+        self.timelines[spec.request_id] = PDTimeline()
+        rep.engine.submit(replace(spec, output_len=1))  # prefill plus the first token
+
+    # --- completion callbacks (called from inside an engine's step) ------------------------------
+    def _on_finish(self, request_id: str, reason: str | None) -> None:
+        self._num_final += 1
+
+    def _on_prefill_finish(self, idx: int, request_id: str, reason: str | None) -> None:
+        tl = self.timelines[request_id]
+        tl.prefill_done_s = self.env.now
+        if not self.replicas[idx].engine.metrics.requests[request_id].token_times_s:
+            self._final()  # never fit on the prefill replica: reported as ignored, no decode
+            return
+        delay = self.cfg.pd.handoff_latency_s
+        if delay > 0:
+            self.env.timeout(delay).callbacks.append(lambda _ev: self._handoff(request_id))
+        else:
+            self._handoff(request_id)
+
+    def _handoff(self, request_id: str) -> None:
+        spec = self._specs[request_id]
+        rep, rec = self._route(self.decode_router, spec, self.decoders)
+        self.timelines[request_id].decode = rec
+        rep.engine.connector.expect(request_id)
+        rep.engine.submit(spec)
+
+    def _start_transfer(self, decode_idx: int, request: Request, num_external: int) -> None:
+        rid = request.request_id
+        tl = self.timelines[rid]
+        tl.transfer_start_s = self.env.now
+        tl.external_tokens = num_external
+        p_tp = self.replicas[self.routes[rid].replica].cfg.hardware.tp
+        tl.kv_bytes = num_external * self._kv_bytes[(p_tp, self.replicas[decode_idx].cfg.hardware.tp)]
+        self._link_of[decode_idx].transfer(tl.kv_bytes, partial(self._transfer_done, rid, decode_idx))
+
+    def _transfer_done(self, request_id: str, decode_idx: int) -> None:
+        self.timelines[request_id].transfer_end_s = self.env.now
+        self.replicas[self.routes[request_id].replica].engine.kv_sent(request_id)
+        self.replicas[decode_idx].engine.kv_received(request_id)
+
+    def _on_decode_finish(self, idx: int, request_id: str, reason: str | None) -> None:
+        if self.timelines[request_id].transfer_start_s is None:
+            # Never fit on the decode replica: nobody will read the prefill side's KV.
+            self.replicas[idx].engine.connector.forget(request_id)
+            self.replicas[self.routes[request_id].replica].engine.kv_sent(request_id)
+        self._final()
+
+    def _final(self) -> None:
+        self._num_final += 1
+        self._maybe_close_decoders()
+
+    def _maybe_close_decoders(self) -> None:
+        # Decode engines stay open until every request is done: a handoff can come at any time.
+        if self._arrivals_done and self._num_final == len(self.workload.requests):
+            for r in self.decoders:
+                r.engine.close()
+
+    # --- run -------------------------------------------------------------------------------------
+    def run(self):
+        """Simulate to the end; returns a ClusterResult."""
+        from simulator.cluster.results import build_result
+
+        t0 = time.perf_counter()
+        self.env.process(self._arrivals())  # before the engine loops, as Engine.run orders them
+        procs = [r.engine.start() for r in self.replicas]
+        self.env.run(until=self.env.all_of(procs))
+        return build_result(self, time.perf_counter() - t0)
+
+
+def run_cluster(cfg: ClusterConfig, workload: Workload):
+    """Build and run a cluster (the Python API's one call)."""
+    return Cluster(cfg, workload).run()

@@ -1,0 +1,200 @@
+"""Prefill/decode disaggregation: the scheduler side of vLLM's KV connector, and P and D engines.
+
+vLLM (NixlConnector, 0.19) on the decode instance: when a request that was prefilled elsewhere is
+first seen in the waiting queue, the connector reports the prompt tokens not cached locally as
+external tokens to be loaded asynchronously; the scheduler allocates blocks for them
+(allocate_slots(num_external_computed_tokens=..., delay_cache_blocks=True)) and parks the request
+in WAITING_FOR_REMOTE_KVS. When the transfer lands, the blocks are cached and the request runs
+from num_computed_tokens = prompt - 1 (the last prompt token is recomputed to sample). On the
+prefill instance the finished request's blocks are not freed until the decode side has read them.
+
+`RemotePrefillConnector` is that connector; `DecodeSchedulerMixin` adds it to `_schedule_waiting`;
+`PrefillSchedulerMixin` delays the free. Until scheduler/_schedule.py grows a connector hook
+(docs/CLUSTER.md has the patch), the decode mixin carries a copy of `_schedule_waiting` with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler import AsyncScheduler, Scheduler
+from scheduler.queues import create_request_queue
+from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
+from simulator.engine import Engine
+
+
+class RemotePrefillConnector:
+    """Which requests on a decode scheduler have their KV on a prefill instance."""
+
+    def __init__(self, on_alloc: Callable[[Request, int], None]) -> None:
+        self.on_alloc = on_alloc  # (request, external tokens): blocks are ready, start the transfer
+        self._expected: set[str] = set()
+
+    def expect(self, request_id: str) -> None:
+        self._expected.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        self._expected.discard(request_id)
+
+    def get_num_new_matched_tokens(self, request: Request, num_local_computed: int) -> tuple[int, bool]:
+        """(external tokens, load asynchronously): the prompt tokens the decode side lacks."""
+        if request.request_id not in self._expected:
+            return 0, False
+        n = request.num_prompt_tokens - num_local_computed
+        return (n, True) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, num_external: int) -> None:
+        if num_external > 0 and request.request_id in self._expected:
+            self._expected.discard(request.request_id)  # a later preemption recomputes locally
+            self.on_alloc(request, num_external)
+
+
+class DecodeSchedulerMixin:
+    """Scheduler with the connector in its waiting phase, and a stall flag for the engine loop.
+
+    The engine loop runs while `has_unfinished_requests()`; a decode scheduler whose only requests
+    wait for KV (or cannot get blocks that such requests hold) would schedule empty steps forever
+    at one instant. A step that scheduled nothing with nothing running repeats identically until
+    an outside event (a new request, a landed transfer), so until then the scheduler reports no
+    runnable work and the engine sleeps; the cluster wakes it.
+    """
+
+    connector: RemotePrefillConnector | None = None
+    _stalled = False
+
+    def schedule(self, now_s: float | None = None):
+        out = super().schedule(now_s)
+        self._stalled = out.total_num_scheduled_tokens == 0 and not self.running
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return not self._stalled and super().has_unfinished_requests()
+
+    def add_request(self, request: Request, now_s: float | None = None) -> None:
+        self._stalled = False
+        super().add_request(request, now_s)
+
+    def mark_kv_received(self, request_id: str) -> None:
+        self._stalled = False
+        super().mark_kv_received(request_id)
+
+    def _schedule_waiting(self, st) -> None:
+        """scheduler/_schedule.py's _schedule_waiting plus vLLM's KV-connector branch (marked)."""
+        cfg = self.scheduler_config
+        threshold = cfg.long_prefill_token_threshold
+        kvm = self.kv_cache_manager
+        step_skipped = create_request_queue(self.policy)
+        while (self.waiting or self.skipped_waiting) and st.token_budget > 0:
+            if len(self.running) == self.max_num_running_reqs:
+                break
+            queue = self._select_waiting_queue()
+            request = queue.peek_request()
+            if request.status in BLOCKED_WAITING_STATES and not self._try_promote_blocked(request):
+                queue.pop_request()
+                step_skipped.prepend_request(request)
+                continue
+            if (self.max_loras is not None and request.lora_id is not None
+                    and len(st.scheduled_loras) == self.max_loras and request.lora_id not in st.scheduled_loras):
+                queue.pop_request()
+                step_skipped.prepend_request(request)
+                continue
+            num_external, load_async = 0, False
+            if request.num_computed_tokens == 0:
+                new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
+                if self.connector is not None:  # connector
+                    num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
+                num_computed = num_new_local + num_external
+            else:
+                new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
+                num_computed = request.num_computed_tokens
+            if load_async:  # connector: reserve blocks for the remote KV, schedule no work
+                num_new = 0
+            else:
+                num_new = request.num_tokens - num_computed
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if not cfg.enable_chunked_prefill and num_new > st.token_budget:
+                    break
+                num_new = min(num_new, st.token_budget)
+            lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
+            if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
+                request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
+                num_external_computed_tokens=num_external,
+            ):
+                break
+            new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
+                                            new_computed_blocks=new_computed_blocks, num_lookahead_tokens=lookahead,
+                                            num_external_computed_tokens=num_external, delay_cache_blocks=load_async)
+            if new_blocks is None:
+                break
+            if load_async:  # connector: park it until the transfer lands (vLLM recomputes the last token)
+                queue.pop_request()
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                request.num_external_computed_tokens = num_external
+                request.num_computed_tokens = min(num_computed, request.num_tokens - 1)
+                step_skipped.prepend_request(request)
+                self.connector.update_state_after_alloc(request, num_external)
+                continue
+            self._admit(st, queue.pop_request(), num_new, num_computed)
+        if step_skipped:
+            self.skipped_waiting.prepend_requests(step_skipped)
+
+
+class PrefillSchedulerMixin:
+    """Keeps a finished prefill's blocks until the decode side has read them (vLLM's delayed free)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sending: dict[str, Request] = {}  # request id -> finished request whose KV is still read
+
+    def _free_request(self, request: Request) -> None:
+        if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:  # aborted etc.: nothing to send
+            super()._free_request(request)
+            return
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+        self.sending[request.request_id] = request
+
+    def finish_sending(self, request_id: str) -> None:
+        """The decode side has the KV (or will never read it): free the blocks now."""
+        request = self.sending.pop(request_id, None)
+        if request is not None:
+            self.kv_cache_manager.free(request)
+
+
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _pd_scheduler(mixin: type, cfg, cache):
+    base = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler  # as make_scheduler picks
+    cls = _CLASSES.get((mixin, base))
+    if cls is None:
+        name = mixin.__name__.replace("SchedulerMixin", "") + base.__name__
+        cls = _CLASSES[(mixin, base)] = type(name, (mixin, base), {})
+    return cls(cfg.scheduler, cache)
+
+
+class PrefillEngine(Engine):
+    """An Engine whose scheduler holds finished requests' KV until `kv_sent`."""
+
+    def __init__(self, cfg, **kwargs) -> None:
+        super().__init__(cfg, **kwargs)
+        self.scheduler = _pd_scheduler(PrefillSchedulerMixin, cfg, self.cache)
+
+    def kv_sent(self, request_id: str) -> None:
+        self.scheduler.finish_sending(request_id)
+
+
+class DecodeEngine(Engine):
+    """An Engine whose scheduler loads prompts' KV through `connector`; the cluster calls
+    `kv_received` when a transfer lands."""
+
+    def __init__(self, cfg, connector: RemotePrefillConnector, **kwargs) -> None:
+        super().__init__(cfg, **kwargs)
+        self.scheduler = _pd_scheduler(DecodeSchedulerMixin, cfg, self.cache)
+        self.scheduler.connector = connector
+        self.connector = connector
+
+    def kv_received(self, request_id: str) -> None:
+        self.scheduler.mark_kv_received(request_id)
+        self._wake_up()

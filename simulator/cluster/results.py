@@ -1,0 +1,203 @@
+"""Cluster results: per-replica EngineResults, merged request/step frames and a cluster summary.
+
+Merged request records use the cluster arrival time (before the routing latency), so TTFT and
+queueing include the router. With P/D one row joins a request's two halves: queueing and the
+prompt from its prefill replica, the output tokens from its decode replica, and
+
+    ttft_s = prefill_queue_s + prefill_s + transfer_s + first_decode_s
+
+prefill_queue_s: arrival -> first scheduled on the prefill replica (routing latency included);
+prefill_s: -> the prefill replica's token; transfer_s: -> the KV landed on the decode replica
+(handoff latency, waiting for decode-side blocks, link latency and bandwidth share;
+kv_link_s is the part on the link); first_decode_s: -> the decode replica's first token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from simulator.cluster.config import ClusterConfig, cluster_config_to_dict
+from simulator.config import SimConfig
+from simulator.engine import EngineResult
+from simulator.metrics import MetricsCollector, RequestRecord, stats, summarize
+from simulator.outputs import build_summary
+
+if TYPE_CHECKING:
+    from simulator.cluster.cluster import Cluster
+
+PD_PARTS = ("prefill_queue_s", "prefill_s", "transfer_s", "first_decode_s")
+
+
+@dataclass(slots=True)
+class ReplicaResult:
+    index: int
+    name: str
+    role: str
+    cfg: SimConfig
+    result: EngineResult
+    num_routed: int  # requests its router sent here
+    summary: dict  # simulator.outputs.build_summary of this replica alone
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    config: ClusterConfig
+    replicas: list[ReplicaResult]
+    metrics: MetricsCollector  # merged: one record per request, steps of every replica
+    requests: pd.DataFrame  # metrics.requests_frame() + replica / routing (/ P/D) columns
+    steps: pd.DataFrame  # every replica's steps + a replica column
+    summary: dict
+    wall_time_s: float
+
+
+def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
+    reps = []
+    for r in cluster.replicas:
+        res = r.engine.result(wall_time_s)
+        reps.append(ReplicaResult(r.index, r.name, r.role, r.cfg, res, r.num_routed,
+                                  build_summary(r.cfg, res, r.num_routed)))
+    merged = MetricsCollector()
+    for spec in cluster.workload.requests:
+        merged.requests[spec.request_id] = _merged_record(cluster, spec)
+    for r in cluster.replicas:
+        merged.steps.extend(r.engine.metrics.steps)
+    requests = _requests_frame(cluster, merged)
+    steps = pd.concat([_with_replica(rr.result.metrics.steps_frame(), rr) for rr in reps], ignore_index=True) \
+        if reps else pd.DataFrame()
+    summary = _summary(cluster, reps, merged, requests, wall_time_s)
+    return ClusterResult(cluster.cfg, reps, merged, requests, steps, summary, wall_time_s)
+
+
+def _merged_record(cluster: Cluster, spec) -> RequestRecord:
+    rid = spec.request_id
+    front = cluster.replicas[cluster.routes[rid].replica].engine.metrics.requests[rid]
+    if cluster.cfg.pd is None:
+        return replace(front, arrival_s=spec.arrival_time_s)
+    tl = cluster.timelines[rid]
+    if tl.decode is None:  # ignored on the prefill side
+        return replace(front, arrival_s=spec.arrival_time_s, output_len_target=spec.output_len)
+    back = cluster.replicas[tl.decode.replica].engine.metrics.requests[rid]
+    return RequestRecord(rid, spec.arrival_time_s, spec.prompt_len, spec.output_len,
+                         first_scheduled_s=front.first_scheduled_s, first_token_s=back.first_token_s,
+                         finish_s=back.finish_s, token_times_s=back.token_times_s,
+                         num_preemptions=front.num_preemptions + back.num_preemptions,
+                         num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason)
+
+
+def _with_replica(frame: pd.DataFrame, rr: ReplicaResult) -> pd.DataFrame:
+    frame = frame.copy()
+    frame.insert(0, "replica", rr.index)
+    return frame
+
+
+def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
+    df = merged.requests_frame()
+    routes = [cluster.routes[rid] for rid in df["request_id"]]
+    pos = 1
+    if cluster.cfg.pd is None:
+        df.insert(pos, "replica", [r.replica for r in routes])
+        pos += 1
+    else:
+        df.insert(pos, "prefill_replica", [r.replica for r in routes])
+        tls = [cluster.timelines[rid] for rid in df["request_id"]]
+        df.insert(pos + 1, "decode_replica", pd.array([t.decode.replica if t.decode else None for t in tls],
+                                                      dtype="Int64"))
+        pos += 2
+    df.insert(pos, "route_time_s", [r.time_s for r in routes])
+    df.insert(pos + 1, "route_reason", [r.reason for r in routes])
+    df.insert(pos + 2, "route_score", [r.score for r in routes])
+    if cluster.cfg.pd is not None:
+        _add_pd_columns(cluster, df)
+    return df
+
+
+def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
+    tls = [cluster.timelines[rid] for rid in df["request_id"]]
+    arrival, first_sched, first_tok = (df[c].to_numpy(dtype=float) for c in
+                                       ("arrival_s", "first_scheduled_s", "first_token_s"))
+    nan = float("nan")
+    done = np.array([t.prefill_done_s if t.decode is not None and t.prefill_done_s is not None else nan for t in tls])
+    t_start = np.array([nan if t.transfer_start_s is None else t.transfer_start_s for t in tls])
+    t_end = np.array([nan if t.transfer_end_s is None else t.transfer_end_s for t in tls])
+    df["prefill_queue_s"] = first_sched - arrival
+    df["prefill_s"] = done - first_sched
+    df["transfer_s"] = t_end - done
+    df["first_decode_s"] = first_tok - t_end
+    df["kv_link_s"] = t_end - t_start
+    df["kv_tokens"] = [t.external_tokens for t in tls]
+    df["kv_bytes"] = [t.kv_bytes for t in tls]
+
+
+def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollector, requests: pd.DataFrame,
+             wall_time_s: float) -> dict:
+    cfg = cluster.cfg
+    front = [rr for rr in reps if rr.role != "decode"]  # where prompts are computed
+    hits = sum(rr.result.prefix_hits for rr in front)
+    queries = sum(rr.result.prefix_queries for rr in front)
+    end = max([r.finish_s for r in merged.requests.values() if r.finish_s is not None], default=0.0)
+    s = summarize(merged, end, wall_time_s, cfg.slo, len(cluster.workload.requests), hits, queries)
+    s["sim_speedup_x"] = end / wall_time_s if wall_time_s > 0 else None
+    s["cluster"] = {
+        "num_replicas": cfg.num_replicas, "num_gpus": cfg.num_gpus, "router": cfg.router.name,
+        "routing_latency_s": cfg.routing_latency_s, "pd": cfg.pd is not None,
+        "requests_per_replica": {rr.name: rr.num_routed for rr in reps},
+    }
+    if cfg.pd is not None:
+        ok = requests[requests["output_len"] > 0]
+        s["pd"] = {
+            "decode_router": cfg.pd.decode_router.name,
+            "ttft_breakdown_s": {p: stats(ok[p]) for p in PD_PARTS},
+            "kv_link_s": stats(ok["kv_link_s"]),
+            "kv_bytes_total": int(requests["kv_bytes"].sum()),
+            "links": [link.stats() for link in cluster.links],
+        }
+    s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp,
+                      "num_routed": rr.num_routed, **_replica_brief(rr.summary)} for rr in reps]
+    return s
+
+
+def _replica_brief(s: dict) -> dict:
+    return {"num_finished": s["num_finished"], "num_steps": s["num_steps"], "ttft_p50_s": s["ttft_s"]["p50"],
+            "tpot_p50_s": s["tpot_s"]["p50"], "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
+            "kv_usage_mean": s["kv_usage_mean"], "num_preemptions": s["num_preemptions"],
+            "num_gpu_blocks": s["num_gpu_blocks"]}
+
+
+def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict) -> Path:
+    """requests.parquet, steps.parquet, timeseries.csv (per replica), summary.json, config.yaml;
+    written into a temporary folder renamed at the end (a killed run leaves no complete-looking folder)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        res.requests.to_parquet(tmp / "requests.parquet", index=False)
+        res.steps.to_parquet(tmp / "steps.parquet", index=False)
+        end = res.summary["sim_duration_s"]
+        ts = [_with_replica(rr.result.metrics.timeseries_frame(end), rr) for rr in res.replicas]
+        pd.concat(ts, ignore_index=True).to_csv(tmp / "timeseries.csv", index=False)
+        resolved = cluster_config_to_dict(res.config)
+        resolved["workload"] = workload_meta
+        (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+        (tmp / "summary.json").write_text(json.dumps(res.summary, indent=1) + "\n")
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,198 @@
+"""Routers: pick a replica for each request, by name from a registry.
+
+A router sees the candidate replicas (live engines, in index order) at the moment it decides and
+returns a `Decision`: which candidate, why, and the score it used. Every router is deterministic
+given the cluster seed (the only randomness is the shared numpy Generator) and breaks ties by the
+lowest replica index.
+
+Load signal: `Engine.num_outstanding` (waiting + running, blocked P/D requests included). The
+cluster hands a request to its replica in the same instant the router decides (the routing latency
+elapses before the decision), so no request is ever "in flight" to a replica unseen by the load.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from scheduler.request import Request, SamplingParams
+from traces.errors import InputError
+from traces.workload import RequestSpec
+
+if TYPE_CHECKING:
+    from simulator.cluster.cluster import Replica
+
+
+@dataclass(slots=True)
+class Decision:
+    candidate: int  # position in the candidate list handed to the router
+    reason: str  # short tag: "round_robin", "least_load", "prefix", "session_hash", ...
+    score: float | None = None  # the value the router minimised/maximised (None: no score)
+
+
+class Router:
+    """Base class: subclasses implement `choose`."""
+
+    name = "router"
+
+    def choose(self, spec: RequestSpec, candidates: Sequence[Replica], now_s: float) -> Decision:
+        raise NotImplementedError
+
+
+RouterFactory = Callable[..., Router]
+_ROUTERS: dict[str, RouterFactory] = {}
+
+
+def register_router(name: str):
+    def wrap(cls):
+        _ROUTERS[name] = cls
+        cls.name = name
+        return cls
+    return wrap
+
+
+def available_routers() -> list[str]:
+    return sorted(_ROUTERS)
+
+
+def make_router(name: str, params: dict[str, Any] | None = None, rng: np.random.Generator | None = None,
+                field: str = "router") -> Router:
+    """Build a router by name; `rng` is the run's one Generator (routers that draw use it)."""
+    if name not in _ROUTERS:
+        raise InputError(f"unknown router {name!r}", field=f"{field}.name", allowed=", ".join(available_routers()))
+    try:
+        return _ROUTERS[name](rng=rng if rng is not None else np.random.default_rng(0), **(params or {}))
+    except TypeError as e:
+        raise InputError(f"bad parameters for router {name!r}: {e}", field=f"{field}.params") from None
+
+
+def _least(keys: Sequence[tuple]) -> int:
+    """Index of the smallest key; ties go to the lowest index (candidates are in replica order)."""
+    return min(range(len(keys)), key=lambda i: (keys[i], i))
+
+
+@register_router("round_robin")
+class RoundRobin(Router):
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._next = 0
+
+    def choose(self, spec, candidates, now_s):
+        i = self._next % len(candidates)
+        self._next += 1
+        return Decision(i, "round_robin")
+
+
+@register_router("least_outstanding")
+class LeastOutstanding(Router):
+    def __init__(self, rng: np.random.Generator) -> None:
+        pass
+
+    def choose(self, spec, candidates, now_s):
+        loads = [c.engine.num_outstanding for c in candidates]
+        i = _least([(n,) for n in loads])
+        return Decision(i, "least_load", float(loads[i]))
+
+
+@register_router("least_kv")
+class LeastKv(Router):
+    """Lowest KV-cache usage; equal usage (e.g. several arrivals before any step ran) falls back to
+    fewer outstanding requests, so a burst does not pile onto replica 0."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        pass
+
+    def choose(self, spec, candidates, now_s):
+        keys = [(c.engine.kv_usage, c.engine.num_outstanding) for c in candidates]
+        i = _least(keys)
+        return Decision(i, "least_kv", float(keys[i][0]))
+
+
+@register_router("jsq_power_of_two")
+class PowerOfTwo(Router):
+    """Join the shorter queue of two replicas drawn without replacement from the shared Generator."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def choose(self, spec, candidates, now_s):
+        n = len(candidates)
+        if n == 1:
+            return Decision(0, "only", float(candidates[0].engine.num_outstanding))
+        a, b = sorted(int(x) for x in self.rng.choice(n, size=2, replace=False))
+        la, lb = candidates[a].engine.num_outstanding, candidates[b].engine.num_outstanding
+        i = a if la <= lb else b
+        return Decision(i, f"jsq({a},{b})", float(min(la, lb)))
+
+
+@register_router("session_affinity")
+class SessionAffinity(Router):
+    """Every turn of a session goes to crc32(session_id) mod N (stable across runs and machines,
+    unlike Python's salted hash); requests without a session go to the least outstanding."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._fallback = LeastOutstanding(rng)
+
+    def choose(self, spec, candidates, now_s):
+        if spec.session_id is None:
+            d = self._fallback.choose(spec, candidates, now_s)
+            return Decision(d.candidate, "no_session", d.score)
+        return Decision(zlib.crc32(spec.session_id.encode()) % len(candidates), "session_hash")
+
+
+@register_router("prefix_aware")
+class PrefixAware(Router):
+    """Cache hit versus load.
+
+        score_i = hit_i - load_weight * outstanding_i / max_num_seqs_i
+
+    hit_i is the fraction of the prompt covered by its leading blocks already in replica i's
+    prefix cache (looked up by block hash in the replica's block pool, KV group 0, stopping at the
+    first miss), so it lies in [0, 1] whatever the block size; the load term is outstanding
+    requests relative to the replica's batch capacity. The highest score wins. With load_weight=1 a
+    replica holding the whole prompt is preferred until it carries about one full batch more than
+    an empty replica. Block hashes are computed once per distinct (block size, hash algorithm).
+    """
+
+    def __init__(self, rng: np.random.Generator, load_weight: float = 1.0) -> None:
+        if not load_weight >= 0:
+            raise InputError(f"got {load_weight!r}", field="router.params.load_weight", allowed="a number >= 0")
+        self.load_weight = float(load_weight)
+
+    def choose(self, spec, candidates, now_s):
+        hashes_by_hasher: dict[int, list[bytes]] = {}
+        tokens: list[int] | None = None
+        keys, hits = [], []
+        for c in candidates:
+            sched = c.engine.scheduler
+            hit = 0
+            if sched.block_hasher is not None:
+                h = hashes_by_hasher.get(id(sched.block_hasher))
+                if h is None:
+                    tokens = spec.token_ids() if tokens is None else tokens
+                    h = hashes_by_hasher[id(sched.block_hasher)] = _block_hashes(spec, tokens, sched.block_hasher)
+                hit = min(_leading_hits(sched.kv_cache_manager.block_pool, h) * sched.block_size, spec.prompt_len)
+            load = c.engine.num_outstanding / sched.max_num_running_reqs
+            score = hit / spec.prompt_len - self.load_weight * load
+            keys.append((-score,))
+            hits.append(hit)
+        i = _least(keys)
+        return Decision(i, "prefix" if hits[i] > 0 else "load", -keys[i][0])
+
+
+def _block_hashes(spec: RequestSpec, tokens: list[int], hasher) -> list[bytes]:
+    # A throwaway Request computes exactly the hashes the replica's scheduler will (LoRA keys too).
+    req = Request(spec.request_id, tokens, SamplingParams(max_tokens=1), lora_id=spec.lora_id, block_hasher=hasher)
+    return req.block_hashes
+
+
+def _leading_hits(block_pool, hashes: list[bytes]) -> int:
+    n = 0
+    for h in hashes:
+        if block_pool.get_cached_block(h, [0]) is None:
+            break
+        n += 1
+    return n
