@@ -42,6 +42,7 @@ def replay(
     sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
     seed: int = typer.Option(0, "--seed"),
     engine: str = typer.Option("vllm", "--engine", help="scheduler engine: vllm | sglang"),
+    fast_forward: bool = typer.Option(False, "--fast-forward", help="exact fast-forward over plain decode steps"),
     executor: str = typer.Option("sim", "--executor", help="sim (cost model) | gpu (real model, Triton kernels)"),
     device: str = typer.Option("cuda", "--device", help="with --executor gpu: cuda | cpu"),
     clock: str = typer.Option("model", "--clock", help="with --executor gpu: model (cost model) | measured"),
@@ -58,6 +59,8 @@ def replay(
     from servesim.report import print_summary, progress_reporter
 
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
+    if fast_forward:
+        cfg.fast_forward = True
     wl = load_trace(trace, fmt, max_requests, rate_scale)
     if executor not in ("sim", "gpu"):
         raise InputError(f"unknown executor {executor!r}", field="--executor", allowed="sim, gpu")

@@ -38,14 +38,15 @@ class Variant:
     name: str = ""  # result folder name: readable parameters + hash
 
     def resolved(self, scenario: Scenario) -> dict[str, Any]:
-        """This variant as a stand-alone scenario file (saved as variant.yaml next to the results)."""
-        out: dict[str, Any] = {"name": f"{scenario.name}/{self.name}", "params": _plain(self.params)}
+        """This variant as a stand-alone scenario (saved as variant.yaml next to the results):
+        `servesim run variant.yaml` reproduces it, and loads to the same hash."""
+        out: dict[str, Any] = {"name": scenario.name, "description": f"variant: {_describe(self.params) or 'base'}"}
         if self.cfg is None:
             return out
         sim = to_dict(self.cfg)
         if self.cfg.derive_num_gpu_blocks:
             sim["cache"].pop("num_gpu_blocks")  # derived from GPU memory at run time
-        return {**out, "workload": _plain(self.workload.to_dict()), **sim}
+        return {**out, "workload": _plain(self.workload.to_scenario()), **sim}
 
 
 @dataclass(slots=True)
@@ -172,3 +173,8 @@ def _folder(params: dict[str, Any], key: str) -> str:
 
 
 describe_params = _describe
+
+
+def short_label(params: dict[str, Any]) -> str:
+    """"block_size=16, policy=fcfs": the last part of each key (for tables and legends)."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in params.items())

@@ -145,9 +145,10 @@ def apply_sets(data: dict, marks: Marks, axes: list[Axis], sets: dict[str, Any])
             _check_key(axis_key, ("sweep",), marks)
             if not isinstance(value, list) or not value:
                 raise InputError(f"--set {key} needs a non-empty list, e.g. [16, 32]", path="--set", field=key)
-            axes = [a for a in axes if a.keys != (axis_key,)]
             marks[("sweep", axis_key)] = mark
-            axes.append(Axis((axis_key,), [(v,) for v in value], (("sweep", axis_key),)))
+            new = Axis((axis_key,), [(v,) for v in value], (("sweep", axis_key),))
+            at = next((i for i, a in enumerate(axes) if a.keys == (axis_key,)), None)
+            axes = axes[:at] + [new] + axes[at + 1:] if at is not None else [*axes, new]  # keep its place
             continue
         for axis in axes:
             if key in axis.keys and len(axis.keys) > 1:

@@ -63,11 +63,17 @@ def build_table(scenario: Scenario, root: Path) -> pd.DataFrame:
     params = [k for a in scenario.axes for k in a.keys if k in df.columns]
     rest = [c for c in df.columns if c not in first and c not in params]
     df = df[first + params + rest]
-    for col in df.columns:  # a column of mixed kinds (e.g. null and "fcfs") is stored as text
-        kinds = {type(x) for x in df[col] if x is not None and not (isinstance(x, float) and pd.isna(x))}
+    for col in df.columns:  # judge a column by the Python values (pandas turns int + NaN into float)
+        kinds = {type(r[col]) for r in rows if r.get(col) is not None and not _nan(r[col])}
         if len(kinds) > 1 and not kinds <= {int, float}:
-            df[col] = df[col].map(lambda x: None if x is None else str(x))
+            df[col] = df[col].map(lambda x: None if x is None or _nan(x) else str(x))
+        elif kinds == {int}:
+            df[col] = df[col].astype("Int64")  # counts stay integers next to failed (empty) rows
     return df
+
+
+def _nan(x: Any) -> bool:
+    return isinstance(x, float) and x != x
 
 
 def write_table(scenario: Scenario, root: Path) -> pd.DataFrame:

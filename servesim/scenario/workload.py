@@ -44,6 +44,16 @@ class WorkloadSpec:
         keep = ("trace", "format", "options") if self.trace is not None else ("generator", "params", "seed")
         return {k: v for k, v in out.items() if k in keep or (k in COMMON_KEYS and v is not None)}
 
+    def to_scenario(self) -> dict[str, Any]:
+        """The `workload:` section that reproduces this spec (trace paths absolute)."""
+        out = self.to_dict()
+        params = out.pop("params", None)
+        if params is not None:
+            out = {"generator": out.pop("generator"), **params, **out}
+        if not out.get("options"):
+            out.pop("options", None)
+        return out
+
     def smoke(self) -> WorkloadSpec:
         """The same workload cut to a few requests (CI and quick looks)."""
         limit = min(self.max_requests or SMOKE_MAX_REQUESTS, SMOKE_MAX_REQUESTS)
