@@ -10,6 +10,9 @@ from traces.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="servesim: simulate LLM serving engines.")
 
+# Every command module registers itself with @app.command() on import.
+COMMANDS = ("replay", "steptrace", "fit", "calibrate", "validate", "run", "plot", "plan", "cluster")
+
 
 @app.callback()
 def _root() -> None:
@@ -17,14 +20,21 @@ def _root() -> None:
 
 
 def _register() -> None:
-    from servesim.commands import steptrace  # noqa: F401  (registers on import)
-
-    for name in ("replay", "fit", "calibrate", "validate", "run", "plot", "plan", "cluster"):
+    for name in COMMANDS:
         try:
             __import__(f"servesim.commands.{name}")
-        except ModuleNotFoundError as e:  # a command whose module is not there yet
+        except ModuleNotFoundError as e:
             if e.name != f"servesim.commands.{name}":
-                raise
+                _broken(name, e)
+        except Exception as e:  # a broken command must not take the others down with it
+            _broken(name, e)
+
+
+def _broken(name: str, err: Exception) -> None:
+    @app.command(name, help=f"(unavailable: {err})")
+    def _unavailable() -> None:
+        typer.secho(f"error: the '{name}' command failed to load: {err!r}", fg="red", err=True)
+        sys.exit(2)
 
 
 def main() -> None:
