@@ -127,25 +127,41 @@ class KVCacheManager:
         """
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be > 0 when there are no external computed tokens")
-        ncb = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
+        empty = self.empty_kv_cache_blocks
+        mgr = self._single_full
+        if (mgr is not None and num_external_computed_tokens == 0
+                and (new_computed_blocks is None or new_computed_blocks is empty)):
+            # One full-attention group and no new hits: nothing slides out of a window and no hit
+            # leaves the free queue, so the general path below reduces to this (hot: every decode).
+            max_len = self.max_model_len
+            total_computed = request.num_computed_tokens + num_new_computed_tokens
+            if total_computed > max_len:
+                total_computed = max_len
+            need_slot = total_computed + num_new_tokens + num_lookahead_tokens
+            if need_slot > max_len:
+                need_slot = max_len
+            rid = request.request_id
+            req_blocks = mgr.req_to_blocks.get(rid)
+            n_new = -(-need_slot // self.block_size) - (len(req_blocks) if req_blocks is not None else 0)
+            pool = self.block_pool
+            if n_new > pool.free_block_queue.num_free_blocks:
+                return None
+            if req_blocks is None:
+                req_blocks = mgr.req_to_blocks[rid]
+            new = pool.get_new_blocks(n_new) if n_new > 0 else None
+            if new:
+                req_blocks.extend(new)
+            if self.enable_caching and not delay_cache_blocks:
+                num_tokens = len(request._all_token_ids)
+                upto = total_computed + num_new_tokens
+                mgr.cache_blocks(request, upto if upto < num_tokens else num_tokens)
+            return KVCacheBlocks((new,)) if new else empty
+        ncb = (new_computed_blocks or empty).blocks
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
         num_tokens_main = total_computed + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
         rid = request.request_id
-        mgr = self._single_full
-        if mgr is not None and ncb is self.empty_kv_cache_blocks.blocks and num_external_computed_tokens == 0:
-            # Same result as the general path below for one full-attention group and no new hits:
-            # nothing slides out of a window and no hit leaves the free queue.
-            n_new = -(-num_tokens_need_slot // self.block_size) - len(mgr.req_to_blocks.get(rid, ()))
-            if n_new > self.block_pool.free_block_queue.num_free_blocks:
-                return None
-            req_blocks = mgr.req_to_blocks[rid]
-            new = self.block_pool.get_new_blocks(n_new) if n_new > 0 else []
-            req_blocks.extend(new)
-            if self.enable_caching and not delay_cache_blocks:
-                mgr.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-            return KVCacheBlocks((new,)) if new else self.empty_kv_cache_blocks
         self.coordinator.remove_skipped_blocks(rid, total_computed)
         need = self.coordinator.get_num_blocks_to_allocate(
             rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens
