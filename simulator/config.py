@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.config import CacheConfig, SchedulerConfig
+from scheduler.sglang import SGLangConfig
 from simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from traces.errors import InputError
 
@@ -68,6 +69,8 @@ class SimConfig:
     spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     engine: str = "vllm"  # scheduler engine (simulator/engines.py): vllm | sglang
+    # SGLang-only knobs (engine: sglang); None fields inherit the shared scheduler/cache settings.
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
     seed: int = 0
     # Exact fast-forward over provably plain decode steps (same results as stepping; faster).
     fast_forward: bool = False

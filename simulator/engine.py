@@ -133,7 +133,8 @@ class Engine:
 
     def _engine_loop(self):
         env, sched = self.env, self.scheduler
-        depth = 2 if self.cfg.scheduler.async_scheduling else 1
+        # SGLang's overlap schedule exposes its own switch; vLLM's is scheduler.async_scheduling.
+        depth = 2 if getattr(sched, "async_scheduling", self.cfg.scheduler.async_scheduling) else 1
         in_flight: deque = deque()
         self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         while True:
@@ -156,7 +157,10 @@ class Engine:
             mro, gpu_s = self.executor.execute(so)
             cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
             # CPU preparation precedes the GPU work; with async scheduling it overlaps the previous step.
-            start = max(now + cpu_s, self._gpu_free_at)
+            # SGLang runs some steps serially (the consecutive-prefill exception): the CPU work of
+            # this step then starts only after the GPU finished the previous one.
+            serial = in_flight and not getattr(sched, "overlap_allowed", _always)(in_flight[-1][0], so)
+            start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
             self._gpu_free_at = gpu_free_at = start + gpu_s
             step_rec.gpu_time_s = gpu_s
             in_flight.append((so, mro, gpu_free_at, rec, step_rec))
@@ -240,6 +244,10 @@ class Engine:
             self.progress(self.env.now, self._num_done)
         return EngineResult(self.metrics, end, wall_time_s, self.num_steps, self.prefix_hits,
                             self.prefix_queries, self.cache, self.kv_capacity)
+
+
+def _always(prev_so, so) -> bool:
+    return True
 
 
 def _dumps(rec: dict) -> str:

@@ -8,10 +8,21 @@ import dataclasses
 import pytest
 import torch
 
-from servesim.api import load_trace, run
+import numpy as np
+
+from servesim.api import run
+from traces.synthetic import make_workload
 from servesim.overrides import apply_overrides
 from simulator.config import SimConfig
 from traces.errors import InputError
+
+
+def small_workload(n: int):
+    """Short prompts: the CPU torch backend stays fast, and chunking, prefix groups and decodes all occur."""
+    return make_workload("poisson", {"num_requests": n, "arrival": {"rate_per_s": 50.0},
+                                     "prompt_len": {"dist": "uniform", "low": 20, "high": 120},
+                                     "output_len": {"dist": "uniform", "low": 2, "high": 12}},
+                         np.random.default_rng(0))
 
 
 def tiny_cfg(**kw) -> SimConfig:
@@ -23,13 +34,13 @@ def tiny_cfg(**kw) -> SimConfig:
 def test_sim_and_gpu_cpu_write_identical_step_traces(tmp_path):
     from servesim.gpu import make_gpu_executor
 
-    wl = load_trace(None, max_requests=6)
-    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 512})
+    wl = small_workload(8)
+    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 64})  # forces chunked prefills
     run(cfg, wl, step_trace=tmp_path / "a.jsonl")
     exe = make_gpu_executor(cfg, device="cpu", clock="model")
     res_gpu = run(cfg, wl, step_trace=tmp_path / "b.jsonl", executor=exe)
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
-    assert res_gpu.summary["num_finished"] == 6
+    assert res_gpu.summary["num_finished"] == 8
     # Every executed step pairs the cost model's prediction with a measured time.
     assert exe.timings and all(t.predicted_s is not None and t.measured_s > 0 for t in exe.timings)
 
@@ -37,7 +48,7 @@ def test_sim_and_gpu_cpu_write_identical_step_traces(tmp_path):
 def test_measured_clock_and_greedy_sampling_run(tmp_path):
     from servesim.gpu import make_gpu_executor
 
-    wl = load_trace(None, max_requests=2)
+    wl = small_workload(2)
     cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 256})
     exe = make_gpu_executor(cfg, device="cpu", clock="measured", sampling="greedy")
     res = run(cfg, wl, executor=exe)

@@ -107,7 +107,7 @@ class Cluster:
                     conn = RemotePrefillConnector(partial(self._start_transfer, idx))
                     engine = DecodeEngine(group.sim, connector=conn, on_finish=partial(self._on_decode_finish, idx), **kw)
                 else:
-                    engine = Engine(group.sim, on_finish=self._on_finish, **kw)
+                    engine = Engine(group.sim, **kw)
                 out.append(Replica(idx, name, group.role, group.sim, engine))
         names = [r.name for r in out]
         if len(set(names)) != len(names):
@@ -130,10 +130,12 @@ class Cluster:
             if t > env.now:
                 yield env.timeout(t - env.now)
             self._dispatch(spec)
-        for r in self.front:
-            r.engine.close()
         self._arrivals_done = True
-        self._maybe_close_decoders()
+        if self.cfg.pd is None:
+            for r in self.replicas:
+                r.engine.close()
+        else:
+            self._maybe_close_pd()
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)
@@ -151,9 +153,6 @@ class Cluster:
         rep.engine.submit(replace(spec, output_len=1))  # prefill plus the first token
 
     # --- completion callbacks (called from inside an engine's step) ------------------------------
-    def _on_finish(self, request_id: str, reason: str | None) -> None:
-        self._num_final += 1
-
     def _on_prefill_finish(self, idx: int, request_id: str, reason: str | None) -> None:
         tl = self.timelines[request_id]
         tl.prefill_done_s = self.env.now
@@ -196,12 +195,13 @@ class Cluster:
 
     def _final(self) -> None:
         self._num_final += 1
-        self._maybe_close_decoders()
+        self._maybe_close_pd()
 
-    def _maybe_close_decoders(self) -> None:
-        # Decode engines stay open until every request is done: a handoff can come at any time.
+    def _maybe_close_pd(self) -> None:
+        # P/D engines stay open until every request is done: a handoff or a transfer can come at any
+        # time, and a stalled engine that was closed would stop (pd.StallAwareMixin).
         if self._arrivals_done and self._num_final == len(self.workload.requests):
-            for r in self.decoders:
+            for r in self.replicas:
                 r.engine.close()
 
     # --- run -------------------------------------------------------------------------------------

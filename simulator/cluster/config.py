@@ -266,6 +266,11 @@ def _coerce(current: Any, value: Any, where: str, path: str | None) -> Any:
     elif isinstance(current, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif isinstance(current, float):
+        if isinstance(value, str):  # PyYAML reads 25.0e9 (no sign in the exponent) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
     elif isinstance(current, (tuple, list)):
@@ -309,6 +314,8 @@ def _known(data: dict, keys: tuple[str, ...], prefix: str, path: str | None) -> 
 
 
 def _number(value: Any, where: str, path: str | None) -> float:
+    if isinstance(value, str):
+        value = _coerce(0.0, value, where, path)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"expected a number, got {value!r}", path=path, field=where)
     return float(value)

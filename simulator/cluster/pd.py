@@ -49,17 +49,18 @@ class RemotePrefillConnector:
             self.on_alloc(request, num_external)
 
 
-class DecodeSchedulerMixin:
-    """Scheduler with the connector in its waiting phase, and a stall flag for the engine loop.
+class StallAwareMixin:
+    """Lets the engine loop sleep while a P/D scheduler can do nothing until an outside event.
 
-    The engine loop runs while `has_unfinished_requests()`; a decode scheduler whose only requests
-    wait for KV (or cannot get blocks that such requests hold) would schedule empty steps forever
-    at one instant. A step that scheduled nothing with nothing running repeats identically until
-    an outside event (a new request, a landed transfer), so until then the scheduler reports no
-    runnable work and the engine sleeps; the cluster wakes it.
+    The engine loop runs while `has_unfinished_requests()`. A P/D scheduler can have unfinished
+    requests and still nothing to run: a decode side whose requests all wait for KV (or for
+    blocks such requests hold), a prefill side whose pool is full of finished prompts' KV not yet
+    read. A step that scheduled nothing with nothing running repeats identically until an outside
+    event (a new request, a landed or finished transfer), so until then the scheduler reports no
+    runnable work and the engine sleeps; the cluster wakes it, and closes P/D engines only when
+    every request is done (a closed engine would stop at the first stall).
     """
 
-    connector: RemotePrefillConnector | None = None
     _stalled = False
 
     def schedule(self, now_s: float | None = None):
@@ -73,6 +74,12 @@ class DecodeSchedulerMixin:
     def add_request(self, request: Request, now_s: float | None = None) -> None:
         self._stalled = False
         super().add_request(request, now_s)
+
+
+class DecodeSchedulerMixin(StallAwareMixin):
+    """A scheduler with the KV connector in its waiting phase."""
+
+    connector: RemotePrefillConnector | None = None
 
     def mark_kv_received(self, request_id: str) -> None:
         self._stalled = False
@@ -140,7 +147,7 @@ class DecodeSchedulerMixin:
             self.skipped_waiting.prepend_requests(step_skipped)
 
 
-class PrefillSchedulerMixin:
+class PrefillSchedulerMixin(StallAwareMixin):
     """Keeps a finished prefill's blocks until the decode side has read them (vLLM's delayed free)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -160,6 +167,7 @@ class PrefillSchedulerMixin:
         request = self.sending.pop(request_id, None)
         if request is not None:
             self.kv_cache_manager.free(request)
+            self._stalled = False
 
 
 _CLASSES: dict[tuple[type, type], type] = {}
@@ -183,6 +191,7 @@ class PrefillEngine(Engine):
 
     def kv_sent(self, request_id: str) -> None:
         self.scheduler.finish_sending(request_id)
+        self._wake_up()  # freed blocks may admit a waiting prompt
 
 
 class DecodeEngine(Engine):

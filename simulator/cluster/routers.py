@@ -154,7 +154,7 @@ class PrefixAware(Router):
     first miss), so it lies in [0, 1] whatever the block size; the load term is outstanding
     requests relative to the replica's batch capacity. The highest score wins. With load_weight=1 a
     replica holding the whole prompt is preferred until it carries about one full batch more than
-    an empty replica. Block hashes are computed once per distinct (block size, hash algorithm).
+    an empty replica.
     """
 
     def __init__(self, rng: np.random.Generator, load_weight: float = 1.0) -> None:
@@ -163,30 +163,42 @@ class PrefixAware(Router):
         self.load_weight = float(load_weight)
 
     def choose(self, spec, candidates, now_s):
-        hashes_by_hasher: dict[int, list[bytes]] = {}
-        tokens: list[int] | None = None
-        keys, hits = [], []
-        for c in candidates:
+        hits = [0] * len(candidates)
+        by_hasher: dict[tuple, list[int]] = {}  # replicas whose prefix caches hash alike
+        for i, c in enumerate(candidates):
             sched = c.engine.scheduler
-            hit = 0
             if sched.block_hasher is not None:
-                h = hashes_by_hasher.get(id(sched.block_hasher))
-                if h is None:
-                    tokens = spec.token_ids() if tokens is None else tokens
-                    h = hashes_by_hasher[id(sched.block_hasher)] = _block_hashes(spec, tokens, sched.block_hasher)
-                hit = min(_leading_hits(sched.kv_cache_manager.block_pool, h) * sched.block_size, spec.prompt_len)
-            load = c.engine.num_outstanding / sched.max_num_running_reqs
-            score = hit / spec.prompt_len - self.load_weight * load
-            keys.append((-score,))
-            hits.append(hit)
+                cc = sched.cache_config
+                by_hasher.setdefault((cc.block_size, cc.hash_algo), []).append(i)
+        tokens = spec.token_array() if by_hasher else None
+        for members in by_hasher.values():
+            blocks = _leading_cached_blocks(spec, tokens, [candidates[i].engine.scheduler for i in members])
+            for i, n in zip(members, blocks):
+                hits[i] = min(n * candidates[i].engine.scheduler.block_size, spec.prompt_len)
+        keys = []
+        for c, hit in zip(candidates, hits):
+            load = c.engine.num_outstanding / c.engine.scheduler.max_num_running_reqs
+            keys.append((-(hit / spec.prompt_len - self.load_weight * load),))
         i = _least(keys)
         return Decision(i, "prefix" if hits[i] > 0 else "load", -keys[i][0])
 
 
-def _block_hashes(spec: RequestSpec, tokens: list[int], hasher) -> list[bytes]:
-    # A throwaway Request computes exactly the hashes the replica's scheduler will (LoRA keys too).
-    req = Request(spec.request_id, tokens, SamplingParams(max_tokens=1), lora_id=spec.lora_id, block_hasher=hasher)
-    return req.block_hashes
+def _leading_cached_blocks(spec: RequestSpec, tokens, scheds: list) -> list[int]:
+    """Leading blocks of the prompt in each scheduler's prefix cache (all share one hasher kind).
+
+    Hashing a long prompt costs more than the lookups, so hash a growing head of the prompt
+    (8, 32, 128, ... blocks) and stop once every replica has missed inside it. A throwaway Request
+    with the real hasher yields exactly the hashes the replica will compute (LoRA keys included)."""
+    bs = scheds[0].block_size
+    n_blocks = 8
+    while True:
+        n_tokens = min(n_blocks * bs, spec.prompt_len)
+        req = Request(spec.request_id, tokens[:n_tokens].tolist(), SamplingParams(max_tokens=1),
+                      lora_id=spec.lora_id, block_hasher=scheds[0].block_hasher)
+        counts = [_leading_hits(s.kv_cache_manager.block_pool, req.block_hashes) for s in scheds]
+        if n_tokens == spec.prompt_len or max(counts) < len(req.block_hashes):
+            return counts
+        n_blocks *= 4
 
 
 def _leading_hits(block_pool, hashes: list[bytes]) -> int:

@@ -1,0 +1,106 @@
+"""check_invariants() for SGLangScheduler: page accounting, radix-tree locks and sizes, queues."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from scheduler.invariants import InvariantError
+from scheduler.request import RequestStatus
+
+if TYPE_CHECKING:
+    from scheduler.sglang.radix_cache import RadixCache
+    from scheduler.sglang.scheduler import SGLangScheduler
+
+
+def _fail(msg: str) -> None:
+    raise InvariantError(msg)
+
+
+def check_tree(tree: RadixCache, lockers: list | None = None) -> list:
+    """Structure, sizes and (given the locked nodes of all users) lock counts of a radix tree.
+    Returns its nodes."""
+    ps = tree.page_size
+    evictable = protected = 0
+    nodes = tree.nodes()
+    for node in nodes:
+        if node.lock_ref < 0:
+            _fail(f"{node!r} has a negative lock count")
+        if len(node.key) == 0 or len(node.key) % ps or len(node.value) * ps != len(node.key):
+            _fail(f"{node!r}: {len(node.key)} tokens but {len(node.value)} pages of {ps}")
+        if node.parent.children.get(tree._child_key(node.extra, node.key)) is not node:
+            _fail(f"{node!r} is not its parent's child under its own key")
+        if node.lock_ref > 0:
+            protected += len(node.key)
+        else:
+            evictable += len(node.key)
+        if (not node.children) != (node in tree._leaves):
+            _fail(f"{node!r}: leaf set out of date")
+    if evictable != tree.evictable_size() or protected != tree.protected_size():
+        _fail(f"sizes: evictable {tree.evictable_size()} (counted {evictable}), "
+              f"protected {tree.protected_size()} (counted {protected})")
+    if lockers is not None:
+        users = Counter()
+        for node in lockers:
+            while node is not tree.root:
+                users[node] += 1
+                node = node.parent
+        for node in nodes:
+            if node.lock_ref != users[node]:
+                _fail(f"{node!r}: lock_ref {node.lock_ref} != {users[node]} users on its path")
+    return nodes
+
+
+def check_invariants(sched: SGLangScheduler) -> None:
+    mem = sched.kv_cache_manager
+    nodes = check_tree(mem.tree, [kv.last_node for kv in mem.reqs.values() if kv.last_node is not None])
+    tree_pages = [p for node in nodes for p in node.value]
+    private = [p for kv in mem.reqs.values() for p in kv.private]
+    free = list(mem.pool.free_pages)
+    everything = tree_pages + private + free
+    if len(everything) != len(set(everything)):
+        dup = [p for p, c in Counter(everything).items() if c > 1][:5]
+        _fail(f"pages owned twice (tree / request / free): {dup}")
+    if len(everything) != mem.pool.num_pages or 0 in everything:
+        _fail(f"{len(everything)} pages accounted for, pool has {mem.pool.num_pages} (page 0 reserved)")
+    tree_set = set(tree_pages)
+    for rid, kv in mem.reqs.items():
+        table = set(kv.pages)
+        if len(table) != len(kv.pages) or not kv.private <= table:
+            _fail(f"{rid}: block table repeats a page or misses a private one")
+        if table - kv.private - tree_set:
+            _fail(f"{rid}: a page of its block table is neither private nor cached")
+        if kv.cached_len % mem.page_size or kv.cached_len > len(kv.pages) * mem.page_size:
+            _fail(f"{rid}: cached_len {kv.cached_len} does not fit its pages")
+    _check_queues(sched)
+
+
+def _check_queues(sched: SGLangScheduler) -> None:
+    mem = sched.kv_cache_manager
+    waiting_ids = [r.request_id for r in sched.waiting]
+    running_ids = [r.request_id for r in sched.running]
+    if len(set(waiting_ids)) != len(waiting_ids) or len(set(running_ids)) != len(running_ids):
+        _fail("a request is queued twice")
+    if set(waiting_ids) & set(running_ids):
+        _fail("a request is both running and waiting")
+    for r in sched.waiting:
+        if r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) or r.request_id in mem.reqs:
+            _fail(f"{r.request_id} waits with status {r.status.name} (holding KV: {r.request_id in mem.reqs})")
+    for r in sched.running:
+        if r.status != RequestStatus.RUNNING or r.request_id not in mem.reqs:
+            _fail(f"{r.request_id} runs with status {r.status.name}")
+    for r in sched.ghosts:
+        if not r.is_finished():
+            _fail(f"ghost {r.request_id} is not finished")
+    for rid, r in sched.requests.items():
+        if r.status == RequestStatus.RUNNING:
+            kv = mem.reqs.get(rid)
+            if kv is None or len(kv.pages) * mem.page_size < r.num_computed_tokens:
+                _fail(f"{rid}: KV pages do not cover its {r.num_computed_tokens} computed tokens")
+    if set(mem.reqs) - set(sched.requests):
+        _fail(f"finished requests still hold KV: {sorted(set(mem.reqs) - set(sched.requests))[:5]}")
+    running, _ = sched.get_request_counts()
+    if running > sched.config.max_running_requests:
+        _fail(f"{running} running requests > max_running_requests {sched.config.max_running_requests}")
+    if sched.batch_is_full and not (sched.running or sched.ghosts or sched.chunked_req or sched.last_batch):
+        _fail("batch_is_full with nothing running: prefill would never be tried again")

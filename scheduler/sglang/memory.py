@@ -1,0 +1,170 @@
+"""Per-request KV bookkeeping on top of the page pool and radix cache (SGLang's req_to_token pool
+plus the cache_unfinished_req / cache_finished_req / release paths), and the `kv_cache_manager`
+adapter the engine reads (`usage`, `block_pool.get_num_free_blocks()`).
+
+A request's block table (`pages`) is append-only while it holds KV, so SchedulerOutput can report
+it as vLLM deltas. Its leading pages may belong to the tree (shared, protected by the lock on
+`last_node`); the others are `private` to it and freed when it lets go. When inserting finds that
+another request already cached the same tokens, SGLang frees the duplicate slots at once and
+rewrites req_to_token; we keep the duplicates private until the request lets go (see
+docs/SGLANG_MODEL.md), which keeps block tables append-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
+
+if TYPE_CHECKING:
+    from scheduler.request import Request
+
+
+@dataclass(slots=True)
+class ReqKV:
+    """The KV a request holds while RUNNING (SGLang: req_pool_idx, prefix_indices, last_node)."""
+
+    pages: list[int] = field(default_factory=list)  # block table: page i holds tokens [i*ps, (i+1)*ps)
+    private: set[int] = field(default_factory=set)  # pages only this request references
+    last_node: TreeNode | None = None  # locked end of the cached prefix (None: cache disabled)
+    cached_len: int = 0  # tokens covered by tree pages (page-aligned)
+    num_reported: int = 0  # pages already sent to the executor in a SchedulerOutput
+
+
+def extra_key(request: Request) -> Hashable:
+    """Namespace of a request's cache entries (SGLang's RadixKey.extra_key: LoRA, cache salt)."""
+    if request.lora_id is None and request.cache_salt is None:
+        return None
+    return (request.lora_id, request.cache_salt)
+
+
+class _BlockPoolView:
+    """What steptrace.step_record reads from a vLLM block pool."""
+
+    __slots__ = ("_mem",)
+
+    def __init__(self, mem: SGLangMemory) -> None:
+        self._mem = mem
+
+    def get_num_free_blocks(self) -> int:
+        """Free plus evictable pages (vLLM counts cached-but-unused blocks as free too)."""
+        mem = self._mem
+        return len(mem.pool.free_pages) + mem.tree.evictable_size() // mem.page_size
+
+
+class SGLangMemory:
+    def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool) -> None:
+        self.page_size = page_size
+        self.pool = TokenToKVPool(num_pages, page_size)
+        self.tree = RadixCache(page_size, self.pool)
+        self.cache_enabled = enable_radix_cache
+        self.reqs: dict[str, ReqKV] = {}
+        self.block_pool = _BlockPoolView(self)
+
+    # --- engine-facing -----------------------------------------------------------------------------
+    @property
+    def usage(self) -> float:
+        """Fraction of pages in use; evictable cached pages count as free (as vLLM's usage does)."""
+        free = len(self.pool.free_pages) + self.tree.evictable_size() // self.page_size
+        return 1.0 - free / self.pool.num_pages
+
+    def available_and_evictable(self) -> int:
+        return self.pool.available_size() + self.tree.evictable_size()
+
+    # --- prefix lookup and admission ---------------------------------------------------------------
+    def match(self, request: Request, limit: int) -> tuple[list[int], TreeNode | None, int]:
+        """Cached prefix of the request's first `limit` tokens: (pages, node, tokens)."""
+        if not self.cache_enabled:
+            return [], None, 0
+        node, n = self.tree.match_prefix(request.all_token_ids[:limit], extra_key(request))
+        return self.tree.path_pages(node), node, n
+
+    def admit(self, rid: str, prefix_pages: list[int], node: TreeNode | None, prefix_len: int) -> ReqKV:
+        """Start a block table on the cached prefix; the prefix path is locked from here on."""
+        kv = ReqKV(list(prefix_pages), set(), node, prefix_len)
+        if node is not None:
+            self.tree.inc_lock_ref(node)
+        self.reqs[rid] = kv
+        return kv
+
+    # --- allocation --------------------------------------------------------------------------------
+    def pages_needed(self, rid: str, end: int) -> int:
+        """New pages to hold tokens [0, end)."""
+        return max(0, -(-end // self.page_size) - len(self.reqs[rid].pages))
+
+    def ensure_available(self, num_tokens: int) -> bool:
+        """SGLang's evict_from_tree_cache: evict when short, then check."""
+        if self.pool.available_size() < num_tokens:
+            self.tree.evict(num_tokens)
+        return self.pool.available_size() >= num_tokens
+
+    def grow(self, rid: str, end: int) -> list[int]:
+        """Give the request pages up to token `end`, evicting the tree when short. Admission budgets
+        make this succeed; running out here is SGLang's "out of memory" error."""
+        need = self.pages_needed(rid, end)
+        if need == 0:
+            return []
+        self.ensure_available(need * self.page_size)
+        pages = self.pool.alloc(need)
+        if pages is None:
+            raise MemoryError(f"KV pool out of memory growing {rid!r} to {end} tokens")
+        kv = self.reqs[rid]
+        kv.pages.extend(pages)
+        kv.private.update(pages)
+        return pages
+
+    def decode_tokens_needed(self, requests: Iterable[Request]) -> int:
+        """Tokens the next decode step allocates: one page per request whose next token starts a
+        page (SGLang: new_page_count_next_decode * page_size)."""
+        ps = self.page_size
+        return sum(ps for r in requests if r.num_computed_tokens >= len(self.reqs[r.request_id].pages) * ps)
+
+    def check_decode_mem(self, requests: Iterable[Request]) -> bool:
+        return self.ensure_available(self.decode_tokens_needed(requests))
+
+    # --- caching -----------------------------------------------------------------------------------
+    def _insert(self, request: Request, kv: ReqKV, kv_len: int) -> int:
+        """Insert the request's first kv_len tokens (whole pages); pages the tree adopts stop
+        being private. Returns the aligned length inserted."""
+        aligned = kv_len // self.page_size * self.page_size
+        if aligned <= kv.cached_len:
+            return kv.cached_len
+        tokens = request.all_token_ids[:aligned]
+        n_pages = aligned // self.page_size
+        already = self.tree.insert(tokens, kv.pages[:n_pages], extra_key(request))
+        # Pages after the already-cached part now live in the tree; earlier private pages in
+        # [cached_len, already) are duplicates another request cached first: still ours.
+        kv.private.difference_update(kv.pages[already // self.page_size:n_pages])
+        return aligned
+
+    def cache_unfinished(self, request: Request, kv_len: int) -> None:
+        """cache_unfinished_req: cache the KV computed so far and move the lock to its end."""
+        kv = self.reqs[request.request_id]
+        if not self.cache_enabled:
+            return
+        aligned = self._insert(request, kv, kv_len)
+        if aligned <= kv.cached_len:
+            return
+        node, matched = self.tree.match_prefix(request.all_token_ids[:aligned], extra_key(request))
+        assert matched == aligned, (matched, aligned)
+        self.tree.inc_lock_ref(node)
+        self.tree.dec_lock_ref(kv.last_node)
+        kv.last_node, kv.cached_len = node, aligned
+
+    def release(self, request: Request, kv_len: int, insert: bool) -> None:
+        """Let go of the request's KV: optionally cache it first (cache_finished_req), unlock the
+        prefix and free private pages (a retraction does not insert: it needs the space now)."""
+        kv = self.reqs.pop(request.request_id)
+        if self.cache_enabled:
+            if insert:
+                self._insert(request, kv, kv_len)
+            self.tree.dec_lock_ref(kv.last_node)
+        self.pool.free([p for p in kv.pages if p in kv.private])
+
+    def new_pages_to_report(self, rid: str) -> list[int]:
+        kv = self.reqs[rid]
+        new = kv.pages[kv.num_reported:]
+        kv.num_reported = len(kv.pages)
+        return new

@@ -1,0 +1,249 @@
+"""SGLang's KV memory: a token-slot pool handed out in pages, and the radix-tree prefix cache.
+
+Block ids. SGLang's KV is token-granular (`TokenToKVPool`, one slot per token; with page_size > 1
+slots come in aligned pages). Our SchedulerOutput speaks in block ids, so the pool hands out whole
+pages and reports a page id as the "block id": page p holds token slots [p * page_size,
+(p + 1) * page_size). With page_size == cache.block_size (the default mapping) a page id means
+exactly what a vLLM block id means to the executors; with page_size 1 every token slot is a block.
+Page 0 is never handed out (SGLang reserves slot 0 for padding; vLLM reserves block 0 as its null
+block), so ids start at 1.
+
+The tree. Keys are token tuples, matched in whole pages: a child is found by its first page of
+tokens (namespaced by an extra key: LoRA id and cache salt), and a partial match splits the node
+so the matched part is a node of its own. Each node holds the pages of its tokens. Nodes used by
+running requests are locked (lock_ref counts the requests whose matched path goes through the
+node; inc/dec walk up to the root); unlocked leaves are evicted least-recently-used first.
+evictable_size + protected_size is always the number of tokens in the tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+
+class TokenToKVPool:
+    """Free KV pages (SGLang's TokenToKVPoolAllocator at page granularity)."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"need >= 1 page of >= 1 token, got {num_pages} pages of {page_size}")
+        self.page_size = page_size
+        self.num_pages = num_pages  # usable pages; ids 1..num_pages
+        # FIFO reuse: freed pages go to the back (deterministic; SGLang appends freed slots too).
+        self.free_pages: deque[int] = deque(range(1, num_pages + 1))
+
+    def available_size(self) -> int:
+        """Free tokens (whole free pages)."""
+        return len(self.free_pages) * self.page_size
+
+    def alloc(self, num_pages: int) -> list[int] | None:
+        if num_pages > len(self.free_pages):
+            return None
+        return [self.free_pages.popleft() for _ in range(num_pages)]
+
+    def free(self, pages: Sequence[int]) -> None:
+        self.free_pages.extend(pages)
+
+
+class TreeNode:
+    __slots__ = ("id", "key", "value", "children", "parent", "lock_ref", "last_access", "extra")
+
+    def __init__(self, node_id: int, key: tuple[int, ...] = (), value: list[int] | None = None,
+                 parent: TreeNode | None = None, extra: Hashable = None) -> None:
+        self.id = node_id
+        self.key = key  # tokens of this edge; a whole number of pages
+        self.value = value if value is not None else []  # page ids, len(key) // page_size
+        self.children: dict[tuple, TreeNode] = {}  # (extra, first page of tokens) -> child
+        self.parent = parent
+        self.lock_ref = 0  # requests whose matched path runs through this node
+        self.last_access = 0  # logical clock (no wall clock in scheduler/): LRU order
+        self.extra = extra
+
+    def __lt__(self, other: TreeNode) -> bool:  # heap tie-break: older access, then creation
+        return (self.last_access, self.id) < (other.last_access, other.id)
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int], page_size: int) -> int:
+    """Length of the common prefix of a and b, rounded down to whole pages."""
+    n = min(len(a), len(b))
+    i, step = 0, 256
+    while i + step <= n and a[i:i + step] == b[i:i + step]:  # slices compare in C
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i // page_size * page_size
+
+
+class RadixCache:
+    """Radix tree over token ids whose node values are KV page ids.
+
+    `pool` receives the pages of evicted nodes; None builds a "simulated" tree (values are
+    placeholders, nothing is freed) such as the one the LPM policy uses for in-batch dedup.
+    """
+
+    def __init__(self, page_size: int, pool: TokenToKVPool | None = None) -> None:
+        self.page_size = page_size
+        self.pool = pool
+        self._ids = itertools.count(1)
+        self._clock = itertools.count(1)
+        self.root = TreeNode(0)
+        self.root.lock_ref = 1  # the root is never evictable
+        self.evictable_size_ = 0  # tokens in nodes with lock_ref == 0
+        self.protected_size_ = 0  # tokens in nodes with lock_ref > 0
+        self._leaves: set[TreeNode] = set()  # childless non-root nodes (eviction candidates)
+
+    # --- sizes -----------------------------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return sum(len(n.key) for n in self.nodes())
+
+    def nodes(self) -> list[TreeNode]:
+        """Every non-root node (iterative walk: trees can be deep)."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    # --- lookup ----------------------------------------------------------------------------------
+    def _child_key(self, extra: Hashable, key: Sequence[int]) -> tuple:
+        return (extra, tuple(key[:self.page_size]))
+
+    def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
+        """(last node, matched tokens) of the longest cached prefix, in whole pages.
+
+        A match ending inside a node splits it, so the last node covers exactly the match (what
+        a request then locks). Visited nodes count as accessed (LRU)."""
+        key = tuple(tokens[:len(tokens) // self.page_size * self.page_size])
+        node, matched = self.root, 0
+        now = next(self._clock)
+        while key:
+            child = node.children.get(self._child_key(extra, key))
+            if child is None:
+                break
+            child.last_access = now
+            n = _common_prefix_len(child.key, key, self.page_size)
+            matched += n
+            if n < len(child.key):
+                node = self._split(child, n)
+                break
+            node, key = child, key[n:]
+        return node, matched
+
+    def path_pages(self, node: TreeNode) -> list[int]:
+        """Pages of the cached prefix that ends at `node` (SGLang's prefix_indices)."""
+        parts = []
+        while node is not self.root:
+            parts.append(node.value)
+            node = node.parent
+        return [p for part in reversed(parts) for p in part]
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child` after n tokens; the new upper node inherits its lock count and access time."""
+        ps = self.page_size
+        parent = child.parent
+        upper = TreeNode(next(self._ids), child.key[:n], child.value[:n // ps], parent, child.extra)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        child.key, child.value, child.parent = child.key[n:], child.value[n // ps:], upper
+        upper.children[self._child_key(child.extra, child.key)] = child
+        parent.children[self._child_key(upper.extra, upper.key)] = upper
+        return upper
+
+    # --- insert ----------------------------------------------------------------------------------
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], extra: Hashable = None) -> int:
+        """Cache `tokens` (truncated to whole pages) with their `pages`; returns how many leading
+        tokens were already cached. Pages of that leading part stay the caller's (SGLang frees
+        them as duplicates); the pages of the rest now belong to the tree."""
+        ps = self.page_size
+        key = tuple(tokens[:len(tokens) // ps * ps])
+        pages = list(pages[:len(key) // ps])
+        if len(pages) * ps != len(key):
+            raise ValueError(f"{len(key)} tokens need {len(key) // ps} pages, got {len(pages)}")
+        node, matched = self.root, 0
+        now = next(self._clock)
+        while key:
+            child = node.children.get(self._child_key(extra, key))
+            if child is None:
+                break
+            child.last_access = now
+            n = _common_prefix_len(child.key, key, ps)
+            matched += n
+            node = self._split(child, n) if n < len(child.key) else child
+            key, pages = key[n:], pages[n // ps:]
+        if key:
+            leaf = TreeNode(next(self._ids), key, pages, node, extra)
+            leaf.last_access = now
+            node.children[self._child_key(extra, key)] = leaf
+            self._leaves.discard(node)
+            self._leaves.add(leaf)
+            self.evictable_size_ += len(key)
+        return matched
+
+    # --- locks -----------------------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"dec_lock_ref below zero on {node!r}")
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    # --- eviction --------------------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Evict unlocked leaves, least recently used first, until num_tokens are freed (or none
+        is left); a parent left childless and unlocked becomes a candidate. Returns tokens freed."""
+        heap = [n for n in self._leaves if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            node = heapq.heappop(heap)
+            if node.lock_ref > 0 or node.children:
+                continue
+            if self.pool is not None:
+                self.pool.free(node.value)
+            freed += len(node.key)
+            self._delete_leaf(node)
+            parent = node.parent
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        return freed
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        parent = node.parent
+        del parent.children[self._child_key(node.extra, node.key)]
+        self._leaves.discard(node)
+        if parent is not self.root and not parent.children:
+            self._leaves.add(parent)
+        self.evictable_size_ -= len(node.key)
+
+    def reset(self) -> None:
+        """Drop everything (only for trees no request holds a lock in, e.g. the simulated one)."""
+        if self.pool is not None:
+            for node in self.nodes():
+                self.pool.free(node.value)
+        self.root.children.clear()
+        self._leaves.clear()
+        self.evictable_size_ = self.protected_size_ = 0

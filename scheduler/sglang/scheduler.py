@@ -1,0 +1,247 @@
+"""SGLangScheduler: SGLang's scheduling loop behind the interface our engine drives.
+
+One schedule() is SGLang's get_next_batch_to_run:
+  1. the chunked request caches what it computed so far (cache_unfinished_req);
+  2. the last prefill (or mixed) batch is merged into the running batch, finished ones filtered;
+  3. a new prefill batch is tried first (PrefillAdder over the sorted waiting queue);
+  4. otherwise the running batch decodes one token each, after the decode memory check, which
+     may retract requests back to the waiting queue.
+Prefill and decode are separate forward passes (unless mixed chunk is on), unlike vLLM's single
+token budget. update_from_output is SGLang's process_batch_result. The scheduler keeps no wall
+clock and never waits for a result to schedule, so it works with one step in flight (overlap).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import deque
+
+from scheduler.kv.manager import PrefixCacheStats
+from scheduler.output import (
+    EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
+)
+from scheduler.request import Request, RequestStatus, check_stop
+from scheduler.sglang.batching import Batch, BatchingMixin
+from scheduler.sglang.config import SGLangConfig
+from scheduler.sglang.memory import SGLangMemory
+from scheduler.sglang.output import StepInfo, build_output
+
+MAX_INPUT_MARGIN = 5  # SGLang: max_req_input_len = max_req_len - 5
+
+
+class SGLangScheduler(BatchingMixin):
+    def __init__(self, config: SGLangConfig, max_model_len: int, log_stats: bool = True) -> None:
+        missing = config.unresolved_fields()
+        if missing:
+            raise ValueError(f"SGLangConfig fields still None: {', '.join(missing)} "
+                             "(fill them from the shared configs: simulator.sglang_engine.map_sglang_config)")
+        self.config = config
+        self.max_model_len = max_model_len
+        self.log_stats = log_stats
+        self.page_size = config.page_size
+        self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache)
+        self.block_hasher = None  # the radix tree matches token ids directly
+        pool_tokens = config.num_pages * config.page_size
+        self.max_req_len = min(max_model_len - 1, pool_tokens - 1)  # tokens per request at most
+        self.requests: dict[str, Request] = {}  # unfinished requests
+        self.waiting: list[Request] = []
+        self.skipped_waiting: tuple = ()  # vLLM's blocked queue; never used here (steptrace reads it)
+        self.running: list[Request] = []  # SGLang's running_batch.reqs (decoding)
+        # Finished requests SGLang still holds in running_batch until its next filter_batch: they
+        # count against max_running_requests and keep batch_is_full set until then.
+        self.ghosts: list[Request] = []
+        self.batch_is_full = False
+        self.chunked_req: Request | None = None
+        self.last_batch: Batch | None = None
+        self.new_token_ratio = config.init_ratio
+        self.entry_seq: dict[str, int] = {}  # FCFS time: order of entry into the waiting queue
+        self._seq = itertools.count()
+        self.rng = random.Random(config.seed)
+        self.finished_req_ids: set[str] = set()  # since the previous schedule()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.num_retractions_total = 0
+        self.now_s = 0.0
+        self._pending: list[RequestOutput] = []  # ignored at arrival / aborted: reported next
+        self._steps: dict[int, tuple[SchedulerOutput, StepInfo]] = {}  # id(so) -> step, until applied
+        self._recent: deque[tuple[SchedulerOutput, bool]] = deque(maxlen=8)  # (so, is_extend)
+
+    # --- requests in -----------------------------------------------------------------------------
+    def add_request(self, request: Request, now_s: float | None = None) -> None:
+        if now_s is not None:
+            self.now_s = now_s
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"duplicate request id {rid!r}")
+        if not self.requests:
+            self.new_token_ratio = self.config.init_ratio  # SGLang re-inits it when idle
+        max_new = self._clamp_max_new_tokens(request)
+        if max_new < 1:
+            # SGLang aborts a prompt that cannot fit; like vLLM we finish it as ignored.
+            request.status = RequestStatus.FINISHED_IGNORED
+            self._pending.append(RequestOutput(rid, [], "length", 0))
+            return
+        request.max_tokens = min(request.max_tokens, max_new)
+        self.requests[rid] = request
+        self._enqueue(request)
+
+    def _clamp_max_new_tokens(self, request: Request) -> int:
+        """SGLang's validate_input_length + init_req_max_new_tokens: the output room left by
+        the context length and by the whole pool (a request must fit alone)."""
+        n = request.num_prompt_tokens
+        if n >= self.max_req_len - MAX_INPUT_MARGIN:
+            return 0
+        ps = self.page_size
+        paged = -(-n // ps) * ps
+        pool_tokens = self.config.num_pages * ps
+        return min(request.max_tokens, self.max_req_len - n - 1, pool_tokens - paged - ps - 1)
+
+    def _enqueue(self, request: Request) -> None:
+        self.waiting.append(request)
+        self.entry_seq[request.request_id] = next(self._seq)
+
+    def take_ignored_outputs(self) -> list[RequestOutput]:
+        out, self._pending = self._pending, []
+        return out
+
+    # --- one step ----------------------------------------------------------------------------------
+    def schedule(self, now_s: float | None = None) -> SchedulerOutput:
+        if now_s is not None:
+            self.now_s = now_s
+        preempted: list[Request] = []
+        batch = self._get_next_batch_to_run(preempted)
+        self.last_batch = batch
+        so, info = build_output(self, batch, preempted)
+        self._steps[id(so)] = (so, info)
+        self._recent.append((so, batch is not None and batch.is_extend))
+        return so
+
+    def _get_next_batch_to_run(self, preempted: list[Request]) -> Batch | None:
+        if self.chunked_req is not None:
+            self.kv_cache_manager.cache_unfinished(self.chunked_req, self.chunked_req.num_computed_tokens)
+        self._merge_last_batch()
+        batch = self._get_new_batch_prefill(preempted)
+        if batch is not None:
+            return batch  # prefill first
+        if self.running or self.ghosts:
+            return self._update_running_batch(preempted)
+        return None
+
+    def _merge_last_batch(self) -> None:
+        lb = self.last_batch
+        if lb is None or not lb.is_extend:
+            return
+        reqs = lb.requests()
+        keep = [r for r in reqs
+                if r is not self.chunked_req and r.status == RequestStatus.RUNNING]
+        if len(keep) < len(reqs):
+            self.batch_is_full = False  # SGLang: the filtered batch got smaller
+        self.running.extend(keep)
+
+    def overlap_allowed(self, prev_so: SchedulerOutput, so: SchedulerOutput) -> bool:
+        """May `so` be scheduled while `prev_so` runs (the engine's 2-deep batch queue)? Off
+        without overlap scheduling, and for two prefill batches in a row when
+        disable_consecutive_prefill_overlap is set (SGLang's is_disable_overlap_for_batch:
+        process the first prefill's result before launching the second, for its TTFT)."""
+        if not self.config.overlap_schedule:
+            return False
+        if self.config.disable_consecutive_prefill_overlap:
+            return not (self._is_extend(prev_so) and self._is_extend(so))
+        return True
+
+    def _is_extend(self, so: SchedulerOutput) -> bool:
+        for s, is_extend in self._recent:
+            if s is so:
+                return is_extend
+        return False
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the engine should keep two steps in flight (SGLang's event_loop_overlap)."""
+        return bool(self.config.overlap_schedule)
+
+    # --- results in --------------------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput,
+                           now_s: float | None = None) -> EngineCoreOutputs:
+        if now_s is not None:
+            self.now_s = now_s
+        outputs = self.take_ignored_outputs()
+        finished = [o.request_id for o in outputs]
+        _, info = self._steps.pop(id(scheduler_output), (None, StepInfo()))
+        sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if rid in info.sampling and request is not None:
+                request.num_output_placeholders -= 1
+            if request is None or request.is_finished():
+                continue  # finished while this step ran (overlap's extra forward): dropped
+            new_ids = list(sampled[index[rid]]) if sampled and rid in index else []
+            stopped = False
+            for n, tok in enumerate(new_ids, 1):
+                # A request retracted after this step was scheduled keeps the token (SGLang drops
+                # it and samples it again; the sampled tokens are the same here).
+                request.append_output_token_ids(tok)
+                if check_stop(request, self.max_model_len):
+                    stopped = True
+                    del new_ids[n:]
+                    break
+            if stopped:
+                self._finish(request)
+                finished.append(rid)
+            elif rid in info.prefill_end and request.status == RequestStatus.RUNNING:
+                self.kv_cache_manager.cache_unfinished(request, info.prefill_end[rid])
+            if new_ids or stopped:
+                outputs.append(RequestOutput(rid, new_ids, request.get_finished_reason(),
+                                             request.num_cached_tokens or 0, request.stop_reason))
+        stats = self.make_stats() if self.log_stats else None
+        return EngineCoreOutputs(outputs, stats, finished)
+
+    def _finish(self, request: Request) -> None:
+        """process_batch_result's release: cache what was computed, free the rest; a finished
+        decoding request stays in SGLang's running batch until the next filter (a ghost)."""
+        rid = request.request_id
+        if request in self.running:
+            self.running.remove(request)
+            self.ghosts.append(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        if rid in self.kv_cache_manager.reqs:
+            kv_len = min(request.num_computed_tokens, request.num_tokens - 1)
+            self.kv_cache_manager.release(request, kv_len, insert=True)
+        self._drop(request)
+
+    def _abort(self, request: Request) -> None:
+        """Out of memory even alone (SGLang's graceful abort in retract_decode)."""
+        request.status = RequestStatus.FINISHED_ABORTED
+        if request in self.running:
+            self.running.remove(request)
+        self.kv_cache_manager.release(request, 0, insert=False)
+        self._pending.append(RequestOutput(request.request_id, [], "abort", request.num_cached_tokens or 0))
+        self._drop(request)
+
+    def _drop(self, request: Request) -> None:
+        self.finished_req_ids.add(request.request_id)
+        self.entry_seq.pop(request.request_id, None)
+        del self.requests[request.request_id]
+
+    # --- state queries -----------------------------------------------------------------------------
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting): running counts every request holding KV (incl. the chunked one)."""
+        return len(self.requests) - len(self.waiting), len(self.waiting)
+
+    def make_stats(self) -> SchedulerStats:
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        running, waiting = self.get_request_counts()
+        return SchedulerStats(running, waiting, self.kv_cache_manager.usage, stats)
+
+    def check_invariants(self) -> None:
+        from scheduler.sglang.invariants import check_invariants
+
+        check_invariants(self)

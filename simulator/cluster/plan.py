@@ -1,0 +1,266 @@
+"""Capacity search: the cheapest deployment that meets the SLOs at a given traffic.
+
+    workload: {trace: sharegpt-300, rate_scale: 4.0, max_requests: 300}
+    cluster:                      # a cluster config without `replicas` (router, base, pd link, slo, seed)
+      base: {hardware: {model: llama-3.1-8b, gpu: h100}}
+      router: least_outstanding
+      slo: {ttft_s: 1.0, tpot_s: 0.05}
+    search:
+      tp: [1, 2]
+      colocated: {min: 1, max: 8}                     # replica counts; omit to skip colocated
+      pd: {ratios: [[1, 1], [1, 2]], max_scale: 4}    # (prefill, decode) x 1..max_scale; omit to skip
+      goodput_threshold: 0.9                          # fraction of ALL requests meeting TTFT and TPOT
+    gpu_cost_per_hour: {h100: 2.5}                    # $/h per GPU; omitted: cost = number of GPUs
+
+A shape is (colocated or a P:D ratio, TP). Each shape is swept upwards in size and stops at the
+first size that meets the SLO: larger sizes of that shape can only cost more. The cheapest point
+that meets it is the recommendation; every evaluated point goes into the table, the CSV and the
+cost-vs-goodput plot, with the Pareto frontier (no other point both cheaper-or-equal and better).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simulator.cluster.cluster import run_cluster
+from simulator.cluster.config import ClusterConfig, _known, cluster_config_from_dict, deep_merge
+from traces.errors import InputError
+from traces.workload import Workload
+
+
+@dataclass(slots=True)
+class Shape:
+    kind: str  # "colocated" | "pd"
+    tp: int  # tensor-parallel degree of every replica
+    ratio: tuple[int, int] | None = None  # (prefill, decode) replicas per unit, for kind "pd"
+
+    @property
+    def label(self) -> str:
+        return f"colocated tp{self.tp}" if self.ratio is None else f"P{self.ratio[0]}:D{self.ratio[1]} tp{self.tp}"
+
+
+@dataclass(slots=True)
+class SearchSpace:
+    tp: tuple[int, ...] = (1,)
+    colocated: tuple[int, int] | None = (1, 8)  # (min, max) replica count; None: no colocated shapes
+    pd_ratios: tuple[tuple[int, int], ...] = ()  # (prefill, decode) units
+    pd_max_scale: int = 4  # a ratio (p, d) is tried as (p*k, d*k) for k = 1..pd_max_scale
+    goodput_threshold: float = 0.9  # fraction of all requests that must meet TTFT and TPOT
+
+    def shapes(self) -> list[Shape]:
+        out = [Shape("colocated", tp) for tp in self.tp] if self.colocated is not None else []
+        out += [Shape("pd", tp, r) for tp in self.tp for r in self.pd_ratios]
+        return out
+
+    def sizes(self, shape: Shape) -> range:
+        return range(self.colocated[0], self.colocated[1] + 1) if shape.kind == "colocated" \
+            else range(1, self.pd_max_scale + 1)
+
+
+@dataclass(slots=True)
+class PlanConfig:
+    cluster: dict[str, Any]  # cluster-config template (no replicas); validated per candidate
+    search: SearchSpace
+    workload: dict[str, Any] = field(default_factory=dict)  # {trace, format, max_requests, rate_scale}
+    gpu_cost_per_hour: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $/h
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PlanConfig:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise InputError(f"cannot read plan config: {e}", path=str(path)) from None
+        return plan_config_from_dict(data, str(path))
+
+
+def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
+    if not isinstance(data, dict):
+        raise InputError("a plan config must be a mapping", path=path)
+    _known(data, ("workload", "cluster", "search", "gpu_cost_per_hour"), "", path)
+    cluster = data.get("cluster") or {}
+    if not isinstance(cluster, dict) or "replicas" in cluster:
+        raise InputError("cluster must be a mapping without replicas (the search chooses them)", path=path,
+                         field="cluster")
+    search = _search(data.get("search") or {}, path)
+    costs = data.get("gpu_cost_per_hour") or {}
+    if not isinstance(costs, dict) or any(not isinstance(v, (int, float)) or v < 0 for v in costs.values()):
+        raise InputError("expected {gpu: dollars per hour >= 0}", path=path, field="gpu_cost_per_hour")
+    from simulator.specs import resolve_gpu
+
+    cfg = PlanConfig(cluster, search, dict(data.get("workload") or {}),
+                     {resolve_gpu(k).name: float(v) for k, v in costs.items()})
+    for shape in search.shapes()[:1] + [s for s in search.shapes() if s.kind == "pd"][:1]:
+        candidate_config(cfg, shape, 1)  # fail early on a bad template, not after an hour of sweeping
+    return cfg
+
+
+def _search(raw: dict, path: str | None) -> SearchSpace:
+    _known(raw, ("tp", "colocated", "pd", "goodput_threshold"), "search.", path)
+    tp = tuple(raw.get("tp", [1]))
+    if not tp or any(not isinstance(t, int) or t < 1 for t in tp):
+        raise InputError(f"got {tp!r}", path=path, field="search.tp", allowed="a list of integers >= 1")
+    col = raw.get("colocated", {"min": 1, "max": 8} if "pd" not in raw else None)
+    colocated = None
+    if col is not None:
+        lo, hi = col.get("min", 1), col.get("max", 8)
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise InputError(f"got min={lo!r} max={hi!r}", path=path, field="search.colocated",
+                             allowed="integers 1 <= min <= max")
+        colocated = (lo, hi)
+    pd_raw = raw.get("pd") or {}
+    ratios = tuple(tuple(r) for r in pd_raw.get("ratios", []))
+    if any(len(r) != 2 or any(not isinstance(x, int) or x < 1 for x in r) for r in ratios):
+        raise InputError(f"got {pd_raw.get('ratios')!r}", path=path, field="search.pd.ratios",
+                         allowed="[[prefill, decode], ...] with integers >= 1")
+    scale = pd_raw.get("max_scale", 4)
+    thr = raw.get("goodput_threshold", 0.9)
+    if not isinstance(scale, int) or scale < 1:
+        raise InputError(f"got {scale!r}", path=path, field="search.pd.max_scale", allowed="an integer >= 1")
+    if not isinstance(thr, (int, float)) or not 0 < thr <= 1:
+        raise InputError(f"got {thr!r}", path=path, field="search.goodput_threshold", allowed="a number in (0, 1]")
+    if colocated is None and not ratios:
+        raise InputError("nothing to search", path=path, field="search", allowed="colocated and/or pd.ratios")
+    return SearchSpace(tp, colocated, ratios, scale, float(thr))
+
+
+def candidate_config(plan: PlanConfig, shape: Shape, size: int) -> ClusterConfig:
+    sim = {"hardware": {"tp": shape.tp}}
+    data = dict(plan.cluster)
+    if shape.kind == "colocated":
+        data["replicas"] = [{"count": size, "sim": sim}]
+        data["pd"] = None
+    else:
+        p, d = shape.ratio
+        data["replicas"] = [{"count": p * size, "role": "prefill", "sim": sim},
+                            {"count": d * size, "role": "decode", "sim": sim}]
+        data["pd"] = deep_merge({}, plan.cluster.get("pd") or {})
+    return cluster_config_from_dict(data)
+
+
+def cost_per_hour(plan: PlanConfig, cfg: ClusterConfig) -> float:
+    """$/h from the table, or the number of GPUs when there is no table."""
+    if not plan.gpu_cost_per_hour:
+        return float(cfg.num_gpus)
+    from simulator.specs import resolve_gpu
+
+    total = 0.0
+    for g in cfg.replicas:
+        gpu = resolve_gpu(g.sim.hardware.gpu).name
+        if gpu not in plan.gpu_cost_per_hour:
+            raise InputError(f"no price for GPU {gpu!r}", field="gpu_cost_per_hour",
+                             allowed=", ".join(sorted(plan.gpu_cost_per_hour)))
+        total += g.count * g.sim.hardware.tp * plan.gpu_cost_per_hour[gpu]
+    return total
+
+
+def evaluate(plan: PlanConfig, shape: Shape, size: int, workload: Workload) -> dict:
+    cfg = candidate_config(plan, shape, size)
+    t0 = time.perf_counter()
+    res = run_cluster(cfg, workload)
+    df = res.requests
+    ok = df[df["output_len"] > 0]
+    good = ok[(ok["ttft_s"] <= cfg.slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= cfg.slo.tpot_s)]
+    frac = len(good) / max(len(df), 1)
+    n_p = sum(g.count for g in cfg.replicas if g.role == "prefill")
+    n_d = sum(g.count for g in cfg.replicas if g.role == "decode")
+    return {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "size": size,
+            "num_replicas": cfg.num_replicas, "num_prefill": n_p, "num_decode": n_d, "num_gpus": cfg.num_gpus,
+            "cost": cost_per_hour(plan, cfg), "goodput_fraction": frac,
+            "meets_slo": frac >= plan.search.goodput_threshold,
+            "ttft_p90_s": res.summary["ttft_s"]["p90"], "tpot_p90_s": res.summary["tpot_s"]["p90"],
+            "num_finished": res.summary["num_finished"], "wall_s": time.perf_counter() - t0, "error": None}
+
+
+def search(plan: PlanConfig, workload: Workload, progress: Callable[[dict], None] | None = None) -> pd.DataFrame:
+    """Sweep every shape upwards, stopping a shape at its first size that meets the SLO."""
+    rows = []
+    for shape in plan.search.shapes():
+        for size in plan.search.sizes(shape):
+            try:
+                row = evaluate(plan, shape, size, workload)
+            except InputError as e:  # e.g. the model does not fit at this TP: the whole shape is out
+                row = {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "size": size, "meets_slo": False,
+                       "goodput_fraction": math.nan, "cost": math.nan, "error": str(e)}
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+            if row["meets_slo"] or row["error"] is not None:
+                break
+    return mark_frontier(pd.DataFrame(rows), plan.search.goodput_threshold)
+
+
+def mark_frontier(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Adds `frontier` (Pareto: lowest cost for its goodput) and `best` (cheapest meeting the SLO;
+    ties go to the higher goodput)."""
+    df = df.copy()
+    df["frontier"] = False
+    df["best"] = False
+    valid = df[df["error"].isna()].sort_values(["cost", "goodput_fraction"], ascending=[True, False])
+    best_goodput = -1.0
+    for idx, row in valid.iterrows():
+        if row["goodput_fraction"] > best_goodput:
+            df.loc[idx, "frontier"] = True
+            best_goodput = row["goodput_fraction"]
+    meeting = valid[valid["meets_slo"]]
+    if not meeting.empty:
+        df.loc[meeting.index[0], "best"] = True
+    return df
+
+
+def plot_frontier(df: pd.DataFrame, threshold: float, path: str | Path, cost_label: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    valid = df[df["error"].isna()]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for shape, g in valid.groupby("shape", sort=False):
+        ax.plot(g["cost"], g["goodput_fraction"], "o-", alpha=0.6, label=shape)
+    front = valid[valid["frontier"]].sort_values("cost")
+    ax.step(front["cost"], front["goodput_fraction"], where="post", color="black", lw=1.5, label="frontier")
+    best = valid[valid["best"]]
+    if not best.empty:
+        ax.scatter(best["cost"], best["goodput_fraction"], s=160, marker="*", color="red", zorder=5, label="cheapest meeting SLO")
+    ax.axhline(threshold, ls="--", color="gray", lw=1)
+    ax.set_xlabel(cost_label)
+    ax.set_ylabel("fraction of requests meeting TTFT and TPOT SLOs")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def load_plan_workload(spec: dict, trace: str | None = None, base_dir: str | Path | None = None) -> Workload:
+    """The plan's workload: a bundled sample name or a trace path (relative paths: to base_dir when
+    the file is there, e.g. the config's folder), then rate_scale and max_requests."""
+    from traces.bundled import BUNDLED_TRACES, DEFAULT_TRACE, load_bundled
+    from traces.formats import load_workload
+    from traces.transforms import rate_scale, request_limit
+
+    _known(spec, ("trace", "format", "rate_scale", "max_requests"), "workload.", None)
+    name = trace or spec.get("trace") or DEFAULT_TRACE
+    if name in BUNDLED_TRACES:
+        wl = load_bundled(name)
+    else:
+        p = Path(name)
+        if not p.is_absolute() and base_dir is not None and (Path(base_dir) / p).exists():
+            p = Path(base_dir) / p
+        wl = load_workload(p, spec.get("format", "auto"))
+    if spec.get("rate_scale") not in (None, 1, 1.0):
+        wl = rate_scale(wl, float(spec["rate_scale"]))
+    if spec.get("max_requests") is not None:
+        wl = request_limit(wl, int(spec["max_requests"]))
+    return wl

@@ -1,0 +1,95 @@
+"""Calibrated cost models shipped with servesim: ``profiled`` fits of real GPU measurements.
+
+Each file in this folder is a fitted model (``servesim fit``, compacted and gzipped) for one
+(model, GPU, TP) combination; ``index.json`` lists them with their sources and per-op fit error.
+``python -m simulator.cost_model.calibrated.build`` regenerates everything from
+``/work/shared/data/gpu_profiles`` (see README.md in this folder).
+
+    from simulator.cost_model.calibrated import find_calibrated, load_calibrated
+    find_calibrated("llama-3.1-8b", "h100", 1)      # Path or None
+    make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1)
+
+Importing this module registers the ``calibrated`` cost-model name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from traces.errors import InputError
+
+from ...specs import resolve_gpu, resolve_model
+from ..base import check_params, register_cost_model
+
+HERE = Path(__file__).resolve().parent
+INDEX_PATH = HERE / "index.json"
+
+__all__ = ["INDEX_PATH", "available_calibrated", "find_calibrated", "load_calibrated",
+           "make_calibrated", "read_fitted_data"]
+
+
+@lru_cache(maxsize=1)
+def _index() -> tuple[dict, ...]:
+    if not INDEX_PATH.exists():
+        return ()
+    return tuple(json.loads(INDEX_PATH.read_text())["entries"])
+
+
+def available_calibrated() -> list[dict]:
+    """The index entries: model, gpu, tp, file, sources, framework, fit_error summary."""
+    return [dict(e) for e in _index()]
+
+
+def _canon(model: Any, gpu: Any) -> tuple[str, str]:
+    return resolve_model(model).name, resolve_gpu(gpu).name
+
+
+def find_calibrated(model: Any, gpu: Any, tp: int = 1) -> Path | None:
+    """The shipped fitted file for (model, gpu, tp), or None when there is none.
+
+    ``model`` and ``gpu`` are ids or aliases (``meta-llama/Llama-3.1-8B``, ``h100_sxm``, ...).
+    Unknown names raise InputError (from the spec registries)."""
+    m, g = _canon(model, gpu)
+    for e in _index():
+        if e["model"] == m and e["gpu"] == g and int(e["tp"]) == int(tp):
+            return HERE / e["file"]
+    return None
+
+
+def read_fitted_data(path: str | Path) -> dict:
+    """The fitted model's JSON content from a ``.json`` or ``.json.gz`` file."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw)
+
+
+def load_calibrated(model: Any, gpu: Any, tp: int = 1):
+    """The FittedCostModel shipped for (model, gpu, tp); InputError listing what exists if none."""
+    from ..fitted import FittedCostModel
+
+    path = find_calibrated(model, gpu, tp)
+    if path is None:
+        m, g = _canon(model, gpu)
+        have = "; ".join(f"{e['model']} {e['gpu']} tp={e['tp']}" for e in _index()) or "none"
+        raise InputError(f"no calibrated cost model for model={m} gpu={g} tp={tp}",
+                         field="cost_model", allowed=have)
+    try:
+        return FittedCostModel(read_fitted_data(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"cannot read calibrated cost model ({exc!r})", path=str(path)) from None
+
+
+@register_cost_model("calibrated")
+def make_calibrated(model: Any = None, gpu: Any = None, tp: int | None = None,
+                    **params: Any):
+    """The shipped profiled fit for the run's (model, gpu, tp)."""
+    check_params("calibrated", params, set())
+    if model is None or gpu is None:
+        raise InputError("the calibrated cost model needs model= and gpu=", field="cost_model")
+    return load_calibrated(model, gpu, 1 if tp is None else tp)

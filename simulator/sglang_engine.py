@@ -1,0 +1,44 @@
+"""Registers the "sglang" engine: SGLangScheduler configured from the shared configs.
+
+Selected with `SimConfig(engine="sglang")` or `servesim replay --engine sglang`. An optional
+`sim_config.sglang` (an SGLangConfig) sets SGLang-only knobs; its None fields inherit from the
+shared SchedulerConfig / CacheConfig / SimConfig (map_sglang_config), so `--set
+scheduler.max_num_seqs=...` means the same for both engines.
+"""
+
+from __future__ import annotations
+
+from scheduler.config import CacheConfig, SchedulerConfig
+from scheduler.sglang import SGLangConfig, SGLangScheduler
+from simulator.engines import register_engine
+
+
+def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                      sglang: SGLangConfig | None = None, seed: int = 0) -> SGLangConfig:
+    """The SGLang config to run: explicit SGLang settings win; the rest map from the shared ones.
+
+    max_num_seqs -> max_running_requests, max_num_batched_tokens -> chunked_prefill_size,
+    enable_chunked_prefill -> enable_chunked_prefill, block_size -> page_size (so page ids mean
+    what block ids mean to the executors), (num_gpu_blocks - 1) * block_size -> max_total_tokens
+    (the same usable KV as vLLM), enable_prefix_caching -> enable_radix_cache,
+    async_scheduling -> overlap_schedule, SimConfig.seed -> seed.
+    """
+    base = sglang if sglang is not None else SGLangConfig()
+    return base.resolved(
+        max_running_requests=scheduler_config.max_num_seqs,
+        chunked_prefill_size=scheduler_config.max_num_batched_tokens,
+        enable_chunked_prefill=scheduler_config.enable_chunked_prefill,
+        page_size=cache_config.block_size,
+        max_total_tokens=(cache_config.num_gpu_blocks - 1) * cache_config.block_size,
+        enable_radix_cache=cache_config.enable_prefix_caching,
+        overlap_schedule=scheduler_config.async_scheduling,
+        seed=seed,
+    )
+
+
+@register_engine("sglang")
+def _sglang(scheduler_config, cache_config, sim_config=None):
+    sglang = getattr(sim_config, "sglang", None)
+    seed = getattr(sim_config, "seed", 0)
+    cfg = map_sglang_config(scheduler_config, cache_config, sglang, seed)
+    return SGLangScheduler(cfg, scheduler_config.max_model_len)

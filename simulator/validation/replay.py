@@ -1,0 +1,197 @@
+"""Replay a measured run in the simulator and compare, request by request.
+
+    report = validate_run(RUN_DIR, WORKLOAD, ValidateOptions(), out_dir="runs/validate")
+
+The simulated engine gets the run's recorded settings (``MeasuredRun.settings``; vLLM's defaults
+for what the run does not record, each labelled in ``report["settings"]["provenance"]``), the KV
+pool from ``kv.choose_kv_blocks`` and the workload's own arrivals and token ids. Nothing measured
+end to end is used to configure or tune the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from scheduler.config import CacheConfig, SchedulerConfig
+from simulator.config import CostModelConfig, HardwareConfig, SimConfig
+from simulator.engine import Engine
+from simulator.specs import resolve_gpu, resolve_model
+from traces.errors import InputError
+from traces.formats import load_workload
+
+from .compare import aggregate_errors, makespan, pair_requests, per_request_errors, timeseries_errors
+from .cpu import CALIBRATION_NOTE, cpu_overhead_preset
+from .kv import choose_kv_blocks
+from .runs import MeasuredRun, load_run, to_measured_convention
+
+TARGETS = {"e2e_median_ape": 0.05, "ttft_median_ape": 0.10}
+
+
+@dataclass(slots=True)
+class ValidateOptions:
+    cost_model: str = "calibrated"  # calibrated | roofline | a fitted .json file
+    gpu: str | None = None  # when the run does not record its device
+    num_gpu_blocks: int | None = None  # when the run does not record its KV pool
+    cpu_overhead: str = "calibrated"  # calibrated | default | zero (simulator/validation/cpu.py)
+    async_scheduling: bool | None = None  # None: what the run's vLLM version does by default
+    run_format: str = "auto"
+    workload_format: str = "auto"
+    seed: int = 0
+    plots: bool = True
+
+
+def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu) -> tuple[CostModelConfig, dict]:
+    """The cost-model section for a replay, and what it is (file, fit error) for the report."""
+    if name == "calibrated":
+        from simulator.cost_model.calibrated import available_calibrated, find_calibrated
+
+        path = find_calibrated(model, gpu, tp)
+        if path is None:
+            have = "; ".join(f"{e['model']} {e['gpu']} tp={e['tp']}" for e in available_calibrated())
+            raise InputError(f"no calibrated cost model for {model} on {gpu} tp={tp}",
+                             field="--cost-model", allowed=f"roofline, a fitted .json, or one of: {have}")
+        entry = next(e for e in available_calibrated() if e["file"] == path.name)
+        info = {"name": "calibrated", "file": f"simulator/cost_model/calibrated/{path.name}",
+                "profiles": entry["profiles"], "frameworks": entry["frameworks"],
+                "fit_error_holdout": {op: e["mape_holdout"] for op, e in entry["fit_error"].items()},
+                "roofline_filled_ops": [op for op, e in entry["fit_error"].items() if e["origin"] == "roofline"]}
+        return CostModelConfig(name="calibrated", cpu_overhead=cpu), info
+    if name.endswith(".json"):
+        return CostModelConfig(name="profiled", params={"path": name}, cpu_overhead=cpu), \
+            {"name": "profiled", "file": name}
+    return CostModelConfig(name=name, cpu_overhead=cpu), {"name": name}
+
+
+def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, dict]:
+    s = run.settings
+    gpu_name = opts.gpu or s.gpu
+    if not gpu_name:
+        raise InputError("the run does not record its GPU", field="--gpu",
+                         allowed="a GPU id or alias, e.g. --gpu rtx-pro-6000")
+    gpu = resolve_gpu(gpu_name).name
+    spec = resolve_model(s.model)
+    max_model_len = int(s.max_model_len or spec.max_position_embeddings)
+    kv = choose_kv_blocks(spec.name, gpu, s.tp, s.block_size, s.gpu_memory_utilization,
+                          s.max_num_batched_tokens, s.max_num_seqs, recorded=s.num_gpu_blocks,
+                          given=opts.num_gpu_blocks)
+    async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
+    cpu = cpu_overhead_preset(opts.cpu_overhead)
+    cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu)
+    sched = SchedulerConfig(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                            max_model_len=max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
+                            async_scheduling=async_on)
+    cache = CacheConfig(block_size=s.block_size, num_gpu_blocks=kv.num_gpu_blocks,
+                        enable_prefix_caching=s.enable_prefix_caching)
+    cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp,
+                                            gpu_memory_utilization=s.gpu_memory_utilization),
+                    scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed)
+    prov = dict(s.provenance)
+    prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
+    if opts.async_scheduling is not None:
+        prov["async_scheduling"] = "given (--async-scheduling/--no-async-scheduling)"
+    info = {
+        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "max_num_seqs": s.max_num_seqs,
+                     "max_num_batched_tokens": s.max_num_batched_tokens, "max_model_len": max_model_len,
+                     "block_size": s.block_size, "num_gpu_blocks": kv.num_gpu_blocks,
+                     "enable_prefix_caching": s.enable_prefix_caching,
+                     "enable_chunked_prefill": s.enable_chunked_prefill, "async_scheduling": async_on,
+                     "gpu_memory_utilization": s.gpu_memory_utilization, "engine_version": s.engine_version,
+                     "provenance": prov},
+        "kv_cache": kv.to_dict(),
+        "cost_model": cm_info,
+        "cpu_overhead": {"preset": opts.cpu_overhead, **asdict(cpu),
+                         **({"source": CALIBRATION_NOTE} if opts.cpu_overhead == "calibrated" else {})},
+    }
+    return cfg, info
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(_clean(data), fh, indent=1)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOptions | None = None,
+                 out_dir: str | Path | None = None) -> dict:
+    """Replay RUN_DIR's workload with its settings; return (and write) the validation report."""
+    opts = opts or ValidateOptions()
+    run = load_run(run_dir, opts.run_format)
+    wl = load_workload(workload, opts.workload_format)
+    cfg, info = build_config(run, opts)
+    engine = Engine(cfg, wl)
+    res = engine.run()
+    sim_req = res.metrics.requests_frame()
+    sim_ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
+    paired, pairing = pair_requests(run.requests, sim_req, [r.request_id for r in wl.requests])
+    if pairing["num_paired"] == 0:
+        raise InputError("no measured request pairs with a simulated one", field="workload")
+    steps = res.metrics.steps_frame()
+    peak_kv = float(steps["kv_usage"].max()) if len(steps) else 0.0
+    info["kv_cache"].update({"peak_usage_simulated": peak_kv, "pool_was_binding": bool(peak_kv >= 0.95),
+                             "num_preemptions_simulated": int(steps["num_preemptions"].sum()) if len(steps) else 0})
+    per_req = per_request_errors(paired)
+    report = {
+        "format": "servesim-validation", "version": 1,
+        "run": {"name": run.name, "path": str(run.path), "format": run.format, "notes": run.notes},
+        "workload": {"path": str(workload), "num_requests": len(wl.requests)},
+        **info,
+        "pairing": pairing,
+        "per_request": per_req,
+        "aggregate": aggregate_errors(paired),
+        "timeseries": timeseries_errors(run.timeseries, sim_ts),
+        "makespan": makespan(paired),
+        "targets": {**TARGETS, "e2e_met": _le(per_req["e2e"]["median_ape"], TARGETS["e2e_median_ape"]),
+                    "ttft_met": _le(per_req["ttft"]["median_ape"], TARGETS["ttft_median_ape"])},
+        "simulation": {"num_steps": res.num_steps, "wall_time_s": res.wall_time_s,
+                       "sim_duration_s": res.sim_duration_s},
+    }
+    report = _clean(report)
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "validation.json", report)
+        paired.to_csv(out / "paired_requests.csv", index=False)
+        sim_ts.to_csv(out / "simulated_timeseries.csv", index=False)
+        if opts.plots:
+            from .plots import write_validation_page
+
+            write_validation_page(out, report, paired, run.timeseries, sim_ts)
+    return report
+
+
+def _le(value, limit) -> bool | None:
+    return None if value is None else bool(value <= limit)
+
+
+def with_options(opts: ValidateOptions, **changes) -> ValidateOptions:
+    return replace(opts, **changes)

@@ -1,0 +1,150 @@
+"""SGLang radix cache: unit cases and a hypothesis state machine over insert/match/lock/evict."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from scheduler.sglang.invariants import check_tree
+from scheduler.sglang.radix_cache import RadixCache, TokenToKVPool
+
+
+def _cache(num_pages: int = 64, page_size: int = 1) -> tuple[RadixCache, TokenToKVPool]:
+    pool = TokenToKVPool(num_pages, page_size)
+    return RadixCache(page_size, pool), pool
+
+
+def _put(tree: RadixCache, pool: TokenToKVPool, tokens: list[int], extra=None) -> int:
+    """Insert like cache_finished_req: fresh pages, duplicates of cached pages freed again."""
+    ps = tree.page_size
+    n_pages = len(tokens) // ps
+    pages = pool.alloc(n_pages)
+    already = tree.insert(tokens, pages, extra)
+    pool.free(pages[:already // ps])
+    return already
+
+
+def test_insert_then_match_returns_the_full_length_and_pages():
+    tree, pool = _cache()
+    assert _put(tree, pool, [1, 2, 3, 4]) == 0
+    node, n = tree.match_prefix([1, 2, 3, 4, 9])
+    assert n == 4 and node.key == (1, 2, 3, 4) and tree.path_pages(node) == node.value and len(node.value) == 4
+    assert _put(tree, pool, [1, 2, 3, 4, 5]) == 4  # the first 4 were cached already
+
+
+def test_partial_match_splits_the_node():
+    tree, pool = _cache()
+    _put(tree, pool, [1, 2, 3, 4])
+    node, n = tree.match_prefix([1, 2, 7])
+    assert n == 2 and node.key == (1, 2) and len(node.children) == 1
+    child = next(iter(node.children.values()))
+    assert tree.path_pages(child) == node.value + child.value
+    assert tree.total_size() == 4 and tree.evictable_size() == 4
+    check_tree(tree, [])
+
+
+def test_pages_match_whole_pages_only():
+    tree, pool = _cache(page_size=4)
+    assert _put(tree, pool, list(range(10))) == 0  # 8 tokens cached, the last 2 are not a page
+    assert tree.total_size() == 8
+    _, n = tree.match_prefix(list(range(7)) + [99])
+    assert n == 4  # the second page differs in its last token: whole pages only
+    _, n = tree.match_prefix(list(range(12)))
+    assert n == 8
+
+
+def test_extra_key_namespaces_entries():
+    tree, pool = _cache()
+    _put(tree, pool, [1, 2, 3], extra=("lora", 1))
+    assert tree.match_prefix([1, 2, 3])[1] == 0
+    assert tree.match_prefix([1, 2, 3], ("lora", 1))[1] == 3
+
+
+def test_locks_protect_the_path_and_eviction_is_lru():
+    tree, pool = _cache(num_pages=16)
+    _put(tree, pool, [1, 2, 3, 4])  # older
+    _put(tree, pool, [5, 6])
+    _put(tree, pool, [7, 8, 9])
+    node, _ = tree.match_prefix([7, 8, 9])  # touch: now the most recent
+    tree.inc_lock_ref(node)
+    assert tree.protected_size() == 3 and tree.evictable_size() == 6
+    assert tree.evict(1) == 4  # the least recently used leaf goes first, whole
+    assert tree.match_prefix([1, 2, 3, 4])[1] == 0 and tree.match_prefix([5, 6])[1] == 2
+    assert tree.evict(100) == 2  # the locked node survives any amount
+    assert tree.match_prefix([7, 8, 9])[1] == 3
+    assert len(pool.free_pages) == 16 - 3
+    tree.dec_lock_ref(node)
+    assert tree.evictable_size() == 3 and tree.protected_size() == 0
+    with pytest.raises(RuntimeError):
+        tree.dec_lock_ref(node)
+
+
+def test_evicting_a_leaf_makes_its_unlocked_parent_evictable():
+    tree, pool = _cache()
+    _put(tree, pool, [1, 2, 3, 4])
+    _put(tree, pool, [1, 2, 5, 6])  # splits: (1,2) -> (3,4), (5,6)
+    assert tree.evict(6) == 6
+    assert tree.total_size() == 0 and len(pool.free_pages) == 64
+
+
+class RadixMachine(RuleBasedStateMachine):
+    """Random inserts (small alphabet: lots of shared prefixes), matches, locks and evictions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.page_size = 2
+        self.pool = TokenToKVPool(40, self.page_size)
+        self.tree = RadixCache(self.page_size, self.pool)
+        self.users: list = []  # locked nodes, one entry per user
+
+    tokens = st.lists(st.integers(0, 2), min_size=0, max_size=12)
+
+    @rule(tokens=tokens)
+    def insert(self, tokens):
+        ps = self.page_size
+        need = len(tokens) // ps
+        if need > len(self.pool.free_pages):
+            self.tree.evict((need - len(self.pool.free_pages)) * ps)
+        pages = self.pool.alloc(need)
+        if pages is None:
+            return  # everything left is locked
+        already = self.tree.insert(tokens, pages)
+        self.pool.free(pages[:already // ps])
+        # Match after insert returns the full (page-aligned) length.
+        node, n = self.tree.match_prefix(tokens)
+        assert n == need * ps and len(self.tree.path_pages(node)) == need
+
+    @rule(tokens=tokens)
+    def lock(self, tokens):
+        node, _ = self.tree.match_prefix(tokens)
+        if node is not self.tree.root:
+            self.tree.inc_lock_ref(node)
+            self.users.append(node)
+
+    @precondition(lambda self: self.users)
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i):
+        self.tree.dec_lock_ref(self.users.pop(i % len(self.users)))
+
+    @rule(n=st.integers(0, 30))
+    def evict(self, n):
+        locked = [(node, node.key) for node in self.tree.nodes() if node.lock_ref > 0]
+        before = self.tree.evictable_size()
+        freed = self.tree.evict(n)
+        assert freed <= before and (freed >= n or self.tree.evictable_size() == 0)
+        alive = set(map(id, self.tree.nodes()))
+        assert all(id(node) in alive and node.key == key for node, key in locked)  # never a locked node
+
+    @invariant()
+    def consistent(self):
+        check_tree(self.tree, self.users)  # lock counts == users on the path; sizes add up
+        assert self.tree.evictable_size() + self.tree.protected_size() == self.tree.total_size()
+        assert all(n.lock_ref >= 0 for n in self.tree.nodes())
+        tree_pages = [p for n in self.tree.nodes() for p in n.value]
+        assert sorted(tree_pages + list(self.pool.free_pages)) == list(range(1, self.pool.num_pages + 1))
+
+
+TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
