@@ -60,7 +60,9 @@ class SloConfig:
 @dataclass(slots=True)
 class SimConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_model_len=8192))
+    # vLLM 0.19 turns async scheduling on by default (VllmConfig resolves None to True).
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_model_len=8192,
+                                                                               async_scheduling=True))
     cache: CacheConfig = field(default_factory=CacheConfig)
     # True: cache.num_gpu_blocks is derived from GPU memory the way vLLM does (kv_capacity.py);
     # setting cache.num_gpu_blocks explicitly (YAML or --set) turns this off.

@@ -15,6 +15,9 @@ from simulator.engine import Engine
 from traces.synthetic import make_workload
 
 
+SYNC = {"scheduler.async_scheduling": False}  # fast-forward covers the synchronous engine loop
+
+
 def _run(cfg, wl, ff):
     e = Engine(dataclasses.replace(cfg, fast_forward=ff), wl)
     res = e.run()
@@ -36,7 +39,7 @@ def test_light_poisson_load_is_mostly_fast_forwarded_and_identical():
                                    "prompt_len": {"dist": "uniform", "low": 50, "high": 600},
                                    "output_len": {"dist": "uniform", "low": 20, "high": 300}},
                        np.random.default_rng(1))
-    fast, total = _same(SimConfig(), wl)
+    fast, total = _same(apply_overrides(SimConfig(), SYNC), wl)
     assert fast > total // 2
 
 
@@ -48,7 +51,7 @@ def test_light_poisson_load_is_mostly_fast_forwarded_and_identical():
 ])
 def test_bundled_trace_identical_with_and_without_fast_forward(sets):
     wl = load_trace(None, max_requests=80)
-    cfg = apply_overrides(SimConfig(), sets)
+    cfg = apply_overrides(SimConfig(), {**SYNC, **sets})
     fast, total = _same(cfg, wl)
     assert fast > 0
 

@@ -105,7 +105,8 @@ class Cluster:
                     engine = PrefillEngine(group.sim, on_finish=partial(self._on_prefill_finish, idx), **kw)
                 elif group.role == "decode":
                     conn = RemotePrefillConnector(partial(self._start_transfer, idx))
-                    engine = DecodeEngine(group.sim, connector=conn, on_finish=partial(self._on_decode_finish, idx), **kw)
+                    engine = DecodeEngine(group.sim, connector=conn, on_finish=partial(self._on_decode_finish, idx),
+                                          **kw)
                 else:
                     engine = Engine(group.sim, **kw)
                 out.append(Replica(idx, name, group.role, group.sim, engine))
@@ -128,14 +129,22 @@ class Cluster:
         for spec in self.workload.requests:
             t = spec.arrival_time_s + latency  # constant latency keeps arrival order: a delay line
             if t > env.now:
+                self._announce_next_arrival(t)
                 yield env.timeout(t - env.now)
             self._dispatch(spec)
+        self._announce_next_arrival(float("inf"))
         self._arrivals_done = True
         if self.cfg.pd is None:
             for r in self.replicas:
                 r.engine.close()
         else:
             self._maybe_close_pd()
+
+    def _announce_next_arrival(self, t: float) -> None:
+        # No request can reach a front replica before t: what lets Engine's exact fast-forward
+        # (SimConfig.fast_forward) take a decode step, as Engine._arrivals tells its own engine.
+        for r in self.front:
+            r.engine._next_arrival_s = t
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)

@@ -208,7 +208,8 @@ def _router(raw: Any, where: str, path: str | None) -> RouterConfig:
 
 def _pd(raw: Any, path: str | None) -> PDConfig:
     if not isinstance(raw, dict):
-        raise InputError("pd must be a mapping", path=path, field="pd", allowed="{link, decode_router, handoff_latency_s}")
+        raise InputError("pd must be a mapping", path=path, field="pd",
+                         allowed="{link, decode_router, handoff_latency_s}")
     _known(raw, ("link", "decode_router", "handoff_latency_s"), "pd.", path)
     link = build_dataclass(LinkConfig(), raw.get("link") or {}, "pd.link", path)
     router = _router(raw.get("decode_router", {"name": "least_outstanding"}), "pd.decode_router", path)

@@ -124,6 +124,11 @@ class DecodeSchedulerMixin(StallAwareMixin):
                     break
                 num_new = min(num_new, st.token_budget)
             lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
+            if self.tracer is not None:
+                st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
+                                         "local_hit_tokens": num_new_local,
+                                         "num_prompt_tokens": request.num_prompt_tokens,
+                                         "num_tokens": request.num_tokens})
             if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
                 request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
                 num_external_computed_tokens=num_external,

@@ -230,7 +230,8 @@ def plot_frontier(df: pd.DataFrame, threshold: float, path: str | Path, cost_lab
     ax.step(front["cost"], front["goodput_fraction"], where="post", color="black", lw=1.5, label="frontier")
     best = valid[valid["best"]]
     if not best.empty:
-        ax.scatter(best["cost"], best["goodput_fraction"], s=160, marker="*", color="red", zorder=5, label="cheapest meeting SLO")
+        ax.scatter(best["cost"], best["goodput_fraction"], s=160, marker="*", color="red", zorder=5,
+                   label="cheapest meeting SLO")
     ax.axhline(threshold, ls="--", color="gray", lw=1)
     ax.set_xlabel(cost_label)
     ax.set_ylabel("fraction of requests meeting TTFT and TPOT SLOs")

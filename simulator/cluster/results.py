@@ -71,10 +71,14 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
     for r in cluster.replicas:
         merged.steps.extend(r.engine.metrics.steps)
+    # Summary first: summarize builds its own requests frame, and two at once (each holding every
+    # inter-token latency as Python floats) set the peak memory of a long run.
+    summary = _summary(cluster, reps, merged, wall_time_s)
     requests = _requests_frame(cluster, merged)
+    if cluster.cfg.pd is not None:
+        summary["pd"] = _pd_summary(cluster, requests)
     steps = pd.concat([_with_replica(rr.result.metrics.steps_frame(), rr) for rr in reps], ignore_index=True) \
         if reps else pd.DataFrame()
-    summary = _summary(cluster, reps, merged, requests, wall_time_s)
     return ClusterResult(cluster.cfg, reps, merged, requests, steps, summary, wall_time_s)
 
 
@@ -138,8 +142,7 @@ def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
     df["kv_bytes"] = [t.kv_bytes for t in tls]
 
 
-def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollector, requests: pd.DataFrame,
-             wall_time_s: float) -> dict:
+def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollector, wall_time_s: float) -> dict:
     cfg = cluster.cfg
     front = [rr for rr in reps if rr.role != "decode"]  # where prompts are computed
     hits = sum(rr.result.prefix_hits for rr in front)
@@ -152,18 +155,20 @@ def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollect
         "routing_latency_s": cfg.routing_latency_s, "pd": cfg.pd is not None,
         "requests_per_replica": {rr.name: rr.num_routed for rr in reps},
     }
-    if cfg.pd is not None:
-        ok = requests[requests["output_len"] > 0]
-        s["pd"] = {
-            "decode_router": cfg.pd.decode_router.name,
-            "ttft_breakdown_s": {p: stats(ok[p]) for p in PD_PARTS},
-            "kv_link_s": stats(ok["kv_link_s"]),
-            "kv_bytes_total": int(requests["kv_bytes"].sum()),
-            "links": [link.stats() for link in cluster.links],
-        }
     s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp,
                       "num_routed": rr.num_routed, **_replica_brief(rr.summary)} for rr in reps]
     return s
+
+
+def _pd_summary(cluster: Cluster, requests: pd.DataFrame) -> dict:
+    ok = requests[requests["output_len"] > 0]
+    return {
+        "decode_router": cluster.cfg.pd.decode_router.name,
+        "ttft_breakdown_s": {p: stats(ok[p]) for p in PD_PARTS},
+        "kv_link_s": stats(ok["kv_link_s"]),
+        "kv_bytes_total": int(requests["kv_bytes"].sum()),
+        "links": [link.stats() for link in cluster.links],
+    }
 
 
 def _replica_brief(s: dict) -> dict:

@@ -177,7 +177,7 @@ class PrefixAware(Router):
                 hits[i] = min(n * candidates[i].engine.scheduler.block_size, spec.prompt_len)
         keys = []
         for c, hit in zip(candidates, hits):
-            load = c.engine.num_outstanding / c.engine.scheduler.max_num_running_reqs
+            load = c.engine.num_outstanding / c.cfg.scheduler.max_num_seqs
             keys.append((-(hit / spec.prompt_len - self.load_weight * load),))
         i = _least(keys)
         return Decision(i, "prefix" if hits[i] > 0 else "load", -keys[i][0])

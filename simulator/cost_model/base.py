@@ -133,7 +133,7 @@ def make_cost_model(name: str, *, model: Any = None, gpu: Any = None, tp: int | 
 def _load_builtin_models() -> None:
     # Importing the modules runs their @register_cost_model decorators; done lazily so that
     # `base` stays importable on its own and registration order cannot cause import cycles.
-    from . import fitted, roofline  # noqa: F401
+    from . import calibrated, fitted, roofline  # noqa: F401
 
 
 def check_params(model_name: str, params: dict[str, Any], allowed: set[str]) -> None:

@@ -20,7 +20,8 @@ Derivation of the defaults (vLLM v0.6.0 performance blog, rows ``vllm_blog_v060`
 
 These are pre-V1 (v0.5/v0.6) engine overheads; V1 with async scheduling overlaps much of this with
 GPU work. Use :meth:`CpuOverheadConfig.zero` for GPU-only studies, or calibrate the three numbers
-against end-to-end runs of the engine version you simulate.
+from microbenchmarks of the scheduler (docs/FIDELITY.md section 4) -- never from the end-to-end
+latencies a validation compares against.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ import pandas as pd
 
 from scheduler.config import CacheConfig, SchedulerConfig
 from simulator.closed_loop import ClosedLoopConfig, run_closed_loop
-from simulator.config import CostModelConfig, HardwareConfig, SimConfig
+from simulator.config import HardwareConfig, SimConfig
 from simulator.specs import resolve_gpu, resolve_model
 from traces.errors import InputError
 

@@ -118,16 +118,19 @@ def write_validation_page(out: Path, report: dict, paired: pd.DataFrame, measure
     notes = "".join(f"<p class=note>{html.escape(n)}</p>" for n in report["run"]["notes"])
     kv = report["kv_cache"]
     cm = report["cost_model"]
-    page = f"""<!doctype html><html><head><meta charset=utf-8><title>validation: {html.escape(report['run']['name'])}</title>
+    name = html.escape(report["run"]["name"])
+    page = f"""<!doctype html><html><head><meta charset=utf-8><title>validation: {name}</title>
 <style>{CSS}</style></head><body>
-<h1>servesim vs measured: {html.escape(report['run']['name'])}</h1>
+<h1>servesim vs measured: {name}</h1>
 <p>{report['pairing']['num_paired']} requests paired by {html.escape(report['pairing']['method'])};
 cost model <b>{html.escape(str(cm.get('name')))}</b> {html.escape(str(cm.get('file', '')))};
 CPU overhead preset <b>{html.escape(report['cpu_overhead']['preset'])}</b>;
-KV pool {kv['num_gpu_blocks']} blocks ({html.escape(kv['source'])}), peak simulated usage {100 * kv['peak_usage_simulated']:.0f} %.</p>
+KV pool {kv['num_gpu_blocks']} blocks ({html.escape(kv['source'])}),
+peak simulated usage {100 * kv['peak_usage_simulated']:.0f} %.</p>
 {notes}
 <h2>Per-request error</h2>{per_req}
-<p>Targets: median E2E APE ≤ 5 % ({report['targets']['e2e_met']}), median TTFT APE ≤ 10 % ({report['targets']['ttft_met']}).
+<p>Targets: median E2E APE ≤ 5 % ({report['targets']['e2e_met']}),
+median TTFT APE ≤ 10 % ({report['targets']['ttft_met']}).
 Makespan: measured {report['makespan']['measured']:.2f} s, simulated {report['makespan']['simulated']:.2f} s.</p>
 <h2>Distributions</h2><img src="cdf.png"><img src="scatter.png">
 <h2>Aggregate statistics</h2>{agg}
@@ -185,7 +188,8 @@ def write_closed_loop_page(out: Path, report: dict) -> Path:
     o = report["options"]
     page = f"""<!doctype html><html><head><meta charset=utf-8><title>closed-loop validation</title>
 <style>{CSS}</style></head><body><h1>Closed-loop validation (aiconfigurator silicon, fixed concurrency)</h1>
-<p>{s['num_ok']} rows simulated, {s['num_unsupported']} unsupported ({html.escape('; '.join(s['unsupported_reasons']))}).
+<p>{s['num_ok']} rows simulated, {s['num_unsupported']} unsupported
+({html.escape('; '.join(s['unsupported_reasons']))}).
 {o['requests_per_client']} requests per client, first {o['warmup_requests_per_client']} excluded ("steady");
 "_all" includes them. Cost model {html.escape(o['cost_model'])}, CPU overhead {html.escape(o['cpu_overhead'])}.</p>
 <h2>Overall</h2>{overall}<h2>By model and TP</h2>{groups}<img src="closed_loop.png"><h2>Rows</h2>{rows}</body></html>"""

@@ -77,6 +77,9 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                          allowed="a GPU id or alias, e.g. --gpu rtx-pro-6000")
     gpu = resolve_gpu(gpu_name).name
     spec = resolve_model(s.model)
+    if str(s.dtype).lower() not in ("bfloat16", "bf16", "float16", "fp16", "half", "auto"):
+        raise InputError(f"the run used dtype={s.dtype}: servesim models bf16/fp16 weights only",
+                         field="dtype", allowed="bfloat16, float16")
     max_model_len = int(s.max_model_len or spec.max_position_embeddings)
     kv = choose_kv_blocks(spec.name, gpu, s.tp, s.block_size, s.gpu_memory_utilization,
                           s.max_num_batched_tokens, s.max_num_seqs, recorded=s.num_gpu_blocks,
@@ -96,6 +99,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
     if opts.async_scheduling is not None:
         prov["async_scheduling"] = "given (--async-scheduling/--no-async-scheduling)"
+    prov["num_gpu_blocks"] = {"recorded": "recorded by the run", "given": "given (--num-gpu-blocks)",
+                              "derived": "derived from GPU memory (see kv_cache)"}[kv.source]
     info = {
         "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "max_num_seqs": s.max_num_seqs,
                      "max_num_batched_tokens": s.max_num_batched_tokens, "max_model_len": max_model_len,

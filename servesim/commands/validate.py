@@ -1,0 +1,99 @@
+"""`servesim validate RUN_DIR --workload W`: replay a measured run and report the simulator's error.
+
+`servesim validate-closed-loop`: the same for fixed-concurrency benchmark rows (aiconfigurator's
+silicon sweeps): measured vs simulated mean TTFT / TPOT per row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from servesim.cli import app
+
+
+@app.command()
+def validate(
+    run_dir: Path = typer.Argument(..., help="measured run folder (llmservingsim: meta.json, requests.jsonl, "
+                                             "timeseries.csv; or a servesim result folder)"),
+    workload: Path = typer.Option(..., "--workload", help="the workload the run replayed (its arrivals and tokens)"),
+    workload_format: str = typer.Option("auto", "--workload-format", help="trace format of --workload"),
+    run_format: str = typer.Option("auto", "--run-format", help="run layout: auto, llmservingsim, servesim"),
+    cost_model: str = typer.Option("calibrated", "--cost-model",
+                                   help="calibrated (shipped fit for model/GPU/TP), roofline, or a fitted .json"),
+    gpu: str = typer.Option(None, "--gpu", help="GPU, when the run does not record its device"),
+    num_gpu_blocks: int = typer.Option(None, "--num-gpu-blocks", help="KV blocks, when the run does not record them"),
+    cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
+    async_scheduling: bool = typer.Option(None, "--async-scheduling/--no-async-scheduling",
+                                          help="override the run's vLLM default"),
+    out: Path = typer.Option(Path("runs/validate"), "--out", help="folder for validation.json and the plot page"),
+    plots: bool = typer.Option(True, "--plots/--no-plots"),
+) -> None:
+    """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
+    from simulator.validation import ValidateOptions, validate_run
+
+    opts = ValidateOptions(cost_model=cost_model, gpu=gpu, num_gpu_blocks=num_gpu_blocks, cpu_overhead=cpu_overhead,
+                           async_scheduling=async_scheduling, run_format=run_format,
+                           workload_format=workload_format, plots=plots)
+    rep = validate_run(run_dir, workload, opts, out_dir=out)
+    pr, ag = rep["per_request"], rep["aggregate"]
+    typer.echo(f"{rep['run']['name']}: {rep['pairing']['num_paired']} requests paired "
+               f"({rep['pairing']['method']}); cost model {rep['cost_model']['name']}; "
+               f"KV {rep['kv_cache']['num_gpu_blocks']} blocks ({rep['kv_cache']['source']})")
+    typer.echo(f"{'metric':<9}{'median APE':>11}{'MAPE':>8}{'mean meas':>11}{'mean sim':>10}{'p90 err':>9}")
+    for m in ("ttft", "tpot", "e2e"):
+        typer.echo(f"{m:<9}{100 * pr[m]['median_ape']:>10.1f}%{100 * pr[m]['mape']:>7.1f}%"
+                   f"{ag[m]['mean']['measured']:>11.4f}{ag[m]['mean']['simulated']:>10.4f}"
+                   f"{100 * (ag[m]['p90']['error'] or 0):>8.1f}%")
+    q = pr["queueing"]
+    typer.echo(f"queueing MAE {q['mae_s']:.3f} s; makespan error {100 * rep['makespan']['error']:+.1f}%")
+    for name, ts in rep["timeseries"].items():
+        if ts.get("mae") is not None:
+            typer.echo(f"series {name:<20} MAE {ts['mae']:.2f}{'  (' + ts['note'] + ')' if 'note' in ts else ''}")
+    for note in rep["run"]["notes"]:
+        typer.echo(f"note: {note}")
+    typer.echo(f"wrote {out / 'validation.json'}" + (f" and {out / 'index.html'}" if plots else ""))
+
+
+@app.command("validate-closed-loop")
+def validate_closed_loop(
+    silicon: Path = typer.Option(Path("/work/shared/data/benchmarks/aiconfigurator_silicon/silicon_sample.csv.gz"),
+                                 "--silicon", help="aiconfigurator silicon_sample.csv(.gz)"),
+    system: str = typer.Option("h100_sxm", "--system"),
+    backend: str = typer.Option("vllm", "--backend"),
+    model: list[str] = typer.Option(["Qwen/Qwen3-32B", "meta-llama/Llama-3.1-70B"], "--model",
+                                    help="model_path values to include (repeat)"),
+    max_rows: int = typer.Option(None, "--max-rows", help="only the first N rows (quick look)"),
+    requests_per_client: int = typer.Option(4, "--requests-per-client"),
+    warmup: int = typer.Option(1, "--warmup", help="requests per client excluded from the steady-state means"),
+    stagger: str = typer.Option("random", "--stagger", help="client phases: random | cycle | none"),
+    cost_model: str = typer.Option("calibrated", "--cost-model"),
+    cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
+    out: Path = typer.Option(Path("runs/validate-closed-loop"), "--out"),
+) -> None:
+    """Run each measured fixed-concurrency row closed-loop; write closed_loop.json/.csv/.html."""
+    from simulator.validation.closed_loop import ClosedLoopOptions, closed_loop_report, load_silicon_rows
+
+    rows = load_silicon_rows(silicon, backend=backend, system=system, models=tuple(model))
+    if max_rows is not None:
+        rows = rows.head(max_rows)
+    opts = ClosedLoopOptions(requests_per_client=requests_per_client, warmup_requests_per_client=warmup,
+                             cost_model=cost_model, cpu_overhead=cpu_overhead, stagger=stagger)
+
+    def progress(i: int, n: int, r: dict) -> None:
+        if r["status"] == "ok":
+            typer.echo(f"[{i}/{n}] {r['model']} tp{r['tp']} {r['isl']}/{r['osl']} c{r['concurrency']}: "
+                       f"TTFT {r['measured_ttft_ms']:.0f} vs {r['sim_ttft_ms']:.0f} ms "
+                       f"({100 * r['ttft_error']:+.0f}%), "
+                       f"TPOT {r['measured_tpot_ms']:.1f} vs {r['sim_tpot_ms']:.1f} ms ({100 * r['tpot_error']:+.0f}%)")
+
+    rep = closed_loop_report(rows, opts, out_dir=out, progress=progress)
+    s = rep["summary"]
+    typer.echo(f"{s['num_ok']} rows simulated, {s['num_unsupported']} unsupported: "
+               f"{'; '.join(s['unsupported_reasons'])}")
+    for k, v in s["overall"].items():
+        if v["n"]:
+            typer.echo(f"{k:<16} median APE {100 * v['median_ape']:.1f}%  MAPE {100 * v['mape']:.1f}%  "
+                       f"median signed {100 * v['median_signed']:+.1f}%")
+    typer.echo(f"wrote {out / 'closed_loop.json'} and {out / 'closed_loop.html'}")
