@@ -173,19 +173,25 @@ class ScheduleMixin:
                 queue.pop_request()
                 step_skipped.prepend_request(request)
                 continue
+            num_external, load_async = 0, False
             if request.num_computed_tokens == 0:
                 new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
-                num_computed = num_new_local
+                if self.connector is not None:  # P/D: tokens whose KV lives on another instance
+                    num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
+                num_computed = num_new_local + num_external
             else:  # came back from a remote KV transfer with its tokens already in place
                 new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
                 num_computed = request.num_computed_tokens
-            # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
-            num_new = request.num_tokens - num_computed
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if not cfg.enable_chunked_prefill and num_new > st.token_budget:
-                break
-            num_new = min(num_new, st.token_budget)
+            if load_async:  # reserve blocks for the remote KV; no work this step
+                num_new = 0
+            else:
+                # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
+                num_new = request.num_tokens - num_computed
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if not cfg.enable_chunked_prefill and num_new > st.token_budget:
+                    break
+                num_new = min(num_new, st.token_budget)
             lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
             if self.tracer is not None:
                 st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
@@ -193,14 +199,25 @@ class ScheduleMixin:
                                          "num_prompt_tokens": request.num_prompt_tokens,
                                          "num_tokens": request.num_tokens})
             if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
-                request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks
+                request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
+                num_external_computed_tokens=num_external,
             ):
                 break
             new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
                                             new_computed_blocks=new_computed_blocks,
-                                            num_lookahead_tokens=lookahead)
+                                            num_lookahead_tokens=lookahead,
+                                            num_external_computed_tokens=num_external,
+                                            delay_cache_blocks=load_async)
             if new_blocks is None:
                 break
+            if load_async:  # park it in WAITING_FOR_REMOTE_KVS until mark_kv_received (vLLM)
+                queue.pop_request()
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                request.num_external_computed_tokens = num_external
+                request.num_computed_tokens = min(num_computed, request.num_tokens - 1)  # last token recomputed
+                step_skipped.prepend_request(request)
+                self.connector.update_state_after_alloc(request, num_external)
+                continue
             self._admit(st, queue.pop_request(), num_new, num_computed)
         if step_skipped:
             self.skipped_waiting.prepend_requests(step_skipped)

@@ -53,6 +53,8 @@ class Scheduler(ScheduleMixin):
         self.finished_req_ids: set[str] = set()  # since the previous schedule()
         self.prev_step_scheduled_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()  # P/D: KV transfers that completed
+        # P/D: a KV connector (get_num_new_matched_tokens, update_state_after_alloc) or None.
+        self.connector = None
         self.kv_cache_manager = KVCacheManager(
             cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
         )

@@ -55,13 +55,15 @@ class Engine:
     def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",
-                 on_finish: Callable[[str, str | None], None] | None = None):
+                 on_finish: Callable[[str, str | None], None] | None = None, scheduler=None):
         self.cfg = cfg
         self.workload = workload
         self.name = name
         self.on_finish = on_finish  # (request_id, finish_reason) -> None, e.g. for a router
         self.cache, self.kv_capacity = resolve_cache(cfg)
-        self.scheduler = make_engine_scheduler(cfg.engine, cfg.scheduler, self.cache, cfg)
+        # A ready-made scheduler (e.g. a P/D decode scheduler) must match self.cache.
+        self.scheduler = scheduler if scheduler is not None else make_engine_scheduler(
+            cfg.engine, cfg.scheduler, self.cache, cfg)
         hw = cfg.hardware
         if executor is None:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
@@ -111,6 +113,24 @@ class Engine:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
+    def notify(self) -> None:
+        """Something outside changed what the scheduler can do (a KV transfer landed, blocks freed)."""
+        self._wake_up()
+
+    def expect_next_arrival(self, t_s: float) -> None:
+        """The next request submitted from outside will not arrive before t_s (lets fast-forward run)."""
+        self._next_arrival_s = t_s
+
+    def _idle_wait(self):
+        """Nothing ran and nothing is in flight: sleep until an outside event, or until the next
+        Continuum pin expires (the only change that happens by itself)."""
+        self._wake = self.env.event()
+        pins = getattr(self.scheduler, "continuum", None)
+        if pins is not None and pins.pins:
+            expiry = min(p.unpin_at_s for p in pins.pins)
+            return self.env.any_of([self._wake, self.env.timeout(max(expiry - self.env.now, 0.0))])
+        return self._wake
+
     @property
     def num_outstanding(self) -> int:
         """Requests waiting or running (a router's load signal)."""
@@ -152,6 +172,7 @@ class Engine:
                     yield env.timeout(end - now)
                     finish()
                     continue
+            had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
             rec, step_rec = self._on_schedule(so, now)
             mro, gpu_s = self.executor.execute(so)
@@ -169,6 +190,11 @@ class Engine:
                 if end0 > env.now:
                     yield env.timeout(end0 - env.now)
                 self._on_update(so0, mro0, rec0, step0)
+            if (so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids and not had_in_flight
+                    and sched.has_unfinished_requests()):
+                # Nothing ran and nothing changed: the same schedule() would decide the same nothing
+                # again at this instant.
+                yield self._idle_wait()
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _on_schedule(self, so, now: float) -> tuple[dict | None, StepRecord]:

@@ -137,3 +137,20 @@ def test_cli_replay_default_and_bad_input(tmp_path):
     p = subprocess.run(exe + [str(bad), "--out", str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "bad.jsonl" in p.stderr and "line 1" in p.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_engine_waits_for_a_continuum_pin_to_expire_instead_of_spinning():
+    """A waiting request that only fits once a pinned turn's blocks are released: the engine sleeps
+    until the pin expires, then runs it."""
+    from simulator.config import SimConfig as _S
+
+    c = dataclasses.replace(cfg(num_blocks=9, policy="continuum", continuum_default_gap_s=0.5))
+    c = dataclasses.replace(c, scheduler=dataclasses.replace(c.scheduler, continuum_pin_threshold_s=2.0))
+    assert isinstance(c, _S)
+    turn = RequestSpec("t1", 0.0, prompt_len=20, output_len=2, session_id="job", is_last_turn=False)
+    other = RequestSpec("x", 0.1, prompt_len=24, output_len=1)  # needs 6 blocks: only after the unpin
+    res = Engine(c, wl(turn, other)).run()
+    t1_done = res.metrics.requests["t1"].finish_s
+    x = res.metrics.requests["x"]
+    assert x.finish_s is not None
+    assert x.first_scheduled_s == pytest.approx(t1_done + 1.0)  # pin TTL = 2 x the 0.5 s default gap

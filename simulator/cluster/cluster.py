@@ -144,7 +144,7 @@ class Cluster:
         # No request can reach a front replica before t: what lets Engine's exact fast-forward
         # (SimConfig.fast_forward) take a decode step, as Engine._arrivals tells its own engine.
         for r in self.front:
-            r.engine._next_arrival_s = t
+            r.engine.expect_next_arrival(t)
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)

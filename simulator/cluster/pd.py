@@ -8,9 +8,8 @@ in WAITING_FOR_REMOTE_KVS. When the transfer lands, the blocks are cached and th
 from num_computed_tokens = prompt - 1 (the last prompt token is recomputed to sample). On the
 prefill instance the finished request's blocks are not freed until the decode side has read them.
 
-`RemotePrefillConnector` is that connector; `DecodeSchedulerMixin` adds it to `_schedule_waiting`;
-`PrefillSchedulerMixin` delays the free. Until scheduler/_schedule.py grows a connector hook
-(docs/CLUSTER.md has the patch), the decode mixin carries a copy of `_schedule_waiting` with it.
+`RemotePrefillConnector` is that connector (scheduler/_schedule.py consults `Scheduler.connector`
+in its waiting phase); `PrefillSchedulerMixin` delays the free.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler import AsyncScheduler, Scheduler
-from scheduler.queues import create_request_queue
-from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
-from simulator.engine import Engine
+from scheduler.request import Request, RequestStatus
+from simulator.engine import Engine, resolve_cache
 
 
 class RemotePrefillConnector:
@@ -77,79 +75,11 @@ class StallAwareMixin:
 
 
 class DecodeSchedulerMixin(StallAwareMixin):
-    """A scheduler with the KV connector in its waiting phase."""
-
-    connector: RemotePrefillConnector | None = None
+    """A decode-side scheduler: set `connector` to a RemotePrefillConnector."""
 
     def mark_kv_received(self, request_id: str) -> None:
         self._stalled = False
         super().mark_kv_received(request_id)
-
-    def _schedule_waiting(self, st) -> None:
-        """scheduler/_schedule.py's _schedule_waiting plus vLLM's KV-connector branch (marked)."""
-        cfg = self.scheduler_config
-        threshold = cfg.long_prefill_token_threshold
-        kvm = self.kv_cache_manager
-        step_skipped = create_request_queue(self.policy)
-        while (self.waiting or self.skipped_waiting) and st.token_budget > 0:
-            if len(self.running) == self.max_num_running_reqs:
-                break
-            queue = self._select_waiting_queue()
-            request = queue.peek_request()
-            if request.status in BLOCKED_WAITING_STATES and not self._try_promote_blocked(request):
-                queue.pop_request()
-                step_skipped.prepend_request(request)
-                continue
-            if (self.max_loras is not None and request.lora_id is not None
-                    and len(st.scheduled_loras) == self.max_loras and request.lora_id not in st.scheduled_loras):
-                queue.pop_request()
-                step_skipped.prepend_request(request)
-                continue
-            num_external, load_async = 0, False
-            if request.num_computed_tokens == 0:
-                new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
-                if self.connector is not None:  # connector
-                    num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
-                num_computed = num_new_local + num_external
-            else:
-                new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
-                num_computed = request.num_computed_tokens
-            if load_async:  # connector: reserve blocks for the remote KV, schedule no work
-                num_new = 0
-            else:
-                num_new = request.num_tokens - num_computed
-                if 0 < threshold < num_new:
-                    num_new = threshold
-                if not cfg.enable_chunked_prefill and num_new > st.token_budget:
-                    break
-                num_new = min(num_new, st.token_budget)
-            lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
-            if self.tracer is not None:
-                st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
-                                         "local_hit_tokens": num_new_local,
-                                         "num_prompt_tokens": request.num_prompt_tokens,
-                                         "num_tokens": request.num_tokens})
-            if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
-                request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
-                num_external_computed_tokens=num_external,
-            ):
-                break
-            new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
-                                            new_computed_blocks=new_computed_blocks, num_lookahead_tokens=lookahead,
-                                            num_external_computed_tokens=num_external, delay_cache_blocks=load_async)
-            if new_blocks is None:
-                break
-            if load_async:  # connector: park it until the transfer lands (vLLM recomputes the last token)
-                queue.pop_request()
-                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                request.num_external_computed_tokens = num_external
-                request.num_computed_tokens = min(num_computed, request.num_tokens - 1)
-                step_skipped.prepend_request(request)
-                self.connector.update_state_after_alloc(request, num_external)
-                continue
-            self._admit(st, queue.pop_request(), num_new, num_computed)
-        if step_skipped:
-            self.skipped_waiting.prepend_requests(step_skipped)
 
 
 class PrefillSchedulerMixin(StallAwareMixin):
@@ -191,12 +121,11 @@ class PrefillEngine(Engine):
     """An Engine whose scheduler holds finished requests' KV until `kv_sent`."""
 
     def __init__(self, cfg, **kwargs) -> None:
-        super().__init__(cfg, **kwargs)
-        self.scheduler = _pd_scheduler(PrefillSchedulerMixin, cfg, self.cache)
+        super().__init__(cfg, scheduler=_pd_scheduler(PrefillSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
 
     def kv_sent(self, request_id: str) -> None:
         self.scheduler.finish_sending(request_id)
-        self._wake_up()  # freed blocks may admit a waiting prompt
+        self.notify()  # freed blocks may admit a waiting prompt
 
 
 class DecodeEngine(Engine):
@@ -204,11 +133,10 @@ class DecodeEngine(Engine):
     `kv_received` when a transfer lands."""
 
     def __init__(self, cfg, connector: RemotePrefillConnector, **kwargs) -> None:
-        super().__init__(cfg, **kwargs)
-        self.scheduler = _pd_scheduler(DecodeSchedulerMixin, cfg, self.cache)
+        super().__init__(cfg, scheduler=_pd_scheduler(DecodeSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
         self.scheduler.connector = connector
         self.connector = connector
 
     def kv_received(self, request_id: str) -> None:
         self.scheduler.mark_kv_received(request_id)
-        self._wake_up()
+        self.notify()

@@ -1,0 +1,104 @@
+"""`servesim cluster CONFIG.yaml [TRACE]`: replay a trace on a simulated cluster (routers, P/D)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from servesim.cli import app
+from traces.errors import InputError
+
+
+def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
+    """(cluster config dict, workload section) from a YAML file; `workload:` is optional."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(f"cannot read cluster config: {e}", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("a cluster config must be a mapping", path=str(path))
+    workload = data.pop("workload", None) or {}
+    if not isinstance(workload, dict):
+        raise InputError("workload must be a mapping", path=str(path), field="workload",
+                         allowed="{trace, format, rate_scale, max_requests}")
+    return data, workload
+
+
+@app.command("cluster")
+def cluster_command(
+    config: Path = typer.Argument(..., help="cluster config YAML (see docs/CLUSTER.md)"),
+    trace: str = typer.Argument(None, help="trace file or bundled sample name (default: the config's workload)"),
+    fmt: str = typer.Option(None, "--format", help="trace format (default: the config's, or auto)"),
+    max_requests: int = typer.Option(None, "--max-requests"),
+    rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
+    out: Path = typer.Option(Path("runs/cluster"), "--out"),
+) -> None:
+    """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
+    from rich.console import Console
+
+    from simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
+    from simulator.cluster.plan import load_plan_workload
+
+    data, wl_spec = load_cluster_yaml(config)
+    cfg = cluster_config_from_dict(data, str(config))
+    for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
+        if value is not None:
+            wl_spec[key] = value
+    wl = load_plan_workload(wl_spec, trace, base_dir=config.parent)
+    err = Console(stderr=True)
+    err.print(f"cluster: {cfg.num_replicas} replica(s), {cfg.num_gpus} GPU(s), router {cfg.router.name}"
+              f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
+    res = run_cluster(cfg, wl)
+    meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests), "attribution": wl.attribution}
+    write_cluster_results(out, res, meta)
+    console = Console()
+    print_cluster_summary(console, res.summary, wl.name)
+    print_replicas(console, res)
+    console.print(f"results in {out}/")
+
+
+def print_cluster_summary(console, s: dict, workload_name: str) -> None:
+    from rich.table import Table
+
+    c = s["cluster"]
+    t = Table(title=f"servesim cluster: {workload_name} ({s['num_requests']} requests, {c['num_replicas']} replicas, "
+                    f"{c['num_gpus']} GPUs, router {c['router']})")
+    t.add_column("metric")
+    for col in ("mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="right")
+    for key, label in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("e2e_s", "E2E (ms)"),
+                       ("queueing_s", "queueing (ms)")):
+        t.add_row(label, *(_ms(s[key][col]) for col in ("mean", "p50", "p90", "p99")))
+    console.print(t)
+    tp, g = s["throughput"], s["goodput"]
+    console.print(f"finished {s['num_finished']}/{s['num_requests']} in {s['sim_duration_s']:.1f} s simulated "
+                  f"({s['wall_time_s']:.2f} s wall); {tp['requests_per_s']:.2f} req/s, "
+                  f"{tp['output_tokens_per_s']:.0f} output tok/s; {100 * g['fraction_meeting_slo']:.0f} % meet "
+                  f"TTFT<={g['slo_ttft_s']}s and TPOT<={g['slo_tpot_s']}s; prefix-cache hit rate "
+                  f"{100 * s['prefix_cache_hit_rate']:.1f} %; preemptions {s['num_preemptions']}")
+
+
+def print_replicas(console, res) -> None:
+    from rich.table import Table
+
+    t = Table(title="replicas")
+    for c in ("replica", "role", "gpu", "tp", "requests", "TTFT p50 (ms)", "TPOT p50 (ms)", "hit rate", "KV mean",
+              "preemptions"):
+        t.add_column(c, justify="right" if c not in ("replica", "role", "gpu") else "left")
+    for r in res.summary["replicas"]:
+        t.add_row(r["name"], r["role"], str(r["gpu"]), str(r["tp"]), str(r["num_routed"]), _ms(r["ttft_p50_s"]),
+                  _ms(r["tpot_p50_s"]), f"{100 * r['prefix_cache_hit_rate']:.1f} %",
+                  f"{100 * r['kv_usage_mean']:.1f} %",
+                  str(r["num_preemptions"]))
+    console.print(t)
+    pd_s = res.summary.get("pd")
+    if pd_s:
+        parts = ", ".join(f"{k[:-2]} {_ms(v['mean'])}" for k, v in pd_s["ttft_breakdown_s"].items())
+        console.print(f"P/D TTFT breakdown, mean ms: {parts}; KV moved {pd_s['kv_bytes_total'] / 2**30:.2f} GiB")
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{1e3 * x:.1f}"

@@ -1,0 +1,74 @@
+"""`servesim plan CONFIG.yaml`: search replica counts, P:D ratios and TP for the cheapest deployment
+that meets the SLOs; writes plan.csv and frontier.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from servesim.cli import app
+
+
+@app.command("plan")
+def plan_command(
+    config: Path = typer.Argument(..., help="plan config YAML (see docs/CLUSTER.md)"),
+    trace: str = typer.Option(None, "--trace", help="trace file or bundled sample name (overrides the config)"),
+    max_requests: int = typer.Option(None, "--max-requests"),
+    rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
+    out: Path = typer.Option(Path("runs/plan"), "--out"),
+) -> None:
+    """Sweep deployments (early stop per shape), print the cost/goodput table, write CSV and PNG."""
+    from rich.console import Console
+
+    from simulator.cluster.plan import PlanConfig, load_plan_workload, plot_frontier, search
+
+    plan = PlanConfig.from_yaml(config)
+    spec = dict(plan.workload)
+    if max_requests is not None:
+        spec["max_requests"] = max_requests
+    if rate_scale is not None:
+        spec["rate_scale"] = rate_scale
+    wl = load_plan_workload(spec, trace, base_dir=config.parent)
+    err, console = Console(stderr=True), Console()
+    err.print(f"plan: {len(plan.search.shapes())} shape(s), {len(wl.requests)} requests, goodput threshold "
+              f"{plan.search.goodput_threshold:.0%}")
+
+    def progress(row: dict) -> None:
+        if row["error"] is not None:
+            err.print(f"  {row['shape']} x{row['size']}: [red]skipped[/] ({row['error']})")
+        else:
+            tag = "[green]meets SLO[/]" if row["meets_slo"] else "misses"
+            err.print(f"  {row['shape']} x{row['size']}: {row['num_gpus']} GPU(s), goodput "
+                      f"{row['goodput_fraction']:.1%} {tag} ({row['wall_s']:.1f} s)")
+
+    df = search(plan, wl, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "plan.csv", index=False)
+    cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
+    plot_frontier(df, plan.search.goodput_threshold, out / "frontier.png", cost_label)
+    print_plan(console, df, cost_label)
+    console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}")
+
+
+def print_plan(console, df, cost_label: str) -> None:
+    from rich.table import Table
+
+    t = Table(title="deployments evaluated (* cheapest meeting the SLO, F on the cost/goodput frontier)")
+    for c in ("", "shape", "replicas (P+D)", "GPUs", cost_label, "goodput", "TTFT p90 (ms)", "TPOT p90 (ms)"):
+        t.add_column(c, justify="left" if c in ("", "shape") else "right")
+    for _, r in df.sort_values("cost", na_position="last").iterrows():
+        if r["error"] is not None and r["error"] == r["error"]:
+            t.add_row("", r["shape"], "-", "-", "-", "[red]error[/]", "-", "-")
+            continue
+        mark = ("*" if r["best"] else "") + ("F" if r["frontier"] else "")
+        reps = f"{r['num_prefill']}+{r['num_decode']}" if r["kind"] == "pd" else str(r["num_replicas"])
+        t.add_row(mark, r["shape"], reps, str(r["num_gpus"]), f"{r['cost']:g}", f"{r['goodput_fraction']:.1%}",
+                  _ms(r["ttft_p90_s"]), _ms(r["tpot_p90_s"]))
+    console.print(t)
+    if not df["best"].any():
+        console.print("[yellow]no evaluated deployment meets the SLO[/]: widen the search")
+
+
+def _ms(x) -> str:
+    return "-" if x is None or x != x else f"{1e3 * x:.0f}"

@@ -1,0 +1,158 @@
+"""Cluster and plan configs (YAML mirror, clear errors), the capacity search, and the two CLI commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from simulator.cluster import ClusterConfig, cluster_config_from_dict, cluster_config_to_dict
+from simulator.cluster.plan import mark_frontier, plan_config_from_dict, search
+from traces.bundled import load_bundled
+from traces.errors import InputError
+from traces.transforms import rate_scale, request_limit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXAMPLE = {
+    "base": {"hardware": {"model": "llama-3.1-8b"}, "scheduler": {"max_num_seqs": 64}},
+    "replicas": [{"count": 2, "name": "big", "sim": {"hardware.tp": 2}},
+                 {"count": 1, "sim": {"hardware": {"gpu": "a100-80gb"}, "cache.num_gpu_blocks": 500}}],
+    "router": {"name": "prefix_aware", "params": {"load_weight": 0.5}},
+    "routing_latency_s": 0.001,
+    "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+    "seed": 3,
+}
+
+
+def test_yaml_mirror_round_trips_and_merges_base_with_overrides():
+    cfg = cluster_config_from_dict(yaml.safe_load(yaml.safe_dump(EXAMPLE)))
+    big, small = cfg.replicas
+    assert big.sim.hardware.tp == 2 and big.sim.scheduler.max_num_seqs == 64
+    assert big.sim.scheduler.max_model_len == 8192  # SimConfig's own default survives the merge
+    assert small.sim.hardware.gpu == "a100-80gb" and small.sim.cache.num_gpu_blocks == 500
+    assert small.sim.derive_num_gpu_blocks is False  # as with --set cache.num_gpu_blocks
+    assert cfg.num_replicas == 3 and cfg.num_gpus == 5
+    again = cluster_config_from_dict(yaml.safe_load(yaml.safe_dump(cluster_config_to_dict(cfg))))
+    assert again == cfg
+
+
+def test_pd_section_parses_yaml_exponents():
+    cfg = cluster_config_from_dict(yaml.safe_load("""
+replicas: [{count: 1, role: prefill}, {count: 3, role: decode}]
+pd: {link: {bandwidth_bytes_per_s: 25.0e9, sharing: lanes, lanes: 8}, decode_router: least_kv}
+"""))
+    assert cfg.pd.link.bandwidth_bytes_per_s == 25e9 and cfg.pd.decode_router.name == "least_kv"
+
+
+@pytest.mark.parametrize("data, field, text", [
+    ({"replicas": []}, "replicas", "non-empty"),
+    ({"replicas": [{"count": 0}]}, "replicas[0].count", "got 0"),
+    ({"replicas": [{"count": 1, "sim": {"hardwre": {"tp": 2}}}]}, "replicas[0].sim.hardwre", "did you mean hardware"),
+    ({"replicas": [{"sim": {"hardware.tp": "two"}}]}, "replicas[0].sim.hardware.tp", "expected int"),
+    ({"replicas": [{"sim": {"scheduler.max_num_seqs": 0}}]}, "replicas[0].sim.scheduler", "max_num_seqs"),
+    ({"replicas": [{"role": "prefill"}]}, "replicas[].role", "need a pd section"),
+    ({"replicas": [{"role": "prefill"}], "pd": {}}, "replicas[].role", "prefill and decode"),
+    ({"replicas": [{"role": "leader"}]}, "replicas[0].role", "unknown role"),
+    ({"replicas": [{}], "routing_latency_s": -1}, "routing_latency_s", "got -1"),
+    ({"replicas": [{}], "routers": "x"}, "routers", "did you mean router"),
+    ({"replicas": [{"role": "prefill"}, {"role": "decode"}], "pd": {"link": {"sharing": "tdma"}}},
+     "pd.link.sharing", "fair, lanes"),
+    ({"replicas": [{"role": "prefill"}, {"role": "decode", "sim": {"hardware.model": "mistral-7b"}}], "pd": {}},
+     "replicas[].sim", "one model"),
+])
+def test_bad_cluster_configs_name_the_field(data, field, text):
+    with pytest.raises(InputError) as e:
+        cluster_config_from_dict(data, "c.yaml")
+    assert e.value.field == field and text in str(e.value) and "c.yaml" in str(e.value)
+
+
+def test_unknown_router_fails_when_the_cluster_is_built():
+    from simulator.cluster import Cluster
+
+    cfg = ClusterConfig.from_dict({"replicas": [{}], "router": "nearest"})
+    with pytest.raises(InputError, match="round_robin"):
+        Cluster(cfg, request_limit(load_bundled(), 1))
+
+
+PLAN = {
+    "cluster": {"router": "least_outstanding", "slo": {"ttft_s": 0.3, "tpot_s": 0.03}},
+    "search": {"tp": [1], "colocated": {"min": 1, "max": 3}, "pd": {"ratios": [[1, 1]], "max_scale": 2},
+               "goodput_threshold": 0.9},
+    "gpu_cost_per_hour": {"H100": 2.0},
+}
+
+
+def test_plan_search_stops_each_shape_at_its_first_size_meeting_the_slo():
+    plan = plan_config_from_dict(PLAN)
+    assert plan.gpu_cost_per_hour == {"h100": 2.0}
+    wl = rate_scale(request_limit(load_bundled(), 60), 6.0)
+    df = search(plan, wl)
+    for _, g in df.groupby("shape"):
+        meets = list(g["meets_slo"])
+        assert not any(meets[:-1])  # nothing evaluated after the first success
+    col = df[df["kind"] == "colocated"]
+    assert list(col["size"]) == list(range(1, len(col) + 1))
+    assert (df["cost"] == 2.0 * df["num_gpus"]).all()
+    best = df[df["best"]]
+    assert len(best) == 1 and best.iloc[0]["meets_slo"]
+    assert best.iloc[0]["cost"] == df[df["meets_slo"]]["cost"].min()
+
+
+def test_frontier_keeps_points_no_cheaper_point_beats():
+    df = pd.DataFrame({"cost": [1, 2, 2, 3, 4], "goodput_fraction": [0.2, 0.5, 0.4, 0.5, 0.95],
+                       "meets_slo": [False, False, False, False, True], "error": [None] * 5})
+    out = mark_frontier(df, 0.9)
+    assert list(out["frontier"]) == [True, True, False, False, True]
+    assert list(out["best"]) == [False, False, False, False, True]
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"search": {"tp": [0]}}, "search.tp"),
+    ({"search": {"colocated": {"min": 3, "max": 1}}}, "search.colocated"),
+    ({"search": {"pd": {"ratios": [[1]]}}}, "search.pd.ratios"),
+    ({"search": {"goodput_threshold": 1.5}}, "search.goodput_threshold"),
+    ({"cluster": {"replicas": [{}]}}, "cluster"),
+    ({"cluster": {"router": {"nam": "x"}}}, "router.nam"),
+    ({"gpu_cost_per_hour": {"h100": -1}}, "gpu_cost_per_hour"),
+    ({"serch": {}}, "serch"),
+])
+def test_bad_plan_configs_name_the_field(data, field):
+    with pytest.raises(InputError) as e:
+        plan_config_from_dict(data)
+    assert e.value.field == field
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "servesim", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cluster_and_plan_commands_write_their_outputs(tmp_path):
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "workload": {"trace": "sharegpt-300", "max_requests": 20},
+        "replicas": [{"count": 1, "role": "prefill"}, {"count": 1, "role": "decode"}], "pd": {}}))
+    r = _cli("cluster", str(cfg), "--out", str(tmp_path / "run"), "--rate-scale", "2")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["num_finished"] == 20 and "ttft_breakdown_s" in summary["pd"]
+    req = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert {"prefill_replica", "decode_replica", "transfer_s"} <= set(req.columns)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({**PLAN, "workload": {"max_requests": 20},
+                                    "search": {"colocated": {"min": 1, "max": 2}}}))
+    r = _cli("plan", str(plan), "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan" / "frontier.png").stat().st_size > 0
+    assert "cheapest" in r.stdout or "meets" in r.stderr
+    assert len(pd.read_csv(tmp_path / "plan" / "plan.csv")) >= 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("replicas: [{count: 1}]\nrouter: nearest\n")
+    r = _cli("cluster", str(bad), "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "nearest" in r.stderr and "round_robin" in r.stderr
