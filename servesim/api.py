@@ -72,4 +72,36 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
     return run(cfg, load_trace(trace), out_dir=out_dir)
 
 
-__all__ = ["Results", "bundled_trace_path", "load_trace", "replay", "run"]
+def run_scenario(scenario, *, out_dir: str | Path | None = None, smoke: bool = False, sets=None,
+                 backend: str = "local", workers: int | None = 1, ray_address: str | None = None, progress=None):
+    """Run a what-if scenario (YAML path or dict) and its sweep; returns SweepResults
+    (`.table` = sweep.parquet, `.variant(i)` -> Results). See docs/SCENARIOS.md."""
+    from servesim.scenario import run_scenario as _run_scenario
+
+    return _run_scenario(scenario, out_dir=out_dir, smoke=smoke, sets=sets, backend=backend, workers=workers,
+                         ray_address=ray_address, progress=progress)
+
+
+def load_results(folder: str | Path) -> Results:
+    """A finished run's folder (servesim replay --out, or one sweep variant) as Results."""
+    from servesim.scenario.results import load_results as _load
+
+    return _load(folder)
+
+
+def load_sweep(folder: str | Path):
+    """A finished sweep's folder (servesim run --out) as SweepResults."""
+    from servesim.scenario.results import load_sweep as _load
+
+    return _load(folder)
+
+
+def plot_results(folder: str | Path, out_dir: str | Path | None = None):
+    """PNG figures and a self-contained report.html for a run or sweep folder: (pngs, report path)."""
+    from servesim.plots import plot_results as _plot
+
+    return _plot(folder, out_dir)
+
+
+__all__ = ["Results", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plot_results", "replay",
+           "run", "run_scenario"]

@@ -51,6 +51,11 @@ def _set(obj, path: list[str], value, full_key: str):
 
 def _coerce(current, value, full_key: str):
     """Keep the field's type: an int field takes ints, a float field ints or floats, and so on."""
+    if dataclasses.is_dataclass(current) and isinstance(value, dict):
+        # A mapping for a nested config: set its fields one by one (validated like dotted keys).
+        for k, v in value.items():
+            current = _set(current, [k], v, f"{full_key}.{k}")
+        return current
     if current is None or value is None or dataclasses.is_dataclass(current):
         return value
     if isinstance(current, bool):

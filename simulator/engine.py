@@ -238,6 +238,7 @@ class Engine:
         ps = eco.scheduler_stats.prefix_cache_stats
         self.prefix_hits += ps.hits
         self.prefix_queries += ps.queries
+        step_rec.prefix_hit_tokens, step_rec.prefix_query_tokens = ps.hits, ps.queries
         if rec is not None:
             sampled = {rid: t[0] for rid, t in zip(mro.req_ids, mro.sampled_token_ids) if t}
             finish_record(rec, sampled, [o.request_id for o in eco.outputs if o.finish_reason is not None],

@@ -43,6 +43,8 @@ class StepRecord:
     num_running: int
     num_waiting: int
     num_preemptions: int
+    prefix_hit_tokens: int = 0  # prefix-cache lookups applied with this step's output (vLLM's stats)
+    prefix_query_tokens: int = 0
 
 
 class MetricsCollector:
@@ -116,7 +118,8 @@ REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "outpu
                    "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
                    "num_preemptions", "num_cached_tokens", "finish_reason"]
 STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
-                "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions"]
+                "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
+                "prefix_hit_tokens", "prefix_query_tokens"]
 
 
 def _sub(a: float | None, b: float) -> float | None:

@@ -152,11 +152,22 @@ def _blame(exc: Exception, data: dict, path: tuple, marks: Marks) -> InputError:
     detail = exc.detail if isinstance(exc, InputError) else str(exc)
     allowed = exc.allowed if isinstance(exc, InputError) else None
     named = getattr(exc, "field", None) or ""
-    key = named.rsplit(".", 1)[-1] if named else None
+    parts = tuple(named.split(".")) if named else ()
+    if parts and _has_path(data, parts):  # e.g. SimConfig's "spec_decode.acceptance"
+        return marks.error(detail, path + parts, allowed=allowed)
+    key = parts[-1] if parts else None
     if key not in data:  # the scheduler's ValueErrors name the field in the message
         key = next((k for k in data if str(k) in detail), None)
     target = path + (key,) if key is not None else path
     return marks.error(detail, target, allowed=allowed)
+
+
+def _has_path(data: Any, parts: tuple) -> bool:
+    for part in parts:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
 
 
 def build_sim_config(data: dict, marks: Marks) -> SimConfig:

@@ -116,8 +116,17 @@ def load_scenario_source(file: str | Path, _chain: tuple[Path, ...] = ()) -> tup
         if not target.is_file():
             raise marks.error(f"extended scenario {parent!r} not found (looked at {target})", ("extends",))
         p_data, p_marks = load_scenario_source(target, (*_chain, file))
-        merged, merged_marks = deep_merge(merged, merged_marks, p_data, p_marks)
-    return deep_merge(merged, merged_marks, data, marks)
+        merged, merged_marks = deep_merge(_drop_replaced(merged, p_data), merged_marks, p_data, p_marks)
+    return deep_merge(_drop_replaced(merged, data), merged_marks, data, marks)
+
+
+def _drop_replaced(base: dict, over: dict) -> dict:
+    """A `workload:` that names its source (trace or generator) replaces the inherited workload
+    instead of merging into it: a trace's options mean nothing to a generator and vice versa."""
+    wl = over.get("workload")
+    if isinstance(wl, dict) and ({"trace", "generator"} & set(wl)) and "workload" in base:
+        return {k: v for k, v in base.items() if k != "workload"}
+    return base
 
 
 def deep_merge(base: dict, base_marks: Marks, over: dict, over_marks: Marks) -> tuple[dict, Marks]:

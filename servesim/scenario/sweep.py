@@ -54,6 +54,11 @@ def parse_sweep(raw: Any, marks: Marks) -> list[Axis]:
         if not isinstance(values, list) or not values:
             raise marks.error(f"sweep values must be a non-empty list, got {values!r:.60}", ("sweep", key))
         axes.append(Axis((key,), [(v,) for v in values], (("sweep", key),)))
+    for axis in axes:  # a repeated point would run twice into the same result folder
+        texts = [repr(p) for p in axis.points]
+        dup = next((t for t in texts if texts.count(t) > 1), None)
+        if dup is not None:
+            raise marks.error(f"{axis.name}: the point {dup} is listed twice", axis.marks[0])
     seen: set[str] = set()
     for axis in axes:
         for key in axis.keys:

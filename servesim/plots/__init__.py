@@ -1,0 +1,97 @@
+"""Plots of runs and sweeps (matplotlib, drawn with Agg) and the self-contained report.html.
+
+    from servesim.plots import plot_results
+    pngs, report = plot_results("runs/kv_size_preemptions")     # a sweep folder or one run's folder
+
+Figure functions (each returns a matplotlib Figure, so notebooks can show or restyle them):
+`run.latency_cdfs`, `run.timeline`, `run.preemptions_and_hits`, `run.batch_composition`,
+`sweep.metrics_vs_axis`, `sweep.small_multiples`, `sweep.latency_overlay`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MAX_VARIANT_PAGES = 6  # per-variant detail figures in a sweep report (each costs ~2 s to draw)
+
+
+def _save(fig, path: Path) -> Path:
+    from servesim.plots import style
+
+    style.save(fig, path)
+    fig.clear()
+    return path
+
+
+def run_figures(res, out: Path, prefix: str = "", cdfs: bool = True) -> list[tuple[Path, str]]:
+    """The figures of one run, written as PNGs; returns (path, caption) pairs. A sweep report
+    leaves out the CDFs (cdfs=False): its overlay already shows every variant's."""
+    from servesim.plots import run
+
+    label = res.out_dir.name if res.out_dir is not None else "run"
+    specs = [("latency_cdf", lambda: run.latency_cdfs({label: res}), "TTFT, TPOT and end-to-end latency CDFs"),
+             ("timeline", lambda: run.timeline(res), "KV-cache usage, running/waiting requests and tokens per second"),
+             ("preemptions_hits", lambda: run.preemptions_and_hits(res),
+              "Preemptions per time bin (cumulative line) and prefix-cache hit rate by finish time"),
+             ("batch_composition", lambda: run.batch_composition(res), "Prefill vs decode tokens per step")]
+    if not cdfs:
+        specs = specs[1:]
+    return [(_save(build(), out / f"{prefix}{name}.png"), caption) for name, build, caption in specs]
+
+
+def plot_run(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
+    from servesim.plots.report import run_table, write_report
+    from servesim.scenario.results import load_results
+
+    res = load_results(folder)
+    out = Path(out) if out is not None else Path(folder) / "plots"
+    figs = run_figures(res, out)
+    report = write_report(out, f"servesim run: {Path(folder).name}", "", run_table(res.summary),
+                          [("Figures", figs, False)])
+    return [p for p, _ in figs], report
+
+
+def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
+    from servesim.plots import sweep as sp
+    from servesim.plots.report import sweep_table, write_report
+    from servesim.scenario.model import short_label
+    from servesim.scenario.results import load_sweep
+
+    sw = load_sweep(folder)
+    out = Path(out) if out is not None else Path(folder) / "plots"
+    labels = {v["name"]: short_label(v["params"]) for v in sw.info.get("variants", [])}
+    sections = []
+    ok = sw.table[sw.table["status"] == "ok"]
+    if len(ok):
+        overview = [(_save(sp.metrics_vs_axis(sw), out / "metrics_vs_axis.png"),
+                     "Metrics against the swept axis: line = p50 over requests, band = p10-p90"),
+                    (_save(sp.latency_overlay(sw), out / "latency_cdfs.png"), "Latency CDFs per variant"),
+                    (_save(sp.small_multiples(sw), out / "small_multiples.png"),
+                     "Running / waiting requests and KV usage over time, one panel per variant")]
+        sections.append(("Sweep overview", overview, False))
+    for name in list(ok["variant"])[:MAX_VARIANT_PAGES]:
+        figs = run_figures(sw.variant(name), out / "variants" / name, cdfs=False)
+        sections.append((f"Variant: {labels.get(name) or name}", figs, True))
+    info = sw.info
+    desc = info.get("description") or ""
+    if info.get("smoke"):
+        desc += " (smoke run: a few requests per variant; numbers are not meaningful)"
+    report = write_report(out, f"servesim sweep: {info.get('scenario', Path(folder).name)}", desc.strip(),
+                          sweep_table(sw.table, labels), sections)
+    return [p for _, imgs, _ in sections for p, _ in imgs], report
+
+
+def plot_results(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
+    """PNG figures and report.html for a sweep folder (sweep.parquet) or one run (summary.json)."""
+    folder = Path(folder)
+    if (folder / "sweep.parquet").is_file():
+        return plot_sweep(folder, out)
+    if (folder / "summary.json").is_file():
+        return plot_run(folder, out)
+    from traces.errors import InputError
+
+    raise InputError("not a results folder: it has neither sweep.parquet (a sweep) nor summary.json (a run)",
+                     path=str(folder), allowed="the --out folder of `servesim run` or `servesim replay`")
+
+
+__all__ = ["plot_results", "plot_run", "plot_sweep", "run_figures"]
