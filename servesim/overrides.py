@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from simulator.config_values import coerce_field
 from traces.errors import InputError
 
 
@@ -56,8 +57,7 @@ def _coerce(current, value, full_key: str):
         for k, v in value.items():
             current = _set(current, [k], v, f"{full_key}.{k}")
         return current
-    if current is None or value is None or dataclasses.is_dataclass(current):
-        return value
+    return coerce_field(current, value, full_key)
     if isinstance(current, bool):
         ok = isinstance(value, bool)
     elif isinstance(current, int):

@@ -40,16 +40,20 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
         resolved["workload"] = workload_meta
         (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
+        publish_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def publish_dir(tmp: Path, out_dir: Path) -> None:
+    """Move a finished temporary folder to out_dir, replacing an older result only at the end."""
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out_dir)

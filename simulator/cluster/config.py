@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.config import SimConfig, SloConfig, to_dict
+from simulator.config_values import coerce_field
 from traces.errors import InputError
 
 ROLES = ("both", "prefill", "decode")  # "both": a colocated replica (no P/D split)
@@ -259,29 +260,7 @@ def build_dataclass(obj: Any, data: Any, where: str, path: str | None = None) ->
 
 
 def _coerce(current: Any, value: Any, where: str, path: str | None) -> Any:
-    """Keep a field's type: ints take ints, floats ints or floats, tuples lists, and so on."""
-    if current is None or value is None:
-        return value
-    if isinstance(current, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(current, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(current, float):
-        if isinstance(value, str):  # PyYAML reads 25.0e9 (no sign in the exponent) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(current, (tuple, list)):
-        ok = isinstance(value, (list, tuple))
-        value = type(current)(value) if ok else value
-    else:
-        ok = isinstance(value, type(current))
-    if not ok:
-        raise InputError(f"expected {type(current).__name__}, got {value!r}", path=path, field=where)
-    return value
+    return coerce_field(current, value, where, path)
 
 
 def _expand_dotted(data: Any, where: str, path: str | None) -> dict:

@@ -15,7 +15,6 @@ kv_link_s is the part on the link); first_decode_s: -> the decode replica's firs
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -30,7 +29,7 @@ from simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from simulator.config import SimConfig
 from simulator.engine import EngineResult
 from simulator.metrics import MetricsCollector, RequestRecord, stats, summarize
-from simulator.outputs import build_summary
+from simulator.outputs import publish_dir, build_summary
 
 if TYPE_CHECKING:
     from simulator.cluster.cluster import Cluster
@@ -194,14 +193,7 @@ def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta
         resolved["workload"] = workload_meta
         (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
         (tmp / "summary.json").write_text(json.dumps(res.summary, indent=1) + "\n")
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
+        publish_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
