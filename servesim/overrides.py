@@ -58,18 +58,3 @@ def _coerce(current, value, full_key: str):
             current = _set(current, [k], v, f"{full_key}.{k}")
         return current
     return coerce_field(current, value, full_key)
-    if isinstance(current, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(current, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(current, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(current, (tuple, list)):
-        ok = isinstance(value, (list, tuple))
-        value = type(current)(value) if ok else value
-    else:
-        ok = isinstance(value, type(current))
-    if not ok:
-        raise InputError(f"expected {type(current).__name__}, got {value!r}", field=full_key)
-    return value
