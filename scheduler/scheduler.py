@@ -29,6 +29,10 @@ from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, ch
 
 
 class Scheduler(ScheduleMixin):
+    # A schedule() that scheduled and preempted nothing, with no output pending, decides the same
+    # again until something outside changes (an arrival, a KV transfer, a pin expiring): the engine
+    # may sleep instead of calling it again at the same instant.
+    idle_is_stable = True
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  log_stats: bool = True, tracer=None) -> None:
         self.scheduler_config = scheduler_config

@@ -191,7 +191,7 @@ class Engine:
                     yield env.timeout(end0 - env.now)
                 self._on_update(so0, mro0, rec0, step0)
             if (so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids and not had_in_flight
-                    and sched.has_unfinished_requests()):
+                    and getattr(sched, "idle_is_stable", False) and sched.has_unfinished_requests()):
                 # Nothing ran and nothing changed: the same schedule() would decide the same nothing
                 # again at this instant.
                 yield self._idle_wait()
