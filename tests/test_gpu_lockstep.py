@@ -75,3 +75,18 @@ def test_unknown_model_preset_and_oversized_cpu_cache_refused():
     big = dataclasses.replace(SimConfig(), hardware=dataclasses.replace(SimConfig().hardware, model="llama-3.1-8b"))
     with pytest.raises(InputError, match="GiB on the CPU"):
         make_gpu_executor(big, device="cpu")
+
+
+def test_warmup_runs_every_shape_and_leaves_results_unchanged(tmp_path):
+    from servesim.gpu import make_gpu_executor
+
+    wl = small_workload(4)
+    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 64})
+    exe = make_gpu_executor(cfg, device="cpu", clock="model", sampling="greedy")
+    assert exe.warmup() == 6
+    run(cfg, wl, executor=exe, step_trace=tmp_path / "warm.jsonl")
+    exe2 = make_gpu_executor(cfg, device="cpu", clock="model", sampling="greedy")
+    run(cfg, wl, executor=exe2, step_trace=tmp_path / "cold.jsonl")
+    # Warm-up writes only KV slots that real steps overwrite before reading: the same greedy tokens
+    # (the step traces record every sampled token id).
+    assert (tmp_path / "warm.jsonl").read_bytes() == (tmp_path / "cold.jsonl").read_bytes()
