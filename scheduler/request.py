@@ -218,3 +218,15 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def append_until_stop(request: Request, new_ids: list[int], max_model_len: int) -> tuple[list[int], bool]:
+    """Append sampled tokens one by one; at the first stop condition drop the rest (in place).
+
+    Returns (the tokens kept, whether the request stopped)."""
+    for n, tok in enumerate(new_ids, 1):
+        request.append_output_token_ids(tok)
+        if check_stop(request, max_model_len):
+            del new_ids[n:]
+            return new_ids, True
+    return new_ids, False

@@ -25,7 +25,7 @@ from scheduler.output import (
     SpecDecodingStats,
 )
 from scheduler.queues import create_request_queue
-from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, check_stop
+from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
 
 
 class Scheduler(ScheduleMixin):
@@ -171,14 +171,7 @@ class Scheduler(ScheduleMixin):
 
     def _update_request_with_output(self, request: Request, new_ids: list[int]) -> tuple[list[int], bool]:
         """Append tokens one by one, stopping at the first stop condition (later ones are dropped)."""
-        stopped = False
-        for n, tok in enumerate(new_ids, 1):
-            request.append_output_token_ids(tok)
-            if check_stop(request, self.max_model_len):
-                stopped = True
-                del new_ids[n:]
-                break
-        return new_ids, stopped
+        return append_until_stop(request, new_ids, self.max_model_len)
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
         for rid, drafts in draft_token_ids.items():

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 
 def write_report(profile_path: Path, model: str, gpu: str) -> str:
     import matplotlib
@@ -55,5 +53,3 @@ def write_report(profile_path: Path, model: str, gpu: str) -> str:
              f"report: {base}.report.csv, {base}.report.png"]
     return "\n".join(lines)
 
-
-__all__ = ["write_report", "pd"]

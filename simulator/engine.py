@@ -9,6 +9,7 @@ nothing is waiting or running the engine sleeps until the next arrival: no busy 
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Callable
@@ -243,7 +244,7 @@ class Engine:
             sampled = {rid: t[0] for rid, t in zip(mro.req_ids, mro.sampled_token_ids) if t}
             finish_record(rec, sampled, [o.request_id for o in eco.outputs if o.finish_reason is not None],
                           eco.scheduler_stats)
-            self.step_trace.write(_dumps(rec) + "\n")
+            self.step_trace.write(json.dumps(rec) + "\n")
         if self.progress is not None and self.num_steps % 256 == 0:
             self.progress(now, self._num_done)
 
@@ -277,7 +278,3 @@ def _always(prev_so, so) -> bool:
     return True
 
 
-def _dumps(rec: dict) -> str:
-    import json
-
-    return json.dumps(rec)

@@ -208,7 +208,7 @@ def config_from_dict(cls: type, data: Any, where: str = "") -> Any:
                          field=_join(where, unknown[0]), allowed=", ".join(names))
     kwargs = {}
     for key, value in data.items():
-        target = _dataclass_in(hints[key])
+        target = dataclass_in(hints[key])
         if target is not None and value is not None:
             value = config_from_dict(target, value, _join(where, key))
         elif isinstance(value, list):
@@ -234,7 +234,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return plain(config)
 
 
-def _dataclass_in(hint: Any) -> type | None:
+def dataclass_in(hint: Any) -> type | None:
     """The dataclass inside `X` or `X | None`, else None."""
     if dataclasses.is_dataclass(hint):
         return hint

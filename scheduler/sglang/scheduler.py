@@ -21,7 +21,7 @@ from scheduler.kv.manager import PrefixCacheStats
 from scheduler.output import (
     EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
 )
-from scheduler.request import Request, RequestStatus, check_stop
+from scheduler.request import Request, RequestStatus, append_until_stop
 from scheduler.sglang.batching import Batch, BatchingMixin
 from scheduler.sglang.config import SGLangConfig
 from scheduler.sglang.memory import SGLangMemory
@@ -177,15 +177,9 @@ class SGLangScheduler(BatchingMixin):
             if request is None or request.is_finished():
                 continue  # finished while this step ran (overlap's extra forward): dropped
             new_ids = list(sampled[index[rid]]) if sampled and rid in index else []
-            stopped = False
-            for n, tok in enumerate(new_ids, 1):
-                # A request retracted after this step was scheduled keeps the token (SGLang drops
-                # it and samples it again; the sampled tokens are the same here).
-                request.append_output_token_ids(tok)
-                if check_stop(request, self.max_model_len):
-                    stopped = True
-                    del new_ids[n:]
-                    break
+            # A request retracted after this step was scheduled keeps the token (SGLang drops it and
+            # samples it again; the sampled tokens are the same here).
+            new_ids, stopped = append_until_stop(request, new_ids, self.max_model_len)
             if stopped:
                 self._finish(request)
                 finished.append(rid)

@@ -19,6 +19,7 @@ from typing import Any
 from servesim.scenario.source import Marks, dotted
 from simulator.config import SimConfig
 from traces.errors import InputError
+from traces.synthetic_config import dataclass_in
 
 # Scenario-level keys besides the SimConfig fields.
 SCENARIO_KEYS = ("name", "description", "workload", "sweep", "smoke")
@@ -45,16 +46,6 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
-
-
-def dataclass_in(hint: Any) -> type | None:
-    """The dataclass in `X` or `X | None`, else None."""
-    if dataclasses.is_dataclass(hint):
-        return hint
-    for arg in typing.get_args(hint):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
 
 
 def check_keys(data: dict, cls: type, path: tuple, marks: Marks) -> None:
