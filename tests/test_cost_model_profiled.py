@@ -154,6 +154,52 @@ def test_fit_composes_tables_exactly():
     assert f.fit_error["attn_mixed"]["origin"] == "measured"
 
 
+def test_decode_skew_correction_is_alpha_of_the_way_to_max_context():
+    rows = synthetic_profile()
+    plain = fit(rows, "tiny-llama", "h100", 1)
+    mixed = rows["op"] == "attn_mixed"
+    skewed = fit(rows.assign(skew_alpha=rows["skew_alpha"].mask(mixed, 0.25)),
+                 "tiny-llama", "h100", 1)
+    assert skewed.data["attention"]["skew_alpha"] == 0.25
+    # Equal decode contexts: the table point itself, no correction.
+    for shape in (decode_shape(32, 512), decode_shape(1, 900), prefill_shape(256, 1024)):
+        assert skewed.step_time_s(shape) == plain.step_time_s(shape)
+    # 4 decodes at 16, 16, 16, 1000: mean 262, max 1000. The synthetic table is 1e-9 s per
+    # (decode x context) token, so t(max) - t(mean) = 4 * 738 ns per layer; 2 layers.
+    shape = StepShape((1, 1, 1, 1), (16, 16, 16, 1000), 4)
+    extra = 2 * 0.25 * 1e-9 * 4 * (1000 - 262)
+    assert skewed.step_time_s(shape) - plain.step_time_s(shape) == pytest.approx(extra, rel=1e-9)
+    # With a prefill chunk in the batch, only the decodes' contexts count toward the max.
+    shape = StepShape((1, 1, 256), (16, 1000, 5000), 3)
+    extra = 2 * 0.25 * 1e-9 * 2 * (1000 - 508)
+    assert skewed.step_time_s(shape) - plain.step_time_s(shape) == pytest.approx(extra, rel=1e-9)
+
+
+def test_skew_alpha_errors():
+    rows = synthetic_profile()
+    mixed = (rows["op"] == "attn_mixed").to_numpy()
+    alphas = rows["skew_alpha"].mask(mixed, 0.1)
+    alphas.iloc[mixed.nonzero()[0][0]] = 0.2
+    with pytest.raises(InputError) as err:
+        fit(rows.assign(skew_alpha=alphas), "tiny-llama", "h100", 1)
+    assert err.value.field == "skew_alpha"
+    data = fit(rows, "tiny-llama", "h100", 1).data
+    data["attention"]["skew_alpha"] = 1.5
+    with pytest.raises(InputError) as err:
+        FittedCostModel(data)
+    assert "outside [0, 1]" in str(err.value)
+
+
+@needs_shared
+def test_llmservingsim_importer_reads_the_skew_fit():
+    rows = import_profile("llmservingsim", RTXPRO_8B)
+    attn = rows["op"] == "attn_mixed"
+    assert set(rows.loc[attn, "skew_alpha"]) == {0.0543}  # meta.yaml skew_fit.per_tp[1]
+    assert rows.loc[~attn, "skew_alpha"].isna().all()
+    rtx4090 = LSS / "RTX4090" / "meta-llama" / "Llama-3.1-8B" / "bf16" / "tp1"
+    assert import_profile("llmservingsim", rtx4090)["skew_alpha"].isna().all()  # not profiled
+
+
 def test_fit_without_matching_rows_lists_what_exists():
     with pytest.raises(InputError) as err:
         fit(synthetic_profile(), "llama-3.1-8b", "h100", 1)

@@ -157,7 +157,14 @@ def _fit_attention(rows: pd.DataFrame, spec: ModelSpec, tp: int, roof: RooflineC
         grid, errors["attn_mixed"] = fit_grid(
             mixed, ["chunk_len", "prefix_len", "batch_size", "context_len"], rng, holdout,
             "measured")
-        return {"kind": "mixed", "grid": grid.to_dict()}
+        out = {"kind": "mixed", "grid": grid.to_dict()}
+        alphas = sorted(mixed["skew_alpha"].dropna().unique().tolist())
+        if len(alphas) > 1:
+            raise InputError(f"attn_mixed rows carry different skew_alpha values {alphas}: fit "
+                             "one profiler run at a time", field="skew_alpha")
+        if alphas:  # measured by the source's skew profile; absent = no correction
+            out["skew_alpha"] = float(alphas[0])
+        return out
     pre, dec = rows[rows["op"] == "attn_prefill"], rows[rows["op"] == "attn_decode"]
     if not len(pre) and not len(dec):
         errors["attention"] = _roofline_err()

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import tempfile
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..specs import resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .interp import Curve, NestedGrid
 
+_ONE_EQ = (1).__eq__
 FORMAT = "servesim-profiled-cost-model"
 VERSION = 1
 
@@ -29,7 +31,7 @@ class FittedCostModel:
 
     __slots__ = ("name", "data", "model", "gpu", "tp", "_layers", "_dense", "_tok", "_rows",
                  "_ar", "_ar_bytes_per_tok", "_attn_kind", "_attn", "_attn_decode", "_prefix_axis",
-                 "_coef")
+                 "_coef", "_skew_alpha")
 
     def __init__(self, data: dict[str, Any]) -> None:
         if data.get("format") != FORMAT or data.get("version") != VERSION:
@@ -59,6 +61,11 @@ class FittedCostModel:
         self._attn_kind = attn["kind"]
         self._attn = self._attn_decode = None
         self._prefix_axis = False
+        # Decode-skew factor measured with a mixed table (0 = none measured, no correction).
+        self._skew_alpha = float(attn.get("skew_alpha") or 0.0) if attn["kind"] == "mixed" else 0.0
+        if not 0.0 <= self._skew_alpha <= 1.0:
+            raise InputError(f"skew_alpha {self._skew_alpha} is outside [0, 1]",
+                             field="attention.skew_alpha", allowed="0 .. 1")
         if self._attn_kind == "mixed":
             self._attn = NestedGrid.from_dict(attn["grid"])
         elif self._attn_kind == "split":
@@ -82,6 +89,8 @@ class FittedCostModel:
         if self._coef is not None:
             return self._step_regression(npf, ptok, pc, cc, nd, kd)
         layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
+        if self._skew_alpha and nd > 1:
+            layer += self._skew_s(shape, npf, pc, cc, nd, kd)
         if self._dense is not None:
             layer += self._dense(tokens)
         if self._ar is not None:
@@ -119,6 +128,28 @@ class FittedCostModel:
             pairs = pc + 0.5 * (cc + ptok) + kd + nd
             return max(pairs * spp, (ctx_sum + tokens) * spk + tokens * spq) + overhead
         return 0.0
+
+    def _skew_s(self, shape: StepShape, npf: int, pc: int, cc: int, nd: int, kd: int) -> float:
+        """Extra attention time of a batch whose decode contexts differ (zero when all equal).
+
+        The mixed table measures decodes of one shared context, and we look it up at the mean.
+        The varlen kernel runs longer on a skewed batch (tile padding, SMs waiting for the
+        longest sequence); the profile's skew sweep measured how far the time moves from the
+        mean-context point toward the max-context point: alpha of the way.
+        """
+        new, ctx = shape.num_new_tokens, shape.num_context_tokens
+        if npf:
+            kmax = max(compress(ctx, map(_ONE_EQ, new)))
+        else:
+            kmax = max(ctx)
+        mean = kd / nd
+        if kmax <= mean:
+            return 0.0
+        chunk = math.sqrt(cc) if npf else 0.0
+        prefix = pc / chunk if npf else 0.0
+        t_mean = self._attn(chunk, prefix, nd, mean)
+        t_max = self._attn(chunk, prefix, nd, kmax)
+        return self._skew_alpha * (t_max - t_mean) if t_max > t_mean else 0.0
 
     def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:
         pre, dec = self._coef.get("prefill"), self._coef.get("decode")

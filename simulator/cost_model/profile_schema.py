@@ -32,6 +32,9 @@ COLUMNS: dict[str, str] = {
     "num_kv_heads": "Int64",  # attention KV heads on one GPU
     "head_dim": "Int64",
     "bytes": "Int64",  # all-reduce message size, bytes
+    # attn_mixed only: measured decode-skew blend factor alpha of this attention table, so that a
+    # batch of unequal decode contexts costs t(mean) + alpha * (t(max) - t(mean)); NA = not measured
+    "skew_alpha": "float64",
     "latency_s": "float64",  # seconds per call (per layer for per-layer ops)
     "dtype": "string",  # "bf16", "fp16", "fp8", ... (KV-cache dtype for attention rows)
     "kernel": "string",  # kernel / backend label from the source
@@ -74,6 +77,8 @@ def make_profile(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
     for col, dtype in COLUMNS.items():
         if col not in df.columns:
             df[col] = pd.NA
+        if dtype == "float64":  # a column present in only some concatenated frames holds pd.NA
+            df[col] = pd.to_numeric(df[col].astype(object).where(df[col].notna(), np.nan))
         df[col] = df[col].astype(dtype)
     df["model"] = df["model"].fillna("")
     return df[list(COLUMNS)].reset_index(drop=True)

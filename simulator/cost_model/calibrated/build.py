@@ -80,6 +80,7 @@ def _probe_shapes():
     for c, p in ((16, 0), (512, 0), (2048, 0), (1024, 3000)):
         shapes.append(StepShape((c,), (p,), 1))
     shapes.append(StepShape((1,) * 63 + (512,), (900,) * 63 + (256,), 64))
+    shapes.append(StepShape((1,) * 96, tuple(100 + 37 * i for i in range(96)), 96))  # skewed
     return shapes
 
 
@@ -106,6 +107,7 @@ def build_one(model: str, gpu: str, tp: int, rel_paths: list[str], why: str, roo
         "sources": data["metadata"]["sources"], "frameworks": data["metadata"]["frameworks"],
         "n_rows_used": data["metadata"]["n_rows_used"],
         "attention": data["attention"]["kind"] if data.get("attention") else "step_regression",
+        "skew_alpha": (data.get("attention") or {}).get("skew_alpha"),
         "fit_error": errs, "compaction_max_rel_drift": drift, "size_bytes": (out / name).stat().st_size,
     }
 

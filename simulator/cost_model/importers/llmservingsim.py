@@ -120,9 +120,36 @@ def _v019_context(tp_dir: Path) -> dict:
     device = str(meta.get("gpu") or parts[-5])
     model = str(meta.get("model") or f"{parts[-4]}/{parts[-3]}")
     variant = str(meta.get("variant") or parts[-2])
+    tp = _tp_from_dir(tp_dir)
     return {"source": "llmservingsim", "gpu": gpu_label(device), "model": model_label(model),
             "device": device, "framework": f"vllm {meta.get('vllm_version', '0.19')} eager",
-            "dtype": variant, "tp": _tp_from_dir(tp_dir)}
+            "dtype": variant, "tp": tp, "skew_alpha": _skew_alpha(meta, tp, meta_path)}
+
+
+def _skew_alpha(meta: dict, tp: int | None, meta_path: Path) -> float | None:
+    """The pooled decode-skew factor the profiler fitted for this TP (``skew_fit.per_tp``).
+
+    The profiler measured each skewed decode batch three ways (all at the mean context, all at
+    the max, the real mix) and fitted alpha = (t_skew - t_mean) / (t_max - t_mean) by weighted
+    least squares. Its per-bucket table (``tp<N>/skew_fit.csv``) is not always shipped; the pooled
+    ``alpha_default`` in meta.yaml always is. None when the skew profile was not enabled.
+    """
+    fit = meta.get("skew_fit") if isinstance(meta, dict) else None
+    if not isinstance(fit, dict) or not fit.get("enabled") or tp is None:
+        return None
+    per_tp = fit.get("per_tp") or {}
+    entry = per_tp.get(tp, per_tp.get(str(tp)))
+    if not isinstance(entry, dict) or entry.get("alpha_default") is None:
+        return None
+    try:
+        alpha = float(entry["alpha_default"])
+    except (TypeError, ValueError):
+        raise InputError("skew_fit alpha_default must be a number", path=str(meta_path),
+                         field=f"skew_fit.per_tp.{tp}.alpha_default") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise InputError(f"skew_fit alpha_default {alpha} is outside [0, 1]", path=str(meta_path),
+                         field=f"skew_fit.per_tp.{tp}.alpha_default", allowed="0 .. 1")
+    return alpha
 
 
 def _v019_file(path: Path, ctx: dict) -> pd.DataFrame:
@@ -139,7 +166,11 @@ def _v019_file(path: Path, ctx: dict) -> pd.DataFrame:
         df = df.assign(op=df["layer"].map(_V019_OPS)).dropna(subset=["op"])
         out = pd.DataFrame({"op": df["op"], "num_tokens": df[count], "kernel": df["layer"],
                             "latency_s": df["time_us"].astype(float) * 1e-6})
+    ctx = dict(ctx)
+    skew_alpha = ctx.pop("skew_alpha", None)
     out = out.assign(path=str(path), **ctx)
+    if name.startswith("attention") and skew_alpha is not None:
+        out = out.assign(skew_alpha=skew_alpha)
     return out[out["latency_s"] > 0]
 
 
