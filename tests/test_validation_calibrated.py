@@ -42,6 +42,25 @@ def test_registered_name_builds_the_shipped_model():
         make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1, path="x.json")
 
 
+def test_skew_alpha_comes_from_the_profiles_that_measured_it():
+    alphas = {(e["model"], e["gpu"], e["tp"]): e["skew_alpha"] for e in available_calibrated()}
+    assert alphas[("llama-3.1-8b", "rtx-pro-6000", 1)] == 0.0543
+    assert alphas[("qwen3-32b", "rtx-pro-6000", 2)] == 0.0649
+    assert alphas[("llama-3.1-8b", "rtx4090", 1)] is None  # its profile ran no skew sweep
+    assert alphas[("llama-3.1-8b", "h100", 1)] is None  # aiconfigurator: no skew data
+    skewed = StepShape((1,) * 64, tuple(100 + 60 * i for i in range(64)), 64)
+    measured = make_cost_model("calibrated", model="llama-3.1-8b", gpu="rtx-pro-6000", tp=1)
+    off = make_cost_model("calibrated", model="llama-3.1-8b", gpu="rtx-pro-6000", tp=1, skew_alpha=0)
+    assert measured.skew_alpha == 0.0543 and off.skew_alpha == 0.0
+    assert measured.step_time_s(skewed) > off.step_time_s(skewed)
+    uniform = StepShape((1,) * 64, (2000,) * 64, 64)
+    assert measured.step_time_s(uniform) == off.step_time_s(uniform)
+    with pytest.raises(InputError):  # a split (aiconfigurator) table has nothing to blend
+        make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1, skew_alpha=0.1)
+    with pytest.raises(InputError):
+        make_cost_model("calibrated", model="llama-3.1-8b", gpu="rtx-pro-6000", tp=1, skew_alpha=2)
+
+
 def test_index_matches_files_and_is_small():
     entries = available_calibrated()
     assert len(entries) >= len(REQUIRED)

@@ -56,3 +56,26 @@ def test_values_are_sane(report):
     assert rep["timeseries"]["running"]["mae"] < 20
     assert rep["timeseries"]["kv_cache_pct"]["measured_valid"] is False  # the run logged 0 % throughout
     assert "median APE" in output
+    assert rep["cost_model"]["skew_alpha"] == 0.0543  # the profile's measured skew fit
+    assert rep["cost_model"]["skew_alpha_source"] == "measured (profile skew_fit)"
+
+
+def test_meets_the_fidelity_targets(report):
+    """Regression guard for docs/FIDELITY.md: nothing in the cost model was fitted to this run."""
+    rep = report[0]
+    assert rep["per_request"]["e2e"]["median_ape"] <= 0.05
+    assert rep["per_request"]["ttft"]["median_ape"] <= 0.10
+
+
+def test_skew_alpha_override(tmp_path):
+    from simulator.validation import ValidateOptions, validate_run
+    from traces.errors import InputError
+
+    off = validate_run(RUN, WORKLOAD, ValidateOptions(skew_alpha=0.0, plots=False), out_dir=tmp_path / "off")
+    assert off["cost_model"]["skew_alpha"] == 0.0
+    assert off["cost_model"]["skew_alpha_source"] == "given (--skew-alpha)"
+    # Without the correction decode steps are cheaper, so the simulated run finishes sooner.
+    assert off["aggregate"]["e2e"]["mean"]["simulated"] < 0.97 * off["aggregate"]["e2e"]["mean"]["measured"]
+    with pytest.raises(InputError):
+        validate_run(RUN, WORKLOAD, ValidateOptions(cost_model="roofline", skew_alpha=0.1, plots=False),
+                     out_dir=tmp_path / "bad")

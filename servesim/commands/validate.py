@@ -27,6 +27,8 @@ def validate(
     cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
     async_scheduling: bool = typer.Option(None, "--async-scheduling/--no-async-scheduling",
                                           help="override the run's vLLM default"),
+    skew_alpha: float = typer.Option(None, "--skew-alpha",
+                                     help="override the profile's decode-skew factor (0 = off)"),
     out: Path = typer.Option(Path("runs/validate"), "--out", help="folder for validation.json and the plot page"),
     plots: bool = typer.Option(True, "--plots/--no-plots"),
 ) -> None:
@@ -35,7 +37,7 @@ def validate(
 
     opts = ValidateOptions(cost_model=cost_model, gpu=gpu, num_gpu_blocks=num_gpu_blocks, cpu_overhead=cpu_overhead,
                            async_scheduling=async_scheduling, run_format=run_format,
-                           workload_format=workload_format, plots=plots)
+                           workload_format=workload_format, plots=plots, skew_alpha=skew_alpha)
     rep = validate_run(run_dir, workload, opts, out_dir=out)
     pr, ag = rep["per_request"], rep["aggregate"]
     typer.echo(f"{rep['run']['name']}: {rep['pairing']['num_paired']} requests paired "

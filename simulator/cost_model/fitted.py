@@ -62,10 +62,9 @@ class FittedCostModel:
         self._attn = self._attn_decode = None
         self._prefix_axis = False
         # Decode-skew factor measured with a mixed table (0 = none measured, no correction).
-        self._skew_alpha = float(attn.get("skew_alpha") or 0.0) if attn["kind"] == "mixed" else 0.0
-        if not 0.0 <= self._skew_alpha <= 1.0:
-            raise InputError(f"skew_alpha {self._skew_alpha} is outside [0, 1]",
-                             field="attention.skew_alpha", allowed="0 .. 1")
+        self._skew_alpha = 0.0
+        if attn["kind"] == "mixed":
+            self.set_skew_alpha(attn.get("skew_alpha") or 0.0)
         if self._attn_kind == "mixed":
             self._attn = NestedGrid.from_dict(attn["grid"])
         elif self._attn_kind == "split":
@@ -80,6 +79,25 @@ class FittedCostModel:
         elif self._attn_kind != "none":
             raise InputError(f"unknown attention kind {self._attn_kind!r}", field="attention")
 
+    @property
+    def skew_alpha(self) -> float:
+        return self._skew_alpha
+
+    def set_skew_alpha(self, alpha: float) -> None:
+        """Override the decode-skew factor (0 disables the correction); mixed tables only."""
+        try:
+            alpha = float(alpha)
+        except (TypeError, ValueError):
+            raise InputError(f"skew_alpha must be a number, got {alpha!r}",
+                             field="skew_alpha") from None
+        if not 0.0 <= alpha <= 1.0:
+            raise InputError(f"skew_alpha {alpha} is outside [0, 1]", field="skew_alpha",
+                             allowed="0 .. 1")
+        if alpha and self._attn_kind != "mixed":
+            raise InputError("skew_alpha applies to a mixed prefill+decode attention table only; "
+                             f"this model's attention is '{self._attn_kind}'", field="skew_alpha")
+        self._skew_alpha = alpha
+
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
         tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
@@ -88,9 +106,10 @@ class FittedCostModel:
             return 0.0
         if self._coef is not None:
             return self._step_regression(npf, ptok, pc, cc, nd, kd)
-        layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
-        if self._skew_alpha and nd > 1:
-            layer += self._skew_s(shape, npf, pc, cc, nd, kd)
+        if self._attn_kind == "mixed":
+            layer = self._mixed_attention_s(shape, npf, pc, cc, nd, kd)
+        else:
+            layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
         if self._dense is not None:
             layer += self._dense(tokens)
         if self._ar is not None:
@@ -105,12 +124,6 @@ class FittedCostModel:
     def _attention_s(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int,
                      tokens: int, ctx_sum: int) -> float:
         kind = self._attn_kind
-        if kind == "mixed":
-            # All prefill-like requests as one equivalent chunk that keeps the quadratic work
-            # (chunk^2 summed) and the chunk x prefix work of the real batch.
-            chunk = math.sqrt(cc) if npf else 0.0
-            prefix = pc / chunk if npf else 0.0
-            return self._attn(chunk, prefix, nd, kd / nd if nd else 0.0)
         if kind == "split":
             t = 0.0
             if npf and self._attn is not None:
@@ -129,27 +142,29 @@ class FittedCostModel:
             return max(pairs * spp, (ctx_sum + tokens) * spk + tokens * spq) + overhead
         return 0.0
 
-    def _skew_s(self, shape: StepShape, npf: int, pc: int, cc: int, nd: int, kd: int) -> float:
-        """Extra attention time of a batch whose decode contexts differ (zero when all equal).
+    def _mixed_attention_s(self, shape: StepShape, npf: int, pc: int, cc: int, nd: int,
+                           kd: int) -> float:
+        """Attention on the mixed table, with the decode-skew correction when it was measured.
 
-        The mixed table measures decodes of one shared context, and we look it up at the mean.
-        The varlen kernel runs longer on a skewed batch (tile padding, SMs waiting for the
-        longest sequence); the profile's skew sweep measured how far the time moves from the
-        mean-context point toward the max-context point: alpha of the way.
+        All prefill-like requests become one equivalent chunk that keeps the quadratic work
+        (chunk^2 summed) and the chunk x prefix work of the real batch; the decodes are looked up
+        at their mean context, which keeps the total KV read. The table holds decodes of one
+        shared context; a real batch of unequal contexts runs longer (tile padding, SMs waiting
+        for the longest sequence), and the profile's skew sweep measured how far the time moves
+        from the mean-context point toward the max-context point: alpha of the way.
         """
-        new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        if npf:
-            kmax = max(compress(ctx, map(_ONE_EQ, new)))
-        else:
-            kmax = max(ctx)
-        mean = kd / nd
-        if kmax <= mean:
-            return 0.0
         chunk = math.sqrt(cc) if npf else 0.0
         prefix = pc / chunk if npf else 0.0
+        mean = kd / nd if nd else 0.0
         t_mean = self._attn(chunk, prefix, nd, mean)
+        if not self._skew_alpha or nd < 2:
+            return t_mean
+        new, ctx = shape.num_new_tokens, shape.num_context_tokens
+        kmax = max(compress(ctx, map(_ONE_EQ, new))) if npf else max(ctx)
+        if kmax <= mean:
+            return t_mean
         t_max = self._attn(chunk, prefix, nd, kmax)
-        return self._skew_alpha * (t_max - t_mean) if t_max > t_mean else 0.0
+        return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
 
     def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:
         pre, dec = self._coef.get("prefill"), self._coef.get("decode")
@@ -204,7 +219,7 @@ class FittedCostModel:
 def make_profiled(model: Any = None, gpu: Any = None, tp: int | None = None,
                   path: str | Path | None = None, **params: Any) -> FittedCostModel:
     """Load a fitted file; model/gpu/tp, when given, must match what it was fitted for."""
-    check_params("profiled", params, set())
+    check_params("profiled", params, {"skew_alpha"})
     if path is None:
         raise InputError("the profiled cost model needs path=<fitted .json from `servesim fit`>",
                          field="path")
@@ -216,4 +231,6 @@ def make_profiled(model: Any = None, gpu: Any = None, tp: int | None = None,
         if value is not None and value != have:
             raise InputError(f"fitted for {key}={have}, but {key}={value} was requested",
                              path=str(path), field=key)
+    if params.get("skew_alpha") is not None:
+        fitted.set_skew_alpha(params["skew_alpha"])
     return fitted

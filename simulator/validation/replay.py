@@ -40,6 +40,7 @@ class ValidateOptions:
     gpu: str | None = None  # when the run does not record its device
     num_gpu_blocks: int | None = None  # when the run does not record its KV pool
     cpu_overhead: str = "calibrated"  # calibrated | default | zero (simulator/validation/cpu.py)
+    skew_alpha: float | None = None  # None: the profile's measured decode-skew factor; 0 = off
     async_scheduling: bool | None = None  # None: what the run's vLLM version does by default
     run_format: str = "auto"
     workload_format: str = "auto"
@@ -47,8 +48,13 @@ class ValidateOptions:
     plots: bool = True
 
 
-def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu) -> tuple[CostModelConfig, dict]:
+def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
+                      skew_alpha: float | None = None) -> tuple[CostModelConfig, dict]:
     """The cost-model section for a replay, and what it is (file, fit error) for the report."""
+    skew = {} if skew_alpha is None else {"skew_alpha": skew_alpha}
+    if skew and name not in ("calibrated",) and not name.endswith(".json"):
+        raise InputError(f"--skew-alpha applies to the calibrated or a fitted cost model, not {name!r}",
+                         field="--skew-alpha")
     if name == "calibrated":
         from simulator.cost_model.calibrated import available_calibrated, find_calibrated
 
@@ -61,11 +67,14 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu) -> tuple[Co
         info = {"name": "calibrated", "file": f"simulator/cost_model/calibrated/{path.name}",
                 "profiles": entry["profiles"], "frameworks": entry["frameworks"],
                 "fit_error_holdout": {op: e["mape_holdout"] for op, e in entry["fit_error"].items()},
-                "roofline_filled_ops": [op for op, e in entry["fit_error"].items() if e["origin"] == "roofline"]}
-        return CostModelConfig(name="calibrated", cpu_overhead=cpu), info
+                "roofline_filled_ops": [op for op, e in entry["fit_error"].items() if e["origin"] == "roofline"],
+                "skew_alpha": skew_alpha if skew else entry.get("skew_alpha"),
+                "skew_alpha_source": "given (--skew-alpha)" if skew else
+                ("measured (profile skew_fit)" if entry.get("skew_alpha") is not None else "not measured: none")}
+        return CostModelConfig(name="calibrated", params=skew, cpu_overhead=cpu), info
     if name.endswith(".json"):
-        return CostModelConfig(name="profiled", params={"path": name}, cpu_overhead=cpu), \
-            {"name": "profiled", "file": name}
+        return CostModelConfig(name="profiled", params={"path": name, **skew}, cpu_overhead=cpu), \
+            {"name": "profiled", "file": name, **skew}
     return CostModelConfig(name=name, cpu_overhead=cpu), {"name": name}
 
 
@@ -86,7 +95,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                           given=opts.num_gpu_blocks)
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
-    cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu)
+    cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                             max_model_len=max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
                             async_scheduling=async_on)

@@ -88,8 +88,12 @@ def load_calibrated(model: Any, gpu: Any, tp: int = 1):
 @register_cost_model("calibrated")
 def make_calibrated(model: Any = None, gpu: Any = None, tp: int | None = None,
                     **params: Any):
-    """The shipped profiled fit for the run's (model, gpu, tp)."""
-    check_params("calibrated", params, set())
+    """The shipped profiled fit for the run's (model, gpu, tp); ``skew_alpha=`` overrides the
+    measured decode-skew factor (0 turns the correction off)."""
+    check_params("calibrated", params, {"skew_alpha"})
     if model is None or gpu is None:
         raise InputError("the calibrated cost model needs model= and gpu=", field="cost_model")
-    return load_calibrated(model, gpu, 1 if tp is None else tp)
+    fitted = load_calibrated(model, gpu, 1 if tp is None else tp)
+    if params.get("skew_alpha") is not None:
+        fitted.set_skew_alpha(params["skew_alpha"])
+    return fitted
