@@ -160,7 +160,13 @@ class FittedCostModel:
         if not self._skew_alpha or nd < 2:
             return t_mean
         new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        kmax = max(compress(ctx, map(_ONE_EQ, new))) if npf else max(ctx)
+        if not npf:
+            kmax = max(ctx)
+        elif npf == 1:  # skip the one prefill-like entry without a Python-level loop
+            i = new.index(sum(new) - nd)
+            kmax = max(max(ctx[:i], default=0), max(ctx[i + 1:], default=0))
+        else:
+            kmax = max(compress(ctx, map(_ONE_EQ, new)))
         if kmax <= mean:
             return t_mean
         t_max = self._attn(chunk, prefix, nd, kmax)
