@@ -123,7 +123,7 @@ def write_validation_page(out: Path, report: dict, paired: pd.DataFrame, measure
 <style>{CSS}</style></head><body>
 <h1>servesim vs measured: {name}</h1>
 <p>{report['pairing']['num_paired']} requests paired by {html.escape(report['pairing']['method'])};
-cost model <b>{html.escape(str(cm.get('name')))}</b> {html.escape(str(cm.get('file', '')))};
+cost model <b>{html.escape(str(cm.get('name')))}</b> {html.escape(str(cm.get('file', '')))}{_skew_text(cm)};
 CPU overhead preset <b>{html.escape(report['cpu_overhead']['preset'])}</b>;
 KV pool {kv['num_gpu_blocks']} blocks ({html.escape(kv['source'])}),
 peak simulated usage {100 * kv['peak_usage_simulated']:.0f} %.</p>
@@ -196,3 +196,13 @@ def write_closed_loop_page(out: Path, report: dict) -> Path:
     path = out / "closed_loop.html"
     path.write_text(page)
     return path
+
+
+def _skew_text(cm: dict) -> str:
+    """The decode-skew factor the cost model used, and where it came from (calibrated/profiled)."""
+    if "skew_alpha" not in cm:
+        return ""
+    alpha = cm["skew_alpha"]
+    source = cm.get("skew_alpha_source", "")
+    return html.escape(f" (decode-skew α {alpha if alpha is not None else 'none'}"
+                       + (f", {source})" if source else ")"))
