@@ -56,5 +56,22 @@ def test_nested_grid_irregular_and_collapsed_axes():
     assert again(15, 50, 2) == g(15, 50, 2)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-5, 40), min_size=3, max_size=3), st.floats(-1, 10), st.floats(-1, 10))
+def test_pair_equals_two_lookups(head, u, v):
+    rng = np.random.default_rng(7)  # a fixed irregular grid with non-linear, partly falling data
+    pts, ys = [], []
+    for a in (0, 10, 20):
+        for b in ((0,) if a == 0 else (0, 8, 30)):
+            for c in (1, 4):
+                for d in (0, 2, 5, 9):
+                    pts.append((a, b, c, d))
+                    ys.append(float(rng.uniform(0, 10)))
+    g = NestedGrid.from_points(["a", "b", "c", "d"], np.array(pts), np.array(ys))
+    a, b = g.pair(*head, u, v)
+    assert a == pytest.approx(g(*head, u), rel=1e-12, abs=1e-12)
+    assert b == pytest.approx(g(*head, v), rel=1e-12, abs=1e-12)
+
+
 def test_mape():
     assert mape([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)

@@ -170,9 +170,10 @@ def test_decode_skew_correction_is_alpha_of_the_way_to_max_context():
     extra = 2 * 0.25 * 1e-9 * 4 * (1000 - 262)
     assert skewed.step_time_s(shape) - plain.step_time_s(shape) == pytest.approx(extra, rel=1e-9)
     # With a prefill chunk in the batch, only the decodes' contexts count toward the max.
-    shape = StepShape((1, 1, 256), (16, 1000, 5000), 3)
     extra = 2 * 0.25 * 1e-9 * 2 * (1000 - 508)
-    assert skewed.step_time_s(shape) - plain.step_time_s(shape) == pytest.approx(extra, rel=1e-9)
+    for prefill_ctx in (5000, 50):  # the chunk's own context is the largest / is not
+        shape = StepShape((1, 1, 256), (16, 1000, prefill_ctx), 3)
+        assert skewed.step_time_s(shape) - plain.step_time_s(shape) == pytest.approx(extra, rel=1e-9)
 
 
 def test_skew_alpha_errors():

@@ -23,6 +23,14 @@ from .interp import Curve, NestedGrid
 
 _ONE_EQ = (1).__eq__
 FORMAT = "servesim-profiled-cost-model"
+
+
+def _max_decode_context(new: tuple[int, ...], ctx: tuple[int, ...], npf: int) -> int:
+    """The largest context among the decodes (requests computing one token) of a step."""
+    top = max(ctx)
+    if not npf or new[ctx.index(top)] == 1:  # usual case: found without a Python-level loop
+        return top
+    return max(compress(ctx, map(_ONE_EQ, new)))
 VERSION = 1
 
 
@@ -156,20 +164,12 @@ class FittedCostModel:
         chunk = math.sqrt(cc) if npf else 0.0
         prefix = pc / chunk if npf else 0.0
         mean = kd / nd if nd else 0.0
-        t_mean = self._attn(chunk, prefix, nd, mean)
         if not self._skew_alpha or nd < 2:
-            return t_mean
-        new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        if not npf:
-            kmax = max(ctx)
-        elif npf == 1:  # skip the one prefill-like entry without a Python-level loop
-            i = new.index(sum(new) - nd)
-            kmax = max(max(ctx[:i], default=0), max(ctx[i + 1:], default=0))
-        else:
-            kmax = max(compress(ctx, map(_ONE_EQ, new)))
+            return self._attn(chunk, prefix, nd, mean)
+        kmax = _max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf)
         if kmax <= mean:
-            return t_mean
-        t_max = self._attn(chunk, prefix, nd, kmax)
+            return self._attn(chunk, prefix, nd, mean)
+        t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
         return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
 
     def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:

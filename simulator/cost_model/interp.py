@@ -117,11 +117,42 @@ class NestedGrid:
         if i == n:  # linear extrapolation from the last two grid values, never decreasing
             i -= 1
         x0, x1 = xs[i - 1], xs[i]
+        if x == x0:  # on a grid value (e.g. no chunk, no prefix): the other side has weight 0
+            return self._eval(kids[i - 1], point, depth + 1)
         y0 = self._eval(kids[i - 1], point, depth + 1)
         y1 = self._eval(kids[i], point, depth + 1)
         if x > x1 and y1 < y0:
             return y1
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def pair(self, *point: float) -> tuple[float, float]:
+        """``(y(a0, ..., a_last = u), y(a0, ..., a_last = v))`` for ``point = (a0, ..., u, v)``
+        in one walk down the grid: the two queries share every axis but the last."""
+        return self._eval_pair(self.root, point, 0)
+
+    def _eval_pair(self, node, point, depth: int) -> tuple[float, float]:
+        if depth == self._depth:
+            return node(point[depth]), node(point[depth + 1])
+        xs, kids = node
+        n = len(xs)
+        if n == 1:
+            return self._eval_pair(kids[0], point, depth + 1)
+        x = point[depth]
+        i = bisect_right(xs, x)
+        if i == 0:
+            return self._eval_pair(kids[0], point, depth + 1)
+        if i == n:
+            i -= 1
+        x0, x1 = xs[i - 1], xs[i]
+        if x == x0:
+            return self._eval_pair(kids[i - 1], point, depth + 1)
+        a0, b0 = self._eval_pair(kids[i - 1], point, depth + 1)
+        a1, b1 = self._eval_pair(kids[i], point, depth + 1)
+        w = (x - x0) / (x1 - x0)
+        beyond = x > x1  # same never-decreasing rule as _eval, applied to each query
+        a = a1 if beyond and a1 < a0 else a0 + (a1 - a0) * w
+        b = b1 if beyond and b1 < b0 else b0 + (b1 - b0) * w
+        return a, b
 
     def to_dict(self) -> dict:
         def enc(node, depth):
