@@ -107,23 +107,12 @@ class NestedGrid:
         if depth == self._depth:
             return node(point[depth])
         xs, kids = node
-        n = len(xs)
-        if n == 1:
-            return self._eval(kids[0], point, depth + 1)
-        x = point[depth]
-        i = bisect_right(xs, x)
-        if i == 0:
-            return self._eval(kids[0], point, depth + 1)
-        if i == n:  # linear extrapolation from the last two grid values, never decreasing
-            i -= 1
-        x0, x1 = xs[i - 1], xs[i]
-        if x == x0:  # on a grid value (e.g. no chunk, no prefix): the other side has weight 0
-            return self._eval(kids[i - 1], point, depth + 1)
-        y0 = self._eval(kids[i - 1], point, depth + 1)
-        y1 = self._eval(kids[i], point, depth + 1)
-        if x > x1 and y1 < y0:
-            return y1
-        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        lo, hi, num, den, beyond = _bracket(xs, point[depth])
+        y0 = self._eval(kids[lo], point, depth + 1)
+        if hi is None:
+            return y0
+        y1 = self._eval(kids[hi], point, depth + 1)
+        return _blend(y0, y1, num, den, beyond)
 
     def pair(self, *point: float) -> tuple[float, float]:
         """``(y(a0, ..., a_last = u), y(a0, ..., a_last = v))`` for ``point = (a0, ..., u, v)``
@@ -134,25 +123,12 @@ class NestedGrid:
         if depth == self._depth:
             return node(point[depth]), node(point[depth + 1])
         xs, kids = node
-        n = len(xs)
-        if n == 1:
-            return self._eval_pair(kids[0], point, depth + 1)
-        x = point[depth]
-        i = bisect_right(xs, x)
-        if i == 0:
-            return self._eval_pair(kids[0], point, depth + 1)
-        if i == n:
-            i -= 1
-        x0, x1 = xs[i - 1], xs[i]
-        if x == x0:
-            return self._eval_pair(kids[i - 1], point, depth + 1)
-        a0, b0 = self._eval_pair(kids[i - 1], point, depth + 1)
-        a1, b1 = self._eval_pair(kids[i], point, depth + 1)
-        w = (x - x0) / (x1 - x0)
-        beyond = x > x1  # same never-decreasing rule as _eval, applied to each query
-        a = a1 if beyond and a1 < a0 else a0 + (a1 - a0) * w
-        b = b1 if beyond and b1 < b0 else b0 + (b1 - b0) * w
-        return a, b
+        lo, hi, num, den, beyond = _bracket(xs, point[depth])
+        a0, b0 = self._eval_pair(kids[lo], point, depth + 1)
+        if hi is None:
+            return a0, b0
+        a1, b1 = self._eval_pair(kids[hi], point, depth + 1)
+        return _blend(a0, a1, num, den, beyond), _blend(b0, b1, num, den, beyond)
 
     def to_dict(self) -> dict:
         def enc(node, depth):
@@ -170,6 +146,34 @@ class NestedGrid:
                 return Curve.from_dict(node)
             return (list(node["x"]), tuple(dec(k, level + 1) for k in node["c"]))
         return cls(d["axes"], dec(d["tree"], 0))
+
+
+def _bracket(xs: list[float], x: float) -> tuple[int, int | None, float, float, bool]:
+    """Where ``x`` falls on one grid axis: ``(lower child, upper child, x - x0, x1 - x0, x > x1)``.
+
+    The upper child is None when the lower one alone decides: a single-valued (collapsed) axis,
+    below the first value (clamp), or exactly on a grid value (the other side has weight 0;
+    e.g. no chunk, no prefix). Past the last value it is the last two (linear extrapolation).
+    """
+    n = len(xs)
+    if n == 1:
+        return 0, None, 0.0, 1.0, False
+    i = bisect_right(xs, x)
+    if i == 0:
+        return 0, None, 0.0, 1.0, False
+    if i == n:
+        i -= 1
+    x0, x1 = xs[i - 1], xs[i]
+    if x == x0:
+        return i - 1, None, 0.0, 1.0, False
+    return i - 1, i, x - x0, x1 - x0, x > x1
+
+
+def _blend(y0: float, y1: float, num: float, den: float, beyond: bool) -> float:
+    # Past the last grid value extrapolation never goes below the last value.
+    if beyond and y1 < y0:
+        return y1
+    return y0 + (y1 - y0) * num / den
 
 
 def mape(predicted: Sequence[float], actual: Sequence[float]) -> float:
