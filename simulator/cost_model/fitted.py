@@ -164,13 +164,12 @@ class FittedCostModel:
         chunk = math.sqrt(cc) if npf else 0.0
         prefix = pc / chunk if npf else 0.0
         mean = kd / nd if nd else 0.0
-        if not self._skew_alpha or nd < 2:
-            return self._attn(chunk, prefix, nd, mean)
-        kmax = _max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf)
-        if kmax <= mean:
-            return self._attn(chunk, prefix, nd, mean)
-        t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
-        return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+        if self._skew_alpha and nd > 1:
+            kmax = _max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf)
+            if kmax > mean:  # unequal contexts (all equal: the table point itself)
+                t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
+                return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+        return self._attn(chunk, prefix, nd, mean)
 
     def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:
         pre, dec = self._coef.get("prefill"), self._coef.get("decode")

@@ -52,7 +52,7 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
                       skew_alpha: float | None = None) -> tuple[CostModelConfig, dict]:
     """The cost-model section for a replay, and what it is (file, fit error) for the report."""
     skew = {} if skew_alpha is None else {"skew_alpha": skew_alpha}
-    if skew and name not in ("calibrated",) and not name.endswith(".json"):
+    if skew and name != "calibrated" and not name.endswith(".json"):
         raise InputError(f"--skew-alpha applies to the calibrated or a fitted cost model, not {name!r}",
                          field="--skew-alpha")
     if name == "calibrated":
