@@ -178,6 +178,7 @@ class ScheduleMixin:
                 new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
                 if self.connector is not None:  # P/D: tokens whose KV lives on another instance
                     num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
+                    request.num_external_computed_tokens = num_external
                 num_computed = num_new_local + num_external
             else:  # came back from a remote KV transfer with its tokens already in place
                 new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
@@ -210,13 +211,15 @@ class ScheduleMixin:
                                             delay_cache_blocks=load_async)
             if new_blocks is None:
                 break
-            if load_async:  # park it in WAITING_FOR_REMOTE_KVS until mark_kv_received (vLLM)
+            if self.connector is not None:  # every admission, not only remote loads (as vLLM)
+                self.connector.update_state_after_alloc(request, kvm.get_blocks(request.request_id), num_external)
+            if load_async:  # park it in WAITING_FOR_REMOTE_KVS until the load is reported (vLLM)
                 queue.pop_request()
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                request.num_external_computed_tokens = num_external
-                request.num_computed_tokens = min(num_computed, request.num_tokens - 1)  # last token recomputed
+                # Counts the tokens being loaded; promotion caches them and, on a full prompt
+                # hit, steps back one token so the last one is recomputed to sample.
+                request.num_computed_tokens = num_computed
                 step_skipped.prepend_request(request)
-                self.connector.update_state_after_alloc(request, num_external)
                 continue
             self._admit(st, queue.pop_request(), num_new, num_computed)
         if step_skipped:
@@ -256,6 +259,10 @@ class ScheduleMixin:
             self.finished_recving_kv_req_ids.discard(request.request_id)
             # The transferred blocks are now valid: enter them in the prefix cache.
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            if request.num_computed_tokens == request.num_tokens:
+                request.num_computed_tokens = request.num_tokens - 1  # recompute the last token
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = request.num_computed_tokens
             request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
             return True
         return False  # grammar / streaming states are never promoted in this model

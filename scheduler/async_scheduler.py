@@ -15,8 +15,9 @@ from scheduler.scheduler import Scheduler
 class AsyncScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # Read-only draft placeholders; real drafts are filled in by the worker.
-        self._spec_placeholders: list[int] = [0] * self.num_spec_tokens
+        # Read-only draft placeholders; the worker fills in the real drafts. -1 is vLLM's value: no
+        # sampler ever emits it, so a placeholder the worker did not replace is never accepted.
+        self._spec_placeholders: list[int] = [-1] * self.num_spec_tokens
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         super()._update_after_schedule(out)

@@ -53,6 +53,11 @@ class SchedulerConfig:
             self.spec_method in SPEC_METHODS,
             f"unknown spec_method {self.spec_method!r} (valid: {', '.join(SPEC_METHODS)})",
         )
+        _require(
+            self.max_num_scheduled_tokens >= 1,
+            f"draft_model speculation keeps max_num_seqs ({self.max_num_seqs}) slots of "
+            f"max_num_batched_tokens ({self.max_num_batched_tokens}) for drafting: none left to schedule",
+        )
         _require(self.max_loras is None or self.max_loras >= 1, "max_loras must be None or >= 1")
         _require(self.continuum_pin_threshold_s >= 0, "continuum_pin_threshold_s must be >= 0")
         _require(self.continuum_default_gap_s >= 0, "continuum_default_gap_s must be >= 0")
@@ -63,6 +68,16 @@ class SchedulerConfig:
                 "with chunked prefill off, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})",
             )
+
+    @property
+    def max_num_scheduled_tokens(self) -> int:
+        """The scheduler's per-step token budget (VllmConfig._set_max_num_scheduled_tokens).
+
+        A draft model drafts for every sequence of the batch with one extra slot each, so vLLM
+        keeps max_num_seqs slots of max_num_batched_tokens free for it."""
+        if self.spec_method == "draft_model" and self.num_spec_tokens > 0:
+            return self.max_num_batched_tokens - self.max_num_seqs
+        return self.max_num_batched_tokens
 
     @property
     def num_lookahead_tokens(self) -> int:

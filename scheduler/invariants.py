@@ -73,6 +73,8 @@ def _check_queues(sched: Scheduler) -> None:
     holders = set()
     for m in sched.kv_cache_manager.coordinator.managers:
         holders.update(rid for rid, blocks in m.req_to_blocks.items() if blocks)
-    stray = holders - set(running_ids) - pinned - {r.request_id for r in waiting}
+    # Finished requests whose blocks a KV transfer still uses (vLLM's delayed free) stay in requests.
+    delayed = {rid for rid, r in sched.requests.items() if r.is_finished()}
+    stray = holders - set(running_ids) - pinned - delayed - {r.request_id for r in waiting}
     if stray:
         _fail(f"requests hold KV blocks but are neither running, waiting nor pinned: {sorted(stray)[:5]}")

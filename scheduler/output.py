@@ -56,6 +56,18 @@ class SchedulerOutput:
 
 
 @dataclass(slots=True)
+class KVConnectorOutput:
+    """KV transfers the worker-side connector saw complete (vLLM's KVConnectorOutput).
+
+    vLLM holds both as sets and acts on them in set-iteration order; here they are sequences in
+    the order the worker reported them, and the scheduler replays the set order (scheduler/pyset).
+    """
+
+    finished_recving: tuple[str, ...] = ()  # loads into WAITING_FOR_REMOTE_KVS requests that landed
+    finished_sending: tuple[str, ...] = ()  # finished requests whose KV the remote side has read
+
+
+@dataclass(slots=True)
 class ModelRunnerOutput:
     """What the executor returns for one step."""
 
@@ -64,6 +76,7 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]  # per request; empty for a partial prefill chunk
     # req_id -> draft tokens proposed for the next step (spec decode), if any.
     draft_token_ids: dict[str, list[int]] | None = None
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 @dataclass(slots=True)

@@ -17,13 +17,15 @@ from collections.abc import Iterable
 
 from scheduler._schedule import ScheduleMixin
 from scheduler.config import CacheConfig, SchedulerConfig
+from scheduler.connector import KVConnector
 from scheduler.continuum import ContinuumPinner
 from scheduler.hashing import make_block_hasher
 from scheduler.kv.manager import KVCacheManager
 from scheduler.output import (
-    EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
-    SpecDecodingStats,
+    EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
+    SchedulerStats, SpecDecodingStats,
 )
+from scheduler.pyset import set_order
 from scheduler.queues import create_request_queue
 from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
 
@@ -39,7 +41,7 @@ class Scheduler(ScheduleMixin):
         self.cache_config = cache_config
         self.policy = scheduler_config.policy
         self.max_num_running_reqs = scheduler_config.max_num_seqs
-        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        self.max_num_scheduled_tokens = scheduler_config.max_num_scheduled_tokens
         self.max_model_len = scheduler_config.max_model_len
         self.max_loras = scheduler_config.max_loras
         self.num_spec_tokens = scheduler_config.num_spec_tokens
@@ -57,8 +59,8 @@ class Scheduler(ScheduleMixin):
         self.finished_req_ids: set[str] = set()  # since the previous schedule()
         self.prev_step_scheduled_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()  # P/D: KV transfers that completed
-        # P/D: a KV connector (get_num_new_matched_tokens, update_state_after_alloc) or None.
-        self.connector = None
+        # P/D: the scheduler side of a KV connector (scheduler/connector.py), or None.
+        self.connector: KVConnector | None = None
         self.kv_cache_manager = KVCacheManager(
             cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
         )
@@ -149,6 +151,8 @@ class Scheduler(ScheduleMixin):
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_preempted:
             self.waiting.remove_requests(stopped_preempted)
+        if model_runner_output.kv_connector_output is not None:
+            self._update_from_kv_xfer_finished(model_runner_output.kv_connector_output)
         if model_runner_output.draft_token_ids:
             self.update_draft_token_ids(model_runner_output.draft_token_ids)
         stats = self.make_stats(spec_stats) if self.log_stats else None
@@ -184,7 +188,12 @@ class Scheduler(ScheduleMixin):
     def finish_requests(self, request_ids: str | Iterable[str] | None,
                         finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED,
                         now_s: float | None = None) -> list[str]:
-        """Finish requests from outside (aborts). Returns the ids that were actually unfinished."""
+        """Finish requests from outside (aborts). Returns the ids that were actually unfinished.
+
+        As vLLM: several ids are de-duplicated into a set and freed in its iteration order, which
+        decides the free queue's order; we replay CPython's order under PYTHONHASHSEED=0
+        (scheduler/pyset.py) so the result does not depend on our own process's hash seed.
+        """
         if now_s is not None:
             self.now_s = now_s
         assert RequestStatus.is_finished(finished_status)
@@ -192,6 +201,8 @@ class Scheduler(ScheduleMixin):
             request_ids = (request_ids,)
         elif request_ids is None:
             request_ids = list(self.requests)
+        else:
+            request_ids = set_order(request_ids)
         valid = []
         for rid in request_ids:
             request = self.requests.get(rid)
@@ -206,23 +217,69 @@ class Scheduler(ScheduleMixin):
             self.waiting.remove_requests(waiting_drop)
             self.skipped_waiting.remove_requests(waiting_drop)
         for request in valid:
+            delay_free_blocks = False
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                # Its blocks are the target of a KV load in flight: free them only when the
+                # worker reports the load finished (_update_from_kv_xfer_finished).
+                delay_free_blocks = request.request_id not in self.finished_recving_kv_req_ids
+                self.finished_recving_kv_req_ids.discard(request.request_id)
             request.status = finished_status
-            self._free_request(request)
+            self._free_request(request, delay_free_blocks)
         return [r.request_id for r in valid]
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> None:
+        """A request finished: tell the connector, report the id to the worker, free its blocks
+        unless a KV transfer still reads or writes them (then `_free_blocks` runs later)."""
         assert request.is_finished()
+        if self.connector is not None:
+            delay_free_blocks |= self._connector_finished(request)
         self.finished_req_ids.add(request.request_id)
+        if delay_free_blocks:
+            return
         if self.continuum is not None and request.status != RequestStatus.FINISHED_ABORTED:
             if self.continuum.maybe_pin(request, self.now_s):
                 return  # blocks stay referenced until the pin expires or is replaced
+        self._free_blocks(request)
+
+    def _connector_finished(self, request: Request) -> bool:
+        kvm = self.kv_cache_manager
+        # Out-of-window blocks are freed before the connector sees the block table (as vLLM).
+        kvm.coordinator.remove_skipped_blocks(request.request_id, request.num_tokens)
+        if kvm.num_kv_cache_groups != 1:
+            raise ValueError("a KV connector supports one KV cache group (vLLM turns hybrid groups off)")
+        delay, _params = self.connector.request_finished(request, kvm.get_block_ids(request.request_id)[0])
+        return delay
+
+    def _free_blocks(self, request: Request) -> None:
+        assert request.is_finished()
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
 
+    def _update_from_kv_xfer_finished(self, kv_output: KVConnectorOutput) -> None:
+        """Loads that landed make their requests schedulable (or free an aborted one's blocks);
+        sends that completed free the finished request's blocks. Both in vLLM's set order."""
+        for rid in set_order(kv_output.finished_recving):
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(rid)
+            else:
+                assert request.is_finished(), f"{rid}: KV load reported for a {request.status.name} request"
+                self._free_blocks(request)
+        for rid in set_order(kv_output.finished_sending):
+            request = self.requests.get(rid)
+            if request is not None:
+                self._free_blocks(request)
+
     # --- P/D hooks -------------------------------------------------------------------------------
     def mark_kv_received(self, request_id: str) -> None:
-        """A remote KV transfer for a WAITING_FOR_REMOTE_KVS request has completed."""
-        self.finished_recving_kv_req_ids.add(request_id)
+        """A remote KV load into this instance has completed (outside a step's output)."""
+        self._update_from_kv_xfer_finished(KVConnectorOutput(finished_recving=(request_id,)))
+
+    def mark_kv_sent(self, request_id: str) -> None:
+        """The remote side has read a finished request's KV (outside a step's output)."""
+        self._update_from_kv_xfer_finished(KVConnectorOutput(finished_sending=(request_id,)))
 
     # --- state queries ---------------------------------------------------------------------------
     def get_num_unfinished_requests(self) -> int:

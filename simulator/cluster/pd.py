@@ -6,10 +6,11 @@ external tokens to be loaded asynchronously; the scheduler allocates blocks for 
 (allocate_slots(num_external_computed_tokens=..., delay_cache_blocks=True)) and parks the request
 in WAITING_FOR_REMOTE_KVS. When the transfer lands, the blocks are cached and the request runs
 from num_computed_tokens = prompt - 1 (the last prompt token is recomputed to sample). On the
-prefill instance the finished request's blocks are not freed until the decode side has read them.
+prefill instance the connector's `request_finished` keeps a finished request's blocks (vLLM's
+delayed free) until the transfer completes (`finished_sending`), not at finish.
 
-`RemotePrefillConnector` is that connector (scheduler/_schedule.py consults `Scheduler.connector`
-in its waiting phase); `PrefillSchedulerMixin` delays the free.
+`RemotePrefillConnector` is the decode side, `RemoteDecodeConnector` the prefill side (both
+implement scheduler.connector.KVConnector; the scheduler consults them where vLLM does).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler import AsyncScheduler, Scheduler
+from scheduler.kv.manager import KVCacheBlocks
 from scheduler.request import Request, RequestStatus
 from simulator.engine import Engine, resolve_cache
 
@@ -41,10 +43,29 @@ class RemotePrefillConnector:
         n = request.num_prompt_tokens - num_local_computed
         return (n, True) if n > 0 else (0, False)
 
-    def update_state_after_alloc(self, request: Request, num_external: int) -> None:
-        if num_external > 0 and request.request_id in self._expected:
-            self._expected.discard(request.request_id)  # a later preemption recomputes locally
-            self.on_alloc(request, num_external)
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
+        if request.request_id in self._expected:
+            self._expected.discard(request.request_id)  # one transfer: a preemption recomputes locally
+            if num_external > 0:
+                self.on_alloc(request, num_external)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+        return False, None  # decode side: nothing to send, free now
+
+
+class RemoteDecodeConnector:
+    """The prefill instance's side (NixlConnector, kv_producer): a prompt that finished by length
+    (prefill plus its first token) keeps its blocks until the decode side has read them."""
+
+    def get_num_new_matched_tokens(self, request: Request, num_local_computed: int) -> tuple[int, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
+        pass
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+        # Aborted or ignored prompts are never read: free them at once.
+        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and bool(block_ids), None
 
 
 class StallAwareMixin:
@@ -83,25 +104,13 @@ class DecodeSchedulerMixin(StallAwareMixin):
 
 
 class PrefillSchedulerMixin(StallAwareMixin):
-    """Keeps a finished prefill's blocks until the decode side has read them (vLLM's delayed free)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.sending: dict[str, Request] = {}  # request id -> finished request whose KV is still read
-
-    def _free_request(self, request: Request) -> None:
-        if request.status != RequestStatus.FINISHED_LENGTH_CAPPED:  # aborted etc.: nothing to send
-            super()._free_request(request)
-            return
-        self.finished_req_ids.add(request.request_id)
-        del self.requests[request.request_id]
-        self.sending[request.request_id] = request
+    """A prefill-side scheduler: set `connector` to a RemoteDecodeConnector."""
 
     def finish_sending(self, request_id: str) -> None:
-        """The decode side has the KV (or will never read it): free the blocks now."""
-        request = self.sending.pop(request_id, None)
-        if request is not None:
-            self.kv_cache_manager.free(request)
+        """The decode side has the KV (or will never read it): the worker reports the send finished."""
+        request = self.requests.get(request_id)
+        if request is not None and request.is_finished():
+            self.mark_kv_sent(request_id)
             self._stalled = False
 
 
@@ -122,6 +131,7 @@ class PrefillEngine(Engine):
 
     def __init__(self, cfg, **kwargs) -> None:
         super().__init__(cfg, scheduler=_pd_scheduler(PrefillSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
+        self.scheduler.connector = RemoteDecodeConnector()
 
     def kv_sent(self, request_id: str) -> None:
         self.scheduler.finish_sending(request_id)
