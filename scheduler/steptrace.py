@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from scheduler.async_scheduler import make_scheduler
 from scheduler.config import CacheConfig, SchedulerConfig
-from scheduler.output import ModelRunnerOutput, SchedulerOutput
-from scheduler.request import Request, SamplingParams
+from scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
+from scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
+from scheduler.request import Request, RequestStatus, SamplingParams
 
 
 def oracle_token(req_id: str, k: int) -> int:
@@ -26,7 +27,7 @@ def oracle_token(req_id: str, k: int) -> int:
 
 @dataclass(slots=True)
 class StepTraceConfig:
-    """The oracle driver's flags, with its defaults."""
+    """The oracle driver's flags (same names, same defaults); see its README for each one."""
 
     num_blocks: int = 1000
     block_size: int = 16
@@ -39,17 +40,68 @@ class StepTraceConfig:
     no_chunked_prefill: bool = False
     async_scheduling: bool = False
     max_steps: int = 1_000_000
+    hash_algo: str = "sha256"
+    # Opt-in extensions (all off by default, as the oracle's).
+    num_spec_tokens: int = 0
+    spec_method: str = "ngram"
+    eos_rate: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    stop_rate: float = 0.0
+    min_tokens: int = 0  # workload-side only: switches the stop-rule trace fields on
+    abort_rate: float = 0.0  # workload-side only: switches the abort trace fields on
+    abort_window: int = 200
+    abort_after: int = 0
+    abort_preempted_rate: float = 0.0  # workload-side only: switches the abort trace fields on
+    sliding_window: int = 0
+    hybrid: bool = False
+    num_loras: int = 0
+    max_loras: int = 1
+    cache_salt: int = 0
+    kv_connector_rate: float = 0.0  # > 0: the decode-side fake connector is on
+    kv_load_steps: int = 3
+    trace_block_tables: bool = False
+
+    def __post_init__(self) -> None:
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        if self.hybrid and self.sliding_window <= 0:
+            raise ValueError("hybrid needs sliding_window > 0")
+        if self.num_loras > 0 and self.max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
+        if self.kv_connector_rate > 0 and self.hybrid:
+            raise ValueError("the KV connector supports one KV cache group (not hybrid)")
+        if self.kv_load_steps < 1:
+            raise ValueError("kv_load_steps must be >= 1")
+        if self.async_scheduling and self.num_spec_tokens > 0 and self.spec_method == "ngram":
+            raise ValueError("vLLM refuses async scheduling with ngram speculation")
+
+    @property
+    def stop_rules(self) -> bool:
+        return self.eos_rate > 0 or bool(self.stop_token_ids) or self.min_tokens > 0
+
+    @property
+    def aborts(self) -> bool:
+        return self.abort_rate > 0 or self.abort_preempted_rate > 0
 
     def configs(self) -> tuple[SchedulerConfig, CacheConfig]:
         sc = SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len, long_prefill_token_threshold=self.long_prefill_token_threshold,
             enable_chunked_prefill=not self.no_chunked_prefill, async_scheduling=self.async_scheduling,
-            policy=self.policy,
+            policy=self.policy, num_spec_tokens=self.num_spec_tokens, spec_method=self.spec_method,
+            max_loras=self.max_loras if self.num_loras > 0 else None,
         )
+        attention = "full"
+        if self.sliding_window > 0:
+            attention = "hybrid" if self.hybrid else "sliding_window"
         cc = CacheConfig(block_size=self.block_size, num_gpu_blocks=self.num_blocks,
-                         enable_prefix_caching=not self.no_prefix_caching)
+                         enable_prefix_caching=not self.no_prefix_caching, hash_algo=self.hash_algo,
+                         attention=attention, sliding_window=self.sliding_window or None)
         return sc, cc
+
+    def model(self) -> OracleModel:
+        return OracleModel(eos_rate=self.eos_rate, stop_token_ids=self.stop_token_ids, stop_rate=self.stop_rate,
+                           num_spec_tokens=self.num_spec_tokens, spec_method=self.spec_method,
+                           max_model_len=self.max_model_len)
 
 
 def step_record(step: int, arrived: list[str], out: SchedulerOutput, sched) -> dict:
@@ -95,56 +147,193 @@ def finish_record(rec: dict, sampled: dict[str, int], finished_now: list[str], s
     }
 
 
-def run_step_trace(workload: list[dict], cfg: StepTraceConfig) -> Iterator[dict]:
-    """Yield one oracle-schema record per schedule() call (see module docstring)."""
-    sc, cc = cfg.configs()
-    sched = make_scheduler(sc, cc)
-    pending = sorted(workload, key=lambda w: w["arrival_step"])  # stable: keeps file order on ties
-    pos = 0
-    n_out: dict[str, int] = {}
-    in_flight: list[tuple[SchedulerOutput, dict, list[bool]]] = []
-    depth = 2 if cfg.async_scheduling else 1
-    step = 0
+def make_oracle_request(w: dict, sched) -> Request:
+    """A workload line as the oracle driver builds it (absent fields: ignore_eos, no stop ids,
+    min_tokens 0, no LoRA, no salt). EOS is the model's (id 2); ignore_eos switches it off."""
+    sp = SamplingParams(max_tokens=int(w["max_tokens"]), min_tokens=int(w.get("min_tokens", 0)),
+                        ignore_eos=bool(w.get("ignore_eos", True)), eos_token_id=EOS_TOKEN_ID,
+                        stop_token_ids=tuple(w.get("stop_token_ids") or ()))
+    return Request(w["req_id"], list(w["prompt_token_ids"]), sp, arrival_time=float(w["arrival_step"]),
+                   priority=int(w.get("priority", 0)), lora_id=w.get("lora_id") or None,
+                   cache_salt=w.get("cache_salt") or None, block_hasher=sched.block_hasher)
 
-    def do_update() -> dict:
-        out, rec, sample = in_flight.pop(0)
-        req_ids = list(out.num_scheduled_tokens)
-        sampled_lists: list[list[int]] = []
-        for rid, do_sample in zip(req_ids, sample):
-            if do_sample and rid in n_out:
-                sampled_lists.append([oracle_token(rid, n_out[rid])])
-                n_out[rid] += 1
+
+class _InFlight:
+    """One scheduled step waiting for its update: the output, its trace line, who samples."""
+
+    __slots__ = ("out", "rec", "sample")
+
+    def __init__(self, out: SchedulerOutput, rec: dict, sample: list[bool]) -> None:
+        self.out, self.rec, self.sample = out, rec, sample
+
+
+class OracleDriver:
+    """Plays the oracle's engine loop and fake worker around one of our schedulers (drive.py's
+    order: arrivals, between-step aborts, schedule(), in-flight aborts, then update_from_output
+    -- right away, or one step later under async scheduling -- and the drafter)."""
+
+    def __init__(self, workload: list[dict], cfg: StepTraceConfig) -> None:
+        sc, cc = cfg.configs()
+        self.cfg = cfg
+        self.sched = make_scheduler(sc, cc)
+        self.model = cfg.model()
+        self.spec = cfg.num_spec_tokens > 0
+        self.connector: OracleConnector | None = None
+        if cfg.kv_connector_rate > 0:
+            self.connector = OracleConnector({w["req_id"] for w in workload if w.get("remote_prefill")})
+            self.sched.connector = self.connector
+        self.pending = sorted(workload, key=lambda w: w["arrival_step"])  # stable on ties
+        self.prompt_len = {w["req_id"]: len(w["prompt_token_ids"]) for w in workload}
+        self.lora_of = {w["req_id"]: w.get("lora_id") for w in workload}
+        # step -> phase -> ids, in workload order (one finish_requests call per step and phase)
+        self.aborts: dict[int, dict[str, list[str]]] = {}
+        for w in workload:
+            if "abort_step" in w:
+                self.aborts.setdefault(w["abort_step"], {}).setdefault(w["abort_phase"], []).append(w["req_id"])
+        self.abort_on_preempt = {w["req_id"]: w["abort_on_preempt"] for w in workload if "abort_on_preempt" in w}
+        self.n_out: dict[str, int] = {}
+        self.worker_drafts: dict[str, list[int]] = {}  # the drafter's latest proposal per request
+        self.last_batch: set[str] = set()  # requests of the last executed step
+        self.pending_aborted: dict[str, str] = {}
+        self.kv_done_at: dict[int, list[str]] = {}  # step -> loads reported with that step's output
+        self.in_flight: list[_InFlight] = []
+
+    def abort(self, req_ids: list[str]) -> dict[str, str]:
+        """finish_requests(ids, FINISHED_ABORTED); {id: status before} of those it finished."""
+        sched = self.sched
+        before = {rid: sched.requests[rid].status.name for rid in req_ids
+                  if rid in sched.requests and not sched.requests[rid].is_finished()}
+        done = set(sched.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED))
+        return {rid: before[rid] for rid in req_ids if rid in done}
+
+    def run(self) -> Iterator[dict]:
+        cfg, sched = self.cfg, self.sched
+        depth = 2 if cfg.async_scheduling else 1
+        pos, step = 0, 0
+        while step < cfg.max_steps:
+            arrived = []
+            while pos < len(self.pending) and self.pending[pos]["arrival_step"] <= step:
+                w = self.pending[pos]
+                pos += 1
+                sched.add_request(make_oracle_request(w, sched))
+                self.n_out[w["req_id"]] = 0
+                arrived.append(w["req_id"])
+            step_aborts = self.aborts.get(step, {})
+            if "before_schedule" in step_aborts:
+                self.pending_aborted.update(self.abort(step_aborts["before_schedule"]))
+            if not sched.has_unfinished_requests() and not self.in_flight:
+                if pos >= len(self.pending):
+                    break
+                step += 1  # idle: nothing has arrived yet
+                continue
+            out = sched.schedule()
+            # Decide sampling now: a later schedule() (async) may overwrite is_prefill_chunk.
+            sample = [not sched.requests[rid].is_prefill_chunk for rid in out.num_scheduled_tokens]
+            rec = step_record(step, arrived, out, sched)
+            self._extend_schedule_record(rec, out, step, step_aborts)
+            self.in_flight.append(_InFlight(out, rec, sample))
+            while self.in_flight and (len(self.in_flight) >= depth or out.total_num_scheduled_tokens == 0):
+                yield self._update()
+            step += 1
+        while self.in_flight:
+            yield self._update()
+
+    def _extend_schedule_record(self, rec: dict, out: SchedulerOutput, step: int, step_aborts: dict) -> None:
+        cfg, sched = self.cfg, self.sched
+        if self.spec:
+            rec["spec_token_ids"] = {rid: list(ids) for rid, ids in out.scheduled_spec_decode_tokens.items()}
+        if cfg.aborts:
+            rec["aborted"] = dict(self.pending_aborted)
+            self.pending_aborted.clear()
+        if cfg.num_loras > 0:
+            rec["loras"] = sorted({self.lora_of[rid] for rid in out.num_scheduled_tokens if self.lora_of.get(rid)})
+        if self.connector is not None:
+            started = self.connector.take_started_loads()
+            rec["kv_loads_started"] = started
+            self.kv_done_at.setdefault(step + cfg.kv_load_steps, []).extend(started)
+        if cfg.trace_block_tables:
+            kvm = sched.kv_cache_manager
+            rec["block_tables"] = {r.request_id: [list(g) for g in kvm.get_block_ids(r.request_id)]
+                                   for r in sched.running}
+        in_flight_aborts = list(step_aborts.get("before_update", ()))
+        for rid in sorted(out.preempted_req_ids):  # clients that give up once preempted
+            phase = self.abort_on_preempt.pop(rid, None)
+            if phase == "before_update":
+                in_flight_aborts.append(rid)
+            elif phase == "before_schedule":
+                self.aborts.setdefault(step + 1, {}).setdefault("before_schedule", []).append(rid)
+        if cfg.aborts:
+            rec["aborted_in_flight"] = self.abort(in_flight_aborts) if in_flight_aborts else {}
+
+    def _sample(self, item: _InFlight) -> tuple[list[list[int]], dict[str, int]]:
+        """The fake worker's sampled tokens per scheduled request, and accepted drafts."""
+        out, model = item.out, self.model
+        sampled: list[list[int]] = []
+        num_accepted: dict[str, int] = {}
+        for rid, do_sample in zip(out.num_scheduled_tokens, item.sample):
+            if not (do_sample and rid in self.n_out):
+                sampled.append([])  # partial prefill chunk: the token is discarded
+                continue
+            scheduled = out.scheduled_spec_decode_tokens.get(rid)
+            if scheduled:
+                n = len(scheduled)
+                if not self.cfg.async_scheduling:
+                    drafts = list(scheduled)
+                elif rid in self.last_batch:
+                    drafts = self.worker_drafts[rid][:n]  # the worker's own previous proposal
+                else:
+                    drafts = [-1] * n  # placeholders the worker could not fill: never accepted
+                toks = model.verify(rid, self.n_out[rid], drafts)
+                num_accepted[rid] = len(toks) - 1
             else:
-                sampled_lists.append([])
-        mro = ModelRunnerOutput(req_ids, {rid: i for i, rid in enumerate(req_ids)}, sampled_lists)
+                toks = [model.token(rid, self.n_out[rid])]
+            sampled.append(toks)
+            self.n_out[rid] += len(toks)
+        return sampled, num_accepted
+
+    def _update(self) -> dict:
+        item = self.in_flight.pop(0)
+        out, rec, cfg, sched = item.out, item.rec, self.cfg, self.sched
+        req_ids = list(out.num_scheduled_tokens)
+        sampled, num_accepted = self._sample(item)
+        sampled_all = {rid: list(t) for rid, t in zip(req_ids, sampled) if t}
+        kv_done = [rid for due in sorted(k for k in self.kv_done_at if k <= rec["step"])
+                   for rid in self.kv_done_at.pop(due)]
+        mro = ModelRunnerOutput(req_ids, {rid: i for i, rid in enumerate(req_ids)}, sampled,
+                                kv_connector_output=KVConnectorOutput(finished_recving=tuple(kv_done)) if kv_done else None)
         eco = sched.update_from_output(out, mro)
-        finished_now = [o.request_id for o in eco.outputs if o.finish_reason is not None]
-        sampled = {rid: t[0] for rid, t in zip(req_ids, sampled_lists) if t}
-        finish_record(rec, sampled, finished_now, eco.scheduler_stats)
+        if self.spec and out.total_num_scheduled_tokens > 0:
+            self._draft(req_ids, sampled)
+        finished = [o for o in eco.outputs if o.finish_reason is not None]
+        finish_record(rec, {rid: t[0] for rid, t in sampled_all.items()}, [o.request_id for o in finished],
+                      eco.scheduler_stats)
+        if self.spec:
+            sd = eco.scheduler_stats.spec_decoding_stats
+            rec["sampled_tokens_all"] = sampled_all
+            rec["num_accepted"] = num_accepted
+            rec["spec_decoding_stats"] = None if sd is None else {
+                "num_drafts": sd.num_drafts, "num_draft_tokens": sd.num_draft_tokens,
+                "num_accepted_tokens": sd.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(sd.num_accepted_tokens_per_pos)}
+        if self.spec or cfg.stop_rules:
+            rec["new_token_ids"] = {o.request_id: list(o.new_token_ids) for o in eco.outputs if o.new_token_ids}
+        if self.connector is not None:
+            rec["kv_loads_finished"] = sorted(kv_done)
+        if cfg.stop_rules or cfg.aborts:
+            rec["finish_reasons"] = {o.request_id: o.finish_reason for o in finished}
+            rec["stop_reasons"] = {o.request_id: o.stop_reason for o in finished}
         return rec
 
-    while step < cfg.max_steps:
-        arrived = []
-        while pos < len(pending) and pending[pos]["arrival_step"] <= step:
-            w = pending[pos]
-            pos += 1
-            sp = SamplingParams(max_tokens=int(w["max_tokens"]), ignore_eos=True)
-            sched.add_request(Request(w["req_id"], list(w["prompt_token_ids"]), sp,
-                                      arrival_time=float(w["arrival_step"]), priority=int(w.get("priority", 0)),
-                                      block_hasher=sched.block_hasher))
-            n_out[w["req_id"]] = 0
-            arrived.append(w["req_id"])
-        if not sched.has_unfinished_requests() and not in_flight:
-            if pos >= len(pending):
-                break
-            step += 1  # idle: nothing has arrived yet
-            continue
-        out = sched.schedule()
-        # Decide sampling now: a later schedule() (async) may overwrite is_prefill_chunk.
-        sample = [not sched.requests[rid].is_prefill_chunk for rid in out.num_scheduled_tokens]
-        in_flight.append((out, step_record(step, arrived, out, sched), sample))
-        while in_flight and (len(in_flight) >= depth or out.total_num_scheduled_tokens == 0):
-            yield do_update()
-        step += 1
-    while in_flight:
-        yield do_update()
+    def _draft(self, req_ids: list[str], sampled: list[list[int]]) -> None:
+        """The drafter runs after the step; in sync mode EngineCore hands the drafts over."""
+        self.last_batch = {rid for rid, toks in zip(req_ids, sampled) if toks}
+        for rid, toks in zip(req_ids, sampled):
+            n = self.n_out[rid]
+            self.worker_drafts[rid] = self.model.propose(rid, n, self.prompt_len[rid] + n, sampled=bool(toks))
+        if not self.cfg.async_scheduling:
+            self.sched.update_draft_token_ids({rid: list(self.worker_drafts[rid]) for rid in req_ids})
+
+
+def run_step_trace(workload: list[dict], cfg: StepTraceConfig) -> Iterator[dict]:
+    """Yield one oracle-schema record per schedule() call (see module docstring)."""
+    return OracleDriver(workload, cfg).run()

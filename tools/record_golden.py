@@ -25,6 +25,8 @@ def argv_for(flags: dict) -> list[str]:
         opt = "--" + k.replace("_", "-")
         if v is True:
             out.append(opt)
+        elif isinstance(v, (list, tuple)):  # e.g. stop_token_ids
+            out += [opt, ",".join(map(str, v))]
         elif v is not False:
             out += [opt, str(v)]
     return out

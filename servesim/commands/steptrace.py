@@ -27,16 +27,52 @@ def step_trace(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching"),
     no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling"),
+    max_steps: int = typer.Option(1_000_000),
+    hash_algo: str = typer.Option("sha256", help="prefix-caching block hash: sha256 | blake2b"),
+    num_spec_tokens: int = typer.Option(0, help="K > 0: speculative decoding with K drafts (oracle's fake drafter)"),
+    spec_method: str = typer.Option("ngram", help="ngram | eagle | draft_model"),
+    eos_rate: float = typer.Option(0.0, help="probability that a sampled token is EOS (id 2)"),
+    stop_token_ids: str = typer.Option("", help="comma-separated ids the fake sampler may emit as stop tokens"),
+    stop_rate: float = typer.Option(0.0, help="probability that a sampled token is one of --stop-token-ids"),
+    min_tokens: int = typer.Option(0, help="(workload generation) switches the stop-rule trace fields on"),
+    abort_rate: float = typer.Option(0.0, help="(workload generation) switches the abort trace fields on"),
+    abort_window: int = typer.Option(200, help="(workload generation only)"),
+    abort_after: int = typer.Option(0, help="(workload generation only)"),
+    abort_preempted_rate: float = typer.Option(0.0, help="(workload generation) switches the abort trace fields on"),
+    sliding_window: int = typer.Option(0, help="W > 0: the KV cache group slides over W tokens"),
+    hybrid: bool = typer.Option(False, "--hybrid", help="with --sliding-window: full-attention + sliding-window groups"),
+    num_loras: int = typer.Option(0, help="N > 0: LoRA on (requests carry lora_id)"),
+    max_loras: int = typer.Option(1, help="LoRAs per step at most, with --num-loras"),
+    cache_salt: int = typer.Option(0, help="(workload generation only: requests carry cache_salt)"),
+    kv_connector_rate: float = typer.Option(0.0, help="> 0: decode-side KV connector (requests with remote_prefill)"),
+    kv_load_steps: int = typer.Option(3, help="a remote KV load is reported finished this many steps later"),
+    trace_block_tables: bool = typer.Option(False, "--trace-block-tables", help="add every running request's block tables"),
 ) -> None:
-    """Step-level view of the scheduler's decisions, field for field comparable with the oracle."""
+    """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
+
+    Every flag of the oracle's drive.py is accepted, with its name, default and worker rules; flags
+    marked "workload generation" only shape the workload there (it is read from WORKLOAD here) and
+    switch the matching trace fields on.
+    """
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", field="--policy", allowed=", ".join(POLICIES))
     try:
-        cfg = StepTraceConfig(num_blocks=num_blocks, block_size=block_size,
-                              max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                              max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
-                              policy=policy, no_prefix_caching=no_prefix_caching,
-                              no_chunked_prefill=no_chunked_prefill, async_scheduling=async_scheduling)
+        stop_ids = tuple(int(x) for x in stop_token_ids.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"not a comma-separated list of ints: {stop_token_ids!r}", field="--stop-token-ids") from None
+    try:
+        cfg = StepTraceConfig(
+            num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
+            no_prefix_caching=no_prefix_caching, no_chunked_prefill=no_chunked_prefill,
+            async_scheduling=async_scheduling, max_steps=max_steps, hash_algo=hash_algo,
+            num_spec_tokens=num_spec_tokens, spec_method=spec_method, eos_rate=eos_rate,
+            stop_token_ids=stop_ids, stop_rate=stop_rate, min_tokens=min_tokens, abort_rate=abort_rate,
+            abort_window=abort_window, abort_after=abort_after, abort_preempted_rate=abort_preempted_rate,
+            sliding_window=sliding_window, hybrid=hybrid, num_loras=num_loras, max_loras=max_loras,
+            cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
+            trace_block_tables=trace_block_tables)
         cfg.configs()
     except ValueError as e:
         raise InputError(str(e), field="options") from None
