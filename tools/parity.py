@@ -1,10 +1,17 @@
 """`make parity`: fresh random workloads and configs, our scheduler vs the live vLLM oracle.
 
-Uses the oracle venv at $VLLM_ORACLE_VENV (default /tmp/vllm-oracle-venv; build it with
-../shared/tools/vllm_oracle/setup.sh). Prints the share of matching steps per config and exits 1
-on any mismatch. Skips (exit 0) with a message when the oracle venv is absent.
+Every config draws a base (pool, budget, policy, caching, chunking, async, arrivals) and one entry
+of the feature matrix (FEATURES: speculative decoding by method, stop rules, aborts of every kind,
+sliding window, hybrid groups, LoRA, cache salt, the KV connector, and combinations) with random
+parameters; configs cycle through the matrix, so `--configs 2 * len(FEATURES)` covers each
+feature twice. The oracle runs with PYTHONHASHSEED=0, the seed our set-order replay assumes
+(scheduler/pyset.py).
 
-    python tools/parity.py [--seed S] [--configs N]
+Uses the oracle venv at $VLLM_ORACLE_VENV (default /tmp/vllm-oracle-venv; build it with
+../shared/tools/vllm_oracle/setup.sh). Prints the share of matching steps per config and per
+feature and exits 1 on any mismatch. Skips (exit 0) with a message when the oracle venv is absent.
+
+    python tools/parity.py [--seed S] [--configs N] [--features spec_eagle,aborts,...]
 """
 
 from __future__ import annotations
@@ -25,7 +32,58 @@ sys.path.insert(0, str(ROOT))
 from scheduler.steptrace import StepTraceConfig, run_step_trace  # noqa: E402
 
 
-def random_config(rng: random.Random) -> dict:
+def _spec(method: str):
+    def draw(rng: random.Random) -> dict:
+        return {"num_spec_tokens": rng.choice([1, 2, 3, 5]), "spec_method": method}
+    return draw
+
+
+def _stop(rng: random.Random) -> dict:
+    return {"eos_rate": rng.choice([0.0, 0.01, 0.05]), "stop_token_ids": rng.sample([5, 6, 7, 8, 9], rng.randint(1, 3)),
+            "stop_rate": rng.choice([0.01, 0.04]), "min_tokens": rng.choice([0, 4, 20])}
+
+
+def _aborts(rng: random.Random) -> dict:
+    return {"abort_rate": rng.choice([0.2, 0.5]), "abort_window": rng.choice([1, 5, 50, 200]),
+            "abort_after": rng.choice([0, 3, 25])}
+
+
+def _sliding(rng: random.Random) -> dict:
+    return {"sliding_window": rng.choice([16, 48, 64, 128, 300]), "trace_block_tables": rng.random() < 0.5}
+
+
+def _kv(rng: random.Random) -> dict:
+    return {"kv_connector_rate": rng.choice([0.3, 0.7, 1.0]), "kv_load_steps": rng.choice([1, 3, 8])}
+
+
+# feature name -> parameters drawn for it (merged over the base config)
+FEATURES = {
+    "base": lambda rng: {},
+    "spec_ngram": _spec("ngram"),
+    "spec_eagle": _spec("eagle"),
+    "spec_draft_model": _spec("draft_model"),
+    "stop_rules": _stop,
+    "stop_rules_spec": lambda rng: dict(_stop(rng), **_spec(rng.choice(["ngram", "eagle"]))(rng)),
+    "aborts": _aborts,
+    "aborts_many_running": lambda rng: {"abort_rate": rng.choice([0.3, 0.6]), "abort_after": rng.choice([5, 25]),
+                                        "abort_window": 1},
+    "aborts_preempted": lambda rng: {"abort_preempted_rate": rng.choice([0.3, 1.0]),
+                                     "abort_rate": rng.choice([0.0, 0.2])},
+    "sliding_window": _sliding,
+    "sliding_window_spec": lambda rng: dict(_sliding(rng), **_spec(rng.choice(["eagle", "draft_model"]))(rng)),
+    "hybrid": lambda rng: dict(_sliding(rng), hybrid=True),
+    "lora": lambda rng: {"num_loras": rng.choice([1, 3, 6]), "max_loras": rng.choice([1, 2, 4])},
+    "cache_salt": lambda rng: {"cache_salt": rng.choice([1, 2, 5])},
+    "kv_connector": _kv,
+    "kv_connector_aborts": lambda rng: dict(_kv(rng), abort_rate=rng.choice([0.3, 0.6]), abort_after=rng.choice([0, 1, 4]),
+                                            abort_window=rng.choice([1, 4, 20])),
+    "kv_connector_sliding": lambda rng: dict(_kv(rng), sliding_window=rng.choice([32, 128])),
+    "everything": lambda rng: dict(_stop(rng), **_aborts(rng), **_spec("eagle")(rng), num_loras=3, max_loras=2,
+                                   cache_salt=2, abort_preempted_rate=0.3),
+}
+
+
+def random_config(rng: random.Random, feature: str = "base") -> dict:
     cfg = {
         "num_blocks": rng.choice([120, 160, 250, 400, 1000]),
         "block_size": rng.choice([8, 16, 32]),
@@ -40,37 +98,56 @@ def random_config(rng: random.Random) -> dict:
         "num_requests": rng.choice([40, 80, 120]),
         "num_prefixes": rng.choice([2, 6, 10]),
     }
+    cfg.update(FEATURES[feature](rng))
+    if cfg.get("spec_method") == "ngram" and cfg.get("num_spec_tokens"):
+        cfg["async_scheduling"] = False  # vLLM refuses async scheduling with ngram
+    if cfg.get("kv_connector_rate"):
+        cfg.pop("hybrid", None)  # the connector supports one KV cache group
+    if cfg.get("spec_method") == "draft_model" and cfg.get("num_spec_tokens"):
+        cfg["no_chunked_prefill"] = False  # the budget loses max_num_seqs: prompts must chunk
+        cfg["max_num_batched_tokens"] = max(cfg["max_num_batched_tokens"], cfg["max_num_seqs"] + 256)
     if cfg["no_chunked_prefill"]:
         cfg["max_num_batched_tokens"] = 2048  # must cover max_model_len
-    # Every request (<= 812 prompt + 160 output tokens) must fit in the pool.
-    cfg["num_blocks"] = max(cfg["num_blocks"], 1000 // cfg["block_size"] + 2)
+    # Every request (<= 812 prompt + 160 output tokens + drafts) must fit in the pool, per group.
+    groups = 2 if cfg.get("hybrid") else 1
+    cfg["num_blocks"] = max(cfg["num_blocks"], groups * (1010 // cfg["block_size"] + 2))
     return cfg
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=random.SystemRandom().randrange(1 << 30))
-    ap.add_argument("--configs", type=int, default=8)
+    ap.add_argument("--configs", type=int, default=len(FEATURES))
+    ap.add_argument("--features", default=",".join(FEATURES), help="comma-separated subset of FEATURES")
     args = ap.parse_args()
+    features = [f for f in args.features.split(",") if f]
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown:
+        ap.error(f"unknown features {unknown} (valid: {', '.join(FEATURES)})")
     venv = Path(os.environ.get("VLLM_ORACLE_VENV", "/tmp/vllm-oracle-venv"))
     oracle_dir = Path(os.environ.get("VLLM_ORACLE_DIR", ROOT.parent / "shared" / "tools" / "vllm_oracle"))
     if not (venv / "bin" / "python").exists():
         print(f"parity: skipped, no oracle venv at {venv} (run {oracle_dir}/setup.sh {venv})")
         return 0
     rng = random.Random(args.seed)
-    configs = {f"cfg{i}": random_config(rng) for i in range(args.configs)}
+    configs = {}
+    for i in range(args.configs):
+        feature = features[i % len(features)]
+        configs[f"cfg{i}_{feature}"] = random_config(rng, feature)
     work = Path(tempfile.mkdtemp(prefix="servesim-parity-"))
     # The driver needs a writable copy (its platform plugin is read-only in ../shared).
     drv = work / "oracle"
     shutil.copytree(oracle_dir, drv)
     (work / "configs.json").write_text(json.dumps(configs))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONHASHSEED="0")
-    print(f"parity: seed {args.seed}, {len(configs)} configs, oracle {venv}")
+    print(f"parity: seed {args.seed}, {len(configs)} configs over {len(set(features))} features, "
+          f"oracle {venv} (PYTHONHASHSEED=0)")
     subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tools" / "record_golden.py"), str(drv),
                     str(work / "out"), str(args.seed), str(work / "configs.json")],
                    check=True, env=env, stdout=subprocess.DEVNULL)
     total = matched = 0
     failed = []
+    per_feature: dict[str, list[int]] = {}
     for name, cfg in configs.items():
         d = work / "out" / name
         workload = [json.loads(x) for x in (d / "workload.jsonl").read_text().splitlines() if x]
@@ -82,9 +159,14 @@ def main() -> int:
         n = max(len(ours), len(expected))
         total += n
         matched += ok
+        agg = per_feature.setdefault(name.split("_", 1)[1], [0, 0])
+        agg[0] += ok
+        agg[1] += n
         print(f"  {name}: {ok}/{n} steps match  {cfg}")
         if ok != n:
             failed.append(name)
+    for feature, (ok, n) in per_feature.items():
+        print(f"  feature {feature}: {ok}/{n} steps")
     print(f"parity: {matched}/{total} steps match ({100.0 * matched / max(total, 1):.2f} %)")
     if failed:
         print(f"parity: mismatches in {failed}; artefacts kept in {work}")
