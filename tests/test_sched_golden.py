@@ -43,3 +43,51 @@ def test_golden_trace_matches_field_for_field(case):
             if key == "num_scheduled_tokens":  # the scheduler's order is part of the decision
                 g, w = list(g.items()), list(w.items())
             assert g == w, f"{case} step {want['step']} field {key!r}: ours {g} != oracle {w}"
+
+
+# Each oracle extension (a trace_flags key that switches it on) and the golden configs covering it.
+FEATURE_FLAGS = {
+    "spec_ngram": lambda f: f.get("num_spec_tokens", 0) > 0 and f.get("spec_method", "ngram") == "ngram",
+    "spec_eagle": lambda f: f.get("num_spec_tokens", 0) > 0 and f.get("spec_method") == "eagle",
+    "spec_draft_model": lambda f: f.get("num_spec_tokens", 0) > 0 and f.get("spec_method") == "draft_model",
+    "stop_rules": lambda f: bool(f.get("eos_rate") or f.get("stop_token_ids") or f.get("min_tokens")),
+    "aborts": lambda f: bool(f.get("abort_rate") or f.get("abort_preempted_rate")),
+    "sliding_window": lambda f: f.get("sliding_window", 0) > 0 and not f.get("hybrid"),
+    "hybrid": lambda f: bool(f.get("hybrid")),
+    "lora": lambda f: f.get("num_loras", 0) > 0,
+    "cache_salt": lambda f: f.get("cache_salt", 0) > 0,
+    "kv_connector": lambda f: f.get("kv_connector_rate", 0) > 0,
+}
+
+
+def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed():
+    flags = {c: json.loads((GOLDEN / c / "config.json").read_text())["trace_flags"] for c in CASES}
+    for feature, on in FEATURE_FLAGS.items():
+        covered = [c for c, f in flags.items() if on(f)]
+        assert len(covered) >= 2, f"{feature}: golden configs {covered}"
+        if feature != "spec_ngram":  # vLLM refuses async scheduling with ngram
+            assert any(flags[c].get("async_scheduling") for c in covered), f"{feature}: no async golden"
+
+
+@pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority"])
+def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
+    pytest.importorskip("typer")
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+
+    _register()
+    d = GOLDEN / case
+    argv = ["step-trace", str(d / "workload.jsonl"), "--out", str(tmp_path / "t.jsonl")]
+    for k, v in json.loads((d / "config.json").read_text())["trace_flags"].items():
+        opt = "--" + k.replace("_", "-")
+        if v is True:
+            argv.append(opt)
+        elif isinstance(v, list):
+            argv += [opt, ",".join(map(str, v))]
+        elif v is not False:
+            argv += [opt, str(v)]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    with gzip.open(d / "trace.jsonl.gz", "rt") as f:
+        assert (tmp_path / "t.jsonl").read_text() == f.read()
