@@ -111,6 +111,9 @@ def test_decode_side_holds_preallocated_blocks_while_waiting_for_kv():
     # and steps back to 199 on promotion so the last one is recomputed.
     assert held == 13 and computed == 200
     assert prefill_held == 13  # the prefill side keeps its KV until the decode side has read it
+    # ... through the connector's delayed free, released by finished_sending when the transfer completed.
+    pre = c.replicas[0].engine.scheduler
+    assert pre.kv_cache_manager.num_blocks_held("a") == 0 and "a" not in pre.requests
 
 
 def test_a_prompt_too_big_for_the_decode_pool_is_ignored_and_releases_the_prefill_kv():
