@@ -33,7 +33,10 @@ class KVConnector(Protocol):
         so far; num_external_tokens: the external tokens the allocation covered, often 0)."""
         ...
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """A request finished (stopped, capped or aborted). Returns (keep its blocks until the worker
-        reports it in `finished_sending`, KV-transfer params for the output or None)."""
+    def request_finished(self, request: Request,
+                         block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """A request finished (stopped, capped or aborted); block_ids: its block table per KV cache
+        group, out-of-window blocks already nulled (vLLM hands a connector without hybrid support
+        group 0 only; it runs with one group). Returns (keep its blocks until the worker reports it
+        in `finished_sending`, KV-transfer params for the output or None)."""
         ...

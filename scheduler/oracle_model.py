@@ -111,7 +111,7 @@ class OracleConnector:
                 self.started[request.request_id] = num_external_tokens
             self.remote.discard(request.request_id)  # one transfer per request
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
         return False, None
 
     def take_started_loads(self) -> dict[str, int]:

@@ -245,9 +245,7 @@ class Scheduler(ScheduleMixin):
         kvm = self.kv_cache_manager
         # Out-of-window blocks are freed before the connector sees the block table (as vLLM).
         kvm.coordinator.remove_skipped_blocks(request.request_id, request.num_tokens)
-        if kvm.num_kv_cache_groups != 1:
-            raise ValueError("a KV connector supports one KV cache group (vLLM turns hybrid groups off)")
-        delay, _params = self.connector.request_finished(request, kvm.get_block_ids(request.request_id)[0])
+        delay, _params = self.connector.request_finished(request, kvm.get_block_ids(request.request_id))
         return delay
 
     def _free_blocks(self, request: Request) -> None:

@@ -34,7 +34,7 @@ class RecordingConnector:
         self.remote.discard(request.request_id)
 
     def request_finished(self, request, block_ids):
-        self.finished.append((request.request_id, list(block_ids)))
+        self.finished.append((request.request_id, list(block_ids[0])))
         return request.request_id in self.delay_free, None
 
 

@@ -49,7 +49,7 @@ class RemotePrefillConnector:
             if num_external > 0:
                 self.on_alloc(request, num_external)
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
         return False, None  # decode side: nothing to send, free now
 
 
@@ -63,9 +63,9 @@ class RemoteDecodeConnector:
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
         pass
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
         # Aborted or ignored prompts are never read: free them at once.
-        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and bool(block_ids), None
+        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and any(block_ids), None
 
 
 class StallAwareMixin:
