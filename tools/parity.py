@@ -117,7 +117,7 @@ def random_config(rng: random.Random, feature: str = "base") -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=random.SystemRandom().randrange(1 << 30))
-    ap.add_argument("--configs", type=int, default=len(FEATURES))
+    ap.add_argument("--configs", type=int, default=2 * len(FEATURES), help="default: each feature twice")
     ap.add_argument("--features", default=",".join(FEATURES), help="comma-separated subset of FEATURES")
     args = ap.parse_args()
     features = [f for f in args.features.split(",") if f]
