@@ -11,6 +11,36 @@ from pathlib import Path
 from traces.errors import InputError
 
 _FIELDS = {"req_id": str, "prompt_token_ids": list, "max_tokens": int, "arrival_step": int}
+_PHASES = ("before_schedule", "before_update")
+
+
+def _check_extensions(rec: dict, path: str, n: int) -> None:
+    """The fields the oracle's opt-in extensions add (all optional)."""
+    def bad(field: str, why: str) -> InputError:
+        return InputError(f"{why}, got {rec[field]!r:.40}", path=path, line=n, field=field)
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for field in ("ignore_eos", "remote_prefill"):
+        if field in rec and not isinstance(rec[field], bool):
+            raise bad(field, "expected true or false")
+    for field in ("min_tokens", "abort_step"):
+        if field in rec and not (is_int(rec[field]) and rec[field] >= 0):
+            raise bad(field, "expected an int >= 0")
+    if "stop_token_ids" in rec and not (isinstance(rec["stop_token_ids"], list)
+                                        and all(is_int(t) for t in rec["stop_token_ids"])):
+        raise bad("stop_token_ids", "expected a list of ints")
+    if rec.get("lora_id") is not None and not (is_int(rec["lora_id"]) and rec["lora_id"] >= 0):
+        raise bad("lora_id", "expected an int >= 0 (0: the base model) or null")
+    if rec.get("cache_salt") is not None and not isinstance(rec["cache_salt"], str):
+        raise bad("cache_salt", "expected a string or null")
+    for field in ("abort_phase", "abort_on_preempt"):
+        if field in rec and rec[field] not in _PHASES:
+            raise InputError(f"unknown phase {rec[field]!r:.40}", path=path, line=n, field=field,
+                             allowed=", ".join(_PHASES))
+    if ("abort_step" in rec) != ("abort_phase" in rec):
+        raise InputError("abort_step and abort_phase go together", path=path, line=n, field="abort_step")
 
 
 def read_oracle_workload(path: str | Path) -> list[dict]:
@@ -45,6 +75,7 @@ def read_oracle_workload(path: str | Path) -> list[dict]:
                              field="prompt_token_ids")
         if not isinstance(rec.get("priority", 0), int):
             raise InputError("expected int", path=path, line=n, field="priority")
+        _check_extensions(rec, path, n)
         if rec["req_id"] in seen:
             raise InputError(f"duplicate req_id {rec['req_id']!r}", path=path, line=n, field="req_id")
         seen.add(rec["req_id"])

@@ -91,3 +91,27 @@ def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     assert res.exit_code == 0, res.output
     with gzip.open(d / "trace.jsonl.gz", "rt") as f:
         assert (tmp_path / "t.jsonl").read_text() == f.read()
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"stop_token_ids": ["x"]}, "stop_token_ids"), ({"lora_id": -1}, "lora_id"), ({"cache_salt": 3}, "cache_salt"),
+    ({"abort_step": 4, "abort_phase": "later"}, "abort_phase"), ({"abort_step": 4}, "abort_step"),
+    ({"remote_prefill": 1}, "remote_prefill"), ({"abort_on_preempt": "never"}, "abort_on_preempt"),
+])
+def test_oracle_workload_extension_fields_are_validated(extra, field, tmp_path):
+    from servesim.oracle_io import read_oracle_workload
+    from traces.errors import InputError
+
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps(dict({"req_id": "a", "prompt_token_ids": [1, 2], "max_tokens": 3, "arrival_step": 0},
+                                 **extra)) + "\n")
+    with pytest.raises(InputError) as e:
+        read_oracle_workload(p)
+    assert field in str(e.value)
+
+
+def test_every_golden_workload_passes_validation():
+    from servesim.oracle_io import read_oracle_workload
+
+    for case in CASES:
+        assert read_oracle_workload(GOLDEN / case / "workload.jsonl")
