@@ -2,9 +2,14 @@
 
 `run_step_trace` drives a Scheduler exactly like the oracle's driver drives vLLM: the clock is the
 step index, requests are added before the step they arrive at, and after each schedule() every
-scheduled request whose tokens reach the end of its known tokens samples one token
-(1000 + crc32(f"{req_id}:{k}") % 40000). The records it yields are field-for-field comparable to
-the oracle's trace lines. `step_record` is shared with the simulator's --step-trace writer.
+scheduled request whose tokens reach the end of its known tokens samples (one token,
+1000 + crc32(f"{req_id}:{k}") % 40000, or more with speculative decoding). `StepTraceConfig` takes
+every flag of the oracle's drive.py (same names and defaults); the opt-in extensions (speculative
+decoding, stop rules, aborts, sliding window / hybrid groups, LoRA, cache salt, KV connector, block
+tables) use the oracle's fake worker and connector rules (scheduler/oracle_model.py) and add the
+oracle's extra trace fields, in its order. The records are field-for-field comparable to the
+oracle's trace lines (docs/PARITY.md). `step_record` is shared with the simulator's --step-trace
+writer.
 """
 
 from __future__ import annotations
