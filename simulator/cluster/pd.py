@@ -19,6 +19,7 @@ from collections.abc import Callable
 from scheduler import AsyncScheduler, Scheduler
 from scheduler.request import Request, RequestStatus
 from simulator.engine import Engine, resolve_cache
+from simulator.startup import resolved
 
 
 class RemotePrefillConnector:
@@ -109,6 +110,7 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _pd_scheduler(mixin: type, cfg, cache):
+    cfg = resolved(cfg)  # max_model_len filled in from the model when None
     base = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler  # as make_scheduler picks
     cls = _CLASSES.get((mixin, base))
     if cls is None:
