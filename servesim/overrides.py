@@ -70,8 +70,8 @@ def _build(obj, changes: dict, prefix: str):
     except InputError:
         raise  # already names its field
     except (TypeError, ValueError) as e:
-        key = next((c.key for c in changes.values() if isinstance(c, _Leaf) and c.key.rsplit(".", 1)[-1] in str(e)),
-                   prefix.rstrip(".") or None)
+        named = sorted((str(e).find(f), f) for f in valid if f in str(e))  # the field named first
+        key = f"{prefix}{named[0][1]}" if named else (prefix.rstrip(".") or None)
         raise InputError(f"{e}", field=key) from None
 
 

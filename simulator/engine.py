@@ -160,8 +160,8 @@ class Engine:
                       block_hasher=sched.block_hasher, job_id=spec.session_id, is_last_step=spec.is_last_turn)
         sched.add_request(req, now_s=now)
         self._arrived_since_step.append(spec.request_id)
-        for out in sched.take_ignored_outputs():  # the scheduler's own never-fits rule (SGLang's is stricter)
-            self._rejected(out.request_id, "exceeds_kv_pool")
+        for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
+            self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
 
     def _engine_loop(self):
         env, sched = self.env, self.scheduler

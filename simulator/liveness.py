@@ -61,6 +61,14 @@ class Admission:
         return None
 
 
+    def scheduler_refusal_reason(self) -> str:
+        """Why the scheduler itself refused a request that passed admission: SGLang refuses prompts
+        within a few tokens of min(max_model_len, pool) (its input-length margin)."""
+        if self.usable_blocks is not None and self.usable_blocks * self.block_size < self.max_model_len:
+            return "exceeds_kv_pool"
+        return "no_room_to_generate"
+
+
 def diagnose(name: str, sched, why: str, num_preemptions: int, limit: str, max_listed: int = 5) -> str:
     """The watchdog's message: which requests are stuck, in what state, and the likely cause."""
     stuck = [r for r in sched.requests.values() if not r.is_finished()]
