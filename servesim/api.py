@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pandas as pd
 
 from simulator.config import SimConfig
 from simulator.engine import Engine
+from simulator.metrics import warn_rejected
 from simulator.outputs import build_summary, write_results
 from traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from traces.formats import load_workload
@@ -61,15 +61,6 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
     warn_rejected(requests)
     return Results(summary, requests, res.metrics.steps_frame(),
                    res.metrics.timeseries_frame(summary["sim_duration_s"]), written)
-
-
-def warn_rejected(requests: pd.DataFrame) -> None:
-    """Requests that could never run are never dropped silently: one warning with count, reasons, ids."""
-    from simulator.metrics import rejection_warning
-
-    msg = rejection_warning(requests)
-    if msg is not None:
-        logging.getLogger("servesim").warning("WARNING: %s", msg)
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,

@@ -6,6 +6,7 @@ prefill tokens while they cover positions inside the prompt.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -161,6 +162,13 @@ def rejection_warning(req: pd.DataFrame, max_ids: int = 5) -> str | None:
     more = ", ..." if len(rejected) > max_ids else ""
     return (f"{len(rejected)} of {len(req)} requests were rejected and never ran ({reasons}); "
             f"first ids: {ids}{more}. See docs/LIVENESS.md; scheduler.max_model_len and the KV pool decide this.")
+
+
+def warn_rejected(req: pd.DataFrame) -> None:
+    """Requests that could never run are never dropped silently: one warning on the "servesim" logger."""
+    msg = rejection_warning(req)
+    if msg is not None:
+        logging.getLogger("servesim").warning("WARNING: %s", msg)
 
 
 def _sub(a: float | None, b: float) -> float | None:
