@@ -82,6 +82,8 @@ class Engine:
         self._next_arrival_s = 0.0
         # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
         self.num_preemptions = 0
+        self._max_steps_idle = cfg.liveness.max_steps_without_progress
+        self._max_s_idle = cfg.liveness.max_sim_s_without_progress
         self._stall_step = self._stall_s = 0.0
         self._preemptions_at_progress = 0
         self._mark_progress(0.0)
@@ -276,9 +278,8 @@ class Engine:
     # --- liveness watchdog -----------------------------------------------------------------------
     def _mark_progress(self, now: float) -> None:
         """Something advanced (a token, a finish, a rejection): restart the watchdog's window."""
-        live = self.cfg.liveness
-        self._stall_step = self.num_steps + live.max_steps_without_progress
-        self._stall_s = now + live.max_sim_s_without_progress
+        self._stall_step = self.num_steps + self._max_steps_idle
+        self._stall_s = now + self._max_s_idle
         self._preemptions_at_progress = self.num_preemptions
 
     def _stall(self, now: float) -> None:
