@@ -31,7 +31,12 @@ REJECT_REASONS = ("prompt_exceeds_max_model_len", "no_room_to_generate", "exceed
 
 
 class StallError(InputError):
-    """A run that can make no more progress (the watchdog's verdict, with its diagnosis)."""
+    """A run that can make no more progress (the watchdog's verdict, with its diagnosis). An
+    InputError: the configuration and workload are what cannot progress, and the CLI reports it
+    as an error (exit status 2), never a traceback."""
+
+    def _format(self) -> str:
+        return f"liveness watchdog stopped the run: {self.detail}"
 
 
 @dataclass(slots=True, frozen=True)

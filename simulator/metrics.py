@@ -161,7 +161,7 @@ def rejection_warning(req: pd.DataFrame, max_ids: int = 5) -> str | None:
     ids = ", ".join(map(str, rejected["request_id"].head(max_ids)))
     more = ", ..." if len(rejected) > max_ids else ""
     return (f"{len(rejected)} of {len(req)} requests were rejected and never ran ({reasons}); "
-            f"first ids: {ids}{more}. See docs/LIVENESS.md; scheduler.max_model_len and the KV pool decide this.")
+            f"first ids: {ids}{more} (status 'rejected' in requests.parquet; see docs/LIVENESS.md)")
 
 
 def warn_rejected(req: pd.DataFrame) -> None:
