@@ -233,3 +233,33 @@ def test_default_max_model_len_comes_from_the_model():
     cfg = apply_overrides(SimConfig(), {"hardware.model": "llama-3-8b"})
     assert resolve_max_model_len(cfg) == 8192
     assert Engine(cfg, _wl(("a", 0.0, 10, 2))).cfg.scheduler.max_model_len == 8192
+
+
+# --- clusters: each replica has the watchdog; rejections are merged and counted -----------------------
+LIVELOCK = {"scheduler.policy": "priority", "cache.num_gpu_blocks": 23, "cache.block_size": 16,
+            "cache.enable_prefix_caching": False, "scheduler.max_num_batched_tokens": 16, "scheduler.max_num_seqs": 3,
+            "scheduler.max_model_len": 256, "scheduler.long_prefill_token_threshold": 3,
+            "scheduler.scheduler_reserve_full_isl": False, "liveness.max_steps_without_progress": 2000}
+
+
+def test_cluster_replica_watchdog_names_the_replica_and_requests():
+    from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
+
+    cfg = ClusterConfig(replicas=[ReplicaGroup(count=2, sim=apply_overrides(SimConfig(), LIVELOCK))],
+                        router=RouterConfig("round_robin", {}))
+    wl = _wl(*[(f"r{i}", 0.0, n, 8) for i, n in enumerate([226, 100, 240, 100, 142])])
+    with pytest.raises(StallError, match=r"both0: no progress .* r0 \(") as e:
+        run_cluster(cfg, wl)
+    assert "liveness watchdog stopped the run" in str(e.value)
+
+
+def test_cluster_counts_rejections():
+    from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
+
+    cfg = ClusterConfig(replicas=[ReplicaGroup(count=2, sim=apply_overrides(SimConfig(), SMALL))],
+                        router=RouterConfig("round_robin", {}))
+    res = run_cluster(cfg, _wl(("a", 0.0, 64, 4), ("b", 0.0, 10, 4), ("c", 0.1, 70, 4), ("d", 0.1, 12, 3)))
+    assert res.summary["num_rejected"] == 2 and res.summary["num_completed"] == 2
+    assert res.summary["rejected_by_reason"] == {"no_room_to_generate": 1, "prompt_exceeds_max_model_len": 1}
+    assert set(res.requests.loc[res.requests["status"] == "rejected", "request_id"]) == {"a", "c"}
+    assert sum(r["num_rejected"] for r in res.summary["replicas"]) == 2
