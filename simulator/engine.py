@@ -66,7 +66,7 @@ class Engine:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens)
         self.executor = executor
-        self.admission = Admission.of(cfg.scheduler, self.cache)
+        self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
         self.metrics = MetricsCollector()

@@ -10,6 +10,8 @@ our own for a pool that can never hold the request:
                                   1) is longer than the maximum model length of M")
     exceeds_kv_pool               prompt + output (capped at max_model_len) needs more KV blocks
                                   than the whole pool has: it could never be scheduled to the end
+                                  (vLLM engine; SGLang clamps max_new_tokens to the pool itself and
+                                  refuses only prompts that cannot fit, reported with this reason)
 
 A prompt + output longer than max_model_len is not rejected: it runs and stops at max_model_len
 (finish_reason "length"), as in vLLM.
@@ -45,12 +47,15 @@ class Admission:
     block_size: int
     usable_blocks: int | None  # None: the layout is not full attention (no per-request bound here)
     extra_slots: int  # speculative + lookahead tokens a step may hold beyond the sequence
+    pool_rule: bool = True  # False: the scheduler bounds requests by the pool itself (SGLang)
 
     @classmethod
-    def of(cls, sched: SchedulerConfig, cache: CacheConfig) -> Admission:
-        usable = cache.num_gpu_blocks - 1 if cache.attention == "full" else None  # block 0: null block
+    def of(cls, sched: SchedulerConfig, cache: CacheConfig, pool_rule: bool = True) -> Admission:
+        """pool_rule False: the scheduler bounds requests by the pool itself (SGLang clamps
+        max_new_tokens to what fits, and refuses prompts that cannot)."""
+        usable = cache.num_gpu_blocks - 1 if cache.attention == "full" else None  # block 0: the null block
         return cls(sched.max_model_len, cache.block_size, usable,
-                   sched.num_spec_tokens + sched.num_lookahead_tokens)
+                   sched.num_spec_tokens + sched.num_lookahead_tokens, pool_rule)
 
     def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
         """Why a request can never run, or None when it can."""
@@ -58,7 +63,7 @@ class Admission:
             return "prompt_exceeds_max_model_len"
         if prompt_len == self.max_model_len:
             return "no_room_to_generate"
-        if self.usable_blocks is not None:
+        if self.usable_blocks is not None and self.pool_rule:
             # KV slots it will hold at most: every token but the last sampled one, plus drafts.
             tokens = min(prompt_len + max(output_len, 1) - 1 + self.extra_slots, self.max_model_len)
             if -(-tokens // self.block_size) > self.usable_blocks:
