@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scheduler.config import CacheConfig
+from scheduler.sglang import SGLangConfig
 from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
 from simulator.specs import resolve_gpu, resolve_model
 from traces.errors import InputError
@@ -121,7 +122,8 @@ def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml:
 
 
 def _check_sglang(cfg: SimConfig, cache: CacheConfig) -> None:
-    sg, sched = cfg.sglang, cfg.scheduler
+    sched = cfg.scheduler
+    sg = cfg.sglang if cfg.sglang is not None else SGLangConfig()  # None: everything inherited
     chunk = sg.chunked_prefill_size if sg.chunked_prefill_size is not None else sched.max_num_batched_tokens
     page = sg.page_size if sg.page_size is not None else cache.block_size
     chunked = sg.enable_chunked_prefill if sg.enable_chunked_prefill is not None else sched.enable_chunked_prefill
