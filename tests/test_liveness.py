@@ -268,3 +268,27 @@ def test_cluster_counts_rejections():
     assert res.summary["rejected_by_reason"] == {"no_room_to_generate": 1, "prompt_exceeds_max_model_len": 1}
     assert set(res.requests.loc[res.requests["status"] == "rejected", "request_id"]) == {"a", "c"}
     assert sum(r["num_rejected"] for r in res.summary["replicas"]) == 2
+
+
+# --- the CLI: refusals exit non-zero with the field named, nothing written ----------------------------
+@pytest.mark.parametrize("args,needle", [
+    (["replay", "--set", "cache.num_gpu_blocks=10"], "field 'cache.num_gpu_blocks'"),
+    (["replay", "--set", "scheduler.max_num_batched_tokens=8"], "field 'scheduler.max_num_batched_tokens'"),
+    (["step-trace", "WL", "--out", "OUT", "--num-blocks", "3"], "field '--num-blocks'"),
+])
+def test_cli_refuses_what_vllm_refuses(tmp_path, args, needle):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    wl = tmp_path / "wl.jsonl"
+    wl.write_text('{"request_id": "a", "arrival_step": 0, "prompt_token_ids": [1, 2, 3], "max_tokens": 2}\n')
+    args = [str(wl) if a == "WL" else str(tmp_path / "out.jsonl") if a == "OUT" else a for a in args]
+    if args[0] == "replay":
+        args += ["--out", str(tmp_path / "run")]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "servesim", *args], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wl.jsonl"]  # nothing written
