@@ -292,3 +292,14 @@ def test_cli_refuses_what_vllm_refuses(tmp_path, args, needle):
                           env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wl.jsonl"]  # nothing written
+
+
+def test_safety_net_an_engine_that_can_never_wake_stops_with_a_diagnosis():
+    """Without admission (bypassed here), r1's prompt reaches the scheduler, which can never
+    schedule its last prompt token: SimPy runs out of events and the engine says so."""
+    cfg = apply_overrides(SimConfig(), SMALL)
+    eng = Engine(cfg, _wl(("a", 0.0, 64, 4)))
+    eng.admission = Admission(max_model_len=10**9, block_size=16, usable_blocks=None, extra_slots=0)
+    with pytest.raises(StallError, match=r"nothing left that could wake it.*a \(WAITING|nothing left that could wake "
+                                         r"it.*a \(RUNNING"):
+        eng.run()
