@@ -5,7 +5,7 @@ API all build one) and again when an Engine is built from it, so every path sees
 
 - the model and GPU exist; `max_model_len` is at most the model's context length
   (vLLM: "User-specified max_model_len ... is greater than the derived max_model_len");
-- `max_num_batched_tokens >= max_num_seqs` (vLLM's SchedulerConfig);
+- `max_num_batched_tokens >= max_num_seqs` (vLLM's SchedulerConfig; not for the SGLang engine);
 - without chunked prefill, `max_num_batched_tokens >= max_model_len` (vLLM's SchedulerConfig);
 - the KV pool holds one request of `max_model_len` tokens (vLLM's check_enough_kv_cache_memory:
   "To serve at least one request with the models's max seq len ...");
@@ -84,7 +84,7 @@ def check_startup(cfg: SimConfig) -> None:
         raise InputError(
             f"max_model_len ({mml}) is greater than the derived max_model_len (max_position_embeddings="
             f"{limit} of {hw.model}); vLLM refuses this", field="scheduler.max_model_len", allowed=f"<= {limit}")
-    if sched.max_num_batched_tokens < sched.max_num_seqs:
+    if cfg.engine != "sglang" and sched.max_num_batched_tokens < sched.max_num_seqs:  # SGLang has no such rule
         raise InputError(
             f"max_num_batched_tokens ({sched.max_num_batched_tokens}) must be greater than or equal to "
             f"max_num_seqs ({sched.max_num_seqs}) (vLLM's rule: every running request must get a token "
