@@ -105,13 +105,17 @@ def _config(rng: np.random.Generator, engine: str) -> SimConfig:
     if not chunked:
         budget = max(budget, mml)
     spec = engine == "vllm" and rng.random() < 0.2
-    policy = str(rng.choice(["fcfs", "priority"])) if engine == "vllm" else "fcfs"
+    policy = str(rng.choice(["fcfs", "priority", "continuum"])) if engine == "vllm" else "fcfs"
+    attention = str(rng.choice(["full", "full", "full", "sliding_window", "hybrid"])) if engine == "vllm" else "full"
     sched = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=mml, enable_chunked_prefill=chunked,
         long_prefill_token_threshold=int(rng.choice([0, 0, 3, 16])), policy=policy,
         async_scheduling=bool(rng.random() < 0.5), num_spec_tokens=2 if spec else 0,
-        scheduler_reserve_full_isl=bool(rng.random() < 0.7))
-    cache = CacheConfig(block_size=bs, num_gpu_blocks=num_blocks, enable_prefix_caching=bool(rng.random() < 0.6))
+        scheduler_reserve_full_isl=bool(rng.random() < 0.7),
+        max_loras=int(rng.integers(1, 3)) if engine == "vllm" and rng.random() < 0.2 else None)
+    cache = CacheConfig(block_size=bs, num_gpu_blocks=num_blocks, enable_prefix_caching=bool(rng.random() < 0.6),
+                        attention=attention,
+                        sliding_window=int(rng.integers(4, 64)) if attention != "full" else None)
     sglang = SGLangConfig(schedule_policy=str(rng.choice(["fcfs", "lpm", "lof", "random", "dfs-weight"])),
                           enable_mixed_chunk=bool(rng.random() < 0.3),
                           enable_priority_scheduling=bool(rng.random() < 0.3),
@@ -131,7 +135,10 @@ def _workload(rng: np.random.Generator, mml: int) -> Workload:
             t += float(rng.exponential(0.05))
         prompt = int(rng.integers(1, mml + 2))  # a few reach or pass max_model_len: must be rejected
         group = int(rng.integers(0, 2)) if rng.random() < 0.5 else None  # shared prefixes: cache hits
+        session = f"s{int(rng.integers(0, 3))}" if rng.random() < 0.3 else None  # Continuum jobs
         reqs.append(RequestSpec(f"q{i}", t, prompt, int(rng.integers(1, 40)), priority=int(rng.integers(0, 3)),
+                                session_id=session, is_last_turn=bool(rng.random() < 0.5),
+                                lora_id=int(rng.integers(1, 4)) if rng.random() < 0.2 else None,
                                 prefix_group=group,
                                 prefix_len=min(prompt - 1, int(rng.integers(0, 64))) if group is not None else 0))
     return Workload(reqs, "fuzz", "fuzz")
