@@ -45,6 +45,7 @@ class Figures:
     rejected: int = 0
     refused_configs: int = 0  # start-up checks refused the sampled config (counted, not run)
     livelocks: int = 0  # watchdog stops on vLLM's priority-tie livelock
+    livelock_kinds: dict = field(default_factory=dict)  # (engine, policy, reserve_full_isl) -> count
     findings: list[str] = field(default_factory=list)
 
 
@@ -179,6 +180,10 @@ def episode(rng: np.random.Generator, figs: Figures) -> None:
             not cfg.scheduler.scheduler_reserve_full_isl
         if LIVELOCK in str(e) and livelock_cfg:
             figs.livelocks += 1
+            kind = (engine_name, cfg.scheduler.policy if engine_name == "vllm" else
+                    f"priority_scheduling={cfg.sglang.enable_priority_scheduling}",
+                    f"reserve_full_isl={cfg.scheduler.scheduler_reserve_full_isl}")
+            figs.livelock_kinds[kind] = figs.livelock_kinds.get(kind, 0) + 1
         else:
             figs.findings.append(f"{engine_name} stall: {e} :: {cfg}")
     except Exception as e:  # noqa: BLE001 - every crash is a finding, with the config to replay it
@@ -217,6 +222,8 @@ def main() -> None:
           f"({figs.completed} completed, {figs.rejected} rejected), {figs.refused_configs} configs refused at "
           f"start-up, {figs.livelocks} priority livelocks stopped by the watchdog, {len(figs.findings)} findings, "
           f"{wall:.0f} s wall")
+    for kind, n in sorted(figs.livelock_kinds.items()):
+        print("livelock:", ", ".join(kind), n)
     for f in figs.findings:
         print("FINDING:", f)
     sys.exit(1 if figs.findings else 0)
