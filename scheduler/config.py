@@ -22,7 +22,9 @@ def _require(cond: bool, msg: str) -> None:
 class SchedulerConfig:
     max_num_seqs: int = 256  # running requests at most
     max_num_batched_tokens: int = 2048  # token budget per step
-    max_model_len: int = 2048  # tokens (prompt + output) per request at most
+    # Tokens (prompt + output) per request at most. None: "the model's context length", which a
+    # caller that knows the model fills in (simulator.config.SimConfig); a scheduler needs an int.
+    max_model_len: int | None = 2048
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # > 0: cap each request's tokens per step
     policy: str = "fcfs"  # one of POLICIES
@@ -42,7 +44,8 @@ class SchedulerConfig:
             self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
         )
-        _require(self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
+        _require(self.max_model_len is None or self.max_model_len >= 2,
+                 f"max_model_len must be >= 2 (or None: from the model), got {self.max_model_len}")
         _require(
             self.long_prefill_token_threshold >= 0,
             f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}",
@@ -61,7 +64,7 @@ class SchedulerConfig:
         _require(self.max_loras is None or self.max_loras >= 1, "max_loras must be None or >= 1")
         _require(self.continuum_pin_threshold_s >= 0, "continuum_pin_threshold_s must be >= 0")
         _require(self.continuum_default_gap_s >= 0, "continuum_default_gap_s must be >= 0")
-        if not self.enable_chunked_prefill:
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
             # vLLM's rule: without chunking every prompt must fit in one step's budget.
             _require(
                 self.max_num_batched_tokens >= self.max_model_len,

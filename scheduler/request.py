@@ -69,6 +69,9 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:  # vLLM's SamplingParams refuses this too
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}")
         self.stop_token_ids = tuple(self.stop_token_ids)
 
 
@@ -200,12 +203,17 @@ class Request:
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Apply vLLM's stop rules after a token was appended; sets status on stop.
 
-    Order matters and follows vLLM: min_tokens gates everything; then EOS (unless ignore_eos),
-    stop token ids, then the length caps (max_model_len, max_tokens).
+    Order follows vLLM: min_tokens gates the stop rules; then EOS (unless ignore_eos), stop token
+    ids, then the length caps (max_model_len, max_tokens). One deviation: min_tokens never holds a
+    request past max_model_len (vLLM's frontend clamps max_tokens to the room left, so it cannot
+    happen there; a request handed to the scheduler directly would otherwise outgrow its positions).
     """
     params = request.sampling_params
     if request.num_output_tokens < params.min_tokens:
-        return False
+        if request.num_tokens < max_model_len:
+            return False
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
     last = request._output_token_ids[-1]
     if not params.ignore_eos and params.eos_token_id is not None and last == params.eos_token_id:
         request.status = RequestStatus.FINISHED_STOPPED

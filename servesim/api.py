@@ -16,6 +16,7 @@ import pandas as pd
 
 from simulator.config import SimConfig
 from simulator.engine import Engine
+from simulator.metrics import warn_rejected
 from simulator.outputs import build_summary, write_results
 from traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from traces.formats import load_workload
@@ -47,7 +48,7 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
     trace_buf = io.StringIO() if step_trace is not None else None
     engine = Engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
     res = engine.run()
-    summary = build_summary(cfg, res, len(workload.requests))
+    summary = build_summary(engine.cfg, res, len(workload.requests))
     meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
             "attribution": workload.attribution}
     if step_trace is not None:
@@ -55,8 +56,10 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
         import json
 
         write_jsonl_atomic(step_trace, (json.loads(x) for x in trace_buf.getvalue().splitlines()))
-    written = write_results(out_dir, cfg, res, summary, meta) if out_dir is not None else None
-    return Results(summary, res.metrics.requests_frame(), res.metrics.steps_frame(),
+    written = write_results(out_dir, engine.cfg, res, summary, meta) if out_dir is not None else None
+    requests = res.metrics.requests_frame()
+    warn_rejected(requests)
+    return Results(summary, requests, res.metrics.steps_frame(),
                    res.metrics.timeseries_frame(summary["sim_duration_s"]), written)
 
 

@@ -17,44 +17,67 @@ def _fields(obj) -> list[str]:
 
 
 def apply_overrides(cfg, overrides: dict[str, Any]):
-    """Return a copy of cfg with each dotted key set; values are parsed as YAML scalars when strings."""
+    """Return a copy of cfg with each dotted key set; values are parsed as YAML scalars when strings.
+
+    All keys are applied before any config is rebuilt, each dataclass once, innermost first: the
+    checks that tie fields together (SimConfig's start-up checks) see the final values, never a
+    half-applied mix, so the order of the keys does not matter."""
+    tree: dict[str, Any] = {}
     for key, raw in overrides.items():
         value = yaml.safe_load(raw) if isinstance(raw, str) else raw
-        cfg = _set(cfg, key.split("."), value, key)
+        node, parts = tree, key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise InputError(f"{key!r} is set both as a value and as a section", field=key)
+        node[parts[-1]] = _Leaf(value, key)
         if key == "cache.num_gpu_blocks":
-            cfg = dataclasses.replace(cfg, derive_num_gpu_blocks=False)
-    return cfg
+            tree["derive_num_gpu_blocks"] = _Leaf(False, key)
+    return _build(cfg, tree, "") if tree else cfg
 
 
-def _set(obj, path: list[str], value, full_key: str):
+class _Leaf:
+    __slots__ = ("value", "key")
+
+    def __init__(self, value, key: str) -> None:
+        self.value, self.key = value, key
+
+
+def _build(obj, changes: dict, prefix: str):
     if not dataclasses.is_dataclass(obj):
-        if isinstance(obj, dict):
+        if isinstance(obj, dict):  # a plain mapping (e.g. cost_model.params): set keys inside it
             new = dict(obj)
-            new[path[0]] = value if len(path) == 1 else _set(obj.get(path[0], {}), path[1:], value, full_key)
+            for name, change in changes.items():
+                new[name] = change.value if isinstance(change, _Leaf) else _build(obj.get(name, {}), change,
+                                                                                  f"{prefix}{name}.")
             return new
-        raise InputError(f"cannot set {full_key!r}: {path[0]!r} is inside a plain value", field=full_key)
-    name = path[0]
+        raise InputError(f"cannot set {prefix}...: {prefix.rstrip('.')!r} is a plain value", field=prefix.rstrip("."))
     valid = _fields(obj)
-    if name not in valid:
-        near = difflib.get_close_matches(name, valid, n=3)
-        hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        raise InputError(f"unknown key {name!r} in {full_key!r}{hint}", field=full_key, allowed=", ".join(valid))
-    current = getattr(obj, name)
-    if len(path) > 1:
-        value = _set(current, path[1:], value, full_key)
-    else:
-        value = _coerce(current, value, full_key)
+    kwargs = {}
+    for name, change in changes.items():
+        full_key = change.key if isinstance(change, _Leaf) else f"{prefix}{name}"
+        if name not in valid:
+            near = difflib.get_close_matches(name, valid, n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise InputError(f"unknown key {name!r} in {full_key!r}{hint}", field=full_key, allowed=", ".join(valid))
+        current = getattr(obj, name)
+        if isinstance(change, _Leaf):
+            kwargs[name] = _coerce(current, change.value, full_key)
+        else:
+            kwargs[name] = _build(current, change, f"{prefix}{name}.")
     try:
-        return dataclasses.replace(obj, **{name: value})
+        return dataclasses.replace(obj, **kwargs)
+    except InputError:
+        raise  # already names its field
     except (TypeError, ValueError) as e:
-        raise InputError(f"invalid value {value!r}: {e}", field=full_key) from None
+        named = sorted((str(e).find(f), f) for f in valid if f in str(e))  # the field named first
+        key = f"{prefix}{named[0][1]}" if named else (prefix.rstrip(".") or None)
+        raise InputError(f"{e}", field=key) from None
 
 
 def _coerce(current, value, full_key: str):
     """Keep the field's type: an int field takes ints, a float field ints or floats, and so on."""
     if dataclasses.is_dataclass(current) and isinstance(value, dict):
         # A mapping for a nested config: set its fields one by one (validated like dotted keys).
-        for k, v in value.items():
-            current = _set(current, [k], v, f"{full_key}.{k}")
-        return current
+        return _build(current, {k: _Leaf(v, f"{full_key}.{k}") for k, v in value.items()}, f"{full_key}.")
     return coerce_field(current, value, full_key)

@@ -37,9 +37,10 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
         st = s[key]
         t.add_row(label, *(_ms(st[c]) for c in ("mean", "p50", "p90", "p99")))
     console.print(t)
+    print_rejected(console, s)
     tp = s["throughput"]
     console.print(
-        f"finished {s['num_finished']}/{s['num_requests']} in {s['sim_duration_s']:.1f} s simulated "
+        f"finished {s['num_finished']}/{s['num_requests']}, rejected {s.get('num_rejected', 0)}, in {s['sim_duration_s']:.1f} s simulated "
         f"({s['wall_time_s']:.2f} s wall, {s['sim_speedup_x'] or 0:.0f}x real time), {s['num_steps']} steps\n"
         f"throughput {tp['requests_per_s']:.2f} req/s, {tp['output_tokens_per_s']:.0f} output tok/s, "
         f"{tp['total_tokens_per_s']:.0f} total tok/s; goodput {s['goodput']['requests_per_s']:.2f} req/s "
@@ -50,6 +51,14 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
     )
     if out is not None:
         console.print(f"results in {out}/")
+
+
+def print_rejected(console: Console, s: dict) -> None:
+    """A loud line when requests could never run (summary.json's rejected_by_reason)."""
+    if s.get("num_rejected"):
+        reasons = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
+        console.print(f"[bold yellow]WARNING: {s['num_rejected']} of {s['num_requests']} requests rejected, never "
+                      f"ran ({reasons}); status 'rejected' in requests.parquet[/]")
 
 
 def write_gpu_timings(out: Path, timings) -> None:

@@ -58,10 +58,27 @@ class SloConfig:
 
 
 @dataclass(slots=True)
+class LivenessConfig:
+    """The watchdog (simulator/liveness.py): a run whose requests make no progress (no output token,
+    no request finished) for this many engine steps, or this long on the simulated clock while
+    requests are unfinished, stops with a diagnosis instead of running forever."""
+
+    max_steps_without_progress: int = 100_000
+    max_sim_s_without_progress: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_steps_without_progress < 1:
+            raise InputError("must be >= 1", field="liveness.max_steps_without_progress")
+        if not self.max_sim_s_without_progress > 0:
+            raise InputError("must be > 0", field="liveness.max_sim_s_without_progress")
+
+
+@dataclass(slots=True)
 class SimConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    # vLLM 0.19 turns async scheduling on by default (VllmConfig resolves None to True).
-    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_model_len=8192,
+    # vLLM 0.19 turns async scheduling on by default (VllmConfig resolves None to True);
+    # max_model_len None = the model's max_position_embeddings, as vLLM derives it.
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(max_model_len=None,
                                                                                async_scheduling=True))
     cache: CacheConfig = field(default_factory=CacheConfig)
     # True: cache.num_gpu_blocks is derived from GPU memory the way vLLM does (kv_capacity.py);
@@ -76,6 +93,7 @@ class SimConfig:
     seed: int = 0
     # Exact fast-forward over provably plain decode steps (same results as stepping; faster).
     fast_forward: bool = False
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
     def __post_init__(self) -> None:
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):
@@ -85,6 +103,9 @@ class SimConfig:
         if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
             raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
                              field="spec_decode.acceptance")
+        from simulator.startup import check_startup  # imports the specs (a cycle at module level)
+
+        check_startup(self)  # what vLLM refuses at start-up, whichever way the config was built
 
 
 def to_dict(obj: Any) -> Any:

@@ -13,7 +13,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import IO
 
 import simpy
@@ -24,20 +24,15 @@ from scheduler.steptrace import finish_record, step_record
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
 from simulator.executor import Executor, SimExecutor
-from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
+from simulator.kv_capacity import KvCapacity
+from simulator.liveness import Admission, StallError, diagnose
 from simulator.metrics import MetricsCollector, StepRecord
+from simulator.startup import resolve_cache, resolved
 from simulator.tokens import TokenSource
 from traces.workload import RequestSpec, Workload
 
 
-def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
-    """The cache config to run with: as configured, or with num_gpu_blocks derived from memory."""
-    hw = cfg.hardware
-    if not cfg.derive_num_gpu_blocks:
-        return cfg.cache, None
-    cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cfg.cache.block_size, hw.gpu_memory_utilization,
-                                hw.activation_reserve_gib)
-    return replace(cfg.cache, num_gpu_blocks=cap.num_gpu_blocks), cap
+__all__ = ["Engine", "EngineResult", "StallError", "resolve_cache"]
 
 
 @dataclass(slots=True)
@@ -57,6 +52,7 @@ class Engine:
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",
                  on_finish: Callable[[str, str | None], None] | None = None, scheduler=None):
+        cfg = resolved(cfg)  # start-up checks; max_model_len filled in from the model when None
         self.cfg = cfg
         self.workload = workload
         self.name = name
@@ -70,6 +66,7 @@ class Engine:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens)
         self.executor = executor
+        self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
         self.metrics = MetricsCollector()
@@ -83,6 +80,13 @@ class Engine:
         self.prefix_hits = self.prefix_queries = 0
         # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
         self._next_arrival_s = 0.0
+        # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
+        self.num_preemptions = 0
+        self._max_steps_idle = cfg.liveness.max_steps_without_progress
+        self._max_s_idle = cfg.liveness.max_sim_s_without_progress
+        self._stall_step = self._stall_s = 0.0
+        self._preemptions_at_progress = 0
+        self._mark_progress(0.0)
         self._ff = None
         if cfg.fast_forward:
             from simulator.fast_forward import FastForward
@@ -138,19 +142,28 @@ class Engine:
         return self.scheduler.get_num_unfinished_requests()
 
     @property
+    def num_done(self) -> int:
+        """Requests finished or rejected here."""
+        return self._num_done
+
+    @property
     def kv_usage(self) -> float:
         return self.scheduler.kv_cache_manager.usage
 
     def _add(self, spec: RequestSpec) -> None:
         sched, now = self.scheduler, self.env.now
         self.metrics.on_arrival(spec.request_id, now, spec.prompt_len, spec.output_len)
+        reason = self.admission.reject_reason(spec.prompt_len, spec.output_len)
+        if reason is not None:  # the frontend refuses it: it never reaches the scheduler
+            self._rejected(spec.request_id, reason)
+            return
         req = Request(spec.request_id, spec.token_ids(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                       block_hasher=sched.block_hasher, job_id=spec.session_id, is_last_step=spec.is_last_turn)
         sched.add_request(req, now_s=now)
         self._arrived_since_step.append(spec.request_id)
-        for out in sched.take_ignored_outputs():  # a prompt that can never fit: reported, not run
-            self._finished(out.request_id, now, out.finish_reason, 0)
+        for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
+            self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
 
     def _engine_loop(self):
         env, sched = self.env, self.scheduler
@@ -164,6 +177,7 @@ class Engine:
                     return
                 self._wake = env.event()
                 yield self._wake
+                self._mark_progress(env.now)  # idle time with nothing to do is no stall
                 continue
             now = env.now
             if self._ff is not None and self._ff.enabled and not in_flight:
@@ -172,10 +186,13 @@ class Engine:
                     end, finish = fast
                     yield env.timeout(end - now)
                     finish()
+                    self._mark_progress(env.now)  # plain decode steps: every one emits tokens
                     continue
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
             rec, step_rec = self._on_schedule(so, now)
+            if self.num_steps > self._stall_step or now > self._stall_s:
+                self._stall(now)
             mro, gpu_s = self.executor.execute(so)
             cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
             # CPU preparation precedes the GPU work; with async scheduling it overlaps the previous step.
@@ -205,6 +222,7 @@ class Engine:
                 m[nr.req_id].first_scheduled_s = now
         for rid in so.preempted_req_ids:
             m[rid].num_preemptions += 1
+        self.num_preemptions += len(so.preempted_req_ids)
         rec = None
         if self.step_trace is not None:
             rec = step_record(self.num_steps, self._arrived_since_step, so, self.scheduler)
@@ -231,6 +249,8 @@ class Engine:
         now = self.env.now
         step_rec.duration_s = now - step_rec.start_s  # schedule to output applied
         eco = self.scheduler.update_from_output(so, mro, now_s=now)
+        if eco.outputs:
+            self._mark_progress(now)
         for out in eco.outputs:
             if out.new_token_ids:
                 self.metrics.on_tokens(out.request_id, now, len(out.new_token_ids))
@@ -248,6 +268,33 @@ class Engine:
         if self.progress is not None and self.num_steps % 256 == 0:
             self.progress(now, self._num_done)
 
+    def _rejected(self, request_id: str, reason: str) -> None:
+        self.metrics.on_reject(request_id, reason)
+        self._num_done += 1
+        self._mark_progress(self.env.now)
+        if self.on_finish is not None:
+            self.on_finish(request_id, None)
+
+    # --- liveness watchdog -----------------------------------------------------------------------
+    def _mark_progress(self, now: float) -> None:
+        """Something advanced (a token, a finish, a rejection): restart the watchdog's window."""
+        self._stall_step = self.num_steps + self._max_steps_idle
+        self._stall_s = now + self._max_s_idle
+        self._preemptions_at_progress = self.num_preemptions
+
+    def _stall(self, now: float) -> None:
+        live = self.cfg.liveness
+        steps = self.num_steps - (self._stall_step - live.max_steps_without_progress)
+        since = now - (self._stall_s - live.max_sim_s_without_progress)
+        why = f"no progress for {steps} steps and {since:.1f} simulated s"
+        self.raise_stall(why, "Limits: liveness.max_steps_without_progress="
+                         f"{live.max_steps_without_progress}, liveness.max_sim_s_without_progress="
+                         f"{live.max_sim_s_without_progress:g}.")
+
+    def raise_stall(self, why: str, limit: str = "") -> None:
+        raise StallError(diagnose(self.name, self.scheduler, why, self.num_preemptions - self._preemptions_at_progress,
+                                  limit), field="liveness")
+
     def _finished(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
         self.metrics.on_finish(request_id, now, reason, num_cached)
         self._num_done += 1
@@ -263,7 +310,15 @@ class Engine:
         """Replay this engine's own workload to the end (single-engine use)."""
         t0 = time.perf_counter()
         self.env.process(self._arrivals())
-        self.env.run(until=self.start())
+        proc = self.start()
+        try:
+            self.env.run(until=proc)
+        except RuntimeError:
+            if proc.triggered:
+                raise
+            # SimPy ran out of events with the loop still waiting: nothing could ever wake it.
+            self.raise_stall("the engine is idle with requests unfinished and nothing left that could wake it "
+                             "(no arrival, no KV transfer, no pin expiry)")
         return self.result(time.perf_counter() - t0)
 
     def result(self, wall_time_s: float) -> EngineResult:

@@ -6,6 +6,7 @@ prefill tokens while they cover positions inside the prompt.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ class RequestRecord:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     finish_reason: str | None = None
+    reject_reason: str | None = None  # set when the request could never run (simulator/liveness.py)
 
 
 @dataclass(slots=True)
@@ -63,6 +65,9 @@ class MetricsCollector:
             rec.first_token_s = t
         rec.token_times_s.extend([t] * n)
 
+    def on_reject(self, request_id: str, reason: str) -> None:
+        self.requests[request_id].reject_reason = reason
+
     def on_finish(self, request_id: str, t: float, reason: str | None, num_cached_tokens: int) -> None:
         rec = self.requests[request_id]
         rec.finish_s = t
@@ -73,6 +78,12 @@ class MetricsCollector:
     def requests_frame(self) -> pd.DataFrame:
         rows = []
         for r in self.requests.values():
+            if r.finish_reason == "abort" and r.reject_reason is None:
+                # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
+                r.reject_reason = "exceeds_kv_pool"
+            if r.reject_reason is not None:
+                rows.append(_rejected_row(r))
+                continue
             times = r.token_times_s
             itl = np.diff(times) if len(times) > 1 else np.array([])
             rows.append({
@@ -86,6 +97,7 @@ class MetricsCollector:
                 "itl_s": itl.tolist(),
                 "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
                 "finish_reason": r.finish_reason,
+                "status": "completed" if r.finish_reason is not None else None, "reject_reason": None,
             })
         return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
@@ -116,10 +128,47 @@ class MetricsCollector:
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
                    "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
-                   "num_preemptions", "num_cached_tokens", "finish_reason"]
+                   "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason"]
+# Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
+_LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
 STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
                 "prefix_hit_tokens", "prefix_query_tokens"]
+
+
+def _rejected_row(r: RequestRecord) -> dict:
+    row = {"request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len, "output_len": 0,
+           "output_len_target": r.output_len_target, "itl_s": [], "num_preemptions": r.num_preemptions,
+           "num_cached_tokens": 0, "finish_reason": None, "status": "rejected", "reject_reason": r.reject_reason}
+    row.update(dict.fromkeys(_LATENCY_COLUMNS, math.nan))
+    return row
+
+
+def rejection_summary(req: pd.DataFrame) -> dict:
+    """summary.json's num_completed / num_rejected / rejected_by_reason from a requests frame."""
+    rejected = req[req["status"] == "rejected"]
+    by_reason = rejected["reject_reason"].value_counts()
+    return {"num_completed": int((req["status"] == "completed").sum()), "num_rejected": int(len(rejected)),
+            "rejected_by_reason": {str(k): int(v) for k, v in sorted(by_reason.items())}}
+
+
+def rejection_warning(req: pd.DataFrame, max_ids: int = 5) -> str | None:
+    """One loud line for requests that could never run (None when there are none)."""
+    rejected = req[req["status"] == "rejected"]
+    if rejected.empty:
+        return None
+    reasons = ", ".join(f"{k}: {v}" for k, v in rejected["reject_reason"].value_counts().items())
+    ids = ", ".join(map(str, rejected["request_id"].head(max_ids)))
+    more = ", ..." if len(rejected) > max_ids else ""
+    return (f"{len(rejected)} of {len(req)} requests were rejected and never ran ({reasons}); "
+            f"first ids: {ids}{more} (status 'rejected' in requests.parquet; see docs/LIVENESS.md)")
+
+
+def warn_rejected(req: pd.DataFrame) -> None:
+    """Requests that could never run are never dropped silently: one warning on the "servesim" logger."""
+    msg = rejection_warning(req)
+    if msg is not None:
+        logging.getLogger("servesim").warning("WARNING: %s", msg)
 
 
 def _sub(a: float | None, b: float) -> float | None:
@@ -152,10 +201,12 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     dur = max(sim_duration_s, 1e-12)
     good = ok[(ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)]
     steps = collector.steps_frame()
+    rejections = rejection_summary(req)
     return {
         "num_requests": num_requests,
         "num_finished": int(len(ok)),
-        "num_ignored": int((req["finish_reason"] == "length").sum() - (ok["finish_reason"] == "length").sum()),
+        **rejections,
+        "num_ignored": rejections["num_rejected"],  # the older name, kept for readers of old summaries
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
         "num_steps": int(len(steps)),

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = {
     "base": {"hardware": {"model": "llama-3.1-8b"}, "scheduler": {"max_num_seqs": 64}},
     "replicas": [{"count": 2, "name": "big", "sim": {"hardware.tp": 2}},
-                 {"count": 1, "sim": {"hardware": {"gpu": "a100-80gb"}, "cache.num_gpu_blocks": 500}}],
+                 {"count": 1, "sim": {"hardware": {"gpu": "a100-80gb"}, "cache.num_gpu_blocks": 500,
+                                      "scheduler.max_model_len": 8000}}],
     "router": {"name": "prefix_aware", "params": {"load_weight": 0.5}},
     "routing_latency_s": 0.001,
     "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
@@ -34,7 +35,8 @@ def test_yaml_mirror_round_trips_and_merges_base_with_overrides():
     cfg = cluster_config_from_dict(yaml.safe_load(yaml.safe_dump(EXAMPLE)))
     big, small = cfg.replicas
     assert big.sim.hardware.tp == 2 and big.sim.scheduler.max_num_seqs == 64
-    assert big.sim.scheduler.max_model_len == 8192  # SimConfig's own default survives the merge
+    assert big.sim.scheduler.max_model_len is None  # SimConfig's own default (the model's) survives the merge
+    assert small.sim.scheduler.max_model_len == 8000
     assert small.sim.hardware.gpu == "a100-80gb" and small.sim.cache.num_gpu_blocks == 500
     assert small.sim.derive_num_gpu_blocks is False  # as with --set cache.num_gpu_blocks
     assert cfg.num_replicas == 3 and cfg.num_gpus == 5

@@ -43,7 +43,8 @@ def run_checked(cfg: ClusterConfig, wl: Workload):
     return c, res
 
 
-SMALL = {"cache.num_gpu_blocks": 260}  # 4160 tokens: prompts queue for blocks on both sides
+# 4160 tokens: prompts queue for blocks on both sides (max_model_len within the pool: vLLM's start-up check)
+SMALL = {"cache.num_gpu_blocks": 260, "scheduler.max_model_len": 4160}
 
 
 @pytest.mark.parametrize("kw", [
@@ -117,13 +118,16 @@ def test_decode_side_holds_preallocated_blocks_while_waiting_for_kv():
 
 
 def test_a_prompt_too_big_for_the_decode_pool_is_ignored_and_releases_the_prefill_kv():
-    wl = Workload([RequestSpec("big", 0.0, prompt_len=900, output_len=4),
+    # The decode pool (40 blocks, block 0 the null block) passes vLLM's start-up check for
+    # max_model_len 640, but "big" needs 639 KV slots = all 40 blocks: rejected on the decode side.
+    wl = Workload([RequestSpec("big", 0.0, prompt_len=636, output_len=4),
                    RequestSpec("ok", 0.1, prompt_len=100, output_len=4)], "two", "t")
-    _, res = run_checked(pd_config(1, 1, dec={"cache.num_gpu_blocks": 40}), wl)
+    _, res = run_checked(pd_config(1, 1, dec={"cache.num_gpu_blocks": 40, "scheduler.max_model_len": 640}), wl)
     df = res.requests.set_index("request_id")
-    assert df.loc["big", "output_len"] == 0 and df.loc["big", "finish_reason"] == "length"
+    assert df.loc["big", "output_len"] == 0 and df.loc["big", "status"] == "rejected"
+    assert df.loc["big", "reject_reason"] == "exceeds_kv_pool"
     assert df.loc["ok", "output_len"] == 4
-    assert res.summary["num_ignored"] == 1
+    assert res.summary["num_rejected"] == 1 and res.summary["rejected_by_reason"] == {"exceeds_kv_pool": 1}
 
 
 def _link_times(cfg: LinkConfig, starts_bytes: list[tuple[float, int]]) -> list[float]:
@@ -157,7 +161,8 @@ def test_lanes_queue_transfers_first_come_first_served():
     assert _link_times(two, [(0.0, 100), (0.0, 100), (0.0, 100)]) == pytest.approx([2.0, 2.0, 4.0])
 
 
-@pytest.mark.parametrize("sets", [{}, {"cache.num_gpu_blocks": 200, "scheduler.long_prefill_token_threshold": 64},
+@pytest.mark.parametrize("sets", [{}, {"cache.num_gpu_blocks": 200, "scheduler.max_model_len": 3200,
+                                      "scheduler.long_prefill_token_threshold": 64},
                                   {"scheduler.async_scheduling": True, "scheduler.policy": "priority"}])
 def test_decode_scheduler_without_a_connector_matches_the_plain_scheduler(sets):
     """A decode-side scheduler with no connector behaves exactly like the plain scheduler."""

@@ -35,7 +35,7 @@ def test_sim_and_gpu_cpu_write_identical_step_traces(tmp_path):
     from servesim.gpu import make_gpu_executor
 
     wl = small_workload(8)
-    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 64})  # forces chunked prefills
+    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 64, "scheduler.max_num_seqs": 64})  # forces chunked prefills
     run(cfg, wl, step_trace=tmp_path / "a.jsonl")
     exe = make_gpu_executor(cfg, device="cpu", clock="model")
     res_gpu = run(cfg, wl, step_trace=tmp_path / "b.jsonl", executor=exe)
@@ -81,7 +81,7 @@ def test_warmup_runs_every_shape_and_leaves_results_unchanged(tmp_path):
     from servesim.gpu import make_gpu_executor
 
     wl = small_workload(4)
-    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 64})
+    cfg = tiny_cfg(**{"scheduler.max_num_batched_tokens": 64, "scheduler.max_num_seqs": 64})
     exe = make_gpu_executor(cfg, device="cpu", clock="model", sampling="greedy")
     assert exe.warmup() == 6
     run(cfg, wl, executor=exe, step_trace=tmp_path / "warm.jsonl")

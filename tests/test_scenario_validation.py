@@ -55,9 +55,10 @@ def test_unknown_key_in_a_sweep_points_at_the_sweep_line(tmp_path):
     ("scheduler:\n  max_num_seqs: lots\n", "scheduler.max_num_seqs", 3, "expected an integer"),
     ("cache:\n  block_size: 0\n", "cache.block_size", 3, "block_size must be >= 1"),
     ("scheduler:\n  max_num_seqs: 256\n  max_num_batched_tokens: 128\n", "scheduler.max_num_batched_tokens", 4,
-     "max_num_batched_tokens (128) < max_num_seqs (256)"),
+     "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)"),
     ("cache:\n  num_gpu_blocks: 1\n", "cache.num_gpu_blocks", 3, "num_gpu_blocks must be >= 2"),
-    ("cache:\n  num_gpu_blocks: 20\n", "cache.num_gpu_blocks", 3, "less than one request of max_model_len"),
+    ("cache:\n  num_gpu_blocks: 20\n", "cache.num_gpu_blocks", 3,
+     "To serve at least one request with the model's max seq len (131072)"),
     ("hardware:\n  model: llama-9000\n", "hardware.model", 3, "llama-9000"),
     ("hardware:\n  gpu: h1000\n", "hardware.gpu", 3, "h1000"),
     ("engine: tgi\n", "engine", 2, "not available"),
@@ -92,7 +93,8 @@ def test_yaml_syntax_and_duplicate_keys(tmp_path):
 
 def test_extends_deep_merges_relative_to_the_file(tmp_path):
     (tmp_path / "lib").mkdir()
-    write(tmp_path, GEN + "scheduler: {max_num_seqs: 32, policy: priority}\ncache: {num_gpu_blocks: 4000}\n",
+    write(tmp_path, GEN + "scheduler: {max_num_seqs: 32, policy: priority, max_model_len: 8192}\n"
+          "cache: {num_gpu_blocks: 4000}\n",
           "lib/base.yaml")
     child = write(tmp_path, "extends: lib/base.yaml\nscheduler: {max_num_seqs: 64}\n")
     cfg = load_scenario(child).variants[0].cfg

@@ -42,7 +42,9 @@ def trace():
 
 def cfg(engine: str, num_blocks: int = 3000, async_scheduling: bool = False, sglang: SGLangConfig | None = None):
     return SimConfigWithSGLang(
-        engine=engine, scheduler=SchedulerConfig(max_model_len=8192, async_scheduling=async_scheduling),
+        # max_model_len within the pool: vLLM's start-up check (simulator/startup.py)
+        engine=engine, scheduler=SchedulerConfig(max_model_len=min(8192, num_blocks * 16),
+                                                 async_scheduling=async_scheduling),
         cache=CacheConfig(block_size=16, num_gpu_blocks=num_blocks), derive_num_gpu_blocks=False, sglang=sglang)
 
 

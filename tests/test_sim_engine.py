@@ -35,7 +35,8 @@ register_cost_model("test-linear")(lambda **kw: LinearCost())
 
 def cfg(num_blocks=100, cpu=CpuOverheadConfig(0.001, 0.0, 0.0), **sched_kw) -> SimConfig:
     return SimConfig(
-        scheduler=SchedulerConfig(max_model_len=512, **sched_kw),
+        # vLLM's start-up check: the pool must hold one max_model_len request.
+        scheduler=SchedulerConfig(max_model_len=min(512, num_blocks * 4), **sched_kw),
         cache=CacheConfig(block_size=4, num_gpu_blocks=num_blocks), derive_num_gpu_blocks=False,
         cost_model=CostModelConfig(name="test-linear", cpu_overhead=cpu),
     )
@@ -71,7 +72,7 @@ def test_engine_sleeps_until_next_arrival():
 def test_chunked_prefill_timeline_two_requests():
     a = RequestSpec("a", 0.0, prompt_len=12, output_len=2)
     b = RequestSpec("b", 0.0, prompt_len=12, output_len=1)
-    res = Engine(cfg(max_num_batched_tokens=16), wl(a, b)).run()
+    res = Engine(cfg(max_num_batched_tokens=16, max_num_seqs=16), wl(a, b)).run()
     # step 1: a 12 + b 4 tokens (b chunked): 1 + 5 + 16 = 22 ms; a samples.
     # step 2: a 1 + b 8 = 9 tokens: 1 + 5 + 9 = 15 ms; both sample; both done at 37 ms.
     assert res.metrics.requests["a"].token_times_s == pytest.approx([0.022, 0.037])
@@ -86,10 +87,11 @@ def test_async_scheduling_hides_cpu_time_behind_the_gpu():
 
 
 def test_never_fitting_request_is_reported_not_crashing():
-    big = RequestSpec("big", 0.0, prompt_len=500, output_len=2)
+    # 20 blocks x 4 = max_model_len 80, but block 0 is the null block: 77 KV slots need all 20.
+    big = RequestSpec("big", 0.0, prompt_len=76, output_len=2)
     ok = RequestSpec("ok", 0.0, prompt_len=4, output_len=1)
     res = Engine(cfg(num_blocks=20), wl(big, ok)).run()
-    assert res.metrics.requests["big"].finish_reason == "length" and not res.metrics.requests["big"].token_times_s
+    assert res.metrics.requests["big"].reject_reason == "exceeds_kv_pool" and not res.metrics.requests["big"].token_times_s
     assert res.metrics.requests["ok"].token_times_s
 
 

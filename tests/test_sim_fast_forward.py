@@ -45,8 +45,9 @@ def test_light_poisson_load_is_mostly_fast_forwarded_and_identical():
 
 @pytest.mark.parametrize("sets", [
     {},
-    {"cache.num_gpu_blocks": 400, "cache.block_size": 16},  # KV pressure: preemptions around stretches
-    {"scheduler.policy": "priority", "cache.num_gpu_blocks": 300},
+    # KV pressure: preemptions around stretches (max_model_len within the pool: vLLM's start-up check)
+    {"cache.num_gpu_blocks": 400, "cache.block_size": 16, "scheduler.max_model_len": 6400},
+    {"scheduler.policy": "priority", "cache.num_gpu_blocks": 300, "scheduler.max_model_len": 4800},
     {"cache.enable_prefix_caching": False, "scheduler.max_num_seqs": 8},
 ])
 def test_bundled_trace_identical_with_and_without_fast_forward(sets):

@@ -80,6 +80,10 @@ class BatchingMixin:
                 if res == AddReqResult.NO_TOKEN:
                     self.batch_is_full = True
                 break
+        if self.batch_is_full and not (adder.can_run_list or self.running or self.ghosts or self.chunked_req):
+            # A priority preemption emptied the batch and admitted nothing in its place: the batch
+            # is not full, and a stale flag would block prefill with nothing left to clear it.
+            self.batch_is_full = False
 
     def _make_prefill_batch(self: SGLangScheduler, adder: PrefillAdder) -> Batch:
         mem = self.kv_cache_manager

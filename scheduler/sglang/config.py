@@ -78,6 +78,11 @@ class SGLangConfig:
         _require(self.priority_scheduling_preemption_threshold >= 0,
                  "priority_scheduling_preemption_threshold must be >= 0")
         _require(self.lpm_fallback_queue_len >= 0, "lpm_fallback_queue_len must be >= 0")
+        if self.page_size is not None and self.chunked_prefill_size is not None and self.enable_chunked_prefill:
+            # SGLang cuts every prefill chunk down to whole pages: a smaller budget admits nothing.
+            _require(self.chunked_prefill_size >= self.page_size,
+                     f"chunked_prefill_size ({self.chunked_prefill_size}) must be >= page_size ({self.page_size}): "
+                     "prefill chunks are whole pages, so a smaller budget could never admit a prompt")
         if self.page_size is not None and self.max_total_tokens is not None:
             _require(self.max_total_tokens >= self.page_size,
                      f"max_total_tokens ({self.max_total_tokens}) must hold one page ({self.page_size})")

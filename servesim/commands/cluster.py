@@ -74,7 +74,11 @@ def print_cluster_summary(console, s: dict, workload_name: str) -> None:
         t.add_row(label, *(_ms(s[key][col]) for col in ("mean", "p50", "p90", "p99")))
     console.print(t)
     tp, g = s["throughput"], s["goodput"]
-    console.print(f"finished {s['num_finished']}/{s['num_requests']} in {s['sim_duration_s']:.1f} s simulated "
+    from servesim.report import print_rejected
+
+    print_rejected(console, s)
+    console.print(f"finished {s['num_finished']}/{s['num_requests']}, rejected {s.get('num_rejected', 0)}, in "
+                  f"{s['sim_duration_s']:.1f} s simulated "
                   f"({s['wall_time_s']:.2f} s wall); {tp['requests_per_s']:.2f} req/s, "
                   f"{tp['output_tokens_per_s']:.0f} output tok/s; {100 * g['fraction_meeting_slo']:.0f} % meet "
                   f"TTFT<={g['slo_ttft_s']}s and TPOT<={g['slo_tpot_s']}s; prefix-cache hit rate "
@@ -85,11 +89,12 @@ def print_replicas(console, res) -> None:
     from rich.table import Table
 
     t = Table(title="replicas")
-    for c in ("replica", "role", "gpu", "tp", "requests", "TTFT p50 (ms)", "TPOT p50 (ms)", "hit rate", "KV mean",
+    for c in ("replica", "role", "gpu", "tp", "requests", "rejected", "TTFT p50 (ms)", "TPOT p50 (ms)", "hit rate", "KV mean",
               "preemptions"):
         t.add_column(c, justify="right" if c not in ("replica", "role", "gpu") else "left")
     for r in res.summary["replicas"]:
-        t.add_row(r["name"], r["role"], str(r["gpu"]), str(r["tp"]), str(r["num_routed"]), _ms(r["ttft_p50_s"]),
+        t.add_row(r["name"], r["role"], str(r["gpu"]), str(r["tp"]), str(r["num_routed"]), str(r.get("num_rejected", 0)),
+                  _ms(r["ttft_p50_s"]),
                   _ms(r["tpot_p50_s"]), f"{100 * r['prefix_cache_hit_rate']:.1f} %",
                   f"{100 * r['kv_usage_mean']:.1f} %",
                   str(r["num_preemptions"]))

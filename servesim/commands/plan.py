@@ -55,16 +55,17 @@ def print_plan(console, df, cost_label: str) -> None:
     from rich.table import Table
 
     t = Table(title="deployments evaluated (* cheapest meeting the SLO, F on the cost/goodput frontier)")
-    for c in ("", "shape", "replicas (P+D)", "GPUs", cost_label, "goodput", "TTFT p90 (ms)", "TPOT p90 (ms)"):
+    for c in ("", "shape", "replicas (P+D)", "GPUs", cost_label, "goodput", "rejected", "TTFT p90 (ms)",
+              "TPOT p90 (ms)"):
         t.add_column(c, justify="left" if c in ("", "shape") else "right")
     for _, r in df.sort_values("cost", na_position="last").iterrows():
         if r["error"] is not None and r["error"] == r["error"]:
-            t.add_row("", r["shape"], "-", "-", "-", "[red]error[/]", "-", "-")
+            t.add_row("", r["shape"], "-", "-", "-", "[red]error[/]", "-", "-", "-")
             continue
         mark = ("*" if r["best"] else "") + ("F" if r["frontier"] else "")
         reps = f"{r['num_prefill']}+{r['num_decode']}" if r["kind"] == "pd" else str(r["num_replicas"])
         t.add_row(mark, r["shape"], reps, str(r["num_gpus"]), f"{r['cost']:g}", f"{r['goodput_fraction']:.1%}",
-                  _ms(r["ttft_p90_s"]), _ms(r["tpot_p90_s"]))
+                  str(int(r.get("num_rejected", 0))), _ms(r["ttft_p90_s"]), _ms(r["tpot_p90_s"]))
     console.print(t)
     if not df["best"].any():
         console.print("[yellow]no evaluated deployment meets the SLO[/]: widen the search")

@@ -88,6 +88,7 @@ def _print_table(console, out: Path) -> None:
     t = Table(title=f"{sw.info.get('scenario', out.name)}: {len(sw.table)} variant(s)  ({out}/sweep.parquet)")
     cols = (("TTFT50 ms", "ttft_s.p50", 1e3), ("TTFT99 ms", "ttft_s.p99", 1e3), ("TPOT50 ms", "tpot_s.p50", 1e3),
             ("tok/s", "throughput.output_tokens_per_s", 1.0), ("preempt", "num_preemptions", 1.0),
+            ("rejected", "num_rejected", 1.0),
             ("hit %", "prefix_cache_hit_rate", 100.0))
     t.add_column("variant", min_width=24, overflow="fold")
     for title, _, _ in cols:
@@ -98,6 +99,6 @@ def _print_table(console, out: Path) -> None:
         if row["status"] != "ok":
             t.add_row(f"{label} [red](failed)", *["-"] * len(cols))
             continue
-        t.add_row(label, *(_fmt(row.get(c), s, 0 if c in ("num_preemptions",) or s == 1.0 else 1)
+        t.add_row(label, *(_fmt(row.get(c), s, 0 if c in ("num_preemptions", "num_rejected") or s == 1.0 else 1)
                            for _, c, s in cols))
     console.print(t)

@@ -13,6 +13,22 @@ from servesim.oracle_io import read_oracle_workload, write_jsonl_atomic
 from traces.errors import InputError
 
 
+def _check_start_up(sc, cc) -> None:
+    """What vLLM refuses at start-up (simulator/startup.py), named by this command's flags."""
+    from simulator.startup import blocks_for_max_model_len
+
+    if sc.max_num_batched_tokens < sc.max_num_seqs:
+        raise InputError(f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be greater than or equal to "
+                         f"max_num_seqs ({sc.max_num_seqs})", field="--max-num-batched-tokens",
+                         allowed=f">= {sc.max_num_seqs}")
+    need = blocks_for_max_model_len(cc, sc.max_model_len, sc.max_num_batched_tokens)
+    if need > cc.num_gpu_blocks:
+        raise InputError(f"To serve at least one request with the model's max seq len ({sc.max_model_len}), "
+                         f"{need} KV blocks of {cc.block_size} tokens are needed, more than the pool's "
+                         f"{cc.num_gpu_blocks} (vLLM's start-up check)", field="--num-blocks",
+                         allowed=f">= {need}, or --max-model-len <= {cc.num_gpu_blocks * cc.block_size}")
+
+
 @app.command("step-trace")
 def step_trace(
     workload: Path = typer.Argument(..., help="workload JSONL in the vLLM oracle's format"),
@@ -73,9 +89,10 @@ def step_trace(
             sliding_window=sliding_window, hybrid=hybrid, num_loras=num_loras, max_loras=max_loras,
             cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
             trace_block_tables=trace_block_tables)
-        cfg.configs()
+        sc, cc = cfg.configs()
     except ValueError as e:
         raise InputError(str(e), field="options") from None
+    _check_start_up(sc, cc)
     records = run_step_trace(read_oracle_workload(workload), cfg)
     n = write_jsonl_atomic(out, records)
     typer.echo(f"wrote {n} steps to {out}")

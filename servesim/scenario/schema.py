@@ -176,48 +176,20 @@ def build_sim_config(data: dict, marks: Marks) -> SimConfig:
 
 
 def check_feasible(cfg: SimConfig, marks: Marks) -> None:
-    """What vLLM would refuse at start-up, or what could never run, with the key to blame."""
+    """What only a scenario can name by line: engine and cost model availability. vLLM's start-up
+    refusals (pool, budget, max_model_len, ...) already ran when SimConfig was built
+    (simulator/startup.py), the same checks `--set` and the Python API get."""
     from simulator.cost_model import available_cost_models, make_cost_model
-    from simulator.engine import resolve_cache
     from simulator.engines import available_engines
-    from simulator.specs import resolve_gpu, resolve_model
 
-    hw, sched = cfg.hardware, cfg.scheduler
-    for key, resolve in (("model", resolve_model), ("gpu", resolve_gpu)):
-        try:
-            resolve(getattr(hw, key))
-        except InputError as exc:
-            raise marks.error(exc.detail, ("hardware", key), allowed=exc.allowed) from None
+    hw = cfg.hardware
     if cfg.engine not in available_engines():
         raise marks.error(f"engine {cfg.engine!r} is not available here", ("engine",),
                           allowed=", ".join(available_engines()))
-    if sched.max_num_batched_tokens < sched.max_num_seqs:
-        raise marks.error(
-            f"max_num_batched_tokens ({sched.max_num_batched_tokens}) < max_num_seqs ({sched.max_num_seqs}): "
-            "vLLM refuses this (a step could not give every running request one token)",
-            ("scheduler", "max_num_batched_tokens"), allowed=f">= {sched.max_num_seqs}")
     if cfg.cost_model.name not in available_cost_models():
         raise marks.error(f"unknown cost model {cfg.cost_model.name!r}", ("cost_model", "name"),
                           allowed=", ".join(available_cost_models()))
     try:
         make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
-        cache_cfg, _ = resolve_cache(cfg)
     except InputError as exc:
-        target = ("cost_model",) if "cost" in (exc.field or "") or exc.path else ("hardware",)
-        raise marks.error(exc.detail, target, allowed=exc.allowed) from None
-    _check_pool(cfg, cache_cfg.num_gpu_blocks, marks)
-
-
-def _check_pool(cfg: SimConfig, num_gpu_blocks: int, marks: Marks) -> None:
-    block = cfg.cache.block_size
-    usable = num_gpu_blocks - 1  # block 0 is the null block
-    need = -(-cfg.scheduler.max_model_len // block)
-    where = ("cache", "num_gpu_blocks") if not cfg.derive_num_gpu_blocks else ("hardware",)
-    if usable < 1:
-        raise marks.error(f"the KV pool has {num_gpu_blocks} block(s), less than one usable block", where)
-    if need > usable:
-        # vLLM's start-up check: one request of max_model_len tokens must fit in the KV cache.
-        raise marks.error(
-            f"the KV pool holds {usable} blocks x {block} tokens = {usable * block} tokens, less than one "
-            f"request of max_model_len={cfg.scheduler.max_model_len} ({need} blocks)", where,
-            allowed="more blocks, or a smaller scheduler.max_model_len")
+        raise marks.error(exc.detail, ("cost_model",), allowed=exc.allowed) from None

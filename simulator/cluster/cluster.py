@@ -214,6 +214,15 @@ class Cluster:
                 r.engine.close()
 
     # --- run -------------------------------------------------------------------------------------
+    def _raise_stall(self) -> None:
+        """SimPy ran out of events with replicas still waiting: no arrival, handoff, transfer or
+        pin expiry is left that could wake them. Name the replica and its stuck requests."""
+        pending = len(self.workload.requests) - sum(r.engine.num_done for r in self.replicas) \
+            if self.cfg.pd is None else len(self.workload.requests) - self._num_final
+        _stuck_replica(self.replicas).engine.raise_stall(
+            f"the cluster is idle with {pending} request(s) unfinished and nothing left that could wake it "
+            "(no arrival, handoff, KV transfer or pin expiry)")
+
     def run(self):
         """Simulate to the end; returns a ClusterResult."""
         from simulator.cluster.results import build_result
@@ -221,8 +230,21 @@ class Cluster:
         t0 = time.perf_counter()
         self.env.process(self._arrivals())  # before the engine loops, as Engine.run orders them
         procs = [r.engine.start() for r in self.replicas]
-        self.env.run(until=self.env.all_of(procs))
+        done = self.env.all_of(procs)
+        try:
+            self.env.run(until=done)
+        except RuntimeError:
+            if done.triggered:
+                raise
+            self._raise_stall()
         return build_result(self, time.perf_counter() - t0)
+
+
+def _stuck_replica(replicas: list[Replica]) -> Replica:
+    """The replica holding the most unfinished requests (the one to diagnose)."""
+    def unfinished(r: Replica) -> int:
+        return sum(not q.is_finished() for q in r.engine.scheduler.requests.values())
+    return max(replicas, key=unfinished)
 
 
 def run_cluster(cfg: ClusterConfig, workload: Workload):

@@ -233,7 +233,7 @@ def build_dataclass(obj: Any, data: Any, where: str, path: str | None = None) ->
     """A copy of dataclass `obj` with the fields in `data` replaced (recursively, type-checked).
 
     Starting from an instance, not the class, keeps factory defaults that differ from the nested
-    class's own (SimConfig's scheduler has max_model_len=8192)."""
+    class's own (SimConfig's scheduler has max_model_len=None: the model's, and async scheduling on)."""
     if not isinstance(data, dict):
         raise InputError(f"expected a mapping, got {data!r}", path=path, field=where)
     names = [f.name for f in dataclasses.fields(obj)]

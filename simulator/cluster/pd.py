@@ -21,6 +21,7 @@ from scheduler import AsyncScheduler, Scheduler
 from scheduler.kv.manager import KVCacheBlocks
 from scheduler.request import Request, RequestStatus
 from simulator.engine import Engine, resolve_cache
+from simulator.startup import resolved
 
 
 class RemotePrefillConnector:
@@ -118,6 +119,7 @@ _CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _pd_scheduler(mixin: type, cfg, cache):
+    cfg = resolved(cfg)  # max_model_len filled in from the model when None
     base = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler  # as make_scheduler picks
     cls = _CLASSES.get((mixin, base))
     if cls is None:

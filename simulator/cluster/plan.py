@@ -177,7 +177,7 @@ def evaluate(plan: PlanConfig, shape: Shape, size: int, workload: Workload) -> d
             "cost": cost_per_hour(plan, cfg), "goodput_fraction": frac,
             "meets_slo": frac >= plan.search.goodput_threshold,
             "ttft_p90_s": res.summary["ttft_s"]["p90"], "tpot_p90_s": res.summary["tpot_s"]["p90"],
-            "num_finished": res.summary["num_finished"], "wall_s": time.perf_counter() - t0, "error": None}
+            "num_finished": res.summary["num_finished"], "num_rejected": res.summary["num_rejected"], "wall_s": time.perf_counter() - t0, "error": None}
 
 
 def search(plan: PlanConfig, workload: Workload, progress: Callable[[dict], None] | None = None) -> pd.DataFrame:

@@ -28,7 +28,7 @@ import yaml
 from simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from simulator.config import SimConfig
 from simulator.engine import EngineResult
-from simulator.metrics import MetricsCollector, RequestRecord, stats, summarize
+from simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
 from simulator.outputs import publish_dir, build_summary
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     # inter-token latency as Python floats) set the peak memory of a long run.
     summary = _summary(cluster, reps, merged, wall_time_s)
     requests = _requests_frame(cluster, merged)
+    warn_rejected(requests)
     if cluster.cfg.pd is not None:
         summary["pd"] = _pd_summary(cluster, requests)
     steps = pd.concat([_with_replica(rr.result.metrics.steps_frame(), rr) for rr in reps], ignore_index=True) \
@@ -94,7 +95,8 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
                          first_scheduled_s=front.first_scheduled_s, first_token_s=back.first_token_s,
                          finish_s=back.finish_s, token_times_s=back.token_times_s,
                          num_preemptions=front.num_preemptions + back.num_preemptions,
-                         num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason)
+                         num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason,
+                         reject_reason=back.reject_reason)
 
 
 def _with_replica(frame: pd.DataFrame, rr: ReplicaResult) -> pd.DataFrame:
@@ -171,7 +173,7 @@ def _pd_summary(cluster: Cluster, requests: pd.DataFrame) -> dict:
 
 
 def _replica_brief(s: dict) -> dict:
-    return {"num_finished": s["num_finished"], "num_steps": s["num_steps"], "ttft_p50_s": s["ttft_s"]["p50"],
+    return {"num_finished": s["num_finished"], "num_rejected": s["num_rejected"], "num_steps": s["num_steps"], "ttft_p50_s": s["ttft_s"]["p50"],
             "tpot_p50_s": s["tpot_s"]["p50"], "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
             "kv_usage_mean": s["kv_usage_mean"], "num_preemptions": s["num_preemptions"],
             "num_gpu_blocks": s["num_gpu_blocks"]}

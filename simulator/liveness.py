@@ -1,0 +1,97 @@
+"""Liveness: admission (what can never run is rejected at arrival) and the watchdog's diagnosis.
+
+Admission is what vLLM's frontend does before a request reaches the engine core, plus one rule of
+our own for a pool that can never hold the request:
+
+    prompt_exceeds_max_model_len  prompt longer than max_model_len (vLLM: "The decoder prompt
+                                  (length N) is longer than the maximum model length of M")
+    no_room_to_generate           prompt exactly max_model_len long: not one output token fits
+                                  (vLLM: "... plus the number of requested output tokens (at least
+                                  1) is longer than the maximum model length of M")
+    exceeds_kv_pool               prompt + output (capped at max_model_len) needs more KV blocks
+                                  than the whole pool has: it could never be scheduled to the end
+                                  (vLLM engine; SGLang clamps max_new_tokens to the pool itself and
+                                  refuses only prompts that cannot fit, reported with this reason)
+
+A prompt + output longer than max_model_len is not rejected: it runs and stops at max_model_len
+(finish_reason "length"), as in vLLM.
+
+The watchdog (Engine) counts steps and simulated seconds since the last progress (an output token,
+or a request finished or rejected); past `liveness.max_steps_without_progress` or
+`liveness.max_sim_s_without_progress` with requests unfinished, or when nothing is left that could
+ever wake the engine, it raises StallError with `diagnose()`'s text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler import CacheConfig, SchedulerConfig
+from traces.errors import InputError
+
+REJECT_REASONS = ("prompt_exceeds_max_model_len", "no_room_to_generate", "exceeds_kv_pool")
+
+
+class StallError(InputError):
+    """A run that can make no more progress (the watchdog's verdict, with its diagnosis). An
+    InputError: the configuration and workload are what cannot progress, and the CLI reports it
+    as an error (exit status 2), never a traceback."""
+
+    def _format(self) -> str:
+        return f"liveness watchdog stopped the run: {self.detail}"
+
+
+@dataclass(slots=True, frozen=True)
+class Admission:
+    max_model_len: int
+    block_size: int
+    usable_blocks: int | None  # None: the layout is not full attention (no per-request bound here)
+    extra_slots: int  # speculative + lookahead tokens a step may hold beyond the sequence
+    pool_rule: bool = True  # False: the scheduler bounds requests by the pool itself (SGLang)
+
+    @classmethod
+    def of(cls, sched: SchedulerConfig, cache: CacheConfig, pool_rule: bool = True) -> Admission:
+        """pool_rule False: the scheduler bounds requests by the pool itself (SGLang clamps
+        max_new_tokens to what fits, and refuses prompts that cannot)."""
+        usable = cache.num_gpu_blocks - 1 if cache.attention == "full" else None  # block 0: the null block
+        return cls(sched.max_model_len, cache.block_size, usable,
+                   sched.num_spec_tokens + sched.num_lookahead_tokens, pool_rule)
+
+    def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
+        """Why a request can never run, or None when it can."""
+        if prompt_len > self.max_model_len:
+            return "prompt_exceeds_max_model_len"
+        if prompt_len == self.max_model_len:
+            return "no_room_to_generate"
+        if self.usable_blocks is not None and self.pool_rule:
+            # KV slots it will hold at most: every token but the last sampled one, plus drafts.
+            tokens = min(prompt_len + max(output_len, 1) - 1 + self.extra_slots, self.max_model_len)
+            if -(-tokens // self.block_size) > self.usable_blocks:
+                return "exceeds_kv_pool"
+        return None
+
+
+    def scheduler_refusal_reason(self) -> str:
+        """Why the scheduler itself refused a request that passed admission: SGLang refuses prompts
+        within a few tokens of min(max_model_len, pool) (its input-length margin)."""
+        if self.usable_blocks is not None and self.usable_blocks * self.block_size < self.max_model_len:
+            return "exceeds_kv_pool"
+        return "no_room_to_generate"
+
+
+def diagnose(name: str, sched, why: str, num_preemptions: int, limit: str, max_listed: int = 5) -> str:
+    """The watchdog's message: which requests are stuck, in what state, and the likely cause."""
+    stuck = [r for r in sched.requests.values() if not r.is_finished()]
+    stuck.sort(key=lambda r: (-r.num_preemptions, r.request_id))
+    listed = "; ".join(
+        f"{r.request_id} ({r.status.name}, {r.num_computed_tokens}/{r.num_tokens} tokens computed, "
+        f"{r.num_output_tokens} output, preempted {r.num_preemptions}x)" for r in stuck[:max_listed])
+    more = f" and {len(stuck) - max_listed} more" if len(stuck) > max_listed else ""
+    if num_preemptions:
+        cause = (f"{num_preemptions} preemptions since the last progress: the requests keep preempting each "
+                 "other (a livelock; vLLM's priority policy breaks ties by arrival time). A larger KV pool, "
+                 "scheduler.scheduler_reserve_full_isl=true or fewer concurrent long prompts avoid it")
+    else:
+        cause = ("nothing could be scheduled: no waiting request can be admitted and nothing running can "
+                 "advance (KV pool or token budget too small for these requests)")
+    return f"{name}: {why}; {len(stuck)} unfinished request(s): {listed}{more}. Likely cause: {cause}. {limit}"

@@ -1,0 +1,135 @@
+"""What vLLM refuses at start-up, refused here before anything runs, with vLLM's reason.
+
+`check_startup(cfg)` runs whenever a SimConfig is constructed (YAML, `--set`, flags and the Python
+API all build one) and again when an Engine is built from it, so every path sees the same rules:
+
+- the model and GPU exist; `max_model_len` is at most the model's context length
+  (vLLM: "User-specified max_model_len ... is greater than the derived max_model_len");
+- `max_num_batched_tokens >= max_num_seqs` (vLLM's SchedulerConfig; not for the SGLang engine);
+- without chunked prefill, `max_num_batched_tokens >= max_model_len` (vLLM's SchedulerConfig);
+- the KV pool holds one request of `max_model_len` tokens (vLLM's check_enough_kv_cache_memory:
+  "To serve at least one request with the models's max seq len ...");
+- SGLang: a prefill budget of at least one page (chunks are whole pages).
+
+`resolve_max_model_len` / `resolve_cache` give what an engine runs with: the model's context
+length when `scheduler.max_model_len` is None (vLLM derives it from max_position_embeddings), and
+the KV pool derived from GPU memory unless `cache.num_gpu_blocks` was set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from scheduler.config import CacheConfig
+from scheduler.sglang import SGLangConfig
+from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
+from simulator.specs import resolve_gpu, resolve_model
+from traces.errors import InputError
+
+if TYPE_CHECKING:
+    from simulator.config import SimConfig
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def resolve_max_model_len(cfg: SimConfig) -> int:
+    """scheduler.max_model_len, or the model's max_position_embeddings when it is None."""
+    if cfg.scheduler.max_model_len is not None:
+        return cfg.scheduler.max_model_len
+    return resolve_model(cfg.hardware.model).max_position_embeddings
+
+
+def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
+    """The cache config to run with: as configured, or with num_gpu_blocks derived from memory."""
+    hw = cfg.hardware
+    if not cfg.derive_num_gpu_blocks:
+        return cfg.cache, None
+    cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cfg.cache.block_size, hw.gpu_memory_utilization,
+                                hw.activation_reserve_gib)
+    return replace(cfg.cache, num_gpu_blocks=cap.num_gpu_blocks), cap
+
+
+def resolved(cfg: SimConfig) -> SimConfig:
+    """cfg checked, with scheduler.max_model_len filled in (what an engine is built from)."""
+    check_startup(cfg)
+    if cfg.scheduler.max_model_len is not None:
+        return cfg
+    return replace(cfg, scheduler=replace(cfg.scheduler, max_model_len=resolve_max_model_len(cfg)))
+
+
+def blocks_for_max_model_len(cache: CacheConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """KV blocks one request of max_model_len tokens needs, summed over the attention groups
+    (a sliding-window group keeps only its window plus one step's chunk, as vLLM sizes it)."""
+    full = _cdiv(max_model_len, cache.block_size)
+    if cache.attention == "full":
+        return full
+    window = min(_cdiv(cache.sliding_window - 1 + max_num_batched_tokens, cache.block_size) + 1, full)
+    return window if cache.attention == "sliding_window" else full + window
+
+
+def check_startup(cfg: SimConfig) -> None:
+    """Raise InputError (naming the field and what is allowed) for what vLLM refuses at start-up."""
+    hw, sched = cfg.hardware, cfg.scheduler
+    for key, resolve in (("model", resolve_model), ("gpu", resolve_gpu)):
+        try:
+            resolve(getattr(hw, key))
+        except InputError as exc:
+            raise InputError(exc.detail, field=f"hardware.{key}", allowed=exc.allowed) from None
+    mml = resolve_max_model_len(cfg)
+    limit = resolve_model(hw.model).max_position_embeddings
+    if mml > limit:
+        raise InputError(
+            f"max_model_len ({mml}) is greater than the derived max_model_len (max_position_embeddings="
+            f"{limit} of {hw.model}); vLLM refuses this", field="scheduler.max_model_len", allowed=f"<= {limit}")
+    if cfg.engine != "sglang" and sched.max_num_batched_tokens < sched.max_num_seqs:  # SGLang has no such rule
+        raise InputError(
+            f"max_num_batched_tokens ({sched.max_num_batched_tokens}) must be greater than or equal to "
+            f"max_num_seqs ({sched.max_num_seqs}) (vLLM's rule: every running request must get a token "
+            "each step)", field="scheduler.max_num_batched_tokens", allowed=f">= {sched.max_num_seqs}")
+    if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < mml:
+        raise InputError(
+            f"max_num_batched_tokens ({sched.max_num_batched_tokens}) is smaller than max_model_len ({mml}) "
+            "with chunked prefill off: longer prompts could never be scheduled",
+            field="scheduler.max_num_batched_tokens", allowed=f">= {mml}, or scheduler.enable_chunked_prefill")
+    cache, cap = resolve_cache(cfg)
+    _check_pool(cfg, cache, cap, mml)
+    if cfg.engine == "sglang":
+        _check_sglang(cfg, cache)
+
+
+def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml: int) -> None:
+    need = blocks_for_max_model_len(cache, mml, cfg.scheduler.max_num_batched_tokens)
+    have = cache.num_gpu_blocks
+    if need <= have:
+        return
+    fit = have * cache.block_size  # full attention: the longest request the pool could hold
+    if cap is not None:
+        gib = cap.kv_bytes_per_block / 2**30
+        raise InputError(
+            f"To serve at least one request with the model's max seq len ({mml}), {need * gib:.2f} GiB KV "
+            f"cache is needed, which is larger than the available KV cache memory ({have * gib:.2f} GiB). "
+            f"Based on the available memory, the estimated maximum model length is {fit} (vLLM's start-up check)",
+            field="scheduler.max_model_len",
+            allowed=f"<= {fit}, or a larger hardware.gpu_memory_utilization / tp / GPU")
+    raise InputError(
+        f"To serve at least one request with the model's max seq len ({mml}), {need} KV blocks of "
+        f"{cache.block_size} tokens are needed, more than the pool's {have} (vLLM's start-up check; "
+        f"the estimated maximum model length is {fit})",
+        field="cache.num_gpu_blocks", allowed=f">= {need}, or scheduler.max_model_len <= {fit}")
+
+
+def _check_sglang(cfg: SimConfig, cache: CacheConfig) -> None:
+    sched = cfg.scheduler
+    sg = cfg.sglang if cfg.sglang is not None else SGLangConfig()  # None: everything inherited
+    chunk = sg.chunked_prefill_size if sg.chunked_prefill_size is not None else sched.max_num_batched_tokens
+    page = sg.page_size if sg.page_size is not None else cache.block_size
+    chunked = sg.enable_chunked_prefill if sg.enable_chunked_prefill is not None else sched.enable_chunked_prefill
+    if chunked and chunk < page:
+        field = "sglang.chunked_prefill_size" if sg.chunked_prefill_size is not None else \
+            "scheduler.max_num_batched_tokens"
+        raise InputError(
+            f"SGLang's prefill budget ({chunk} tokens) is below one KV page ({page} tokens): prefill chunks "
+            "are whole pages, so no prompt could ever be admitted", field=field, allowed=f">= {page}")
