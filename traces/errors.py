@@ -36,3 +36,10 @@ class InputError(ValueError):
         if self.allowed:
             text += f" (allowed: {self.allowed})"
         return text
+
+
+def field_error(field: str | None):
+    """An `error=` factory for scheduler.registry.Registry: unknown names become InputErrors on `field`."""
+    def make(message: str, allowed: str) -> InputError:
+        return InputError(message, field=field, allowed=allowed)
+    return make

@@ -14,27 +14,23 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from servesim.scenario.runner import Outcome, VariantTask, execute
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import InputError, field_error
 
 Backend = Callable[[list[VariantTask], Path, "int | None", "str | None", Callable[[Outcome], None]], None]
-_BACKENDS: dict[str, Backend] = {}
+BACKENDS: Registry[Backend] = Registry("backend", error=field_error("--backend"))
 
 
 def register_backend(name: str):
-    def wrap(fn: Backend) -> Backend:
-        _BACKENDS[name] = fn
-        return fn
-    return wrap
+    return BACKENDS.register(name)
 
 
 def available_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return BACKENDS.names()
 
 
 def get_backend(name: str) -> Backend:
-    if name not in _BACKENDS:
-        raise InputError(f"unknown backend {name!r}", field="--backend", allowed=", ".join(available_backends()))
-    return _BACKENDS[name]
+    return BACKENDS.get(name)
 
 
 def default_workers(num_tasks: int) -> int:

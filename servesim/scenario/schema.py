@@ -18,6 +18,7 @@ from typing import Any
 
 from servesim.scenario.source import Marks, dotted
 from simulator.config import SimConfig
+from scheduler.registry import unknown_name_message
 from traces.errors import InputError
 from traces.synthetic_config import dataclass_in
 
@@ -189,7 +190,7 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
         except InputError as exc:
             raise marks.error(exc.detail, ("hardware", key), allowed=exc.allowed) from None
     if cfg.engine not in available_engines():
-        raise marks.error(f"engine {cfg.engine!r} is not available here", ("engine",),
+        raise marks.error(unknown_name_message("engine", cfg.engine, available_engines()), ("engine",),
                           allowed=", ".join(available_engines()))
     if sched.max_num_batched_tokens < sched.max_num_seqs:
         raise marks.error(
@@ -197,7 +198,8 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
             "vLLM refuses this (a step could not give every running request one token)",
             ("scheduler", "max_num_batched_tokens"), allowed=f">= {sched.max_num_seqs}")
     if cfg.cost_model.name not in available_cost_models():
-        raise marks.error(f"unknown cost model {cfg.cost_model.name!r}", ("cost_model", "name"),
+        raise marks.error(unknown_name_message("cost model", cfg.cost_model.name, available_cost_models()),
+                          ("cost_model", "name"),
                           allowed=", ".join(available_cost_models()))
     try:
         make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
