@@ -18,7 +18,7 @@ from typing import Any
 
 from servesim.scenario.source import Marks, dotted
 from simulator.config import SimConfig
-from scheduler.registry import unknown_name_message
+from scheduler.registry import did_you_mean, unknown_name_message
 from traces.errors import InputError
 from traces.synthetic_config import dataclass_in
 
@@ -190,7 +190,9 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
         except InputError as exc:
             raise marks.error(exc.detail, ("hardware", key), allowed=exc.allowed) from None
     if cfg.engine not in available_engines():
-        raise marks.error(unknown_name_message("engine", cfg.engine, available_engines()), ("engine",),
+        guess = did_you_mean(cfg.engine, available_engines())
+        raise marks.error(f"engine {cfg.engine!r} is not available here" + (f"; did you mean {guess!r}?" if guess else ""),
+                          ("engine",),
                           allowed=", ".join(available_engines()))
     if sched.max_num_batched_tokens < sched.max_num_seqs:
         raise marks.error(
