@@ -43,11 +43,21 @@ def share_like_umask(path: Path) -> None:
     os.chmod(path, 0o777 & ~umask())
 
 
-def is_result(folder: Path) -> bool:
-    """True for a folder servesim wrote (marker, or the files of an older servesim result)."""
+def result_kind(folder: Path) -> str | None:
+    """What wrote `folder` ("replay", "cluster", "sweep"), from its marker or, for results written
+    before the marker existed, its files; None for a folder servesim did not write."""
     folder = Path(folder)
-    return ((folder / MARKER).is_file() or (folder / "sweep.json").is_file()
-            or ((folder / "summary.json").is_file() and (folder / "config.yaml").is_file()))
+    if (folder / MARKER).is_file():
+        return (folder / MARKER).read_text().strip() or "replay"
+    if (folder / "sweep.json").is_file():
+        return "sweep"
+    if (folder / "summary.json").is_file() and (folder / "config.yaml").is_file():
+        return "replay"
+    return None
+
+
+def is_result(folder: Path) -> bool:
+    return result_kind(folder) is not None
 
 
 def make_staging(out_dir: Path) -> Path:
@@ -61,9 +71,10 @@ def mark(folder: Path, kind: str) -> None:
     (Path(folder) / MARKER).write_text(kind + "\n")
 
 
-def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: bool = False,
+def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | None = None,
                  flag: str = "--out") -> Path:
-    """Refuse an output folder we must not write (see the module docstring); create its parent."""
+    """Refuse an output folder we must not write (see the module docstring); create its parent.
+    resume="sweep": an existing sweep folder is continued, not replaced."""
     out = Path(out_dir)
     resolved = out.resolve()
     if resolved == Path.cwd() or resolved in Path.cwd().parents or resolved == resolved.parent:
@@ -78,7 +89,11 @@ def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: bool =
             raise InputError(f"{out} already exists and is not a servesim result (it holds {', '.join(first)}...); "
                              "servesim never replaces folders it did not write", field=flag,
                              allowed="a new or empty folder")
-        if not (overwrite or resume):
+        kind = result_kind(out)
+        if resume is not None and kind != resume:
+            raise InputError(f"{out} holds a servesim {kind} result, not a {resume}", field=flag,
+                             allowed=f"a new or empty folder, or a {resume} folder to resume")
+        if resume is None and not overwrite:
             raise InputError(f"{out} holds an earlier servesim result", field=flag,
                              allowed=f"--overwrite to replace it, or another {flag}")
     _check_writable(out, flag)
@@ -145,7 +160,7 @@ def locked(out_dir: str | Path, flag: str = "--out") -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def claim_output(out_dir: str | Path, *, overwrite: bool = False, resume: bool = False,
+def claim_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | None = None,
                  flag: str = "--out") -> Iterator[Path]:
     """check_output + locked + clean_stale, for the whole run (simulation and writing)."""
     out = check_output(out_dir, overwrite=overwrite, resume=resume, flag=flag)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -51,7 +53,8 @@ def run_local(tasks: list[VariantTask], root: Path, workers: int | None, address
         for task in tasks:
             done(execute(task))
         return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
     try:
         futures = {pool.submit(execute, task): task for task in tasks}
         pending = set(futures)
@@ -59,8 +62,51 @@ def run_local(tasks: list[VariantTask], root: Path, workers: int | None, address
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 done(_result(fut, futures[fut]))
-    finally:  # Ctrl-C: drop what has not started; finished variants are already published
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:  # Ctrl-C / SIGTERM: stop the workers now; finished variants are published
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    # The pool has no public way to end running work; its processes are ours to stop.
+    for proc in list((pool._processes or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    for proc in list((pool._processes or {}).values()):
+        proc.join(timeout=5)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_S = 1.0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Pool worker initializer: end this worker when the driver dies, however it dies (SIGKILL
+    included), so no orphan keeps computing and publishing. Linux: the kernel sends SIGKILL when the
+    parent exits (PR_SET_PDEATHSIG); everywhere: a thread that polls the parent pid. Ctrl-C goes to
+    the driver, which stops the pool (workers ignore SIGINT)."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # the poll below still works
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="servesim-parent-watch", daemon=True).start()
 
 
 def _result(fut, task: VariantTask) -> Outcome:
@@ -83,14 +129,17 @@ def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: 
             done: Callable[[Outcome], None]) -> None:
     """One Ray task per variant; results come back through the object store (a cluster's nodes
     need not share our filesystem) and are published here as each finishes (ray.wait)."""
+    env = {} if address else local_ray_env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # before Ray is imported: it reads these once
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:
         if address:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         else:
             ray.init(num_cpus=workers or default_workers(len(tasks)), include_dashboard=False,
-                     logging_level=logging.WARNING)
+                     logging_level=logging.ERROR, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(execute)
         refs = {remote.remote(task): task for task in tasks}
@@ -108,6 +157,22 @@ def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: 
     finally:
         if started:
             ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def local_ray_env() -> dict[str, str]:
+    """Environment for the private local Ray cluster `--backend ray` starts without an address.
+
+    It must not listen on the network: Ray turns a node address of 127.0.0.1 back into the machine's
+    external address, but with clustering off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, its single-node
+    mode) every Ray process binds to loopback. On top, token authentication with a random token that
+    only our process tree knows (held in the environment, never written to ~/.ray), so other local
+    users cannot submit work either; it also silences Ray's warning about running without it."""
+    import secrets
+
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def _import_ray():
