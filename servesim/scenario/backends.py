@@ -59,23 +59,26 @@ def run_local(tasks: list[VariantTask], root: Path, workers: int | None, address
         futures = {pool.submit(execute, task): task for task in tasks}
         pending = set(futures)
         while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            # A timeout: a signal that lands on another thread must still reach this one (Ctrl-C).
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in finished:
                 done(_result(fut, futures[fut]))
     except BaseException:  # Ctrl-C / SIGTERM: stop the workers now; finished variants are published
-        pool.shutdown(wait=False, cancel_futures=True)
         _stop_workers(pool)
         raise
     pool.shutdown(wait=True)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    # The pool has no public way to end running work; its processes are ours to stop.
-    for proc in list((pool._processes or {}).values()):
+    # The pool has no public way to end running work (shutdown waits for it); its processes are
+    # ours to stop. Taken before shutdown, which forgets them.
+    procs = list((pool._processes or {}).values())
+    for proc in procs:
         if proc.is_alive():
-            proc.terminate()
-    for proc in list((pool._processes or {}).values()):
+            proc.kill()
+    for proc in procs:
         proc.join(timeout=5)
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
