@@ -134,8 +134,11 @@ def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: 
     need not share our filesystem) and are published here as each finishes (ray.wait)."""
     env = {} if address else local_ray_env()
     saved = {k: os.environ.get(k) for k in env}
+    imported_before = "ray" in sys.modules
     os.environ.update(env)  # before Ray is imported: it reads these once
     ray = _import_ray()
+    if env and imported_before and not ray.is_initialized():
+        _reread_ray_settings(ray)
     started = not ray.is_initialized()
     if started:
         if address:
@@ -176,6 +179,20 @@ def local_ray_env() -> dict[str, str]:
 
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def _reread_ray_settings(ray) -> None:
+    """Ray was imported earlier in this process (a notebook, a test) and has cached the settings
+    local_ray_env changes; make it read them again. Private Ray names, so guarded: if they move,
+    the cluster still starts (then on Ray's default interfaces)."""
+    try:
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        Config.initialize("")
+    except (ImportError, AttributeError):  # pragma: no cover - another Ray version
+        logging.getLogger(__name__).warning("could not restrict the local Ray cluster to loopback")
 
 
 def _import_ray():
