@@ -120,10 +120,10 @@ def _broken(name: str, err: Exception) -> None:
 def format_error(e: InputError) -> str:
     """The message, with the flag named where the error is about a value a flag set."""
     flag = e.field if e.field and e.field.startswith("--") else FLAG_OF_FIELD.get(e.field or "")
-    if e.path is None and flag is not None:
-        text = f"{flag}: {e.detail}"
-        return text + (f" (allowed: {e.allowed})" if e.allowed else "")
-    return str(e)
+    if flag is None or (e.path is not None and e.field != "fmt"):  # a field of a file, not a flag
+        return str(e)
+    where = "" if e.path is None else e.path + (f", line {e.line}" if e.line is not None else "") + ": "
+    return f"{where}{flag}: {e.detail}" + (f" (allowed: {e.allowed})" if e.allowed else "")
 
 
 class Terminated(BaseException):
