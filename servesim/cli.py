@@ -29,7 +29,8 @@ _interrupt_note: list[str] = []
 # Configuration fields the top-level flags set: an error on the field names the flag instead.
 FLAG_OF_FIELD = {"model": "--model", "gpu": "--gpu", "tp": "--tp", "cost_model": "--cost-model",
                  "engine": "--engine", "fmt": "--format", "hardware.model": "--model", "hardware.gpu": "--gpu",
-                 "hardware.tp": "--tp", "cost_model.name": "--cost-model"}
+                 "hardware.tp": "--tp", "cost_model.name": "--cost-model", "num_requests": "--max-requests",
+                 "rate_scale": "--rate-scale"}
 
 
 def _version() -> str:
@@ -120,6 +121,8 @@ def _broken(name: str, err: Exception) -> None:
 def format_error(e: InputError) -> str:
     """The message, with the flag named where the error is about a value a flag set."""
     flag = e.field if e.field and e.field.startswith("--") else FLAG_OF_FIELD.get(e.field or "")
+    if flag is None and e.path is None and e.field and "." in e.field:  # a dotted key: only --set gives one
+        flag = f"--set {e.field}"
     if flag is None or (e.path is not None and e.field != "fmt"):  # a field of a file, not a flag
         return str(e)
     where = "" if e.path is None else e.path + (f", line {e.line}" if e.line is not None else "") + ": "

@@ -11,6 +11,9 @@ from servesim.cli import app
 from traces.errors import InputError
 
 
+SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
     from servesim.overrides import apply_overrides
     from simulator.config import CostModelConfig, SimConfig
@@ -25,7 +28,7 @@ def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
     pairs = {}
     for item in sets:
         if "=" not in item:
-            raise InputError(f"--set expects key=value, got {item!r}", field="--set")
+            raise InputError(f"expects key=value, got {item!r}", field="--set")
         k, v = item.split("=", 1)
         pairs[k.strip()] = v
     return apply_overrides(cfg, pairs)
@@ -66,6 +69,9 @@ def replay(
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     if fast_forward:
         cfg.fast_forward = True
+    if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
+        raise InputError("file not found; switches take no value: --fast-forward / --no-fast-forward, "
+                         "--overwrite / --no-overwrite", path=str(trace))
     wl = load_trace(trace, fmt, max_requests, rate_scale)
     if executor not in ("sim", "gpu"):
         raise InputError(f"unknown executor {executor!r}", field="--executor", allowed="sim, gpu")
