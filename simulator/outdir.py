@@ -62,6 +62,7 @@ def is_result(folder: Path) -> bool:
 
 def make_staging(out_dir: Path) -> Path:
     """An empty staging folder beside out_dir (same filesystem: publishing is one rename)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{TMP_TAG}.", dir=out_dir.parent))
     share_like_umask(tmp)
     return tmp
@@ -73,7 +74,7 @@ def mark(folder: Path, kind: str) -> None:
 
 def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | None = None,
                  flag: str = "--out") -> Path:
-    """Refuse an output folder we must not write (see the module docstring); create its parent.
+    """Refuse an output folder we must not write (see the module docstring); creates nothing.
     resume="sweep": an existing sweep folder is continued, not replaced."""
     out = Path(out_dir)
     resolved = out.resolve()
@@ -101,17 +102,17 @@ def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | 
 
 
 def _check_writable(out: Path, flag: str) -> None:
+    """Probe the folder that will receive the result (or its nearest existing ancestor: nothing is
+    created here, so a refused run leaves no empty parents behind)."""
+    target = out if out.is_dir() else next((p for p in out.parents if p.exists()), Path("/"))
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.{TMP_TAG}.probe.", dir=out.parent)
+        if not target.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(target))
+        fd, probe = tempfile.mkstemp(prefix=f".{TMP_TAG}.probe.", dir=target)
         os.close(fd)
         os.unlink(probe)
-        if out.is_dir():
-            fd, probe = tempfile.mkstemp(prefix=f".{TMP_TAG}.probe.", dir=out)
-            os.close(fd)
-            os.unlink(probe)
     except OSError as e:
-        where = e.filename or out.parent
+        where = e.filename or target
         raise InputError(f"cannot write results to {out}: {e.strerror or e} ({where})", field=flag,
                          allowed="a folder you can write to") from None
 
@@ -131,6 +132,7 @@ def locked(out_dir: str | Path, flag: str = "--out") -> Iterator[None]:
     """Hold `.NAME.lock` beside out_dir; a second holder is refused with the first one's pid."""
     out_dir = Path(out_dir)
     lock = out_dir.with_name(f".{out_dir.name}.lock")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -164,7 +166,21 @@ def claim_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | 
                  flag: str = "--out") -> Iterator[Path]:
     """check_output + locked + clean_stale, for the whole run (simulation and writing)."""
     out = check_output(out_dir, overwrite=overwrite, resume=resume, flag=flag)
-    with locked(out, flag):
-        check_output(out, overwrite=overwrite, resume=resume, flag=flag)  # again, now that we hold it
-        clean_stale(out)
-        yield out
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
+    try:
+        with locked(out, flag):
+            check_output(out, overwrite=overwrite, resume=resume, flag=flag)  # again, now that we hold it
+            clean_stale(out)
+            yield out
+    except BaseException:
+        if created is not None and not out.exists():
+            _remove_empty_tree(created)  # the parents we made for a run that wrote nothing
+        raise
+
+
+def _remove_empty_tree(top: Path) -> None:
+    for p in sorted((q for q in top.rglob("*") if q.is_dir()), key=lambda q: len(q.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            p.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from servesim.scenario import store
+from traces.errors import InputError
 from simulator.outdir import MARKER
 from servesim.scenario.model import Scenario, Variant, describe_params
 from servesim.scenario.workload import WorkloadSpec
@@ -124,6 +125,8 @@ def run_sweep(scenario: Scenario, out_dir: str | Path, *, backend: str = "local"
     from simulator.outdir import claim_output
 
     get_backend(backend)  # an unknown backend: refused before anything is written
+    if ray_address and backend != "ray":
+        raise InputError("--ray-address only applies to --backend ray", field="--ray-address")
     with claim_output(out_dir, resume="sweep") as root:
         root.mkdir(exist_ok=True)
         store.clean_staging(root)
