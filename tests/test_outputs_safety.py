@@ -237,3 +237,89 @@ def test_local_ray_cluster_listens_only_on_loopback(tmp_path):
     ray_lines = [line for line in out.splitlines() if any(n in line for n in ("gcs_server", "raylet", "ray::"))]
     assert ray_lines, out
     assert all("127.0.0.1" in line for line in ray_lines), "\n".join(ray_lines)
+
+
+MEDIUM_SCENARIO = """name: medium
+workload: {generator: poisson, num_requests: 600, arrival: {rate_per_s: 40}, prompt_len: 400, output_len: 100}
+sweep: {scheduler.max_num_seqs: [8, 16, 32, 64]}
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+def test_sigkilled_sweep_resumes_and_a_second_run_is_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+
+    _register()
+    (tmp_path / "m.yaml").write_text(MEDIUM_SCENARIO)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "servesim", "run", str(tmp_path / "m.yaml"), "--out", str(out), "--workers", "1"]
+    driver = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(out.glob("variants/*/summary.json")):
+        time.sleep(0.2)
+    done_first = {p.parent.name for p in out.glob("variants/*/summary.json")}
+    assert done_first, "no variant finished in time"
+    second = CliRunner().invoke(app, ["run", str(tmp_path / "m.yaml"), "--out", str(out), "--workers", "1"])
+    assert second.exit_code == 2 and "another servesim run" in second.output  # it would compute the same
+    driver.kill()
+    driver.wait()
+    resumed = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("cached") >= len(done_first)
+    assert len(list(out.glob("variants/*/summary.json"))) == 4
+    assert not (out / store.STAGING).exists()  # the killed run's debris was removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml", "out"]  # no lock or staging beside it
+
+
+def test_progress_lines_without_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from servesim.report import progress_reporter
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=False, width=200)
+    with progress_reporter(console, 10, every_s=0.0) as progress:
+        progress(1.5, 5)
+        progress(3.0, 10)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("simulating: 5/10 requests, sim t=1.5 s") and "ETA" in lines[0]
+    assert lines[1].startswith("simulating: 10/10 requests")
+
+
+def test_cpu_device_fits_the_documented_budget():
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from servesim.gpu import CPU_KV_BUDGET_GIB, fit_cpu_kv_pool
+    from simulator.config import SimConfig
+
+    cfg = SimConfig()
+    cfg.hardware = dataclasses.replace(cfg.hardware, model="tiny-llama")
+    fitted, note = fit_cpu_kv_pool(cfg, "cpu")
+    assert not fitted.derive_num_gpu_blocks and fitted.cache.num_gpu_blocks >= 1 and "CPU budget" in note
+    from gpu_runner.weights import preset
+
+    m = preset("tiny-llama")
+    gib = 2 * m.num_layers * fitted.cache.block_size * m.num_kv_heads * m.head_dim * 4 \
+        * fitted.cache.num_gpu_blocks / 2**30
+    assert gib <= CPU_KV_BUDGET_GIB
+    assert fit_cpu_kv_pool(cfg, "cuda") == (cfg, None)  # the GPU keeps the derived pool
+    given = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, num_gpu_blocks=64),
+                                derive_num_gpu_blocks=False)
+    assert fit_cpu_kv_pool(given, "cpu") == (given, None)  # a pool the user set is kept
+
+
+@pytest.mark.slow
+def test_ray_sweep_output_has_no_third_party_warnings(tmp_path):
+    pytest.importorskip("ray")
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nworkload: {generator: poisson, num_requests: 6}\nsweep: {scheduler.max_num_seqs: [4, 8]}\n")
+    res = subprocess.run([sys.executable, "-m", "servesim", "run", str(scen), "--out", str(tmp_path / "o"),
+                          "--backend", "ray", "--workers", "2"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "authentication" not in (res.stdout + res.stderr).lower()
+    assert "warning" not in res.stderr.lower(), res.stderr
