@@ -184,3 +184,29 @@ def _remove_empty_tree(top: Path) -> None:
             p.rmdir()
     with contextlib.suppress(OSError):
         top.rmdir()
+
+
+def publish_dir(tmp: Path, out_dir: Path) -> None:
+    """Move a finished staging folder to out_dir, replacing an older result (checked with
+    check_output) only at the end. An empty folder is replaced by the rename itself."""
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        old = make_staging(out_dir)
+        os.replace(out_dir, old / "previous")
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+@contextlib.contextmanager
+def staged_output(out_dir: str | Path, kind: str, *, overwrite: bool = False, flag: str = "--out") -> Iterator[Path]:
+    """For commands that write several files: yield a staging folder, publish it as out_dir (marked
+    `kind`) when the block ends normally; on an error or Ctrl-C nothing is published."""
+    with claim_output(out_dir, overwrite=overwrite, flag=flag) as out:
+        tmp = make_staging(out)
+        try:
+            yield tmp
+            mark(tmp, kind)
+            publish_dir(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,6 @@ servesim did not write) is decided by simulator.outdir."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import yaml
 from simulator.config import SimConfig, to_dict
 from simulator.engine import EngineResult
 from simulator.metrics import summarize
-from simulator.outdir import check_output, make_staging, mark
+from simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
 
 
 def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
@@ -46,15 +45,3 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-
-def publish_dir(tmp: Path, out_dir: Path) -> None:
-    """Move a finished staging folder to out_dir, replacing an older result (checked by the caller
-    with simulator.outdir.check_output) only at the end. An empty folder is replaced by the rename."""
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        old = make_staging(out_dir)
-        os.replace(out_dir, old / "previous")
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)

@@ -3,7 +3,6 @@ that meets the SLOs; writes plan.csv and frontier.png."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import typer
@@ -26,8 +25,7 @@ def plan_command(
     from servesim.cli import on_interrupt
     from servesim.report import make_console
     from simulator.cluster.plan import PlanConfig, load_plan_workload, plot_frontier, search
-    from simulator.outdir import check_output, claim_output, make_staging, mark
-    from simulator.outputs import publish_dir
+    from simulator.outdir import check_output, staged_output
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     plan = PlanConfig.from_yaml(config)
@@ -52,16 +50,10 @@ def plan_command(
     on_interrupt(f"nothing was written to {out}/ (results are written when the search finishes); "
                  "run the same command again to start over")
     cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
-    with claim_output(out, overwrite=overwrite):
+    with staged_output(out, "plan", overwrite=overwrite) as tmp:
         df = search(plan, wl, progress)
-        tmp = make_staging(out)
-        try:
-            mark(tmp, "plan")
-            df.to_csv(tmp / "plan.csv", index=False)
-            plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
-            publish_dir(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        df.to_csv(tmp / "plan.csv", index=False)
+        plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
     print_plan(console, df, cost_label)
     console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}")
 
