@@ -323,3 +323,21 @@ def test_ray_sweep_output_has_no_third_party_warnings(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "authentication" not in (res.stdout + res.stderr).lower()
     assert "warning" not in res.stderr.lower(), res.stderr
+
+
+def test_tables_keep_every_column_without_a_terminal(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+
+    _register()
+    monkeypatch.delenv("COLUMNS", raising=False)
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nworkload: {generator: poisson, num_requests: 4}\n"
+                    "sweep: {scheduler.max_num_seqs: [4, 8], cache.enable_prefix_caching: [true, false]}\n")
+    res = CliRunner().invoke(app, ["run", str(scen), "--out", str(tmp_path / "o"), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "TTFT50 ms" in line)
+    for column in ("variant", "TTFT99 ms", "TPOT50 ms", "tok/s", "preempt", "hit %"):
+        assert column in header, header
+    assert max(len(line) for line in res.output.splitlines()) > 80  # not cut to 80 columns
