@@ -143,7 +143,6 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in ("ray", "numexpr", "matplotlib", "torch"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")  # inherited by worker processes
 
 
