@@ -146,6 +146,8 @@ CLI_CASES = [
     ("run-out-replay-result", "run {in}/scen_ok.yaml --out out", "result", 2, ["replay result, not a sweep"]),
     ("run-out-foreign", "run {in}/scen_ok.yaml --out out", "foreign", 2, ["not a servesim result"]),
     ("plan-out-file", "plan {in}/plan_key.yaml --out out", "file", 2, ["out is a file"]),
+    ("step-trace-exists", "replay --max-requests 2 --out new --step-trace {in}/five.jsonl", None, 2,
+     ["--step-trace", "will not replace it"]),
     # --- YAML ----------------------------------------------------------------------------------
     ("scenario-missing", "run {in}/nope.yaml", None, 2, ["nope.yaml"]),
     ("scenario-unknown-key", "run {in}/scen_unknown_key.yaml", None, 2,

@@ -66,6 +66,9 @@ def replay(
     from simulator.outdir import check_output
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
+    if step_trace is not None and step_trace.exists() and not (overwrite and step_trace.is_file()):
+        raise InputError(f"{step_trace} already exists; servesim will not replace it", field="--step-trace",
+                         allowed="a new file (or --overwrite to replace an earlier step trace)")
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     if fast_forward:
         cfg.fast_forward = True
