@@ -1,5 +1,8 @@
 # servesim: `make run` replays the bundled trace; `make test` runs the whole suite.
-PY ?= python3.11
+# Any Python >= 3.11: the first of these names that exists and is new enough (override: make PY=/path/python).
+PY ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+	&& { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,6 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test parity bench clean venv
 
 $(STAMP): pyproject.toml
+	@test -n "$(PY)" || { echo "error: servesim needs Python >= 3.11 (none found on PATH; pass PY=/path/to/python)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first: a plain `torch` would pull a multi-GB CUDA build.
@@ -20,7 +24,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/servesim replay --out runs/default
+	$(BIN)/servesim replay --out runs/default --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

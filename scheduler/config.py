@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler.registry import unknown_name_message
+
 POLICIES = ("fcfs", "priority", "continuum")
 SPEC_METHODS = ("ngram", "eagle", "draft_model")
 ATTENTION_LAYOUTS = ("full", "sliding_window", "hybrid")
@@ -50,7 +52,8 @@ class SchedulerConfig:
             self.long_prefill_token_threshold >= 0,
             f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}",
         )
-        _require(self.policy in POLICIES, f"unknown policy {self.policy!r} (valid: {', '.join(POLICIES)})")
+        _require(self.policy in POLICIES,
+                 f"{unknown_name_message('policy', self.policy, POLICIES)} (valid: {', '.join(POLICIES)})")
         _require(self.num_spec_tokens >= 0, f"num_spec_tokens must be >= 0, got {self.num_spec_tokens}")
         _require(
             self.spec_method in SPEC_METHODS,

@@ -12,6 +12,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
 
+from scheduler.registry import Registry
 from scheduler.request import Request
 
 
@@ -154,15 +155,11 @@ class ContinuumRequestQueue(FCFSRequestQueue):
         return warm
 
 
-QUEUE_POLICIES: dict[str, type[RequestQueue]] = {
-    "fcfs": FCFSRequestQueue,
-    "priority": PriorityRequestQueue,
-    "continuum": ContinuumRequestQueue,
-}
+QUEUE_POLICIES: Registry[type[RequestQueue]] = Registry("scheduling policy")
+QUEUE_POLICIES.add("fcfs", FCFSRequestQueue)
+QUEUE_POLICIES.add("priority", PriorityRequestQueue)
+QUEUE_POLICIES.add("continuum", ContinuumRequestQueue)
 
 
 def create_request_queue(policy: str) -> RequestQueue:
-    try:
-        return QUEUE_POLICIES[policy]()
-    except KeyError:
-        raise ValueError(f"unknown scheduling policy {policy!r} (valid: {', '.join(QUEUE_POLICIES)})") from None
+    return QUEUE_POLICIES.get(policy)()

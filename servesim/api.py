@@ -17,6 +17,7 @@ import pandas as pd
 from simulator.config import SimConfig
 from simulator.engine import Engine
 from simulator.metrics import warn_rejected
+from simulator.outdir import claim_output
 from simulator.outputs import build_summary, write_results
 from traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from traces.formats import load_workload
@@ -44,7 +45,16 @@ def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | 
 
 
 def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, step_trace: str | Path | None = None,
-        progress=None, executor=None) -> Results:
+        progress=None, executor=None, overwrite: bool = False) -> Results:
+    """Simulate; with out_dir, write the result folder (checked and locked before simulating: an
+    existing folder servesim did not write is refused, an earlier result replaced only with overwrite)."""
+    if out_dir is None:
+        return _run(cfg, workload, None, step_trace, progress, executor, overwrite)
+    with claim_output(out_dir, overwrite=overwrite):
+        return _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite)
+
+
+def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> Results:
     trace_buf = io.StringIO() if step_trace is not None else None
     engine = Engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
     res = engine.run()
@@ -56,7 +66,9 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
         import json
 
         write_jsonl_atomic(step_trace, (json.loads(x) for x in trace_buf.getvalue().splitlines()))
-    written = write_results(out_dir, engine.cfg, res, summary, meta) if out_dir is not None else None
+    written = None
+    if out_dir is not None:  # claimed by run(): replacing an earlier result was allowed there
+        written = write_results(out_dir, engine.cfg, res, summary, meta, overwrite=True)
     requests = res.metrics.requests_frame()
     warn_rejected(requests)
     return Results(summary, requests, res.metrics.steps_frame(),
@@ -64,7 +76,7 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,
-           seed: int = 0, out_dir: str | Path | None = None, **overrides) -> Results:
+           seed: int = 0, out_dir: str | Path | None = None, overwrite: bool = False, **overrides) -> Results:
     """Replay a trace (None: the bundled default) with vLLM 0.19 defaults; overrides use dotted keys."""
     from servesim.overrides import apply_overrides
 
@@ -72,7 +84,7 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
     cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
     cfg.seed = seed
     cfg = apply_overrides(cfg, {k.replace("__", "."): v for k, v in overrides.items()})
-    return run(cfg, load_trace(trace), out_dir=out_dir)
+    return run(cfg, load_trace(trace), out_dir=out_dir, overwrite=overwrite)
 
 
 def run_scenario(scenario, *, out_dir: str | Path | None = None, smoke: bool = False, sets=None,

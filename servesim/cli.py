@@ -1,25 +1,68 @@
-"""The `servesim` command line (typer). Each command lives in its own module under servesim/commands."""
+"""The `servesim` command line (typer). Each command lives in its own module under servesim/commands.
+
+Behaves like the tools our users know (vLLM's CLI): `-h`, `--version`, `--x/--no-x` switches, shell
+completion, errors that name the flag, and a Ctrl-C that says what was kept and exits 130.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import signal
 import sys
+import warnings
 
 import typer
 
 from traces.errors import InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="servesim: simulate LLM serving engines.")
+app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None, help="servesim: simulate LLM serving engines.",
+                  context_settings={"help_option_names": ["-h", "--help"]})
 
 # Every command module registers itself with @app.command() on import.
 COMMANDS = ("replay", "steptrace", "fit", "calibrate", "validate", "run", "plot", "plan", "cluster")
 
+# What the running command wants said if it is interrupted (set by the command, see on_interrupt).
+_interrupt_note: list[str] = []
+
+# Configuration fields the top-level flags set: an error on the field names the flag instead.
+FLAG_OF_FIELD = {"model": "--model", "gpu": "--gpu", "tp": "--tp", "cost_model": "--cost-model",
+                 "engine": "--engine", "fmt": "--format", "hardware.model": "--model", "hardware.gpu": "--gpu",
+                 "hardware.tp": "--tp", "cost_model.name": "--cost-model", "num_requests": "--max-requests",
+                 "rate_scale": "--rate-scale"}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servesim")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"servesim {_version()}")
+        raise typer.Exit()
+
 
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_show_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
     """servesim: simulate LLM serving engines (vLLM V1 scheduler) on a SimPy clock or a GPU."""
 
 
+def on_interrupt(note: str) -> None:
+    """Say `note` (what was kept, how to resume) if the user interrupts the running command."""
+    _interrupt_note[:] = [note]
+
+
 def _register() -> None:
+    if _registered:
+        return
+    _registered.append(True)
     for name in COMMANDS:
         try:
             __import__(f"servesim.commands.{name}")
@@ -28,6 +71,44 @@ def _register() -> None:
                 _broken(name, e)
         except Exception as e:  # a broken command must not take the others down with it
             _broken(name, e)
+    for info in app.registered_commands:
+        info.callback = _guarded(info.callback)
+
+
+_registered: list[bool] = []
+
+
+def _guarded(fn):
+    """Run a command so that bad input, Ctrl-C and SIGTERM end in one clear line and an exit code
+    (typer would print a bare "Aborted!" or nothing); works the same under CliRunner."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        _interrupt_note.clear()
+        old = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
+        try:
+            return fn(*args, **kwargs)
+        except InputError as e:
+            typer.secho(f"error: {format_error(e)}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        except OSError as e:  # disk full, permissions: what and where, not a traceback
+            where = f" ({e.filename})" if e.filename else ""
+            typer.secho(f"error: {e.strerror or e}{where}", fg="red", err=True)
+            raise typer.Exit(1) from None
+        except (KeyboardInterrupt, Terminated) as e:
+            what = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
+            note = _interrupt_note[0] if _interrupt_note else "nothing was written"
+            typer.secho(f"\n{what}: {note}", fg="yellow", err=True)
+            raise typer.Exit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+    return run
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _broken(name: str, err: Exception) -> None:
@@ -37,10 +118,39 @@ def _broken(name: str, err: Exception) -> None:
         sys.exit(2)
 
 
+def format_error(e: InputError) -> str:
+    """The message, with the flag named where the error is about a value a flag set."""
+    flag = e.field if e.field and e.field.startswith("--") else FLAG_OF_FIELD.get(e.field or "")
+    if flag is None and e.path is None and e.field and "." in e.field:  # a dotted key: only --set gives one
+        flag = f"--set {e.field}"
+    if flag is None or (e.path is not None and e.field != "fmt"):  # a field of a file, not a flag
+        return str(e)
+    where = "" if e.path is None else e.path + (f", line {e.line}" if e.line is not None else "") + ": "
+    return f"{where}{flag}: {e.detail}" + (f" (allowed: {e.allowed})" if e.allowed else "")
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that cleanup (finally blocks) runs."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def quiet_third_party() -> None:
+    """Keep other libraries' warnings out of our output (our own messages are what the user reads)."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("ray", "numexpr", "matplotlib", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")  # inherited by worker processes
+
+
 def main() -> None:
+    quiet_third_party()
     _register()
     try:
         app()
-    except InputError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
+    except InputError as e:  # raised outside a command (while parsing)
+        typer.secho(f"error: {format_error(e)}", fg="red", err=True)
         sys.exit(2)

@@ -3,12 +3,36 @@ simulator's configuration to the GPU runner)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
 from simulator.engine import resolve_cache
 from traces.errors import InputError
 
 CPU_KV_LIMIT_GIB = 8.0  # refuse CPU KV caches larger than this: set cache.num_gpu_blocks instead
+# The KV pool `--device cpu` uses by default (the pool derived from the GPU's memory would not fit):
+# as many blocks as fit in this many GiB (fp32), capped by the derived pool. Documented in README.
+CPU_KV_BUDGET_GIB = 2.0
+
+
+def fit_cpu_kv_pool(cfg: SimConfig, device: str) -> tuple[SimConfig, str | None]:
+    """On the CPU with a derived pool: the config with a pool that fits CPU_KV_BUDGET_GIB, and a note
+    saying so. A pool the user set (cache.num_gpu_blocks) is kept as given (and checked later)."""
+    from gpu_runner.weights import PRESETS, preset
+
+    name = cfg.hardware.model.lower()
+    if device != "cpu" or not cfg.derive_num_gpu_blocks or name not in PRESETS:
+        return cfg, None
+    mcfg = preset(name)
+    cache, _ = resolve_cache(cfg)
+    block_bytes = 2 * mcfg.num_layers * cache.block_size * mcfg.num_kv_heads * mcfg.head_dim * 4  # fp32
+    blocks = max(1, min(cache.num_gpu_blocks, int(CPU_KV_BUDGET_GIB * 2**30 // block_bytes)))
+    cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, num_gpu_blocks=blocks),
+                              derive_num_gpu_blocks=False)
+    note = (f"--device cpu: KV pool of {blocks} blocks ({blocks * block_bytes / 2**30:.2f} GiB, the CPU budget "
+            f"is {CPU_KV_BUDGET_GIB} GiB); set --set cache.num_gpu_blocks=N to choose another")
+    return cfg, note
 
 
 def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model", sampling: str = "source",

@@ -1,26 +1,62 @@
-"""Terminal output: a progress bar while simulating and a summary table at the end."""
+"""Terminal output: progress while simulating and a summary table at the end.
+
+In a terminal: a progress bar with an ETA. Otherwise (a log file, CI, a pipe): one line every
+SERVESIM_PROGRESS_EVERY_S seconds (default 10), and tables at their full width instead of being cut
+at 80 columns.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+LOG_EVERY_S = 10.0  # progress lines without a terminal (override: SERVESIM_PROGRESS_EVERY_S)
+PIPE_WIDTH = 1000  # tables without a terminal: wide enough that no column is ever dropped
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A rich Console that never cuts a table: a terminal's own width, else full width."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, width=PIPE_WIDTH)
+    return console
 
 
 @contextlib.contextmanager
-def progress_reporter(console: Console, num_requests: int):
-    """Yield a callback(sim_time_s, requests_done); draws only on a terminal."""
+def progress_reporter(console: Console, num_requests: int, every_s: float | None = None):
+    """Yield a callback(sim_time_s, requests_done): a bar with ETA on a terminal, log lines otherwise."""
     if not console.is_terminal:
-        yield None
+        every = every_s if every_s is not None else float(os.environ.get("SERVESIM_PROGRESS_EVERY_S", LOG_EVERY_S))
+        yield _log_lines(console, num_requests, every)
         return
     prog = Progress(TextColumn("[bold]simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
-                    TextColumn("sim t={task.fields[sim_t]:.1f}s"), TimeElapsedColumn(), console=console, transient=True)
+                    TextColumn("sim t={task.fields[sim_t]:.1f}s"), TimeElapsedColumn(), TextColumn("ETA"),
+                    TimeRemainingColumn(), console=console, transient=True)
     with prog:
         task = prog.add_task("sim", total=num_requests, sim_t=0.0)
         yield lambda t, done: prog.update(task, completed=done, sim_t=t)
+
+
+def _log_lines(console: Console, total: int, every_s: float):
+    start = time.monotonic()
+    last = [start]
+
+    def report(sim_t: float, done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < every_s:
+            return
+        last[0] = now
+        elapsed = now - start
+        eta = f", ETA {elapsed * (total - done) / done:.0f} s" if 0 < done < total else ""
+        console.print(f"simulating: {done}/{total} requests, sim t={sim_t:.1f} s, {elapsed:.0f} s elapsed{eta}",
+                      highlight=False)
+    return report
 
 
 def _ms(x) -> str:

@@ -14,22 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler import make_scheduler
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import field_error
 
 EngineFactory = Callable[..., object]
-_ENGINES: dict[str, EngineFactory] = {}
-
-
-def register_engine(name: str):
-    def wrap(factory: EngineFactory) -> EngineFactory:
-        _ENGINES[name] = factory
-        return factory
-    return wrap
-
-
-@register_engine("vllm")
-def _vllm(scheduler_config, cache_config, sim_config=None):
-    return make_scheduler(scheduler_config, cache_config)
 
 
 def _load_optional() -> None:
@@ -40,13 +28,21 @@ def _load_optional() -> None:
             raise
 
 
+ENGINES: Registry[EngineFactory] = Registry("engine", loader=_load_optional, error=field_error("engine"))
+
+
+def register_engine(name: str):
+    return ENGINES.register(name)
+
+
+@register_engine("vllm")
+def _vllm(scheduler_config, cache_config, sim_config=None):
+    return make_scheduler(scheduler_config, cache_config)
+
+
 def available_engines() -> list[str]:
-    _load_optional()
-    return sorted(_ENGINES)
+    return ENGINES.names()
 
 
 def make_engine_scheduler(name: str, scheduler_config, cache_config, sim_config=None):
-    _load_optional()
-    if name not in _ENGINES:
-        raise InputError(f"unknown engine {name!r}", field="engine", allowed=", ".join(sorted(_ENGINES)))
-    return _ENGINES[name](scheduler_config, cache_config, sim_config)
+    return ENGINES.get(name)(scheduler_config, cache_config, sim_config)

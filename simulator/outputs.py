@@ -1,12 +1,11 @@
-"""Write a run's results atomically: everything goes into a temporary folder renamed at the end, so a
-killed run never leaves a result folder that looks complete."""
+"""Write a run's results atomically: everything goes into a staging folder renamed at the end, so a
+killed run never leaves a result folder that looks complete. Which folders may be written (never one
+servesim did not write) is decided by simulator.outdir."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -14,6 +13,7 @@ import yaml
 from simulator.config import SimConfig, to_dict
 from simulator.engine import EngineResult
 from simulator.metrics import summarize
+from simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
 
 
 def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
@@ -26,11 +26,11 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
 
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
-                  step_trace_tmp: str | None = None) -> Path:
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+                  step_trace_tmp: str | None = None, overwrite: bool = False) -> Path:
+    out_dir = check_output(out_dir, overwrite=overwrite)
+    tmp = make_staging(out_dir)
     try:
+        mark(tmp, "replay")
         end = summary["sim_duration_s"]
         res.metrics.requests_frame().to_parquet(tmp / "requests.parquet", index=False)
         res.metrics.steps_frame().to_parquet(tmp / "steps.parquet", index=False)
@@ -45,15 +45,3 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-
-def publish_dir(tmp: Path, out_dir: Path) -> None:
-    """Move a finished temporary folder to out_dir, replacing an older result only at the end."""
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out_dir)

@@ -27,12 +27,19 @@ class InputError(ValueError):
         super().__init__(self._format())
 
     def _format(self) -> str:
-        where = self.path or "<input>"
+        parts = [self.path] if self.path else []
         if self.line is not None:
-            where += f", line {self.line}"
+            parts.append(f"line {self.line}")
         if self.field is not None:
-            where += f", field '{self.field}'"
-        text = f"{where}: {self.detail}"
+            parts.append(f"field '{self.field}'")
+        text = f"{', '.join(parts)}: {self.detail}" if parts else self.detail
         if self.allowed:
             text += f" (allowed: {self.allowed})"
         return text
+
+
+def field_error(field: str | None):
+    """An `error=` factory for scheduler.registry.Registry: unknown names become InputErrors on `field`."""
+    def make(message: str, allowed: str) -> InputError:
+        return InputError(message, field=field, allowed=allowed)
+    return make

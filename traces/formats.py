@@ -12,14 +12,16 @@ columns are all present. When nothing or several formats match it says what it t
 from __future__ import annotations
 
 import csv
+import gzip
 import inspect
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
 from traces.errors import InputError
 from traces.registry import all_formats, available_formats, encoding_of, get_format, register_format
-from traces.rows import open_text
+from traces.rows import is_gzip, open_text
 from traces.workload import Workload
 
 __all__ = ["available_formats", "load_workload", "register_format", "sniff_format"]
@@ -110,10 +112,13 @@ def load_workload(path: str | Path, fmt: str = "auto", **options: Any) -> Worklo
 
 
 def _load(file: Path, fmt: str, options: dict[str, Any]) -> Workload:
-    name = sniff_format(file) if fmt == "auto" else fmt
-    info = get_format(name)
     if not file.is_file():
         raise InputError("file not found", path=str(file))
+    check_readable(file)
+    name = sniff_format(file) if fmt == "auto" else fmt
+    info = get_format(name)
+    if fmt != "auto":
+        _check_encoding(file, info)
     params = inspect.signature(info.loader).parameters
     accepted = [p for p in params if params[p].kind == inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(accepted))
@@ -122,4 +127,38 @@ def _load(file: Path, fmt: str, options: dict[str, Any]) -> Workload:
             f"unknown option(s) {', '.join(unknown)} for format {name!r}", path=str(file),
             field=unknown[0], allowed=", ".join(accepted) or "no options",
         )
-    return info.loader(file, **options)
+    try:
+        return info.loader(file, **options)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # damage past the first block
+        raise InputError(f"corrupt or truncated gzip file ({exc})", path=str(file),
+                         allowed="a complete .gz file (re-download or re-compress it)") from None
+
+
+def check_readable(file: Path) -> None:
+    """Empty files and damaged gzip/Parquet starts are named as such (not as a format problem)."""
+    if file.stat().st_size == 0:
+        raise InputError("the file is empty", path=str(file), allowed="a trace with at least one request")
+    if is_gzip(file):
+        try:
+            with gzip.open(file, "rb") as fh:
+                head = fh.read(1 << 16)
+        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise InputError(f"corrupt or truncated gzip file ({exc})", path=str(file),
+                             allowed="a complete .gz file (re-download or re-compress it)") from None
+        if not head.strip():
+            raise InputError("the file is empty (after decompression)", path=str(file),
+                             allowed="a trace with at least one request")
+
+
+def _check_encoding(file: Path, info) -> None:
+    """--format NAME on a file of another encoding: say so (not a parser's error about its content)."""
+    encoding = _guess_encoding(file)
+    if encoding in info.encodings:
+        return
+    try:
+        looks = f"; it looks like format {sniff_format(file)!r}"
+    except InputError:
+        looks = ""
+    raise InputError(f"format {info.name!r} reads {'/'.join(info.encodings)} files, but this is a {encoding} "
+                     f"file{looks}", path=str(file), field="fmt",
+                     allowed="auto, or a format that reads " + encoding)

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import field_error
 from traces.workload import Workload
 
 ENCODINGS = ("jsonl", "csv", "parquet")
@@ -24,7 +25,13 @@ class FormatInfo:
     description: str
 
 
-_FORMATS: dict[str, FormatInfo] = {}
+def _ensure_builtin_loaders() -> None:
+    # Imported lazily so that the loader modules can import this one without a cycle.
+    import traces.canonical  # noqa: F401
+    import traces.external  # noqa: F401
+
+
+FORMATS: Registry[FormatInfo] = Registry("trace format", loader=_ensure_builtin_loaders, error=field_error("fmt"))
 
 
 def register_format(
@@ -40,47 +47,33 @@ def register_format(
         raise ValueError(f"format {name!r}: unknown encodings {bad}; valid: {ENCODINGS}")
 
     def wrap(loader: Loader) -> Loader:
-        if name in _FORMATS and _FORMATS[name].loader is not loader:
-            raise ValueError(f"trace format {name!r} is already registered")
+        old = FORMATS.find(name)
+        if old is not None and old.loader is loader:
+            return loader  # a module re-imported: the same loader again
         doc_lines = (loader.__doc__ or "").strip().splitlines()
-        _FORMATS[name] = FormatInfo(
+        FORMATS.add(name, FormatInfo(
             name=name,
             loader=loader,
             signatures=tuple(frozenset(s) for s in signatures),
             encodings=tuple(encodings),
             description=description or (doc_lines[0] if doc_lines else ""),
-        )
+        ))
         return loader
 
     return wrap
 
 
-def _ensure_builtin_loaders() -> None:
-    # Imported lazily so that the loader modules can import this one without a cycle.
-    import traces.canonical  # noqa: F401
-    import traces.external  # noqa: F401
-
-
 def available_formats() -> list[str]:
     """Names accepted by `load_workload(fmt=...)`, besides "auto"."""
-    _ensure_builtin_loaders()
-    return sorted(_FORMATS)
+    return FORMATS.names()
 
 
 def get_format(name: str) -> FormatInfo:
-    _ensure_builtin_loaders()
-    try:
-        return _FORMATS[name]
-    except KeyError:
-        raise InputError(
-            f"unknown trace format {name!r}", field="fmt",
-            allowed=", ".join(["auto", *sorted(_FORMATS)]),
-        ) from None
+    return FORMATS.get(name, extra=("auto",))
 
 
 def all_formats() -> list[FormatInfo]:
-    _ensure_builtin_loaders()
-    return [_FORMATS[n] for n in sorted(_FORMATS)]
+    return [FORMATS.get(n) for n in FORMATS.names()]
 
 
 def encoding_of(path: Path) -> str | None:

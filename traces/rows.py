@@ -144,7 +144,7 @@ def read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     if missing:
         raise InputError(
             f"missing column(s) {', '.join(missing)}; "
-            f"header has {', '.join(map(str, frame.columns))}",
+            f"header has {_clip(', '.join(map(str, frame.columns)))}",
             path=str(path), line=1, field=missing[0], allowed=f"columns {', '.join(required)}",
         )
     require_rows(len(frame), path)
@@ -188,3 +188,8 @@ def check_sorted_column(values: np.ndarray, path: Path, field: str, note: str) -
             f"timestamp at this row is earlier than the previous row's; {note}",
             path=str(path), line=row + 2, field=field, allowed="non-decreasing timestamps",
         )
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """A header quoted in a message: long ones (a JSON line read as CSV) cut, not pasted whole."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from traces.distributions import arrival_times, clip_round, length_table, sample_values
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import InputError, field_error
 from traces.synthetic_config import (
     ARRIVAL_PROCESSES,
     ChoiceConfig,
@@ -191,20 +192,20 @@ class GeneratorInfo:
     description: str
 
 
-_GENERATORS: dict[str, GeneratorInfo] = {}
+GENERATORS: Registry[GeneratorInfo] = Registry("generator", error=field_error("generator"))
 
 
 def register_generator(name: str, description: str = ""
                        ) -> Callable[[Callable[[SyntheticConfig], SyntheticConfig]], Any]:
     """Decorator: register a config-preparing function as generator `name`."""
     def wrap(prepare: Callable[[SyntheticConfig], SyntheticConfig]) -> Any:
-        _GENERATORS[name] = GeneratorInfo(name, prepare, description or (prepare.__doc__ or ""))
+        GENERATORS.add(name, GeneratorInfo(name, prepare, description or (prepare.__doc__ or "")))
         return prepare
     return wrap
 
 
 def available_generators() -> list[str]:
-    return sorted(_GENERATORS)
+    return GENERATORS.names()
 
 
 @register_generator("synthetic")
@@ -236,10 +237,7 @@ def _with_sessions(config: SyntheticConfig) -> SyntheticConfig:
 def make_workload(generator: str, params: Mapping[str, Any] | SyntheticConfig,
                   rng: np.random.Generator) -> Workload:
     """Generate with the named generator; `params` mirrors SyntheticConfig (e.g. from YAML)."""
-    info = _GENERATORS.get(generator)
-    if info is None:
-        raise InputError(f"unknown generator {generator!r}", field="generator",
-                         allowed=", ".join(available_generators()))
+    info = GENERATORS.get(generator)
     if isinstance(params, SyntheticConfig):
         config = params
     else:

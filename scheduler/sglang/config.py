@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from scheduler.registry import unknown_name_message
+
 # Queue orderings (SchedulePolicy.calc_priority); the cache-aware ones need the radix cache.
 CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
 CACHE_AGNOSTIC_POLICIES = ("fcfs", "lof", "random")
@@ -62,7 +64,8 @@ class SGLangConfig:
 
     def __post_init__(self) -> None:
         _require(self.schedule_policy in SCHEDULE_POLICIES,
-                 f"unknown schedule_policy {self.schedule_policy!r} (valid: {', '.join(SCHEDULE_POLICIES)})")
+                 f"{unknown_name_message('schedule_policy', self.schedule_policy, SCHEDULE_POLICIES)} "
+                 f"(valid: {', '.join(SCHEDULE_POLICIES)})")
         for name in ("max_running_requests", "chunked_prefill_size", "page_size", "max_total_tokens",
                      "prefill_max_requests"):
             value = getattr(self, name)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scheduler.registry import Registry
 from scheduler.sglang.config import CACHE_AWARE_POLICIES, SGLangConfig
 from scheduler.sglang.memory import SGLangMemory, extra_key
 from scheduler.sglang.radix_cache import RadixCache, TreeNode
@@ -34,14 +35,11 @@ class QueueContext:
 
 
 Ordering = Callable[[list, QueueContext], None]
-ORDERINGS: dict[str, Ordering] = {}
+ORDERINGS: Registry[Ordering] = Registry("schedule policy")
 
 
 def register_ordering(name: str):
-    def wrap(fn: Ordering) -> Ordering:
-        ORDERINGS[name] = fn
-        return fn
-    return wrap
+    return ORDERINGS.register(name)
 
 
 def active_policy(policy: str, queue_len: int, cfg: SGLangConfig, cache_enabled: bool) -> str:
@@ -55,9 +53,7 @@ def active_policy(policy: str, queue_len: int, cfg: SGLangConfig, cache_enabled:
 def calc_priority(policy: str, waiting: list, ctx: QueueContext) -> None:
     """Sort `waiting` in place with the named ordering (after SGLang's fallbacks)."""
     name = active_policy(policy, len(waiting), ctx.config, ctx.memory.cache_enabled)
-    if name not in ORDERINGS:
-        raise ValueError(f"unknown schedule policy {name!r} (valid: {', '.join(sorted(ORDERINGS))})")
-    ORDERINGS[name](waiting, ctx)
+    ORDERINGS.get(name)(waiting, ctx)
 
 
 def _priority_key(request: Request, cfg: SGLangConfig) -> int:

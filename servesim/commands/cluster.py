@@ -34,27 +34,36 @@ def cluster_command(
     fmt: str = typer.Option(None, "--format", help="trace format (default: the config's, or auto)"),
     max_requests: int = typer.Option(None, "--max-requests"),
     rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
-    out: Path = typer.Option(Path("runs/cluster"), "--out"),
+    out: Path = typer.Option(Path("runs/cluster"), "--out", help="results folder (new, empty, or an earlier result "
+                                                                   "with --overwrite)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
+                                   help="replace an earlier servesim result in --out"),
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
-    from rich.console import Console
-
+    from servesim.cli import on_interrupt
+    from servesim.report import make_console
     from simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
     from simulator.cluster.plan import load_plan_workload
+    from simulator.outdir import check_output, claim_output
 
+    check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     data, wl_spec = load_cluster_yaml(config)
     cfg = cluster_config_from_dict(data, str(config))
     for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
         if value is not None:
             wl_spec[key] = value
     wl = load_plan_workload(wl_spec, trace, base_dir=config.parent)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     err.print(f"cluster: {cfg.num_replicas} replica(s), {cfg.num_gpus} GPU(s), router {cfg.router.name}"
               f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
-    res = run_cluster(cfg, wl)
-    meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests), "attribution": wl.attribution}
-    write_cluster_results(out, res, meta)
-    console = Console()
+    on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
+                 "run the same command again to start over")
+    with claim_output(out, overwrite=overwrite):
+        res = run_cluster(cfg, wl)
+        meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),
+                "attribution": wl.attribution}
+        write_cluster_results(out, res, meta, overwrite=overwrite)
+    console = make_console()
     print_cluster_summary(console, res.summary, wl.name)
     print_replicas(console, res)
     console.print(f"results in {out}/")

@@ -16,13 +16,18 @@ def plan_command(
     trace: str = typer.Option(None, "--trace", help="trace file or bundled sample name (overrides the config)"),
     max_requests: int = typer.Option(None, "--max-requests"),
     rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
-    out: Path = typer.Option(Path("runs/plan"), "--out"),
+    out: Path = typer.Option(Path("runs/plan"), "--out", help="results folder (new, empty, or an earlier result "
+                                                                "with --overwrite)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
+                                   help="replace an earlier servesim result in --out"),
 ) -> None:
     """Sweep deployments (early stop per shape), print the cost/goodput table, write CSV and PNG."""
-    from rich.console import Console
-
+    from servesim.cli import on_interrupt
+    from servesim.report import make_console
     from simulator.cluster.plan import PlanConfig, load_plan_workload, plot_frontier, search
+    from simulator.outdir import check_output, staged_output
 
+    check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     plan = PlanConfig.from_yaml(config)
     spec = dict(plan.workload)
     if max_requests is not None:
@@ -30,7 +35,7 @@ def plan_command(
     if rate_scale is not None:
         spec["rate_scale"] = rate_scale
     wl = load_plan_workload(spec, trace, base_dir=config.parent)
-    err, console = Console(stderr=True), Console()
+    err, console = make_console(stderr=True), make_console()
     err.print(f"plan: {len(plan.search.shapes())} shape(s), {len(wl.requests)} requests, goodput threshold "
               f"{plan.search.goodput_threshold:.0%}")
 
@@ -42,11 +47,13 @@ def plan_command(
             err.print(f"  {row['shape']} x{row['size']}: {row['num_gpus']} GPU(s), goodput "
                       f"{row['goodput_fraction']:.1%} {tag} ({row['wall_s']:.1f} s)")
 
-    df = search(plan, wl, progress)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "plan.csv", index=False)
+    on_interrupt(f"nothing was written to {out}/ (results are written when the search finishes); "
+                 "run the same command again to start over")
     cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
-    plot_frontier(df, plan.search.goodput_threshold, out / "frontier.png", cost_label)
+    with staged_output(out, "plan", overwrite=overwrite) as tmp:
+        df = search(plan, wl, progress)
+        df.to_csv(tmp / "plan.csv", index=False)
+        plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
     print_plan(console, df, cost_label)
     console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}")
 

@@ -11,6 +11,9 @@ from servesim.cli import app
 from traces.errors import InputError
 
 
+SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
     from servesim.overrides import apply_overrides
     from simulator.config import CostModelConfig, SimConfig
@@ -25,7 +28,7 @@ def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
     pairs = {}
     for item in sets:
         if "=" not in item:
-            raise InputError(f"--set expects key=value, got {item!r}", field="--set")
+            raise InputError(f"expects key=value, got {item!r}", field="--set")
         k, v = item.split("=", 1)
         pairs[k.strip()] = v
     return apply_overrides(cfg, pairs)
@@ -42,25 +45,36 @@ def replay(
     sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
     seed: int = typer.Option(0, "--seed"),
     engine: str = typer.Option("vllm", "--engine", help="scheduler engine: vllm | sglang"),
-    fast_forward: bool = typer.Option(False, "--fast-forward", help="exact fast-forward over plain decode steps"),
+    fast_forward: bool = typer.Option(False, "--fast-forward/--no-fast-forward",
+                                      help="exact fast-forward over plain decode steps"),
     executor: str = typer.Option("sim", "--executor", help="sim (cost model) | gpu (real model, Triton kernels)"),
     device: str = typer.Option("cuda", "--device", help="with --executor gpu: cuda | cpu"),
     clock: str = typer.Option("model", "--clock", help="with --executor gpu: model (cost model) | measured"),
     sampling: str = typer.Option("source", "--sampling", help="with --executor gpu: source (shared rule) | greedy"),
     max_requests: int = typer.Option(None, "--max-requests"),
     rate_scale: float = typer.Option(None, "--rate-scale", help="2.0 = twice the traffic"),
-    out: Path = typer.Option(Path("runs/replay"), "--out"),
+    out: Path = typer.Option(Path("runs/replay"), "--out", help="results folder (new, empty, or an earlier result "
+                                                                  "with --overwrite)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
+                                   help="replace an earlier servesim result in --out"),
     step_trace: Path = typer.Option(None, "--step-trace", help="write every engine step in the oracle's schema"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
-    from rich.console import Console
-
     from servesim.api import load_trace, run
-    from servesim.report import print_summary, progress_reporter
+    from servesim.cli import on_interrupt
+    from servesim.report import make_console, print_summary, progress_reporter
+    from simulator.outdir import check_output
 
+    check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
+    if step_trace is not None and step_trace.exists() and not (overwrite and step_trace.is_file()):
+        raise InputError(f"{step_trace} already exists; servesim will not replace it", field="--step-trace",
+                         allowed="a new file (or --overwrite to replace an earlier step trace)")
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     if fast_forward:
         cfg.fast_forward = True
+    if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
+        raise InputError("file not found; switches take no value: --fast-forward / --no-fast-forward, "
+                         "--overwrite / --no-overwrite", path=str(trace))
     wl = load_trace(trace, fmt, max_requests, rate_scale)
     if executor not in ("sim", "gpu"):
         raise InputError(f"unknown executor {executor!r}", field="--executor", allowed="sim, gpu")
@@ -68,16 +82,21 @@ def replay(
         raise InputError(f"unknown clock {clock!r}", field="--clock", allowed="model, measured")
     if sampling not in ("source", "greedy"):
         raise InputError(f"unknown sampling {sampling!r}", field="--sampling", allowed="source, greedy")
+    err = make_console(stderr=True)
     exe = None
     if executor == "gpu":
-        from servesim.gpu import make_gpu_executor
+        from servesim.gpu import fit_cpu_kv_pool, make_gpu_executor
 
+        cfg, note = fit_cpu_kv_pool(cfg, device)
+        if note:
+            err.print(f"[yellow]note:[/] {note}", highlight=False)
         exe = make_gpu_executor(cfg, device=device, clock=clock, sampling=sampling)
-    console = Console(stderr=True)
-    with progress_reporter(console, len(wl.requests)) as progress:
-        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe)
+    on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
+                 "a partial replay is not kept); run the same command again to start over")
+    with progress_reporter(err, len(wl.requests)) as progress:
+        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
     if exe is not None:
         from servesim.report import write_gpu_timings
 
         write_gpu_timings(out, exe.timings)
-    print_summary(Console(), res.summary, wl, out)
+    print_summary(make_console(), res.summary, wl, out)

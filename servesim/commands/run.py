@@ -25,19 +25,23 @@ def run_command(
     backend: str = typer.Option("local", "--backend", help="local (process pool) | ray"),
     workers: int = typer.Option(None, "--workers", help="parallel variants (default: CPU cores)"),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: a local Ray)"),
-    smoke: bool = typer.Option(False, "--smoke", help="every variant at a reduced size (a few requests)"),
+    smoke: bool = typer.Option(False, "--smoke/--no-smoke", help="every variant at a reduced size (a few requests)"),
     sets: list[str] = typer.Option([], "--set", help="override a key: --set scheduler.max_num_seqs=64, "
                                                      "--set 'sweep.cache.block_size=[16,32]'"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="validate and list the variants; run nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run/--no-dry-run", help="validate and list the variants; run nothing"),
 ) -> None:
     """Validate SCENARIO, run every variant not already finished in --out, write sweep.parquet."""
-    from rich.console import Console
-
+    from servesim.cli import on_interrupt
+    from servesim.report import make_console
     from servesim.scenario import load_scenario
-    from servesim.scenario.backends import default_workers
+    from servesim.scenario.backends import default_workers, get_backend
     from servesim.scenario.runner import run_sweep
+    from simulator.outdir import check_output
 
-    console, err = Console(), Console(stderr=True)
+    console, err = make_console(), make_console(stderr=True)
+    get_backend(backend)
+    if out is not None:
+        check_output(out, resume="sweep")
     sc = load_scenario(scenario, sets=sets, smoke=smoke)
     for note in sc.notes:
         err.print(f"[yellow]note:[/] {note}")
@@ -50,6 +54,10 @@ def run_command(
     if dry_run:
         _print_variants(console, sc)
         return
+    check_output(out, resume="sweep")
+    again = " ".join(["servesim run", str(scenario), "--out", str(out), *(["--smoke"] if smoke else []),
+                      *(f"--set {s!r}" for s in sets)])
+    on_interrupt(f"finished variants are kept in {out}/variants/; to resume, run again: {again}")
 
     def progress(o, done: int, total: int) -> None:
         tag = {"ok": "[green]done[/]", "cached": "[cyan]cached[/]"}.get(o.status, "[red]failed[/]")

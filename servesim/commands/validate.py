@@ -30,15 +30,20 @@ def validate(
     skew_alpha: float = typer.Option(None, "--skew-alpha",
                                      help="override the profile's decode-skew factor (0 = off)"),
     out: Path = typer.Option(Path("runs/validate"), "--out", help="folder for validation.json and the plot page"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an earlier result in --out"),
     plots: bool = typer.Option(True, "--plots/--no-plots"),
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
+    from simulator.outdir import check_output, staged_output
     from simulator.validation import ValidateOptions, validate_run
+
+    check_output(out, overwrite=overwrite)
 
     opts = ValidateOptions(cost_model=cost_model, gpu=gpu, num_gpu_blocks=num_gpu_blocks, cpu_overhead=cpu_overhead,
                            async_scheduling=async_scheduling, run_format=run_format,
                            workload_format=workload_format, plots=plots, skew_alpha=skew_alpha)
-    rep = validate_run(run_dir, workload, opts, out_dir=out)
+    with staged_output(out, "validate", overwrite=overwrite) as tmp:
+        rep = validate_run(run_dir, workload, opts, out_dir=tmp)
     pr, ag = rep["per_request"], rep["aggregate"]
     typer.echo(f"{rep['run']['name']}: {rep['pairing']['num_paired']} requests paired "
                f"({rep['pairing']['method']}); cost model {rep['cost_model']['name']}; "
@@ -73,9 +78,13 @@ def validate_closed_loop(
     cost_model: str = typer.Option("calibrated", "--cost-model"),
     cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
     out: Path = typer.Option(Path("runs/validate-closed-loop"), "--out"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an earlier result in --out"),
 ) -> None:
     """Run each measured fixed-concurrency row closed-loop; write closed_loop.json/.csv/.html."""
+    from simulator.outdir import check_output, staged_output
     from simulator.validation.closed_loop import ClosedLoopOptions, closed_loop_report, load_silicon_rows
+
+    check_output(out, overwrite=overwrite)
 
     rows = load_silicon_rows(silicon, backend=backend, system=system, models=tuple(model))
     if max_rows is not None:
@@ -90,7 +99,8 @@ def validate_closed_loop(
                        f"({100 * r['ttft_error']:+.0f}%), "
                        f"TPOT {r['measured_tpot_ms']:.1f} vs {r['sim_tpot_ms']:.1f} ms ({100 * r['tpot_error']:+.0f}%)")
 
-    rep = closed_loop_report(rows, opts, out_dir=out, progress=progress)
+    with staged_output(out, "validate-closed-loop", overwrite=overwrite) as tmp:
+        rep = closed_loop_report(rows, opts, out_dir=tmp, progress=progress)
     s = rep["summary"]
     typer.echo(f"{s['num_ok']} rows simulated, {s['num_unsupported']} unsupported: "
                f"{'; '.join(s['unsupported_reasons'])}")

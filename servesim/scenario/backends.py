@@ -9,32 +9,30 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from servesim.scenario.runner import Outcome, VariantTask, execute
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import InputError, field_error
 
 Backend = Callable[[list[VariantTask], Path, "int | None", "str | None", Callable[[Outcome], None]], None]
-_BACKENDS: dict[str, Backend] = {}
+BACKENDS: Registry[Backend] = Registry("backend", error=field_error("--backend"))
 
 
 def register_backend(name: str):
-    def wrap(fn: Backend) -> Backend:
-        _BACKENDS[name] = fn
-        return fn
-    return wrap
+    return BACKENDS.register(name)
 
 
 def available_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return BACKENDS.names()
 
 
 def get_backend(name: str) -> Backend:
-    if name not in _BACKENDS:
-        raise InputError(f"unknown backend {name!r}", field="--backend", allowed=", ".join(available_backends()))
-    return _BACKENDS[name]
+    return BACKENDS.get(name)
 
 
 def default_workers(num_tasks: int) -> int:
@@ -55,16 +53,63 @@ def run_local(tasks: list[VariantTask], root: Path, workers: int | None, address
         for task in tasks:
             done(execute(task))
         return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
     try:
         futures = {pool.submit(execute, task): task for task in tasks}
         pending = set(futures)
         while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            # A timeout: a signal that lands on another thread must still reach this one (Ctrl-C).
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in finished:
                 done(_result(fut, futures[fut]))
-    finally:  # Ctrl-C: drop what has not started; finished variants are already published
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:  # Ctrl-C / SIGTERM: stop the workers now; finished variants are published
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    # The pool has no public way to end running work (shutdown waits for it); its processes are
+    # ours to stop. Taken before shutdown, which forgets them.
+    procs = list((pool._processes or {}).values())
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    for proc in procs:
+        proc.join(timeout=5)
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_S = 1.0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Pool worker initializer: end this worker when the driver dies, however it dies (SIGKILL
+    included), so no orphan keeps computing and publishing. Linux: the kernel sends SIGKILL when the
+    parent exits (PR_SET_PDEATHSIG); everywhere: a thread that polls the parent pid. Ctrl-C goes to
+    the driver, which stops the pool (workers ignore SIGINT)."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # the poll below still works
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="servesim-parent-watch", daemon=True).start()
 
 
 def _result(fut, task: VariantTask) -> Outcome:
@@ -87,14 +132,20 @@ def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: 
             done: Callable[[Outcome], None]) -> None:
     """One Ray task per variant; results come back through the object store (a cluster's nodes
     need not share our filesystem) and are published here as each finishes (ray.wait)."""
+    env = {} if address else local_ray_env()
+    saved = {k: os.environ.get(k) for k in env}
+    imported_before = "ray" in sys.modules
+    os.environ.update(env)  # before Ray is imported: it reads these once
     ray = _import_ray()
+    if env and imported_before and not ray.is_initialized():
+        _reread_ray_settings(ray)
     started = not ray.is_initialized()
     if started:
         if address:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         else:
             ray.init(num_cpus=workers or default_workers(len(tasks)), include_dashboard=False,
-                     logging_level=logging.WARNING)
+                     logging_level=logging.ERROR, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(execute)
         refs = {remote.remote(task): task for task in tasks}
@@ -112,6 +163,36 @@ def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: 
     finally:
         if started:
             ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def local_ray_env() -> dict[str, str]:
+    """Environment for the private local Ray cluster `--backend ray` starts without an address.
+
+    It must not listen on the network: Ray turns a node address of 127.0.0.1 back into the machine's
+    external address, but with clustering off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, its single-node
+    mode) every Ray process binds to loopback. On top, token authentication with a random token that
+    only our process tree knows (held in the environment, never written to ~/.ray), so other local
+    users cannot submit work either; it also silences Ray's warning about running without it."""
+    import secrets
+
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def _reread_ray_settings(ray) -> None:
+    """Ray was imported earlier in this process (a notebook, a test) and has cached the settings
+    local_ray_env changes; make it read them again. Private Ray names, so guarded: if they move,
+    the cluster still starts (then on Ray's default interfaces)."""
+    try:
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        Config.initialize("")
+    except (ImportError, AttributeError):  # pragma: no cover - another Ray version
+        logging.getLogger(__name__).warning("could not restrict the local Ray cluster to loopback")
 
 
 def _import_ray():

@@ -95,13 +95,25 @@ def load_scenario(src: str | Path | dict, sets: list[str] | dict | None = None, 
             set_path(data, key, value)
             marks[tuple(key.split("."))] = marks.near(("smoke", key))
     default_name = Path(source).stem if source else "scenario"
-    name = str(data.pop("name", default_name))
+    name = _check_name(data.pop("name", default_name), marks)
     description = str(data.pop("description", ""))
     built = [_variant(i, data, marks, combo, smoke) for i, combo in enumerate(expand(axes))]
     if all(exc is not None for _, exc in built):
         raise built[0][1]  # nothing could run: this is an error in the scenario, not in a variant
     variants = [v for v, _ in built]
     return Scenario(name, description, source, axes, variants, smoke, notes, copy.deepcopy(data))
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=,-]{0,99}")
+
+
+def _check_name(name: Any, marks: Marks) -> str:
+    """The default output folder is runs/<name>: a name must stay one folder inside runs/."""
+    text = str(name)
+    if not SAFE_NAME.fullmatch(text) or ".." in text:
+        raise marks.error(f"scenario name {text!r} cannot be a folder name inside runs/", ("name",),
+                          allowed="1-100 letters, digits and . _ + = , - (no '/', no '..', not starting with '.')")
+    return text
 
 
 def _check_top_level(data: dict, marks: Marks) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from servesim.scenario import store
+from traces.errors import InputError
+from simulator.outdir import MARKER
 from servesim.scenario.model import Scenario, Variant, describe_params
 from servesim.scenario.workload import WorkloadSpec
 
@@ -67,7 +69,7 @@ def _simulate(task: VariantTask) -> tuple[dict[str, bytes], dict]:
     from servesim.scenario.workload import build_workload
 
     wl = build_workload(task.workload)
-    with tempfile.TemporaryDirectory(prefix="servesim-variant-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=store.scratch_prefix()) as tmp:
         res = run(task.cfg, wl, out_dir=Path(tmp) / "run")
         files = store.read_files(Path(tmp) / "run")
     meta = _request_meta(wl)
@@ -117,13 +119,29 @@ Progress = Callable[[Outcome, int, int], None]  # (outcome, number done, total)
 def run_sweep(scenario: Scenario, out_dir: str | Path, *, backend: str = "local", workers: int | None = None,
               ray_address: str | None = None, progress: Progress | None = None) -> list[Outcome]:
     """Run every variant not already complete in out_dir; write sweep.parquet; return outcomes in
-    sweep order."""
+    sweep order. out_dir must be new, empty or a sweep folder (resumed); it is locked meanwhile, so a
+    second run on it refuses instead of computing the same variants again."""
+    from servesim.scenario.backends import get_backend
+    from simulator.outdir import claim_output
+
+    get_backend(backend)  # an unknown backend: refused before anything is written
+    if ray_address and backend != "ray":
+        raise InputError("--ray-address only applies to --backend ray", field="--ray-address")
+    with claim_output(out_dir, resume="sweep") as root:
+        root.mkdir(exist_ok=True)
+        store.clean_staging(root)
+        store.clean_dead_scratch()
+        try:
+            return _run_locked(scenario, root, backend, workers, ray_address, progress)
+        finally:
+            store.clean_staging(root)
+
+
+def _run_locked(scenario: Scenario, root: Path, backend: str, workers: int | None, ray_address: str | None,
+                progress: Progress | None) -> list[Outcome]:
     from servesim.scenario.backends import get_backend
     from servesim.scenario.table import write_table
 
-    root = Path(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    store.clean_staging(root)
     _write_header(scenario, root)
     total = len(scenario.variants)
     outcomes: dict[str, Outcome] = {}
@@ -164,5 +182,6 @@ def _write_header(scenario: Scenario, root: Path) -> None:
             "smoke": scenario.smoke, "axes": axes,
             "variants": [{"name": v.name, "params": v.params, "label": describe_params(v.params)}
                          for v in scenario.variants]}
+    store.write_atomic(root / MARKER, "sweep\n")
     store.write_atomic(root / "sweep.json", json.dumps(info, indent=1, default=list) + "\n")
     store.write_atomic(root / "scenario.yaml", yaml.safe_dump(scenario.tree(), sort_keys=False))

@@ -18,6 +18,7 @@ from typing import Any
 
 from servesim.scenario.source import Marks, dotted
 from simulator.config import SimConfig
+from scheduler.registry import did_you_mean, unknown_name_message
 from traces.errors import InputError
 from traces.synthetic_config import dataclass_in
 
@@ -184,10 +185,13 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
 
     hw = cfg.hardware
     if cfg.engine not in available_engines():
-        raise marks.error(f"engine {cfg.engine!r} is not available here", ("engine",),
+        guess = did_you_mean(cfg.engine, available_engines())
+        raise marks.error(f"engine {cfg.engine!r} is not available here" + (f"; did you mean {guess!r}?" if guess else ""),
+                          ("engine",),
                           allowed=", ".join(available_engines()))
     if cfg.cost_model.name not in available_cost_models():
-        raise marks.error(f"unknown cost model {cfg.cost_model.name!r}", ("cost_model", "name"),
+        raise marks.error(unknown_name_message("cost model", cfg.cost_model.name, available_cost_models()),
+                          ("cost_model", "name"),
                           allowed=", ".join(available_cost_models()))
     try:
         make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)

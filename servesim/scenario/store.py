@@ -10,16 +10,22 @@ before they are.
                            or, when it failed: error.txt and variant.yaml (no summary.json)
 
 A variant folder is published by renaming a fully written staging folder, so a sweep killed at any
-moment leaves only complete variants (and staging debris that the next run removes).
+moment leaves only complete variants (and staging debris that the next run removes). One run at a
+time holds OUT (simulator.outdir.locked); publishing is still safe when two processes publish the
+same variant (the first complete folder wins, the other's copy is dropped).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from simulator.outdir import share_like_umask
 
 VARIANTS = "variants"
 STAGING = ".staging"
@@ -39,28 +45,69 @@ def clean_staging(root: Path) -> None:
     shutil.rmtree(Path(root) / STAGING, ignore_errors=True)
 
 
-def publish(root: str | Path, name: str, files: dict[str, bytes]) -> Path:
-    """Write `files` as variants/<name>/ atomically (summary.json last, then one rename)."""
-    root = Path(root)
+def _staging(root: Path, prefix: str) -> Path:
     (root / STAGING).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root / STAGING))
+    share_like_umask(tmp)
+    return tmp
+
+
+SCRATCH = "servesim-variant-"  # per-variant scratch folders in the system temp dir: SCRATCH<pid>-XXXX
+
+
+def scratch_prefix() -> str:
+    return f"{SCRATCH}{os.getpid()}-"
+
+
+def clean_dead_scratch() -> None:
+    """Remove scratch folders of worker processes that no longer exist (killed mid-variant)."""
+    for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*-*"):
+        pid = p.name[len(SCRATCH):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def publish(root: str | Path, name: str, files: dict[str, bytes]) -> Path:
+    """Write `files` as variants/<name>/ atomically (summary.json last, then one rename).
+
+    A complete folder already there (another process published it first) is kept and ours dropped;
+    an incomplete one (an earlier failed attempt) is replaced. A rename that loses a race with
+    another publisher is retried against what that publisher left."""
+    root = Path(root)
     (root / VARIANTS).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{name[-24:]}.", dir=root / STAGING))
+    final = variant_dir(root, name)
+    tmp = _staging(root, f"{name[-24:]}.")
     try:
         for fname in sorted(files, key=lambda f: f == SUMMARY):
             data = files[fname]
             (tmp / fname).write_bytes(data if isinstance(data, bytes) else data.encode())
-        final = variant_dir(root, name)
-        if final.exists():  # an earlier failed attempt (no summary.json): replace it
-            old = Path(tempfile.mkdtemp(prefix="old.", dir=root / STAGING))
-            os.replace(final, old / "x")
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        for _ in range(100):
+            if is_complete(final):
+                break  # already published complete (by another process): a result is never replaced
+            if final.exists():  # an earlier failed attempt (no summary.json): move it aside
+                old = _staging(root, "old.")
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(final, old / "x")
+                shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.replace(tmp, final)
+                return final
+            except OSError as e:  # another publisher renamed its folder in first
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
         return final
-    except BaseException:
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def read_files(folder: Path) -> dict[str, bytes]:

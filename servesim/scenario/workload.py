@@ -15,6 +15,7 @@ from typing import Any
 
 from servesim.scenario.schema import check_keys, convert, unknown_key
 from servesim.scenario.source import Marks
+from scheduler.registry import unknown_name_message
 from traces.errors import InputError
 
 TRACE_KEYS: dict[str, Any] = {"trace": str, "format": str, "options": dict}
@@ -92,7 +93,7 @@ def parse_workload(data: Any, default_seed: int, marks: Marks) -> WorkloadSpec:
     check_keys(synth, SyntheticConfig, path, marks)
     name = convert(data["generator"], str, path + ("generator",), marks)
     if name not in available_generators():
-        raise marks.error(f"unknown generator {name!r}", path + ("generator",),
+        raise marks.error(unknown_name_message("generator", name, available_generators()), path + ("generator",),
                           allowed=", ".join(available_generators()))
     seed = convert(data.get("seed"), int | None, path + ("seed",), marks)
     spec = WorkloadSpec(generator=name, params=synth, seed=default_seed if seed is None else seed, **common)

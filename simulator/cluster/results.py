@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +28,8 @@ from simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from simulator.config import SimConfig
 from simulator.engine import EngineResult
 from simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
-from simulator.outputs import publish_dir, build_summary
+from simulator.outdir import check_output, make_staging, mark
+from simulator.outputs import build_summary, publish_dir
 
 if TYPE_CHECKING:
     from simulator.cluster.cluster import Cluster
@@ -179,13 +179,14 @@ def _replica_brief(s: dict) -> dict:
             "num_gpu_blocks": s["num_gpu_blocks"]}
 
 
-def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict) -> Path:
+def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
+                          overwrite: bool = False) -> Path:
     """requests.parquet, steps.parquet, timeseries.csv (per replica), summary.json, config.yaml;
     written into a temporary folder renamed at the end (a killed run leaves no complete-looking folder)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    out_dir = check_output(out_dir, overwrite=overwrite)
+    tmp = make_staging(out_dir)
     try:
+        mark(tmp, "cluster")
         res.requests.to_parquet(tmp / "requests.parquet", index=False)
         res.steps.to_parquet(tmp / "steps.parquet", index=False)
         end = res.summary["sim_duration_s"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from scheduler.registry import Registry, UnknownNameError
 from scheduler.request import Request, SamplingParams
 from traces.errors import InputError
 from traces.workload import RequestSpec
@@ -44,28 +45,30 @@ class Router:
 
 
 RouterFactory = Callable[..., Router]
-_ROUTERS: dict[str, RouterFactory] = {}
+ROUTERS: Registry[RouterFactory] = Registry("router")
 
 
 def register_router(name: str):
     def wrap(cls):
-        _ROUTERS[name] = cls
+        ROUTERS.add(name, cls)
         cls.name = name
         return cls
     return wrap
 
 
 def available_routers() -> list[str]:
-    return sorted(_ROUTERS)
+    return ROUTERS.names()
 
 
 def make_router(name: str, params: dict[str, Any] | None = None, rng: np.random.Generator | None = None,
                 field: str = "router") -> Router:
     """Build a router by name; `rng` is the run's one Generator (routers that draw use it)."""
-    if name not in _ROUTERS:
-        raise InputError(f"unknown router {name!r}", field=f"{field}.name", allowed=", ".join(available_routers()))
     try:
-        return _ROUTERS[name](rng=rng if rng is not None else np.random.default_rng(0), **(params or {}))
+        factory = ROUTERS.get(name)
+    except UnknownNameError as e:
+        raise InputError(e.detail, field=f"{field}.name", allowed=e.allowed) from None
+    try:
+        return factory(rng=rng if rng is not None else np.random.default_rng(0), **(params or {}))
     except TypeError as e:
         raise InputError(f"bad parameters for router {name!r}: {e}", field=f"{field}.params") from None
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import Any, Protocol, runtime_checkable
 
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import InputError, field_error
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,42 +99,33 @@ class CostModel(Protocol):
 
 
 CostModelFactory = Callable[..., CostModel]
-_REGISTRY: dict[str, CostModelFactory] = {}
-
-
-def register_cost_model(name: str) -> Callable[[CostModelFactory], CostModelFactory]:
-    """Class/function decorator: make ``factory(model=, gpu=, tp=, **params)`` available by name."""
-
-    def wrap(factory: CostModelFactory) -> CostModelFactory:
-        if name in _REGISTRY and _REGISTRY[name] is not factory:
-            raise ValueError(f"cost model '{name}' registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return wrap
-
-
-def available_cost_models() -> list[str]:
-    _load_builtin_models()
-    return sorted(_REGISTRY)
-
-
-def make_cost_model(name: str, *, model: Any = None, gpu: Any = None, tp: int | None = None,
-                    **params: Any) -> CostModel:
-    """Build a registered cost model. ``model``/``gpu`` are ids, aliases or specs; ``tp=None``
-    means 1 for analytic models and "whatever the file was fitted for" for ``profiled``."""
-    _load_builtin_models()
-    key = str(name).strip().lower()
-    if key not in _REGISTRY:
-        raise InputError(f"unknown cost model '{name}'", field="cost_model",
-                         allowed=", ".join(sorted(_REGISTRY)))
-    return _REGISTRY[key](model=model, gpu=gpu, tp=tp, **params)
 
 
 def _load_builtin_models() -> None:
     # Importing the modules runs their @register_cost_model decorators; done lazily so that
     # `base` stays importable on its own and registration order cannot cause import cycles.
     from . import calibrated, fitted, roofline  # noqa: F401
+
+
+COST_MODELS: Registry[CostModelFactory] = Registry("cost model", loader=_load_builtin_models,
+                                                   error=field_error("cost_model"),
+                                                   normalize=lambda s: s.strip().lower())
+
+
+def register_cost_model(name: str) -> Callable[[CostModelFactory], CostModelFactory]:
+    """Class/function decorator: make ``factory(model=, gpu=, tp=, **params)`` available by name."""
+    return COST_MODELS.register(name)
+
+
+def available_cost_models() -> list[str]:
+    return COST_MODELS.names()
+
+
+def make_cost_model(name: str, *, model: Any = None, gpu: Any = None, tp: int | None = None,
+                    **params: Any) -> CostModel:
+    """Build a registered cost model. ``model``/``gpu`` are ids, aliases or specs; ``tp=None``
+    means 1 for analytic models and "whatever the file was fitted for" for ``profiled``."""
+    return COST_MODELS.get(name)(model=model, gpu=gpu, tp=tp, **params)
 
 
 def check_params(model_name: str, params: dict[str, Any], allowed: set[str]) -> None:

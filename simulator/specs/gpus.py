@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from scheduler.registry import unknown_name_message
 from traces.errors import InputError
 
 from ._names import alias_keys, candidates
@@ -101,7 +102,8 @@ def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
     for key in candidates(str(name)):
         if key in lookup:
             return specs[lookup[key]]
-    raise InputError(f"unknown gpu '{name}'", field="gpu", allowed=", ".join(available_gpus()))
+    raise InputError(unknown_name_message("gpu", str(name), available_gpus()), field="gpu",
+                     allowed=", ".join(available_gpus()))
 
 
 def find_gpu(name: str) -> GpuSpec | None:

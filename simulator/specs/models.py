@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from scheduler.registry import unknown_name_message
 from traces.errors import InputError
 
 from ._names import alias_keys, candidates
@@ -162,7 +163,7 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     path = Path(str(name))
     if path.suffix == ".json" and path.is_file():
         return model_from_hf_config(path)
-    raise InputError(f"unknown model '{name}'", field="model",
+    raise InputError(unknown_name_message("model", str(name), available_models()), field="model",
                      allowed=", ".join(available_models()) + ", or a path to a Hugging Face config.json")
 
 

@@ -29,6 +29,7 @@ from traces.formats import load_workload
 from .compare import aggregate_errors, makespan, pair_requests, per_request_errors, timeseries_errors
 from .cpu import CALIBRATION_NOTE, cpu_overhead_preset
 from .kv import choose_kv_blocks
+from .match import check_workload_matches
 from .runs import MeasuredRun, load_run, to_measured_convention
 
 TARGETS = {"e2e_median_ape": 0.05, "ttft_median_ape": 0.10}
@@ -161,6 +162,7 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
     opts = opts or ValidateOptions()
     run = load_run(run_dir, opts.run_format)
     wl = load_workload(workload, opts.workload_format)
+    check_workload_matches(run, wl, str(workload))
     cfg, info = build_config(run, opts)
     engine = Engine(cfg, wl)
     res = engine.run()

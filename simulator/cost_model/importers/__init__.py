@@ -12,31 +12,33 @@ from pathlib import Path
 
 import pandas as pd
 
-from traces.errors import InputError
+from scheduler.registry import Registry
+from traces.errors import InputError, field_error
 
 from ...specs import find_gpu, resolve_model
 from ..profile_schema import read_profile, validate_profile
 
 Importer = Callable[[Path], pd.DataFrame]
 Detector = Callable[[Path], bool]
-_IMPORTERS: dict[str, tuple[Importer, Detector]] = {}
+IMPORTERS: Registry[tuple[Importer, Detector]] = Registry("profile source", error=field_error("source"),
+                                                          normalize=lambda s: s.strip().lower())
 
 
 def register_importer(name: str, detect: Detector) -> Callable[[Importer], Importer]:
     def wrap(fn: Importer) -> Importer:
-        _IMPORTERS[name] = (fn, detect)
+        IMPORTERS.add(name, (fn, detect))
         return fn
 
     return wrap
 
 
 def available_importers() -> list[str]:
-    return sorted(_IMPORTERS)
+    return IMPORTERS.names()
 
 
 def detect_source(path: str | Path) -> str:
     path = Path(path)
-    for name, (_, detect) in _IMPORTERS.items():
+    for name, (_, detect) in IMPORTERS.items():
         try:
             if detect(path):
                 return name
@@ -51,11 +53,8 @@ def import_profile(source: str, path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise InputError("profile path does not exist", path=str(path))
-    name = detect_source(path) if source == "auto" else str(source).strip().lower()
-    if name not in _IMPORTERS:
-        raise InputError(f"unknown profile source '{source}'", field="source",
-                         allowed="auto, " + ", ".join(available_importers()))
-    return validate_profile(_IMPORTERS[name][0](path), str(path))
+    name = detect_source(path) if source == "auto" else source
+    return validate_profile(IMPORTERS.get(name, extra=("auto",))[0](path), str(path))
 
 
 def header(path: Path) -> list[str]:

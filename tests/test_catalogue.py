@@ -1,0 +1,285 @@
+"""A catalogue of bad inputs: files, flags, YAML and the Python API.
+
+Every case asserts the exit code (or the exception), what the message says, and that nothing on disk
+changed: the whole tree of inputs and of the working folder (where `--out` folders live) is
+snapshotted before and after. Run in-process (typer's CliRunner): the catalogue takes seconds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servesim.cli import _register, app
+from simulator.outdir import MARKER
+from traces.bundled import DEFAULT_TRACE, bundled_trace_path
+from traces.errors import InputError
+
+_register()
+
+SHAREGPT = bundled_trace_path(DEFAULT_TRACE)
+
+
+def _write_inputs(d: Path) -> None:
+    raw = gzip.decompress(SHAREGPT.read_bytes())
+    lines = raw.decode().splitlines()
+    (d / "five.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    (d / "empty.jsonl").write_text("")
+    (d / "empty.csv").write_text("")
+    (d / "blank.jsonl.gz").write_bytes(gzip.compress(b"\n\n"))
+    (d / "trunc.jsonl.gz").write_bytes(SHAREGPT.read_bytes()[:3000])
+    (d / "late_trunc.jsonl.gz").write_bytes(SHAREGPT.read_bytes()[: len(SHAREGPT.read_bytes()) // 2])
+    (d / "junk.jsonl").write_bytes(bytes(range(256)) * 8)
+    (d / "unknown_keys.jsonl").write_text('{"foo": 1, "bar": 2}\n')
+    (d / "bad_row.jsonl").write_text('{"request_id": "a", "arrival_time_s": 0, "prompt_len": 10, "output_len": 5}\n'
+                                     '{"request_id": "b", "arrival_time_s": 1, "prompt_len": 10, "output_len": -3}\n')
+    (d / "scen_unknown_key.yaml").write_text("workload: {generator: poisson, num_requests: 4}\n"
+                                             "scheduler: {max_num_seq: 4}\n")
+    (d / "scen_escape.yaml").write_text("name: ../../escape\nworkload: {generator: poisson, num_requests: 4}\n")
+    (d / "scen_slash.yaml").write_text("name: a/b\nworkload: {generator: poisson, num_requests: 4}\n")
+    (d / "scen_no_workload.yaml").write_text("name: x\nscheduler: {max_num_seqs: 4}\n")
+    (d / "scen_syntax.yaml").write_text("name: x\nworkload: {generator: poisson\n")
+    (d / "scen_cost.yaml").write_text("workload: {generator: poisson, num_requests: 4}\ncost_model: {name: roofine}\n")
+    (d / "scen_engine.yaml").write_text("workload: {generator: poisson, num_requests: 4}\nengine: sglng\n")
+    (d / "scen_generator.yaml").write_text("workload: {generator: poison, num_requests: 4}\n")
+    (d / "scen_ok.yaml").write_text("name: ok\nworkload: {generator: poisson, num_requests: 4}\n")
+    (d / "cluster_list.yaml").write_text("- a\n- b\n")
+    (d / "cluster_router.yaml").write_text("base: {hardware: {model: llama-3.1-8b, gpu: h100}}\n"
+                                           "replicas: [{count: 2}]\nrouter: round_robn\n")
+    (d / "cluster_gpu.yaml").write_text("base: {hardware: {model: llama-3.1-8b, gpu: h10}}\nreplicas: [{count: 2}]\n")
+    (d / "plan_replicas.yaml").write_text("cluster: {replicas: [{count: 1}]}\nsearch: {tp: [1]}\n")
+    (d / "plan_key.yaml").write_text("cluster: {base: {hardware: {model: llama-3.1-8b, gpu: h100}}}\n"
+                                     "serch: {tp: [1]}\n")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("inputs")
+    _write_inputs(d)
+    return d
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple]:
+    out = {}
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            st = p.lstat()
+            out[str(p)] = (p.is_dir(), st.st_size, st.st_mtime_ns, st.st_mode)
+        out[str(root)] = (True, 0, 0, root.stat().st_mode)
+    return out
+
+
+def _prepare(work: Path, prep: str | None) -> None:
+    if prep == "foreign":
+        (work / "out").mkdir()
+        (work / "out" / "notes.txt").write_text("mine")
+    elif prep == "file":
+        (work / "out").write_text("a file")
+    elif prep == "result":
+        (work / "out").mkdir()
+        (work / "out" / MARKER).write_text("replay\n")
+        (work / "out" / "summary.json").write_text("{}")
+        (work / "out" / "config.yaml").write_text("{}")
+    elif prep == "locked":
+        import fcntl
+
+        lock = work / ".out.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+        os.write(fd, b"4242\n")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _HELD.append(fd)
+
+
+_HELD: list[int] = []
+
+# (id, command line ({in} = inputs folder), preparation, exit code, message parts)
+CLI_CASES = [
+    # --- files ---------------------------------------------------------------------------------
+    ("missing-trace", "replay {in}/nope.jsonl", None, 2, ["nope.jsonl: file not found"]),
+    ("trace-is-folder", "replay {in}", None, 2, ["file not found"]),
+    ("empty-jsonl", "replay {in}/empty.jsonl", None, 2, ["empty.jsonl: the file is empty"]),
+    ("empty-csv", "replay {in}/empty.csv --format lengths", None, 2, ["empty.csv: the file is empty"]),
+    ("empty-after-gunzip", "replay {in}/blank.jsonl.gz", None, 2, ["empty (after decompression)"]),
+    ("truncated-gz", "replay {in}/trunc.jsonl.gz", None, 2, ["trunc.jsonl.gz: corrupt or truncated gzip"]),
+    ("truncated-gz-late", "replay {in}/late_trunc.jsonl.gz", None, 2, ["corrupt or truncated gzip"]),
+    ("junk-bytes", "replay {in}/junk.jsonl", None, 2, ["junk.jsonl", "cannot tell the trace format"]),
+    ("unknown-keys", "replay {in}/unknown_keys.jsonl", None, 2, ["cannot tell the trace format", "bar, foo"]),
+    ("azure-on-jsonl", "replay {in}/five.jsonl --format azure", None, 2,
+     ["five.jsonl: --format: format 'azure' reads csv files, but this is a jsonl file", "'llmservingsim'"]),
+    ("lengths-on-jsonl", "replay {in}/five.jsonl --format lengths", None, 2, ["reads csv files"]),
+    ("mooncake-on-sharegpt", "replay {in}/five.jsonl --format mooncake", None, 2, ["line 1", "timestamp"]),
+    ("format-typo", "replay {in}/five.jsonl --format mooncak", None, 2, ["did you mean 'mooncake'?"]),
+    ("bad-row", "replay {in}/bad_row.jsonl", None, 2, ["bad_row.jsonl, line 2", "output_len"]),
+    # --- flags ---------------------------------------------------------------------------------
+    ("model-typo", "replay --model llama-3.1-8c", None, 2, ["--model: unknown model", "did you mean 'llama-3.1-8b'?"]),
+    ("gpu-typo", "replay --gpu h10O", None, 2, ["--gpu: unknown gpu", "did you mean 'h100'?"]),
+    ("engine-typo", "replay --engine sglng", None, 2, ["--engine: unknown engine", "did you mean 'sglang'?"]),
+    ("cost-model-typo", "replay --cost-model roofine", None, 2, ["--cost-model", "did you mean 'roofline'?"]),
+    ("executor", "replay --executor tpu", None, 2, ["--executor: unknown executor 'tpu'", "sim, gpu"]),
+    ("clock", "replay --clock wall", None, 2, ["--clock"]),
+    ("sampling", "replay --sampling random", None, 2, ["--sampling"]),
+    ("tp-zero", "replay --tp 0", None, 2, ["--tp"]),
+    ("max-requests-negative", "replay --max-requests -1", None, 2, ["--max-requests"]),
+    ("rate-scale-zero", "replay --rate-scale 0", None, 2, ["--rate-scale", "> 0"]),
+    ("set-no-equals", "replay --set foo", None, 2, ["--set: expects key=value, got 'foo'"]),
+    ("set-unknown-key", "replay --set scheduler.max_num_seq=3", None, 2,
+     ["--set scheduler.max_num_seq", "did you mean max_num_seqs"]),
+    ("switch-given-a-value", "replay --fast-forward true", None, 2, ["switches take no value"]),
+    ("option-typo", "replay --fast-forwrd", None, 2, ["No such option", "--fast-forward"]),
+    ("backend-typo", "run {in}/scen_ok.yaml --backend rey", None, 2, ["--backend", "did you mean 'ray'?"]),
+    ("ray-address-local", "run {in}/scen_ok.yaml --ray-address 1.2.3.4:6379", None, 2,
+     ["--ray-address only applies to --backend ray"]),
+    ("validate-format-typo", "replay {in}/five.jsonl --format lengthz", None, 2, ["did you mean 'lengths'?"]),
+    # --- output folders ------------------------------------------------------------------------
+    ("out-foreign", "replay --max-requests 2 --out out", "foreign", 2, ["not a servesim result", "notes.txt"]),
+    ("out-file", "replay --max-requests 2 --out out", "file", 2, ["out is a file"]),
+    ("out-dot", "replay --max-requests 2 --out .", None, 2, ["current folder"]),
+    ("out-earlier-result", "replay --max-requests 2 --out out", "result", 2, ["--overwrite to replace it"]),
+    ("out-unwritable", "replay --max-requests 2 --out /proc/servesim/out", None, 2, ["cannot write results"]),
+    ("out-locked", "replay --max-requests 2 --out out", "locked", 2, ["another servesim run (pid 4242)"]),
+    ("cluster-out-foreign", "cluster {in}/cluster_router.yaml --out out", "foreign", 2, ["not a servesim result"]),
+    ("run-out-replay-result", "run {in}/scen_ok.yaml --out out", "result", 2, ["replay result, not a sweep"]),
+    ("run-out-foreign", "run {in}/scen_ok.yaml --out out", "foreign", 2, ["not a servesim result"]),
+    ("plan-out-file", "plan {in}/plan_key.yaml --out out", "file", 2, ["out is a file"]),
+    ("step-trace-exists", "replay --max-requests 2 --out new --step-trace {in}/five.jsonl", None, 2,
+     ["--step-trace", "will not replace it"]),
+    # --- YAML ----------------------------------------------------------------------------------
+    ("scenario-missing", "run {in}/nope.yaml", None, 2, ["nope.yaml"]),
+    ("scenario-unknown-key", "run {in}/scen_unknown_key.yaml", None, 2,
+     ["scen_unknown_key.yaml, line 2", "did you mean max_num_seqs"]),
+    ("scenario-name-escapes", "run {in}/scen_escape.yaml", None, 2, ["cannot be a folder name inside runs/"]),
+    ("scenario-name-slash", "run {in}/scen_slash.yaml", None, 2, ["scen_slash.yaml, line 1", "'a/b'"]),
+    ("scenario-no-workload", "run {in}/scen_no_workload.yaml", None, 2, ["needs a `workload:` section"]),
+    ("scenario-syntax", "run {in}/scen_syntax.yaml", None, 2, ["scen_syntax.yaml"]),
+    ("scenario-cost-model", "run {in}/scen_cost.yaml", None, 2, ["did you mean 'roofline'?"]),
+    ("scenario-engine", "run {in}/scen_engine.yaml", None, 2, ["did you mean 'sglang'?"]),
+    ("scenario-generator", "run {in}/scen_generator.yaml", None, 2, ["did you mean 'poisson'?"]),
+    ("scenario-set-typo", "run {in}/scen_ok.yaml --set scheduler.max_num_seq=3", None, 2, ["max_num_seqs"]),
+    ("cluster-not-mapping", "cluster {in}/cluster_list.yaml", None, 2, ["cluster_list.yaml", "must be a mapping"]),
+    ("cluster-router-typo", "cluster {in}/cluster_router.yaml", None, 2, ["did you mean 'round_robin'?"]),
+    ("cluster-gpu-typo", "cluster {in}/cluster_gpu.yaml", None, 2, ["unknown gpu 'h10'"]),
+    ("plan-with-replicas", "plan {in}/plan_replicas.yaml", None, 2, ["without replicas"]),
+    ("plan-unknown-key", "plan {in}/plan_key.yaml", None, 2, ["serch"]),
+]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_bad_cli_input(case, inputs, tmp_path, monkeypatch):
+    name, line, prep, code, parts = case
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    _prepare(work, prep)
+    before = _snapshot(inputs, work)
+    try:
+        result = CliRunner().invoke(app, line.replace("{in}", str(inputs)).split())
+    finally:
+        while _HELD:
+            os.close(_HELD.pop())
+    text = " ".join(result.output.split())  # unwrap
+    assert result.exit_code == code, f"{name}: exit {result.exit_code}\n{result.output}"
+    for part in parts:
+        assert part in text, f"{name}: {part!r} not in\n{result.output}"
+    assert "Traceback" not in result.output and "<input>" not in result.output
+    after = _snapshot(inputs, work)
+    if prep == "locked":  # the holder's lock file is its own
+        assert set(after) == set(before)
+    else:
+        assert after == before, f"{name}: files changed: {sorted(set(after) ^ set(before))}"
+
+
+def test_help_version_and_switch_spelling():
+    runner = CliRunner()
+    assert runner.invoke(app, ["--version"]).output.startswith("servesim ")
+    help_text = runner.invoke(app, ["replay", "-h"]).output
+    assert "--fast-forward / --no-fast-forward" in help_text and "--overwrite / --no-overwrite" in help_text
+    assert "<bool>" not in help_text
+    assert "--smoke / --no-smoke" in runner.invoke(app, ["run", "-h"]).output
+    assert "--install-completion" in runner.invoke(app, ["-h"]).output
+
+
+# --- the Python API ---------------------------------------------------------------------------
+
+def _api_replay_foreign(work: Path):
+    from servesim.api import load_trace, run
+    from simulator.config import SimConfig
+
+    (work / "mine").mkdir()
+    (work / "mine" / "x.txt").write_text("x")
+    run(SimConfig(), load_trace(None, max_requests=2), out_dir=work / "mine")
+
+
+def _api_sweep_foreign(work: Path):
+    from servesim.api import run_scenario
+
+    (work / "o").mkdir()
+    (work / "o" / "f.txt").write_text("x")
+    run_scenario({"name": "x", "workload": {"generator": "poisson", "num_requests": 2}}, out_dir=work / "o")
+
+
+def _api_cases():
+    from servesim.api import load_trace, replay, run_scenario
+    from simulator.cluster.routers import make_router
+    from simulator.cost_model import make_cost_model
+    from traces.formats import load_workload
+
+    return [
+        ("api-model-typo", lambda w: replay(model="llama-3.1-8c"), "did you mean 'llama-3.1-8b'?"),
+        ("api-gpu-typo", lambda w: replay(gpu="a10O"), "unknown gpu"),
+        ("api-override-typo", lambda w: replay(scheduler__max_num_seq=4), "did you mean max_num_seqs"),
+        ("api-format-typo", lambda w: load_workload(SHAREGPT, fmt="mooncak"), "did you mean 'mooncake'?"),
+        ("api-missing-trace", lambda w: load_trace(w / "nope.jsonl"), "file not found"),
+        ("api-cost-model-typo", lambda w: make_cost_model("roofine", model="llama-3.1-8b", gpu="h100"),
+         "did you mean 'roofline'?"),
+        ("api-router-typo", lambda w: make_router("least_outstandin"), "did you mean 'least_outstanding'?"),
+        ("api-scenario-name", lambda w: run_scenario({"name": "../x", "workload": {"generator": "poisson"}},
+                                                     out_dir=w / "o"), "cannot be a folder name"),
+        ("api-scenario-out-foreign", _api_sweep_foreign, "not a servesim result"),
+        ("api-replay-foreign", _api_replay_foreign, "not a servesim result"),
+    ]
+
+
+API_CASES = _api_cases()
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=[c[0] for c in API_CASES])
+def test_bad_api_input(case, tmp_path, monkeypatch):
+    name, call, part = case
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as e:
+        call(tmp_path)
+    assert part in str(e.value), f"{name}: {e.value}"
+    leftovers = [p.name for p in tmp_path.rglob("*") if ".servesim-tmp." in p.name or p.name.endswith(".lock")]
+    assert not leftovers and not (tmp_path / "runs").exists()
+
+
+def test_validate_refuses_a_workload_that_does_not_match(tmp_path, monkeypatch):
+    """A servesim result replayed as the "measured" run, validated against another workload."""
+    from servesim.api import load_trace, run
+    from simulator.config import SimConfig
+    from traces.canonical import save_workload
+
+    monkeypatch.chdir(tmp_path)
+    wl = load_trace(None, max_requests=6)
+    run(SimConfig(), wl, out_dir=tmp_path / "measured")
+    save_workload(wl, tmp_path / "same.jsonl")
+    other = load_trace(None, max_requests=7)
+    save_workload(other, tmp_path / "more.jsonl")
+    lengths = [json.loads(x) for x in (tmp_path / "same.jsonl").read_text().splitlines()]
+    lengths[3]["output_len"] += 1
+    (tmp_path / "changed.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lengths))
+    before = _snapshot(tmp_path)
+    runner = CliRunner()
+    for wl_file, parts in (("more.jsonl", ["the run has 6 requests, the workload 7"]),
+                           ("changed.jsonl", ["first differing request", lengths[3]["request_id"], "output_len"])):
+        res = runner.invoke(app, ["validate", "measured", "--workload", wl_file, "--run-format", "servesim",
+                                  "--cost-model", "roofline", "--out", "v"])
+        assert res.exit_code == 2, res.output
+        text = " ".join(res.output.split())
+        assert all(p in text for p in parts), res.output
+    assert _snapshot(tmp_path) == before

@@ -1,0 +1,65 @@
+"""scheduler.registry.Registry: one registry type; duplicates refused; unknown names get a did-you-mean."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.registry import Registry, UnknownNameError, did_you_mean
+from traces.errors import InputError, field_error
+
+
+def test_register_get_names_and_duplicates():
+    reg: Registry[int] = Registry("widget")
+    reg.add("alpha", 1)
+    reg.register("beta")(2)
+    reg.add("alpha", 1)  # the same entry again: a no-op (modules may be imported twice)
+    assert reg.names() == ["alpha", "beta"] and reg.get("beta") == 2 and "alpha" in reg
+    with pytest.raises(ValueError, match="widget 'alpha' is already registered"):
+        reg.add("alpha", 3)
+
+
+def test_unknown_name_lists_valid_names_and_suggests():
+    reg: Registry[int] = Registry("widget")
+    reg.add("round_robin", 1)
+    reg.add("least_loaded", 2)
+    with pytest.raises(UnknownNameError) as e:
+        reg.get("round-robn", extra=("auto",))
+    assert "did you mean 'round_robin'?" in str(e.value)
+    assert e.value.allowed == "auto, least_loaded, round_robin"
+    with pytest.raises(UnknownNameError) as e:
+        reg.get("zzz")
+    assert "did you mean" not in str(e.value)
+
+
+def test_error_factory_and_lazy_loader():
+    calls = []
+    reg: Registry[int] = Registry("gadget", loader=lambda: calls.append(reg.add("late", 7)),
+                                  error=field_error("--gadget"))
+    assert calls == []
+    assert reg.get("late") == 7 and len(calls) == 1
+    with pytest.raises(InputError, match="--gadget.*unknown gadget 'lat'; did you mean 'late'"):
+        reg.get("lat")
+
+
+@pytest.mark.parametrize("lookup, name, guess", [
+    ("simulator.cost_model:make_cost_model", "roofine", "roofline"),
+    ("simulator.engines:make_engine_scheduler", "sglng", "sglang"),
+    ("simulator.specs:resolve_gpu", "h10O", "h100"),
+    ("simulator.specs:resolve_model", "llama-3.1-8c", "llama-3.1-8b"),
+    ("traces.registry:get_format", "mooncak", "mooncake"),
+    ("simulator.cluster.routers:make_router", "round_robn", "round_robin"),
+    ("servesim.scenario.backends:get_backend", "rey", "ray"),
+    ("scheduler.queues:create_request_queue", "priorty", "priority"),
+])
+def test_every_registry_suggests(lookup, name, guess):
+    import importlib
+
+    module, fn = lookup.split(":")
+    with pytest.raises(ValueError) as e:
+        f = getattr(importlib.import_module(module), fn)
+        f(name, None, None) if fn == "make_engine_scheduler" else f(name)
+    assert f"did you mean {guess!r}" in str(e.value)
+
+
+def test_did_you_mean_is_case_insensitive():
+    assert did_you_mean("H100", ["h100", "a100"]) == "h100"
