@@ -15,6 +15,7 @@ from traces.errors import InputError
 
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model
+from .collectives import Collectives
 
 
 _DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -52,7 +53,8 @@ class RooflineCostModel:
 
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
-                 "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar_s_per_tok", "_head")
+                 "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
+                 "collectives", "_head")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -119,15 +121,15 @@ class RooflineCostModel:
         )
 
     def _precompute_collectives(self, b: int) -> None:
-        g, tp = self.gpu, self.tp
-        if tp == 1:
-            self._ar_lat, self._ar_s_per_tok = 0.0, 0.0
-            return
-        lat = self.params.collective_latency_s
-        self._ar_lat = g.collective_latency_s if lat is None else lat
-        link = g.link_bytes_per_s * self._eff("interconnect_efficiency")
-        # A ring all-reduce moves 2*(tp-1)/tp of the message over each GPU's link.
-        self._ar_s_per_tok = 2.0 * (tp - 1) / tp * self.model.hidden_size * b / link
+        """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
+        interconnect's bus-bandwidth model (simulator/cost_model/collectives.py). Setting
+        interconnect_efficiency or collective_latency_s asks for the model explicitly."""
+        lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
+        self.collectives = Collectives(self.gpu, self.tp, interconnect_efficiency=eff,
+                                       latency_s=lat, use_tables=lat is None and eff is None)
+        self._ar = self.collectives.allreduce_curve
+        self._ar_bytes_per_tok = self.model.hidden_size * b  # the residual stream, one row/token
+        self._ar_lat = self.gpu.collective_latency_s if lat is None else lat
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
@@ -171,7 +173,7 @@ class RooflineCostModel:
                    (kv_tokens * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok) * self._am)
         attn += self._ao
         elementwise = tokens * self._ew_bytes_per_tok * m + self._ew_kernels * ko
-        comm = 2.0 * (self._ar_lat + tokens * self._ar_s_per_tok) if self.tp > 1 else 0.0
+        comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
         return gemm, attn, elementwise, comm
 
     def _head_parts(self, tokens: int, sampled: int) -> tuple[float, float, float, float]:
@@ -202,8 +204,7 @@ class RooflineCostModel:
         if op == "elementwise":
             return count * self._ew_bytes_per_tok * self._m + self._ew_kernels * self._ko
         if op == "allreduce":
-            per_byte = self._ar_s_per_tok / (self.model.hidden_size * self.model.dtype_bytes)
-            return self._ar_lat + count * per_byte
+            return self._ar(count) if self.tp > 1 else 0.0
         if op in _HEAD_OPS:
             parts = self._head_parts(count, count) if op in ("lm_head", "sampler") else \
                 self._head_parts(count, 0)
