@@ -23,6 +23,7 @@ def validate(
     cost_model: str = typer.Option("calibrated", "--cost-model",
                                    help="calibrated (shipped fit for model/GPU/TP), roofline, or a fitted .json"),
     gpu: str = typer.Option(None, "--gpu", help="GPU, when the run does not record its device"),
+    model: str = typer.Option(None, "--model", help="model id, alias or config.json path (default: the run's)"),
     num_gpu_blocks: int = typer.Option(None, "--num-gpu-blocks", help="KV blocks, when the run does not record them"),
     cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
     async_scheduling: bool = typer.Option(None, "--async-scheduling/--no-async-scheduling",
@@ -35,7 +36,7 @@ def validate(
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from simulator.validation import ValidateOptions, validate_run
 
-    opts = ValidateOptions(cost_model=cost_model, gpu=gpu, num_gpu_blocks=num_gpu_blocks, cpu_overhead=cpu_overhead,
+    opts = ValidateOptions(cost_model=cost_model, gpu=gpu, model=model, num_gpu_blocks=num_gpu_blocks, cpu_overhead=cpu_overhead,
                            async_scheduling=async_scheduling, run_format=run_format,
                            workload_format=workload_format, plots=plots, skew_alpha=skew_alpha)
     rep = validate_run(run_dir, workload, opts, out_dir=out)

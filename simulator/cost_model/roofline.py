@@ -14,6 +14,7 @@ from typing import Any
 from traces.errors import InputError
 
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
+from ..specs.precision import bytes_per_element, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives
 
@@ -54,7 +55,7 @@ class RooflineCostModel:
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head")
+                 "collectives", "_head", "_win_frac")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -77,36 +78,52 @@ class RooflineCostModel:
     def _precompute(self) -> None:
         m, g, tp, b = self.model, self.gpu, self.tp, self.model.dtype_bytes
         # Inverse throughputs (seconds per FLOP / per byte) so the hot path only multiplies.
-        self._c = 1.0 / (g.peak_flops * self._eff("compute_efficiency"))
+        # GEMMs run at the tensor-core rate of their weight format (specs/precision.py).
+        e_c = self._eff("compute_efficiency")
+        c_lin = 1.0 / (gemm_peak_tflops(g, m.weight_dtype) * 1e12 * e_c)
+        c_exp = 1.0 / (gemm_peak_tflops(g, m.experts_dtype) * 1e12 * e_c)
+        self._c = 1.0 / (g.peak_flops * e_c)  # activation-dtype GEMMs (lm_head, router)
         self._ac = 1.0 / (g.peak_flops * self._eff("attention_compute_efficiency"))
         self._m = 1.0 / (g.peak_mem_bytes_per_s * self._eff("memory_efficiency"))
         self._am = 1.0 / (g.peak_mem_bytes_per_s * self._eff("attention_memory_efficiency"))
         self._ko = self.params.kernel_overhead_s
         self._ao = self.params.attention_overhead_s
         h, w = m.hidden_size, layer_weight_elems(m, tp)
+        wb, wx = bytes_per_element(m.weight_dtype), bytes_per_element(m.experts_dtype)
         qkv_out = w["qkv_proj"] // h
-        inter = m.intermediate_size // tp
-        # Dense GEMMs as (FLOPs per token, weight bytes, activation bytes per token).
-        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * b, (h + qkv_out) * b),
-                 (2.0 * w["o_proj"], w["o_proj"] * b, (m.q_size // tp + h) * b)]
+        layers = m.num_layers
+        dense_frac, moe_frac = m.dense_mlp_layers / layers, m.num_moe_layers / layers
+        # GEMMs as (FLOPs per token, weight bytes, activation bytes per token, s/FLOP, fraction
+        # of layers that run it): the step costs num_layers x the layer-average.
+        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * wb, (h + qkv_out) * b, c_lin, 1.0),
+                 (2.0 * w["o_proj"], w["o_proj"] * wb, (m.q_size // tp + h) * b, c_lin, 1.0)]
+        if dense_frac:
+            inter = m.dense_mlp_width // tp
+            gemms.append((2.0 * w["gate_up_proj"], w["gate_up_proj"] * wb, (h + 2 * inter) * b,
+                          c_lin, dense_frac))
+            gemms.append((2.0 * w["down_proj"], w["down_proj"] * wb, (inter + h) * b, c_lin,
+                          dense_frac))
+        self._moe = None
         if m.is_moe:
-            gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b))
+            gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b, self._c,
+                          moe_frac))
+            if w["shared_experts"]:
+                sh = m.shared_expert_intermediate_size // tp
+                gemms.append((2.0 * w["shared_experts"], w["shared_experts"] * wb,
+                              (2 * h + 3 * sh) * b, c_lin, moe_frac))
             # Per expert: gate_up + down weights; per routed token: activations in and out.
+            inter = m.intermediate_size // tp
             expert_elems = 3 * h * inter
             self._moe = (m.num_experts, m.experts_per_token / m.num_experts, 2.0 * expert_elems,
-                         expert_elems * b, (2 * h + 3 * inter) * b, m.experts_per_token)
-        else:
-            gemms.append((2.0 * w["gate_up_proj"], w["gate_up_proj"] * b, (h + 2 * inter) * b))
-            gemms.append((2.0 * w["down_proj"], w["down_proj"] * b, (inter + h) * b))
-            self._moe = None
+                         expert_elems * wx, (2 * h + 3 * inter) * b, m.experts_per_token, c_exp,
+                         moe_frac)
         self._gemms = tuple(gemms)
-        heads, kv_heads = m.heads_per_gpu(tp), m.kv_heads_per_gpu(tp)
-        self._attn_flops_per_pair = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC each
-        self._kv_bytes_per_tok = 2 * kv_heads * m.head_dim * b  # K and V of one layer
-        self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
+        self._precompute_attention(b)
+        mlp_ew = dense_frac * m.dense_mlp_width + moe_frac * (
+            m.experts_per_token * m.intermediate_size + m.shared_expert_intermediate_size)
         # Elementwise traffic per token: 2 RMSNorms (read+write h), rotary on q,k, SiLU*mul
         # (read 2*inter, write inter), 2 residual adds (read 2h, write h), KV-cache write.
-        self._ew_bytes_per_tok = (4 * h + 2 * qkv_out + 3 * inter + 6 * h) * b
+        self._ew_bytes_per_tok = (4 * h + 2 * qkv_out + 3 * mlp_ew / tp + 6 * h) * b
         self._ew_kernels = self.params.elementwise_kernels_per_layer
         self._precompute_collectives(b)
         vocab = -(-m.vocab_size // tp)  # vocab-parallel lm_head shard
@@ -119,6 +136,18 @@ class RooflineCostModel:
             2 * h * b,  # embedding gather / final norm bytes per token (read + write)
             (tp - 1) / tp * 4 * m.vocab_size / link,  # logits all-gather seconds per row (tp > 1)
         )
+
+    def _precompute_attention(self, b: int) -> None:
+        m, tp = self.model, self.tp
+        heads = m.heads_per_gpu(tp)
+        if m.mla is None:
+            self._attn_flops_per_pair = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC
+        else:  # MLA prefill: QK^T over nope+rope dims, PV over v_head_dim
+            self._attn_flops_per_pair = 2.0 * heads * (m.head_dim + m.mla.v_head_dim)
+        # K and V (or the MLA latent) of one token in one layer, in the KV-cache format
+        self._kv_bytes_per_tok = m.kv_elems_per_token_layer(tp) * m.kv_bytes_per_elem
+        self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
+        self._win_frac = m.num_sliding_layers / m.num_layers
 
     def _precompute_collectives(self, b: int) -> None:
         """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
@@ -133,18 +162,23 @@ class RooflineCostModel:
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
-        new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        if self.model.sliding_window is None:
-            tokens, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
-            # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
-            pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
-        else:
-            tokens = sum(new)
-            pairs, kv_tokens = self._windowed_work(new, ctx)
+        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return 0.0
         layer = self._layer_parts(tokens, pairs, kv_tokens)
         return self.model.num_layers * sum(layer) + sum(self._head_parts(tokens, shape.num_sampled))
+
+    def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
+        """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
+        and sliding-window layers blended by their share of the model's layers."""
+        tokens, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
+        # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
+        pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
+        f = self._win_frac
+        if f:
+            wpairs, wkv = self._windowed_work(new, ctx)
+            pairs, kv_tokens = f * wpairs + (1.0 - f) * pairs, f * wkv + (1.0 - f) * kv_tokens
+        return tokens, pairs, kv_tokens
 
     def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[float, int]:
         """(query-key pairs, KV tokens read) with a sliding attention window."""
@@ -159,16 +193,17 @@ class RooflineCostModel:
     def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int
                      ) -> tuple[float, float, float, float]:
         """Seconds of one layer: (GEMMs, attention, elementwise, all-reduce)."""
-        c, m, ko = self._c, self._m, self._ko
+        m, ko = self._m, self._ko
         gemm = 0.0
-        for flops, wbytes, abytes in self._gemms:
-            gemm += max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko
+        for flops, wbytes, abytes, c, frac in self._gemms:
+            gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
         if self._moe is not None:
-            experts, p_pick, flops, wbytes, abytes, top_k = self._moe
+            experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
             # Expected distinct experts hit when tokens route uniformly (each picks top_k).
             active = experts * (1.0 - (1.0 - p_pick) ** tokens)
             routed = tokens * top_k
-            gemm += max(routed * flops * c, (active * wbytes + routed * abytes) * m) + 2 * ko
+            gemm += frac * (max(routed * flops * c, (active * wbytes + routed * abytes) * m)
+                            + 2 * ko)
         attn = max(pairs * self._attn_flops_per_pair * self._ac,
                    (kv_tokens * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok) * self._am)
         attn += self._ao
@@ -196,9 +231,9 @@ class RooflineCostModel:
         embedding/final_norm (tokens) and lm_head/sampler (rows), one call for allreduce
         (``count`` = message bytes)."""
         if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and self._moe is None):
-            flops, wbytes, abytes = self._gemms[_DENSE_GEMMS.index(op)]
-            return max(count * flops * self._c, (wbytes + count * abytes) * self._m) + self._ko
-        if op == "moe":  # router + experts
+            flops, wbytes, abytes, c, _ = self._gemms[_DENSE_GEMMS.index(op)]
+            return max(count * flops * c, (wbytes + count * abytes) * self._m) + self._ko
+        if op == "moe":  # everything but the attention projections: router, experts, dense MLPs
             gemm, _, _, _ = self._layer_parts(count, 0.0, 0)
             return gemm - sum(self.op_time_s(g, count) for g in _DENSE_GEMMS[:2])
         if op == "elementwise":
@@ -220,16 +255,10 @@ class RooflineCostModel:
     # ---- introspection --------------------------------------------------------------------
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
-        new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        tokens = sum(new)
+        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return {}
-        if self.model.sliding_window is None:
-            _, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
-            work = (kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens)
-        else:
-            work = self._windowed_work(new, ctx)
-        parts = self._layer_parts(tokens, *work)
+        parts = self._layer_parts(tokens, pairs, kv_tokens)
         layers = self.model.num_layers
         out = {name: layers * v for name, v in zip(("gemm", "attention", "elementwise",
                                                       "allreduce"), parts)}

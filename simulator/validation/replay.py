@@ -22,7 +22,7 @@ import numpy as np
 from scheduler.config import CacheConfig, SchedulerConfig
 from simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from simulator.engine import Engine
-from simulator.specs import resolve_gpu, resolve_model
+from simulator.specs import resolve_gpu, resolve_model, with_precision
 from traces.errors import InputError
 from traces.formats import load_workload
 
@@ -37,6 +37,7 @@ TARGETS = {"e2e_median_ape": 0.05, "ttft_median_ape": 0.10}
 @dataclass(slots=True)
 class ValidateOptions:
     cost_model: str = "calibrated"  # calibrated | roofline | a fitted .json file
+    model: str | None = None  # overrides the run's model: an id, alias or a config.json path
     gpu: str | None = None  # when the run does not record its device
     num_gpu_blocks: int | None = None  # when the run does not record its KV pool
     cpu_overhead: str = "calibrated"  # calibrated | default | zero (simulator/validation/cpu.py)
@@ -78,6 +79,15 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
     return CostModelConfig(name=name, cpu_overhead=cpu), {"name": name}
 
 
+def run_model_spec(s, model: str | None = None):
+    """The served model: the run's (or ``--model``'s) spec with the run's weight quantization and
+    KV-cache dtype (fp8 weights / fp8 KV are modelled, see simulator/specs/precision.py)."""
+    if str(s.dtype).lower() not in ("bfloat16", "bf16", "float16", "fp16", "half", "auto", "float32"):
+        raise InputError(f"the run used activation dtype={s.dtype}", field="dtype",
+                         allowed="bfloat16, float16, auto")
+    return with_precision(resolve_model(model or s.model), s.quantization, s.kv_cache_dtype)
+
+
 def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, dict]:
     s = run.settings
     gpu_name = opts.gpu or s.gpu
@@ -85,10 +95,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
         raise InputError("the run does not record its GPU", field="--gpu",
                          allowed="a GPU id or alias, e.g. --gpu rtx-pro-6000")
     gpu = resolve_gpu(gpu_name).name
-    spec = resolve_model(s.model)
-    if str(s.dtype).lower() not in ("bfloat16", "bf16", "float16", "fp16", "half", "auto"):
-        raise InputError(f"the run used dtype={s.dtype}: servesim models bf16/fp16 weights only",
-                         field="dtype", allowed="bfloat16, float16")
+    spec = run_model_spec(s, opts.model)
     max_model_len = int(s.max_model_len or spec.max_position_embeddings)
     kv = choose_kv_blocks(spec.name, gpu, s.tp, s.block_size, s.gpu_memory_utilization,
                           s.max_num_batched_tokens, s.max_num_seqs, recorded=s.num_gpu_blocks,
@@ -111,7 +118,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     prov["num_gpu_blocks"] = {"recorded": "recorded by the run", "given": "given (--num-gpu-blocks)",
                               "derived": "derived from GPU memory (see kv_cache)"}[kv.source]
     info = {
-        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "max_num_seqs": s.max_num_seqs,
+        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "weight_dtype": spec.weight_dtype,
+                     "kv_cache_dtype": spec.kv_cache_dtype, "max_num_seqs": s.max_num_seqs,
                      "max_num_batched_tokens": s.max_num_batched_tokens, "max_model_len": max_model_len,
                      "block_size": s.block_size, "num_gpu_blocks": kv.num_gpu_blocks,
                      "enable_prefix_caching": s.enable_prefix_caching,
