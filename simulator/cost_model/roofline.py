@@ -17,6 +17,7 @@ from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve
 from ..specs.precision import bytes_per_element, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives
+from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
 _DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -36,11 +37,20 @@ class RooflineParams:
     kernel_overhead_s: float = 4e-6  # per GEMM / elementwise kernel: launch gap + tail, seconds
     attention_overhead_s: float = 1e-5  # per attention call (split-KV combine, metadata), seconds
     elementwise_kernels_per_layer: int = 5  # 2 norms, rotary, activation, KV-cache write
+    expert_parallel_size: int = 1  # vLLM --enable-expert-parallel: experts split over this many ranks
+    moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
+    moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
 
     def __post_init__(self) -> None:
+        if self.moe_distribution not in DISTRIBUTIONS:
+            raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
+                             field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
+        if not isinstance(self.expert_parallel_size, int) or self.expert_parallel_size < 1:
+            raise InputError("roofline: expert_parallel_size must be a positive integer",
+                             field="expert_parallel_size")
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or isinstance(value, (str, bool)):
                 continue
             if f.name.endswith("efficiency") and not 0 < value <= 1:
                 raise InputError(f"roofline: {f.name} must be in (0, 1], got {value!r}", field=f.name)
@@ -55,7 +65,7 @@ class RooflineCostModel:
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head", "_win_frac")
+                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -103,7 +113,8 @@ class RooflineCostModel:
                           c_lin, dense_frac))
             gemms.append((2.0 * w["down_proj"], w["down_proj"] * wb, (inter + h) * b, c_lin,
                           dense_frac))
-        self._moe = None
+        self._moe = self._moe_table = None
+        self.moe_source = "none (dense)"
         if m.is_moe:
             gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b, self._c,
                           moe_frac))
@@ -111,12 +122,7 @@ class RooflineCostModel:
                 sh = m.shared_expert_intermediate_size // tp
                 gemms.append((2.0 * w["shared_experts"], w["shared_experts"] * wb,
                               (2 * h + 3 * sh) * b, c_lin, moe_frac))
-            # Per expert: gate_up + down weights; per routed token: activations in and out.
-            inter = m.intermediate_size // tp
-            expert_elems = 3 * h * inter
-            self._moe = (m.num_experts, m.experts_per_token / m.num_experts, 2.0 * expert_elems,
-                         expert_elems * wx, (2 * h + 3 * inter) * b, m.experts_per_token, c_exp,
-                         moe_frac)
+            self._precompute_experts(c_exp, wx, moe_frac)
         self._gemms = tuple(gemms)
         self._precompute_attention(b)
         mlp_ew = dense_frac * m.dense_mlp_width + moe_frac * (
@@ -136,6 +142,29 @@ class RooflineCostModel:
             2 * h * b,  # embedding gather / final norm bytes per token (read + write)
             (tp - 1) / tp * 4 * m.vocab_size / link,  # logits all-gather seconds per row (tp > 1)
         )
+
+    def _precompute_experts(self, c_exp: float, wx: float, moe_frac: float) -> None:
+        """Routed experts: a measured FusedMoE curve when one covers this deployment, else the
+        roofline of the expected work under uniform top-k routing (docs/COST_MODELS.md, MoE)."""
+        m, tp, ep, b = self.model, self.tp, self.params.expert_parallel_size, self.model.dtype_bytes
+        if m.num_experts % ep:
+            raise InputError(f"{m.num_experts} experts do not split over {ep} expert-parallel ranks",
+                             field="expert_parallel_size")
+        moe_tp, moe_ep = (1, ep) if ep > 1 else (tp, 1)
+        curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
+            if self.params.moe_table else None
+        self._moe_table = None if curve is None else (curve, moe_frac)
+        self.moe_source = "roofline" if curve is None else \
+            f"measured (aiconfigurator moe_perf, moe_tp={moe_tp} moe_ep={moe_ep}, {self.params.moe_distribution})"
+        if curve is not None:
+            return
+        h, inter = m.hidden_size, m.intermediate_size // moe_tp
+        expert_elems = 3 * h * inter  # gate_up + down of one expert on this rank
+        # (local experts, P(an expert is picked by a token), FLOPs per routed token, bytes per
+        #  expert, activation bytes per routed token, routed tokens per token on this rank, ...)
+        self._moe = (m.num_experts // moe_ep, m.experts_per_token / m.num_experts,
+                     2.0 * expert_elems, expert_elems * wx, (2 * h + 3 * inter) * b,
+                     m.experts_per_token / moe_ep, c_exp, moe_frac)
 
     def _precompute_attention(self, b: int) -> None:
         m, tp = self.model, self.tp
@@ -197,7 +226,10 @@ class RooflineCostModel:
         gemm = 0.0
         for flops, wbytes, abytes, c, frac in self._gemms:
             gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
-        if self._moe is not None:
+        if self._moe_table is not None:
+            curve, frac = self._moe_table
+            gemm += frac * curve(tokens)
+        elif self._moe is not None:
             experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
             # Expected distinct experts hit when tokens route uniformly (each picks top_k).
             active = experts * (1.0 - (1.0 - p_pick) ** tokens)
@@ -230,7 +262,7 @@ class RooflineCostModel:
         """Seconds of one op: per layer for layer ops (``count`` = tokens), per step for
         embedding/final_norm (tokens) and lm_head/sampler (rows), one call for allreduce
         (``count`` = message bytes)."""
-        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and self._moe is None):
+        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and not self.model.is_moe):
             flops, wbytes, abytes, c, _ = self._gemms[_DENSE_GEMMS.index(op)]
             return max(count * flops * c, (wbytes + count * abytes) * self._m) + self._ko
         if op == "moe":  # everything but the attention projections: router, experts, dense MLPs
