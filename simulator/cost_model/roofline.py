@@ -38,6 +38,7 @@ class RooflineParams:
     attention_overhead_s: float = 1e-5  # per attention call (split-KV combine, metadata), seconds
     elementwise_kernels_per_layer: int = 5  # 2 norms, rotary, activation, KV-cache write
     expert_parallel_size: int = 1  # vLLM --enable-expert-parallel: experts split over this many ranks
+    data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
     moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
     moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
 
@@ -45,9 +46,9 @@ class RooflineParams:
         if self.moe_distribution not in DISTRIBUTIONS:
             raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
                              field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
-        if not isinstance(self.expert_parallel_size, int) or self.expert_parallel_size < 1:
-            raise InputError("roofline: expert_parallel_size must be a positive integer",
-                             field="expert_parallel_size")
+        for f in ("expert_parallel_size", "data_parallel_size"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise InputError(f"roofline: {f} must be a positive integer", field=f)
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None or isinstance(value, (str, bool)):
@@ -65,7 +66,7 @@ class RooflineCostModel:
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source")
+                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -113,7 +114,8 @@ class RooflineCostModel:
                           c_lin, dense_frac))
             gemms.append((2.0 * w["down_proj"], w["down_proj"] * wb, (inter + h) * b, c_lin,
                           dense_frac))
-        self._moe = self._moe_table = None
+        self._moe = self._moe_table = self._a2a = None
+        self._dp = self.params.data_parallel_size
         self.moe_source = "none (dense)"
         if m.is_moe:
             gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b, self._c,
@@ -154,6 +156,9 @@ class RooflineCostModel:
         curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
             if self.params.moe_table else None
         self._moe_table = None if curve is None else (curve, moe_frac)
+        if self._dp > 1:  # dispatch + combine all-to-all of the routed tokens, per MoE layer
+            group = Collectives(self.gpu, moe_ep if ep > 1 else tp * self._dp)
+            self._a2a = (group.alltoall_curve, m.experts_per_token * m.hidden_size * b, moe_frac)
         self.moe_source = "roofline" if curve is None else \
             f"measured (aiconfigurator moe_perf, moe_tp={moe_tp} moe_ep={moe_ep}, {self.params.moe_distribution})"
         if curve is not None:
@@ -228,12 +233,13 @@ class RooflineCostModel:
             gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
         if self._moe_table is not None:
             curve, frac = self._moe_table
-            gemm += frac * curve(tokens)
+            gemm += frac * curve(tokens * self._dp)
         elif self._moe is not None:
             experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
+            tokens_moe = tokens * self._dp  # DP ranks' tokens meet in the experts (balanced DP)
             # Expected distinct experts hit when tokens route uniformly (each picks top_k).
-            active = experts * (1.0 - (1.0 - p_pick) ** tokens)
-            routed = tokens * top_k
+            active = experts * (1.0 - (1.0 - p_pick) ** tokens_moe)
+            routed = tokens_moe * top_k
             gemm += frac * (max(routed * flops * c, (active * wbytes + routed * abytes) * m)
                             + 2 * ko)
         attn = max(pairs * self._attn_flops_per_pair * self._ac,
@@ -241,6 +247,9 @@ class RooflineCostModel:
         attn += self._ao
         elementwise = tokens * self._ew_bytes_per_tok * m + self._ew_kernels * ko
         comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
+        if self._a2a is not None:
+            curve, per_tok, frac = self._a2a
+            comm += frac * 2.0 * curve(tokens * per_tok)
         return gemm, attn, elementwise, comm
 
     def _head_parts(self, tokens: int, sampled: int) -> tuple[float, float, float, float]:

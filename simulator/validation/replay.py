@@ -103,6 +103,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
     cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
+    if s.enable_expert_parallel and s.data_parallel_size <= 1 and cm.name == "roofline":
+        cm.params["expert_parallel_size"] = s.tp  # experts split over the TP ranks
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                             max_model_len=max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
                             async_scheduling=async_on)
@@ -170,14 +172,10 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
     run = load_run(run_dir, opts.run_format)
     wl = load_workload(workload, opts.workload_format)
     cfg, info = build_config(run, opts)
-    engine = Engine(cfg, wl)
-    res = engine.run()
-    sim_req = res.metrics.requests_frame()
-    sim_ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
+    res, sim_req, sim_ts, steps = _simulate(cfg, wl, run.settings)
     paired, pairing = pair_requests(run.requests, sim_req, [r.request_id for r in wl.requests])
     if pairing["num_paired"] == 0:
         raise InputError("no measured request pairs with a simulated one", field="workload")
-    steps = res.metrics.steps_frame()
     peak_kv = float(steps["kv_usage"].max()) if len(steps) else 0.0
     info["kv_cache"].update({"peak_usage_simulated": peak_kv, "pool_was_binding": bool(peak_kv >= 0.95),
                              "num_preemptions_simulated": int(steps["num_preemptions"].sum()) if len(steps) else 0})
@@ -194,8 +192,9 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
         "makespan": makespan(paired),
         "targets": {**TARGETS, "e2e_met": _le(per_req["e2e"]["median_ape"], TARGETS["e2e_median_ape"]),
                     "ttft_met": _le(per_req["ttft"]["median_ape"], TARGETS["ttft_median_ape"])},
-        "simulation": {"num_steps": res.num_steps, "wall_time_s": res.wall_time_s,
-                       "sim_duration_s": res.sim_duration_s},
+        "simulation": {"num_steps": len(steps), "wall_time_s": res.wall_time_s,
+                       "sim_duration_s": float(sim_ts["t_s"].max()) if len(sim_ts) else 0.0,
+                       "data_parallel_size": run.settings.data_parallel_size},
     }
     report = _clean(report)
     if out_dir is not None:
@@ -209,6 +208,21 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
 
             write_validation_page(out, report, paired, run.timeseries, sim_ts)
     return report
+
+
+def _simulate(cfg: SimConfig, wl, s):
+    """One engine, or ``data_parallel_size`` ranks behind vLLM's DP balancer (simulator/cluster/dp.py)."""
+    if s.data_parallel_size <= 1:
+        res = Engine(cfg, wl).run()
+        ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
+        return res, res.metrics.requests_frame(), ts, res.metrics.steps_frame()
+    from simulator.cluster import run_cluster
+    from simulator.cluster.dp import dp_cluster_config
+
+    res = run_cluster(dp_cluster_config(cfg, s.data_parallel_size,
+                                        expert_parallel=s.enable_expert_parallel, seed=cfg.seed), wl)
+    ts = to_measured_convention(res.metrics.timeseries_frame(res.summary["sim_duration_s"]))
+    return res, res.requests, ts, res.steps
 
 
 def _le(value, limit) -> bool | None:
