@@ -14,7 +14,7 @@ from typing import Any
 from traces.errors import InputError
 
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
-from ..specs.precision import bytes_per_element, gemm_peak_tflops
+from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives
 from .moe_tables import DISTRIBUTIONS, moe_curve
@@ -91,8 +91,8 @@ class RooflineCostModel:
         # Inverse throughputs (seconds per FLOP / per byte) so the hot path only multiplies.
         # GEMMs run at the tensor-core rate of their weight format (specs/precision.py).
         e_c = self._eff("compute_efficiency")
-        c_lin = 1.0 / (gemm_peak_tflops(g, m.weight_dtype) * 1e12 * e_c)
-        c_exp = 1.0 / (gemm_peak_tflops(g, m.experts_dtype) * 1e12 * e_c)
+        c_lin = 1.0 / (gemm_peak_tflops(g, m.weight_dtype) * 1e12 * gemm_efficiency(g, m.weight_dtype, e_c))
+        c_exp = 1.0 / (gemm_peak_tflops(g, m.experts_dtype) * 1e12 * gemm_efficiency(g, m.experts_dtype, e_c))
         self._c = 1.0 / (g.peak_flops * e_c)  # activation-dtype GEMMs (lm_head, router)
         self._ac = 1.0 / (g.peak_flops * self._eff("attention_compute_efficiency"))
         self._m = 1.0 / (g.peak_mem_bytes_per_s * self._eff("memory_efficiency"))

@@ -42,6 +42,7 @@ class GpuSpec:
     p2p: bool = True  # CUDA peer-to-peer between GPUs (GeForce parts have it disabled)
     fp8_dense_tflops: float | None = None  # 1e12 FLOP/s, dense; None: no FP8 tensor cores
     fp4_dense_tflops: float | None = None  # 1e12 FLOP/s, dense; None: no FP4 tensor cores
+    fp8_compute_efficiency: float | None = None  # fraction of fp8_dense_tflops fp8 GEMMs reach
     aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -52,8 +53,8 @@ class GpuSpec:
             raise InputError(f"gpu '{self.name}': collective_latency_s must be >= 0",
                              field="collective_latency_s")
         for f in ("compute_efficiency", "memory_efficiency", "attention_compute_efficiency",
-                  "attention_memory_efficiency", "interconnect_efficiency"):
-            if not 0 < getattr(self, f) <= 1:
+                  "attention_memory_efficiency", "interconnect_efficiency", "fp8_compute_efficiency"):
+            if getattr(self, f) is not None and not 0 < getattr(self, f) <= 1:
                 raise InputError(f"gpu '{self.name}': {f} must be in (0, 1]", field=f)
         if self.interconnect not in _INTERCONNECTS:
             raise InputError(f"gpu '{self.name}': unknown interconnect {self.interconnect!r}",

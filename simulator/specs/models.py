@@ -251,7 +251,8 @@ def register_model(spec: ModelSpec) -> ModelSpec:
         return have
     if have is not None:
         n = 2
-        while f"{spec.name}-{n}" in specs and specs[f"{spec.name}-{n}"] != spec:
+        while f"{spec.name}-{n}" in specs and \
+                specs[f"{spec.name}-{n}"] != replace(spec, name=f"{spec.name}-{n}"):
             n += 1
         spec = replace(spec, name=f"{spec.name}-{n}")
         if specs.get(spec.name) == spec:
@@ -310,15 +311,15 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     their name (:func:`register_model`)."""
     if isinstance(name, ModelSpec):
         return name
+    path = Path(str(name))
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():  # a path is read, never matched by its folder name
+        return register_model(model_from_hf_config(path))
     specs, lookup = _registry()
     for key in candidates(str(name)):
         if key in lookup:
             return specs[lookup[key]]
-    path = Path(str(name))
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.suffix == ".json" and path.is_file():
-        return register_model(model_from_hf_config(path))
     raise InputError(f"unknown model '{name}'", field="model",
                      allowed=", ".join(available_models()) + ", or a path to a Hugging Face config.json")
 

@@ -73,3 +73,12 @@ def gemm_peak_tflops(gpu, weight_fmt: str) -> float:
     if fmt == "fp32":
         return gpu.bf16_dense_tflops / 2
     return gpu.bf16_dense_tflops
+
+
+def gemm_efficiency(gpu, weight_fmt: str, default: float) -> float:
+    """Achievable fraction of :func:`gemm_peak_tflops`: the GPU's fitted fp8 efficiency for GEMMs on
+    fp8 tensor cores (gpus.yaml), else ``default`` (the bf16-fitted compute efficiency)."""
+    fp8_cores = canonical_dtype(weight_fmt) in ("fp8", "fp8_block", "int8") and gpu.fp8_dense_tflops
+    if fp8_cores and gpu.fp8_compute_efficiency is not None:
+        return gpu.fp8_compute_efficiency
+    return default
