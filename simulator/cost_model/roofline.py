@@ -9,6 +9,7 @@ docs/COST_MODELS.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from itertools import compress
 from typing import Any
 
 from traces.errors import InputError
@@ -20,8 +21,7 @@ from .collectives import Collectives
 from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
-_DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-_HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
+_ONE_NE = (1).__ne__
 
 
 @dataclass(slots=True, frozen=True)
@@ -205,23 +205,35 @@ class RooflineCostModel:
     def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
         """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
         and sliding-window layers blended by their share of the model's layers."""
-        tokens, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(new, ctx)
         # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
         pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
         f = self._win_frac
         if f:
-            wpairs, wkv = self._windowed_work(new, ctx)
+            wpairs, wkv = self._windowed_work(new, ctx, (pairs, kv_tokens), ctx_sum, tokens, npf)
             pairs, kv_tokens = f * wpairs + (1.0 - f) * pairs, f * wkv + (1.0 - f) * kv_tokens
         return tokens, pairs, kv_tokens
 
-    def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[float, int]:
-        """(query-key pairs, KV tokens read) with a sliding attention window."""
+    def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...], full: tuple[float, int],
+                       ctx_sum: int, tokens: int, n_prefill: int) -> tuple[float, int]:
+        """(query-key pairs, KV tokens read) with a sliding attention window; ``full`` is the
+        unwindowed work, returned as is when no request reaches past the window."""
         window = self.model.sliding_window
-        pairs, kv = 0.0, 0
-        for n, c in zip(new, ctx):
-            full = min(max(window - c, 0), n)  # queries that still see their whole prefix
-            pairs += full * c + 0.5 * full * (full + 1) + (n - full) * window
-            kv += min(c, window) + n
+        if max(ctx) + (tokens if n_prefill else 1) <= window:
+            return full
+        # Every request reads min(c, window) cached tokens plus its n new ones; a decode (n = 1)
+        # sees min(c + 1, window) keys. min(c, t) summed = sum(c) - the excess over t, which
+        # only the long contexts have: found by a C-level filter, not a Python loop.
+        long = list(filter((window - 1).__lt__, ctx))  # contexts >= window
+        excess = sum(long) - (window - 1) * len(long)  # over window - 1; over window: - len(long)
+        kv = ctx_sum - (excess - len(long)) + tokens
+        pairs = float(ctx_sum - excess + len(new))
+        if n_prefill:  # prefill-like requests: swap in the exact form
+            for i in compress(range(len(new)), map(_ONE_NE, new)):
+                n, c = new[i], ctx[i]
+                pairs -= min(c, window - 1) + 1
+                f = min(max(window - c, 0), n)  # queries that still see their whole prefix
+                pairs += f * c + 0.5 * f * (f + 1) + (n - f) * window
         return pairs, kv
 
     def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int
