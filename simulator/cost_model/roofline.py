@@ -22,6 +22,8 @@ from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
 _ONE_NE = (1).__ne__
+_DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
 
 
 @dataclass(slots=True, frozen=True)
