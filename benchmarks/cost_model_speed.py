@@ -36,7 +36,17 @@ def models() -> dict[str, object]:
     out = {"roofline llama-3.1-8b h100": make_cost_model("roofline", model="llama-3.1-8b",
                                                          gpu="h100"),
            "roofline mixtral-8x7b h100 tp2": make_cost_model("roofline", model="mixtral-8x7b",
-                                                             gpu="h100", tp=2)}
+                                                             gpu="h100", tp=2),
+           # one dense, one MoE (measured FusedMoE table), one MLA + MoE model: lookup cost per step
+           "dense qwen3-32b rtx-pro-6000 tp2 (collective table)": make_cost_model(
+               "roofline", model="qwen3-32b", gpu="rtx-pro-6000", tp=2),
+           "MoE llama-4-scout fp8 h100 tp2 (MoE table)": make_cost_model(
+               "roofline", model="RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", gpu="h100",
+               tp=2),
+           "MLA deepseek-v3 h200 tp8 (fp8 block, MoE table)": make_cost_model(
+               "roofline", model="deepseek-v3", gpu="h200", tp=8),
+           "sliding gemma-3-27b h100 tp2 (hybrid window)": make_cost_model(
+               "roofline", model="gemma-3-27b", gpu="h100", tp=2)}
     if SHARED.is_dir():
         lss = SHARED / "llmservingsim/vllm_0.19_profiler/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
         out["profiled mixed-attention (LLMServingSim)"] = fit(
@@ -49,14 +59,14 @@ def models() -> dict[str, object]:
 
 def main() -> None:
     cases = shapes()
-    print(f"{'model':<48}" + "".join(f"{name:>24}" for name in cases))
+    print(f"{'model':<52}" + "".join(f"{name:>24}" for name in cases))
     for label, cm in models().items():
         cells = []
         for shape in cases.values():
             number = 2000
             best = min(timeit.repeat(lambda: cm.step_time_s(shape), number=number, repeat=5))
             cells.append(f"{best / number * 1e6:>21.1f} us")
-        print(f"{label:<48}" + "".join(cells))
+        print(f"{label:<52}" + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ from servesim.cli import app
 def validate(
     run_dir: Path = typer.Argument(..., help="measured run folder (llmservingsim: meta.json, requests.jsonl, "
                                              "timeseries.csv; or a servesim result folder)"),
-    workload: Path = typer.Option(..., "--workload", help="the workload the run replayed (its arrivals and tokens)"),
+    workload: Path = typer.Option(None, "--workload", help="the workload the run replayed (its arrivals and tokens); "
+                                                         "not needed for a blis_h100_trainval folder"),
+    experiment: str = typer.Option(None, "--experiment", help="blis_h100_trainval folder: which run (id or name)"),
     workload_format: str = typer.Option("auto", "--workload-format", help="trace format of --workload"),
     run_format: str = typer.Option("auto", "--run-format", help="run layout: auto, llmservingsim, servesim"),
     cost_model: str = typer.Option("calibrated", "--cost-model",
                                    help="calibrated (shipped fit for model/GPU/TP), roofline, or a fitted .json"),
     gpu: str = typer.Option(None, "--gpu", help="GPU, when the run does not record its device"),
+    model: str = typer.Option(None, "--model", help="model id, alias or config.json path (default: the run's)"),
     num_gpu_blocks: int = typer.Option(None, "--num-gpu-blocks", help="KV blocks, when the run does not record them"),
     cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
     async_scheduling: bool = typer.Option(None, "--async-scheduling/--no-async-scheduling",
@@ -36,10 +39,17 @@ def validate(
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from simulator.outdir import check_output, staged_output
     from simulator.validation import ValidateOptions, validate_run
+    from simulator.validation.blis import is_blis_dir
 
     check_output(out, overwrite=overwrite)
+    if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
+        _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out)
+        return
+    if workload is None:
+        raise typer.BadParameter("--workload is required for this run layout", param_hint="--workload")
 
-    opts = ValidateOptions(cost_model=cost_model, gpu=gpu, num_gpu_blocks=num_gpu_blocks, cpu_overhead=cpu_overhead,
+    opts = ValidateOptions(cost_model=cost_model, gpu=gpu, model=model, num_gpu_blocks=num_gpu_blocks,
+                           cpu_overhead=cpu_overhead,
                            async_scheduling=async_scheduling, run_format=run_format,
                            workload_format=workload_format, plots=plots, skew_alpha=skew_alpha)
     with staged_output(out, "validate", overwrite=overwrite) as tmp:
@@ -61,6 +71,21 @@ def validate(
     for note in rep["run"]["notes"]:
         typer.echo(f"note: {note}")
     typer.echo(f"wrote {out / 'validation.json'}" + (f" and {out / 'index.html'}" if plots else ""))
+
+
+def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
+                   out: Path) -> None:
+    from simulator.validation.blis import format_blis_report, load_experiments, validate_blis
+    from simulator.validation.replay import write_json_atomic
+
+    if experiment is None:
+        ids = ", ".join(e.id for e in load_experiments(run_dir))
+        raise typer.BadParameter(f"pick a run: {ids}", param_hint="--experiment")
+    rep = validate_blis(run_dir, experiment, "auto" if cost_model == "calibrated" else cost_model,
+                        cpu_overhead)
+    write_json_atomic(out / "validation.json", rep)
+    typer.echo(format_blis_report(rep))
+    typer.echo(f"wrote {out / 'validation.json'}")
 
 
 @app.command("validate-closed-loop")

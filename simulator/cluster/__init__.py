@@ -16,6 +16,7 @@ from simulator.cluster.link import KVLink
 from simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
 from simulator.cluster.results import ClusterResult, ReplicaResult, write_cluster_results
 from simulator.cluster.routers import Decision, Router, available_routers, make_router, register_router
+from simulator.cluster import dp as _dp  # noqa: F401  (registers the vllm_dp router)
 
 __all__ = [
     "Cluster", "ClusterConfig", "ClusterResult", "Decision", "DecodeEngine", "KVLink", "LinkConfig", "PDConfig",

@@ -223,7 +223,8 @@ def _fit_allreduce(rows: pd.DataFrame, tp: int, roof: RooflineCostModel,
         curve, errors["allreduce"] = fit_curve(ar, "bytes", rng, holdout, "measured")
     else:
         curve = roofline_curve(lambda b: roof.op_time_s("allreduce", b), _BYTES_GRID)
-        errors["allreduce"] = _roofline_err()
+        # Not measured in this profile: the shared collective tables, or the link model.
+        errors["allreduce"] = {**_roofline_err(), "source": roof.collectives.source.allreduce}
     return {"calls": CALLS_PER_LAYER["allreduce"], "curve": curve.to_dict()}
 
 

@@ -9,14 +9,19 @@ docs/COST_MODELS.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from itertools import compress
 from typing import Any
 
 from traces.errors import InputError
 
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
+from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
+from .collectives import Collectives
+from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
+_ONE_NE = (1).__ne__
 _DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
 
@@ -34,11 +39,21 @@ class RooflineParams:
     kernel_overhead_s: float = 4e-6  # per GEMM / elementwise kernel: launch gap + tail, seconds
     attention_overhead_s: float = 1e-5  # per attention call (split-KV combine, metadata), seconds
     elementwise_kernels_per_layer: int = 5  # 2 norms, rotary, activation, KV-cache write
+    expert_parallel_size: int = 1  # vLLM --enable-expert-parallel: experts split over this many ranks
+    data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
+    moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
+    moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
 
     def __post_init__(self) -> None:
+        if self.moe_distribution not in DISTRIBUTIONS:
+            raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
+                             field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
+        for f in ("expert_parallel_size", "data_parallel_size"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise InputError(f"roofline: {f} must be a positive integer", field=f)
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or isinstance(value, (str, bool)):
                 continue
             if f.name.endswith("efficiency") and not 0 < value <= 1:
                 raise InputError(f"roofline: {f.name} must be in (0, 1], got {value!r}", field=f.name)
@@ -52,7 +67,8 @@ class RooflineCostModel:
 
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
-                 "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar_s_per_tok", "_head")
+                 "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
+                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -75,36 +91,49 @@ class RooflineCostModel:
     def _precompute(self) -> None:
         m, g, tp, b = self.model, self.gpu, self.tp, self.model.dtype_bytes
         # Inverse throughputs (seconds per FLOP / per byte) so the hot path only multiplies.
-        self._c = 1.0 / (g.peak_flops * self._eff("compute_efficiency"))
+        # GEMMs run at the tensor-core rate of their weight format (specs/precision.py).
+        e_c = self._eff("compute_efficiency")
+        c_lin = 1.0 / (gemm_peak_tflops(g, m.weight_dtype) * 1e12 * gemm_efficiency(g, m.weight_dtype, e_c))
+        c_exp = 1.0 / (gemm_peak_tflops(g, m.experts_dtype) * 1e12 * gemm_efficiency(g, m.experts_dtype, e_c))
+        self._c = 1.0 / (g.peak_flops * e_c)  # activation-dtype GEMMs (lm_head, router)
         self._ac = 1.0 / (g.peak_flops * self._eff("attention_compute_efficiency"))
         self._m = 1.0 / (g.peak_mem_bytes_per_s * self._eff("memory_efficiency"))
         self._am = 1.0 / (g.peak_mem_bytes_per_s * self._eff("attention_memory_efficiency"))
         self._ko = self.params.kernel_overhead_s
         self._ao = self.params.attention_overhead_s
         h, w = m.hidden_size, layer_weight_elems(m, tp)
+        wb, wx = bytes_per_element(m.weight_dtype), bytes_per_element(m.experts_dtype)
         qkv_out = w["qkv_proj"] // h
-        inter = m.intermediate_size // tp
-        # Dense GEMMs as (FLOPs per token, weight bytes, activation bytes per token).
-        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * b, (h + qkv_out) * b),
-                 (2.0 * w["o_proj"], w["o_proj"] * b, (m.q_size // tp + h) * b)]
+        layers = m.num_layers
+        dense_frac, moe_frac = m.dense_mlp_layers / layers, m.num_moe_layers / layers
+        # GEMMs as (FLOPs per token, weight bytes, activation bytes per token, s/FLOP, fraction
+        # of layers that run it): the step costs num_layers x the layer-average.
+        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * wb, (h + qkv_out) * b, c_lin, 1.0),
+                 (2.0 * w["o_proj"], w["o_proj"] * wb, (m.q_size // tp + h) * b, c_lin, 1.0)]
+        if dense_frac:
+            inter = m.dense_mlp_width // tp
+            gemms.append((2.0 * w["gate_up_proj"], w["gate_up_proj"] * wb, (h + 2 * inter) * b,
+                          c_lin, dense_frac))
+            gemms.append((2.0 * w["down_proj"], w["down_proj"] * wb, (inter + h) * b, c_lin,
+                          dense_frac))
+        self._moe = self._moe_table = self._a2a = None
+        self._dp = self.params.data_parallel_size
+        self.moe_source = "none (dense)"
         if m.is_moe:
-            gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b))
-            # Per expert: gate_up + down weights; per routed token: activations in and out.
-            expert_elems = 3 * h * inter
-            self._moe = (m.num_experts, m.experts_per_token / m.num_experts, 2.0 * expert_elems,
-                         expert_elems * b, (2 * h + 3 * inter) * b, m.experts_per_token)
-        else:
-            gemms.append((2.0 * w["gate_up_proj"], w["gate_up_proj"] * b, (h + 2 * inter) * b))
-            gemms.append((2.0 * w["down_proj"], w["down_proj"] * b, (inter + h) * b))
-            self._moe = None
+            gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b, self._c,
+                          moe_frac))
+            if w["shared_experts"]:
+                sh = m.shared_expert_intermediate_size // tp
+                gemms.append((2.0 * w["shared_experts"], w["shared_experts"] * wb,
+                              (2 * h + 3 * sh) * b, c_lin, moe_frac))
+            self._precompute_experts(c_exp, wx, moe_frac)
         self._gemms = tuple(gemms)
-        heads, kv_heads = m.heads_per_gpu(tp), m.kv_heads_per_gpu(tp)
-        self._attn_flops_per_pair = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC each
-        self._kv_bytes_per_tok = 2 * kv_heads * m.head_dim * b  # K and V of one layer
-        self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
+        self._precompute_attention(b)
+        mlp_ew = dense_frac * m.dense_mlp_width + moe_frac * (
+            m.experts_per_token * m.intermediate_size + m.shared_expert_intermediate_size)
         # Elementwise traffic per token: 2 RMSNorms (read+write h), rotary on q,k, SiLU*mul
         # (read 2*inter, write inter), 2 residual adds (read 2h, write h), KV-cache write.
-        self._ew_bytes_per_tok = (4 * h + 2 * qkv_out + 3 * inter + 6 * h) * b
+        self._ew_bytes_per_tok = (4 * h + 2 * qkv_out + 3 * mlp_ew / tp + 6 * h) * b
         self._ew_kernels = self.params.elementwise_kernels_per_layer
         self._precompute_collectives(b)
         vocab = -(-m.vocab_size // tp)  # vocab-parallel lm_head shard
@@ -118,60 +147,123 @@ class RooflineCostModel:
             (tp - 1) / tp * 4 * m.vocab_size / link,  # logits all-gather seconds per row (tp > 1)
         )
 
-    def _precompute_collectives(self, b: int) -> None:
-        g, tp = self.gpu, self.tp
-        if tp == 1:
-            self._ar_lat, self._ar_s_per_tok = 0.0, 0.0
+    def _precompute_experts(self, c_exp: float, wx: float, moe_frac: float) -> None:
+        """Routed experts: a measured FusedMoE curve when one covers this deployment, else the
+        roofline of the expected work under uniform top-k routing (docs/COST_MODELS.md, MoE)."""
+        m, tp, ep, b = self.model, self.tp, self.params.expert_parallel_size, self.model.dtype_bytes
+        if m.num_experts % ep:
+            raise InputError(f"{m.num_experts} experts do not split over {ep} expert-parallel ranks",
+                             field="expert_parallel_size")
+        moe_tp, moe_ep = (1, ep) if ep > 1 else (tp, 1)
+        curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
+            if self.params.moe_table else None
+        self._moe_table = None if curve is None else (curve, moe_frac)
+        if self._dp > 1:  # dispatch + combine all-to-all of the routed tokens, per MoE layer
+            group = Collectives(self.gpu, moe_ep if ep > 1 else tp * self._dp)
+            self._a2a = (group.alltoall_curve, m.experts_per_token * m.hidden_size * b, moe_frac)
+        self.moe_source = "roofline" if curve is None else \
+            f"measured (aiconfigurator moe_perf, moe_tp={moe_tp} moe_ep={moe_ep}, {self.params.moe_distribution})"
+        if curve is not None:
             return
-        lat = self.params.collective_latency_s
-        self._ar_lat = g.collective_latency_s if lat is None else lat
-        link = g.link_bytes_per_s * self._eff("interconnect_efficiency")
-        # A ring all-reduce moves 2*(tp-1)/tp of the message over each GPU's link.
-        self._ar_s_per_tok = 2.0 * (tp - 1) / tp * self.model.hidden_size * b / link
+        h, inter = m.hidden_size, m.intermediate_size // moe_tp
+        expert_elems = 3 * h * inter  # gate_up + down of one expert on this rank
+        # (local experts, P(an expert is picked by a token), FLOPs per routed token, bytes per
+        #  expert, activation bytes per routed token, routed tokens per token on this rank, ...)
+        self._moe = (m.num_experts // moe_ep, m.experts_per_token / m.num_experts,
+                     2.0 * expert_elems, expert_elems * wx, (2 * h + 3 * inter) * b,
+                     m.experts_per_token / moe_ep, c_exp, moe_frac)
+
+    def _precompute_attention(self, b: int) -> None:
+        m, tp = self.model, self.tp
+        heads = m.heads_per_gpu(tp)
+        if m.mla is None:
+            self._attn_flops_per_pair = 4.0 * heads * m.head_dim  # QK^T and PV, 2 FLOPs per MAC
+        else:  # MLA prefill: QK^T over nope+rope dims, PV over v_head_dim
+            self._attn_flops_per_pair = 2.0 * heads * (m.head_dim + m.mla.v_head_dim)
+        # K and V (or the MLA latent) of one token in one layer, in the KV-cache format
+        self._kv_bytes_per_tok = m.kv_elems_per_token_layer(tp) * m.kv_bytes_per_elem
+        self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
+        self._win_frac = m.num_sliding_layers / m.num_layers
+
+    def _precompute_collectives(self, b: int) -> None:
+        """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
+        interconnect's bus-bandwidth model (simulator/cost_model/collectives.py). Setting
+        interconnect_efficiency or collective_latency_s asks for the model explicitly."""
+        lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
+        self.collectives = Collectives(self.gpu, self.tp, interconnect_efficiency=eff,
+                                       latency_s=lat, use_tables=lat is None and eff is None)
+        self._ar = self.collectives.allreduce_curve
+        self._ar_bytes_per_tok = self.model.hidden_size * b  # the residual stream, one row/token
+        self._ar_lat = self.gpu.collective_latency_s if lat is None else lat
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
-        new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        if self.model.sliding_window is None:
-            tokens, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
-            # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
-            pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
-        else:
-            tokens = sum(new)
-            pairs, kv_tokens = self._windowed_work(new, ctx)
+        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return 0.0
         layer = self._layer_parts(tokens, pairs, kv_tokens)
         return self.model.num_layers * sum(layer) + sum(self._head_parts(tokens, shape.num_sampled))
 
-    def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[float, int]:
-        """(query-key pairs, KV tokens read) with a sliding attention window."""
+    def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
+        """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
+        and sliding-window layers blended by their share of the model's layers."""
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(new, ctx)
+        # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
+        pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
+        f = self._win_frac
+        if f:
+            wpairs, wkv = self._windowed_work(new, ctx, (pairs, kv_tokens), ctx_sum, tokens, npf)
+            pairs, kv_tokens = f * wpairs + (1.0 - f) * pairs, f * wkv + (1.0 - f) * kv_tokens
+        return tokens, pairs, kv_tokens
+
+    def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...], full: tuple[float, int],
+                       ctx_sum: int, tokens: int, n_prefill: int) -> tuple[float, int]:
+        """(query-key pairs, KV tokens read) with a sliding attention window; ``full`` is the
+        unwindowed work, returned as is when no request reaches past the window."""
         window = self.model.sliding_window
-        pairs, kv = 0.0, 0
-        for n, c in zip(new, ctx):
-            full = min(max(window - c, 0), n)  # queries that still see their whole prefix
-            pairs += full * c + 0.5 * full * (full + 1) + (n - full) * window
-            kv += min(c, window) + n
+        if max(ctx) + (tokens if n_prefill else 1) <= window:
+            return full
+        # Every request reads min(c, window) cached tokens plus its n new ones; a decode (n = 1)
+        # sees min(c + 1, window) keys. min(c, t) summed = sum(c) - the excess over t, which
+        # only the long contexts have: found by a C-level filter, not a Python loop.
+        long = list(filter((window - 1).__lt__, ctx))  # contexts >= window
+        excess = sum(long) - (window - 1) * len(long)  # over window - 1; over window: - len(long)
+        kv = ctx_sum - (excess - len(long)) + tokens
+        pairs = float(ctx_sum - excess + len(new))
+        if n_prefill:  # prefill-like requests: swap in the exact form
+            for i in compress(range(len(new)), map(_ONE_NE, new)):
+                n, c = new[i], ctx[i]
+                pairs -= min(c, window - 1) + 1
+                f = min(max(window - c, 0), n)  # queries that still see their whole prefix
+                pairs += f * c + 0.5 * f * (f + 1) + (n - f) * window
         return pairs, kv
 
     def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int
                      ) -> tuple[float, float, float, float]:
         """Seconds of one layer: (GEMMs, attention, elementwise, all-reduce)."""
-        c, m, ko = self._c, self._m, self._ko
+        m, ko = self._m, self._ko
         gemm = 0.0
-        for flops, wbytes, abytes in self._gemms:
-            gemm += max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko
-        if self._moe is not None:
-            experts, p_pick, flops, wbytes, abytes, top_k = self._moe
+        for flops, wbytes, abytes, c, frac in self._gemms:
+            gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
+        if self._moe_table is not None:
+            curve, frac = self._moe_table
+            gemm += frac * curve(tokens * self._dp)
+        elif self._moe is not None:
+            experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
+            tokens_moe = tokens * self._dp  # DP ranks' tokens meet in the experts (balanced DP)
             # Expected distinct experts hit when tokens route uniformly (each picks top_k).
-            active = experts * (1.0 - (1.0 - p_pick) ** tokens)
-            routed = tokens * top_k
-            gemm += max(routed * flops * c, (active * wbytes + routed * abytes) * m) + 2 * ko
+            active = experts * (1.0 - (1.0 - p_pick) ** tokens_moe)
+            routed = tokens_moe * top_k
+            gemm += frac * (max(routed * flops * c, (active * wbytes + routed * abytes) * m)
+                            + 2 * ko)
         attn = max(pairs * self._attn_flops_per_pair * self._ac,
                    (kv_tokens * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok) * self._am)
         attn += self._ao
         elementwise = tokens * self._ew_bytes_per_tok * m + self._ew_kernels * ko
-        comm = 2.0 * (self._ar_lat + tokens * self._ar_s_per_tok) if self.tp > 1 else 0.0
+        comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
+        if self._a2a is not None:
+            curve, per_tok, frac = self._a2a
+            comm += frac * 2.0 * curve(tokens * per_tok)
         return gemm, attn, elementwise, comm
 
     def _head_parts(self, tokens: int, sampled: int) -> tuple[float, float, float, float]:
@@ -193,17 +285,16 @@ class RooflineCostModel:
         """Seconds of one op: per layer for layer ops (``count`` = tokens), per step for
         embedding/final_norm (tokens) and lm_head/sampler (rows), one call for allreduce
         (``count`` = message bytes)."""
-        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and self._moe is None):
-            flops, wbytes, abytes = self._gemms[_DENSE_GEMMS.index(op)]
-            return max(count * flops * self._c, (wbytes + count * abytes) * self._m) + self._ko
-        if op == "moe":  # router + experts
+        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and not self.model.is_moe):
+            flops, wbytes, abytes, c, _ = self._gemms[_DENSE_GEMMS.index(op)]
+            return max(count * flops * c, (wbytes + count * abytes) * self._m) + self._ko
+        if op == "moe":  # everything but the attention projections: router, experts, dense MLPs
             gemm, _, _, _ = self._layer_parts(count, 0.0, 0)
             return gemm - sum(self.op_time_s(g, count) for g in _DENSE_GEMMS[:2])
         if op == "elementwise":
             return count * self._ew_bytes_per_tok * self._m + self._ew_kernels * self._ko
         if op == "allreduce":
-            per_byte = self._ar_s_per_tok / (self.model.hidden_size * self.model.dtype_bytes)
-            return self._ar_lat + count * per_byte
+            return self._ar(count) if self.tp > 1 else 0.0
         if op in _HEAD_OPS:
             parts = self._head_parts(count, count) if op in ("lm_head", "sampler") else \
                 self._head_parts(count, 0)
@@ -219,16 +310,10 @@ class RooflineCostModel:
     # ---- introspection --------------------------------------------------------------------
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
-        new, ctx = shape.num_new_tokens, shape.num_context_tokens
-        tokens = sum(new)
+        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return {}
-        if self.model.sliding_window is None:
-            _, ctx_sum, nd, kd, _, ptok, pc, cc = batch_sums(new, ctx)
-            work = (kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens)
-        else:
-            work = self._windowed_work(new, ctx)
-        parts = self._layer_parts(tokens, *work)
+        parts = self._layer_parts(tokens, pairs, kv_tokens)
         layers = self.model.num_layers
         out = {name: layers * v for name, v in zip(("gemm", "attention", "elementwise",
                                                       "allreduce"), parts)}

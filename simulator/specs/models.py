@@ -6,9 +6,8 @@ Specs live in ``models.yaml`` (published config.json numbers) and are looked up 
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -18,8 +17,26 @@ from scheduler.registry import unknown_name_message
 from traces.errors import InputError
 
 from ._names import alias_keys, candidates
+from .precision import bytes_per_element, canonical_dtype, kv_cache_dtype
 
 _SPEC_FILE = Path(__file__).with_name("models.yaml")
+
+
+@dataclass(slots=True, frozen=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one compressed latent of
+    ``kv_lora_rank`` plus a shared rotary key of ``qk_rope_head_dim`` per token and layer."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: queries projected directly from the hidden state
+
+    def __post_init__(self) -> None:
+        for f in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
+                raise InputError(f"mla: {f} must be a positive integer", field=f)
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,11 +51,21 @@ class ModelSpec:
     intermediate_size: int  # MLP width; per expert for MoE models
     vocab_size: int
     max_position_embeddings: int  # tokens
-    dtype_bytes: int = 2  # bytes per weight / activation / KV element (bf16)
+    dtype_bytes: int = 2  # bytes per activation element (bf16); weights: weight_dtype
     tied_embeddings: bool = False  # lm_head shares the embedding matrix
     num_experts: int = 1  # 1 = dense MLP
     experts_per_token: int = 1  # top-k routing
     sliding_window: int | None = None  # tokens; None = full attention
+    num_sliding_layers: int = 0  # layers that use sliding_window (the others attend fully)
+    # Mixture-of-Experts extras: always-on shared experts (total width) and layers that keep a
+    # dense MLP (DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers) with their width.
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0
+    dense_intermediate_size: int = 0
+    mla: MlaSpec | None = None
+    weight_dtype: str = "bf16"  # dense linear layers (simulator/specs/precision.py formats)
+    expert_weight_dtype: str = ""  # MoE experts; "" = same as weight_dtype
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: auto = the activation dtype, or fp8
     aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -59,13 +86,50 @@ class ModelSpec:
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise InputError(f"model '{self.name}': sliding_window must be positive or absent",
                              field="sliding_window")
+        if (self.sliding_window is None) != (self.num_sliding_layers == 0) or \
+                not 0 <= self.num_sliding_layers <= self.num_layers:
+            raise InputError(f"model '{self.name}': num_sliding_layers must be 1..num_layers with a "
+                             "sliding_window and 0 without", field="num_sliding_layers")
+        if not 0 <= self.num_dense_layers <= self.num_layers or \
+                (self.num_dense_layers and not (self.is_moe and self.dense_intermediate_size > 0)):
+            raise InputError(f"model '{self.name}': num_dense_layers needs an MoE model and a "
+                             "dense_intermediate_size", field="num_dense_layers")
+        canonical_dtype(self.weight_dtype, field="weight_dtype")
+        if self.expert_weight_dtype:
+            canonical_dtype(self.expert_weight_dtype, field="expert_weight_dtype")
+        kv_cache_dtype(self.kv_cache_dtype, "bf16")
+
+    @property
+    def kv_bytes_per_elem(self) -> float:
+        if self.kv_cache_dtype == "auto":
+            return float(self.dtype_bytes)
+        return bytes_per_element(kv_cache_dtype(self.kv_cache_dtype, "bf16"))
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
     @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        """Layers whose MLP is a plain gated MLP (all of them in a dense model)."""
+        return self.num_dense_layers if self.is_moe else self.num_layers
+
+    @property
+    def dense_mlp_width(self) -> int:
+        return self.dense_intermediate_size if self.is_moe else self.intermediate_size
+
+    @property
+    def experts_dtype(self) -> str:
+        return self.expert_weight_dtype or self.weight_dtype
+
+    @property
     def q_size(self) -> int:
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
         return self.num_attention_heads * self.head_dim
 
     @property
@@ -79,6 +143,12 @@ class ModelSpec:
         # vLLM replicates KV heads when tp exceeds their number, so each GPU keeps at least one.
         return max(1, math.ceil(self.num_kv_heads / tp))
 
+    def kv_elems_per_token_layer(self, tp: int) -> int:
+        """KV-cache elements one token keeps in one layer on one GPU."""
+        if self.mla is not None:  # the latent is shared by all heads: replicated on every TP rank
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim
+
 
 def _check_tp(model: ModelSpec, tp: int) -> None:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 0:
@@ -88,51 +158,130 @@ def _check_tp(model: ModelSpec, tp: int) -> None:
                          f"which tp={tp} does not divide", field="tp")
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
-    """KV-cache bytes one token occupies on ONE GPU, over all layers (K and V)."""
+def kv_bytes_per_token(model: ModelSpec, tp: int = 1, kv_dtype_bytes: float | None = None) -> int:
+    """KV-cache bytes one token occupies on ONE GPU, over all layers (K and V, or the MLA latent).
+
+    Sliding-window layers are counted in full: vLLM's block pool gives every layer a page per
+    block, and the pool size (num_gpu_blocks) is what this feeds."""
     _check_tp(model, tp)
-    elem = model.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
-    return 2 * model.num_layers * model.kv_heads_per_gpu(tp) * model.head_dim * elem
+    elem = model.kv_bytes_per_elem if kv_dtype_bytes is None else kv_dtype_bytes
+    return int(model.num_layers * model.kv_elems_per_token_layer(tp) * elem)
+
+
+def attention_weight_elems(model: ModelSpec, tp: int) -> dict[str, int]:
+    """Weight elements of one layer's attention projections on one GPU."""
+    h, heads = model.hidden_size, model.heads_per_gpu(tp)
+    mla = model.mla
+    if mla is None:
+        kv_out = model.kv_heads_per_gpu(tp) * model.head_dim
+        return {"qkv_proj": h * (model.q_size // tp + 2 * kv_out), "o_proj": model.q_size // tp * h}
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    # q_a / kv_a projections are replicated on every rank; q_b, kv_b and o are head-sharded.
+    q = h * heads * qk if mla.q_lora_rank is None else \
+        h * mla.q_lora_rank + mla.q_lora_rank * heads * qk
+    kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + \
+        mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return {"qkv_proj": q + kv, "o_proj": heads * mla.v_head_dim * h}
 
 
 def layer_weight_elems(model: ModelSpec, tp: int) -> dict[str, int]:
-    """Weight elements of one decoder layer on one GPU, by projection (used by the roofline too)."""
+    """Weight elements on one GPU, by projection: attention and norms per layer; ``gate_up_proj`` /
+    ``down_proj`` per dense-MLP layer; ``experts`` (all routed experts), ``shared_experts`` and
+    ``router`` per MoE layer (used by the roofline too)."""
     _check_tp(model, tp)
     h = model.hidden_size
-    kv_out = model.kv_heads_per_gpu(tp) * model.head_dim
-    mlp_one = model.hidden_size * model.intermediate_size // tp  # one of gate/up/down
+    dense_one = h * model.dense_mlp_width // tp if model.dense_mlp_layers else 0
     return {
-        "qkv_proj": h * (model.q_size // tp + 2 * kv_out),
-        "o_proj": model.q_size // tp * h,
-        "gate_up_proj": 2 * mlp_one * model.num_experts,
-        "down_proj": mlp_one * model.num_experts,
+        **attention_weight_elems(model, tp),
+        "gate_up_proj": 2 * dense_one,
+        "down_proj": dense_one,
+        "experts": 3 * h * model.intermediate_size // tp * model.num_experts if model.is_moe else 0,
+        "shared_experts": 3 * h * model.shared_expert_intermediate_size // tp,
         "router": h * model.num_experts if model.is_moe else 0,
         "norm": 2 * h,
     }
 
 
 def weight_bytes(model: ModelSpec, tp: int = 1) -> int:
-    """Weight bytes resident on ONE GPU under tensor parallelism (vocab-parallel embeddings)."""
-    _check_tp(model, tp)
-    per_layer = sum(layer_weight_elems(model, tp).values())
+    """Weight bytes resident on ONE GPU under tensor parallelism (vocab-parallel embeddings;
+    quantised formats with their scales; router, norms and embeddings stay in the activation
+    dtype as vLLM keeps them)."""
+    w = layer_weight_elems(model, tp)
+    lin = bytes_per_element(model.weight_dtype)
+    per_layer = (w["qkv_proj"] + w["o_proj"]) * lin + w["norm"] * model.dtype_bytes
+    dense = (w["gate_up_proj"] + w["down_proj"]) * lin
+    moe = w["experts"] * bytes_per_element(model.experts_dtype) + w["shared_experts"] * lin + \
+        w["router"] * model.dtype_bytes
     embed = math.ceil(model.vocab_size / tp) * model.hidden_size
     lm_head = 0 if model.tied_embeddings else embed
-    total = model.num_layers * per_layer + embed + lm_head + model.hidden_size  # + final norm
-    return total * model.dtype_bytes
+    total = model.num_layers * per_layer + model.dense_mlp_layers * dense + model.num_moe_layers * moe \
+        + (embed + lm_head + model.hidden_size) * model.dtype_bytes  # + final norm
+    return int(total)
 
 
 @cache
 def _registry() -> tuple[dict[str, ModelSpec], dict[str, str]]:
+    """models.yaml first, then the shipped Hugging Face config catalogue (``hf_configs/``)."""
+    from .hf_config import catalogue_specs
+
     raw = yaml.safe_load(_SPEC_FILE.read_text())
     specs: dict[str, ModelSpec] = {}
     lookup: dict[str, str] = {}
     for name, entry in raw.items():
-        spec = _spec_from_mapping(name, dict(entry), str(_SPEC_FILE))
-        specs[name] = spec
-        for alias in (name, spec.hf_id, *spec.aliases):
-            for key in alias_keys(alias):
-                lookup.setdefault(key, name)
+        _add(specs, lookup, _spec_from_mapping(name, dict(entry), str(_SPEC_FILE)))
+    for spec in catalogue_specs():
+        if spec.name not in specs and not any(k in lookup for k in alias_keys(spec.hf_id)):
+            _add(specs, lookup, spec)
     return specs, lookup
+
+
+def _add(specs: dict[str, ModelSpec], lookup: dict[str, str], spec: ModelSpec) -> None:
+    specs[spec.name] = spec
+    for alias in (spec.name, spec.hf_id, *spec.aliases):
+        for key in alias_keys(alias):
+            lookup.setdefault(key, spec.name)
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    """Make a spec built at run time (from a config.json) resolvable by its name, so every
+    command that passes model names around finds it. A different spec under a taken name is
+    registered as ``<name>-<n>``."""
+    specs, lookup = _registry()
+    have = specs.get(spec.name)
+    if have == spec:
+        return have
+    if have is not None:
+        n = 2
+        while f"{spec.name}-{n}" in specs and \
+                specs[f"{spec.name}-{n}"] != replace(spec, name=f"{spec.name}-{n}"):
+            n += 1
+        spec = replace(spec, name=f"{spec.name}-{n}")
+        if specs.get(spec.name) == spec:
+            return specs[spec.name]
+    specs[spec.name] = spec
+    _RUNTIME.add(spec.name)
+    for key in alias_keys(spec.name):
+        lookup[key] = spec.name
+    return spec
+
+
+_RUNTIME: set[str] = set()  # names registered by register_model (not in the shipped lists)
+
+
+def with_precision(model: str | ModelSpec, weight_dtype: str | None = None,
+                   kv_cache_dtype: str | None = None) -> ModelSpec:
+    """The model served with other weight / KV-cache formats (a run's ``quantization`` or
+    ``kv_cache_dtype``), registered as ``<name>@<weights>-kv<kv>`` so names keep resolving."""
+    spec = resolve_model(model)
+    w = canonical_dtype(weight_dtype, field="weight_dtype") if weight_dtype else spec.weight_dtype
+    kv = str(kv_cache_dtype).lower() if kv_cache_dtype else spec.kv_cache_dtype
+    kv = kv if kv == "auto" else canonical_dtype(kv, field="kv_cache_dtype")
+    if (w, kv) == (spec.weight_dtype, spec.kv_cache_dtype):
+        return spec
+    base = spec.name.split("@", 1)[0]
+    return register_model(replace(spec, name=f"{base}@{w}-kv{kv}", weight_dtype=w,
+                                  expert_weight_dtype=spec.expert_weight_dtype, kv_cache_dtype=kv,
+                                  aliases=()))
 
 
 def _spec_from_mapping(name: str, entry: dict, path: str) -> ModelSpec:
@@ -142,6 +291,10 @@ def _spec_from_mapping(name: str, entry: dict, path: str) -> ModelSpec:
         raise InputError(f"model '{name}': unknown fields {sorted(unknown)}", path=path,
                          allowed=", ".join(sorted(allowed)))
     entry["aliases"] = tuple(entry.get("aliases") or ())
+    if entry.get("sliding_window") and "num_sliding_layers" not in entry:
+        entry["num_sliding_layers"] = entry.get("num_layers")  # a bare window: every layer
+    if isinstance(entry.get("mla"), dict):
+        entry["mla"] = MlaSpec(**entry["mla"])
     try:
         return ModelSpec(name=name, **entry)
     except TypeError as exc:  # missing required field
@@ -149,51 +302,31 @@ def _spec_from_mapping(name: str, entry: dict, path: str) -> ModelSpec:
 
 
 def available_models() -> list[str]:
-    return sorted(_registry()[0])
+    """The shipped models (models.yaml and the config catalogue)."""
+    return sorted(set(_registry()[0]) - _RUNTIME)
 
 
 def resolve_model(name: str | ModelSpec) -> ModelSpec:
-    """Spec for a short id, an alias (case-insensitive, HF ids with or without org), or a config.json path."""
+    """Spec for a short id, an alias (case-insensitive, HF ids with or without org), or a path to
+    a Hugging Face config.json (or a folder holding one); path-built specs are registered under
+    their name (:func:`register_model`)."""
     if isinstance(name, ModelSpec):
         return name
+    path = Path(str(name))
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():  # a path is read, never matched by its folder name
+        return register_model(model_from_hf_config(path))
     specs, lookup = _registry()
     for key in candidates(str(name)):
         if key in lookup:
             return specs[lookup[key]]
-    path = Path(str(name))
-    if path.suffix == ".json" and path.is_file():
-        return model_from_hf_config(path)
     raise InputError(unknown_name_message("model", str(name), available_models()), field="model",
                      allowed=", ".join(available_models()) + ", or a path to a Hugging Face config.json")
 
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
-    """Build a spec from a Hugging Face ``config.json`` (Llama/Mistral/Qwen/Mixtral-style keys)."""
-    path = Path(path)
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read model config: {exc}", path=str(path)) from None
-    try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        return ModelSpec(
-            name=path.parent.name.lower() or "custom",
-            hf_id=str(cfg.get("_name_or_path") or path.parent.name),
-            num_layers=int(cfg["num_hidden_layers"]),
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
-            dtype_bytes=4 if dtype in ("float32", "fp32") else 2,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            num_experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 1),
-            experts_per_token=int(cfg.get("num_experts_per_tok") or 1),
-            sliding_window=cfg.get("sliding_window") or None,
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"model config lacks or mangles a required key: {exc}", path=str(path)) from None
+    """Build a spec from a Hugging Face ``config.json`` (see simulator/specs/hf_config.py)."""
+    from .hf_config import spec_from_config_file
+
+    return spec_from_config_file(Path(path))

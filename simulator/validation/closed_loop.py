@@ -40,7 +40,7 @@ import pandas as pd
 from scheduler.config import CacheConfig, SchedulerConfig
 from simulator.closed_loop import ClosedLoopConfig, run_closed_loop
 from simulator.config import HardwareConfig, SimConfig
-from simulator.specs import resolve_gpu, resolve_model
+from simulator.specs import resolve_gpu, resolve_model, with_precision
 from traces.errors import InputError
 
 from .cpu import cpu_overhead_preset
@@ -49,7 +49,9 @@ from .replay import cost_model_config
 from .runs import parse_version
 
 SILICON_PATH = Path("/work/shared/data/benchmarks/aiconfigurator_silicon/silicon_sample.csv.gz")
-SUPPORTED_PRECISIONS = ("bf16", "fp16")
+# aiconfigurator's `precision` column -> the weight format servesim models (specs/precision.py);
+# "fp4" is NVFP4 except on checkpoints that ship their own 4-bit format (gpt-oss: MXFP4).
+PRECISION_FORMATS = {"bf16": None, "fp16": None, "fp8": "fp8", "fp4": "nvfp4", "int4": "int4"}
 DEFAULT_MODELS = ("Qwen/Qwen3-32B", "meta-llama/Llama-3.1-70B")
 
 
@@ -90,6 +92,9 @@ def _gpu_of(system: str) -> str:
 
 def row_config(row: pd.Series, opts: ClosedLoopOptions) -> tuple[SimConfig, dict]:
     model = resolve_model(row["model_path"])
+    fmt = PRECISION_FORMATS[row["precision"]]
+    if fmt is not None and model.experts_dtype == "bf16" and model.weight_dtype == "bf16":
+        model = with_precision(model, fmt)  # a bf16 checkpoint served quantised
     gpu = _gpu_of(row["system"])
     tp = int(row["tp_size"])
     d = vllm_serving_defaults(str(row.get("backend_version")) if pd.notna(row.get("backend_version")) else None, gpu)
@@ -179,8 +184,8 @@ def run_row(row: pd.Series, opts: ClosedLoopOptions) -> dict:
             "tp": int(row["tp_size"]), "isl": int(row["isl"]), "osl": int(row["osl"]),
             "concurrency": int(row["batch_size"]),
             "measured_ttft_ms": float(row["silicon_ttft_ms"]), "measured_tpot_ms": float(row["silicon_tpot_ms"])}
-    if row["precision"] not in SUPPORTED_PRECISIONS:
-        return {**base, "status": f"unsupported: {row['precision']} weights (servesim specs are bf16 only)"}
+    if row["precision"] not in PRECISION_FORMATS:
+        return {**base, "status": f"unsupported: {row['precision']} weights"}
     if int(row.get("pp_size", 1) or 1) != 1:
         return {**base, "status": "unsupported: pipeline parallelism"}
     try:

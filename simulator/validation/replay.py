@@ -22,7 +22,7 @@ import numpy as np
 from scheduler.config import CacheConfig, SchedulerConfig
 from simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from simulator.engine import Engine
-from simulator.specs import resolve_gpu, resolve_model
+from simulator.specs import resolve_gpu, resolve_model, with_precision
 from traces.errors import InputError
 from traces.formats import load_workload
 
@@ -38,6 +38,7 @@ TARGETS = {"e2e_median_ape": 0.05, "ttft_median_ape": 0.10}
 @dataclass(slots=True)
 class ValidateOptions:
     cost_model: str = "calibrated"  # calibrated | roofline | a fitted .json file
+    model: str | None = None  # overrides the run's model: an id, alias or a config.json path
     gpu: str | None = None  # when the run does not record its device
     num_gpu_blocks: int | None = None  # when the run does not record its KV pool
     cpu_overhead: str = "calibrated"  # calibrated | default | zero (simulator/validation/cpu.py)
@@ -79,6 +80,15 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
     return CostModelConfig(name=name, cpu_overhead=cpu), {"name": name}
 
 
+def run_model_spec(s, model: str | None = None):
+    """The served model: the run's (or ``--model``'s) spec with the run's weight quantization and
+    KV-cache dtype (fp8 weights / fp8 KV are modelled, see simulator/specs/precision.py)."""
+    if str(s.dtype).lower() not in ("bfloat16", "bf16", "float16", "fp16", "half", "auto", "float32"):
+        raise InputError(f"the run used activation dtype={s.dtype}", field="dtype",
+                         allowed="bfloat16, float16, auto")
+    return with_precision(resolve_model(model or s.model), s.quantization, s.kv_cache_dtype)
+
+
 def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, dict]:
     s = run.settings
     gpu_name = opts.gpu or s.gpu
@@ -86,10 +96,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
         raise InputError("the run does not record its GPU", field="--gpu",
                          allowed="a GPU id or alias, e.g. --gpu rtx-pro-6000")
     gpu = resolve_gpu(gpu_name).name
-    spec = resolve_model(s.model)
-    if str(s.dtype).lower() not in ("bfloat16", "bf16", "float16", "fp16", "half", "auto"):
-        raise InputError(f"the run used dtype={s.dtype}: servesim models bf16/fp16 weights only",
-                         field="dtype", allowed="bfloat16, float16")
+    spec = run_model_spec(s, opts.model)
     max_model_len = int(s.max_model_len or spec.max_position_embeddings)
     kv = choose_kv_blocks(spec.name, gpu, s.tp, s.block_size, s.gpu_memory_utilization,
                           s.max_num_batched_tokens, s.max_num_seqs, recorded=s.num_gpu_blocks,
@@ -97,6 +104,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
     cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
+    if s.enable_expert_parallel and s.data_parallel_size <= 1 and cm.name == "roofline":
+        cm.params["expert_parallel_size"] = s.tp  # experts split over the TP ranks
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                             max_model_len=max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
                             async_scheduling=async_on)
@@ -112,7 +121,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     prov["num_gpu_blocks"] = {"recorded": "recorded by the run", "given": "given (--num-gpu-blocks)",
                               "derived": "derived from GPU memory (see kv_cache)"}[kv.source]
     info = {
-        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "max_num_seqs": s.max_num_seqs,
+        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "weight_dtype": spec.weight_dtype,
+                     "kv_cache_dtype": spec.kv_cache_dtype, "max_num_seqs": s.max_num_seqs,
                      "max_num_batched_tokens": s.max_num_batched_tokens, "max_model_len": max_model_len,
                      "block_size": s.block_size, "num_gpu_blocks": kv.num_gpu_blocks,
                      "enable_prefix_caching": s.enable_prefix_caching,
@@ -164,14 +174,10 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
     wl = load_workload(workload, opts.workload_format)
     check_workload_matches(run, wl, str(workload))
     cfg, info = build_config(run, opts)
-    engine = Engine(cfg, wl)
-    res = engine.run()
-    sim_req = res.metrics.requests_frame()
-    sim_ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
+    res, sim_req, sim_ts, steps = _simulate(cfg, wl, run.settings)
     paired, pairing = pair_requests(run.requests, sim_req, [r.request_id for r in wl.requests])
     if pairing["num_paired"] == 0:
         raise InputError("no measured request pairs with a simulated one", field="workload")
-    steps = res.metrics.steps_frame()
     peak_kv = float(steps["kv_usage"].max()) if len(steps) else 0.0
     info["kv_cache"].update({"peak_usage_simulated": peak_kv, "pool_was_binding": bool(peak_kv >= 0.95),
                              "num_preemptions_simulated": int(steps["num_preemptions"].sum()) if len(steps) else 0})
@@ -188,8 +194,9 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
         "makespan": makespan(paired),
         "targets": {**TARGETS, "e2e_met": _le(per_req["e2e"]["median_ape"], TARGETS["e2e_median_ape"]),
                     "ttft_met": _le(per_req["ttft"]["median_ape"], TARGETS["ttft_median_ape"])},
-        "simulation": {"num_steps": res.num_steps, "wall_time_s": res.wall_time_s,
-                       "sim_duration_s": res.sim_duration_s},
+        "simulation": {"num_steps": len(steps), "wall_time_s": res.wall_time_s,
+                       "sim_duration_s": float(sim_ts["t_s"].max()) if len(sim_ts) else 0.0,
+                       "data_parallel_size": run.settings.data_parallel_size},
     }
     report = _clean(report)
     if out_dir is not None:
@@ -203,6 +210,21 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
 
             write_validation_page(out, report, paired, run.timeseries, sim_ts)
     return report
+
+
+def _simulate(cfg: SimConfig, wl, s):
+    """One engine, or ``data_parallel_size`` ranks behind vLLM's DP balancer (simulator/cluster/dp.py)."""
+    if s.data_parallel_size <= 1:
+        res = Engine(cfg, wl).run()
+        ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
+        return res, res.metrics.requests_frame(), ts, res.metrics.steps_frame()
+    from simulator.cluster import run_cluster
+    from simulator.cluster.dp import dp_cluster_config
+
+    res = run_cluster(dp_cluster_config(cfg, s.data_parallel_size,
+                                        expert_parallel=s.enable_expert_parallel, seed=cfg.seed), wl)
+    ts = to_measured_convention(res.metrics.timeseries_frame(res.summary["sim_duration_s"]))
+    return res, res.requests, ts, res.steps
 
 
 def _le(value, limit) -> bool | None:

@@ -53,6 +53,10 @@ class EngineSettings:
     engine: str = "vllm"
     engine_version: str | None = None
     dtype: str = "bfloat16"
+    quantization: str | None = None  # vLLM --quantization (None: the checkpoint's own format)
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     provenance: dict[str, str] = field(default_factory=dict)  # field -> "recorded" | "default: ..."
 
 
@@ -146,7 +150,9 @@ def _settings_from_kwargs(model: str, version: str | None, kw: dict, recorded_by
                "block_size": "block_size", "enable_prefix_caching": "enable_prefix_caching",
                "enable_chunked_prefill": "enable_chunked_prefill", "async_scheduling": "async_scheduling",
                "gpu_memory_utilization": "gpu_memory_utilization", "num_gpu_blocks": "num_gpu_blocks",
-               "dtype": "dtype"}
+               "dtype": "dtype", "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype",
+               "data_parallel_size": "data_parallel_size",
+               "enable_expert_parallel": "enable_expert_parallel"}
     for key, attr in mapping.items():
         if kw.get(key) is not None:
             setattr(s, attr, kw[key])

@@ -1,0 +1,153 @@
+"""Collective communication cost for one parallel group: TP all-reduce, EP all-to-all, PP send/recv.
+
+Measured tables first (``data/collectives.json``: aiconfigurator's NCCL and vLLM custom all-reduce
+measurements, rebuilt by ``tools/build_collective_tables.py``), a bus-bandwidth model per
+interconnect class otherwise. The all-reduce follows vLLM's own choice of implementation by message
+size (``vllm/distributed/device_communicators/cuda_communicator.py`` and ``custom_all_reduce.py``):
+
+* vLLM's custom all-reduce (one-/two-shot over CUDA IPC buffers) runs when the group has 2, 4, 6 or
+  8 GPUs, the GPUs have peer-to-peer access, the group is a pair or fully NVLink-connected (vLLM:
+  "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs"), and
+  the message is smaller than its buffer: 8 MiB, lowered on sm90/sm100 (where torch symmetric-memory
+  all-reduce is on) to ``CUSTOM_ALL_REDUCE_MAX_SIZES`` of ``all_reduce_utils.py``;
+* otherwise NCCL (symmetric-memory all-reduce on NVLink sm90/sm100 parts is costed with the NCCL
+  table: no measurement of it is available here).
+
+Every function returns seconds for ONE call on one GPU. The result is a single piecewise-linear
+:class:`Curve` over message bytes per collective so the step-time hot path does one lookup.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from traces.errors import InputError
+
+from ..specs import GpuSpec, resolve_gpu
+from .interp import Curve
+
+_TABLES = Path(__file__).with_name("data") / "collectives.json"
+_MIB = 2**20
+_DEFAULT_CUSTOM_AR_MAX_BYTES = 8 * _MIB  # CustomAllreduce(max_size=8192 * 1024)
+# vLLM all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES (applies when symmetric memory is enabled).
+_CUSTOM_AR_MAX_WITH_SYMM = {"9.0": {2: 64 * _MIB, 4: 32 * _MIB, 6: _MIB // 2, 8: _MIB // 4},
+                            "10.0": {2: 2 * _MIB, 4: 2 * _MIB, 6: _MIB, 8: _MIB}}
+_CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+# Byte grid for model-based curves: 256 B .. 1 GiB, doubling.
+_GRID = tuple(2.0**i for i in range(8, 31))
+
+
+@dataclass(slots=True, frozen=True)
+class CollectiveSource:
+    """Where one group's collective costs come from (shown in reports and docs)."""
+
+    allreduce: str  # e.g. "measured: custom < 8 MiB, NCCL above" or "model: ..."
+    alltoall: str
+    custom_allreduce_max_bytes: int  # 0: vLLM's custom all-reduce is disabled for this group
+
+
+def custom_allreduce_max_bytes(gpu: GpuSpec, num_gpus: int) -> int:
+    """Largest message (exclusive) vLLM sends through its custom all-reduce; 0 when disabled."""
+    if num_gpus not in _CUSTOM_AR_WORLD_SIZES or not gpu.p2p:
+        return 0
+    if num_gpus > 2 and not gpu.nvlink_fully_connected:
+        return 0
+    if gpu.interconnect == "nvlink" and gpu.compute_capability in _CUSTOM_AR_MAX_WITH_SYMM:
+        return min(_DEFAULT_CUSTOM_AR_MAX_BYTES,
+                   _CUSTOM_AR_MAX_WITH_SYMM[gpu.compute_capability][num_gpus])
+    return _DEFAULT_CUSTOM_AR_MAX_BYTES
+
+
+@cache
+def _tables() -> dict[str, Any]:
+    try:
+        return json.loads(_TABLES.read_text())["gpus"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"cannot read collective tables ({exc!r})", path=str(_TABLES)) from None
+
+
+def measured_tables(gpu: GpuSpec, num_gpus: int) -> dict[str, list] | None:
+    """The shipped (bytes, seconds) tables for this GPU and group size, or None."""
+    entry = _tables().get(gpu.name)
+    return None if entry is None else entry["num_gpus"].get(str(num_gpus))
+
+
+def table_sources(gpu: GpuSpec) -> list[str]:
+    entry = _tables().get(gpu.name)
+    return [] if entry is None else list(entry["sources"])
+
+
+class Collectives:
+    """Seconds per call of the collectives of a ``num_gpus`` group of ``gpu``."""
+
+    __slots__ = ("gpu", "num_gpus", "source", "allreduce_curve", "alltoall_curve", "_link",
+                 "_lat")
+
+    def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
+                 latency_s: float | None = None, use_tables: bool = True) -> None:
+        if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
+            raise InputError(f"group size must be a positive integer, got {num_gpus!r}",
+                             field="num_gpus")
+        self.gpu: GpuSpec = resolve_gpu(gpu)
+        self.num_gpus = num_gpus
+        eff = self.gpu.interconnect_efficiency if interconnect_efficiency is None \
+            else interconnect_efficiency
+        self._link = self.gpu.link_bytes_per_s * eff  # achievable bytes/s per GPU, one direction
+        self._lat = self.gpu.collective_latency_s if latency_s is None else latency_s
+        car_max = custom_allreduce_max_bytes(self.gpu, num_gpus)
+        tables = measured_tables(self.gpu, num_gpus) if use_tables and num_gpus > 1 else None
+        if num_gpus == 1:
+            zero = Curve([1.0], [0.0], tail_slope=0.0)
+            self.allreduce_curve = self.alltoall_curve = zero
+            self.source = CollectiveSource("none (one GPU)", "none (one GPU)", 0)
+            return
+        if tables and tables["nccl_allreduce"]:
+            self.allreduce_curve = self._measured_allreduce(tables, car_max)
+            ar_src = f"measured ({', '.join(table_sources(self.gpu))})"
+        else:
+            self.allreduce_curve = self._model_curve(2.0 * (num_gpus - 1) / num_gpus)
+            ar_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU ({self.gpu.interconnect})"
+        if tables and tables["nccl_alltoall"]:
+            self.alltoall_curve = _curve(tables["nccl_alltoall"])
+            a2a_src = "measured (NCCL alltoall)"
+        else:
+            self.alltoall_curve = self._model_curve((num_gpus - 1) / num_gpus)
+            a2a_src = f"model: pairwise, {self._link / 1e9:.1f} GB/s per GPU"
+        self.source = CollectiveSource(ar_src, a2a_src, car_max)
+
+    def _model_curve(self, traffic_factor: float) -> Curve:
+        """lat + traffic_factor * bytes / link: ring all-reduce moves 2(n-1)/n of the message over
+        each GPU's link, all-to-all (n-1)/n of each rank's buffer."""
+        per_byte = traffic_factor / self._link
+        return Curve(list(_GRID), [self._lat + x * per_byte for x in _GRID], tail_slope=per_byte)
+
+    @staticmethod
+    def _measured_allreduce(tables: dict, car_max: int) -> Curve:
+        nccl = _curve(tables["nccl_allreduce"])
+        custom = _curve(tables["custom_allreduce"]) if tables["custom_allreduce"] else None
+        if custom is None or car_max == 0:
+            return nccl
+        # Below the custom all-reduce buffer: custom; from it on: NCCL (a step at car_max).
+        xs = sorted({x for x in custom.xs if x < car_max} | {x for x in nccl.xs if x > car_max}
+                    | {car_max - 1.0, float(car_max)})
+        ys = [custom(x) if x < car_max else nccl(x) for x in xs]
+        return Curve(xs, ys, tail_slope=nccl.tail_slope)
+
+    # ---- per call --------------------------------------------------------------------------
+    def allreduce_s(self, nbytes: float) -> float:
+        return self.allreduce_curve(nbytes)
+
+    def alltoall_s(self, nbytes_per_rank: float) -> float:
+        return self.alltoall_curve(nbytes_per_rank)
+
+    def send_recv_s(self, nbytes: float) -> float:
+        """One pipeline-stage hand-off (point to point over the node's link)."""
+        return self._lat + nbytes / self._link
+
+
+def _curve(pairs: list[list[float]]) -> Curve:
+    return Curve([p[0] for p in pairs], [p[1] for p in pairs])

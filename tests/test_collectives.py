@@ -1,0 +1,65 @@
+"""Interconnect specs and collective costs (simulator/cost_model/collectives.py)."""
+
+import pytest
+
+from simulator.cost_model import make_cost_model, prefill_shape
+from simulator.cost_model.collectives import Collectives, custom_allreduce_max_bytes
+from simulator.specs import resolve_gpu
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "a100-pcie", "h100", "h100-pcie", "h200", "b200", "l40s",
+                                 "rtx4090", "rtx-pro-6000"])
+def test_required_gpus_have_interconnect_specs(gpu):
+    g = resolve_gpu(gpu)
+    assert g.interconnect in ("nvlink", "pcie")
+    assert g.pcie_gb_s > 0
+    if g.interconnect == "pcie":
+        assert g.interconnect_gb_s == pytest.approx(g.pcie_gb_s, rel=0.05)
+
+
+def test_vllm_custom_allreduce_rule():
+    h100, pcie, gef = resolve_gpu("h100"), resolve_gpu("h100-pcie"), resolve_gpu("rtx4090")
+    assert custom_allreduce_max_bytes(h100, 2) == 8 * MIB  # min(8 MiB buffer, 64 MiB symm limit)
+    assert custom_allreduce_max_bytes(h100, 8) == MIB // 4  # sm90 + symm mem, 8 GPUs
+    assert custom_allreduce_max_bytes(resolve_gpu("b200"), 4) == 2 * MIB
+    assert custom_allreduce_max_bytes(pcie, 2) == 8 * MIB  # a PCIe pair is allowed
+    assert custom_allreduce_max_bytes(pcie, 4) == 0  # "not supported on more than two PCIe-only GPUs"
+    assert custom_allreduce_max_bytes(gef, 2) == 0  # no P2P on GeForce
+    assert custom_allreduce_max_bytes(h100, 3) == 0  # world sizes 2/4/6/8 only
+
+
+def test_measured_tables_pick_custom_below_the_buffer_and_nccl_above():
+    c = Collectives("rtx-pro-6000", 2)
+    assert c.source.allreduce.startswith("measured")
+    # aiconfigurator RTX PRO 6000 Server: custom graph 128 elem 4.27 us; NCCL 256 MiB (2^27 elem) 7.11 ms
+    assert c.allreduce_s(256) == pytest.approx(4.27e-6, rel=0.05)
+    assert c.allreduce_s(2**28) == pytest.approx(7.106e-3, rel=0.01)
+    assert c.allreduce_s(8 * MIB) >= c.allreduce_s(8 * MIB - 1) * 0.9  # NCCL from the buffer size on
+
+
+def test_pcie_allreduce_much_slower_than_nvlink():
+    big = 16 * MIB
+    assert Collectives("rtx-pro-6000", 2).allreduce_s(big) > 3 * Collectives("h100", 2).allreduce_s(big)
+    # no table for H100 PCIe: bus-bandwidth model at PCIe gen5 x16
+    model = Collectives("h100-pcie", 2)
+    assert model.source.allreduce.startswith("model")
+    assert model.allreduce_s(big) > 3 * Collectives("h100", 2).allreduce_s(big)
+
+
+def test_roofline_uses_collectives_and_explicit_params_use_the_model():
+    tabled = make_cost_model("roofline", model="qwen3-32b", gpu="rtx-pro-6000", tp=2)
+    assert tabled.collectives.source.allreduce.startswith("measured")
+    explicit = make_cost_model("roofline", model="qwen3-32b", gpu="rtx-pro-6000", tp=2,
+                               interconnect_efficiency=0.5)
+    assert explicit.collectives.source.allreduce.startswith("model")
+    shape = prefill_shape(2048)
+    assert tabled.breakdown(shape)["allreduce"] > 0
+    one = make_cost_model("roofline", model="qwen3-32b", gpu="rtx-pro-6000", tp=1)
+    assert one.breakdown(shape)["allreduce"] == 0
+
+
+def test_alltoall_and_send_recv_positive():
+    c = Collectives("h100", 8)
+    assert c.alltoall_s(MIB) > 0 and c.send_recv_s(MIB) > c.send_recv_s(1)

@@ -1,0 +1,33 @@
+"""BLIS per-stage runs (../shared/data/benchmarks/blis_h100_trainval): adapter structure only
+(the full comparisons run in tools/fidelity_table.py); skipped without the shared data."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator.validation.blis import blis_config, blis_workload, find_experiment, is_blis_dir, load_experiments
+
+BLIS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "benchmarks" / "blis_h100_trainval"
+pytestmark = pytest.mark.skipif(not BLIS.is_dir(), reason="shared BLIS data not present")
+
+
+def test_thirteen_measured_runs_resolve_to_specs_and_gpus():
+    assert is_blis_dir(BLIS)
+    exps = load_experiments(BLIS)
+    assert len(exps) == 13
+    for e in exps:
+        cfg, info = blis_config(e)
+        assert info["gpu"] == "h100" and cfg.cache.num_gpu_blocks == e.num_gpu_blocks
+    scout = find_experiment(BLIS, "17")
+    assert blis_config(scout)[1]["weight_dtype"] == "fp8"
+
+
+def test_workload_follows_the_stage_spec():
+    e = find_experiment(BLIS, "17")  # 600 s at 2.5 req/s, then 600 s at 6 req/s
+    wl, stage = blis_workload(e)
+    assert len(wl.requests) == 600 * 2.5 + 600 * 6.0
+    assert (stage == 0).sum() == 1500
+    r = wl.requests[0]
+    assert r.prompt_len == e.system_prompt_len + e.question_len + 25 and r.prefix_len == e.system_prompt_len
+    assert {q.prefix_group for q in wl.requests} == set(range(e.num_system_prompts))
+    assert wl.requests[1500].arrival_time_s == pytest.approx(600.0)
