@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.config import CacheConfig, SchedulerConfig
 from scheduler.sglang import SGLangConfig
 from simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from simulator.frontend import FrontendConfig
 from traces.errors import InputError
 
 
@@ -58,6 +60,19 @@ class SloConfig:
 
 
 @dataclass(slots=True)
+class ClientConfig:
+    """How benchmark clients behave (applies to every request without its own `timeout_s`)."""
+
+    timeout_s: float | None = None  # give up (the server aborts the request) after this long; None: wait forever
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0
+                                               and math.isfinite(self.timeout_s)):
+            raise InputError(f"got {self.timeout_s!r}", field="client.timeout_s",
+                             allowed="a finite number of seconds > 0, or null")
+
+
+@dataclass(slots=True)
 class SimConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     # vLLM 0.19 turns async scheduling on by default (VllmConfig resolves None to True).
@@ -76,12 +91,18 @@ class SimConfig:
     seed: int = 0
     # Exact fast-forward over provably plain decode steps (same results as stepping; faster).
     fast_forward: bool = False
+    # The OpenAI server in front of the engine (off: in-process runs) and the clients' behaviour.
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
 
     def __post_init__(self) -> None:
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):
             raise InputError(
                 f"spec_decode.acceptance has {len(self.spec_decode.acceptance)} entries but "
                 f"scheduler.num_spec_tokens is {self.scheduler.num_spec_tokens}", field="spec_decode.acceptance")
+        if self.engine != "vllm" and self.client.timeout_s is not None:
+            raise InputError("client timeouts (server-side aborts) are modelled for engine: vllm only",
+                             field="client.timeout_s", allowed="null with engine: " + self.engine)
         if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
             raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
                              field="spec_decode.acceptance")

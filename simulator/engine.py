@@ -9,6 +9,7 @@ nothing is waiting or running the engine sleeps until the next arrival: no busy 
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections import deque
@@ -16,14 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import IO
 
+import numpy as np
 import simpy
 
-from scheduler import CacheConfig, Request, SamplingParams
+from scheduler import CacheConfig, Request, RequestStatus, SamplingParams
 from simulator.engines import make_engine_scheduler
 from scheduler.steptrace import finish_record, step_record
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
 from simulator.executor import Executor, SimExecutor
+from simulator.frontend import engine_arrivals
 from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
 from simulator.metrics import MetricsCollector, StepRecord
 from simulator.tokens import TokenSource
@@ -83,6 +86,12 @@ class Engine:
         self.prefix_hits = self.prefix_queries = 0
         # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
         self._next_arrival_s = 0.0
+        self._frontend = cfg.frontend if cfg.frontend.enabled else None
+        self._timeout_s = cfg.client.timeout_s
+        # Client deadlines still pending: (deadline s, submission seq, request id); a heap. An entry
+        # whose request already finished is dropped when it comes due.
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._num_submitted = 0
         self._ff = None
         if cfg.fast_forward:
             from simulator.fast_forward import FastForward
@@ -92,17 +101,30 @@ class Engine:
     # --- processes -----------------------------------------------------------------------------
     def _arrivals(self):
         env = self.env
-        for spec in self.workload.requests:
-            if spec.arrival_time_s > env.now:
-                self._next_arrival_s = spec.arrival_time_s
-                yield env.timeout(spec.arrival_time_s - env.now)
-            self.submit(spec)
+        for at_s, sent_s, spec in self._engine_arrivals():
+            if at_s > env.now:
+                self._next_arrival_s = at_s
+                yield env.timeout(at_s - env.now)
+            self.submit(spec, sent_s)
         self._next_arrival_s = float("inf")
         self.close()
 
-    def submit(self, spec: RequestSpec) -> None:
-        """A request arrives now (from the workload, or from a router in a cluster)."""
-        self._add(spec)
+    def _engine_arrivals(self):
+        """(engine arrival s, client send s, spec) in engine arrival order: the workload's times, or
+        later by the frontend's handling (simulator/frontend.py)."""
+        reqs = self.workload.requests
+        if self._frontend is None:
+            return ((spec.arrival_time_s, spec.arrival_time_s, spec) for spec in reqs)
+        send_s = np.fromiter((spec.arrival_time_s for spec in reqs), float, len(reqs))
+        prompt_len = np.fromiter((spec.prompt_len for spec in reqs), np.int64, len(reqs))
+        at_s = engine_arrivals(self._frontend, send_s, prompt_len).tolist()
+        order = sorted(range(len(reqs)), key=lambda i: (at_s[i], i))  # serial frontends keep send order
+        return ((at_s[i], reqs[i].arrival_time_s, reqs[i]) for i in order)
+
+    def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
+        """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
+        its client sent it (default: now), which latencies and the client timeout count from."""
+        self._add(spec, self.env.now if sent_s is None else sent_s)
         self._wake_up()
 
     def close(self) -> None:
@@ -126,10 +148,14 @@ class Engine:
         """Nothing ran and nothing is in flight: sleep until an outside event, or until the next
         Continuum pin expires (the only change that happens by itself)."""
         self._wake = self.env.event()
+        wakes = []
         pins = getattr(self.scheduler, "continuum", None)
         if pins is not None and pins.pins:
-            expiry = min(p.unpin_at_s for p in pins.pins)
-            return self.env.any_of([self._wake, self.env.timeout(max(expiry - self.env.now, 0.0))])
+            wakes.append(min(p.unpin_at_s for p in pins.pins))
+        if self._deadlines:  # a client giving up frees KV: that can unblock the others
+            wakes.append(self._deadlines[0][0])
+        if wakes:
+            return self.env.any_of([self._wake, self.env.timeout(max(min(wakes) - self.env.now, 0.0))])
         return self._wake
 
     @property
@@ -141,9 +167,18 @@ class Engine:
     def kv_usage(self) -> float:
         return self.scheduler.kv_cache_manager.usage
 
-    def _add(self, spec: RequestSpec) -> None:
+    def _add(self, spec: RequestSpec, sent_s: float) -> None:
         sched, now = self.scheduler, self.env.now
-        self.metrics.on_arrival(spec.request_id, now, spec.prompt_len, spec.output_len)
+        self.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
+        timeout_s = spec.timeout_s if spec.timeout_s is not None else self._timeout_s
+        if timeout_s is not None:
+            deadline_s = sent_s + timeout_s
+            if deadline_s <= now:  # the client gave up while the frontend still held the request
+                self.metrics.on_timeout(spec.request_id)
+                self._finished_elsewhere(spec.request_id)
+                return
+            heapq.heappush(self._deadlines, (deadline_s, self._num_submitted, spec.request_id))
+        self._num_submitted += 1
         req = Request(spec.request_id, spec.token_ids(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                       block_hasher=sched.block_hasher, job_id=spec.session_id, is_last_step=spec.is_last_turn)
@@ -166,6 +201,9 @@ class Engine:
                 yield self._wake
                 continue
             now = env.now
+            if self._deadlines and self._deadlines[0][0] <= now:
+                self._expire_deadlines(now)
+                continue
             if self._ff is not None and self._ff.enabled and not in_flight:
                 fast = self._ff.try_step(now, self._next_arrival_s)
                 if fast is not None:
@@ -248,6 +286,20 @@ class Engine:
         if self.progress is not None and self.num_steps % 256 == 0:
             self.progress(now, self._num_done)
 
+    def _expire_deadlines(self, now: float) -> None:
+        """Clients whose deadline passed disconnect; the server aborts their requests (vLLM's
+        abort between engine steps: blocks are freed, the request never runs again)."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, rid = heapq.heappop(self._deadlines)
+            if self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED, now_s=now):
+                self.metrics.on_timeout(rid)
+                self._finished_elsewhere(rid)
+
+    def _finished_elsewhere(self, request_id: str) -> None:
+        self._num_done += 1
+        if self.on_finish is not None:
+            self.on_finish(request_id, "abort")
+
     def _finished(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
         self.metrics.on_finish(request_id, now, reason, num_cached)
         self._num_done += 1
@@ -267,6 +319,8 @@ class Engine:
         return self.result(time.perf_counter() - t0)
 
     def result(self, wall_time_s: float) -> EngineResult:
+        if self._frontend is not None:  # the client sees every chunk after the return trip and SSE
+            self.metrics.delay_outputs(self._frontend.output_delay_s())
         end = max([r.finish_s for r in self.metrics.requests.values() if r.finish_s is not None], default=0.0)
         if self.progress is not None:
             self.progress(self.env.now, self._num_done)

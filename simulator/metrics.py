@@ -28,6 +28,7 @@ class RequestRecord:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     finish_reason: str | None = None
+    status: str | None = None  # completed | timed_out (the client gave up; latencies stay empty)
 
 
 @dataclass(slots=True)
@@ -68,6 +69,23 @@ class MetricsCollector:
         rec.finish_s = t
         rec.finish_reason = reason
         rec.num_cached_tokens = num_cached_tokens
+        rec.status = "completed"
+
+    def on_timeout(self, request_id: str) -> None:
+        """The client gave up; the server aborted the request (what it streamed stays recorded)."""
+        rec = self.requests[request_id]
+        rec.finish_reason = "abort"
+        rec.status = "timed_out"
+
+    def delay_outputs(self, delay_s: float) -> None:
+        """Every output the engine produced reaches the client delay_s later (the frontend's return
+        trip); arrivals are already client send times."""
+        for rec in self.requests.values():
+            if rec.first_token_s is not None:
+                rec.first_token_s += delay_s
+                rec.token_times_s = [t + delay_s for t in rec.token_times_s]
+            if rec.finish_s is not None:
+                rec.finish_s += delay_s
 
     # --- tables -------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
@@ -85,7 +103,7 @@ class MetricsCollector:
                 "e2e_s": _sub(r.finish_s, r.arrival_s),
                 "itl_s": itl.tolist(),
                 "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
-                "finish_reason": r.finish_reason,
+                "finish_reason": r.finish_reason, "status": r.status,
             })
         return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
@@ -116,7 +134,7 @@ class MetricsCollector:
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
                    "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
-                   "num_preemptions", "num_cached_tokens", "finish_reason"]
+                   "num_preemptions", "num_cached_tokens", "finish_reason", "status"]
 STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
                 "prefix_hit_tokens", "prefix_query_tokens"]
@@ -155,6 +173,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     return {
         "num_requests": num_requests,
         "num_finished": int(len(ok)),
+        "num_timed_out": int((req["status"] == "timed_out").sum()),
         "num_ignored": int((req["finish_reason"] == "length").sum() - (ok["finish_reason"] == "length").sum()),
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
