@@ -52,10 +52,11 @@ class SpecDecodeConfig:
 @dataclass(slots=True)
 class SloConfig:
     ttft_s: float = 2.0  # a request meets the SLO when TTFT <= ttft_s ...
-    tpot_s: float = 0.1  # ... and TPOT <= tpot_s
+    tpot_s: float = 0.1  # ... and TPOT <= tpot_s ...
+    e2e_s: float | None = None  # ... and E2E <= e2e_s when set (vllm bench's e2el SLO)
 
     def __post_init__(self) -> None:
-        if self.ttft_s <= 0 or self.tpot_s <= 0:
+        if self.ttft_s <= 0 or self.tpot_s <= 0 or (self.e2e_s is not None and self.e2e_s <= 0):
             raise InputError("SLO thresholds must be > 0", field="slo")
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from simulator.bench_metrics import GoodputSlo, bench_serve_result
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -168,7 +170,10 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())
     dur = max(sim_duration_s, 1e-12)
-    good = ok[(ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)]
+    meets = (ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)
+    if slo.e2e_s is not None:
+        meets &= ok["e2e_s"] <= slo.e2e_s
+    good = ok[meets]
     steps = collector.steps_frame()
     return {
         "num_requests": num_requests,
@@ -195,4 +200,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         "prefix_cache_hit_tokens": prefix_hits,
         "prefix_cache_query_tokens": prefix_queries,
         "kv_usage_mean": float(steps["kv_usage"].mean()) if not steps.empty else 0.0,
+        # The same run in `vllm bench serve --save-result` terms (completed/failed, *_ms statistics).
+        "bench_serve": bench_serve_result(req, GoodputSlo(ttft_ms=slo.ttft_s * 1e3, tpot_ms=slo.tpot_s * 1e3,
+                                                          e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3)),
     }

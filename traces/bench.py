@@ -177,6 +177,24 @@ def _with_system_prompt(spec: RequestSpec, index: int, cfg: BenchConfig) -> Requ
                    prefix_len=cfg.system_prompt_len, session_id=None)
 
 
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    """`--goodput ttft:500 tpot:50 e2el:2000` (ms, as vllm bench) -> slo.* overrides in seconds."""
+    keys = {"ttft": "slo.ttft_s", "tpot": "slo.tpot_s", "e2el": "slo.e2e_s"}
+    out: dict[str, float] = {}
+    for item in (x for arg in items for x in arg.split()):
+        name, sep, value = item.partition(":")
+        if not sep or name not in keys:
+            raise InputError(f"got {item!r}", field="--goodput", allowed="ttft:MS, tpot:MS or e2el:MS")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise InputError(f"got {item!r}", field="--goodput", allowed="a number of milliseconds") from None
+        if not (math.isfinite(ms) and ms > 0):
+            raise InputError(f"got {item!r}", field="--goodput", allowed="a number of milliseconds > 0")
+        out[keys[name]] = ms / 1e3
+    return out
+
+
 def describe(cfg: BenchConfig) -> str:
     rate = "inf" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g}"
     load = (" stages " + ",".join(f"{s.duration_s:g}s@{s.rate_per_s:g}" for s in cfg.stages)
@@ -184,4 +202,5 @@ def describe(cfg: BenchConfig) -> str:
     return f"bench --dataset-name {cfg.dataset_name} --num-prompts {cfg.num_prompts}{load} --seed {cfg.seed}"
 
 
-__all__ = ["BenchConfig", "StageConfig", "DATASETS", "bench_workload", "arrival_schedule", "describe"]
+__all__ = ["BenchConfig", "StageConfig", "DATASETS", "bench_workload", "arrival_schedule", "describe",
+           "parse_goodput"]
