@@ -2,17 +2,19 @@
 
 Three bounded probes, each separating one cost of `simulator.frontend.FrontendConfig`:
 
-1. `GET /v1/models`: a round trip that does no model work -> `http_s` (median).
+1. `GET /v1/models`: a round trip that does no model work -> `http_s`.
 2. `POST /tokenize` with prompts of growing length: time = a + b * tokens, least squares ->
    `tokenize_s_per_token` = b, `tokenize_base_s` = max(a - http_s, 0).
 3. The same completion streamed and not streamed: streaming adds one detokenize + SSE write per
-   chunk, so `chunk_s` = median((E2E_stream - E2E_plain) / chunks), floored at 0. The time to the
+   chunk, so `chunk_s` = (E2E_stream - E2E_plain) / chunks, floored at 0. The time to the
    first chunk of a 1-token request, minus HTTP, tokenization and one engine step
    (`engine_step_s`, from the cost model or 0), is two hops: `engine_hop_s` is half of it. With
    `engine_step_s` = 0 the hop is an upper bound (the step is folded into it).
 
 Every request has a timeout, the number of requests is capped and the probe stops at a deadline:
-it never floods a server. It talks only to the base URL it is given.
+it never floods a server. It talks only to the base URL it is given. Each figure is the fastest of
+`repeats` tries: noise on a busy client or server only ever adds time, so the minimum is the least
+disturbed observation of a fixed cost.
 """
 
 from __future__ import annotations
@@ -107,13 +109,17 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def _tokenize_probe(client: _Client, model: str, limits: ProbeLimits) -> tuple[list[float], list[float]]:
+    """(token count, fastest tokenize round trip) per prompt size."""
     counts, times = [], []
-    for _ in range(limits.repeats):
-        for words in limits.prompt_words:
+    for words in limits.prompt_words:
+        best, count = float("inf"), float(words)
+        for _ in range(limits.repeats):
             t, lines = client.request("POST", "/tokenize", {"model": model, "prompt": WORD * words})
             answer = json.loads(b"".join(line for _, line in lines) or b"{}")
-            counts.append(float(answer.get("count", len(answer.get("tokens", ())) or words)))
-            times.append(t)
+            count = float(answer.get("count", len(answer.get("tokens", ())) or words))
+            best = min(best, t)
+        counts.append(count)
+        times.append(best)
     return counts, times
 
 
@@ -131,28 +137,30 @@ def probe_frontend(base_url: str, model: str, limits: ProbeLimits | None = None,
     limits = limits or ProbeLimits()
     client = _Client(base_url, limits)
     rtt = [client.request("GET", "/v1/models")[0] for _ in range(limits.repeats)]
-    http_s = statistics.median(rtt)
+    http_s = min(rtt)
     counts, tok_times = _tokenize_probe(client, model, limits)
     base, per_token = _fit_line(counts, tok_times)
-    chunk_costs, first = [], []
+    plain, streamed, first, num_chunks = [], [], [], 1
     for _ in range(limits.repeats):
-        plain, _ = _completion(client, model, False, limits.output_tokens)
-        streamed, chunks = _completion(client, model, True, limits.output_tokens)
-        chunk_costs.append(max(streamed - plain, 0.0) / max(len(chunks), 1))
+        plain.append(_completion(client, model, False, limits.output_tokens)[0])
+        total, chunks = _completion(client, model, True, limits.output_tokens)
+        streamed.append(total)
+        num_chunks = max(len(chunks), 1)
         _, one = _completion(client, model, True, 1)
         if one:
             first.append(one[0])
+    chunk_costs = [max(min(streamed) - min(plain), 0.0) / num_chunks]
     tokenize_base_s = max(base - http_s, 0.0)
     tiny_tokens = 8.0
-    chunk_s = statistics.median(chunk_costs)
+    chunk_s = chunk_costs[0]
     # first chunk = http + tokenize + hop + engine step + hop + chunk: what is left is two hops.
     residual = 0.0
     if first:
-        residual = (statistics.median(first) - http_s - tokenize_base_s - max(per_token, 0.0) * tiny_tokens
+        residual = (min(first) - http_s - tokenize_base_s - max(per_token, 0.0) * tiny_tokens
                     - engine_step_s - chunk_s)
     cfg = FrontendConfig(enabled=True, http_s=http_s, tokenize_base_s=tokenize_base_s,
                          tokenize_s_per_token=max(per_token, 0.0), engine_hop_s=max(residual, 0.0) / 2,
                          chunk_s=chunk_s)
     return FrontendMeasurement(cfg, client.count, {"models_rtt_s": rtt, "tokenize_s": tok_times,
-                                                   "tokenize_tokens": counts, "chunk_s": chunk_costs,
-                                                   "first_chunk_s": first})
+                                                   "tokenize_tokens": counts, "plain_s": plain,
+                                                   "streamed_s": streamed, "first_chunk_s": first})

@@ -65,8 +65,14 @@ class ClientConfig:
     """How benchmark clients behave (applies to every request without its own `timeout_s`)."""
 
     timeout_s: float | None = None  # give up (the server aborts the request) after this long; None: wait forever
+    max_concurrency: int | None = None  # requests in flight at most (vllm bench --max-concurrency); None: no cap
 
     def __post_init__(self) -> None:
+        if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool)
+                                                 or not isinstance(self.max_concurrency, int)
+                                                 or self.max_concurrency < 1):
+            raise InputError(f"got {self.max_concurrency!r}", field="client.max_concurrency",
+                             allowed="an integer >= 1, or null")
         if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0
                                                and math.isfinite(self.timeout_s)):
             raise InputError(f"got {self.timeout_s!r}", field="client.timeout_s",

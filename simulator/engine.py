@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import IO
 
-import numpy as np
 import simpy
 
 from scheduler import CacheConfig, Request, RequestStatus, SamplingParams
@@ -26,7 +25,7 @@ from scheduler.steptrace import finish_record, step_record
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
 from simulator.executor import Executor, SimExecutor
-from simulator.frontend import engine_arrivals
+from simulator.client import Clients
 from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
 from simulator.metrics import MetricsCollector, StepRecord
 from simulator.tokens import TokenSource
@@ -75,6 +74,10 @@ class Engine:
         self.executor = executor
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
+        self._frontend = cfg.frontend if cfg.frontend.enabled else None
+        # Who sends the workload's requests, when, and through which frontend (simulator/client.py).
+        self.clients = Clients(self.env, self._frontend, cfg.client.max_concurrency, self.submit,
+                               self.expect_next_arrival)
         self.metrics = MetricsCollector()
         self.step_trace = step_trace
         self.progress = progress
@@ -86,7 +89,6 @@ class Engine:
         self.prefix_hits = self.prefix_queries = 0
         # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
         self._next_arrival_s = 0.0
-        self._frontend = cfg.frontend if cfg.frontend.enabled else None
         self._timeout_s = cfg.client.timeout_s
         # Client deadlines still pending: (deadline s, submission seq, request id); a heap. An entry
         # whose request already finished is dropped when it comes due.
@@ -100,26 +102,9 @@ class Engine:
 
     # --- processes -----------------------------------------------------------------------------
     def _arrivals(self):
-        env = self.env
-        for at_s, sent_s, spec in self._engine_arrivals():
-            if at_s > env.now:
-                self._next_arrival_s = at_s
-                yield env.timeout(at_s - env.now)
-            self.submit(spec, sent_s)
+        yield from self.clients.send_all(self.workload.requests)
         self._next_arrival_s = float("inf")
         self.close()
-
-    def _engine_arrivals(self):
-        """(engine arrival s, client send s, spec) in engine arrival order: the workload's times, or
-        later by the frontend's handling (simulator/frontend.py)."""
-        reqs = self.workload.requests
-        if self._frontend is None:
-            return ((spec.arrival_time_s, spec.arrival_time_s, spec) for spec in reqs)
-        send_s = np.fromiter((spec.arrival_time_s for spec in reqs), float, len(reqs))
-        prompt_len = np.fromiter((spec.prompt_len for spec in reqs), np.int64, len(reqs))
-        at_s = engine_arrivals(self._frontend, send_s, prompt_len).tolist()
-        order = sorted(range(len(reqs)), key=lambda i: (at_s[i], i))  # serial frontends keep send order
-        return ((at_s[i], reqs[i].arrival_time_s, reqs[i]) for i in order)
 
     def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
         """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
@@ -297,12 +282,14 @@ class Engine:
 
     def _finished_elsewhere(self, request_id: str) -> None:
         self._num_done += 1
+        self.clients.on_done()
         if self.on_finish is not None:
             self.on_finish(request_id, "abort")
 
     def _finished(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
         self.metrics.on_finish(request_id, now, reason, num_cached)
         self._num_done += 1
+        self.clients.on_done()
         if self.on_finish is not None:
             self.on_finish(request_id, reason)
 

@@ -11,9 +11,9 @@ not overlap (`serial: true`), so a burst of long prompts queues in front of the 
 work (hop back, detokenize, SSE) runs while the engine computes the next step, so it shifts every
 chunk the client sees by a constant and does not slow the engine.
 
-Nothing here touches the scheduler: the frontend turns client send times into engine arrival times
-(`engine_arrivals`) and engine output times into client receive times (`output_delay_s`). The
-defaults are order-of-magnitude figures (see docs/FRONTEND.md for their sources); for numbers that
+Nothing here touches the scheduler: `simulator/client.py` passes each sent request through the
+event loop (`request_service_s`) and the hop, and the engine delays every output the client sees
+by `output_delay_s`. The defaults are order-of-magnitude figures (see docs/FRONTEND.md for their sources); for numbers that
 match a particular server, measure it with `servesim calibrate-frontend`.
 """
 
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from traces.errors import InputError
 
@@ -50,22 +48,3 @@ class FrontendConfig:
     def output_delay_s(self) -> float:
         """Engine output -> the client receives the chunk (s); the same for every chunk."""
         return self.engine_hop_s + self.chunk_s
-
-
-def engine_arrivals(cfg: FrontendConfig, send_s: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
-    """Engine arrival time of each request, given client send times sorted ascending (s).
-
-    With `serial`, the API server is a single FIFO server: request i starts being handled at
-    max(send_i, done_{i-1}). Without it, each request is handled independently.
-    """
-    # send_s, prompt_len: [num_requests]
-    service = cfg.http_s + cfg.tokenize_base_s + cfg.tokenize_s_per_token * prompt_len.astype(np.float64)
-    if not cfg.serial:
-        return send_s + service + cfg.engine_hop_s
-    done = np.empty_like(send_s, dtype=np.float64)
-    free_at = -math.inf
-    # A Lindley recursion: sequential by nature, but a plain float loop (~0.1 us per request).
-    for i, (t, s) in enumerate(zip(send_s.tolist(), service.tolist())):
-        free_at = (t if t > free_at else free_at) + s
-        done[i] = free_at
-    return done + cfg.engine_hop_s

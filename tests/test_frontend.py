@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from simulator.bench_metrics import GoodputSlo, bench_serve_result, inference_perf_stages
-from simulator.frontend import FrontendConfig, engine_arrivals
+from simulator.frontend import FrontendConfig
 from servesim.frontend_probe import ProbeLimits, probe_frontend
 from tests.frontend_stub import StubCosts, StubServer
 from traces.errors import InputError
-
-
-def test_serial_frontend_is_a_fifo_queue():
-    cfg = FrontendConfig(enabled=True, http_s=1.0, tokenize_base_s=0.0, tokenize_s_per_token=0.5,
-                         engine_hop_s=0.25, chunk_s=0.0)
-    send = np.array([0.0, 0.0, 10.0])
-    lens = np.array([2, 4, 2])
-    # request 0 handled 0 -> 2; request 1 waits, 2 -> 5; request 2 arrives to an idle loop, 10 -> 12.
-    assert engine_arrivals(cfg, send, lens).tolist() == [2.25, 5.25, 12.25]
-    parallel = FrontendConfig(enabled=True, http_s=1.0, tokenize_base_s=0.0, tokenize_s_per_token=0.5,
-                              engine_hop_s=0.25, chunk_s=0.0, serial=False)
-    assert engine_arrivals(parallel, send, lens).tolist() == [2.25, 3.25, 12.25]
 
 
 @pytest.mark.parametrize("field", ["http_s", "chunk_s", "tokenize_s_per_token"])
@@ -60,17 +47,17 @@ def test_bench_serve_rules_by_hand():
 
 
 def test_probe_recovers_injected_costs_from_a_loopback_server():
-    costs = StubCosts(http_s=0.004, tokenize_s_per_token=20e-6, step_s=0.002, chunk_s=0.003)
+    # Costs large enough that scheduling noise on a busy 2-core machine stays small beside them.
+    costs = StubCosts(http_s=0.020, tokenize_s_per_token=50e-6, step_s=0.002, chunk_s=0.010)
     limits = ProbeLimits(max_requests=60, request_timeout_s=10.0, deadline_s=60.0,
-                         prompt_words=(16, 512, 1024, 2048), output_tokens=16, repeats=3)
+                         prompt_words=(16, 512, 1024, 2048), output_tokens=8, repeats=3)
     with StubServer(costs, max_requests=80, lifetime_s=90.0) as stub:
         measured = probe_frontend(stub.base_url, "stub", limits)
         assert stub.num_requests == measured.num_requests <= limits.max_requests
     cfg = measured.config
-    # Sleep-based timings on a shared machine: loose bounds, but each cost is recovered separately.
-    assert cfg.tokenize_s_per_token == pytest.approx(20e-6, rel=0.5)
-    assert cfg.http_s == pytest.approx(0.004, abs=0.004)
-    assert cfg.chunk_s == pytest.approx(0.003, abs=0.0025)
+    assert cfg.tokenize_s_per_token == pytest.approx(50e-6, rel=0.3), measured.samples
+    assert 0.018 <= cfg.http_s <= 0.04, measured.samples  # noise only ever adds time
+    assert 0.007 <= cfg.chunk_s <= 0.02, measured.samples
 
 
 def test_probe_is_bounded_and_refuses_a_bad_url():

@@ -11,16 +11,28 @@ from simulator.config import ClientConfig, CostModelConfig, SimConfig
 from simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from simulator.engine import Engine
 from simulator.frontend import FrontendConfig
-from tests.test_sim_engine import LinearCost  # noqa: F401  (registers "test-linear")
+from simulator.cost_model import register_cost_model
 from traces.errors import InputError
 from traces.workload import RequestSpec, Workload
+
+
+class LinearCost:
+    """step = 5 ms + 1 ms per scheduled token (the same arithmetic as tests/test_sim_engine.py)."""
+
+    name = "test-linear-client"
+
+    def step_time_s(self, shape) -> float:
+        return 0.005 + 0.001 * sum(shape.num_new_tokens)
+
+
+register_cost_model("test-linear-client")(lambda **kw: LinearCost())
 
 
 def cfg(**kw) -> SimConfig:
     return SimConfig(
         scheduler=SchedulerConfig(max_model_len=512, max_num_seqs=1),
         cache=CacheConfig(block_size=4, num_gpu_blocks=100), derive_num_gpu_blocks=False,
-        cost_model=CostModelConfig(name="test-linear", cpu_overhead=CpuOverheadConfig(0.001, 0.0, 0.0)), **kw)
+        cost_model=CostModelConfig(name="test-linear-client", cpu_overhead=CpuOverheadConfig(0.001, 0.0, 0.0)), **kw)
 
 
 def wl(*specs) -> Workload:
@@ -94,3 +106,17 @@ def test_timeouts_are_refused_where_not_modelled():
         ClientConfig(timeout_s=0.0)
     with pytest.raises(InputError, match="timeout_s"):
         RequestSpec("x", 0.0, prompt_len=1, output_len=1, timeout_s=-1.0)
+
+
+def test_max_concurrency_holds_clients_until_a_slot_frees():
+    # vllm bench --max-concurrency 1: each request is sent when the previous one completed, and its
+    # latencies count from that send (a: 10-token prompt, 3 outputs = 30 ms alone).
+    specs = [RequestSpec(f"r{i}", 0.0, prompt_len=10, output_len=3) for i in range(3)]
+    c = cfg(client=ClientConfig(max_concurrency=1))
+    c.scheduler = dataclasses.replace(c.scheduler, max_num_seqs=8)
+    res = Engine(c, wl(*specs)).run()
+    recs = [res.metrics.requests[f"r{i}"] for i in range(3)]
+    assert [r.arrival_s for r in recs] == pytest.approx([0.0, 0.030, 0.060])
+    assert [r.first_token_s - r.arrival_s for r in recs] == pytest.approx([0.016] * 3)
+    with pytest.raises(InputError, match="client.max_concurrency"):
+        ClientConfig(max_concurrency=0)
