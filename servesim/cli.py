@@ -11,8 +11,8 @@ from traces.errors import InputError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="servesim: simulate LLM serving engines.")
 
 # Every command module registers itself with @app.command() on import.
-COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "validate", "validate_stages", "run",
-            "plot", "plan", "cluster")
+COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "validate", "validate_stages",
+            "validate_bench", "run", "plot", "plan", "cluster")
 
 
 @app.callback()

@@ -94,3 +94,49 @@ def test_validate_stages_compares_a_real_run_per_stage():
     errors = compare_run(run, StageOptions(max_requests=150))  # the first 30 s of stage 0 only
     assert set(errors["stage"]) == {"stage_0"} and len(errors) == 7
     assert errors["simulated_ms"].notna().all() and (errors["completed"] == 150).all()
+
+
+def test_validate_bench_round_trip_reproduces_a_simulated_client_run(tmp_path):
+    """A run written in vllm bench's format, from the simulator itself, validates to ~0 error."""
+    from servesim.cli import _register, app
+    from simulator.bench_metrics import bench_serve_result, per_request
+    from simulator.config import ClientConfig, SimConfig
+    from simulator.engine import Engine
+    from simulator.frontend import FrontendConfig
+    from simulator.validation.bench_result import load_bench_result, result_workload
+
+    n = 60
+    fake = {"request_rate": 12.0, "burstiness": 1.0, "max_concurrency": 16, "num_prompts": n,
+            "input_lens": [200 + 7 * i for i in range(n)], "output_lens": [20 + (i % 9) for i in range(n)],
+            "errors": [""] * n, "completed": n}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(fake))
+    cfg = SimConfig(frontend=FrontendConfig(enabled=True), client=ClientConfig(max_concurrency=16))
+    res = Engine(cfg, result_workload(load_bench_result(path), seed=0)).run()
+    req = res.metrics.requests_frame()
+    fake.update(bench_serve_result(req))
+    fake["output_lens"] = per_request(req)["output_len"].tolist()
+    path.write_text(json.dumps(fake))
+
+    _register()
+    out = tmp_path / "v"
+    result = CliRunner().invoke(app, ["validate-bench", str(path), "--model", "llama-3.1-8b", "--gpu", "h100",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "validation.json").read_text())["rows"]
+    metrics = {r["metric"]: r for r in rows}
+    assert {"completed", "mean_ttft_ms", "p99_itl_ms", "median_e2el_ms"} <= set(metrics)
+    assert metrics["failed"]["measured"] == metrics["failed"]["simulated"] == 0
+    assert all(abs(r["rel_error"]) < 1e-9 for r in rows if r["metric"] != "failed"), rows
+
+
+def test_validate_bench_refuses_a_summary_only_result(tmp_path):
+    from simulator.validation.bench_result import load_bench_result
+
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"completed": 10, "mean_ttft_ms": 5.0}))
+    with pytest.raises(InputError, match="--save-detailed"):
+        load_bench_result(path)
+    path.write_text("{not json")
+    with pytest.raises(InputError, match="not a readable JSON"):
+        load_bench_result(path)
