@@ -107,9 +107,6 @@ class SimConfig:
             raise InputError(
                 f"spec_decode.acceptance has {len(self.spec_decode.acceptance)} entries but "
                 f"scheduler.num_spec_tokens is {self.scheduler.num_spec_tokens}", field="spec_decode.acceptance")
-        if self.engine != "vllm" and self.client.timeout_s is not None:
-            raise InputError("client timeouts (server-side aborts) are modelled for engine: vllm only",
-                             field="client.timeout_s", allowed="null with engine: " + self.engine)
         if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
             raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
                              field="spec_decode.acceptance")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from simulator.bench_metrics import GoodputSlo, bench_serve_result, inference_perf_stages
 from simulator.frontend import FrontendConfig
 from servesim.frontend_probe import ProbeLimits, probe_frontend
-from tests.frontend_stub import StubCosts, StubServer
+from frontend_stub import StubCosts, StubServer
 from traces.errors import InputError
 
 
