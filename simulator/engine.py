@@ -75,6 +75,7 @@ class Engine:
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
         self._frontend = cfg.frontend if cfg.frontend.enabled else None
+        self._outputs_delayed = False
         # Who sends the workload's requests, when, and through which frontend (simulator/client.py).
         self.clients = Clients(self.env, self._frontend, cfg.client.max_concurrency, self.submit,
                                self.expect_next_arrival)
@@ -306,8 +307,10 @@ class Engine:
         return self.result(time.perf_counter() - t0)
 
     def result(self, wall_time_s: float) -> EngineResult:
-        if self._frontend is not None:  # the client sees every chunk after the return trip and SSE
+        if self._frontend is not None and not self._outputs_delayed:
+            # The client sees every chunk after the return trip and SSE (once, however often asked).
             self.metrics.delay_outputs(self._frontend.output_delay_s())
+            self._outputs_delayed = True
         end = max([r.finish_s for r in self.metrics.requests.values() if r.finish_s is not None], default=0.0)
         if self.progress is not None:
             self.progress(self.env.now, self._num_done)
