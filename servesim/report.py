@@ -76,7 +76,10 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
     print_rejected(console, s)
     tp = s["throughput"]
     console.print(
-        f"finished {s['num_finished']}/{s['num_requests']}, rejected {s.get('num_rejected', 0)}, in {s['sim_duration_s']:.1f} s simulated "
+        f"finished {s['num_finished']}/{s['num_requests']}, rejected {s.get('num_rejected', 0)}"
+        + (f", {s['num_timed_out']} timed out (failed: clients gave up; excluded from latencies)"
+           if s.get("num_timed_out") else "")
+        + f" in {s['sim_duration_s']:.1f} s simulated "
         f"({s['wall_time_s']:.2f} s wall, {s['sim_speedup_x'] or 0:.0f}x real time), {s['num_steps']} steps\n"
         f"throughput {tp['requests_per_s']:.2f} req/s, {tp['output_tokens_per_s']:.0f} output tok/s, "
         f"{tp['total_tokens_per_s']:.0f} total tok/s; goodput {s['goodput']['requests_per_s']:.2f} req/s "

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.config import CacheConfig, SchedulerConfig
 from scheduler.sglang import SGLangConfig
 from simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from simulator.frontend import FrontendConfig
 from traces.errors import InputError
 
 
@@ -50,10 +52,11 @@ class SpecDecodeConfig:
 @dataclass(slots=True)
 class SloConfig:
     ttft_s: float = 2.0  # a request meets the SLO when TTFT <= ttft_s ...
-    tpot_s: float = 0.1  # ... and TPOT <= tpot_s
+    tpot_s: float = 0.1  # ... and TPOT <= tpot_s ...
+    e2e_s: float | None = None  # ... and E2E <= e2e_s when set (vllm bench's e2el SLO)
 
     def __post_init__(self) -> None:
-        if self.ttft_s <= 0 or self.tpot_s <= 0:
+        if self.ttft_s <= 0 or self.tpot_s <= 0 or (self.e2e_s is not None and self.e2e_s <= 0):
             raise InputError("SLO thresholds must be > 0", field="slo")
 
 
@@ -71,6 +74,25 @@ class LivenessConfig:
             raise InputError("must be >= 1", field="liveness.max_steps_without_progress")
         if not self.max_sim_s_without_progress > 0:
             raise InputError("must be > 0", field="liveness.max_sim_s_without_progress")
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    """How benchmark clients behave (applies to every request without its own `timeout_s`)."""
+
+    timeout_s: float | None = None  # give up (the server aborts the request) after this long; None: wait forever
+    max_concurrency: int | None = None  # requests in flight at most (vllm bench --max-concurrency); None: no cap
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool)
+                                                 or not isinstance(self.max_concurrency, int)
+                                                 or self.max_concurrency < 1):
+            raise InputError(f"got {self.max_concurrency!r}", field="client.max_concurrency",
+                             allowed="an integer >= 1, or null")
+        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0
+                                               and math.isfinite(self.timeout_s)):
+            raise InputError(f"got {self.timeout_s!r}", field="client.timeout_s",
+                             allowed="a finite number of seconds > 0, or null")
 
 
 @dataclass(slots=True)
@@ -94,6 +116,9 @@ class SimConfig:
     # Exact fast-forward over provably plain decode steps (same results as stepping; faster).
     fast_forward: bool = False
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    # The OpenAI server in front of the engine (off: in-process runs) and the clients' behaviour.
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
 
     def __post_init__(self) -> None:
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):

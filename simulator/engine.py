@@ -9,6 +9,7 @@ nothing is waiting or running the engine sleeps until the next arrival: no busy 
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections import deque
@@ -18,12 +19,13 @@ from typing import IO
 
 import simpy
 
-from scheduler import CacheConfig, Request, SamplingParams
+from scheduler import CacheConfig, Request, RequestStatus, SamplingParams
 from simulator.engines import make_engine_scheduler
 from scheduler.steptrace import finish_record, step_record
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
 from simulator.executor import Executor, SimExecutor
+from simulator.client import Clients
 from simulator.kv_capacity import KvCapacity
 from simulator.liveness import Admission, StallError, diagnose
 from simulator.metrics import MetricsCollector, StepRecord
@@ -69,6 +71,11 @@ class Engine:
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
+        self._frontend = cfg.frontend if cfg.frontend.enabled else None
+        self._outputs_delayed = False
+        # Who sends the workload's requests, when, and through which frontend (simulator/client.py).
+        self.clients = Clients(self.env, self._frontend, cfg.client.max_concurrency, self.submit,
+                               self.expect_next_arrival)
         self.metrics = MetricsCollector()
         self.step_trace = step_trace
         self.progress = progress
@@ -87,6 +94,11 @@ class Engine:
         self._stall_step = self._stall_s = 0.0
         self._preemptions_at_progress = 0
         self._mark_progress(0.0)
+        self._timeout_s = cfg.client.timeout_s
+        # Client deadlines still pending: (deadline s, submission seq, request id); a heap. An entry
+        # whose request already finished is dropped when it comes due.
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._num_submitted = 0
         self._ff = None
         if cfg.fast_forward:
             from simulator.fast_forward import FastForward
@@ -95,18 +107,14 @@ class Engine:
 
     # --- processes -----------------------------------------------------------------------------
     def _arrivals(self):
-        env = self.env
-        for spec in self.workload.requests:
-            if spec.arrival_time_s > env.now:
-                self._next_arrival_s = spec.arrival_time_s
-                yield env.timeout(spec.arrival_time_s - env.now)
-            self.submit(spec)
+        yield from self.clients.send_all(self.workload.requests)
         self._next_arrival_s = float("inf")
         self.close()
 
-    def submit(self, spec: RequestSpec) -> None:
-        """A request arrives now (from the workload, or from a router in a cluster)."""
-        self._add(spec)
+    def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
+        """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
+        its client sent it (default: now), which latencies and the client timeout count from."""
+        self._add(spec, self.env.now if sent_s is None else sent_s)
         self._wake_up()
 
     def close(self) -> None:
@@ -130,10 +138,14 @@ class Engine:
         """Nothing ran and nothing is in flight: sleep until an outside event, or until the next
         Continuum pin expires (the only change that happens by itself)."""
         self._wake = self.env.event()
+        wakes = []
         pins = getattr(self.scheduler, "continuum", None)
         if pins is not None and pins.pins:
-            expiry = min(p.unpin_at_s for p in pins.pins)
-            return self.env.any_of([self._wake, self.env.timeout(max(expiry - self.env.now, 0.0))])
+            wakes.append(min(p.unpin_at_s for p in pins.pins))
+        if self._deadlines:  # a client giving up frees KV: that can unblock the others
+            wakes.append(self._deadlines[0][0])
+        if wakes:
+            return self.env.any_of([self._wake, self.env.timeout(max(min(wakes) - self.env.now, 0.0))])
         return self._wake
 
     @property
@@ -150,13 +162,22 @@ class Engine:
     def kv_usage(self) -> float:
         return self.scheduler.kv_cache_manager.usage
 
-    def _add(self, spec: RequestSpec) -> None:
+    def _add(self, spec: RequestSpec, sent_s: float) -> None:
         sched, now = self.scheduler, self.env.now
-        self.metrics.on_arrival(spec.request_id, now, spec.prompt_len, spec.output_len)
+        self.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
         reason = self.admission.reject_reason(spec.prompt_len, spec.output_len)
         if reason is not None:  # the frontend refuses it: it never reaches the scheduler
             self._rejected(spec.request_id, reason)
             return
+        timeout_s = spec.timeout_s if spec.timeout_s is not None else self._timeout_s
+        if timeout_s is not None:
+            deadline_s = sent_s + timeout_s
+            if deadline_s <= now:  # the client gave up while the frontend still held the request
+                self.metrics.on_timeout(spec.request_id)
+                self._finished_elsewhere(spec.request_id)
+                return
+            heapq.heappush(self._deadlines, (deadline_s, self._num_submitted, spec.request_id))
+        self._num_submitted += 1
         req = Request(spec.request_id, spec.token_ids(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                       block_hasher=sched.block_hasher, job_id=spec.session_id, is_last_step=spec.is_last_turn)
@@ -180,6 +201,9 @@ class Engine:
                 self._mark_progress(env.now)  # idle time with nothing to do is no stall
                 continue
             now = env.now
+            if self._deadlines and self._deadlines[0][0] <= now:
+                self._expire_deadlines(now)
+                continue
             if self._ff is not None and self._ff.enabled and not in_flight:
                 fast = self._ff.try_step(now, self._next_arrival_s)
                 if fast is not None:
@@ -268,9 +292,27 @@ class Engine:
         if self.progress is not None and self.num_steps % 256 == 0:
             self.progress(now, self._num_done)
 
+    def _expire_deadlines(self, now: float) -> None:
+        """Clients whose deadline passed disconnect; the server aborts their requests (vLLM's
+        abort between engine steps: blocks are freed, the request never runs again)."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, rid = heapq.heappop(self._deadlines)
+            if self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED, now_s=now):
+                self.metrics.on_timeout(rid)
+                self._finished_elsewhere(rid)
+
+    def _finished_elsewhere(self, request_id: str) -> None:
+        """A client gave up: the request is done for the run (and that is progress)."""
+        self._num_done += 1
+        self.clients.on_done()
+        self._mark_progress(self.env.now)
+        if self.on_finish is not None:
+            self.on_finish(request_id, "abort")
+
     def _rejected(self, request_id: str, reason: str) -> None:
         self.metrics.on_reject(request_id, reason)
         self._num_done += 1
+        self.clients.on_done()
         self._mark_progress(self.env.now)
         if self.on_finish is not None:
             self.on_finish(request_id, None)
@@ -298,6 +340,7 @@ class Engine:
     def _finished(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
         self.metrics.on_finish(request_id, now, reason, num_cached)
         self._num_done += 1
+        self.clients.on_done()
         if self.on_finish is not None:
             self.on_finish(request_id, reason)
 
@@ -322,6 +365,10 @@ class Engine:
         return self.result(time.perf_counter() - t0)
 
     def result(self, wall_time_s: float) -> EngineResult:
+        if self._frontend is not None and not self._outputs_delayed:
+            # The client sees every chunk after the return trip and SSE (once, however often asked).
+            self.metrics.delay_outputs(self._frontend.output_delay_s())
+            self._outputs_delayed = True
         end = max([r.finish_s for r in self.metrics.requests.values() if r.finish_s is not None], default=0.0)
         if self.progress is not None:
             self.progress(self.env.now, self._num_done)

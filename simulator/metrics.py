@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from simulator.bench_metrics import GoodputSlo, bench_serve_result
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -30,6 +32,7 @@ class RequestRecord:
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     finish_reason: str | None = None
     reject_reason: str | None = None  # set when the request could never run (simulator/liveness.py)
+    status: str | None = None  # "timed_out" once the client gave up; otherwise derived in requests_frame
 
 
 @dataclass(slots=True)
@@ -74,10 +77,29 @@ class MetricsCollector:
         rec.finish_reason = reason
         rec.num_cached_tokens = num_cached_tokens
 
+    def on_timeout(self, request_id: str) -> None:
+        """The client gave up; the server aborted the request (what it streamed stays recorded)."""
+        rec = self.requests[request_id]
+        rec.finish_reason = "abort"
+        rec.status = "timed_out"
+
+    def delay_outputs(self, delay_s: float) -> None:
+        """Every output the engine produced reaches the client delay_s later (the frontend's return
+        trip); arrivals are already client send times."""
+        for rec in self.requests.values():
+            if rec.first_token_s is not None:
+                rec.first_token_s += delay_s
+                rec.token_times_s = [t + delay_s for t in rec.token_times_s]
+            if rec.finish_s is not None:
+                rec.finish_s += delay_s
+
     # --- tables -------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
         rows = []
         for r in self.requests.values():
+            if r.status == "timed_out":
+                rows.append(_timed_out_row(r))
+                continue
             if r.finish_reason == "abort" and r.reject_reason is None:
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
@@ -144,6 +166,16 @@ def _rejected_row(r: RequestRecord) -> dict:
     return row
 
 
+def _timed_out_row(r: RequestRecord) -> dict:
+    """A request whose client gave up: what it streamed is kept (output_len, first_scheduled_s), its
+    latencies stay empty so it never counts in a percentile or CDF (a failure, as vllm bench counts)."""
+    row = _rejected_row(r)
+    row.update(status="timed_out", reject_reason=None, finish_reason="abort", output_len=len(r.token_times_s),
+               first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s),
+               num_cached_tokens=r.num_cached_tokens)
+    return row
+
+
 def rejection_summary(req: pd.DataFrame) -> dict:
     """summary.json's num_completed / num_rejected / rejected_by_reason from a requests frame."""
     rejected = req[req["status"] == "rejected"]
@@ -199,13 +231,17 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())
     dur = max(sim_duration_s, 1e-12)
-    good = ok[(ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)]
+    meets = (ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)
+    if slo.e2e_s is not None:
+        meets &= ok["e2e_s"] <= slo.e2e_s
+    good = ok[meets]
     steps = collector.steps_frame()
     rejections = rejection_summary(req)
     return {
         "num_requests": num_requests,
         "num_finished": int(len(ok)),
         **rejections,
+        "num_timed_out": int((req["status"] == "timed_out").sum()),
         "num_ignored": rejections["num_rejected"],  # the older name, kept for readers of old summaries
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
@@ -227,4 +263,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         "prefix_cache_hit_tokens": prefix_hits,
         "prefix_cache_query_tokens": prefix_queries,
         "kv_usage_mean": float(steps["kv_usage"].mean()) if not steps.empty else 0.0,
+        # The same run in `vllm bench serve --save-result` terms (completed/failed, *_ms statistics).
+        "bench_serve": bench_serve_result(req, GoodputSlo(ttft_ms=slo.ttft_s * 1e3, tpot_ms=slo.tpot_s * 1e3,
+                                                          e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3)),
     }

@@ -52,6 +52,7 @@ class RequestSpec:
     is_last_turn: bool = True  # False for non-final turns of a session
     lora_id: int | None = None
     arrival_step: int | None = None  # only for step-indexed workloads (the vLLM oracle format)
+    timeout_s: float | None = None  # the client gives up this long after sending (None: the run's client.timeout_s)
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -100,6 +101,8 @@ class RequestSpec:
             return "session_id", f"got {self.session_id!r}", "a non-empty string or none"
         if self.arrival_step is not None and self.arrival_step < 0:
             return "arrival_step", f"got {self.arrival_step}", "an integer >= 0 or none"
+        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            return "timeout_s", f"got {self.timeout_s!r}", "a finite number of seconds > 0, or none"
         return None
 
     def _stream_key(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
+from collections.abc import Iterable
 
 from scheduler.kv.manager import PrefixCacheStats
 from scheduler.output import (
@@ -204,6 +205,26 @@ class SGLangScheduler(BatchingMixin):
             kv_len = min(request.num_computed_tokens, request.num_tokens - 1)
             self.kv_cache_manager.release(request, kv_len, insert=True)
         self._drop(request)
+
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus =
+                        RequestStatus.FINISHED_ABORTED, now_s: float | None = None) -> list[str]:
+        """Finish requests from outside (a client went away: SGLang's abort_request). A waiting
+        request leaves the queue; one holding KV (decoding, or the chunked prefill) caches what it
+        computed in the radix tree and frees the rest, as a finished request does. A step already
+        in flight drops its output. Returns the ids that were still unfinished."""
+        if now_s is not None:
+            self.now_s = now_s
+        done = []
+        for rid in dict.fromkeys((request_ids,) if isinstance(request_ids, str) else request_ids):
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            request.status = finished_status
+            if request is self.chunked_req:
+                self.chunked_req = None
+            self._finish(request)
+            done.append(rid)
+        return done
 
     def _abort(self, request: Request) -> None:
         """Out of memory even alone (SGLang's graceful abort in retract_decode)."""

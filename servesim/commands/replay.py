@@ -58,6 +58,22 @@ def replay(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
     step_trace: Path = typer.Option(None, "--step-trace", help="write every engine step in the oracle's schema"),
+    dataset_name: str = typer.Option(None, "--dataset-name", rich_help_panel="vllm bench serve",
+                                     help="generate the workload as `vllm bench serve` would (instead of TRACE): "
+                                          "random | sharegpt | sonnet | shared_prefix"),
+    num_prompts: int = typer.Option(1000, "--num-prompts", rich_help_panel="vllm bench serve"),
+    request_rate: float = typer.Option(float("inf"), "--request-rate", rich_help_panel="vllm bench serve",
+                                       help="requests/s (inf: all at once)"),
+    burstiness: float = typer.Option(1.0, "--burstiness", rich_help_panel="vllm bench serve",
+                                     help="gamma shape of the gaps (1: Poisson)"),
+    random_input_len: int = typer.Option(1024, "--random-input-len", rich_help_panel="vllm bench serve"),
+    random_output_len: int = typer.Option(128, "--random-output-len", rich_help_panel="vllm bench serve"),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio", rich_help_panel="vllm bench serve"),
+    random_prefix_len: int = typer.Option(0, "--random-prefix-len", rich_help_panel="vllm bench serve"),
+    goodput: list[str] = typer.Option([], "--goodput", rich_help_panel="vllm bench serve",
+                                      help="SLO as vllm bench writes it: ttft:MS tpot:MS e2el:MS"),
+    frontend: bool = typer.Option(False, "--frontend/--no-frontend",
+                                  help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.api import load_trace, run
@@ -72,10 +88,27 @@ def replay(
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     if fast_forward:
         cfg.fast_forward = True
-    if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
-        raise InputError("file not found; switches take no value: --fast-forward / --no-fast-forward, "
-                         "--overwrite / --no-overwrite", path=str(trace))
-    wl = load_trace(trace, fmt, max_requests, rate_scale)
+    if frontend:
+        cfg.frontend = dataclasses.replace(cfg.frontend, enabled=True)
+    if goodput:
+        from servesim.overrides import apply_overrides
+        from traces.bench import parse_goodput
+
+        cfg = apply_overrides(cfg, parse_goodput(goodput))
+    if dataset_name is not None:
+        from traces.bench import BenchConfig, bench_workload
+
+        if trace is not None:
+            raise InputError("give either a TRACE or --dataset-name, not both", field="--dataset-name")
+        wl = bench_workload(BenchConfig(
+            dataset_name=dataset_name, num_prompts=num_prompts, request_rate=request_rate, burstiness=burstiness,
+            random_input_len=random_input_len, random_output_len=random_output_len,
+            random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len, seed=seed))
+    else:
+        if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
+            raise InputError("file not found; switches take no value: --fast-forward / --no-fast-forward, "
+                             "--overwrite / --no-overwrite", path=str(trace))
+        wl = load_trace(trace, fmt, max_requests, rate_scale)
     if executor not in ("sim", "gpu"):
         raise InputError(f"unknown executor {executor!r}", field="--executor", allowed="sim, gpu")
     if clock not in ("model", "measured"):

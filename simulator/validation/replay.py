@@ -22,6 +22,7 @@ import numpy as np
 from scheduler.config import CacheConfig, SchedulerConfig
 from simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from simulator.engine import Engine
+from simulator.frontend import FrontendConfig
 from simulator.specs import resolve_gpu, resolve_model, with_precision
 from traces.errors import InputError
 from traces.formats import load_workload
@@ -113,7 +114,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                         enable_prefix_caching=s.enable_prefix_caching)
     cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp,
                                             gpu_memory_utilization=s.gpu_memory_utilization),
-                    scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed)
+                    scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
+                    frontend=FrontendConfig(enabled=run.measured_at == "http"))
     prov = dict(s.provenance)
     prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
     if opts.async_scheduling is not None:
@@ -130,6 +132,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                      "gpu_memory_utilization": s.gpu_memory_utilization, "engine_version": s.engine_version,
                      "provenance": prov},
         "kv_cache": kv.to_dict(),
+        "frontend": {"enabled": run.measured_at == "http",
+                     "why": f"latencies measured at the {run.measured_at} (docs/FRONTEND.md)"},
         "cost_model": cm_info,
         "cpu_overhead": {"preset": opts.cpu_overhead, **asdict(cpu),
                          **({"source": CALIBRATION_NOTE} if opts.cpu_overhead == "calibrated" else {})},

@@ -69,6 +69,9 @@ class MeasuredRun:
     requests: pd.DataFrame  # REQUEST_COLUMNS; latencies in seconds
     timeseries: pd.DataFrame | None = None  # t_s + SERIES (+ throughput columns when known)
     notes: list[str] = field(default_factory=list)
+    # Where the latencies were taken: "engine" (the engine's own request timestamps) or "http" (a
+    # benchmark client over the OpenAI server: validate then puts the frontend model in front).
+    measured_at: str = "engine"
 
 
 # ---- registry -------------------------------------------------------------------------------

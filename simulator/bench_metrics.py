@@ -1,0 +1,134 @@
+"""Benchmark-client metric semantics: what `vllm bench serve` and inference-perf would report.
+
+Computed from `requests.parquet` (one row per request), so a simulated run and a measured one are
+summarised by the same rules:
+
+- completed / failed: a request is completed when it streamed its whole output; everything else a
+  client sent (rejected by the server, timed out, cancelled) is failed, and is left out of every
+  latency statistic, throughput and goodput, as `vllm bench serve` does;
+- TTFT: first chunk received - request sent;
+- TPOT: (E2E - TTFT) / (output tokens - 1), per request, excluding the first token;
+- ITL: the gaps between consecutive *chunks* of a request (a chunk carrying several tokens, as with
+  speculative decoding, is one gap), pooled over requests;
+- E2EL: last chunk received - request sent;
+- duration: first send to last completion; throughputs divide by it;
+- goodput: completed requests meeting every given SLO (ms), per second.
+
+Keys follow `vllm bench serve --save-result` (`mean_ttft_ms`, `p99_itl_ms`, `request_throughput`,
+...); `inference_perf_stages` reports per load stage in inference-perf's vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import InputError
+
+BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
+SLO_METRICS = ("ttft", "tpot", "e2el")
+
+
+@dataclass(slots=True)
+class GoodputSlo:
+    """`--goodput ttft:500 tpot:50` (ms); None: that metric is not part of the SLO."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise InputError(f"got {value!r}", field=f"--goodput {name[:-3]}", allowed="a number of ms > 0")
+
+    @property
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
+
+
+def completed_mask(requests: pd.DataFrame) -> np.ndarray:
+    """Rows the client saw complete: status 'completed' (older frames: a finish with output)."""
+    if "status" in requests.columns:
+        return (requests["status"] == "completed").to_numpy()
+    return (requests["finish_s"].notna() & (requests["output_len"] > 0)).to_numpy()
+
+
+def per_request(requests: pd.DataFrame) -> pd.DataFrame:
+    """Completed requests with TTFT, TPOT, E2EL (ms) and their per-chunk ITLs (ms), bench rules."""
+    done = requests[completed_mask(requests)]
+    ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(dtype=float) * 1e3
+    e2el = (done["finish_s"] - done["arrival_s"]).to_numpy(dtype=float) * 1e3
+    n_out = done["output_len"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n_out > 1, (e2el - ttft) / np.maximum(n_out - 1, 1), np.nan)
+    # Tokens of one chunk share a timestamp, so their per-token gaps are 0: one chunk, one gap.
+    itl = [[g * 1e3 for g in gaps if g > 0] for gaps in done["itl_s"]]
+    return pd.DataFrame({"request_id": done["request_id"].to_numpy(), "arrival_s": done["arrival_s"].to_numpy(),
+                         "prompt_len": done["prompt_len"].to_numpy(), "output_len": n_out,
+                         "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el, "itl_ms": itl})
+
+
+def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
+    values = values[~np.isnan(values)] if values.size else values
+    out: dict[str, float | None] = {}
+    empty = values.size == 0
+    out[f"mean_{name}_ms"] = None if empty else float(values.mean())
+    out[f"median_{name}_ms"] = None if empty else float(np.median(values))
+    out[f"std_{name}_ms"] = None if empty else float(values.std())
+    for p in percentiles:
+        out[f"p{p:g}_{name}_ms"] = None if empty else float(np.percentile(values, p))
+    return out
+
+
+def bench_serve_result(requests: pd.DataFrame, slo: GoodputSlo | None = None,
+                       percentiles: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | int | None]:
+    """The figures `vllm bench serve --save-result` would write for this run."""
+    rows = per_request(requests)
+    completed = len(rows)
+    sent = requests["arrival_s"].to_numpy(dtype=float)
+    duration = 0.0
+    if completed:  # first send to last completion
+        end = float((rows["arrival_s"] + rows["e2el_ms"] / 1e3).max())
+        duration = max(end - float(sent.min()), 1e-12)
+    total_in, total_out = int(rows["prompt_len"].sum()), int(rows["output_len"].sum())
+    result: dict[str, float | int | None] = {
+        "duration": duration, "completed": completed, "failed": int(len(requests) - completed),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": completed / duration if duration else 0.0,
+        "request_goodput": None,
+        "output_throughput": total_out / duration if duration else 0.0,
+        "total_token_throughput": (total_in + total_out) / duration if duration else 0.0,
+    }
+    if slo is not None and slo.is_set and completed:
+        good = np.ones(completed, dtype=bool)
+        for metric in SLO_METRICS:
+            limit = getattr(slo, f"{metric}_ms")
+            if limit is not None:
+                good &= np.nan_to_num(rows[f"{metric}_ms"].to_numpy(), nan=0.0) <= limit
+        result["request_goodput"] = int(good.sum()) / duration
+    itl = np.asarray([g for gaps in rows["itl_ms"] for g in gaps], dtype=float)
+    for metric in BENCH_METRICS:
+        values = itl if metric == "itl" else rows[f"{metric}_ms"].to_numpy(dtype=float)
+        result.update(_stats(metric, values, percentiles))
+    return result
+
+
+def inference_perf_stages(requests: pd.DataFrame, stage_bounds_s: list[tuple[float, float]],
+                          percentiles: tuple[float, ...] = (50, 90, 99)) -> list[dict]:
+    """Per load stage (requests *sent* in [start, end)), inference-perf's figures (ms)."""
+    out = []
+    for i, (start, end) in enumerate(stage_bounds_s):
+        sent = requests["arrival_s"]
+        stage = requests[(sent >= start) & (sent < end)]
+        res = bench_serve_result(stage, None, percentiles)
+        out.append({"stage": i, "start_s": start, "end_s": end, "completed": res["completed"],
+                     "failed": res["failed"],
+                     **{k.replace("e2el", "request_latency").replace("itl", "inter_token_latency")
+                        .replace("ttft", "time_to_first_token").replace("tpot", "time_per_output_token"): v
+                        for k, v in res.items() if k.endswith("_ms")}})
+    return out

@@ -1,0 +1,84 @@
+"""The frontend model, the frontend probe against a loopback stub, and bench-serve metric rules."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simulator.bench_metrics import GoodputSlo, bench_serve_result, inference_perf_stages
+from simulator.frontend import FrontendConfig
+from servesim.frontend_probe import ProbeLimits, probe_frontend
+from frontend_stub import StubCosts, StubServer
+from traces.errors import InputError
+
+
+@pytest.mark.parametrize("field", ["http_s", "chunk_s", "tokenize_s_per_token"])
+def test_frontend_config_refuses_negative_costs(field):
+    with pytest.raises(InputError, match=f"frontend.{field}"):
+        FrontendConfig(**{field: -1.0})
+
+
+def _frame(rows):
+    cols = ["request_id", "arrival_s", "prompt_len", "output_len", "first_token_s", "finish_s", "itl_s", "status"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def test_bench_serve_rules_by_hand():
+    req = _frame([
+        # 3 tokens in 2 chunks (a 2-token chunk at 2.0): TTFT 1, E2E 2, TPOT (2-1)/2 = 0.5, one ITL gap.
+        ("a", 0.0, 10, 3, 1.0, 2.0, [1.0, 0.0], "completed"),
+        ("b", 1.0, 20, 2, 1.5, 3.0, [1.5], "completed"),
+        ("c", 1.0, 30, 0, None, None, [], "timed_out"),
+    ])
+    res = bench_serve_result(req, GoodputSlo(ttft_ms=600.0))
+    assert (res["completed"], res["failed"]) == (2, 1)
+    assert res["duration"] == 3.0 and res["total_input_tokens"] == 30 and res["total_output_tokens"] == 5
+    assert res["mean_ttft_ms"] == pytest.approx(750.0)
+    assert res["mean_tpot_ms"] == pytest.approx((500.0 + 1500.0) / 2)
+    assert res["mean_itl_ms"] == pytest.approx((1000.0 + 1500.0) / 2)  # the 0 gap inside a chunk is no ITL
+    assert res["request_goodput"] == pytest.approx(1 / 3.0)  # only "b" meets TTFT <= 600 ms
+    stages = inference_perf_stages(req, [(0.0, 1.0), (1.0, 2.0)])
+    assert [(s["completed"], s["failed"]) for s in stages] == [(1, 0), (1, 1)]
+    assert stages[1]["mean_time_to_first_token_ms"] == pytest.approx(500.0)
+
+
+def test_probe_recovers_injected_costs_from_a_loopback_server():
+    # Costs large enough that scheduling noise on a busy 2-core machine stays small beside them.
+    costs = StubCosts(http_s=0.020, tokenize_s_per_token=50e-6, step_s=0.002, chunk_s=0.010)
+    limits = ProbeLimits(max_requests=60, request_timeout_s=10.0, deadline_s=60.0,
+                         prompt_words=(16, 512, 1024, 2048), output_tokens=8, repeats=3)
+    with StubServer(costs, max_requests=80, lifetime_s=90.0) as stub:
+        measured = probe_frontend(stub.base_url, "stub", limits)
+        assert stub.num_requests == measured.num_requests <= limits.max_requests
+    cfg = measured.config
+    assert cfg.tokenize_s_per_token == pytest.approx(50e-6, rel=0.3), measured.samples
+    assert 0.018 <= cfg.http_s <= 0.04, measured.samples  # noise only ever adds time
+    assert 0.007 <= cfg.chunk_s <= 0.02, measured.samples
+
+
+def test_probe_is_bounded_and_refuses_a_bad_url():
+    with pytest.raises(InputError, match="--base-url"):
+        probe_frontend("ftp://example", "m")
+    with StubServer(StubCosts(), max_requests=200, lifetime_s=30.0) as stub:
+        with pytest.raises(InputError, match="--max-requests"):
+            probe_frontend(stub.base_url, "stub", ProbeLimits(max_requests=10, prompt_words=(8, 16)))
+        assert stub.num_requests == 10
+
+
+def test_calibrate_frontend_command_writes_a_usable_file(tmp_path):
+    from servesim.cli import _register, app
+
+    _register()
+    out = tmp_path / "frontend.yaml"
+    with StubServer(StubCosts(tokenize_s_per_token=10e-6), max_requests=80, lifetime_s=90.0) as stub:
+        result = CliRunner().invoke(app, ["calibrate-frontend", "--base-url", stub.base_url, "--model", "stub",
+                                          "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(out.read_text())
+    cfg = FrontendConfig(**data["frontend"])
+    assert cfg.enabled and math.isfinite(cfg.tokenize_s_per_token)
+    assert not (tmp_path / "frontend.yaml.partial").exists()
