@@ -8,6 +8,7 @@ import dataclasses
 from simulator.config import SimConfig
 from simulator.cost_model import make_cost_model
 from simulator.engine import resolve_cache
+from simulator.startup import resolve_max_model_len
 from traces.errors import InputError
 
 CPU_KV_LIMIT_GIB = 8.0  # refuse CPU KV caches larger than this: set cache.num_gpu_blocks instead
@@ -28,10 +29,17 @@ def fit_cpu_kv_pool(cfg: SimConfig, device: str) -> tuple[SimConfig, str | None]
     cache, _ = resolve_cache(cfg)
     block_bytes = 2 * mcfg.num_layers * cache.block_size * mcfg.num_kv_heads * mcfg.head_dim * 4  # fp32
     blocks = max(1, min(cache.num_gpu_blocks, int(CPU_KV_BUDGET_GIB * 2**30 // block_bytes)))
+    sched = cfg.scheduler
+    # vLLM's start-up rule: the pool must hold one max_model_len request. Like vLLM's estimate, a
+    # smaller pool serves the longest requests it can hold.
+    fit_len = blocks * cache.block_size
+    if resolve_max_model_len(cfg) > fit_len:
+        sched = dataclasses.replace(sched, max_model_len=fit_len)
     cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, num_gpu_blocks=blocks),
-                              derive_num_gpu_blocks=False)
+                              scheduler=sched, derive_num_gpu_blocks=False)
     note = (f"--device cpu: KV pool of {blocks} blocks ({blocks * block_bytes / 2**30:.2f} GiB, the CPU budget "
-            f"is {CPU_KV_BUDGET_GIB} GiB); set --set cache.num_gpu_blocks=N to choose another")
+            f"is {CPU_KV_BUDGET_GIB} GiB), max_model_len {sched.max_model_len}; set --set cache.num_gpu_blocks=N "
+            "to choose another")
     return cfg, note
 
 

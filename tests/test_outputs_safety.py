@@ -308,7 +308,7 @@ def test_cpu_device_fits_the_documented_budget():
         * fitted.cache.num_gpu_blocks / 2**30
     assert gib <= CPU_KV_BUDGET_GIB
     assert fit_cpu_kv_pool(cfg, "cuda") == (cfg, None)  # the GPU keeps the derived pool
-    given = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, num_gpu_blocks=64),
+    given = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, num_gpu_blocks=256),
                                 derive_num_gpu_blocks=False)
     assert fit_cpu_kv_pool(given, "cpu") == (given, None)  # a pool the user set is kept
 
