@@ -70,7 +70,6 @@ class Admission:
                 return "exceeds_kv_pool"
         return None
 
-
     def scheduler_refusal_reason(self) -> str:
         """Why the scheduler itself refused a request that passed admission: SGLang refuses prompts
         within a few tokens of min(max_model_len, pool) (its input-length margin)."""
