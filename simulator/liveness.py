@@ -45,17 +45,27 @@ class StallError(InputError):
 class Admission:
     max_model_len: int
     block_size: int
-    usable_blocks: int | None  # None: the layout is not full attention (no per-request bound here)
+    usable_blocks: int  # the pool less the null block
     extra_slots: int  # speculative + lookahead tokens a step may hold beyond the sequence
+    full_groups: int = 1  # full-attention KV groups (1, or 0 for a sliding-window-only layout)
+    window_blocks: int | None = None  # a sliding-window group's most blocks (window + one step's chunk)
     pool_rule: bool = True  # False: the scheduler bounds requests by the pool itself (SGLang)
 
     @classmethod
     def of(cls, sched: SchedulerConfig, cache: CacheConfig, pool_rule: bool = True) -> Admission:
         """pool_rule False: the scheduler bounds requests by the pool itself (SGLang clamps
         max_new_tokens to what fits, and refuses prompts that cannot)."""
-        usable = cache.num_gpu_blocks - 1 if cache.attention == "full" else None  # block 0: the null block
-        return cls(sched.max_model_len, cache.block_size, usable,
-                   sched.num_spec_tokens + sched.num_lookahead_tokens, pool_rule)
+        window = None
+        if cache.attention != "full":  # as simulator/startup.py sizes the window group
+            window = -(-(cache.sliding_window - 1 + sched.max_num_batched_tokens) // cache.block_size) + 1
+        return cls(sched.max_model_len, cache.block_size, cache.num_gpu_blocks - 1,
+                   sched.num_spec_tokens + sched.num_lookahead_tokens, 0 if cache.attention == "sliding_window" else 1,
+                   window, pool_rule)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """KV blocks a request holding num_tokens slots needs at most, over all its groups."""
+        blocks = -(-num_tokens // self.block_size)
+        return self.full_groups * blocks + (min(self.window_blocks, blocks) if self.window_blocks is not None else 0)
 
     def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
         """Why a request can never run, or None when it can."""
@@ -63,18 +73,17 @@ class Admission:
             return "prompt_exceeds_max_model_len"
         if prompt_len == self.max_model_len:
             return "no_room_to_generate"
-        if self.usable_blocks is not None and self.pool_rule:
+        if self.pool_rule:
             # KV slots it will hold at most: every token but the last sampled one, plus drafts.
             tokens = min(prompt_len + max(output_len, 1) - 1 + self.extra_slots, self.max_model_len)
-            if -(-tokens // self.block_size) > self.usable_blocks:
+            if self.blocks_needed(tokens) > self.usable_blocks:
                 return "exceeds_kv_pool"
         return None
-
 
     def scheduler_refusal_reason(self) -> str:
         """Why the scheduler itself refused a request that passed admission: SGLang refuses prompts
         within a few tokens of min(max_model_len, pool) (its input-length margin)."""
-        if self.usable_blocks is not None and self.usable_blocks * self.block_size < self.max_model_len:
+        if self.blocks_needed(self.max_model_len) > self.usable_blocks:
             return "exceeds_kv_pool"
         return "no_room_to_generate"
 

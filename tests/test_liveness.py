@@ -100,6 +100,14 @@ def test_admission_rules():
     assert adm.reject_reason(10, 1000) == "exceeds_kv_pool"  # it would run to max_model_len: 64 slots
     roomy = Admission(max_model_len=64, block_size=16, usable_blocks=4, extra_slots=0)
     assert roomy.reject_reason(10, 1000) is None  # runs and stops at max_model_len (vLLM: "length")
+    # a sliding-window layout whose window covers the whole request holds every block (fuzz finding)
+    window = Admission.of(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=84, max_model_len=26,
+                                          enable_chunked_prefill=False),
+                          CacheConfig(block_size=2, num_gpu_blocks=13, sliding_window=33))
+    assert window.reject_reason(21, 10) == "exceeds_kv_pool" and window.reject_reason(9, 5) is None
+    hybrid = Admission(max_model_len=64, block_size=16, usable_blocks=5, extra_slots=0, window_blocks=2)
+    assert hybrid.blocks_needed(48) == 3 + 2 and hybrid.reject_reason(40, 9) is None
+    assert hybrid.reject_reason(40, 10) == "exceeds_kv_pool"
 
 
 # --- r3: priority + tied arrivals + long-prefill threshold + reserve_full_isl off ---------------------
@@ -298,7 +306,7 @@ def test_safety_net_an_engine_that_can_never_wake_stops_with_a_diagnosis():
     schedule its last prompt token: SimPy runs out of events and the engine says so."""
     cfg = apply_overrides(SimConfig(), SMALL)
     eng = Engine(cfg, _wl(("a", 0.0, 64, 4)))
-    eng.admission = Admission(max_model_len=10**9, block_size=16, usable_blocks=None, extra_slots=0)
+    eng.admission = Admission(max_model_len=10**9, block_size=16, usable_blocks=10**9, extra_slots=0)
     with pytest.raises(StallError, match=r"nothing left that could wake it.*a \(WAITING|nothing left that could wake "
                                          r"it.*a \(RUNNING"):
         eng.run()

@@ -63,6 +63,7 @@ def run_table(summary: dict) -> str:
     head = "<tr><th>metric</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>"
     tp = summary.get("throughput", {})
     facts = [("requests finished", f"{summary.get('num_finished')} / {summary.get('num_requests')}"),
+             ("requests rejected (never ran)", _rejected(summary)),
              ("simulated duration (s)", _num(summary.get("sim_duration_s"), 1, 1)),
              ("output throughput (tok/s)", _num(tp.get("output_tokens_per_s"), 1, 0)),
              ("preemptions", str(summary.get("num_preemptions"))),
@@ -98,3 +99,8 @@ def write_report(out: Path, title: str, description: str, table_html: str,
     path = Path(out) / "report.html"
     path.write_text("\n".join(parts))
     return path
+
+
+def _rejected(summary: dict) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in (summary.get("rejected_by_reason") or {}).items())
+    return f"{summary.get('num_rejected', 0)}" + (f" ({reasons})" if reasons else "")
