@@ -101,6 +101,19 @@ def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | 
     return out
 
 
+def check_output_file(path: str | Path, *, overwrite: bool = False, flag: str = "--out") -> Path:
+    """A single result file (a fitted model, a profile): an existing file is replaced only with
+    overwrite, a folder never; the folder that will hold it must be writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; {flag} names a file here", field=flag, allowed="a file path")
+    if path.exists() and not overwrite:
+        raise InputError(f"{path} already exists; servesim will not replace it", field=flag,
+                         allowed=f"--overwrite to replace it, or another {flag}")
+    _check_writable(path, flag)
+    return path
+
+
 def _check_writable(out: Path, flag: str) -> None:
     """Probe the folder that will receive the result (or its nearest existing ancestor: nothing is
     created here, so a refused run leaves no empty parents behind)."""

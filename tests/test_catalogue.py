@@ -146,6 +146,9 @@ CLI_CASES = [
     ("run-out-replay-result", "run {in}/scen_ok.yaml --out out", "result", 2, ["replay result, not a sweep"]),
     ("run-out-foreign", "run {in}/scen_ok.yaml --out out", "foreign", 2, ["not a servesim result"]),
     ("plan-out-file", "plan {in}/plan_key.yaml --out out", "file", 2, ["out is a file"]),
+    ("fit-out-exists", "fit {in}/five.jsonl --out {in}/five.jsonl --model llama-3.1-8b --gpu h100", None, 2,
+     ["five.jsonl already exists", "--overwrite"]),
+    ("fit-out-folder", "fit {in}/five.jsonl --out {in} --model llama-3.1-8b --gpu h100", None, 2, ["is a folder"]),
     ("step-trace-exists", "replay --max-requests 2 --out new --step-trace {in}/five.jsonl", None, 2,
      ["--step-trace", "will not replace it"]),
     # --- YAML ----------------------------------------------------------------------------------

@@ -341,3 +341,21 @@ def test_tables_keep_every_column_without_a_terminal(tmp_path, monkeypatch):
     for column in ("variant", "TTFT99 ms", "TPOT50 ms", "tok/s", "preempt", "hit %"):
         assert column in header, header
     assert max(len(line) for line in res.output.splitlines()) > 80  # not cut to 80 columns
+
+
+def test_interrupted_replay_says_what_was_kept_and_leaves_nothing(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "replay", "--rate-scale", "4", "--out", "runs/r"],
+                            cwd=tmp_path, env={**ENV, "SERVESIM_PROGRESS_EVERY_S": "0.5"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "runs" / ".r.lock").exists():
+        time.sleep(0.1)  # the lock exists once the run has checked --out and started simulating
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the replay finished before the interrupt")
+    assert proc.returncode == 130, err
+    assert "interrupted: nothing was written to runs/r/" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # no lock, no staging, not even the parent it created

@@ -18,7 +18,8 @@ def calibrate(
     device: str = typer.Option("cuda", "--device", help="cuda | cpu (cpu: functional runs only)"),
     gpu_label: str = typer.Option(None, "--gpu-label", help="GPU id for the profile (default: from the device name)"),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16"),
-    quick: bool = typer.Option(False, "--quick", help="a few points only (smoke runs)"),
+    quick: bool = typer.Option(False, "--quick/--no-quick", help="a few points only (smoke runs)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Sweep ops (tokens for linear layers; attention by chunk x context and batch x context) and steps."""
@@ -30,6 +31,7 @@ def calibrate(
     from gpu_runner.weights import PRESETS, preset
     from servesim.calibration_report import write_report
     from simulator.cost_model.profile_schema import make_profile, write_profile
+    from simulator.outdir import check_output_file
     from simulator.specs import find_gpu, resolve_model
 
     try:
@@ -47,12 +49,12 @@ def calibrate(
                              allowed="a GPU id such as h100 (see simulator/specs/gpus.yaml)")
         gpu_label = found.name
     spec = resolve_model(model)
+    out = check_output_file(out or Path("runs/calibration") / f"{spec.name}.csv", overwrite=overwrite)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     m = LlamaModel.random(preset(model.lower()), seed=seed, dtype=torch_dtype, device=dev,
                           backend="triton" if dev.type == "cuda" else "torch")
     grid = CalibrationGrid.quick() if quick else CalibrationGrid()
     rows = sweep(m, spec.name, gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True))
-    out = out or Path("runs/calibration") / f"{spec.name}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_profile(make_profile(rows), out)
     typer.echo(f"wrote {len(rows)} profile rows to {out}")

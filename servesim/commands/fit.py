@@ -18,9 +18,13 @@ def fit(
     gpu: str = typer.Option(..., "--gpu"),
     tp: int = typer.Option(1, "--tp"),
     source: str = typer.Option("auto", "--source", help="importer name, or auto"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
 ) -> None:
     """Fit per-operation regressions and write a cost model `replay --cost-model FILE` can load."""
     from simulator.cost_model.fit import fit_main, format_fit_report
+    from simulator.outdir import check_output_file
+
+    check_output_file(out, overwrite=overwrite)
 
     fitted = fit_main([str(p) for p in profiles], out, model, gpu, tp, source)
     typer.echo(format_fit_report(fitted))
