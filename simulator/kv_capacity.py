@@ -3,7 +3,10 @@
 vLLM profiles a forward pass, then gives the KV cache whatever fits under
 gpu_memory_utilization x memory after weights and peak activations:
     blocks = (util * mem - weights/tp - activations) // (block_size * kv_bytes_per_token/tp)
-We model the activation peak as a fixed reserve per GPU (configurable).
+We model the activation peak as a fixed reserve per GPU (configurable). Both terms follow the
+model spec's precision and architecture (simulator/specs): weights in their stored format with
+scales (fp8, int4, nvfp4, mxfp4 ...), KV bytes per token from the KV-cache dtype (``auto`` or fp8),
+GQA heads per GPU, or MLA's latent (kv_lora_rank + rope dims, the same on every TP rank).
 """
 
 from __future__ import annotations

@@ -63,3 +63,29 @@ def test_roofline_uses_collectives_and_explicit_params_use_the_model():
 def test_alltoall_and_send_recv_positive():
     c = Collectives("h100", 8)
     assert c.alltoall_s(MIB) > 0 and c.send_recv_s(MIB) > c.send_recv_s(1)
+
+
+NCCL_TESTS_OUT = """# nThread 1 nGpus 2 minBytes 1024 maxBytes 4194304 step: 2(factor) warmup iters: 5 iters: 20
+#
+# Using devices
+#  Rank  0 Group  0 Pid  41 on     node0 device  0 [0x17] NVIDIA RTX PRO 6000 Blackwell Workstation Edition
+#  Rank  1 Group  0 Pid  41 on     node0 device  1 [0x65] NVIDIA RTX PRO 6000 Blackwell Workstation Edition
+#
+# Collective test starting: all_reduce_perf
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+        1024           512  bfloat16     sum      -1    20.10    0.05    0.05      0    19.80    0.05    0.05      0
+     4194304       2097152  bfloat16     sum      -1   300.00   13.98   13.98      0   299.00   14.03   14.03      0
+# Avg bus bandwidth    : 4.7
+"""
+
+
+def test_nccl_tests_output_is_an_allreduce_profile(tmp_path):
+    from simulator.cost_model import import_profile
+
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(NCCL_TESTS_OUT)
+    df = import_profile("auto", path)
+    assert list(df["op"].unique()) == ["allreduce"] and set(df["tp"]) == {2}
+    assert df["gpu"].iloc[0] == "rtx-pro-6000"
+    assert df["latency_s"].max() == pytest.approx(300e-6)

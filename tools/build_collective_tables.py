@@ -33,6 +33,10 @@ SOURCES = {
     "rtx-pro-6000": ("rtx_pro_6000_server/nccl_2.29.2", "rtx_pro_6000_server/vllm_0.24.0"),
 }
 _BYTES_PER_ELEM = 2  # half / bfloat16
+# Pipeline-parallel hand-off between two GPUs of one node: Vidur's network profiles (MIT,
+# github microsoft/vidur data/profiling/network/<topology>/send_recv.csv, sizes in bytes, ms).
+SEND_RECV = {"a100-80gb": "vidur/network/a100_dgx/send_recv.csv.gz",
+             "h100": "vidur/network/h100_dgx/send_recv.csv.gz"}
 
 
 def _pairs(df: pd.DataFrame) -> list[list[float]]:
@@ -59,10 +63,17 @@ def build(profiles: Path) -> dict:
                      "sources": [f"aiconfigurator/{nccl_dir}/nccl_perf.csv.gz",
                                  f"aiconfigurator/{car_dir}/custom_allreduce_perf.csv.gz"],
                      "num_gpus": tables}
+        if gpu in SEND_RECV:
+            sr = pd.read_csv(profiles / SEND_RECV[gpu])
+            sr = sr[(sr["devices_per_node"] == 2) & (sr["num_workers"] == 2)]
+            med = sr.groupby("size")["time_stats.send_recv.median"].median().sort_index()
+            gpus[gpu]["send_recv"] = [[int(b), round(float(ms) * 1e-3, 10)] for b, ms in med.items()]
+            gpus[gpu]["sources"].append(SEND_RECV[gpu])
     return {"format": "servesim-collective-tables", "version": 1,
             "units": {"bytes": "message bytes (bf16/half)", "seconds": "one call, out of place"},
             "attribution": "ai-dynamo/aiconfigurator (Apache-2.0), Copyright (c) 2025-2026 NVIDIA "
-                           "CORPORATION & AFFILIATES; snapshot 095f58a51c4ca8e61b66ec108d86f223f8d559ce",
+                           "CORPORATION & AFFILIATES; snapshot 095f58a51c4ca8e61b66ec108d86f223f8d559ce. "
+                           "send_recv: microsoft/vidur (MIT), file commit 60277c06b41e49483609bdab55f71fe0fb5fdd54",
             "gpus": gpus}
 
 

@@ -85,7 +85,7 @@ class Collectives:
     """Seconds per call of the collectives of a ``num_gpus`` group of ``gpu``."""
 
     __slots__ = ("gpu", "num_gpus", "source", "allreduce_curve", "alltoall_curve", "_link",
-                 "_lat")
+                 "_lat", "_send_recv")
 
     def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
                  latency_s: float | None = None, use_tables: bool = True) -> None:
@@ -98,6 +98,8 @@ class Collectives:
             else interconnect_efficiency
         self._link = self.gpu.link_bytes_per_s * eff  # achievable bytes/s per GPU, one direction
         self._lat = self.gpu.collective_latency_s if latency_s is None else latency_s
+        entry = _tables().get(self.gpu.name) or {}
+        self._send_recv = _curve(entry["send_recv"]) if use_tables and entry.get("send_recv") else None
         car_max = custom_allreduce_max_bytes(self.gpu, num_gpus)
         tables = measured_tables(self.gpu, num_gpus) if use_tables and num_gpus > 1 else None
         if num_gpus == 1:
@@ -145,7 +147,10 @@ class Collectives:
         return self.alltoall_curve(nbytes_per_rank)
 
     def send_recv_s(self, nbytes: float) -> float:
-        """One pipeline-stage hand-off (point to point over the node's link)."""
+        """One pipeline-stage hand-off inside a node: Vidur's measured send/recv (A100, H100), else
+        the point-to-point link model."""
+        if self._send_recv is not None:
+            return self._send_recv(nbytes)
         return self._lat + nbytes / self._link
 
 

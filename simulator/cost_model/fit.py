@@ -75,9 +75,21 @@ def fit(profile_rows: pd.DataFrame | Sequence[pd.DataFrame], model: Any, gpu: An
     return FittedCostModel(data)
 
 
+def _dtype_ok(rows: pd.DataFrame, spec: ModelSpec) -> pd.Series:
+    """Rows measured in the model's formats: GEMMs in its weight format (fp8 GEMM tables for an
+    fp8 checkpoint), attention in its KV-cache format, everything else in its activation size."""
+    by_size = rows["dtype"].map(lambda d: _ELEM_BYTES.get(d, 0)) == spec.dtype_bytes
+    wfmt = spec.weight_dtype
+    gemm_ok = rows["dtype"].isin(("bf16", "fp16") if wfmt in ("bf16", "fp16") else (wfmt,))
+    attn_ok = (rows["dtype"] == "fp8") if spec.kv_cache_dtype == "fp8" else by_size
+    is_gemm = rows["op"] == "gemm"
+    is_attn = rows["op"].astype(str).str.startswith("attn")
+    return rows["dtype"].isna() | (is_gemm & gemm_ok) | (is_attn & attn_ok) | \
+        (~is_gemm & ~is_attn & by_size)
+
+
 def _select(rows: pd.DataFrame, spec: ModelSpec, gpu: str, tp: int) -> pd.DataFrame:
-    size_ok = rows["dtype"].isna() | (rows["dtype"].map(lambda d: _ELEM_BYTES.get(d, 0))
-                                      == spec.dtype_bytes)
+    size_ok = _dtype_ok(rows, spec)
     on_gpu = rows[(rows["gpu"] == gpu) & size_ok]
     mine = (on_gpu["model"] == spec.name) & (on_gpu["tp"] == tp).fillna(False)
     generic = (on_gpu["model"] == "") & (on_gpu["op"] != "allreduce") & on_gpu["tp"].isna()

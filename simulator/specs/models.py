@@ -7,6 +7,7 @@ Specs live in ``models.yaml`` (published config.json numbers) and are looked up 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
@@ -265,7 +266,8 @@ def register_model(spec: ModelSpec) -> ModelSpec:
     return spec
 
 
-_RUNTIME: set[str] = set()  # names registered by register_model (not in the shipped lists)
+_RUNTIME: set[str] = set()
+_PRECISION_NAME = re.compile(r"(?P<base>[^@]+)@(?P<weights>[a-z0-9_]+)-kv(?P<kv>[a-z0-9_]+)")  # names registered by register_model (not in the shipped lists)
 
 
 def with_precision(model: str | ModelSpec, weight_dtype: str | None = None,
@@ -321,6 +323,9 @@ def resolve_model(name: str | ModelSpec) -> ModelSpec:
     for key in candidates(str(name)):
         if key in lookup:
             return specs[lookup[key]]
+    variant = _PRECISION_NAME.fullmatch(str(name).strip())
+    if variant:  # "<model>@<weights>-kv<kv>", the name with_precision gives its specs
+        return with_precision(variant["base"], variant["weights"], variant["kv"])
     raise InputError(unknown_name_message("model", str(name), available_models()), field="model",
                      allowed=", ".join(available_models()) + ", or a path to a Hugging Face config.json")
 

@@ -44,7 +44,10 @@ CATALOG: list[tuple[str, str, int, list[str], str]] = [
     ("qwen3-32b", "h100", 2, _AIC_H100, "aiconfigurator vLLM 0.14 kernels + custom all-reduce/NCCL"),
     ("qwen3-32b", "h100", 4, _AIC_H100, "aiconfigurator vLLM 0.14 kernels + custom all-reduce/NCCL"),
     ("qwen3-32b", "h100", 8, _AIC_H100, "aiconfigurator vLLM 0.14 kernels + custom all-reduce/NCCL"),
-]
+] + [(f"{m}@fp8-kvauto", "h100", tp, _AIC_H100,
+      "aiconfigurator vLLM 0.14 fp8 (per-tensor W8A8) GEMM kernels, bf16-KV attention, all-reduce")
+     for m, tp in (("llama-3.1-70b", 2), ("llama-3.1-70b", 4), ("llama-3.1-70b", 8), ("qwen3-32b", 1), ("qwen3-32b", 2),
+                   ("qwen3-32b", 8))]
 
 SIG_DIGITS = 5
 

@@ -99,6 +99,6 @@ def _import_own(path: Path) -> pd.DataFrame:
 
 
 # Importing the modules registers them (order = detection order after the own format).
-from . import aiconfigurator, llmservingsim, splitwise, vidur  # noqa: E402,F401
+from . import aiconfigurator, llmservingsim, nccl_tests, splitwise, vidur  # noqa: E402,F401
 
 __all__ = ["available_importers", "detect_source", "import_profile", "register_importer"]
