@@ -21,8 +21,8 @@ app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=No
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 # Every command module registers itself with @app.command() on import.
-COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "validate", "validate_stages",
-            "validate_bench", "run", "plot", "plan", "cluster")
+COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "validate", "validate_bench", "run",
+            "plot", "plan", "cluster")
 
 # What the running command wants said if it is interrupted (set by the command, see on_interrupt).
 _interrupt_note: list[str] = []

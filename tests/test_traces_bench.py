@@ -82,20 +82,6 @@ def test_replay_translates_a_vllm_bench_command_line(tmp_path):
     assert summary["goodput"]["slo_ttft_s"] == 1.0
 
 
-@pytest.mark.skipif(not (SHARED / "data/benchmarks/blis_h100_trainval").is_dir(), reason="needs ../shared")
-def test_validate_stages_compares_a_real_run_per_stage():
-    from simulator.validation.stages import StageOptions, compare_run, load_staged_runs
-
-    runs = {r.name: r for r in load_staged_runs(SHARED / "data/benchmarks/blis_h100_trainval")}
-    assert len(runs) == 13
-    run = runs["20260217-155451-llama-2-7b-tp1-codegen"]
-    assert (run.tp, run.max_num_batched_tokens, run.num_gpu_blocks) == (1, 2048, 7463)
-    assert [s.rate_per_s for s in run.bench.stages] == [5.0, 10.0]
-    errors = compare_run(run, StageOptions(max_requests=150))  # the first 30 s of stage 0 only
-    assert set(errors["stage"]) == {"stage_0"} and len(errors) == 7
-    assert errors["simulated_ms"].notna().all() and (errors["completed"] == 150).all()
-
-
 def test_validate_bench_round_trip_reproduces_a_simulated_client_run(tmp_path):
     """A run written in vllm bench's format, from the simulator itself, validates to ~0 error."""
     from servesim.cli import _register, app

@@ -35,6 +35,11 @@ def validate(
     out: Path = typer.Option(Path("runs/validate"), "--out", help="folder for validation.json and the plot page"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an earlier result in --out"),
     plots: bool = typer.Option(True, "--plots/--no-plots"),
+    frontend: bool = typer.Option(None, "--frontend/--no-frontend",
+                                  help="model the OpenAI HTTP frontend (default: on when the run was measured "
+                                       "over HTTP, e.g. blis_h100_trainval; off for engine timestamps)"),
+    client_timeout_s: float = typer.Option(None, "--client-timeout-s",
+                                           help="blis_h100_trainval: clients give up after this (s)"),
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from simulator.outdir import check_output, staged_output
@@ -43,13 +48,13 @@ def validate(
 
     check_output(out, overwrite=overwrite)
     if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
-        _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out)
+        _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out, frontend is not False, client_timeout_s)
         return
     if workload is None:
         raise typer.BadParameter("--workload is required for this run layout", param_hint="--workload")
 
     opts = ValidateOptions(cost_model=cost_model, gpu=gpu, model=model, num_gpu_blocks=num_gpu_blocks,
-                           cpu_overhead=cpu_overhead,
+                           cpu_overhead=cpu_overhead, frontend=frontend,
                            async_scheduling=async_scheduling, run_format=run_format,
                            workload_format=workload_format, plots=plots, skew_alpha=skew_alpha)
     with staged_output(out, "validate", overwrite=overwrite) as tmp:
@@ -74,7 +79,7 @@ def validate(
 
 
 def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
-                   out: Path) -> None:
+                   out: Path, frontend: bool, client_timeout_s: float | None) -> None:
     from simulator.validation.blis import format_blis_report, load_experiments, validate_blis
     from simulator.validation.replay import write_json_atomic
 
@@ -82,7 +87,7 @@ def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_o
         ids = ", ".join(e.id for e in load_experiments(run_dir))
         raise typer.BadParameter(f"pick a run: {ids}", param_hint="--experiment")
     rep = validate_blis(run_dir, experiment, "auto" if cost_model == "calibrated" else cost_model,
-                        cpu_overhead)
+                        cpu_overhead, frontend, client_timeout_s)
     write_json_atomic(out / "validation.json", rep)
     typer.echo(format_blis_report(rep))
     typer.echo(f"wrote {out / 'validation.json'}")

@@ -14,18 +14,21 @@ The measured numbers are read from the folder at run time and never copied into 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from scheduler.config import CacheConfig, SchedulerConfig
-from simulator.config import CostModelConfig, HardwareConfig, SimConfig
+from simulator.bench_metrics import completed_mask
+from simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
 from simulator.engine import Engine
+from simulator.frontend import FrontendConfig
 from simulator.specs import resolve_gpu, resolve_model
+from traces.bench import BenchConfig, StageConfig, bench_workload
 from traces.errors import InputError
-from traces.workload import RequestSpec, Workload
+from traces.workload import Workload
 
 from .cpu import cpu_overhead_preset
 from .runs import vllm_defaults
@@ -102,30 +105,29 @@ def find_experiment(path: str | Path, experiment: str) -> BlisExperiment:
 
 
 def blis_workload(exp: BlisExperiment) -> tuple[Workload, np.ndarray]:
-    """Constant-rate arrivals per stage (1/rate apart); users take turns round-robin, each user
-    keeps one of the shared system prompts (the prefix-cache group). Returns the workload and
-    each request's stage index."""
-    users = exp.num_system_prompts * exp.users_per_system_prompt
-    prompt = exp.system_prompt_len + exp.question_len + CHAT_TEMPLATE_TOKENS
-    reqs, stage_of = [], []
-    t0 = 0.0
-    for si, st in enumerate(exp.stages):
-        n = int(round(st.duration_s * st.rate_per_s))
-        for k in range(n):
-            i = len(reqs)
-            reqs.append(RequestSpec(request_id=f"blis-{i}", arrival_time_s=t0 + k / st.rate_per_s,
-                                    prompt_len=prompt, output_len=exp.output_len,
-                                    prefix_group=(i % users) // exp.users_per_system_prompt,
-                                    prefix_len=exp.system_prompt_len))
-            stage_of.append(si)
-        t0 += st.duration_s
-    wl = Workload(reqs, name=f"blis-{exp.id}", source="inference-perf shared_prefix spec",
+    """inference-perf's shared_prefix profile (traces/bench.py): constant-rate arrivals per stage
+    (1/rate apart); users take turns round-robin, each keeping one of the shared system prompts (the
+    prefix-cache group). Returns the workload and each request's stage index."""
+    stages = tuple(StageConfig(st.duration_s, st.rate_per_s) for st in exp.stages)
+    bench = BenchConfig(dataset_name="shared_prefix", num_prompts=sum(
+                            int(round(st.duration_s * st.rate_per_s)) for st in exp.stages),
+                        num_groups=exp.num_system_prompts, users_per_group=exp.users_per_system_prompt,
+                        system_prompt_len=exp.system_prompt_len,
+                        question_len=exp.question_len + CHAT_TEMPLATE_TOKENS, output_len=exp.output_len,
+                        stages=stages, stage_load="constant")
+    wl = bench_workload(bench)
+    wl = Workload([replace(r, request_id=f"blis-{i}") for i, r in enumerate(wl.requests)],
+                  name=f"blis-{exp.id}", source="inference-perf shared_prefix spec",
                   attribution="inference-sim/inference-sim testdata (Apache-2.0)")
-    return wl, np.asarray(stage_of)
+    ends = np.cumsum([st.duration_s for st in exp.stages])
+    stage_of = np.searchsorted(ends, [r.arrival_time_s for r in wl.requests], side="right")
+    return wl, stage_of
 
 
-def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str = "calibrated"
-                ) -> tuple[SimConfig, dict]:
+def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str = "calibrated",
+                frontend: bool = True, client_timeout_s: float | None = None) -> tuple[SimConfig, dict]:
+    """The run's engine, and (measured over HTTP by inference-perf) the OpenAI frontend and the
+    clients in front of it (docs/FRONTEND.md)."""
     spec = resolve_model(exp.model)
     defaults = vllm_defaults(exp.engine_version)
     name = cost_model
@@ -142,12 +144,16 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
                                   async_scheduling=bool(defaults["async_scheduling"][0])),
         cache=CacheConfig(block_size=16, num_gpu_blocks=exp.num_gpu_blocks,
                           enable_prefix_caching=True),
-        derive_num_gpu_blocks=False, cost_model=cm)
+        derive_num_gpu_blocks=False, cost_model=cm, frontend=FrontendConfig(enabled=frontend),
+        client=ClientConfig(timeout_s=client_timeout_s))
     return cfg, {"model": spec.name, "weight_dtype": spec.weight_dtype, "gpu": exp.gpu,
-                 "tp": exp.tp, "cost_model": name, "num_gpu_blocks": exp.num_gpu_blocks}
+                 "tp": exp.tp, "cost_model": name, "num_gpu_blocks": exp.num_gpu_blocks,
+                 "frontend": frontend, "client_timeout_s": client_timeout_s}
 
 
 def _stats(req: pd.DataFrame) -> dict[str, float]:
+    """The measured file's statistics over completed requests (failures carry no latencies)."""
+    req = req[completed_mask(req)]
     ttft, e2e = req["ttft_s"].to_numpy(float) * 1e3, req["e2e_s"].to_numpy(float) * 1e3
     out_len = req["output_len"].to_numpy(float)
     itl = (e2e.mean() - ttft.mean()) / max(out_len.mean() - 1.0, 1.0)  # as the metrics file defines
@@ -157,11 +163,12 @@ def _stats(req: pd.DataFrame) -> dict[str, float]:
 
 
 def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
-                  cpu_overhead: str = "calibrated") -> dict:
+                  cpu_overhead: str = "calibrated", frontend: bool = True,
+                  client_timeout_s: float | None = None) -> dict:
     """Simulate one BLIS run and compare every measured stage (and the summary row)."""
     exp = find_experiment(path, experiment)
     wl, stage_of = blis_workload(exp)
-    cfg, info = blis_config(exp, cost_model, cpu_overhead)
+    cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s)
     res = Engine(cfg, wl).run()
     req = res.metrics.requests_frame().set_index("request_id")
     req = req.loc[[r.request_id for r in wl.requests]]  # workload order, so stage_of lines up
@@ -174,11 +181,15 @@ def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
         meas = {k: float(measured.loc[stage, f"{k}_ms"]) for k in STATS}
         stages[stage] = {k: {"measured_ms": meas[k], "simulated_ms": float(sim[k]),
                              "error": float(sim[k] / meas[k] - 1.0)} for k in STATS}
-    notes = ["TTFT measured over HTTP by inference-perf includes the OpenAI server "
-             "(tokenisation, SSE); the simulator models the engine only"]
+        stages[stage]["requests"] = {"completed": int(completed_mask(sel).sum()),
+                                     "failed": int(len(sel) - completed_mask(sel).sum())}
+    notes = ["TTFT measured over HTTP by inference-perf includes the OpenAI server: the frontend model is "
+             + ("on (default frontend costs, docs/FRONTEND.md)" if frontend else "off (--no-frontend)")]
     if "reasoning" in exp.label:
-        notes.append("a 'reasoning' profile: the real server was overloaded and aborted timed-out "
-                     "requests, which the simulator does not model")
+        notes.append("a 'reasoning' profile: the real clients timed out and the server aborted their requests; "
+                     "the run publishes neither the timeout nor the failure count "
+                     + (f"(client timeout modelled: {client_timeout_s:g} s)" if client_timeout_s
+                        else "(no client timeout modelled: --client-timeout-s to add one)"))
     return {"format": "servesim-validation-blis", "version": 1, "experiment": exp.label,
             "settings": info, "num_requests": len(wl.requests), "stages": stages, "notes": notes,
             "simulation": {"num_steps": res.num_steps, "wall_time_s": res.wall_time_s}}

@@ -45,6 +45,7 @@ class ValidateOptions:
     cpu_overhead: str = "calibrated"  # calibrated | default | zero (simulator/validation/cpu.py)
     skew_alpha: float | None = None  # None: the profile's measured decode-skew factor; 0 = off
     async_scheduling: bool | None = None  # None: what the run's vLLM version does by default
+    frontend: bool | None = None  # None: on when the run was measured over HTTP (MeasuredRun.measured_at)
     run_format: str = "auto"
     workload_format: str = "auto"
     seed: int = 0
@@ -115,7 +116,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp,
                                             gpu_memory_utilization=s.gpu_memory_utilization),
                     scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
-                    frontend=FrontendConfig(enabled=run.measured_at == "http"))
+                    frontend=FrontendConfig(enabled=_frontend_on(run, opts)))
     prov = dict(s.provenance)
     prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
     if opts.async_scheduling is not None:
@@ -132,13 +133,18 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                      "gpu_memory_utilization": s.gpu_memory_utilization, "engine_version": s.engine_version,
                      "provenance": prov},
         "kv_cache": kv.to_dict(),
-        "frontend": {"enabled": run.measured_at == "http",
-                     "why": f"latencies measured at the {run.measured_at} (docs/FRONTEND.md)"},
+        "frontend": {"enabled": _frontend_on(run, opts),
+                     "why": "given (--frontend/--no-frontend)" if opts.frontend is not None
+                     else f"latencies measured at the {run.measured_at} (docs/FRONTEND.md)"},
         "cost_model": cm_info,
         "cpu_overhead": {"preset": opts.cpu_overhead, **asdict(cpu),
                          **({"source": CALIBRATION_NOTE} if opts.cpu_overhead == "calibrated" else {})},
     }
     return cfg, info
+
+
+def _frontend_on(run: MeasuredRun, opts: ValidateOptions) -> bool:
+    return run.measured_at == "http" if opts.frontend is None else opts.frontend
 
 
 def _clean(obj):
