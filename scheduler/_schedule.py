@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from scheduler.kv.manager import KVCacheBlocks
 from scheduler.output import NewRequestData, SchedulerOutput
-from scheduler.queues import create_request_queue
 from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -39,9 +38,7 @@ class ScheduleMixin:
     def schedule(self: Scheduler, now_s: float | None = None) -> SchedulerOutput:
         if now_s is not None:
             self.now_s = now_s
-        if self.continuum is not None:
-            self.continuum.sweep(self.now_s)
-            self.waiting.update_pinned_state(self.continuum.pinned_job_ids())
+        self._policy_on_step(self.now_s)  # timed policy state (e.g. held KV expiring) first
         if self.tracer is not None:
             self.tracer.snapshot(self)
         st = _StepState(token_budget=self.max_num_scheduled_tokens)
@@ -111,10 +108,10 @@ class ScheduleMixin:
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
             if new_blocks is not None:
                 return new_blocks, rolled_back
-            victim = self._pick_victim()
+            victim = self.policy.pick_victim(self.running)
             self.running.remove(victim)
             if victim in st.running_reqs:
-                # Priority policy: roll back what the victim was given earlier in this step.
+                # A policy may pick a victim scheduled earlier in this step: roll back what it got.
                 vid = victim.request_id
                 st.running_reqs.remove(victim)
                 st.token_budget += st.num_scheduled_tokens.pop(vid)
@@ -125,17 +122,6 @@ class ScheduleMixin:
             st.preempted_reqs.append(victim)
             if victim is request:
                 return None, rolled_back
-
-    def _pick_victim(self: Scheduler) -> Request:
-        if self.policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
-        if self.continuum is not None:
-            # Prefer the last running request of a job with no warm pin.
-            pinned = self.continuum.pinned_job_ids()
-            for r in reversed(self.running):
-                if r.job_id is None or r.job_id not in pinned:
-                    return r
-        return self.running[-1]
 
     def _preempt_request(self: Scheduler, request: Request) -> None:
         """Free the victim's KV and send it back to the front of the waiting queue (recompute)."""
@@ -154,11 +140,12 @@ class ScheduleMixin:
         cfg = self.scheduler_config
         threshold = cfg.long_prefill_token_threshold
         kvm = self.kv_cache_manager
-        step_skipped = create_request_queue(self.policy)
+        step_skipped = self._make_skipped_queue()
+        select_queue = self._select_waiting_queue
         while (self.waiting or self.skipped_waiting) and st.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
-            queue = self._select_waiting_queue()
+            queue = select_queue(self.waiting, self.skipped_waiting)
             request = queue.peek_request()
             if request.status in BLOCKED_WAITING_STATES and not self._try_promote_blocked(request):
                 queue.pop_request()
@@ -243,14 +230,6 @@ class ScheduleMixin:
         request.num_computed_tokens = num_computed
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_computed
-
-    def _select_waiting_queue(self: Scheduler):
-        if self.policy != "priority":
-            return self.skipped_waiting or self.waiting
-        if self.waiting and self.skipped_waiting:
-            w, s = self.waiting.peek_request(), self.skipped_waiting.peek_request()
-            return self.waiting if w < s else self.skipped_waiting
-        return self.waiting or self.skipped_waiting
 
     def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.registry import unknown_name_message
+from scheduler.policies.base import SCHEDULING_POLICIES
 
-POLICIES = ("fcfs", "priority", "continuum")
+# Policy names: the registry of scheduler/policies/ (iterable, supports `in`).
+POLICIES = SCHEDULING_POLICIES
 SPEC_METHODS = ("ngram", "eagle", "draft_model")
 ATTENTION_LAYOUTS = ("full", "sliding_window", "hybrid")
 
@@ -29,13 +30,13 @@ class SchedulerConfig:
     max_model_len: int | None = 2048
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # > 0: cap each request's tokens per step
-    policy: str = "fcfs"  # one of POLICIES
+    policy: str = "fcfs"  # a name in POLICIES (scheduler/policies/)
     async_scheduling: bool = False
     num_spec_tokens: int = 0  # speculative tokens proposed per step per request
     spec_method: str = "ngram"  # eagle / draft_model also reserve lookahead slots
     scheduler_reserve_full_isl: bool = True  # admit only if the whole prompt fits
     max_loras: int | None = None  # None: LoRA disabled; else adapters per step at most
-    # Continuum (policy == "continuum"): pins longer than this are not worth it (seconds).
+    # Continuum policy: pins longer than this are not worth it (seconds).
     continuum_pin_threshold_s: float = 2.0
     # Continuum: tool-call gap predicted for a job with no observations yet (seconds).
     continuum_default_gap_s: float = 1.0
@@ -52,8 +53,7 @@ class SchedulerConfig:
             self.long_prefill_token_threshold >= 0,
             f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}",
         )
-        _require(self.policy in POLICIES,
-                 f"{unknown_name_message('policy', self.policy, POLICIES)} (valid: {', '.join(POLICIES)})")
+        SCHEDULING_POLICIES.get(self.policy)  # unknown: a ValueError with a did-you-mean
         _require(self.num_spec_tokens >= 0, f"num_spec_tokens must be >= 0, got {self.num_spec_tokens}")
         _require(
             self.spec_method in SPEC_METHODS,

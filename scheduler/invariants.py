@@ -69,12 +69,12 @@ def _check_queues(sched: Scheduler) -> None:
             _fail(f"{r.request_id} is waiting with status {r.status.name}")
     if set(running_ids) & {r.request_id for r in waiting}:
         _fail("a request is both running and waiting")
-    pinned = sched.continuum.pinned_request_ids() if sched.continuum is not None else set()
+    held = sched.policy.held_request_ids()  # finished, but the policy keeps their KV (pins)
     holders = set()
     for m in sched.kv_cache_manager.coordinator.managers:
         holders.update(rid for rid, blocks in m.req_to_blocks.items() if blocks)
     # Finished requests whose blocks a KV transfer still uses (vLLM's delayed free) stay in requests.
     delayed = {rid for rid, r in sched.requests.items() if r.is_finished()}
-    stray = holders - set(running_ids) - pinned - delayed - {r.request_id for r in waiting}
+    stray = holders - set(running_ids) - held - delayed - {r.request_id for r in waiting}
     if stray:
-        _fail(f"requests hold KV blocks but are neither running, waiting nor pinned: {sorted(stray)[:5]}")
+        _fail(f"requests hold KV blocks but are neither running, waiting nor held by the policy: {sorted(stray)[:5]}")

@@ -1,4 +1,5 @@
-"""The vLLM V1 scheduler (0.19.1 behaviour) with the Continuum KV-pinning policy.
+"""The vLLM V1 scheduler (0.19.1 behaviour), with its queue order and preemption choice delegated
+to a scheduling policy (scheduler/policies/).
 
 Typical use (what an engine loop does each step):
 
@@ -18,7 +19,6 @@ from collections.abc import Iterable
 from scheduler._schedule import ScheduleMixin
 from scheduler.config import CacheConfig, SchedulerConfig
 from scheduler.connector import KVConnector
-from scheduler.continuum import ContinuumPinner
 from scheduler.hashing import make_block_hasher
 from scheduler.kv.manager import KVCacheManager
 from scheduler.output import (
@@ -26,7 +26,7 @@ from scheduler.output import (
     SchedulerStats, SpecDecodingStats,
 )
 from scheduler.pyset import set_order
-from scheduler.queues import create_request_queue
+from scheduler.policies import SchedulingPolicy, make_policy
 from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
 
 
@@ -39,7 +39,6 @@ class Scheduler(ScheduleMixin):
                  log_stats: bool = True, tracer=None) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
-        self.policy = scheduler_config.policy
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_scheduled_tokens
         self.max_model_len = scheduler_config.max_model_len
@@ -53,8 +52,6 @@ class Scheduler(ScheduleMixin):
             if cache_config.enable_prefix_caching else None
         )
         self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(self.policy)
-        self.skipped_waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the previous schedule()
         self.prev_step_scheduled_req_ids: set[str] = set()
@@ -64,12 +61,14 @@ class Scheduler(ScheduleMixin):
         self.kv_cache_manager = KVCacheManager(
             cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
         )
-        self.continuum: ContinuumPinner | None = None
-        if self.policy == "continuum":
-            self.continuum = ContinuumPinner(
-                self.kv_cache_manager, self.requests, scheduler_config.continuum_pin_threshold_s,
-                scheduler_config.continuum_default_gap_s,
-            )
+        # The policy owns the waiting order, victim choice and finish hooks (scheduler/policies/).
+        self.policy: SchedulingPolicy = make_policy(scheduler_config, self.kv_cache_manager, self.requests)
+        self.waiting = self.policy.make_waiting_queue()
+        self.skipped_waiting = self.policy.make_skipped_queue()
+        # Bound once: schedule() calls these every step / every waiting request it considers.
+        self._policy_on_step = self.policy.on_step
+        self._select_waiting_queue = self.policy.select_queue
+        self._make_skipped_queue = self.policy.make_skipped_queue
         self.tracer = tracer
         self.now_s = 0.0
         self.num_preemptions_total = 0
@@ -100,8 +99,7 @@ class Scheduler(ScheduleMixin):
             self.skipped_waiting.add_request(request)
         else:
             self.waiting.add_request(request)
-        if self.continuum is not None:
-            self.continuum.estimator.request_arrives(request, self.now_s)
+        self.policy.on_arrival(request, self.now_s)
 
     def _never_fits(self, request: Request) -> bool:
         if request.num_prompt_tokens > self.max_model_len:
@@ -236,9 +234,8 @@ class Scheduler(ScheduleMixin):
         self.finished_req_ids.add(request.request_id)
         if delay_free_blocks:
             return
-        if self.continuum is not None and request.status != RequestStatus.FINISHED_ABORTED:
-            if self.continuum.maybe_pin(request, self.now_s):
-                return  # blocks stay referenced until the pin expires or is replaced
+        if self.policy.on_finish(request, self.now_s):
+            return  # the policy keeps the blocks and releases them itself later
         self._free_blocks(request)
 
     def _connector_finished(self, request: Request) -> bool:
@@ -296,6 +293,12 @@ class Scheduler(ScheduleMixin):
         """(running, waiting incl. skipped)."""
         return len(self.running), len(self.waiting) + len(self.skipped_waiting)
 
+    def next_event_s(self) -> float | None:
+        """The earliest simulated time at which this scheduler's state changes by itself (the
+        policy releasing held KV), or None: an idle engine need not call schedule() before then
+        unless something outside changes."""
+        return self.policy.next_event_s()
+
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
 
@@ -306,7 +309,7 @@ class Scheduler(ScheduleMixin):
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
             spec_decoding_stats=spec_stats,
-            num_pinned_reqs=len(self.continuum.pins) if self.continuum is not None else 0,
+            num_pinned_reqs=self.policy.num_held_requests(),
         )
 
     def check_invariants(self) -> None:

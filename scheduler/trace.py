@@ -1,6 +1,6 @@
 """Per-step scheduler trace (opt-in): one JSON line per schedule() call.
 
-Each record holds a snapshot taken before the step (queue sizes, free and cached blocks, pins),
+Each record holds a snapshot taken before the step (queue sizes, free and cached blocks, KV held by the policy),
 the prefix-cache lookups of that step (one per waiting request considered), and the decision.
 When no tracer is attached the scheduler pays a single `is None` check per step.
 """
@@ -23,16 +23,13 @@ class StepTracer:
 
     def snapshot(self, sched: Scheduler) -> None:
         pool = sched.kv_cache_manager.block_pool
-        pins = sched.continuum
         self._before = {
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting) + len(sched.skipped_waiting),
             "num_free_blocks": pool.get_num_free_blocks(),
             "num_cached_blocks": pool.get_num_cached_blocks(),
             "total_blocks": pool.num_gpu_blocks,
-            "num_pinned": len(pins.pins) if pins is not None else 0,
-            "pinned_blocks": pins.num_pinned_blocks() if pins is not None else 0,
-            "pinned_job_ids": sorted(pins.pinned_job_ids()) if pins is not None else [],
+            **sched.policy.trace_fields(),  # KV the policy holds (pins), same keys for every policy
         }
 
     def decision(self, sched: Scheduler, st, out: SchedulerOutput) -> None:

@@ -135,13 +135,13 @@ class Engine:
         self._next_arrival_s = t_s
 
     def _idle_wait(self):
-        """Nothing ran and nothing is in flight: sleep until an outside event, or until the next
-        Continuum pin expires (the only change that happens by itself)."""
+        """Nothing ran and nothing is in flight: sleep until an outside event, or until the
+        scheduler's own next state change (e.g. a policy releasing held KV)."""
         self._wake = self.env.event()
         wakes = []
-        pins = getattr(self.scheduler, "continuum", None)
-        if pins is not None and pins.pins:
-            wakes.append(min(p.unpin_at_s for p in pins.pins))
+        own = self.scheduler.next_event_s()
+        if own is not None:
+            wakes.append(own)
         if self._deadlines:  # a client giving up frees KV: that can unblock the others
             wakes.append(self._deadlines[0][0])
         if wakes:

@@ -28,7 +28,7 @@ class FastForward:
         kvm = getattr(sched, "kv_cache_manager", None)
         self.enabled = (
             type(sched) is Scheduler  # sync vLLM scheduler (not async, not another engine)
-            and sched.continuum is None and sched.tracer is None
+            and sched.policy.fast_forward_safe and sched.tracer is None
             and cfg.scheduler.num_spec_tokens == 0
             and isinstance(engine.executor, SimExecutor)
             and engine.step_trace is None

@@ -49,7 +49,7 @@ def test_error_factory_and_lazy_loader():
     ("traces.registry:get_format", "mooncak", "mooncake"),
     ("simulator.cluster.routers:make_router", "round_robn", "round_robin"),
     ("servesim.scenario.backends:get_backend", "rey", "ray"),
-    ("scheduler.queues:create_request_queue", "priorty", "priority"),
+    ("scheduler.policies:SCHEDULING_POLICIES", "priorty", "priority"),
 ])
 def test_every_registry_suggests(lookup, name, guess):
     import importlib
@@ -57,6 +57,7 @@ def test_every_registry_suggests(lookup, name, guess):
     module, fn = lookup.split(":")
     with pytest.raises(ValueError) as e:
         f = getattr(importlib.import_module(module), fn)
+        f = f.get if isinstance(f, Registry) else f
         f(name, None, None) if fn == "make_engine_scheduler" else f(name)
     assert f"did you mean {guess!r}" in str(e.value)
 

@@ -22,7 +22,7 @@ def test_non_final_turn_is_pinned_and_next_turn_hits_it():
     turn1 = req(s, "t1", list(range(20)), max_tokens=4, job_id="job", is_last_step=False)
     s.add_request(turn1, now_s=0.0)
     t = run_until_finished(s, turn1, 0.0)
-    assert [p.request.request_id for p in s.continuum.pins] == ["t1"]
+    assert [p.request.request_id for p in s.policy.pins] == ["t1"]
     held = s.kv_cache_manager.num_blocks_held("t1")
     assert held == 6  # 24 tokens: pinned blocks stay referenced, not free
     # Next turn: the previous prompt + outputs + new user tokens arrive 0.5 s later.
@@ -39,12 +39,12 @@ def test_pin_expires_after_ttl_and_blocks_return():
     r = req(s, "t1", list(range(20)), max_tokens=2, job_id="job", is_last_step=False)
     s.add_request(r, now_s=0.0)
     t = run_until_finished(s, r, 0.0)
-    ttl = s.continuum.pins[0].unpin_at_s - t
+    ttl = s.policy.pins[0].unpin_at_s - t
     assert abs(ttl - 1.0) < 1e-9  # twice the 0.5 s default gap
     s.schedule(now_s=t + 0.99)
-    assert s.continuum.pins
+    assert s.policy.pins
     s.schedule(now_s=t + 1.0)
-    assert not s.continuum.pins and "t1" not in s.requests
+    assert not s.policy.pins and "t1" not in s.requests
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 49
     s.check_invariants()
 
@@ -56,12 +56,12 @@ def test_no_pin_when_predicted_gap_exceeds_threshold_or_last_turn():
     s.add_request(a)
     s.add_request(b)
     step(s)
-    assert a.is_finished() and b.is_finished() and not s.continuum.pins
+    assert a.is_finished() and b.is_finished() and not s.policy.pins
 
 
 def test_estimator_learns_per_job_gaps():
     s = make_sched(policy="continuum")
-    est = s.continuum.estimator
+    est = s.policy.estimator
     r1 = req(s, "a1", 4, job_id="j")
     est.request_finished(r1, 10.0)
     est.request_arrives(req(s, "a2", 4, job_id="j"), 10.4)
@@ -79,7 +79,7 @@ def test_one_pin_per_job_and_preemption_prefers_unpinned_jobs():
     t2 = req(s, "t2", t1.all_token_ids + [9, 9, 9], max_tokens=1, job_id="A", is_last_step=False)
     s.add_request(t2, now_s=0.1)
     run_until_finished(s, t2, 0.1)
-    assert [p.request.request_id for p in s.continuum.pins] == ["t2"]  # t2 replaced t1's pin
+    assert [p.request.request_id for p in s.policy.pins] == ["t2"]  # t2 replaced t1's pin
     # Fill the pool: a turn of pinned job A and an unrelated request compete for blocks.
     a3 = req(s, "a3", t2.all_token_ids + [7] * 4, max_tokens=40, job_id="A")
     other = req(s, "x", 40, max_tokens=40)

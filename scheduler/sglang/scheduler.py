@@ -251,6 +251,10 @@ class SGLangScheduler(BatchingMixin):
         """(running, waiting): running counts every request holding KV (incl. the chunked one)."""
         return len(self.requests) - len(self.waiting), len(self.waiting)
 
+    def next_event_s(self) -> float | None:
+        """None: nothing in this scheduler changes by itself (only arrivals and outputs move it)."""
+        return None
+
     def make_stats(self) -> SchedulerStats:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         running, waiting = self.get_request_counts()
