@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.policies.base import SCHEDULING_POLICIES
+from scheduler.policies.base import DEFAULT_POLICY, SCHEDULING_POLICIES
 
 # Policy names: the registry of scheduler/policies/ (iterable, supports `in`).
 POLICIES = SCHEDULING_POLICIES
@@ -30,7 +30,7 @@ class SchedulerConfig:
     max_model_len: int | None = 2048
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # > 0: cap each request's tokens per step
-    policy: str = "fcfs"  # a name in POLICIES (scheduler/policies/)
+    policy: str = DEFAULT_POLICY  # a name in POLICIES (scheduler/policies/)
     async_scheduling: bool = False
     num_spec_tokens: int = 0  # speculative tokens proposed per step per request
     spec_method: str = "ngram"  # eagle / draft_model also reserve lookahead slots

@@ -22,6 +22,7 @@ from scheduler.async_scheduler import make_scheduler
 from scheduler.config import CacheConfig, SchedulerConfig
 from scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
+from scheduler.policies.base import DEFAULT_POLICY
 from scheduler.request import Request, RequestStatus, SamplingParams
 
 
@@ -40,7 +41,7 @@ class StepTraceConfig:
     max_num_seqs: int = 256
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
+    policy: str = DEFAULT_POLICY
     no_prefix_caching: bool = False
     no_chunked_prefill: bool = False
     async_scheduling: bool = False

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from scheduler.request import Request
 
 
+DEFAULT_POLICY = "fcfs"  # vLLM's default scheduling policy
+
+
 class SchedulingPolicy(Protocol):
     """What the vLLM scheduler asks of its policy. One instance per Scheduler; it may keep state.
 
