@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from scheduler.config import POLICIES
+from scheduler.registry import unknown_name_message
 from scheduler.steptrace import StepTraceConfig, run_step_trace
 from servesim.cli import app
 from servesim.oracle_io import read_oracle_workload, write_jsonl_atomic
@@ -39,7 +40,7 @@ def step_trace(
     max_num_seqs: int = typer.Option(256),
     max_model_len: int = typer.Option(2048),
     long_prefill_token_threshold: int = typer.Option(0),
-    policy: str = typer.Option("fcfs", help="fcfs | priority | continuum"),
+    policy: str = typer.Option("fcfs", help="a scheduling policy (scheduler/policies/): fcfs | priority | continuum"),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching"),
     no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling"),
@@ -71,7 +72,8 @@ def step_trace(
     switch the matching trace fields on.
     """
     if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r}", field="--policy", allowed=", ".join(POLICIES))
+        raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
+                         allowed=", ".join(POLICIES.names()))
     try:
         stop_ids = tuple(int(x) for x in stop_token_ids.split(",") if x.strip())
     except ValueError:
