@@ -193,6 +193,8 @@ def test_prefix_aware_beats_round_robin_under_sglang():
     wl = Workload(reqs[:160], "mooncake-160", "test")
     sim = sim_config_from_dict({"engine": "sglang", "scheduler.max_model_len": 16384})
     rr = run_cluster(cluster(4, "round_robin", sim), wl)
+    lo = run_cluster(cluster(4, "least_outstanding", sim), wl)  # what prefix_aware degraded to before
     pa = run_cluster(cluster(4, "prefix_aware", sim), wl)
     assert pa.summary["prefix_cache_hit_rate"] > rr.summary["prefix_cache_hit_rate"] * 1.2
+    assert pa.summary["prefix_cache_hit_rate"] > lo.summary["prefix_cache_hit_rate"]
     assert (pa.requests["route_reason"] == "prefix").any()
