@@ -198,3 +198,16 @@ def test_prefix_aware_beats_round_robin_under_sglang():
     assert pa.summary["prefix_cache_hit_rate"] > rr.summary["prefix_cache_hit_rate"] * 1.2
     assert pa.summary["prefix_cache_hit_rate"] > lo.summary["prefix_cache_hit_rate"]
     assert (pa.requests["route_reason"] == "prefix").any()
+
+
+def test_no_caller_probes_a_scheduler_with_getattr():
+    """Capabilities are declared (SchedulerCapabilities), never probed: a guard for new callers."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    probe = re.compile(r"(getattr|hasattr)\(\s*(self\.|e\.|engine\.)?(sched|scheduler)\b")
+    offenders = [f"{p.relative_to(root)}:{i}" for pkg in ("scheduler", "simulator", "servesim")
+                 for p in sorted((root / pkg).rglob("*.py"))
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if probe.search(line)]
+    assert offenders == []
