@@ -13,6 +13,8 @@ from scheduler.scheduler import Scheduler
 
 
 class AsyncScheduler(Scheduler):
+    max_steps_in_flight = 2  # vLLM's batch queue: step N+1 scheduled while step N runs
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # Read-only draft placeholders; the worker fills in the real drafts. -1 is vLLM's value: no

@@ -14,12 +14,13 @@ Time is only ever passed in; the scheduler never reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from scheduler._schedule import ScheduleMixin
 from scheduler.config import CacheConfig, SchedulerConfig
 from scheduler.connector import KVConnector
 from scheduler.hashing import make_block_hasher
+from scheduler.interface import SchedulerCapabilities
 from scheduler.kv.manager import KVCacheManager
 from scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
@@ -27,14 +28,15 @@ from scheduler.output import (
 )
 from scheduler.pyset import set_order
 from scheduler.policies import SchedulingPolicy, make_policy
-from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
+from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
 
 
 class Scheduler(ScheduleMixin):
-    # A schedule() that scheduled and preempted nothing, with no output pending, decides the same
-    # again until something outside changes (an arrival, a KV transfer, a pin expiring): the engine
-    # may sleep instead of calling it again at the same instant.
-    idle_is_stable = True
+    """Implements scheduler.interface.SchedulerInterface."""
+
+    # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).
+    max_steps_in_flight = 1
+
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  log_stats: bool = True, tracer=None) -> None:
         self.scheduler_config = scheduler_config
@@ -51,6 +53,11 @@ class Scheduler(ScheduleMixin):
             make_block_hasher(cache_config.block_size, cache_config.hash_algo)
             if cache_config.enable_prefix_caching else None
         )
+        # A schedule() that scheduled and preempted nothing, with no output pending, decides the
+        # same again until something outside changes (an arrival, a KV transfer) or a pin expires.
+        self.capabilities = SchedulerCapabilities(
+            max_steps_in_flight=self.max_steps_in_flight, idle_is_stable=True,
+            prefix_cache="block_hash" if cache_config.enable_prefix_caching else None)
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the previous schedule()
@@ -298,6 +305,40 @@ class Scheduler(ScheduleMixin):
         policy releasing held KV), or None: an idle engine need not call schedule() before then
         unless something outside changes."""
         return self.policy.next_event_s()
+
+    def get_queue_lengths(self) -> tuple[int, int]:
+        """(running, waiting incl. skipped): the queues are what the stats count."""
+        return len(self.running), len(self.waiting) + len(self.skipped_waiting)
+
+    def get_num_free_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def overlap_allowed(self, prev_scheduler_output: SchedulerOutput, scheduler_output: SchedulerOutput) -> bool:
+        """vLLM's batch queue always overlaps the next step's scheduling with the running one."""
+        return True
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None) -> int:
+        """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
+        len(token_ids) - 1. With full attention only, hash a growing head of the prompt (8, 32, 128,
+        ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than
+        the lookups. Read-only: find_longest_cache_hit neither touches nor records anything."""
+        kvm = self.kv_cache_manager
+        if not kvm.enable_caching or len(token_ids) < 2:
+            return 0
+        max_hit = len(token_ids) - 1
+        # A head's hit is the prompt's hit up to the head's end only for plain full attention
+        # (a sliding window or eagle's dropped last block depend on where the prompt ends).
+        growing = self.cache_config.attention == "full" and not self.scheduler_config.use_eagle
+        n_tokens = 8 * self.block_size if growing else len(token_ids)
+        while True:
+            head = list(token_ids[:n_tokens])
+            # A throwaway Request with our hasher yields exactly our block hashes (LoRA keys included).
+            req = Request("cached_prefix_tokens", head, SamplingParams(max_tokens=1), lora_id=lora_id,
+                          block_hasher=self.block_hasher)
+            _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
+            if len(head) == len(token_ids) or hit < len(head) // self.block_size * self.block_size:
+                return hit
+            n_tokens *= 4
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from scheduler.async_scheduler import make_scheduler
 from scheduler.config import CacheConfig, SchedulerConfig
+from scheduler.interface import SchedulerInterface
 from scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
 from scheduler.policies.base import DEFAULT_POLICY
@@ -110,10 +111,10 @@ class StepTraceConfig:
                            max_model_len=self.max_model_len)
 
 
-def step_record(step: int, arrived: list[str], out: SchedulerOutput, sched) -> dict:
-    """The part of a trace line known right after schedule() (oracle field order)."""
+def step_record(step: int, arrived: list[str], out: SchedulerOutput, sched: SchedulerInterface) -> dict:
+    """The part of a trace line known right after schedule() (oracle field order); any scheduler."""
     cached = out.scheduled_cached_reqs
-    kvm = sched.kv_cache_manager
+    num_running, num_waiting = sched.get_queue_lengths()
     return {
         "step": step,
         "arrived": arrived,
@@ -134,10 +135,10 @@ def step_record(step: int, arrived: list[str], out: SchedulerOutput, sched) -> d
         "num_common_prefix_blocks": list(out.num_common_prefix_blocks),
         "preempted": sorted(out.preempted_req_ids),
         "finished_req_ids": sorted(out.finished_req_ids),
-        "num_waiting": len(sched.waiting) + len(sched.skipped_waiting),
-        "num_running": len(sched.running),
-        "num_free_blocks": kvm.block_pool.get_num_free_blocks(),
-        "kv_usage": round(kvm.usage, 6),
+        "num_waiting": num_waiting,
+        "num_running": num_running,
+        "num_free_blocks": sched.get_num_free_blocks(),
+        "kv_usage": round(sched.kv_cache_manager.usage, 6),
     }
 
 

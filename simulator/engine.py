@@ -20,6 +20,7 @@ from typing import IO
 import simpy
 
 from scheduler import CacheConfig, Request, RequestStatus, SamplingParams
+from scheduler.interface import SchedulerInterface
 from simulator.engines import make_engine_scheduler
 from scheduler.steptrace import finish_record, step_record
 from simulator.config import SimConfig
@@ -53,7 +54,8 @@ class Engine:
     def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",
-                 on_finish: Callable[[str, str | None], None] | None = None, scheduler=None):
+                 on_finish: Callable[[str, str | None], None] | None = None,
+                 scheduler: SchedulerInterface | None = None):
         cfg = resolved(cfg)  # start-up checks; max_model_len filled in from the model when None
         self.cfg = cfg
         self.workload = workload
@@ -180,7 +182,7 @@ class Engine:
         self._num_submitted += 1
         req = Request(spec.request_id, spec.token_ids(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
-                      block_hasher=sched.block_hasher, job_id=spec.session_id, is_last_step=spec.is_last_turn)
+                      job_id=spec.session_id, is_last_step=spec.is_last_turn)  # add_request hashes
         sched.add_request(req, now_s=now)
         self._arrived_since_step.append(spec.request_id)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
@@ -188,8 +190,9 @@ class Engine:
 
     def _engine_loop(self):
         env, sched = self.env, self.scheduler
-        # SGLang's overlap schedule exposes its own switch; vLLM's is scheduler.async_scheduling.
-        depth = 2 if getattr(sched, "async_scheduling", self.cfg.scheduler.async_scheduling) else 1
+        caps = sched.capabilities  # fixed at construction: read once, not per step
+        depth, idle_is_stable = caps.max_steps_in_flight, caps.idle_is_stable
+        overlap_allowed = sched.overlap_allowed
         in_flight: deque = deque()
         self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         while True:
@@ -222,7 +225,7 @@ class Engine:
             # CPU preparation precedes the GPU work; with async scheduling it overlaps the previous step.
             # SGLang runs some steps serially (the consecutive-prefill exception): the CPU work of
             # this step then starts only after the GPU finished the previous one.
-            serial = in_flight and not getattr(sched, "overlap_allowed", _always)(in_flight[-1][0], so)
+            serial = in_flight and not overlap_allowed(in_flight[-1][0], so)
             start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
             self._gpu_free_at = gpu_free_at = start + gpu_s
             step_rec.gpu_time_s = gpu_s
@@ -233,7 +236,7 @@ class Engine:
                     yield env.timeout(end0 - env.now)
                 self._on_update(so0, mro0, rec0, step0)
             if (so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids and not had_in_flight
-                    and getattr(sched, "idle_is_stable", False) and sched.has_unfinished_requests()):
+                    and idle_is_stable and sched.has_unfinished_requests()):
                 # Nothing ran and nothing changed: the same schedule() would decide the same nothing
                 # again at this instant.
                 yield self._idle_wait()
@@ -374,9 +377,3 @@ class Engine:
             self.progress(self.env.now, self._num_done)
         return EngineResult(self.metrics, end, wall_time_s, self.num_steps, self.prefix_hits,
                             self.prefix_queries, self.cache, self.kv_capacity)
-
-
-def _always(prev_so, so) -> bool:
-    return True
-
-

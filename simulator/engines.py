@@ -1,12 +1,7 @@
 """Scheduler engines by name: what `engine: vllm|sglang` in a scenario (or --engine) selects.
 
-An engine factory takes (SchedulerConfig, CacheConfig, SimConfig) and returns an object with the
-scheduler interface the simulated engine loop uses:
-  add_request(Request, now_s), schedule(now_s) -> SchedulerOutput,
-  update_from_output(SchedulerOutput, ModelRunnerOutput, now_s) -> EngineCoreOutputs (with
-  scheduler_stats.prefix_cache_stats), has_unfinished_requests(), get_num_unfinished_requests(),
-  get_request_counts() -> (running, waiting), take_ignored_outputs(), requests (id -> Request),
-  block_hasher, kv_cache_manager.usage.
+An engine factory takes (SchedulerConfig, CacheConfig, SimConfig) and returns a scheduler that
+implements scheduler.interface.SchedulerInterface (the only members the engine loop may use).
 """
 
 from __future__ import annotations

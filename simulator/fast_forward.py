@@ -25,14 +25,15 @@ class FastForward:
         from scheduler.scheduler import Scheduler
         from simulator.executor import SimExecutor
 
-        kvm = getattr(sched, "kv_cache_manager", None)
+        # Exactly the sync vLLM scheduler (not async, not P/D, not another engine): past this
+        # check its internals are known, so reading them is no probing.
         self.enabled = (
-            type(sched) is Scheduler  # sync vLLM scheduler (not async, not another engine)
+            type(sched) is Scheduler
             and sched.policy.fast_forward_safe and sched.tracer is None
             and cfg.scheduler.num_spec_tokens == 0
             and isinstance(engine.executor, SimExecutor)
             and engine.step_trace is None
-            and kvm is not None and kvm._single_full is not None
+            and sched.kv_cache_manager._single_full is not None
         )
         self.num_fast_steps = 0
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler import CacheConfig, SchedulerConfig
+from scheduler.interface import SchedulerInterface
 from traces.errors import InputError
 
 REJECT_REASONS = ("prompt_exceeds_max_model_len", "no_room_to_generate", "exceeds_kv_pool")
@@ -88,7 +89,7 @@ class Admission:
         return "no_room_to_generate"
 
 
-def diagnose(name: str, sched, why: str, num_preemptions: int, limit: str, max_listed: int = 5) -> str:
+def diagnose(name: str, sched: SchedulerInterface, why: str, num_preemptions: int, limit: str, max_listed: int = 5) -> str:
     """The watchdog's message: which requests are stuck, in what state, and the likely cause."""
     stuck = [r for r in sched.requests.values() if not r.is_finished()]
     stuck.sort(key=lambda r: (-r.num_preemptions, r.request_id))

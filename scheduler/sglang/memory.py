@@ -1,6 +1,6 @@
 """Per-request KV bookkeeping on top of the page pool and radix cache (SGLang's req_to_token pool
-plus the cache_unfinished_req / cache_finished_req / release paths), and the `kv_cache_manager`
-adapter the engine reads (`usage`, `block_pool.get_num_free_blocks()`).
+plus the cache_unfinished_req / cache_finished_req / release paths); the scheduler's
+`kv_cache_manager` (the engine reads its `usage`).
 
 A request's block table (`pages`) is append-only while it holds KV, so SchedulerOutput can report
 it as vLLM deltas. Its leading pages may belong to the tree (shared, protected by the lock on
@@ -12,7 +12,7 @@ docs/SGLANG_MODEL.md), which keeps block tables append-only.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,20 +40,6 @@ def extra_key(request: Request) -> Hashable:
     return (request.lora_id, request.cache_salt)
 
 
-class _BlockPoolView:
-    """What steptrace.step_record reads from a vLLM block pool."""
-
-    __slots__ = ("_mem",)
-
-    def __init__(self, mem: SGLangMemory) -> None:
-        self._mem = mem
-
-    def get_num_free_blocks(self) -> int:
-        """Free plus evictable pages (vLLM counts cached-but-unused blocks as free too)."""
-        mem = self._mem
-        return len(mem.pool.free_pages) + mem.tree.evictable_size() // mem.page_size
-
-
 class SGLangMemory:
     def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool) -> None:
         self.page_size = page_size
@@ -61,7 +47,6 @@ class SGLangMemory:
         self.tree = RadixCache(page_size, self.pool)
         self.cache_enabled = enable_radix_cache
         self.reqs: dict[str, ReqKV] = {}
-        self.block_pool = _BlockPoolView(self)
 
     # --- engine-facing -----------------------------------------------------------------------------
     @property
@@ -69,6 +54,10 @@ class SGLangMemory:
         """Fraction of pages in use; evictable cached pages count as free (as vLLM's usage does)."""
         free = len(self.pool.free_pages) + self.tree.evictable_size() // self.page_size
         return 1.0 - free / self.pool.num_pages
+
+    def num_free_pages(self) -> int:
+        """Free plus evictable pages (vLLM counts cached-but-unused blocks as free too)."""
+        return len(self.pool.free_pages) + self.tree.evictable_size() // self.page_size
 
     def available_and_evictable(self) -> int:
         return self.pool.available_size() + self.tree.evictable_size()
@@ -80,6 +69,12 @@ class SGLangMemory:
             return [], None, 0
         node, n = self.tree.match_prefix(request.all_token_ids[:limit], extra_key(request))
         return self.tree.path_pages(node), node, n
+
+    def peek(self, token_ids: Sequence[int], lora_id: Hashable = None) -> int:
+        """Tokens `match` would find for a prompt (whole pages), changing nothing."""
+        if not self.cache_enabled:
+            return 0
+        return self.tree.peek_prefix(token_ids, None if lora_id is None else (lora_id, None))
 
     def admit(self, rid: str, prefix_pages: list[int], node: TreeNode | None, prefix_len: int) -> ReqKV:
         """Start a block table on the cached prefix; the prefix path is locked from here on."""

@@ -142,6 +142,22 @@ class RadixCache:
             node, key = child, key[n:]
         return node, matched
 
+    def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
+        """Tokens match_prefix would match, in whole pages, without touching the tree (no LRU
+        access, no split): for queries such as a router's."""
+        key = tuple(tokens[:len(tokens) // self.page_size * self.page_size])
+        node, matched = self.root, 0
+        while key:
+            child = node.children.get(self._child_key(extra, key))
+            if child is None:
+                break
+            n = _common_prefix_len(child.key, key, self.page_size)
+            matched += n
+            if n < len(child.key):
+                break
+            node, key = child, key[n:]
+        return matched
+
     def path_pages(self, node: TreeNode) -> list[int]:
         """Pages of the cached prefix that ends at `node` (SGLang's prefix_indices)."""
         parts = []

@@ -16,8 +16,9 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from scheduler.interface import SchedulerCapabilities
 from scheduler.kv.manager import PrefixCacheStats
 from scheduler.output import (
     EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
@@ -32,6 +33,8 @@ MAX_INPUT_MARGIN = 5  # SGLang: max_req_input_len = max_req_len - 5
 
 
 class SGLangScheduler(BatchingMixin):
+    """Implements scheduler.interface.SchedulerInterface."""
+
     def __init__(self, config: SGLangConfig, max_model_len: int, log_stats: bool = True) -> None:
         missing = config.unresolved_fields()
         if missing:
@@ -42,12 +45,15 @@ class SGLangScheduler(BatchingMixin):
         self.log_stats = log_stats
         self.page_size = config.page_size
         self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache)
-        self.block_hasher = None  # the radix tree matches token ids directly
+        # Two steps in flight with SGLang's overlap schedule (event_loop_overlap). An idle
+        # schedule() is not declared stable: SGLang's own loop steps again at once.
+        self.capabilities = SchedulerCapabilities(
+            max_steps_in_flight=2 if config.overlap_schedule else 1, idle_is_stable=False,
+            prefix_cache="radix" if config.enable_radix_cache else None)
         pool_tokens = config.num_pages * config.page_size
         self.max_req_len = min(max_model_len - 1, pool_tokens - 1)  # tokens per request at most
         self.requests: dict[str, Request] = {}  # unfinished requests
         self.waiting: list[Request] = []
-        self.skipped_waiting: tuple = ()  # vLLM's blocked queue; never used here (steptrace reads it)
         self.running: list[Request] = []  # SGLang's running_batch.reqs (decoding)
         # Finished requests SGLang still holds in running_batch until its next filter_batch: they
         # count against max_running_requests and keep batch_is_full set until then.
@@ -140,15 +146,15 @@ class SGLangScheduler(BatchingMixin):
             self.batch_is_full = False  # SGLang: the filtered batch got smaller
         self.running.extend(keep)
 
-    def overlap_allowed(self, prev_so: SchedulerOutput, so: SchedulerOutput) -> bool:
-        """May `so` be scheduled while `prev_so` runs (the engine's 2-deep batch queue)? Off
-        without overlap scheduling, and for two prefill batches in a row when
-        disable_consecutive_prefill_overlap is set (SGLang's is_disable_overlap_for_batch:
+    def overlap_allowed(self, prev_scheduler_output: SchedulerOutput, scheduler_output: SchedulerOutput) -> bool:
+        """May `scheduler_output` be scheduled while `prev_scheduler_output` runs (the engine's
+        2-deep batch queue)? Off without overlap scheduling, and for two prefill batches in a
+        row when disable_consecutive_prefill_overlap is set (SGLang's is_disable_overlap_for_batch:
         process the first prefill's result before launching the second, for its TTFT)."""
         if not self.config.overlap_schedule:
             return False
         if self.config.disable_consecutive_prefill_overlap:
-            return not (self._is_extend(prev_so) and self._is_extend(so))
+            return not (self._is_extend(prev_scheduler_output) and self._is_extend(scheduler_output))
         return True
 
     def _is_extend(self, so: SchedulerOutput) -> bool:
@@ -157,10 +163,9 @@ class SGLangScheduler(BatchingMixin):
                 return is_extend
         return False
 
-    @property
-    def async_scheduling(self) -> bool:
-        """Whether the engine should keep two steps in flight (SGLang's event_loop_overlap)."""
-        return bool(self.config.overlap_schedule)
+    def next_event_s(self) -> float | None:
+        """Nothing here changes by itself (no timers): the engine waits for outside events."""
+        return None
 
     # --- results in --------------------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput,
@@ -254,6 +259,18 @@ class SGLangScheduler(BatchingMixin):
     def next_event_s(self) -> float | None:
         """None: nothing in this scheduler changes by itself (only arrivals and outputs move it)."""
         return None
+
+    def get_queue_lengths(self) -> tuple[int, int]:
+        """(decoding batch, waiting queue): SGLang has no blocked queue."""
+        return len(self.running), len(self.waiting)
+
+    def get_num_free_blocks(self) -> int:
+        return self.kv_cache_manager.num_free_pages()
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None) -> int:
+        """Leading tokens the radix tree would match now: whole pages of the first
+        len(token_ids) - 1 tokens (as _match_prefix limits a request's match); read-only."""
+        return self.kv_cache_manager.peek(token_ids[:len(token_ids) - 1], lora_id) if token_ids else 0
 
     def make_stats(self) -> SchedulerStats:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()

@@ -32,8 +32,8 @@ class VllmDataParallelBalancer(Router):
     def choose(self, spec, candidates, now_s):
         keys = []
         for c in candidates:
-            sched = c.engine.scheduler
-            keys.append((4 * len(sched.waiting) + len(sched.running),))
+            running, waiting = c.engine.scheduler.get_queue_lengths()
+            keys.append((4 * waiting + running,))
         i = _least(keys)
         return Decision(i, "dp_balance", float(keys[i][0]))
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from scheduler.registry import Registry, UnknownNameError
-from scheduler.request import Request, SamplingParams
 from traces.errors import InputError
 from traces.workload import RequestSpec
 
@@ -152,12 +151,12 @@ class PrefixAware(Router):
 
         score_i = hit_i - load_weight * outstanding_i / max_num_seqs_i
 
-    hit_i is the fraction of the prompt covered by its leading blocks already in replica i's
-    prefix cache (looked up by block hash in the replica's block pool, KV group 0, stopping at the
-    first miss), so it lies in [0, 1] whatever the block size; the load term is outstanding
-    requests relative to the replica's batch capacity. The highest score wins. With load_weight=1 a
-    replica holding the whole prompt is preferred until it carries about one full batch more than
-    an empty replica.
+    hit_i is the fraction of the prompt replica i would serve from its prefix cache right now
+    (`cached_prefix_tokens` of the scheduler contract: vLLM's block hashes or SGLang's radix tree,
+    as each counts a hit), so it lies in [0, 1) whatever the block size; the load term is
+    outstanding requests relative to the replica's batch capacity. The highest score wins. With
+    load_weight=1 a replica holding the whole prompt is preferred until it carries about one full
+    batch more than an empty replica.
     """
 
     def __init__(self, rng: np.random.Generator, load_weight: float = 1.0) -> None:
@@ -166,48 +165,13 @@ class PrefixAware(Router):
         self.load_weight = float(load_weight)
 
     def choose(self, spec, candidates, now_s):
-        hits = [0] * len(candidates)
-        by_hasher: dict[tuple, list[int]] = {}  # replicas whose prefix caches hash alike
-        for i, c in enumerate(candidates):
-            sched = c.engine.scheduler
-            if sched.block_hasher is not None:
-                cc = sched.cache_config
-                by_hasher.setdefault((cc.block_size, cc.hash_algo), []).append(i)
-        tokens = spec.token_array() if by_hasher else None
-        for members in by_hasher.values():
-            blocks = _leading_cached_blocks(spec, tokens, [candidates[i].engine.scheduler for i in members])
-            for i, n in zip(members, blocks):
-                hits[i] = min(n * candidates[i].engine.scheduler.block_size, spec.prompt_len)
-        keys = []
-        for c, hit in zip(candidates, hits):
+        caching = any(c.engine.scheduler.capabilities.prefix_cache is not None for c in candidates)
+        tokens = spec.token_ids() if caching else ()  # no prompt to build when nothing caches
+        keys, hits = [], []
+        for c in candidates:
+            hit = c.engine.scheduler.cached_prefix_tokens(tokens, spec.lora_id)
             load = c.engine.num_outstanding / c.cfg.scheduler.max_num_seqs
+            hits.append(hit)
             keys.append((-(hit / spec.prompt_len - self.load_weight * load),))
         i = _least(keys)
         return Decision(i, "prefix" if hits[i] > 0 else "load", -keys[i][0])
-
-
-def _leading_cached_blocks(spec: RequestSpec, tokens, scheds: list) -> list[int]:
-    """Leading blocks of the prompt in each scheduler's prefix cache (all share one hasher kind).
-
-    Hashing a long prompt costs more than the lookups, so hash a growing head of the prompt
-    (8, 32, 128, ... blocks) and stop once every replica has missed inside it. A throwaway Request
-    with the real hasher yields exactly the hashes the replica will compute (LoRA keys included)."""
-    bs = scheds[0].block_size
-    n_blocks = 8
-    while True:
-        n_tokens = min(n_blocks * bs, spec.prompt_len)
-        req = Request(spec.request_id, tokens[:n_tokens].tolist(), SamplingParams(max_tokens=1),
-                      lora_id=spec.lora_id, block_hasher=scheds[0].block_hasher)
-        counts = [_leading_hits(s.kv_cache_manager.block_pool, req.block_hashes) for s in scheds]
-        if n_tokens == spec.prompt_len or max(counts) < len(req.block_hashes):
-            return counts
-        n_blocks *= 4
-
-
-def _leading_hits(block_pool, hashes: list[bytes]) -> int:
-    n = 0
-    for h in hashes:
-        if block_pool.get_cached_block(h, [0]) is None:
-            break
-        n += 1
-    return n
