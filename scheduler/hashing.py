@@ -41,7 +41,9 @@ def get_hash_fn(name: str) -> HashFn:
         raise ValueError(f"unknown prefix-caching hash algorithm {name!r} (valid: {valid})") from None
 
 
-def _token_bytes(token_ids: list[int]) -> bytes:
+def _token_bytes(token_ids: list[int] | array) -> bytes:
+    if type(token_ids) is array and token_ids.typecode == "q":  # Request's own storage: no copy
+        return token_ids.tobytes()
     try:
         return array("q", token_ids).tobytes()
     except OverflowError:  # ids beyond int64: fall back to a textual encoding

@@ -20,6 +20,7 @@ The GPU runner's vocabulary is smaller than 2**31: use `token_ids_mod(vocab_size
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,6 +135,18 @@ class RequestSpec:
         if self.prompt_token_ids is not None:
             return list(self.prompt_token_ids)
         return self.token_array().tolist()
+
+    def token_id_array(self) -> array | list[int]:
+        """Prompt token ids as array('q'): what the simulator hands the scheduler (8 bytes a token,
+        no boxed Python ints; the same ids as token_ids()). Real ids beyond int64 stay a list."""
+        if self.prompt_token_ids is not None:
+            try:
+                return array("q", self.prompt_token_ids)
+            except OverflowError:
+                return list(self.prompt_token_ids)
+        ids = array("q")
+        ids.frombytes(self.token_array().astype("=i8", copy=False).tobytes())
+        return ids
 
     def token_ids_mod(self, vocab_size: int) -> list[int]:
         """Prompt token ids folded into a model vocabulary (what the GPU runner feeds the model).
