@@ -145,19 +145,19 @@ class Request:
 
     # --- token bookkeeping -------------------------------------------------------------------
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
-        if isinstance(token_ids, int):
-            self._output_token_ids.append(token_ids)
-            try:
-                self._all_token_ids.append(token_ids)
-            except OverflowError:  # an id beyond int64: keep Python ints from here on
-                self._all_token_ids = [*self._all_token_ids, token_ids]
-        else:
-            self._output_token_ids.extend(token_ids)
-            num_before = len(self._all_token_ids)
-            try:
-                self._all_token_ids.extend(token_ids)
-            except OverflowError:  # array.extend may have appended the ids before the one that failed
-                self._all_token_ids = [*self._all_token_ids[:num_before], *token_ids]
+        all_ids = self._all_token_ids
+        try:
+            if isinstance(token_ids, int):
+                self._output_token_ids.append(token_ids)
+                all_ids.append(token_ids)
+            else:
+                self._output_token_ids.extend(token_ids)
+                if type(token_ids) is list and type(all_ids) is array:
+                    all_ids.fromlist(token_ids)  # one C call (extend converts item by item)
+                else:
+                    all_ids.extend(token_ids)
+        except OverflowError:  # an id beyond int64: Python ints from here on (outputs are complete)
+            self._all_token_ids = [*all_ids[: self.num_prompt_tokens], *self._output_token_ids]
         self.update_block_hashes()
 
     def update_block_hashes(self) -> None:
