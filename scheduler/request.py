@@ -96,7 +96,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],  # copied; an array('q') is copied without boxing ids
+        prompt_token_ids: Sequence[int],  # copied; an array('i') or array('q') without boxing ids
         sampling_params: SamplingParams,
         arrival_time: float = 0.0,  # seconds (any epoch the caller uses); a priority tie-breaker
         priority: int = 0,  # lower runs first under the priority policy
@@ -121,8 +121,9 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.max_tokens = sampling_params.max_tokens
-        # Prompt and output ids live once, in one array of machine ints (8 bytes a token instead of
-        # a pointer plus a boxed int, twice): a queued long prompt is the simulator's largest object.
+        # Prompt and output ids live once, in one array of machine ints (4 bytes a token while ids fit
+        # int32, instead of a pointer plus a boxed int, twice): a queued long prompt is the simulator's
+        # largest object.
         self._all_token_ids: array | list[int] = _compact_ids(prompt_token_ids)
         self.num_prompt_tokens = len(self._all_token_ids)
         self._output_token_ids: list[int] = []
@@ -156,8 +157,8 @@ class Request:
                     all_ids.fromlist(token_ids)  # one C call (extend converts item by item)
                 else:
                     all_ids.extend(token_ids)
-        except OverflowError:  # an id beyond int64: Python ints from here on (outputs are complete)
-            self._all_token_ids = [*all_ids[: self.num_prompt_tokens], *self._output_token_ids]
+        except OverflowError:  # an id beyond the array's type: a wider one (outputs are complete)
+            self._all_token_ids = _compact_ids([*all_ids[: self.num_prompt_tokens], *self._output_token_ids])
         self.update_block_hashes()
 
     def update_block_hashes(self) -> None:
@@ -179,7 +180,7 @@ class Request:
 
     @property
     def all_token_ids(self) -> array | list[int]:
-        return self._all_token_ids  # read-only by convention; array('q') unless an id exceeds int64
+        return self._all_token_ids  # read-only by convention; see _compact_ids for the type
 
     @property
     def num_tokens(self) -> int:
@@ -215,11 +216,18 @@ class Request:
 
 
 def _compact_ids(token_ids: Sequence[int]) -> array | list[int]:
-    """token_ids as a new array('q'); a list when an id does not fit in int64 (or is not an int)."""
-    try:
-        return array("q", token_ids)
-    except (OverflowError, TypeError):
-        return list(token_ids)
+    """token_ids as a new array('i') (int32), array('q') when an id needs 64 bits, or a list when
+    one does not fit in int64 (or is not an int). Hashing reads any of them as the same int64 bytes."""
+    if type(token_ids) is array and token_ids.typecode in "iq":
+        return token_ids[:]  # a copy in one memcpy
+    for typecode in "iq":
+        try:
+            return array(typecode, token_ids)
+        except OverflowError:
+            continue
+        except TypeError:
+            break
+    return list(token_ids)
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:

@@ -27,7 +27,12 @@ def test_array_and_list_prompts_give_the_same_ids_and_block_hashes():
         r.append_output_token_ids([8, 9])
     assert from_list.block_hashes == from_array.block_hashes and len(from_list.block_hashes) == 3
     assert list(from_list.all_token_ids) == list(range(1000, 1011)) + [7, 8, 9]
-    assert type(from_list.all_token_ids) is array  # 8 bytes a token, no boxed ints
+    assert type(from_list.all_token_ids) is array  # 4 bytes a token, no boxed ints
+    wide = Request("w", [2**40, 1, 2, 3], SamplingParams(max_tokens=5), block_hasher=make_block_hasher(4))
+    assert wide.all_token_ids.typecode == "q" and list(wide.all_token_ids) == [2**40, 1, 2, 3]
+    narrow = Request("n", [1, 2, 3], SamplingParams(max_tokens=5))
+    narrow.append_output_token_ids(2**40)  # widens to int64
+    assert narrow.all_token_ids.typecode == "q" and list(narrow.all_token_ids) == [1, 2, 3, 2**40]
     assert list(from_array.prompt_token_ids) == list(range(1000, 1011))
     assert from_array.output_token_ids == [7, 8, 9]
 
@@ -43,7 +48,7 @@ def test_spec_token_id_array_matches_token_ids():
     for spec in (RequestSpec("r", 0.0, 700, 3, prefix_hash_ids=(4, 5)),
                  RequestSpec("s", 0.0, 40, 3, prefix_group=2, prefix_len=10),
                  RequestSpec("t", 0.0, 3, 1, prompt_token_ids=(5, 6, 7))):
-        assert spec.token_id_array().tolist() == spec.token_ids()
+        assert list(spec.token_id_array()) == spec.token_ids()
 
 
 def test_result_frames_are_built_once_and_equal_a_fresh_build():
@@ -59,3 +64,19 @@ def test_result_frames_are_built_once_and_equal_a_fresh_build():
     assert tables.requests.equals(m.requests_frame()) and tables.steps.equals(m.steps_frame())
     assert tables.timeseries(res.sim_duration_s).equals(m.timeseries_frame(res.sim_duration_s))
     assert summary["num_steps"] == len(tables.steps) == res.num_steps
+
+
+def test_block_hashes_equal_hashes_of_plain_int_lists():
+    from scheduler.hashing import extra_keys_bytes, get_hash_fn, hash_block_tokens
+
+    ids = [5, 2**31 - 1, 0, 17, 9, 9, 9, 9, 1, 2]
+    r = Request("a", ids, SamplingParams(max_tokens=20, ignore_eos=True), lora_id=3, cache_salt="s",
+                block_hasher=make_block_hasher(4))
+    r.append_output_token_ids([2**40, 6])  # widens the storage to int64 mid-block
+    parent, expected = None, []
+    all_ids = ids + [2**40, 6]
+    for start in range(0, 12, 4):
+        parent = hash_block_tokens(get_hash_fn("sha256"), parent, all_ids[start:start + 4],
+                                   extra_keys_bytes(r, start))
+        expected.append(parent)
+    assert r.block_hashes == expected

@@ -136,16 +136,14 @@ class RequestSpec:
             return list(self.prompt_token_ids)
         return self.token_array().tolist()
 
-    def token_id_array(self) -> array | list[int]:
-        """Prompt token ids as array('q'): what the simulator hands the scheduler (8 bytes a token,
-        no boxed Python ints; the same ids as token_ids()). Real ids beyond int64 stay a list."""
+    def token_id_array(self) -> array | tuple[int, ...]:
+        """Prompt token ids as array('i'): what the simulator hands the scheduler (4 bytes a token,
+        no boxed Python ints; the same ids as token_ids()). Real ids stay the trace's tuple (the
+        scheduler's Request picks their compact form)."""
         if self.prompt_token_ids is not None:
-            try:
-                return array("q", self.prompt_token_ids)
-            except OverflowError:
-                return list(self.prompt_token_ids)
-        ids = array("q")
-        ids.frombytes(self.token_array().astype("=i8", copy=False).tobytes())
+            return self.prompt_token_ids
+        ids = array("i")  # generated ids are in [0, 2**31): they fit int32
+        ids.frombytes(self.token_array().astype("=i4").tobytes())
         return ids
 
     def token_ids_mod(self, vocab_size: int) -> list[int]:
