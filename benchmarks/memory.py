@@ -10,6 +10,11 @@ Cases:
 
 Peak RSS is the child's ru_maxrss from os.wait4, so every case is measured alone, results writing
 included.
+
+Measured on the 2-core development machine (shared, so wall times are noisy), peak RSS:
+                  before (0422afb)   after (token ids in int32 arrays, frames built once)
+    synthetic_1m       2061 MiB          1767 MiB
+    mooncake           4449 MiB          1170 MiB
 """
 
 from __future__ import annotations
