@@ -41,7 +41,11 @@ def get_hash_fn(name: str) -> HashFn:
         raise ValueError(f"unknown prefix-caching hash algorithm {name!r} (valid: {valid})") from None
 
 
-def _token_bytes(token_ids: list[int]) -> bytes:
+def _token_bytes(token_ids: list[int] | array) -> bytes:
+    if type(token_ids) is array:  # Request's own storage (scheduler/request.py::_compact_ids)
+        if token_ids.typecode == "q":
+            return token_ids.tobytes()
+        token_ids = token_ids.tolist()  # int32 ids hash as int64, like any other list of ids
     try:
         return array("q", token_ids).tobytes()
     except OverflowError:  # ids beyond int64: fall back to a textual encoding
@@ -77,13 +81,16 @@ def make_block_hasher(block_size: int, hash_fn: HashFn | str = "sha256"):
         if start + block_size > num_tokens:
             return []
         parent = request.block_hashes[-1] if request.block_hashes else None
-        tokens = request.all_token_ids
+        end = start + (num_tokens - start) // block_size * block_size
+        span = request.all_token_ids[start:end]
+        if type(span) is array and span.typecode != "q":
+            # int32 storage: widen the new blocks once (ids hash as int64 bytes whatever the storage)
+            span = array("q", span.tolist())
         new_hashes: list[bytes] = []
-        while start + block_size <= num_tokens:
-            extra = extra_keys_bytes(request, start)
-            parent = hash_block_tokens(fn, parent, tokens[start : start + block_size], extra)
+        for offset in range(0, end - start, block_size):
+            extra = extra_keys_bytes(request, start + offset)
+            parent = hash_block_tokens(fn, parent, span[offset : offset + block_size], extra)
             new_hashes.append(parent)
-            start += block_size
         return new_hashes
 
     request_block_hasher.block_size = block_size  # lets Request skip calls until a block completes

@@ -7,7 +7,8 @@ is "prefilling" or "decoding" is never stored; metrics derive it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -83,7 +84,7 @@ class Request:
 
     __slots__ = (
         "request_id", "priority", "sampling_params", "arrival_time", "lora_id", "cache_salt",
-        "job_id", "is_last_step", "status", "stop_reason", "max_tokens", "prompt_token_ids",
+        "job_id", "is_last_step", "status", "stop_reason", "max_tokens",
         "num_prompt_tokens", "_output_token_ids", "_all_token_ids", "num_output_placeholders",
         "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
@@ -95,7 +96,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],  # copied; an array('i') or array('q') without boxing ids
         sampling_params: SamplingParams,
         arrival_time: float = 0.0,  # seconds (any epoch the caller uses); a priority tie-breaker
         priority: int = 0,  # lower runs first under the priority policy
@@ -120,10 +121,12 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.max_tokens = sampling_params.max_tokens
-        self.prompt_token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = len(self.prompt_token_ids)
+        # Prompt and output ids live once, in one array of machine ints (4 bytes a token while ids fit
+        # int32, instead of a pointer plus a boxed int, twice): a queued long prompt is the simulator's
+        # largest object.
+        self._all_token_ids: array | list[int] = _compact_ids(prompt_token_ids)
+        self.num_prompt_tokens = len(self._all_token_ids)
         self._output_token_ids: list[int] = []
-        self._all_token_ids: list[int] = list(self.prompt_token_ids)
         # Async scheduling: tokens scheduled whose ids are not known yet (counted as computed).
         self.num_output_placeholders = 0
         self.discard_latest_async_tokens = False
@@ -143,12 +146,19 @@ class Request:
 
     # --- token bookkeeping -------------------------------------------------------------------
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
-        if isinstance(token_ids, int):
-            self._output_token_ids.append(token_ids)
-            self._all_token_ids.append(token_ids)
-        else:
-            self._output_token_ids.extend(token_ids)
-            self._all_token_ids.extend(token_ids)
+        all_ids = self._all_token_ids
+        try:
+            if isinstance(token_ids, int):
+                self._output_token_ids.append(token_ids)
+                all_ids.append(token_ids)
+            else:
+                self._output_token_ids.extend(token_ids)
+                if type(token_ids) is list and type(all_ids) is array:
+                    all_ids.fromlist(token_ids)  # one C call (extend converts item by item)
+                else:
+                    all_ids.extend(token_ids)
+        except OverflowError:  # an id beyond the array's type: a wider one (outputs are complete)
+            self._all_token_ids = _compact_ids([*all_ids[: self.num_prompt_tokens], *self._output_token_ids])
         self.update_block_hashes()
 
     def update_block_hashes(self) -> None:
@@ -160,12 +170,17 @@ class Request:
         self.block_hashes.extend(self._block_hasher(self))
 
     @property
+    def prompt_token_ids(self) -> array | list[int]:
+        """A fresh copy of the prompt ids (read when the request is first scheduled, not per step)."""
+        return self._all_token_ids[: self.num_prompt_tokens]
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self._output_token_ids  # read-only by convention
 
     @property
-    def all_token_ids(self) -> list[int]:
-        return self._all_token_ids  # read-only by convention
+    def all_token_ids(self) -> array | list[int]:
+        return self._all_token_ids  # read-only by convention; see _compact_ids for the type
 
     @property
     def num_tokens(self) -> int:
@@ -198,6 +213,21 @@ class Request:
             f"Request({self.request_id!r}, status={self.status.name}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens})"
         )
+
+
+def _compact_ids(token_ids: Sequence[int]) -> array | list[int]:
+    """token_ids as a new array('i') (int32), array('q') when an id needs 64 bits, or a list when
+    one does not fit in int64 (or is not an int). Hashing reads any of them as the same int64 bytes."""
+    if type(token_ids) is array and token_ids.typecode in "iq":
+        return token_ids[:]  # a copy in one memcpy
+    for typecode in "iq":
+        try:
+            return array(typecode, token_ids)
+        except OverflowError:
+            continue
+        except TypeError:
+            break
+    return list(token_ids)
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:

@@ -69,10 +69,9 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     written = None
     if out_dir is not None:  # claimed by run(): replacing an earlier result was allowed there
         written = write_results(out_dir, engine.cfg, res, summary, meta, overwrite=True)
-    requests = res.metrics.requests_frame()
-    warn_rejected(requests)
-    return Results(summary, requests, res.metrics.steps_frame(),
-                   res.metrics.timeseries_frame(summary["sim_duration_s"]), written)
+    tables = res.metrics.tables()  # built once: the summary, the result files and Results share them
+    warn_rejected(tables.requests)
+    return Results(summary, tables.requests, tables.steps, tables.timeseries(summary["sim_duration_s"]), written)
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,

@@ -180,7 +180,7 @@ class Engine:
                 return
             heapq.heappush(self._deadlines, (deadline_s, self._num_submitted, spec.request_id))
         self._num_submitted += 1
-        req = Request(spec.request_id, spec.token_ids(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+        req = Request(spec.request_id, spec.token_id_array(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                       job_id=spec.session_id, is_last_step=spec.is_last_turn)  # add_request hashes
         sched.add_request(req, now_s=now)

@@ -58,6 +58,7 @@ class MetricsCollector:
         self.steps: list[StepRecord] = []
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
+        self._tables: RunTables | None = None  # built once, after the run (tables())
 
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
         self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
@@ -94,58 +95,99 @@ class MetricsCollector:
                 rec.finish_s += delay_s
 
     # --- tables -------------------------------------------------------------------------------
+    def tables(self) -> RunTables:
+        """The requests and steps frames, built once and kept: for after the run, when the records
+        no longer change (summary, result files and the Results object share them; a frame holds
+        every inter-token latency, so building it again per reader set the peak memory of long runs)."""
+        if self._tables is None:
+            self._tables = RunTables(self.requests_frame(), self.steps_frame())
+        return self._tables
+
     def requests_frame(self) -> pd.DataFrame:
-        rows = []
+        """A new requests frame (tables() keeps one); built column by column, never a dict per row."""
+        cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
         for r in self.requests.values():
-            if r.status == "timed_out":
-                rows.append(_timed_out_row(r))
-                continue
-            if r.finish_reason == "abort" and r.reject_reason is None:
+            if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
-            if r.reject_reason is not None:
-                rows.append(_rejected_row(r))
-                continue
-            times = r.token_times_s
-            itl = np.diff(times) if len(times) > 1 else np.array([])
-            rows.append({
-                "request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len,
-                "output_len": len(times), "output_len_target": r.output_len_target,
-                "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s, "finish_s": r.finish_s,
-                "queueing_s": _sub(r.first_scheduled_s, r.arrival_s),
-                "ttft_s": _sub(r.first_token_s, r.arrival_s),
-                "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
-                "e2e_s": _sub(r.finish_s, r.arrival_s),
-                "itl_s": itl.tolist(),
-                "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
-                "finish_reason": r.finish_reason,
-                "status": "completed" if r.finish_reason is not None else None, "reject_reason": None,
-            })
-        return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+            _append_row(cols, r)
+        return pd.DataFrame(cols, columns=REQUEST_COLUMNS)
 
     def steps_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([_asdict(s) for s in self.steps], columns=STEP_COLUMNS)
+        steps = self.steps
+        return pd.DataFrame({c: [getattr(s, c) for s in steps] for c in STEP_COLUMNS}, columns=STEP_COLUMNS)
 
     def timeseries_frame(self, end_s: float) -> pd.DataFrame:
         """1-second ticks: state at the last step that started at or before each tick."""
-        steps = self.steps_frame()
-        ticks = np.arange(0.0, math.floor(max(end_s, 0.0)) + 1.0)
-        if steps.empty:
-            return pd.DataFrame({"t_s": ticks, "running": 0, "waiting": 0, "kv_cache_pct": 0.0,
-                                 "prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0})
-        idx = np.searchsorted(steps["start_s"].to_numpy(), ticks, side="right") - 1
-        valid = idx >= 0
-        take = np.where(valid, idx, 0)
-        sec = np.floor(steps["start_s"].to_numpy()).astype(int)
-        pre = np.bincount(sec, weights=steps["num_prefill_tokens"], minlength=len(ticks))[: len(ticks)]
-        dec = np.bincount(sec, weights=steps["num_decode_tokens"], minlength=len(ticks))[: len(ticks)]
-        return pd.DataFrame({
-            "t_s": ticks,
-            "running": np.where(valid, steps["num_running"].to_numpy()[take], 0),
-            "waiting": np.where(valid, steps["num_waiting"].to_numpy()[take], 0),
-            "kv_cache_pct": np.where(valid, 100.0 * steps["kv_usage"].to_numpy()[take], 0.0),
-            "prefill_tokens_per_s": pre, "decode_tokens_per_s": dec,
-        })
+        steps = self._tables.steps if self._tables is not None else self.steps_frame()
+        return timeseries_from_steps(steps, end_s)
+
+
+@dataclass(slots=True)
+class RunTables:
+    """A finished run's frames, built once (MetricsCollector.tables())."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    _timeseries: dict = field(default_factory=dict)  # end_s -> frame
+
+    def timeseries(self, end_s: float) -> pd.DataFrame:
+        if end_s not in self._timeseries:
+            self._timeseries[end_s] = timeseries_from_steps(self.steps, end_s)
+        return self._timeseries[end_s]
+
+
+def timeseries_from_steps(steps: pd.DataFrame, end_s: float) -> pd.DataFrame:
+    """1-second ticks from a steps frame: state at the last step that started at or before each tick."""
+    ticks = np.arange(0.0, math.floor(max(end_s, 0.0)) + 1.0)
+    if steps.empty:
+        return pd.DataFrame({"t_s": ticks, "running": 0, "waiting": 0, "kv_cache_pct": 0.0,
+                             "prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0})
+    idx = np.searchsorted(steps["start_s"].to_numpy(), ticks, side="right") - 1
+    valid = idx >= 0
+    take = np.where(valid, idx, 0)
+    sec = np.floor(steps["start_s"].to_numpy()).astype(int)
+    pre = np.bincount(sec, weights=steps["num_prefill_tokens"], minlength=len(ticks))[: len(ticks)]
+    dec = np.bincount(sec, weights=steps["num_decode_tokens"], minlength=len(ticks))[: len(ticks)]
+    return pd.DataFrame({
+        "t_s": ticks,
+        "running": np.where(valid, steps["num_running"].to_numpy()[take], 0),
+        "waiting": np.where(valid, steps["num_waiting"].to_numpy()[take], 0),
+        "kv_cache_pct": np.where(valid, 100.0 * steps["kv_usage"].to_numpy()[take], 0.0),
+        "prefill_tokens_per_s": pre, "decode_tokens_per_s": dec,
+    })
+
+
+def _append_row(cols: dict[str, list], r: RequestRecord) -> None:
+    """One request's values onto the requests-frame columns (completed, rejected or timed out)."""
+    times = r.token_times_s
+    n = len(times)
+    if r.status == "timed_out" or r.reject_reason is not None:
+        # Latencies stay empty (NaN) so the request never counts in a percentile or CDF; a timed-out
+        # request keeps what it streamed (output_len, first_scheduled_s), a failure as vllm bench counts.
+        timed_out = r.status == "timed_out"
+        values = dict.fromkeys(_LATENCY_COLUMNS, math.nan)
+        values.update(request_id=r.request_id, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
+                      output_len=n if timed_out else 0, output_len_target=r.output_len_target, itl_s=[],
+                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if timed_out else 0,
+                      finish_reason="abort" if timed_out else None, status="timed_out" if timed_out else "rejected",
+                      reject_reason=None if timed_out else r.reject_reason)
+        if timed_out:
+            values.update(first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s))
+    else:
+        values = {
+            "request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len,
+            "output_len": n, "output_len_target": r.output_len_target,
+            "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s, "finish_s": r.finish_s,
+            "queueing_s": _sub(r.first_scheduled_s, r.arrival_s), "ttft_s": _sub(r.first_token_s, r.arrival_s),
+            "tpot_s": (times[-1] - times[0]) / (n - 1) if n > 1 else None, "e2e_s": _sub(r.finish_s, r.arrival_s),
+            "itl_s": np.diff(times).tolist() if n > 1 else [],
+            "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
+            "finish_reason": r.finish_reason, "status": "completed" if r.finish_reason is not None else None,
+            "reject_reason": None,
+        }
+    for c, v in values.items():
+        cols[c].append(v)
 
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
@@ -156,24 +198,6 @@ _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_
 STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
                 "prefix_hit_tokens", "prefix_query_tokens"]
-
-
-def _rejected_row(r: RequestRecord) -> dict:
-    row = {"request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len, "output_len": 0,
-           "output_len_target": r.output_len_target, "itl_s": [], "num_preemptions": r.num_preemptions,
-           "num_cached_tokens": 0, "finish_reason": None, "status": "rejected", "reject_reason": r.reject_reason}
-    row.update(dict.fromkeys(_LATENCY_COLUMNS, math.nan))
-    return row
-
-
-def _timed_out_row(r: RequestRecord) -> dict:
-    """A request whose client gave up: what it streamed is kept (output_len, first_scheduled_s), its
-    latencies stay empty so it never counts in a percentile or CDF (a failure, as vllm bench counts)."""
-    row = _rejected_row(r)
-    row.update(status="timed_out", reject_reason=None, finish_reason="abort", output_len=len(r.token_times_s),
-               first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s),
-               num_cached_tokens=r.num_cached_tokens)
-    return row
 
 
 def rejection_summary(req: pd.DataFrame) -> dict:
@@ -207,10 +231,6 @@ def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
 
 
-def _asdict(obj) -> dict:
-    return {k: getattr(obj, k) for k in obj.__slots__}
-
-
 def stats(values) -> dict:
     arr = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))], dtype=float)
     if arr.size == 0:
@@ -224,7 +244,8 @@ def stats(values) -> dict:
 
 def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: float, slo, num_requests: int,
               prefix_hits: int, prefix_queries: int) -> dict:
-    req = collector.requests_frame()
+    tables = collector.tables()
+    req = tables.requests
     done = req[req["finish_reason"].notna() & (req["finish_reason"] != "abort")]
     ok = done[done["output_len"] > 0]
     itl = [x for lst in ok["itl_s"] for x in lst]
@@ -235,7 +256,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     if slo.e2e_s is not None:
         meets &= ok["e2e_s"] <= slo.e2e_s
     good = ok[meets]
-    steps = collector.steps_frame()
+    steps = tables.steps
     rejections = rejection_summary(req)
     return {
         "num_requests": num_requests,

@@ -32,9 +32,10 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
     try:
         mark(tmp, "replay")
         end = summary["sim_duration_s"]
-        res.metrics.requests_frame().to_parquet(tmp / "requests.parquet", index=False)
-        res.metrics.steps_frame().to_parquet(tmp / "steps.parquet", index=False)
-        res.metrics.timeseries_frame(end).to_csv(tmp / "timeseries.csv", index=False)
+        tables = res.metrics.tables()  # the frames the summary was built from, not new ones
+        tables.requests.to_parquet(tmp / "requests.parquet", index=False)
+        tables.steps.to_parquet(tmp / "steps.parquet", index=False)
+        tables.timeseries(end).to_csv(tmp / "timeseries.csv", index=False)
         resolved = to_dict(cfg)
         resolved["cache"] = to_dict(res.cache)
         resolved["workload"] = workload_meta

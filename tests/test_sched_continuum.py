@@ -26,7 +26,7 @@ def test_non_final_turn_is_pinned_and_next_turn_hits_it():
     held = s.kv_cache_manager.num_blocks_held("t1")
     assert held == 6  # 24 tokens: pinned blocks stay referenced, not free
     # Next turn: the previous prompt + outputs + new user tokens arrive 0.5 s later.
-    prompt2 = turn1.all_token_ids + [500, 501, 502, 503]
+    prompt2 = list(turn1.all_token_ids) + [500, 501, 502, 503]
     turn2 = req(s, "t2", prompt2, max_tokens=2, job_id="job", is_last_step=True)
     s.add_request(turn2, now_s=t + 0.5)
     out = s.schedule(now_s=t + 0.5)
@@ -76,12 +76,12 @@ def test_one_pin_per_job_and_preemption_prefers_unpinned_jobs():
     t1 = req(s, "t1", list(range(12)), max_tokens=1, job_id="A", is_last_step=False)
     s.add_request(t1, now_s=0.0)
     run_until_finished(s, t1, 0.0)
-    t2 = req(s, "t2", t1.all_token_ids + [9, 9, 9], max_tokens=1, job_id="A", is_last_step=False)
+    t2 = req(s, "t2", list(t1.all_token_ids) + [9, 9, 9], max_tokens=1, job_id="A", is_last_step=False)
     s.add_request(t2, now_s=0.1)
     run_until_finished(s, t2, 0.1)
     assert [p.request.request_id for p in s.policy.pins] == ["t2"]  # t2 replaced t1's pin
     # Fill the pool: a turn of pinned job A and an unrelated request compete for blocks.
-    a3 = req(s, "a3", t2.all_token_ids + [7] * 4, max_tokens=40, job_id="A")
+    a3 = req(s, "a3", list(t2.all_token_ids) + [7] * 4, max_tokens=40, job_id="A")
     other = req(s, "x", 40, max_tokens=40)
     # x is admitted first, so plain FCFS would evict a3 (the tail); Continuum spares the pinned job.
     s.add_request(other, now_s=0.2)

@@ -20,6 +20,7 @@ The GPU runner's vocabulary is smaller than 2**31: use `token_ids_mod(vocab_size
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,6 +135,16 @@ class RequestSpec:
         if self.prompt_token_ids is not None:
             return list(self.prompt_token_ids)
         return self.token_array().tolist()
+
+    def token_id_array(self) -> array | tuple[int, ...]:
+        """Prompt token ids as array('i'): what the simulator hands the scheduler (4 bytes a token,
+        no boxed Python ints; the same ids as token_ids()). Real ids stay the trace's tuple (the
+        scheduler's Request picks their compact form)."""
+        if self.prompt_token_ids is not None:
+            return self.prompt_token_ids
+        ids = array("i")  # generated ids are in [0, 2**31): they fit int32
+        ids.frombytes(self.token_array().astype("=i4").tobytes())
+        return ids
 
     def token_ids_mod(self, vocab_size: int) -> list[int]:
         """Prompt token ids folded into a model vocabulary (what the GPU runner feeds the model).

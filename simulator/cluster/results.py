@@ -70,14 +70,14 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
     for r in cluster.replicas:
         merged.steps.extend(r.engine.metrics.steps)
-    # Summary first: summarize builds its own requests frame, and two at once (each holding every
-    # inter-token latency as Python floats) set the peak memory of a long run.
+    # The summary and requests.parquet share merged's one requests frame (tables()), which
+    # _requests_frame extends with the routing columns.
     summary = _summary(cluster, reps, merged, wall_time_s)
     requests = _requests_frame(cluster, merged)
     warn_rejected(requests)
     if cluster.cfg.pd is not None:
         summary["pd"] = _pd_summary(cluster, requests)
-    steps = pd.concat([_with_replica(rr.result.metrics.steps_frame(), rr) for rr in reps], ignore_index=True) \
+    steps = pd.concat([_with_replica(rr.result.metrics.tables().steps, rr) for rr in reps], ignore_index=True) \
         if reps else pd.DataFrame()
     return ClusterResult(cluster.cfg, reps, merged, requests, steps, summary, wall_time_s)
 
@@ -106,7 +106,7 @@ def _with_replica(frame: pd.DataFrame, rr: ReplicaResult) -> pd.DataFrame:
 
 
 def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
-    df = merged.requests_frame()
+    df = merged.tables().requests
     routes = [cluster.routes[rid] for rid in df["request_id"]]
     pos = 1
     if cluster.cfg.pd is None:
@@ -190,7 +190,7 @@ def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta
         res.requests.to_parquet(tmp / "requests.parquet", index=False)
         res.steps.to_parquet(tmp / "steps.parquet", index=False)
         end = res.summary["sim_duration_s"]
-        ts = [_with_replica(rr.result.metrics.timeseries_frame(end), rr) for rr in res.replicas]
+        ts = [_with_replica(rr.result.metrics.tables().timeseries(end), rr) for rr in res.replicas]
         pd.concat(ts, ignore_index=True).to_csv(tmp / "timeseries.csv", index=False)
         resolved = cluster_config_to_dict(res.config)
         resolved["workload"] = workload_meta

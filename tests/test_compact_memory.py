@@ -1,0 +1,82 @@
+"""Memory layout that must not change results: compact token ids and result frames built once."""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+
+from scheduler.hashing import make_block_hasher
+from scheduler.request import Request, SamplingParams
+from simulator.config import SimConfig
+from simulator.engine import Engine
+from simulator.metrics import summarize
+from traces.bundled import load_bundled
+from traces.workload import RequestSpec
+
+
+def _pair(ids):
+    hasher = make_block_hasher(4)
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    return Request("a", list(ids), sp, block_hasher=hasher), Request("b", array("q", ids), sp, block_hasher=hasher)
+
+
+def test_array_and_list_prompts_give_the_same_ids_and_block_hashes():
+    from_list, from_array = _pair(range(1000, 1011))
+    for r in (from_list, from_array):
+        r.append_output_token_ids(7)
+        r.append_output_token_ids([8, 9])
+    assert from_list.block_hashes == from_array.block_hashes and len(from_list.block_hashes) == 3
+    assert list(from_list.all_token_ids) == list(range(1000, 1011)) + [7, 8, 9]
+    assert type(from_list.all_token_ids) is array  # 4 bytes a token, no boxed ints
+    wide = Request("w", [2**40, 1, 2, 3], SamplingParams(max_tokens=5), block_hasher=make_block_hasher(4))
+    assert wide.all_token_ids.typecode == "q" and list(wide.all_token_ids) == [2**40, 1, 2, 3]
+    narrow = Request("n", [1, 2, 3], SamplingParams(max_tokens=5))
+    narrow.append_output_token_ids(2**40)  # widens to int64
+    assert narrow.all_token_ids.typecode == "q" and list(narrow.all_token_ids) == [1, 2, 3, 2**40]
+    assert list(from_array.prompt_token_ids) == list(range(1000, 1011))
+    assert from_array.output_token_ids == [7, 8, 9]
+
+
+def test_ids_beyond_int64_fall_back_to_python_ints():
+    r = Request("a", [1, 2, 3], SamplingParams(max_tokens=10))
+    r.append_output_token_ids([4, 2**70, 5])  # array.extend would have kept the 4
+    assert list(r.all_token_ids) == [1, 2, 3, 4, 2**70, 5] and r.output_token_ids == [4, 2**70, 5]
+    assert list(Request("b", [2**70], SamplingParams()).all_token_ids) == [2**70]
+
+
+def test_spec_token_id_array_matches_token_ids():
+    for spec in (RequestSpec("r", 0.0, 700, 3, prefix_hash_ids=(4, 5)),
+                 RequestSpec("s", 0.0, 40, 3, prefix_group=2, prefix_len=10),
+                 RequestSpec("t", 0.0, 3, 1, prompt_token_ids=(5, 6, 7))):
+        assert list(spec.token_id_array()) == spec.token_ids()
+
+
+def test_result_frames_are_built_once_and_equal_a_fresh_build():
+    wl = load_bundled()
+    wl = dataclasses.replace(wl, requests=wl.requests[:20])
+    cfg = SimConfig()
+    res = Engine(cfg, wl).run()
+    m = res.metrics
+    summary = summarize(m, res.sim_duration_s, 1.0, cfg.slo, 20, res.prefix_hits, res.prefix_queries)
+    tables = m.tables()
+    assert m.tables() is tables  # summary, result files and Results share one build
+    assert tables.timeseries(res.sim_duration_s) is tables.timeseries(res.sim_duration_s)
+    assert tables.requests.equals(m.requests_frame()) and tables.steps.equals(m.steps_frame())
+    assert tables.timeseries(res.sim_duration_s).equals(m.timeseries_frame(res.sim_duration_s))
+    assert summary["num_steps"] == len(tables.steps) == res.num_steps
+
+
+def test_block_hashes_equal_hashes_of_plain_int_lists():
+    from scheduler.hashing import extra_keys_bytes, get_hash_fn, hash_block_tokens
+
+    ids = [5, 2**31 - 1, 0, 17, 9, 9, 9, 9, 1, 2]
+    r = Request("a", ids, SamplingParams(max_tokens=20, ignore_eos=True), lora_id=3, cache_salt="s",
+                block_hasher=make_block_hasher(4))
+    r.append_output_token_ids([2**40, 6])  # widens the storage to int64 mid-block
+    parent, expected = None, []
+    all_ids = ids + [2**40, 6]
+    for start in range(0, 12, 4):
+        parent = hash_block_tokens(get_hash_fn("sha256"), parent, all_ids[start:start + 4],
+                                   extra_keys_bytes(r, start))
+        expected.append(parent)
+    assert r.block_hashes == expected
