@@ -1,4 +1,4 @@
-# servesim: `make run` replays the bundled trace; `make test` runs the whole suite.
+# servesim: `make run` replays the bundled trace; `make test` runs the whole suite; `make test-fast` skips the slow tests.
 # Any Python >= 3.11: the first of these names that exists and is new enough (override: make PY=/path/python).
 PY ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test parity bench clean venv
+.PHONY: run test test-fast parity bench clean venv
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "error: servesim needs Python >= 3.11 (none found on PATH; pass PY=/path/to/python)"; exit 1; }
@@ -28,6 +28,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# The inner loop: everything but the tests marked slow (and the fuzz, deselected by default anyway).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow and not fuzz"
 
 parity: $(STAMP)
 	$(BIN)/python tools/parity.py

@@ -8,70 +8,11 @@
 from __future__ import annotations
 
 import dataclasses
-import io
-from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from simulator.config import SimConfig
-from simulator.engine import Engine
-from simulator.metrics import warn_rejected
-from simulator.outdir import claim_output
-from simulator.outputs import build_summary, write_results
-from traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
-from traces.formats import load_workload
-from traces.transforms import rate_scale, request_limit
-from traces.workload import Workload
-
-
-@dataclass(slots=True)
-class Results:
-    summary: dict
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    timeseries: pd.DataFrame
-    out_dir: Path | None
-
-
-def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | None = None,
-               rate_scale_factor: float | None = None) -> Workload:
-    wl = load_bundled(DEFAULT_TRACE) if trace is None else load_workload(trace, fmt)
-    if rate_scale_factor is not None and rate_scale_factor != 1.0:
-        wl = rate_scale(wl, rate_scale_factor)
-    if max_requests is not None:
-        wl = request_limit(wl, max_requests)
-    return wl
-
-
-def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, step_trace: str | Path | None = None,
-        progress=None, executor=None, overwrite: bool = False) -> Results:
-    """Simulate; with out_dir, write the result folder (checked and locked before simulating: an
-    existing folder servesim did not write is refused, an earlier result replaced only with overwrite)."""
-    if out_dir is None:
-        return _run(cfg, workload, None, step_trace, progress, executor, overwrite)
-    with claim_output(out_dir, overwrite=overwrite):
-        return _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite)
-
-
-def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> Results:
-    trace_buf = io.StringIO() if step_trace is not None else None
-    engine = Engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
-    res = engine.run()
-    summary = build_summary(engine.cfg, res, len(workload.requests))
-    meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
-            "attribution": workload.attribution}
-    if step_trace is not None:
-        from servesim.oracle_io import write_jsonl_atomic
-        import json
-
-        write_jsonl_atomic(step_trace, (json.loads(x) for x in trace_buf.getvalue().splitlines()))
-    written = None
-    if out_dir is not None:  # claimed by run(): replacing an earlier result was allowed there
-        written = write_results(out_dir, engine.cfg, res, summary, meta, overwrite=True)
-    tables = res.metrics.tables()  # built once: the summary, the result files and Results share them
-    warn_rejected(tables.requests)
-    return Results(summary, tables.requests, tables.steps, tables.timeseries(summary["sim_duration_s"]), written)
+from servesim.running import Results, load_trace, run  # noqa: F401  (the public names live in running)
+from traces.bundled import DEFAULT_TRACE, bundled_trace_path  # noqa: F401
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,

@@ -17,6 +17,7 @@ if importlib.util.find_spec("triton") is None:
 from gpu_runner import aot  # noqa: E402  (imports torch only; triton is imported in the subprocess)
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     results = aot.compile_in_subprocess(arch=90)
     assert [r.variant for r in results] == [v.name for v in aot.VARIANTS]

@@ -90,6 +90,7 @@ PLAN = {
 }
 
 
+@pytest.mark.slow
 def test_plan_search_stops_each_shape_at_its_first_size_meeting_the_slo():
     plan = plan_config_from_dict(PLAN)
     assert plan.gpu_cost_per_hour == {"h100": 2.0}
@@ -135,6 +136,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_cluster_and_plan_commands_write_their_outputs(tmp_path):
     cfg = tmp_path / "pd.yaml"
     cfg.write_text(yaml.safe_dump({

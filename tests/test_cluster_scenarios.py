@@ -25,6 +25,7 @@ def test_cluster_scenarios_load(path):
     _load(path)
 
 
+@pytest.mark.slow
 def test_prefix_aware_beats_round_robin_on_mooncake_scenarios():
     wl = request_limit(load_bundled("mooncake-conversation-5min"), 200)
     d = ROOT / "scenarios" / "cluster"

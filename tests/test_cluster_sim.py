@@ -49,6 +49,7 @@ def test_one_replica_reproduces_the_single_engine_exactly(async_scheduling):
 
 
 @pytest.mark.parametrize("router", ["jsq_power_of_two", "least_kv", "prefix_aware"])
+@pytest.mark.slow
 def test_routers_are_deterministic_under_a_seed(router):
     wl = small_workload(30)
     runs = [run_cluster(cluster(4, router, latency=0.002, seed=s), wl) for s in (7, 7)]
@@ -58,6 +59,7 @@ def test_routers_are_deterministic_under_a_seed(router):
     pd.testing.assert_frame_equal(a, b)
 
 
+@pytest.mark.slow
 def test_power_of_two_depends_on_the_seed_and_records_its_draws():
     wl = small_workload(30)
     seeds = {s: list(run_cluster(cluster(4, "jsq_power_of_two", seed=s), wl).requests["route_reason"]) for s in (1, 2)}
@@ -75,6 +77,7 @@ def test_round_robin_cycles_and_routing_latency_delays_arrival():
     assert res.summary["cluster"]["requests_per_replica"] == {"both0": 4, "both1": 4, "both2": 4}
 
 
+@pytest.mark.slow
 def test_least_outstanding_spreads_a_simultaneous_burst():
     reqs = [RequestSpec(f"r{i}", 0.0, prompt_len=64, output_len=4) for i in range(8)]
     res = run_cluster(cluster(4, "least_outstanding"), Workload(reqs, "burst", "test"))
@@ -108,6 +111,7 @@ def test_heterogeneous_replicas_each_use_their_own_config():
     assert set(res.steps["replica"]) == {0, 1}
 
 
+@pytest.mark.slow
 def test_prefix_aware_beats_round_robin_on_the_mooncake_sample():
     assert "mooncake-conversation-5min" in available_bundled_traces()
     wl = load_bundled("mooncake-conversation-5min")
@@ -148,6 +152,7 @@ def test_duplicate_request_ids_are_refused():
         run_cluster(cluster(2), Workload(reqs, "dup", "test"))
 
 
+@pytest.mark.slow
 def test_fast_forward_stays_exact_in_a_cluster():
     wl = small_workload(30)
     sim = sim_config_from_dict({"fast_forward": True, "scheduler.async_scheduling": False})  # FF: sync only

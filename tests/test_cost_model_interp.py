@@ -56,6 +56,7 @@ def test_nested_grid_irregular_and_collapsed_axes():
     assert again(15, 50, 2) == g(15, 50, 2)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(-5, 40), min_size=3, max_size=3), st.floats(-1, 10), st.floats(-1, 10))
 def test_pair_equals_two_lookups(head, u, v):

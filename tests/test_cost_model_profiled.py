@@ -234,6 +234,7 @@ def rtxpro_fit():
     return fit(import_profile("llmservingsim", RTXPRO_8B), "llama-3.1-8b", "rtx-pro-6000", 1)
 
 
+@pytest.mark.slow
 @needs_shared
 def test_llmservingsim_fit_errors_and_composition(rtxpro_fit):
     err = rtxpro_fit.fit_error
@@ -307,6 +308,7 @@ def test_splitwise_step_regression():
         measured["token_time"].median() * 1e-3, rel=0.1)
 
 
+@pytest.mark.slow
 @needs_shared
 def test_missing_attention_phase_is_filled_from_roofline():
     rows = import_profile("auto", V0 / "Llama-3.1-8B" / "tp1" / "layers.csv.gz")

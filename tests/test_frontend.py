@@ -46,6 +46,7 @@ def test_bench_serve_rules_by_hand():
     assert stages[1]["mean_time_to_first_token_ms"] == pytest.approx(500.0)
 
 
+@pytest.mark.slow
 def test_probe_recovers_injected_costs_from_a_loopback_server():
     # Costs large enough that scheduling noise on a busy 2-core machine stays small beside them.
     costs = StubCosts(http_s=0.020, tokenize_s_per_token=50e-6, step_s=0.002, chunk_s=0.010)
@@ -69,6 +70,7 @@ def test_probe_is_bounded_and_refuses_a_bad_url():
         assert stub.num_requests == 10
 
 
+@pytest.mark.slow
 def test_calibrate_frontend_command_writes_a_usable_file(tmp_path):
     from servesim.cli import _register, app
 

@@ -11,6 +11,7 @@ from fuzz_driver import fuzz
 
 
 @pytest.mark.parametrize("seed", [101, 202])
+@pytest.mark.slow
 def test_fuzz_bounded(seed):
     figs = fuzz(max_steps=4000, seed=seed, max_wall_s=40.0)
     assert not figs.findings, figs.findings[0]

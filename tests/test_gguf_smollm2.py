@@ -9,6 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip("gguf")
+pytestmark = pytest.mark.slow  # loads real SmolLM2 weights
 
 from gpu_runner import gguf_loader, ops  # noqa: E402
 from gpu_runner.model import LlamaModel  # noqa: E402

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from gpu_runner.calibrate import CalibrationGrid, calibrate
@@ -27,6 +28,7 @@ def test_sweep_rows_follow_the_profile_schema():
     assert (df["latency_s"] > 0).all()
 
 
+@pytest.mark.slow
 def test_calibrate_cli_writes_profile_and_report_and_fit_accepts_it(tmp_path):
     out = tmp_path / "tiny.csv"
     p = subprocess.run([sys.executable, "-m", "servesim", "calibrate", "--model", "tiny-llama", "--device", "cpu",
@@ -42,6 +44,7 @@ def test_calibrate_cli_writes_profile_and_report_and_fit_accepts_it(tmp_path):
     assert (tmp_path / "cm.json").exists()
 
 
+@pytest.mark.slow
 def test_calibrate_refuses_without_cuda(tmp_path):
     if torch.cuda.is_available():
         return

@@ -31,6 +31,7 @@ def tiny_cfg(**kw) -> SimConfig:
     return apply_overrides(cfg, {"cache.num_gpu_blocks": 512, "cache.block_size": 16, **kw})
 
 
+@pytest.mark.slow
 def test_sim_and_gpu_cpu_write_identical_step_traces(tmp_path):
     from servesim.gpu import make_gpu_executor
 

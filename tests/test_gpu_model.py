@@ -34,6 +34,7 @@ def _step(m, ids, ctx, n, blocks, num_padding=0):
     return m.forward(ids, pos, meta)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_full_prefill():
     ids = _ids(13)
     full = _step(_model(), ids, 0, 13, [5, 9, 2, 7])
@@ -99,6 +100,7 @@ def test_llama3_rope_scaling():
     assert torch.all(scaled <= plain)
 
 
+@pytest.mark.slow
 def test_torch_backend_does_not_import_triton():
     code = ("import sys, torch; from gpu_runner.model import LlamaModel; from gpu_runner.weights import preset; "
             "LlamaModel.random(preset('tiny-llama')); import gpu_runner.gguf_loader; "

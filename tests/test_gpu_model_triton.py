@@ -35,6 +35,7 @@ STEPS = [
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.slow
 def test_triton_path_equals_torch_path(qk_norm):
     cfg = preset("tiny-llama", qk_norm=qk_norm)
     models = {b: LlamaModel.random(cfg, seed=7, backend=b) for b in ("torch", "triton")}

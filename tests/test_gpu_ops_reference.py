@@ -54,6 +54,7 @@ def test_reference_matches_loop_oracle_mixed_batch(dtype):
     block_size=st.sampled_from([1, 2, 4, 16]),
     seed=st.integers(0, 2**16),
 )
+@pytest.mark.slow
 def test_reference_matches_loop_oracle_random(seqs, group, block_size, seed):
     query_lens = [q for q, _ in seqs]
     seq_lens = [q + ctx for q, ctx in seqs]

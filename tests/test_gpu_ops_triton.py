@@ -78,6 +78,7 @@ def test_unified_attention_matches_reference(dtype, group, kv_heads, head_dim, b
     assert torch.all(got[n:] == 5.0), "rows of padding tokens must not be written"
 
 
+@pytest.mark.slow
 def test_triton_on_cpu_without_interpreter_is_rejected():
     code = ("import torch; from gpu_runner import ops\n"
             "z = torch.zeros(1, 1, 1, 16); c = torch.zeros(2, 4, 1, 16)\n"
@@ -94,6 +95,7 @@ def test_triton_on_cpu_without_interpreter_is_rejected():
     group=st.sampled_from([1, 3]),
     block_size=st.sampled_from([2, 16]),
 )
+@pytest.mark.slow
 def test_unified_attention_random_batches(seqs, group, block_size):
     """Random query/context mixes: the query-block numbering and causal bounds hold for any layout."""
     b = make_paged_batch([q for q, _ in seqs], [q + c for q, c in seqs], num_heads=2 * group, num_kv_heads=2,

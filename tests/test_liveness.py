@@ -283,6 +283,7 @@ def test_cluster_counts_rejections():
     (["replay", "--set", "scheduler.max_num_batched_tokens=8"], "scheduler.max_num_batched_tokens"),
     (["step-trace", "WL", "--out", "OUT", "--num-blocks", "3"], "--num-blocks"),
 ])
+@pytest.mark.slow
 def test_cli_refuses_what_vllm_refuses(tmp_path, args, needle):
     import os
     import subprocess

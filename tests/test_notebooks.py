@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 KERNEL = "servesim-test-venv"
+pytestmark = pytest.mark.slow  # each notebook runs in a kernel: 10-20 s apiece
 
 
 @pytest.fixture(scope="module")

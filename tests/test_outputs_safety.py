@@ -113,6 +113,7 @@ def _tiny_replay(out: Path):
     return run(SimConfig(), load_trace(None, max_requests=5), out_dir=out)
 
 
+@pytest.mark.slow
 def test_api_refuses_foreign_folder_and_replaces_only_with_overwrite(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -130,6 +131,7 @@ def test_api_refuses_foreign_folder_and_replaces_only_with_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign", "r"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_summary", [True, False])
 def test_concurrent_publishers_never_fail(tmp_path, with_summary):
     """Reproducer r7: several processes publishing the same variant at once."""
@@ -177,6 +179,7 @@ def _alive(pid: int) -> bool:
     return not (stat_file.exists() and stat_file.read_text().split()[2] == "Z")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and ps")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_workers_die_with_their_driver(tmp_path, sig):
@@ -245,6 +248,7 @@ sweep: {scheduler.max_num_seqs: [8, 16, 32, 64]}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 def test_sigkilled_sweep_resumes_and_a_second_run_is_refused(tmp_path):
     from typer.testing import CliRunner
@@ -343,6 +347,7 @@ def test_tables_keep_every_column_without_a_terminal(tmp_path, monkeypatch):
     assert max(len(line) for line in res.output.splitlines()) > 80  # not cut to 80 columns
 
 
+@pytest.mark.slow
 def test_interrupted_replay_says_what_was_kept_and_leaves_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "servesim", "replay", "--rate-scale", "4", "--out", "runs/r"],
                             cwd=tmp_path, env={**ENV, "SERVESIM_PROGRESS_EVERY_S": "0.5"},

@@ -21,6 +21,7 @@ from traces.errors import InputError
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plot_command_on_a_sweep_writes_a_self_contained_report(tmp_path, monkeypatch):
     sc = {"name": "plot-test", "description": "two pool sizes",
           "workload": {"generator": "poisson", "num_requests": 30, "arrival": {"rate_per_s": 30},
@@ -43,6 +44,7 @@ def test_plot_command_on_a_sweep_writes_a_self_contained_report(tmp_path, monkey
     assert "num_gpu_blocks=80" in html and "failed" in html and "two pool sizes" in html
 
 
+@pytest.mark.slow
 def test_plot_a_single_run(tmp_path):
     run(SimConfig(), load_trace(None, max_requests=24), out_dir=tmp_path / "run")
     pngs, report = plot_results(tmp_path / "run")

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_runs_with_smoke(path, tmp_path):
     if "engine: [vllm, sglang]" in path.read_text() and "sglang" not in available_engines():

@@ -48,6 +48,7 @@ def test_resume_reruns_only_what_is_missing(tmp_path):
                                   second.table.drop(columns=list(WALL_COLUMNS)))
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_loses_nothing_finished(tmp_path):
     scen = tmp_path / "slow.yaml"
     scen.write_text("workload: {generator: poisson, num_requests: 150, arrival: {rate_per_s: 40}, "
@@ -117,6 +118,7 @@ def test_same_seed_same_table(tmp_path):
     assert {"seed", "num_preemptions", "ttft_s.p50", "throughput.output_tokens_per_s"} <= set(a.columns)
 
 
+@pytest.mark.slow
 def test_process_pool_and_saved_configs(tmp_path):
     res = run_scenario(tiny(**{"scheduler.max_num_seqs": [4, 16]}), out_dir=tmp_path, workers=2)
     assert list(res.table["status"]) == ["ok", "ok"]
@@ -139,6 +141,7 @@ def test_breakdowns_by_priority_and_job(tmp_path):
             "jobs.num_jobs"} <= set(t.columns)
 
 
+@pytest.mark.slow
 def test_ray_backend_on_a_local_instance(tmp_path):
     pytest.importorskip("ray")
     log: list = []

@@ -187,6 +187,7 @@ def test_prefix_aware_routes_by_prefix_under_sglang():
     assert df.loc["hit0", "route_score"] == pytest.approx(512 / 600)
 
 
+@pytest.mark.slow
 def test_prefix_aware_beats_round_robin_under_sglang():
     wl = load_bundled("mooncake-conversation-5min")
     reqs = [dataclasses.replace(r, output_len=min(r.output_len, 4)) for r in wl.requests if r.prompt_len <= 16000]

@@ -74,6 +74,7 @@ def test_map_sglang_config_maps_shared_settings_and_keeps_explicit_ones():
     assert isinstance(sched, SGLangScheduler) and sched.config.schedule_policy == "lof"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_every_request_finishes_with_invariants_checked_each_step(async_scheduling):
     res = run("sglang", async_scheduling=async_scheduling)
@@ -83,6 +84,7 @@ def test_every_request_finishes_with_invariants_checked_each_step(async_scheduli
     assert all(len(r.token_times_s) == r.output_len_target for r in recs)
 
 
+@pytest.mark.slow
 def test_small_pool_retracts_and_still_finishes():
     res = run("sglang", num_blocks=400)  # 6,400 tokens: the reservation estimate is too optimistic
     recs = res.metrics.requests.values()
@@ -91,6 +93,7 @@ def test_small_pool_retracts_and_still_finishes():
     assert sum(s.num_preemptions for s in res.metrics.steps) == sum(r.num_preemptions for r in recs)
 
 
+@pytest.mark.slow
 def test_sglang_separates_prefill_and_decode_batches_unlike_vllm():
     """Documented difference (docs/SGLANG_MODEL.md): vLLM spends one token budget on running
     requests first and fills it with prefill, so its steps mix decode and prefill tokens. SGLang

@@ -99,6 +99,7 @@ def _digest(d: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.name != "summary.json"}
 
 
+@pytest.mark.slow
 def test_same_seed_gives_byte_identical_outputs(tmp_path):
     from servesim.api import load_trace, run
 
@@ -116,6 +117,7 @@ def test_same_seed_gives_byte_identical_outputs(tmp_path):
         assert key in sa
 
 
+@pytest.mark.slow
 def test_replay_step_trace_equals_scheduler_step_trace_schema(tmp_path):
     from servesim.api import load_trace, run
 
@@ -128,6 +130,7 @@ def test_replay_step_trace_equals_scheduler_step_trace_schema(tmp_path):
                                       "kv_usage", "sampled_token_ids", "finished_after_update", "prefix_cache_stats"]
 
 
+@pytest.mark.slow
 def test_cli_replay_default_and_bad_input(tmp_path):
     exe = [sys.executable, "-m", "servesim", "replay"]
     p = subprocess.run(exe + ["--max-requests", "30", "--out", str(tmp_path / "r")], capture_output=True, text=True,

@@ -50,6 +50,7 @@ def test_light_poisson_load_is_mostly_fast_forwarded_and_identical():
     {"scheduler.policy": "priority", "cache.num_gpu_blocks": 300, "scheduler.max_model_len": 4800},
     {"cache.enable_prefix_caching": False, "scheduler.max_num_seqs": 8},
 ])
+@pytest.mark.slow
 def test_bundled_trace_identical_with_and_without_fast_forward(sets):
     wl = load_trace(None, max_requests=80)
     cfg = apply_overrides(SimConfig(), {**SYNC, **sets})

@@ -59,6 +59,7 @@ def workloads(draw) -> Workload:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(workload=workloads())
 @pytest.mark.parametrize("filename", ENCODINGS)
+@pytest.mark.slow
 def test_round_trip_all_encodings(tmp_path, filename, workload):
     path = save_workload(workload, tmp_path / filename)
     assert sniff_format(path) == "canonical"
@@ -67,6 +68,7 @@ def test_round_trip_all_encodings(tmp_path, filename, workload):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files
 
 
+@pytest.mark.slow
 def test_round_trip_of_a_real_trace(tmp_path):
     workload = load_bundled("sharegpt-300")
     for filename in ("s.jsonl.gz", "s.csv.gz", "s.parquet"):

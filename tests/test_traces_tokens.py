@@ -44,6 +44,7 @@ def test_shared_hash_ids_share_exactly_the_covered_tokens(shared, tail_a, tail_b
     assert common_prefix(ta, tb) == min(shared * 512, a.prompt_len, b.prompt_len)
 
 
+@pytest.mark.slow
 def test_mooncake_sharing_survives_any_vllm_block_size():
     """Chained block hashes over materialised tokens reuse exactly the blocks the hash ids say."""
     requests = load_bundled("mooncake-conversation-5min").requests[:250]

@@ -34,6 +34,7 @@ def _row(**kw):
     return base
 
 
+@pytest.mark.slow
 def test_report_on_hand_made_rows(tmp_path):
     rows = pd.DataFrame([_row(), _row(id="y", tp_size=4), _row(id="z", model_path="meta-llama/Llama-3.1-70B",
                                                                    precision="fp8"),
@@ -54,6 +55,7 @@ def test_report_on_hand_made_rows(tmp_path):
     assert (tmp_path / "closed_loop.html").exists() and (tmp_path / "closed_loop.png").exists()
 
 
+@pytest.mark.slow
 def test_lock_step_start_is_the_slow_case():
     rows = pd.DataFrame([_row(batch_size=8, isl=1024)])
     stag = closed_loop_report(rows, ClosedLoopOptions(requests_per_client=2, stagger="cycle"))["rows"][0]
@@ -61,6 +63,7 @@ def test_lock_step_start_is_the_slow_case():
     assert lock["sim_ttft_ms"] > 2 * stag["sim_ttft_ms"]  # 8 prompts in one step vs one at a time
 
 
+@pytest.mark.slow
 @needs_data
 def test_real_silicon_rows():
     rows = load_silicon_rows(SILICON)

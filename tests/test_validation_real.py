@@ -10,7 +10,8 @@ import pytest
 RUN = Path("/work/shared/data/benchmarks/llmservingsim_vllm_runs/RTXPRO6000_Llama-3.1-8B")
 WORKLOAD = Path("/work/shared/data/traces/llmservingsim_sharegpt/sharegpt-llama-3.1-8b-300-sps10.jsonl.gz")
 
-pytestmark = pytest.mark.skipif(not (RUN.is_dir() and WORKLOAD.is_file()), reason="/work/shared data not present")
+pytestmark = [pytest.mark.skipif(not (RUN.is_dir() and WORKLOAD.is_file()), reason="/work/shared data not present"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ def replay(
                                   help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
-    from servesim.api import load_trace, run
+    from servesim.running import load_trace, run
     from servesim.cli import on_interrupt
     from servesim.report import make_console, print_summary, progress_reporter
     from simulator.outdir import check_output

@@ -13,7 +13,7 @@ from servesim.scenario import store
 
 def load_results(folder: str | Path):
     """A run or variant folder (summary.json, requests.parquet, ...) as servesim.api.Results."""
-    from servesim.api import Results
+    from servesim.running import Results
 
     folder = Path(folder)
     if not store.is_complete(folder):

@@ -65,7 +65,7 @@ def execute(task: VariantTask) -> Outcome:
 
 
 def _simulate(task: VariantTask) -> tuple[dict[str, bytes], dict]:
-    from servesim.api import run
+    from servesim.running import run
     from servesim.scenario.workload import build_workload
 
     wl = build_workload(task.workload)
