@@ -67,26 +67,26 @@ class ShortestPromptFirst(FCFSPolicy):
 
 
 # ------------------------------------------------------------------------------------------------
-def test_toy_policy_registers_and_orders_admissions():
-    s = make_sched(policy="shortest_prompt_first", max_num_seqs=1, num_blocks=100, block_size=4)
+def _admission_order(**policy) -> tuple[list[str], object]:
+    """long (40 tokens), short (8), mid (20) arrive together; one runs at a time: admission order."""
+    s = make_sched(max_num_seqs=1, num_blocks=100, block_size=4, **policy)
     for rid, n in (("long", 40), ("short", 8), ("mid", 20)):
         s.add_request(req(s, rid, n, max_tokens=1), now_s=0.0)
     admitted = []
     for _ in range(3):
         out, _eco = step(s)
         admitted += [d.req_id for d in out.scheduled_new_reqs]
+    return admitted, s
+
+
+def test_toy_policy_registers_and_orders_admissions():
+    admitted, s = _admission_order(policy="shortest_prompt_first")
     assert admitted == ["short", "mid", "long"]
     assert not s.has_unfinished_requests()
 
 
 def test_fcfs_orders_the_same_case_by_arrival():
-    s = make_sched(max_num_seqs=1, num_blocks=100, block_size=4)
-    for rid, n in (("long", 40), ("short", 8), ("mid", 20)):
-        s.add_request(req(s, rid, n, max_tokens=1), now_s=0.0)
-    admitted = []
-    for _ in range(3):
-        out, _eco = step(s)
-        admitted += [d.req_id for d in out.scheduled_new_reqs]
+    admitted, _ = _admission_order()
     assert admitted == ["long", "short", "mid"]
 
 
