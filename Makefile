@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast parity bench clean venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@test -n "$(PY)" || { echo "error: servesim needs Python >= 3.11 (none found on PATH; pass PY=/path/to/python)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict  # noqa: E402
-from traces.synthetic import make_workload  # noqa: E402
+from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict  # noqa: E402
+from servesim.traces.synthetic import make_workload  # noqa: E402
 
 
 def workload(rate: float, duration_s: float, seed: int = 0):

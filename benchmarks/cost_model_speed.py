@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.cost_model import StepShape, make_cost_model  # noqa: E402
-from simulator.cost_model.fit import fit, load_profiles  # noqa: E402
+from servesim.simulator.cost_model import StepShape, make_cost_model  # noqa: E402
+from servesim.simulator.cost_model.fit import fit, load_profiles  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpu_profiles"
 

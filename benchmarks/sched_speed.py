@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler import ModelRunnerOutput, Request, SamplingParams, make_scheduler  # noqa: E402
-from scheduler.steptrace import StepTraceConfig, oracle_token  # noqa: E402
+from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams, make_scheduler  # noqa: E402
+from servesim.scheduler.steptrace import StepTraceConfig, oracle_token  # noqa: E402
 
 
 def time_ours(workload: list[dict], cfg: StepTraceConfig) -> tuple[float, float, int]:

@@ -19,11 +19,11 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from simulator.config import SimConfig  # noqa: E402
-from simulator.engine import Engine  # noqa: E402
-from traces.bundled import load_bundled  # noqa: E402
-from traces.formats import load_workload  # noqa: E402
-from traces.synthetic import make_workload  # noqa: E402
+from servesim.simulator.config import SimConfig  # noqa: E402
+from servesim.simulator.engine import Engine  # noqa: E402
+from servesim.traces.bundled import load_bundled  # noqa: E402
+from servesim.traces.formats import load_workload  # noqa: E402
+from servesim.traces.synthetic import make_workload  # noqa: E402
 
 
 def measure(name: str, wl, fast_forward: bool = False) -> None:

@@ -18,7 +18,7 @@ with a clear error (pyproject requires triton >= 3.6).
 The compile needs the compiler-mode ``@triton.jit`` wrappers, so a process in
 which triton was imported with ``TRITON_INTERPRET=1`` must use
 ``compile_in_subprocess`` (what the test does). CLI:
-``python -m gpu_runner.aot [--arch 90] [--json]``.
+``python -m servesim.gpu_runner.aot [--arch 90] [--json]``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class CompileResult:
 
 
 def _kernel_and_constexprs(v: Variant):
-    from gpu_runner.ops import triton_kernels as tk
+    from servesim.gpu_runner.ops import triton_kernels as tk
 
     if v.kernel == "reshape_and_cache":
         return tk.reshape_and_cache_kernel, tk.reshape_and_cache_constexprs(v.num_kv_heads, v.head_dim,
@@ -123,7 +123,7 @@ def compile_variant(v: Variant, arch: int = 90) -> CompileResult:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from gpu_runner.ops import triton_kernels as tk
+    from servesim.gpu_runner.ops import triton_kernels as tk
 
     if tk.interpreting():
         raise RuntimeError("triton was imported with TRITON_INTERPRET=1; use compile_in_subprocess()")

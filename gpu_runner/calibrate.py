@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpu_runner import ops
-from gpu_runner.model import LlamaModel, rms_norm
-from gpu_runner.ops.metadata import AttentionMetadata
+from servesim.gpu_runner import ops
+from servesim.gpu_runner.model import LlamaModel, rms_norm
+from servesim.gpu_runner.ops.metadata import AttentionMetadata
 
 
 @dataclass(slots=True, frozen=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpu_runner.weights import LayerWeights, ModelConfig, ModelWeights
+from servesim.gpu_runner.weights import LayerWeights, ModelConfig, ModelWeights
 
 _SUPPORTED_ARCHS = ("llama",)  # Llama-layout GGUFs (SmolLM2, Llama, Mistral)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_runner.ops.metadata import AttentionMetadata
-from scheduler.output import SchedulerOutput
+from servesim.gpu_runner.ops.metadata import AttentionMetadata
+from servesim.scheduler.output import SchedulerOutput
 
 
 @dataclass(slots=True)

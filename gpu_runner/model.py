@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpu_runner.ops import Backend, backend_module
-from gpu_runner.ops.metadata import AttentionMetadata
-from gpu_runner.weights import LayerWeights, Llama3RopeScaling, ModelConfig, ModelWeights, random_weights
+from servesim.gpu_runner.ops import Backend, backend_module
+from servesim.gpu_runner.ops.metadata import AttentionMetadata
+from servesim.gpu_runner.weights import LayerWeights, Llama3RopeScaling, ModelConfig, ModelWeights, random_weights
 
 
 @dataclass(slots=True)

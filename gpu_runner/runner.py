@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_runner.inputs import PersistentBatch
-from gpu_runner.model import LlamaModel
-from scheduler.output import ModelRunnerOutput, SchedulerOutput
-from scheduler.worker import BatchTracker, TokenSource
+from servesim.gpu_runner.inputs import PersistentBatch
+from servesim.gpu_runner.model import LlamaModel
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.step_shape import StepShape
+from servesim.scheduler.worker import BatchTracker, TokenSource
 
 
 @dataclass(slots=True)
@@ -72,7 +73,7 @@ class GpuExecutor:
         prefill-only, mixed; odd and power-of-two token counts), so Triton compiles them now and
         not inside a measured step. Writes only blocks that real steps overwrite before reading.
         Returns the number of warm-up forwards."""
-        from gpu_runner.calibrate import _paged_metadata
+        from servesim.gpu_runner.calibrate import _paged_metadata
 
         bs = self.batch.block_size
         shapes = [([1], [0]), ([1] * 3, [5] * 3), ([1] * 16, [bs] * 16), ([17], [0]), ([64], [bs]),
@@ -110,8 +111,6 @@ class GpuExecutor:
                 self.batch.append_tokens(rid, toks)
         predicted = None
         if self.cost_model is not None:
-            from simulator.cost_model.base import StepShape  # optional: the runner works without it
-
             predicted = self.cost_model.step_time_s(StepShape(tuple(new), tuple(ctx), sum(sample)))
         self.timings.append(StepTiming(sum(new), len(new), prepare_s, measured_s, predicted))
         return out, predicted if self.clock == "model" else measured_s

@@ -1,17 +1,17 @@
 """servesim's vLLM V1 scheduler and KV cache manager (pure Python, standard library only)."""
 
-from scheduler.async_scheduler import AsyncScheduler, make_scheduler
-from scheduler.config import CacheConfig, SchedulerConfig
-from scheduler.hashing import make_block_hasher
-from scheduler.interface import SchedulerCapabilities, SchedulerInterface
-from scheduler.invariants import InvariantError, check_invariants
-from scheduler.kv.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
-from scheduler.output import (
+from servesim.scheduler.async_scheduler import AsyncScheduler, make_scheduler
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.scheduler.hashing import make_block_hasher
+from servesim.scheduler.interface import SchedulerCapabilities, SchedulerInterface
+from servesim.scheduler.invariants import InvariantError, check_invariants
+from servesim.scheduler.kv.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
+from servesim.scheduler.output import (
     CachedRequestData, EngineCoreOutputs, ModelRunnerOutput, NewRequestData, RequestOutput,
     SchedulerOutput, SchedulerStats, SpecDecodingStats,
 )
-from scheduler.request import Request, RequestStatus, SamplingParams, check_stop
-from scheduler.scheduler import Scheduler
+from servesim.scheduler.request import Request, RequestStatus, SamplingParams, check_stop
+from servesim.scheduler.scheduler import Scheduler
 
 __all__ = [
     "AsyncScheduler", "CacheConfig", "CachedRequestData", "EngineCoreOutputs", "InvariantError",

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scheduler.kv.manager import KVCacheBlocks
-from scheduler.output import NewRequestData, SchedulerOutput
-from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
+from servesim.scheduler.kv.manager import KVCacheBlocks
+from servesim.scheduler.output import NewRequestData, SchedulerOutput
+from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
+    from servesim.scheduler.scheduler import Scheduler
 
 
 @dataclass(slots=True)
@@ -273,7 +273,7 @@ class ScheduleMixin:
         )
 
     def _make_cached_request_data(self: Scheduler, st: _StepState):
-        from scheduler.output import CachedRequestData
+        from servesim.scheduler.output import CachedRequestData
 
         data = CachedRequestData()
         prev = self.prev_step_scheduled_req_ids

@@ -7,9 +7,9 @@ by real tokens in update_from_output, and blocks are cached only then.
 
 from __future__ import annotations
 
-from scheduler.output import SchedulerOutput
-from scheduler.request import Request, RequestStatus
-from scheduler.scheduler import Scheduler
+from servesim.scheduler.output import SchedulerOutput
+from servesim.scheduler.request import Request, RequestStatus
+from servesim.scheduler.scheduler import Scheduler
 
 
 class AsyncScheduler(Scheduler):

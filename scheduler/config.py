@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.policies.base import DEFAULT_POLICY, SCHEDULING_POLICIES
+from servesim.scheduler.policies.base import DEFAULT_POLICY, SCHEDULING_POLICIES
 
 # Policy names: the registry of scheduler/policies/ (iterable, supports `in`).
 POLICIES = SCHEDULING_POLICIES
@@ -124,7 +124,7 @@ class CacheConfig:
                 self.sliding_window is not None and self.sliding_window >= 1,
                 f"attention={self.attention!r} needs sliding_window >= 1 tokens",
             )
-        from scheduler.hashing import HASH_FUNCTIONS
+        from servesim.scheduler.hashing import HASH_FUNCTIONS
 
         _require(
             self.hash_algo in HASH_FUNCTIONS,

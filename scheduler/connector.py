@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from scheduler.kv.manager import KVCacheBlocks
-    from scheduler.request import Request
+    from servesim.scheduler.kv.manager import KVCacheBlocks
+    from servesim.scheduler.request import Request
 
 
 class KVConnector(Protocol):

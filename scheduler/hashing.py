@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
+    from servesim.scheduler.request import Request
 
 HashFn = Callable[[bytes], bytes]
 

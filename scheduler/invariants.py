@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
+    from servesim.scheduler.scheduler import Scheduler
 
 
 class InvariantError(AssertionError):
@@ -53,7 +53,7 @@ def check_invariants(sched: Scheduler) -> None:
 
 
 def _check_queues(sched: Scheduler) -> None:
-    from scheduler.request import RequestStatus
+    from servesim.scheduler.request import RequestStatus
 
     running_ids = [r.request_id for r in sched.running]
     if len(running_ids) != len(set(running_ids)):

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler.kv.manager import KVCacheBlocks
-    from scheduler.request import Request
+    from servesim.scheduler.kv.manager import KVCacheBlocks
+    from servesim.scheduler.request import Request
 
 EOS_TOKEN_ID = 2  # OPT's EOS, the oracle model's
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.kv.manager import PrefixCacheStats
-from scheduler.request import SamplingParams
+from servesim.scheduler.kv.manager import PrefixCacheStats
+from servesim.scheduler.request import SamplingParams
 
 
 @dataclass(slots=True)

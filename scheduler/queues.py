@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from scheduler.request import Request
+from servesim.scheduler.request import Request
 
 
 class RequestQueue:

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from scheduler._schedule import ScheduleMixin
-from scheduler.config import CacheConfig, SchedulerConfig
-from scheduler.connector import KVConnector
-from scheduler.hashing import make_block_hasher
-from scheduler.interface import SchedulerCapabilities
-from scheduler.kv.manager import KVCacheManager
-from scheduler.output import (
+from servesim.scheduler._schedule import ScheduleMixin
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.scheduler.connector import KVConnector
+from servesim.scheduler.hashing import make_block_hasher
+from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.kv.manager import KVCacheManager
+from servesim.scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
     SchedulerStats, SpecDecodingStats,
 )
-from scheduler.pyset import set_order
-from scheduler.policies import SchedulingPolicy, make_policy
-from scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
+from servesim.scheduler.pyset import set_order
+from servesim.scheduler.policies import SchedulingPolicy, make_policy
+from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
 
 
 class Scheduler(ScheduleMixin):
@@ -354,6 +354,6 @@ class Scheduler(ScheduleMixin):
         )
 
     def check_invariants(self) -> None:
-        from scheduler.invariants import check_invariants
+        from servesim.scheduler.invariants import check_invariants
 
         check_invariants(self)

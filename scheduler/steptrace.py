@@ -18,13 +18,13 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from scheduler.async_scheduler import make_scheduler
-from scheduler.config import CacheConfig, SchedulerConfig
-from scheduler.interface import SchedulerInterface
-from scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
-from scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
-from scheduler.policies.base import DEFAULT_POLICY
-from scheduler.request import Request, RequestStatus, SamplingParams
+from servesim.scheduler.async_scheduler import make_scheduler
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.scheduler.interface import SchedulerInterface
+from servesim.scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
+from servesim.scheduler.policies.base import DEFAULT_POLICY
+from servesim.scheduler.request import Request, RequestStatus, SamplingParams
 
 
 def oracle_token(req_id: str, k: int) -> int:

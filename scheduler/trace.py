@@ -11,8 +11,8 @@ import json
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler.output import SchedulerOutput
-    from scheduler.scheduler import Scheduler
+    from servesim.scheduler.output import SchedulerOutput
+    from servesim.scheduler.scheduler import Scheduler
 
 
 class StepTracer:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import zlib
 
-from scheduler.output import ModelRunnerOutput, SchedulerOutput
-from scheduler.steptrace import oracle_token
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.steptrace import oracle_token
 
 
 def _uniform(seed: int, req_id: str, k: int, i: int) -> float:

@@ -1,0 +1,52 @@
+"""servesim: a discrete-event simulator of LLM serving engines.
+
+The repository keeps scheduler/, simulator/, gpu_runner/ and traces/ beside this folder (the design
+card's layout); installed, they are servesim.scheduler, servesim.simulator, ... (setup.py maps them).
+
+From a source checkout that is not the installed one (a git worktree, or `PYTHONPATH=.` in a venv
+without servesim, such as the vLLM-oracle venv), the installed mapping would point at another
+checkout's folders, or at nothing. So when this package sits in a checkout, a finder placed first on
+sys.meta_path resolves servesim.<folder> to *this* checkout's folder. Deeper modules then follow
+from the subpackage's __path__ as usual. Installed from a wheel the folders are real subpackages
+and no finder is added.
+
+This module imports nothing heavy: `import servesim.scheduler` must stay stdlib-only.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec, PathFinder
+from pathlib import Path
+
+from servesim._layout import MAPPED_FOLDERS
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+class _CheckoutFinder(MetaPathFinder):
+    """Finds servesim.<folder> for the MAPPED_FOLDERS in the checkout this package lives in."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = str(root)
+
+    def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
+        parent, _, child = fullname.rpartition(".")
+        if parent != __name__ or child not in MAPPED_FOLDERS:
+            return None
+        # FileFinder looks up the last name component, so this is root/<folder> under the
+        # servesim name (module identity is by name: the top-level `scheduler` is never imported).
+        return PathFinder.find_spec(fullname, [self._root])
+
+    def __repr__(self) -> str:
+        return f"<servesim checkout finder {self._root}>"
+
+
+def _in_checkout() -> bool:
+    return (_CHECKOUT / "pyproject.toml").is_file() and all(
+        (_CHECKOUT / folder / "__init__.py").is_file() for folder in MAPPED_FOLDERS)
+
+
+if _in_checkout() and not any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _CheckoutFinder(_CHECKOUT))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from simulator.config import SimConfig
+from servesim.simulator.config import SimConfig
 from servesim.running import Results, load_trace, run  # noqa: F401  (the public names live in running)
-from traces.bundled import DEFAULT_TRACE, bundled_trace_path  # noqa: F401
+from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path  # noqa: F401
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,

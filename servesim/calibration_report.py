@@ -12,9 +12,9 @@ def write_report(profile_path: Path, model: str, gpu: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulator.cost_model.base import StepShape
-    from simulator.cost_model.fit import fit
-    from simulator.cost_model.profile_schema import read_profile
+    from servesim.simulator.cost_model.base import StepShape
+    from servesim.simulator.cost_model.fit import fit
+    from servesim.simulator.cost_model.profile_schema import read_profile
 
     prof = read_profile(profile_path)
     ops_rows = prof[~prof["op"].isin(["model_prefill", "model_decode"])]

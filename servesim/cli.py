@@ -15,7 +15,7 @@ import warnings
 
 import typer
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None, help="servesim: simulate LLM serving engines.",
                   context_settings={"help_option_names": ["-h", "--help"]})

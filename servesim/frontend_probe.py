@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from simulator.frontend import FrontendConfig
-from traces.errors import InputError
+from servesim.simulator.frontend import FrontendConfig
+from servesim.traces.errors import InputError
 
 WORD = "hello "  # a word most BPE tokenizers map to one token
 

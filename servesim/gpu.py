@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from simulator.config import SimConfig
-from simulator.cost_model import make_cost_model
-from simulator.engine import resolve_cache
-from simulator.startup import resolve_max_model_len
-from traces.errors import InputError
+from servesim.simulator.config import SimConfig
+from servesim.simulator.cost_model import make_cost_model
+from servesim.simulator.engine import resolve_cache
+from servesim.simulator.startup import resolve_max_model_len
+from servesim.traces.errors import InputError
 
 CPU_KV_LIMIT_GIB = 8.0  # refuse CPU KV caches larger than this: set cache.num_gpu_blocks instead
 # The KV pool `--device cpu` uses by default (the pool derived from the GPU's memory would not fit):
@@ -20,7 +20,7 @@ CPU_KV_BUDGET_GIB = 2.0
 def fit_cpu_kv_pool(cfg: SimConfig, device: str) -> tuple[SimConfig, str | None]:
     """On the CPU with a derived pool: the config with a pool that fits CPU_KV_BUDGET_GIB, and a note
     saying so. A pool the user set (cache.num_gpu_blocks) is kept as given (and checked later)."""
-    from gpu_runner.weights import PRESETS, preset
+    from servesim.gpu_runner.weights import PRESETS, preset
 
     name = cfg.hardware.model.lower()
     if device != "cpu" or not cfg.derive_num_gpu_blocks or name not in PRESETS:
@@ -47,10 +47,10 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
                       backend: str | None = None, dtype: str | None = None):
     import torch
 
-    from gpu_runner.model import LlamaModel
-    from gpu_runner.runner import GpuExecutor, require_device
-    from gpu_runner.weights import PRESETS, preset
-    from scheduler.worker import TokenSource
+    from servesim.gpu_runner.model import LlamaModel
+    from servesim.gpu_runner.runner import GpuExecutor, require_device
+    from servesim.gpu_runner.weights import PRESETS, preset
+    from servesim.scheduler.worker import TokenSource
 
     try:
         dev = require_device(device)

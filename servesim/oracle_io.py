@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 _FIELDS = {"req_id": str, "prompt_token_ids": list, "max_tokens": int, "arrival_step": int}
 _PHASES = ("before_schedule", "before_update")

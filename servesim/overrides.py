@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from simulator.config_values import coerce_field
-from traces.errors import InputError
+from servesim.simulator.config_values import coerce_field
+from servesim.traces.errors import InputError
 
 
 def _fields(obj) -> list[str]:

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from simulator.metrics import warn_rejected
-from simulator.outdir import claim_output
-from simulator.outputs import build_summary, write_results
-from traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
-from traces.formats import load_workload
-from traces.transforms import rate_scale, request_limit
-from traces.workload import Workload
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.metrics import warn_rejected
+from servesim.simulator.outdir import claim_output
+from servesim.simulator.outputs import build_summary, write_results
+from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
+from servesim.traces.formats import load_workload
+from servesim.traces.transforms import rate_scale, request_limit
+from servesim.traces.workload import Workload
 
 
 @dataclass(slots=True)

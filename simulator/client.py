@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 
 import simpy
 
-from simulator.frontend import FrontendConfig
-from traces.workload import RequestSpec
+from servesim.simulator.frontend import FrontendConfig
+from servesim.traces.workload import RequestSpec
 
 
 class Clients:

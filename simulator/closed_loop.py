@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from simulator.config import SimConfig
-from simulator.engine import Engine, EngineResult
-from traces.errors import InputError
-from traces.workload import RequestSpec
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine, EngineResult
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec
 
 
 @dataclass(slots=True, frozen=True)

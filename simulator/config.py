@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.config import CacheConfig, SchedulerConfig
-from scheduler.sglang import SGLangConfig
-from simulator.cost_model.cpu_overhead import CpuOverheadConfig
-from simulator.frontend import FrontendConfig
-from traces.errors import InputError
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.scheduler.sglang import SGLangConfig
+from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from servesim.simulator.frontend import FrontendConfig
+from servesim.traces.errors import InputError
 
 
 @dataclass(slots=True)
@@ -128,7 +128,7 @@ class SimConfig:
         if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
             raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
                              field="spec_decode.acceptance")
-        from simulator.startup import check_startup  # imports the specs (a cycle at module level)
+        from servesim.simulator.startup import check_startup  # imports the specs (a cycle at module level)
 
         check_startup(self)  # what vLLM refuses at start-up, whichever way the config was built
 

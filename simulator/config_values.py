@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 def coerce_field(current: Any, value: Any, where: str, path: str | None = None) -> Any:

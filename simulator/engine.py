@@ -19,20 +19,20 @@ from typing import IO
 
 import simpy
 
-from scheduler import CacheConfig, Request, RequestStatus, SamplingParams
-from scheduler.interface import SchedulerInterface
-from simulator.engines import make_engine_scheduler
-from scheduler.steptrace import finish_record, step_record
-from simulator.config import SimConfig
-from simulator.cost_model import make_cost_model
-from simulator.executor import Executor, SimExecutor
-from simulator.client import Clients
-from simulator.kv_capacity import KvCapacity
-from simulator.liveness import Admission, StallError, diagnose
-from simulator.metrics import MetricsCollector, StepRecord
-from simulator.startup import resolve_cache, resolved
-from simulator.tokens import TokenSource
-from traces.workload import RequestSpec, Workload
+from servesim.scheduler import CacheConfig, Request, RequestStatus, SamplingParams
+from servesim.scheduler.interface import SchedulerInterface
+from servesim.simulator.engines import make_engine_scheduler
+from servesim.scheduler.steptrace import finish_record, step_record
+from servesim.simulator.config import SimConfig
+from servesim.simulator.cost_model import make_cost_model
+from servesim.simulator.executor import Executor, SimExecutor
+from servesim.simulator.client import Clients
+from servesim.simulator.kv_capacity import KvCapacity
+from servesim.simulator.liveness import Admission, StallError, diagnose
+from servesim.simulator.metrics import MetricsCollector, StepRecord
+from servesim.simulator.startup import resolve_cache, resolved
+from servesim.simulator.tokens import TokenSource
+from servesim.traces.workload import RequestSpec, Workload
 
 
 __all__ = ["Engine", "EngineResult", "StallError", "resolve_cache"]
@@ -103,7 +103,7 @@ class Engine:
         self._num_submitted = 0
         self._ff = None
         if cfg.fast_forward:
-            from simulator.fast_forward import FastForward
+            from servesim.simulator.fast_forward import FastForward
 
             self._ff = FastForward(self)
 

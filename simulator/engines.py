@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler import make_scheduler
-from scheduler.registry import Registry
-from traces.errors import field_error
+from servesim.scheduler import make_scheduler
+from servesim.scheduler.registry import Registry
+from servesim.traces.errors import field_error
 
 EngineFactory = Callable[..., object]
 
 
 def _load_optional() -> None:
     try:  # the SGLang-style engine registers itself when its module exists
-        import simulator.sglang_engine  # noqa: F401
+        import servesim.simulator.sglang_engine  # noqa: F401
     except ModuleNotFoundError as e:
-        if e.name != "simulator.sglang_engine":
+        if e.name != "servesim.simulator.sglang_engine":
             raise
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from scheduler.output import ModelRunnerOutput, SchedulerOutput
-from scheduler.worker import BatchTracker, TokenSource
-from simulator.cost_model.base import CostModel, StepShape
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.worker import BatchTracker, TokenSource
+from servesim.simulator.cost_model.base import CostModel, StepShape
 
 
 class Executor(Protocol):

@@ -12,9 +12,9 @@ with plain stepping.
 
 from __future__ import annotations
 
-from scheduler.steptrace import oracle_token
-from simulator.cost_model.base import StepShape
-from simulator.metrics import StepRecord
+from servesim.scheduler.steptrace import oracle_token
+from servesim.simulator.cost_model.base import StepShape
+from servesim.simulator.metrics import StepRecord
 
 
 class FastForward:
@@ -22,8 +22,8 @@ class FastForward:
         self.engine = engine
         sched = engine.scheduler
         cfg = engine.cfg
-        from scheduler.scheduler import Scheduler
-        from simulator.executor import SimExecutor
+        from servesim.scheduler.scheduler import Scheduler
+        from servesim.simulator.executor import SimExecutor
 
         # Exactly the sync vLLM scheduler (not async, not P/D, not another engine): past this
         # check its internals are known, so reading them is no probing.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 @dataclass(slots=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.specs import resolve_gpu, resolve_model
-from simulator.specs.models import kv_bytes_per_token, weight_bytes
-from traces.errors import InputError
+from servesim.simulator.specs import resolve_gpu, resolve_model
+from servesim.simulator.specs.models import kv_bytes_per_token, weight_bytes
+from servesim.traces.errors import InputError
 
 
 @dataclass(slots=True, frozen=True)

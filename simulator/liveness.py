@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler import CacheConfig, SchedulerConfig
-from scheduler.interface import SchedulerInterface
-from traces.errors import InputError
+from servesim.scheduler import CacheConfig, SchedulerConfig
+from servesim.scheduler.interface import SchedulerInterface
+from servesim.traces.errors import InputError
 
 REJECT_REASONS = ("prompt_exceeds_max_model_len", "no_room_to_generate", "exceeds_kv_pool")
 

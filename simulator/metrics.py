@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from simulator.bench_metrics import GoodputSlo, bench_serve_result
+from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result
 
 PERCENTILES = (50, 90, 95, 99)
 

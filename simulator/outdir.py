@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 MARKER = ".servesim"  # inside every result folder: "replay", "cluster" or "sweep"
 TMP_TAG = "servesim-tmp"  # staging folders: .NAME.servesim-tmp.XXXXXXXX beside the result

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import SimConfig, to_dict
-from simulator.engine import EngineResult
-from simulator.metrics import summarize
-from simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
+from servesim.simulator.config import SimConfig, to_dict
+from servesim.simulator.engine import EngineResult
+from servesim.simulator.metrics import summarize
+from servesim.simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
 
 
 def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:

@@ -8,9 +8,9 @@ scheduler.max_num_seqs=...` means the same for both engines.
 
 from __future__ import annotations
 
-from scheduler.config import CacheConfig, SchedulerConfig
-from scheduler.sglang import SGLangConfig, SGLangScheduler
-from simulator.engines import register_engine
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.simulator.engines import register_engine
 
 
 def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConfig,

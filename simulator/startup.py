@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from scheduler.config import CacheConfig
-from scheduler.sglang import SGLangConfig
-from simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
-from simulator.specs import resolve_gpu, resolve_model
-from traces.errors import InputError
+from servesim.scheduler.config import CacheConfig
+from servesim.scheduler.sglang import SGLangConfig
+from servesim.simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
+from servesim.simulator.specs import resolve_gpu, resolve_model
+from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:
-    from simulator.config import SimConfig
+    from servesim.simulator.config import SimConfig
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -21,17 +21,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler import CacheConfig, SchedulerConfig  # noqa: E402
-from scheduler.async_scheduler import AsyncScheduler  # noqa: E402
-from scheduler.scheduler import Scheduler  # noqa: E402
-from scheduler.sglang import SGLangConfig, SGLangScheduler  # noqa: E402
-from simulator.config import LivenessConfig, SimConfig, SpecDecodeConfig  # noqa: E402
-from simulator.engine import Engine  # noqa: E402
-from simulator.liveness import StallError  # noqa: E402
-from simulator.sglang_engine import map_sglang_config  # noqa: E402
-from simulator.startup import resolve_cache, resolved  # noqa: E402
-from traces.errors import InputError  # noqa: E402
-from traces.workload import RequestSpec, Workload  # noqa: E402
+from servesim.scheduler import CacheConfig, SchedulerConfig  # noqa: E402
+from servesim.scheduler.async_scheduler import AsyncScheduler  # noqa: E402
+from servesim.scheduler.scheduler import Scheduler  # noqa: E402
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler  # noqa: E402
+from servesim.simulator.config import LivenessConfig, SimConfig, SpecDecodeConfig  # noqa: E402
+from servesim.simulator.engine import Engine  # noqa: E402
+from servesim.simulator.liveness import StallError  # noqa: E402
+from servesim.simulator.sglang_engine import map_sglang_config  # noqa: E402
+from servesim.simulator.startup import resolve_cache, resolved  # noqa: E402
+from servesim.traces.errors import InputError  # noqa: E402
+from servesim.traces.workload import RequestSpec, Workload  # noqa: E402
 
 LIVELOCK = "preemptions since the last progress"
 

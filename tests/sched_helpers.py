@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 
-from scheduler import (
+from servesim.scheduler import (
     CacheConfig, ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig,
     make_block_hasher, make_scheduler,
 )

@@ -14,7 +14,7 @@ import pytest
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton not installed", allow_module_level=True)
 
-from gpu_runner import aot  # noqa: E402  (imports torch only; triton is imported in the subprocess)
+from servesim.gpu_runner import aot  # noqa: E402  (imports torch only; triton is imported in the subprocess)
 
 
 @pytest.mark.slow

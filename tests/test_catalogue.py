@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from servesim.cli import _register, app
-from simulator.outdir import MARKER
-from traces.bundled import DEFAULT_TRACE, bundled_trace_path
-from traces.errors import InputError
+from servesim.simulator.outdir import MARKER
+from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path
+from servesim.traces.errors import InputError
 
 _register()
 
@@ -210,7 +210,7 @@ def test_help_version_and_switch_spelling():
 
 def _api_replay_foreign(work: Path):
     from servesim.api import load_trace, run
-    from simulator.config import SimConfig
+    from servesim.simulator.config import SimConfig
 
     (work / "mine").mkdir()
     (work / "mine" / "x.txt").write_text("x")
@@ -227,9 +227,9 @@ def _api_sweep_foreign(work: Path):
 
 def _api_cases():
     from servesim.api import load_trace, replay, run_scenario
-    from simulator.cluster.routers import make_router
-    from simulator.cost_model import make_cost_model
-    from traces.formats import load_workload
+    from servesim.simulator.cluster.routers import make_router
+    from servesim.simulator.cost_model import make_cost_model
+    from servesim.traces.formats import load_workload
 
     return [
         ("api-model-typo", lambda w: replay(model="llama-3.1-8c"), "did you mean 'llama-3.1-8b'?"),
@@ -264,8 +264,8 @@ def test_bad_api_input(case, tmp_path, monkeypatch):
 def test_validate_refuses_a_workload_that_does_not_match(tmp_path, monkeypatch):
     """A servesim result replayed as the "measured" run, validated against another workload."""
     from servesim.api import load_trace, run
-    from simulator.config import SimConfig
-    from traces.canonical import save_workload
+    from servesim.simulator.config import SimConfig
+    from servesim.traces.canonical import save_workload
 
     monkeypatch.chdir(tmp_path)
     wl = load_trace(None, max_requests=6)

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.cluster import ClusterConfig, cluster_config_from_dict, cluster_config_to_dict
-from simulator.cluster.plan import mark_frontier, plan_config_from_dict, search
-from traces.bundled import load_bundled
-from traces.errors import InputError
-from traces.transforms import rate_scale, request_limit
+from servesim.simulator.cluster import ClusterConfig, cluster_config_from_dict, cluster_config_to_dict
+from servesim.simulator.cluster.plan import mark_frontier, plan_config_from_dict, search
+from servesim.traces.bundled import load_bundled
+from servesim.traces.errors import InputError
+from servesim.traces.transforms import rate_scale, request_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_bad_cluster_configs_name_the_field(data, field, text):
 
 
 def test_unknown_router_fails_when_the_cluster_is_built():
-    from simulator.cluster import Cluster
+    from servesim.simulator.cluster import Cluster
 
     cfg = ClusterConfig.from_dict({"replicas": [{}], "router": "nearest"})
     with pytest.raises(InputError, match="round_robin"):

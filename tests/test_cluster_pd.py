@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import simpy
 
-from scheduler.request import RequestStatus
-from simulator.cluster import (
+from servesim.scheduler.request import RequestStatus
+from servesim.simulator.cluster import (
     Cluster, ClusterConfig, KVLink, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, sim_config_from_dict,
 )
-from simulator.specs import kv_bytes_per_token, resolve_model
-from traces.bundled import load_bundled
-from traces.transforms import rate_scale, request_limit
-from traces.workload import RequestSpec, Workload
+from servesim.simulator.specs import kv_bytes_per_token, resolve_model
+from servesim.traces.bundled import load_bundled
+from servesim.traces.transforms import rate_scale, request_limit
+from servesim.traces.workload import RequestSpec, Workload
 
 PARTS = ["prefill_queue_s", "prefill_s", "transfer_s", "first_decode_s"]
 
@@ -168,8 +168,8 @@ def test_decode_scheduler_without_a_connector_matches_the_plain_scheduler(sets):
     """A decode-side scheduler with no connector behaves exactly like the plain scheduler."""
     import pandas as pd
 
-    from simulator.cluster.pd import DecodeSchedulerMixin, _pd_scheduler
-    from simulator.engine import Engine
+    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, _pd_scheduler
+    from servesim.simulator.engine import Engine
 
     class Patched(Engine):
         def __init__(self, cfg, wl):

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from servesim.commands.cluster import load_cluster_yaml
-from simulator.cluster import cluster_config_from_dict, run_cluster
-from traces.bundled import load_bundled
-from traces.transforms import request_limit
+from servesim.simulator.cluster import cluster_config_from_dict, run_cluster
+from servesim.traces.bundled import load_bundled
+from servesim.traces.transforms import request_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted((ROOT / "scenarios" / "cluster").glob("*.yaml"))

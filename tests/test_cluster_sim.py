@@ -7,16 +7,16 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from simulator.cluster import (
+from servesim.simulator.cluster import (
     Cluster, ClusterConfig, ReplicaGroup, RouterConfig, available_routers, make_router, run_cluster,
     sim_config_from_dict,
 )
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from traces.bundled import available_bundled_traces, load_bundled
-from traces.errors import InputError
-from traces.transforms import rate_scale, request_limit
-from traces.workload import RequestSpec, Workload
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.traces.bundled import available_bundled_traces, load_bundled
+from servesim.traces.errors import InputError
+from servesim.traces.transforms import rate_scale, request_limit
+from servesim.traces.workload import RequestSpec, Workload
 
 ROUTING_COLUMNS = ["replica", "route_time_s", "route_reason", "route_score"]
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from simulator.cost_model import make_cost_model, prefill_shape
-from simulator.cost_model.collectives import Collectives, custom_allreduce_max_bytes
-from simulator.specs import resolve_gpu
+from servesim.simulator.cost_model import make_cost_model, prefill_shape
+from servesim.simulator.cost_model.collectives import Collectives, custom_allreduce_max_bytes
+from servesim.simulator.specs import resolve_gpu
 
 MIB = 2**20
 
@@ -81,7 +81,7 @@ NCCL_TESTS_OUT = """# nThread 1 nGpus 2 minBytes 1024 maxBytes 4194304 step: 2(f
 
 
 def test_nccl_tests_output_is_an_allreduce_profile(tmp_path):
-    from simulator.cost_model import import_profile
+    from servesim.simulator.cost_model import import_profile
 
     path = tmp_path / "all_reduce.txt"
     path.write_text(NCCL_TESTS_OUT)

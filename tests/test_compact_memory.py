@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from array import array
 
-from scheduler.hashing import make_block_hasher
-from scheduler.request import Request, SamplingParams
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from simulator.metrics import summarize
-from traces.bundled import load_bundled
-from traces.workload import RequestSpec
+from servesim.scheduler.hashing import make_block_hasher
+from servesim.scheduler.request import Request, SamplingParams
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.metrics import summarize
+from servesim.traces.bundled import load_bundled
+from servesim.traces.workload import RequestSpec
 
 
 def _pair(ids):
@@ -67,7 +67,7 @@ def test_result_frames_are_built_once_and_equal_a_fresh_build():
 
 
 def test_block_hashes_equal_hashes_of_plain_int_lists():
-    from scheduler.hashing import extra_keys_bytes, get_hash_fn, hash_block_tokens
+    from servesim.scheduler.hashing import extra_keys_bytes, get_hash_fn, hash_block_tokens
 
     ids = [5, 2**31 - 1, 0, 17, 9, 9, 9, 9, 1, 2]
     r = Request("a", ids, SamplingParams(max_tokens=20, ignore_eos=True), lora_id=3, cache_salt="s",

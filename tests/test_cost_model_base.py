@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cost_model import (
+from servesim.simulator.cost_model import (
     CostModel,
     CpuOverheadConfig,
     StepShape,
@@ -16,8 +16,8 @@ from simulator.cost_model import (
     make_cost_model,
     register_cost_model,
 )
-from simulator.cost_model.base import batch_sums
-from traces.errors import InputError
+from servesim.simulator.cost_model.base import batch_sums
+from servesim.traces.errors import InputError
 
 
 def test_registry_lists_builtin_models():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cost_model.interp import Curve, NestedGrid, mape
+from servesim.simulator.cost_model.interp import Curve, NestedGrid, mape
 
 
 def test_curve_interpolates_clamps_and_extrapolates():

@@ -10,13 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulator.cost_model import StepShape, decode_shape, make_cost_model, prefill_shape
-from simulator.cost_model.fit import fit, fit_main, format_fit_report, load_profiles
-from simulator.cost_model.fitted import FittedCostModel
-from simulator.cost_model.importers import available_importers, detect_source, import_profile
-from simulator.cost_model.profile_schema import make_profile, read_profile, validate_profile, \
+from servesim.simulator.cost_model import StepShape, decode_shape, make_cost_model, prefill_shape
+from servesim.simulator.cost_model.fit import fit, fit_main, format_fit_report, load_profiles
+from servesim.simulator.cost_model.fitted import FittedCostModel
+from servesim.simulator.cost_model.importers import available_importers, detect_source, import_profile
+from servesim.simulator.cost_model.profile_schema import make_profile, read_profile, validate_profile, \
     write_profile
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpu_profiles"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (shared data) is absent")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.cost_model import CpuOverheadConfig, StepShape, cpu_overhead_s, decode_shape, \
+from servesim.simulator.cost_model import CpuOverheadConfig, StepShape, cpu_overhead_s, decode_shape, \
     make_cost_model, prefill_shape
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"

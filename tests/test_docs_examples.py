@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.registry import Registry
+from servesim.scheduler.registry import Registry
 
 
 @pytest.fixture
 def restore_registries():
     """Snapshot every Registry's entries (and the run-format dict) and restore them afterwards."""
-    from simulator.validation import runs
+    from servesim.simulator.validation import runs
 
     regs = []
 
@@ -31,11 +31,11 @@ def restore_registries():
 
 
 def test_cost_model_example(restore_registries):
-    from simulator.cost_model.base import COST_MODELS
+    from servesim.simulator.cost_model.base import COST_MODELS
     restore_registries(COST_MODELS)
     # --- doc example: cost model
-    from simulator.cost_model import make_cost_model, register_cost_model
-    from simulator.cost_model.base import StepShape
+    from servesim.simulator.cost_model import make_cost_model, register_cost_model
+    from servesim.simulator.cost_model.base import StepShape
 
     @register_cost_model("per_token")
     class PerTokenCost:
@@ -55,13 +55,13 @@ def test_cost_model_example(restore_registries):
 
 
 def test_trace_format_example(restore_registries, tmp_path):
-    from traces.registry import FORMATS
+    from servesim.traces.registry import FORMATS
     restore_registries(FORMATS)
     # --- doc example: trace format
     import json
 
-    from traces.registry import register_format
-    from traces.workload import RequestSpec, Workload
+    from servesim.traces.registry import register_format
+    from servesim.traces.workload import RequestSpec, Workload
 
     @register_format("tiny_jsonl", signatures=(("t", "in", "out"),), encodings=("jsonl",))
     def load_tiny(path, **options) -> Workload:
@@ -72,7 +72,7 @@ def test_trace_format_example(restore_registries, tmp_path):
                  for i, r in enumerate(rows)]
         return Workload.from_unsorted(specs, name=path.stem, source=f"tiny_jsonl: {path}")
     # --- end
-    from traces import load_workload
+    from servesim.traces import load_workload
 
     f = tmp_path / "t.jsonl"
     f.write_text('{"t": 0.5, "in": 10, "out": 3}\n{"t": 0.0, "in": 7, "out": 2}\n')
@@ -81,10 +81,10 @@ def test_trace_format_example(restore_registries, tmp_path):
 
 
 def test_router_example(restore_registries):
-    from simulator.cluster.routers import ROUTERS
+    from servesim.simulator.cluster.routers import ROUTERS
     restore_registries(ROUTERS)
     # --- doc example: router
-    from simulator.cluster.routers import Decision, Router, register_router
+    from servesim.simulator.cluster.routers import Decision, Router, register_router
 
     @register_router("shortest_queue_last")
     class ShortestQueueLast(Router):
@@ -98,7 +98,7 @@ def test_router_example(restore_registries):
             best = min(range(len(loads)), key=lambda i: (loads[i], -i))
             return Decision(candidate=best, reason="shortest_queue_last", score=loads[best])
     # --- end
-    from simulator.cluster.routers import make_router
+    from servesim.simulator.cluster.routers import make_router
 
     from types import SimpleNamespace as NS
 
@@ -107,11 +107,11 @@ def test_router_example(restore_registries):
 
 
 def test_engine_example(restore_registries):
-    from simulator.engines import ENGINES
+    from servesim.simulator.engines import ENGINES
     restore_registries(ENGINES)
     # --- doc example: engine
-    from scheduler.async_scheduler import make_scheduler
-    from simulator.engines import register_engine
+    from servesim.scheduler.async_scheduler import make_scheduler
+    from servesim.simulator.engines import register_engine
 
     @register_engine("vllm_small_budget")
     def _small_budget(scheduler_config, cache_config, sim_config=None):
@@ -121,9 +121,9 @@ def test_engine_example(restore_registries):
         return make_scheduler(dataclasses.replace(scheduler_config, max_num_batched_tokens=half),
                               cache_config)
     # --- end
-    from scheduler.config import CacheConfig, SchedulerConfig
-    from scheduler.interface import SchedulerInterface
-    from simulator.engines import make_engine_scheduler
+    from servesim.scheduler.config import CacheConfig, SchedulerConfig
+    from servesim.scheduler.interface import SchedulerInterface
+    from servesim.simulator.engines import make_engine_scheduler
 
     sc = SchedulerConfig()
     s = make_engine_scheduler("vllm_small_budget", sc, CacheConfig())
@@ -152,12 +152,12 @@ def test_backend_example(restore_registries, tmp_path):
 
 
 def test_generator_example(restore_registries):
-    from traces.synthetic import GENERATORS
+    from servesim.traces.synthetic import GENERATORS
     restore_registries(GENERATORS)
     # --- doc example: synthetic generator
     import dataclasses
 
-    from traces.synthetic import SyntheticConfig, register_generator
+    from servesim.traces.synthetic import SyntheticConfig, register_generator
 
     @register_generator("short_prompts", "every prompt capped at 256 tokens")
     def _short(config: SyntheticConfig) -> SyntheticConfig:
@@ -170,12 +170,12 @@ def test_generator_example(restore_registries):
 
 
 def test_importer_example(restore_registries, tmp_path):
-    from simulator.cost_model.importers import IMPORTERS
+    from servesim.simulator.cost_model.importers import IMPORTERS
     restore_registries(IMPORTERS)
     # --- doc example: profile importer
     import pandas as pd
 
-    from simulator.cost_model.importers import register_importer
+    from servesim.simulator.cost_model.importers import register_importer
 
     @register_importer("mylab", lambda p: p.name.endswith(".mylab.csv"))
     def import_mylab(path) -> pd.DataFrame:
@@ -183,7 +183,7 @@ def test_importer_example(restore_registries, tmp_path):
         raw = pd.read_csv(path)
         return pd.DataFrame({"op": raw["op"], "num_tokens": raw["tokens"], "latency_s": raw["us"] * 1e-6})
     # --- end
-    from simulator.cost_model.importers import detect_source
+    from servesim.simulator.cost_model.importers import detect_source
 
     f = tmp_path / "x.mylab.csv"
     f.write_text("op,tokens,us\nmlp,128,50\n")
@@ -194,7 +194,7 @@ def test_importer_example(restore_registries, tmp_path):
 
 def test_run_format_example(restore_registries, tmp_path):
     # --- doc example: measured-run format
-    from simulator.validation import register_run_format
+    from servesim.simulator.validation import register_run_format
 
     @register_run_format("doc_mylab_run", lambda p: (p / "mylab_run.json").is_file())
     def load_mylab_run(path):
@@ -202,7 +202,7 @@ def test_run_format_example(restore_registries, tmp_path):
         ...  # see simulator/validation/runs.py::_load_servesim for a complete loader
         return ("loaded", path.name)
     # --- end
-    from simulator.validation.runs import detect_run_format, load_run
+    from servesim.simulator.validation.runs import detect_run_format, load_run
 
     (tmp_path / "mylab_run.json").write_text("{}")
     assert detect_run_format(tmp_path) == "doc_mylab_run"

@@ -2,14 +2,14 @@
 
 import pytest
 
-from simulator.cluster import run_cluster
-from simulator.cluster.dp import dp_cluster_config
-from simulator.config import CostModelConfig, HardwareConfig, SimConfig
-from simulator.cost_model import decode_shape, make_cost_model
-from simulator.validation.runs import _settings_from_kwargs
-from traces.bundled import load_bundled
-from traces.errors import InputError
-from traces.transforms import rate_scale, request_limit
+from servesim.simulator.cluster import run_cluster
+from servesim.simulator.cluster.dp import dp_cluster_config
+from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
+from servesim.simulator.cost_model import decode_shape, make_cost_model
+from servesim.simulator.validation.runs import _settings_from_kwargs
+from servesim.traces.bundled import load_bundled
+from servesim.traces.errors import InputError
+from servesim.traces.transforms import rate_scale, request_limit
 
 
 def test_dp_ranks_share_expert_work_and_pay_the_all_to_all():

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from simulator.bench_metrics import GoodputSlo, bench_serve_result, inference_perf_stages
-from simulator.frontend import FrontendConfig
+from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result, inference_perf_stages
+from servesim.simulator.frontend import FrontendConfig
 from servesim.frontend_probe import ProbeLimits, probe_frontend
 from frontend_stub import StubCosts, StubServer
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 @pytest.mark.parametrize("field", ["http_s", "chunk_s", "tokenize_s_per_token"])

@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.slow  # loads real SmolLM2 weights
 
-from gpu_runner import gguf_loader, ops  # noqa: E402
-from gpu_runner.model import LlamaModel  # noqa: E402
-from gpu_runner.ops.testing import simple_metadata  # noqa: E402
-from gpu_runner.weights import PRESETS  # noqa: E402
+from servesim.gpu_runner import gguf_loader, ops  # noqa: E402
+from servesim.gpu_runner.model import LlamaModel  # noqa: E402
+from servesim.gpu_runner.ops.testing import simple_metadata  # noqa: E402
+from servesim.gpu_runner.weights import PRESETS  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 if HAS_TRITON:

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from gpu_runner.calibrate import CalibrationGrid, calibrate
-from gpu_runner.model import LlamaModel
-from gpu_runner.weights import preset
-from simulator.cost_model.profile_schema import make_profile, validate_profile
+from servesim.gpu_runner.calibrate import CalibrationGrid, calibrate
+from servesim.gpu_runner.model import LlamaModel
+from servesim.gpu_runner.weights import preset
+from servesim.simulator.cost_model.profile_schema import make_profile, validate_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 

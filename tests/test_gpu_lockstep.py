@@ -11,10 +11,10 @@ import torch
 import numpy as np
 
 from servesim.api import run
-from traces.synthetic import make_workload
+from servesim.traces.synthetic import make_workload
 from servesim.overrides import apply_overrides
-from simulator.config import SimConfig
-from traces.errors import InputError
+from servesim.simulator.config import SimConfig
+from servesim.traces.errors import InputError
 
 
 def small_workload(n: int):

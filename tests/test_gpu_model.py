@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from gpu_runner.model import LlamaModel, rope_inv_freq
-from gpu_runner.ops.testing import simple_metadata
-from gpu_runner.weights import PRESETS, preset
+from servesim.gpu_runner.model import LlamaModel, rope_inv_freq
+from servesim.gpu_runner.ops.testing import simple_metadata
+from servesim.gpu_runner.weights import PRESETS, preset
 
 BS = 4  # cache block size
 
@@ -102,7 +102,7 @@ def test_llama3_rope_scaling():
 
 @pytest.mark.slow
 def test_torch_backend_does_not_import_triton():
-    code = ("import sys, torch; from gpu_runner.model import LlamaModel; from gpu_runner.weights import preset; "
-            "LlamaModel.random(preset('tiny-llama')); import gpu_runner.gguf_loader; "
+    code = ("import sys, torch; from servesim.gpu_runner.model import LlamaModel; from servesim.gpu_runner.weights import preset; "
+            "LlamaModel.random(preset('tiny-llama')); import servesim.gpu_runner.gguf_loader; "
             "sys.exit(1 if 'triton' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

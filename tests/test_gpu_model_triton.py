@@ -11,15 +11,15 @@ import importlib.util
 import pytest
 import torch
 
-from gpu_runner import ops
+from servesim.gpu_runner import ops
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton not installed", allow_module_level=True)
 ops.use_triton_interpreter()  # before anything imports triton
 
-from gpu_runner.model import LlamaModel  # noqa: E402
-from gpu_runner.ops.testing import simple_metadata  # noqa: E402
-from gpu_runner.weights import preset  # noqa: E402
+from servesim.gpu_runner.model import LlamaModel  # noqa: E402
+from servesim.gpu_runner.ops.testing import simple_metadata  # noqa: E402
+from servesim.gpu_runner.weights import preset  # noqa: E402
 
 BS = 16
 

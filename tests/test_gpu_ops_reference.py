@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_runner import ops
-from gpu_runner.ops.testing import make_paged_batch, naive_attention
+from servesim.gpu_runner import ops
+from servesim.gpu_runner.ops.testing import make_paged_batch, naive_attention
 
 
 def _run_reference(batch, scale: float) -> torch.Tensor:

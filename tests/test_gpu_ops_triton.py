@@ -17,13 +17,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_runner import ops
+from servesim.gpu_runner import ops
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton not installed", allow_module_level=True)
 ops.use_triton_interpreter()  # before anything imports triton
 
-from gpu_runner.ops.testing import make_paged_batch  # noqa: E402
+from servesim.gpu_runner.ops.testing import make_paged_batch  # noqa: E402
 
 # Interpreter tolerances vs the fp32 reference: fp32 and bf16 run fp32 dots
 # (bf16 is upcast under the interpreter), so the difference is the final
@@ -80,7 +80,7 @@ def test_unified_attention_matches_reference(dtype, group, kv_heads, head_dim, b
 
 @pytest.mark.slow
 def test_triton_on_cpu_without_interpreter_is_rejected():
-    code = ("import torch; from gpu_runner import ops\n"
+    code = ("import torch; from servesim.gpu_runner import ops\n"
             "z = torch.zeros(1, 1, 1, 16); c = torch.zeros(2, 4, 1, 16)\n"
             "try:\n    ops.reshape_and_cache(z, z, c, c, torch.zeros(1, dtype=torch.long), backend='triton')\n"
             "except RuntimeError as e:\n    print(e)\n")

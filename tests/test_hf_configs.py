@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from simulator.cost_model import decode_shape, make_cost_model, prefill_shape
-from simulator.kv_capacity import derive_num_gpu_blocks
-from simulator.specs import (
+from servesim.simulator.cost_model import decode_shape, make_cost_model, prefill_shape
+from servesim.simulator.kv_capacity import derive_num_gpu_blocks
+from servesim.simulator.specs import (
     available_models,
     kv_bytes_per_token,
     model_from_hf_config,

@@ -7,16 +7,16 @@ import math
 
 import pytest
 
-from scheduler import CacheConfig, ModelRunnerOutput, Request, SamplingParams, SchedulerConfig, make_scheduler
-from scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.scheduler import CacheConfig, ModelRunnerOutput, Request, SamplingParams, SchedulerConfig, make_scheduler
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.api import run
 from servesim.overrides import apply_overrides
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from simulator.liveness import Admission, StallError
-from simulator.metrics import rejection_warning
-from traces.errors import InputError
-from traces.workload import RequestSpec, Workload
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.liveness import Admission, StallError
+from servesim.simulator.metrics import rejection_warning
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec, Workload
 
 SMALL = {"scheduler.max_model_len": 64, "scheduler.max_num_batched_tokens": 16, "scheduler.max_num_seqs": 4}
 
@@ -238,7 +238,7 @@ def test_python_api_validates_like_the_cli():
 
 
 def test_default_max_model_len_comes_from_the_model():
-    from simulator.startup import resolve_max_model_len
+    from servesim.simulator.startup import resolve_max_model_len
 
     assert SimConfig().scheduler.max_model_len is None
     assert resolve_max_model_len(SimConfig()) == 131072  # llama-3.1-8b's max_position_embeddings
@@ -255,7 +255,7 @@ LIVELOCK = {"scheduler.policy": "priority", "cache.num_gpu_blocks": 23, "cache.b
 
 
 def test_cluster_replica_watchdog_names_the_replica_and_requests():
-    from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
+    from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
 
     cfg = ClusterConfig(replicas=[ReplicaGroup(count=2, sim=apply_overrides(SimConfig(), LIVELOCK))],
                         router=RouterConfig("round_robin", {}))
@@ -266,7 +266,7 @@ def test_cluster_replica_watchdog_names_the_replica_and_requests():
 
 
 def test_cluster_counts_rejections():
-    from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
+    from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
 
     cfg = ClusterConfig(replicas=[ReplicaGroup(count=2, sim=apply_overrides(SimConfig(), SMALL))],
                         router=RouterConfig("round_robin", {}))

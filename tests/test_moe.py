@@ -2,10 +2,10 @@
 
 import pytest
 
-from simulator.cost_model import decode_shape, make_cost_model, prefill_shape
-from simulator.cost_model.moe_tables import moe_curve
-from simulator.specs import resolve_gpu, resolve_model
-from traces.errors import InputError
+from servesim.simulator.cost_model import decode_shape, make_cost_model, prefill_shape
+from servesim.simulator.cost_model.moe_tables import moe_curve
+from servesim.simulator.specs import resolve_gpu, resolve_model
+from servesim.traces.errors import InputError
 
 SCOUT = "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from servesim.scenario import store
-from simulator.outdir import MARKER, check_output, claim_output, clean_stale, locked, result_kind
-from traces.errors import InputError
+from servesim.simulator.outdir import MARKER, check_output, claim_output, clean_stale, locked, result_kind
+from servesim.traces.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -70,7 +70,7 @@ def test_lock_refuses_a_second_holder_and_leaves_nothing(tmp_path):
 def test_lock_holds_across_processes(tmp_path):
     out = tmp_path / "out"
     code = ("import sys, time; sys.path.insert(0, %r)\n"
-            "from simulator.outdir import locked\n"
+            "from servesim.simulator.outdir import locked\n"
             "with locked(%r):\n    print('held', flush=True); time.sleep(30)\n") % (str(ROOT), str(out))
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -108,7 +108,7 @@ def test_result_folders_respect_the_umask(tmp_path):
 
 def _tiny_replay(out: Path):
     from servesim.api import load_trace, run
-    from simulator.config import SimConfig
+    from servesim.simulator.config import SimConfig
 
     return run(SimConfig(), load_trace(None, max_requests=5), out_dir=out)
 
@@ -125,7 +125,7 @@ def test_api_refuses_foreign_folder_and_replaces_only_with_overwrite(tmp_path):
     with pytest.raises(InputError, match="earlier servesim result"):
         _tiny_replay(tmp_path / "r")
     from servesim.api import load_trace, run
-    from simulator.config import SimConfig
+    from servesim.simulator.config import SimConfig
 
     run(SimConfig(), load_trace(None, max_requests=3), out_dir=tmp_path / "r", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign", "r"]
@@ -299,13 +299,13 @@ def test_cpu_device_fits_the_documented_budget():
     import dataclasses
 
     from servesim.gpu import CPU_KV_BUDGET_GIB, fit_cpu_kv_pool
-    from simulator.config import SimConfig
+    from servesim.simulator.config import SimConfig
 
     cfg = SimConfig()
     cfg.hardware = dataclasses.replace(cfg.hardware, model="tiny-llama")
     fitted, note = fit_cpu_kv_pool(cfg, "cpu")
     assert not fitted.derive_num_gpu_blocks and fitted.cache.num_gpu_blocks >= 1 and "CPU budget" in note
-    from gpu_runner.weights import preset
+    from servesim.gpu_runner.weights import preset
 
     m = preset("tiny-llama")
     gib = 2 * m.num_layers * fitted.cache.block_size * m.num_kv_heads * m.head_dim * 4 \

@@ -15,8 +15,8 @@ import servesim.plots as plots
 from servesim.api import load_trace, plot_results, run, run_scenario
 from servesim.cli import app
 from servesim.plots.run import hit_rate_over_time
-from simulator.config import SimConfig
-from traces.errors import InputError
+from servesim.simulator.config import SimConfig
+from servesim.traces.errors import InputError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

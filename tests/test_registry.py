@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.registry import Registry, UnknownNameError, did_you_mean
-from traces.errors import InputError, field_error
+from servesim.scheduler.registry import Registry, UnknownNameError, did_you_mean
+from servesim.traces.errors import InputError, field_error
 
 
 def test_register_get_names_and_duplicates():
@@ -42,14 +42,14 @@ def test_error_factory_and_lazy_loader():
 
 
 @pytest.mark.parametrize("lookup, name, guess", [
-    ("simulator.cost_model:make_cost_model", "roofine", "roofline"),
-    ("simulator.engines:make_engine_scheduler", "sglng", "sglang"),
-    ("simulator.specs:resolve_gpu", "h10O", "h100"),
-    ("simulator.specs:resolve_model", "llama-3.1-8c", "llama-3.1-8b"),
-    ("traces.registry:get_format", "mooncak", "mooncake"),
-    ("simulator.cluster.routers:make_router", "round_robn", "round_robin"),
+    ("servesim.simulator.cost_model:make_cost_model", "roofine", "roofline"),
+    ("servesim.simulator.engines:make_engine_scheduler", "sglng", "sglang"),
+    ("servesim.simulator.specs:resolve_gpu", "h10O", "h100"),
+    ("servesim.simulator.specs:resolve_model", "llama-3.1-8c", "llama-3.1-8b"),
+    ("servesim.traces.registry:get_format", "mooncak", "mooncake"),
+    ("servesim.simulator.cluster.routers:make_router", "round_robn", "round_robin"),
     ("servesim.scenario.backends:get_backend", "rey", "ray"),
-    ("scheduler.policies:SCHEDULING_POLICIES", "priorty", "priority"),
+    ("servesim.scheduler.policies:SCHEDULING_POLICIES", "priorty", "priority"),
 ])
 def test_every_registry_suggests(lookup, name, guess):
     import importlib

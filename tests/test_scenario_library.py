@@ -12,7 +12,7 @@ import servesim.commands.plot  # noqa: F401  (registers `plot` on the app)
 import servesim.commands.run  # noqa: F401  (registers `run` on the app)
 from servesim.cli import app
 from servesim.scenario.workload import SMOKE_MAX_REQUESTS
-from simulator.engines import available_engines
+from servesim.simulator.engines import available_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -14,8 +14,8 @@ import pytest
 
 from servesim.scenario import load_scenario, load_sweep, run_scenario, store
 from servesim.scenario.table import WALL_COLUMNS
-from simulator.cost_model import register_cost_model
-from traces.errors import InputError
+from servesim.simulator.cost_model import register_cost_model
+from servesim.traces.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import pytest
 
 from servesim.scenario import load_scenario
 from servesim.scenario.schema import SchemaError
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 GEN = "workload: {generator: poisson, num_requests: 8}\n"
 

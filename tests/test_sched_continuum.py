@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler import RequestStatus
+from servesim.scheduler import RequestStatus
 from sched_helpers import make_sched, req, step
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.steptrace import StepTraceConfig, run_step_trace
+from servesim.scheduler.steptrace import StepTraceConfig, run_step_trace
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "trace.jsonl.gz").exists())
@@ -100,7 +100,7 @@ def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
 ])
 def test_oracle_workload_extension_fields_are_validated(extra, field, tmp_path):
     from servesim.oracle_io import read_oracle_workload
-    from traces.errors import InputError
+    from servesim.traces.errors import InputError
 
     p = tmp_path / "w.jsonl"
     p.write_text(json.dumps(dict({"req_id": "a", "prompt_token_ids": [1, 2], "max_tokens": 3, "arrival_step": 0},

@@ -8,14 +8,14 @@ import inspect
 
 import pytest
 
-from scheduler import AsyncScheduler, Request, SamplingParams, Scheduler
-from scheduler.interface import KVCacheUsage, SchedulerCapabilities, SchedulerInterface
-from scheduler.sglang import SGLangConfig, SGLangScheduler
-from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
-from simulator.cluster.config import sim_config_from_dict
+from servesim.scheduler import AsyncScheduler, Request, SamplingParams, Scheduler
+from servesim.scheduler.interface import KVCacheUsage, SchedulerCapabilities, SchedulerInterface
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
+from servesim.simulator.cluster.config import sim_config_from_dict
 from sched_helpers import make_sched, output_for, req
-from traces.bundled import load_bundled
-from traces.workload import RequestSpec, Workload
+from servesim.traces.bundled import load_bundled
+from servesim.traces.workload import RequestSpec, Workload
 
 SGL = dict(max_running_requests=16, chunked_prefill_size=64, enable_chunked_prefill=True, page_size=4,
            max_total_tokens=400, enable_radix_cache=True, overlap_schedule=False, seed=0)
@@ -30,9 +30,9 @@ def sglang(**kw) -> SGLangScheduler:
 
 
 def pd_schedulers() -> list:
-    from simulator.cluster.pd import DecodeSchedulerMixin, PrefillSchedulerMixin, _pd_scheduler
-    from simulator.config import SimConfig
-    from simulator.startup import resolve_cache
+    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, PrefillSchedulerMixin, _pd_scheduler
+    from servesim.simulator.config import SimConfig
+    from servesim.simulator.startup import resolve_cache
 
     cfg = SimConfig()
     return [_pd_scheduler(m, cfg, resolve_cache(cfg)[0]) for m in (DecodeSchedulerMixin, PrefillSchedulerMixin)]

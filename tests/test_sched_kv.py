@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from scheduler import CacheConfig, KVCacheManager, Request, SamplingParams, make_block_hasher
-from scheduler.kv.block import FreeKVCacheBlockQueue, KVCacheBlock
-from scheduler.kv.block_pool import BlockPool
-from scheduler.kv.events import BlockRemoved, BlockStored
+from servesim.scheduler import CacheConfig, KVCacheManager, Request, SamplingParams, make_block_hasher
+from servesim.scheduler.kv.block import FreeKVCacheBlockQueue, KVCacheBlock
+from servesim.scheduler.kv.block_pool import BlockPool
+from servesim.scheduler.kv.events import BlockRemoved, BlockStored
 
 
 def mk(rid, tokens, bs=4, **kw):

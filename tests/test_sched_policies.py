@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from sched_helpers import make_sched, req, step
-from scheduler import SchedulerConfig
-from scheduler.policies import SCHEDULING_POLICIES
-from scheduler.policies.fcfs import FCFSPolicy
-from scheduler.queues import RequestQueue
+from servesim.scheduler import SchedulerConfig
+from servesim.scheduler.policies import SCHEDULING_POLICIES
+from servesim.scheduler.policies.fcfs import FCFSPolicy
+from servesim.scheduler.queues import RequestQueue
 
 
 # --- the worked example of docs/ARCHITECTURE.md ("add a queue policy") -------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import ModelRunnerOutput, RequestStatus
+from servesim.scheduler import ModelRunnerOutput, RequestStatus
 from sched_helpers import make_sched, req, step
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import ModelRunnerOutput, RequestStatus, SchedulerConfig
-from scheduler.output import KVConnectorOutput
-from scheduler.pyset import set_order
+from servesim.scheduler import ModelRunnerOutput, RequestStatus, SchedulerConfig
+from servesim.scheduler.output import KVConnectorOutput
+from servesim.scheduler.pyset import set_order
 from sched_helpers import make_sched, req, step
 
 
@@ -115,7 +115,7 @@ def test_set_order_is_cpython_order_under_hash_seed_zero():
     import subprocess
     import sys
 
-    code = ("import random, sys; sys.path.insert(0, sys.argv[1]); from scheduler.pyset import set_order\n"
+    code = ("import random, sys; sys.path.insert(0, sys.argv[1]); from servesim.scheduler.pyset import set_order\n"
             "rng = random.Random(5)\n"
             "for n in (1, 2, 5, 6, 19, 40, 200):\n"
             "    ids = [f'r{rng.randrange(999):05d}' for _ in range(n)] + ['', 'é', '日本']\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler import ModelRunnerOutput, RequestStatus
+from servesim.scheduler import ModelRunnerOutput, RequestStatus
 from test_sglang_scheduler import make_sched, req, step
 
 

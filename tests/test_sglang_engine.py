@@ -7,14 +7,14 @@ from functools import lru_cache
 
 import pytest
 
-from scheduler import CacheConfig, SchedulerConfig
-from scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.scheduler import CacheConfig, SchedulerConfig
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.api import load_trace
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from simulator.engines import available_engines, make_engine_scheduler
-from simulator.sglang_engine import map_sglang_config
-from traces.errors import InputError
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.engines import available_engines, make_engine_scheduler
+from servesim.simulator.sglang_engine import map_sglang_config
+from servesim.traces.errors import InputError
 
 
 if "sglang" in {f.name for f in dataclasses.fields(SimConfig)}:

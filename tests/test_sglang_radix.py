@@ -7,8 +7,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scheduler.sglang.invariants import check_tree
-from scheduler.sglang.radix_cache import RadixCache, TokenToKVPool
+from servesim.scheduler.sglang.invariants import check_tree
+from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool
 
 
 def _cache(num_pages: int = 64, page_size: int = 1) -> tuple[RadixCache, TokenToKVPool]:

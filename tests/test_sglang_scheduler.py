@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from scheduler import ModelRunnerOutput, Request, SamplingParams
-from scheduler.sglang import SGLangConfig, SGLangScheduler
-from scheduler.sglang.policy import QueueContext, calc_priority
-from scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder, RoundInput
+from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.scheduler.sglang.policy import QueueContext, calc_priority
+from servesim.scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder, RoundInput
 
 BASE = dict(max_running_requests=16, chunked_prefill_size=64, enable_chunked_prefill=True, page_size=1,
             max_total_tokens=1000, enable_radix_cache=True, overlap_schedule=False, seed=0)

@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from scheduler import CacheConfig, SchedulerConfig
-from simulator.config import ClientConfig, CostModelConfig, SimConfig
-from simulator.cost_model.cpu_overhead import CpuOverheadConfig
-from simulator.engine import Engine
-from simulator.frontend import FrontendConfig
-from simulator.cost_model import register_cost_model
-from traces.errors import InputError
-from traces.workload import RequestSpec, Workload
+from servesim.scheduler import CacheConfig, SchedulerConfig
+from servesim.simulator.config import ClientConfig, CostModelConfig, SimConfig
+from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.cost_model import register_cost_model
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec, Workload
 
 
 class LinearCost:

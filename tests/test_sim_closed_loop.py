@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import CacheConfig, SchedulerConfig
-from simulator.closed_loop import ClosedLoopConfig, run_closed_loop
-from simulator.config import CostModelConfig, SimConfig
-from simulator.cost_model.cpu_overhead import CpuOverheadConfig
-from traces.errors import InputError
+from servesim.scheduler import CacheConfig, SchedulerConfig
+from servesim.simulator.closed_loop import ClosedLoopConfig, run_closed_loop
+from servesim.simulator.config import CostModelConfig, SimConfig
+from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from servesim.traces.errors import InputError
 import test_sim_engine  # noqa: F401  (registers the test-linear cost model)
 
 

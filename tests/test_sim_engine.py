@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import CacheConfig, SchedulerConfig
-from simulator.config import CostModelConfig, SimConfig
-from simulator.cost_model import register_cost_model
-from simulator.cost_model.cpu_overhead import CpuOverheadConfig
-from simulator.engine import Engine
-from traces.workload import RequestSpec, Workload
+from servesim.scheduler import CacheConfig, SchedulerConfig
+from servesim.simulator.config import CostModelConfig, SimConfig
+from servesim.simulator.cost_model import register_cost_model
+from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from servesim.simulator.engine import Engine
+from servesim.traces.workload import RequestSpec, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +147,7 @@ def test_cli_replay_default_and_bad_input(tmp_path):
 def test_engine_waits_for_a_continuum_pin_to_expire_instead_of_spinning():
     """A waiting request that only fits once a pinned turn's blocks are released: the engine sleeps
     until the pin expires, then runs it."""
-    from simulator.config import SimConfig as _S
+    from servesim.simulator.config import SimConfig as _S
 
     c = dataclasses.replace(cfg(num_blocks=9, policy="continuum", continuum_default_gap_s=0.5))
     c = dataclasses.replace(c, scheduler=dataclasses.replace(c.scheduler, continuum_pin_threshold_s=2.0))

@@ -10,9 +10,9 @@ import pytest
 
 from servesim.api import load_trace
 from servesim.overrides import apply_overrides
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from traces.synthetic import make_workload
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.traces.synthetic import make_workload
 
 
 SYNC = {"scheduler.async_scheduling": False}  # fast-forward covers the synchronous engine loop

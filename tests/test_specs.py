@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from simulator.specs import (
+from servesim.simulator.specs import (
     GpuSpec,
     available_gpus,
     available_models,
@@ -15,7 +15,7 @@ from simulator.specs import (
     resolve_model,
     weight_bytes,
 )
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 @pytest.mark.parametrize("alias,expected", [

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from traces.bench import BenchConfig, StageConfig, arrival_schedule, bench_workload, parse_goodput
-from traces.errors import InputError
+from servesim.traces.bench import BenchConfig, StageConfig, arrival_schedule, bench_workload, parse_goodput
+from servesim.traces.errors import InputError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -85,11 +85,11 @@ def test_replay_translates_a_vllm_bench_command_line(tmp_path):
 def test_validate_bench_round_trip_reproduces_a_simulated_client_run(tmp_path):
     """A run written in vllm bench's format, from the simulator itself, validates to ~0 error."""
     from servesim.cli import _register, app
-    from simulator.bench_metrics import bench_serve_result, per_request
-    from simulator.config import ClientConfig, SimConfig
-    from simulator.engine import Engine
-    from simulator.frontend import FrontendConfig
-    from simulator.validation.bench_result import load_bench_result, result_workload
+    from servesim.simulator.bench_metrics import bench_serve_result, per_request
+    from servesim.simulator.config import ClientConfig, SimConfig
+    from servesim.simulator.engine import Engine
+    from servesim.simulator.frontend import FrontendConfig
+    from servesim.simulator.validation.bench_result import load_bench_result, result_workload
 
     n = 60
     fake = {"request_rate": 12.0, "burstiness": 1.0, "max_concurrency": 16, "num_prompts": n,
@@ -117,7 +117,7 @@ def test_validate_bench_round_trip_reproduces_a_simulated_client_run(tmp_path):
 
 
 def test_validate_bench_refuses_a_summary_only_result(tmp_path):
-    from simulator.validation.bench_result import load_bench_result
+    from servesim.simulator.validation.bench_result import load_bench_result
 
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({"completed": 10, "mean_ttft_ms": 5.0}))

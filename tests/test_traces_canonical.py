@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces import RequestSpec, Workload, load_bundled, load_workload, save_workload, sniff_format
+from servesim.traces import RequestSpec, Workload, load_bundled, load_workload, save_workload, sniff_format
 
 ENCODINGS = ("w.jsonl", "w.jsonl.gz", "w.csv", "w.csv.gz", "w.parquet")
 
@@ -92,7 +92,7 @@ def test_canonical_sorts_stably_and_writes_compact_jsonl(tmp_path):
 
 
 def test_save_rejects_unknown_extension(tmp_path):
-    from traces import InputError
+    from servesim.traces import InputError
 
     with pytest.raises(InputError, match="encoding"):
         save_workload(load_bundled(), tmp_path / "w.txt")

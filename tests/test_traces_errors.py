@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from traces import InputError, load_workload, sniff_format
+from servesim.traces import InputError, load_workload, sniff_format
 
 
 def write_jsonl(path: Path, rows: list[dict], *, gz: bool = False) -> Path:

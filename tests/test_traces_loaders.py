@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces import available_formats, load_workload, sniff_format
+from servesim.traces import available_formats, load_workload, sniff_format
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACES = SHARED / "data" / "traces"

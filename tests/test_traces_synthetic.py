@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces import (
+from servesim.traces import (
     InputError,
     SyntheticConfig,
     available_generators,
@@ -14,8 +14,8 @@ from traces import (
     config_to_dict,
     make_workload,
 )
-from traces.distributions import arrival_times
-from traces.synthetic_config import ArrivalConfig, DistConfig
+from servesim.traces.distributions import arrival_times
+from servesim.traces.synthetic_config import ArrivalConfig, DistConfig
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -86,7 +86,7 @@ def test_empirical_lengths_from_bundled_trace_are_joint():
     w = make_workload("poisson", {"num_requests": 3000,
                                   "prompt_len": {"dist": "empirical", "path": path},
                                   "output_len": {"dist": "empirical", "path": path}}, rng(4))
-    from traces import load_bundled
+    from servesim.traces import load_bundled
 
     source_pairs = {(r.prompt_len, r.output_len) for r in load_bundled().requests}
     assert {(r.prompt_len, r.output_len) for r in w.requests} <= source_pairs

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces import InputError, RequestSpec, load_bundled
+from servesim.traces import InputError, RequestSpec, load_bundled
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def test_real_ids_win_and_range_and_mod():
 
 def test_token_ids_are_stable_across_processes():
     """No salted hash(): a fresh interpreter (different PYTHONHASHSEED) gives the same ids."""
-    code = ("from traces import RequestSpec;"
+    code = ("from servesim.traces import RequestSpec;"
             "r=RequestSpec('req-1',0.0,600,1,prefix_hash_ids=(9,),prefix_group=None);"
             "print(r.token_ids()[-3:], RequestSpec('q',0.0,4,1,prefix_group=2,prefix_len=2)"
             ".token_ids())")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from traces import (
+from servesim.traces import (
     DEFAULT_TRACE,
     InputError,
     RequestSpec,

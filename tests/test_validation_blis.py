@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.validation.blis import blis_config, blis_workload, find_experiment, is_blis_dir, load_experiments
+from servesim.simulator.validation.blis import blis_config, blis_workload, find_experiment, is_blis_dir, load_experiments
 
 BLIS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "benchmarks" / "blis_h100_trainval"
 pytestmark = pytest.mark.skipif(not BLIS.is_dir(), reason="shared BLIS data not present")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.cost_model import StepShape, make_cost_model
-from simulator.cost_model.calibrated import (
+from servesim.simulator.cost_model import StepShape, make_cost_model
+from servesim.simulator.cost_model.calibrated import (
     HERE,
     available_calibrated,
     find_calibrated,
     load_calibrated,
     read_fitted_data,
 )
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 REQUIRED = [("llama-3.1-8b", "h100", 1), ("llama-3.1-8b", "a100-80gb", 1), ("llama-3.1-8b", "rtx4090", 1),
             ("llama-3.1-8b", "rtx-pro-6000", 1), ("llama-3.1-70b", "h100", 2), ("llama-3.1-70b", "h100", 4)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulator.validation.closed_loop import (
+from servesim.simulator.validation.closed_loop import (
     ClosedLoopOptions,
     closed_loop_report,
     load_silicon_rows,

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.validation import load_run, pair_requests, per_request_errors, timeseries_errors
-from simulator.validation.compare import aggregate_errors, ttft_by_admission
-from simulator.validation.kv import choose_kv_blocks
-from simulator.validation.runs import available_run_formats, to_measured_convention, vllm_defaults
-from traces.errors import InputError
+from servesim.simulator.validation import load_run, pair_requests, per_request_errors, timeseries_errors
+from servesim.simulator.validation.compare import aggregate_errors, ttft_by_admission
+from servesim.simulator.validation.kv import choose_kv_blocks
+from servesim.simulator.validation.runs import available_run_formats, to_measured_convention, vllm_defaults
+from servesim.traces.errors import InputError
 
 # (request id, in, out, arrival wall s, queued, scheduled, first token, last token)
 TINY = [
@@ -158,10 +158,10 @@ def test_sim_series_moves_throughput_one_tick():
 def test_self_validation_of_a_simulated_run_is_exact(tmp_path):
     """A servesim result folder validated against the same configuration: zero error everywhere."""
     from servesim.api import run as api_run
-    from simulator.config import CostModelConfig, HardwareConfig, SimConfig
-    from scheduler.config import CacheConfig, SchedulerConfig
-    from simulator.validation import ValidateOptions, validate_run
-    from traces.formats import load_workload
+    from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
+    from servesim.scheduler.config import CacheConfig, SchedulerConfig
+    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.traces.formats import load_workload
 
     wl_path = tmp_path / "wl.jsonl"
     rng = np.random.default_rng(1)

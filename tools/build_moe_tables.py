@@ -29,7 +29,7 @@ def catalogue_shapes() -> set[tuple[int, int, int, int]]:
     import sys
 
     sys.path.insert(0, str(ROOT))
-    from simulator.specs import available_models, resolve_model
+    from servesim.simulator.specs import available_models, resolve_model
 
     out = set()
     for name in available_models():

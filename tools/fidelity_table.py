@@ -40,7 +40,7 @@ def per_request_runs(shared: Path) -> list[tuple[str, Path, Path]]:
 
 
 def run_one_request_level(run: Path, wl: Path) -> dict:
-    from simulator.validation import ValidateOptions, validate_run
+    from servesim.simulator.validation import ValidateOptions, validate_run
 
     rep = validate_run(run, wl, ValidateOptions(plots=False))
     pr = rep["per_request"]
@@ -52,7 +52,7 @@ def run_one_request_level(run: Path, wl: Path) -> dict:
 
 
 def run_one_blis(path: Path, exp_id: str) -> dict:
-    from simulator.validation.blis import validate_blis
+    from servesim.simulator.validation.blis import validate_blis
 
     rep = validate_blis(path, exp_id)
     stages = {st: {k: v[k]["error"] for k in ("ttft_mean", "itl_mean", "e2e_mean", "e2e_p90")}
@@ -97,7 +97,7 @@ def main() -> int:
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--only", action="append", default=[], help="run name or BLIS id to refresh")
     args = ap.parse_args()
-    from simulator.validation.blis import load_experiments
+    from servesim.simulator.validation.blis import load_experiments
 
     CACHE.mkdir(parents=True, exist_ok=True)
     blis = args.shared / "benchmarks" / "blis_h100_trainval"

@@ -8,7 +8,7 @@ The simulator consumes `RequestSpec` / `Workload` (traces.workload). Entry point
 - `rate_scale`, `time_limit`, `request_limit`, `time_window`
 - `load_bundled(name)`, `bundled_trace_path(name)`, `DEFAULT_TRACE`
 
-Names are imported lazily (PEP 562): `from traces.errors import InputError`, which every package
+Names are imported lazily (PEP 562): `from servesim.traces.errors import InputError`, which every package
 uses, must not pull in numpy/pandas (the vLLM-oracle venv may not have them).
 """
 
@@ -18,34 +18,34 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    "DEFAULT_TRACE": "traces.bundled",
-    "available_bundled_traces": "traces.bundled",
-    "bundled_trace_path": "traces.bundled",
-    "load_bundled": "traces.bundled",
-    "save_workload": "traces.canonical",
-    "InputError": "traces.errors",
-    "available_formats": "traces.formats",
-    "load_workload": "traces.formats",
-    "register_format": "traces.formats",
-    "sniff_format": "traces.formats",
-    "available_generators": "traces.synthetic",
-    "generate": "traces.synthetic",
-    "make_workload": "traces.synthetic",
-    "register_generator": "traces.synthetic",
-    "ArrivalConfig": "traces.synthetic_config",
-    "ChoiceConfig": "traces.synthetic_config",
-    "DistConfig": "traces.synthetic_config",
-    "PrefixConfig": "traces.synthetic_config",
-    "SessionConfig": "traces.synthetic_config",
-    "SyntheticConfig": "traces.synthetic_config",
-    "config_from_dict": "traces.synthetic_config",
-    "config_to_dict": "traces.synthetic_config",
-    "rate_scale": "traces.transforms",
-    "request_limit": "traces.transforms",
-    "time_limit": "traces.transforms",
-    "time_window": "traces.transforms",
-    "RequestSpec": "traces.workload",
-    "Workload": "traces.workload",
+    "DEFAULT_TRACE": "servesim.traces.bundled",
+    "available_bundled_traces": "servesim.traces.bundled",
+    "bundled_trace_path": "servesim.traces.bundled",
+    "load_bundled": "servesim.traces.bundled",
+    "save_workload": "servesim.traces.canonical",
+    "InputError": "servesim.traces.errors",
+    "available_formats": "servesim.traces.formats",
+    "load_workload": "servesim.traces.formats",
+    "register_format": "servesim.traces.formats",
+    "sniff_format": "servesim.traces.formats",
+    "available_generators": "servesim.traces.synthetic",
+    "generate": "servesim.traces.synthetic",
+    "make_workload": "servesim.traces.synthetic",
+    "register_generator": "servesim.traces.synthetic",
+    "ArrivalConfig": "servesim.traces.synthetic_config",
+    "ChoiceConfig": "servesim.traces.synthetic_config",
+    "DistConfig": "servesim.traces.synthetic_config",
+    "PrefixConfig": "servesim.traces.synthetic_config",
+    "SessionConfig": "servesim.traces.synthetic_config",
+    "SyntheticConfig": "servesim.traces.synthetic_config",
+    "config_from_dict": "servesim.traces.synthetic_config",
+    "config_to_dict": "servesim.traces.synthetic_config",
+    "rate_scale": "servesim.traces.transforms",
+    "request_limit": "servesim.traces.transforms",
+    "time_limit": "servesim.traces.transforms",
+    "time_window": "servesim.traces.transforms",
+    "RequestSpec": "servesim.traces.workload",
+    "Workload": "servesim.traces.workload",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from traces.distributions import arrival_times
-from traces.errors import InputError
-from traces.synthetic import make_workload
-from traces.synthetic_config import ArrivalConfig, DistConfig, PrefixConfig, SyntheticConfig
-from traces.workload import RequestSpec, Workload
+from servesim.traces.distributions import arrival_times
+from servesim.traces.errors import InputError
+from servesim.traces.synthetic import make_workload
+from servesim.traces.synthetic_config import ArrivalConfig, DistConfig, PrefixConfig, SyntheticConfig
+from servesim.traces.workload import RequestSpec, Workload
 
 DATASETS = ("random", "sharegpt", "sonnet", "shared_prefix")
 STAGE_LOADS = ("constant", "poisson")
@@ -120,7 +120,7 @@ def _synthetic(cfg: BenchConfig) -> SyntheticConfig:
                                prompt_len=_lengths(cfg.random_input_len, cfg.random_range_ratio),
                                output_len=_lengths(cfg.random_output_len, cfg.random_range_ratio), prefix=prefix)
     if cfg.dataset_name == "sharegpt":
-        from traces.bundled import DATA_DIR, BUNDLED_TRACES
+        from servesim.traces.bundled import DATA_DIR, BUNDLED_TRACES
 
         path = str(DATA_DIR / BUNDLED_TRACES["sharegpt-300"].filename)
         output = (DistConfig("fixed", value=cfg.sharegpt_output_len) if cfg.sharegpt_output_len

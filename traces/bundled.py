@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from traces.errors import InputError
-from traces.formats import load_workload
-from traces.workload import Workload
+from servesim.traces.errors import InputError
+from servesim.traces.formats import load_workload
+from servesim.traces.workload import Workload
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 

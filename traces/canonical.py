@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError
-from traces.external import trace_name
-from traces.registry import encoding_of, register_format
-from traces.rows import as_float, as_int, as_int_tuple, iter_json_rows, open_text, require_rows
-from traces.tokens import TOKEN_ID_LIMIT
-from traces.workload import RequestSpec, Workload
+from servesim.traces.errors import InputError
+from servesim.traces.external import trace_name
+from servesim.traces.registry import encoding_of, register_format
+from servesim.traces.rows import as_float, as_int, as_int_tuple, iter_json_rows, open_text, require_rows
+from servesim.traces.tokens import TOKEN_ID_LIMIT
+from servesim.traces.workload import RequestSpec, Workload
 
 # Column name -> kind. Order is the column order the writer uses.
 COLUMNS: dict[str, str] = {

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.synthetic_config import ArrivalConfig, DistConfig
+from servesim.traces.errors import InputError
+from servesim.traces.synthetic_config import ArrivalConfig, DistConfig
 
 # Column names that mean "prompt tokens" / "output tokens" in the length datasets we know.
 PROMPT_COLUMNS = ("num_prefill_tokens", "input_toks", "prompt_len", "input_length",
@@ -114,8 +114,8 @@ def length_table(path: str, column: str) -> np.ndarray:
 
 @functools.lru_cache(maxsize=16)
 def _length_table(path: str, column: str, _mtime_ns: int) -> np.ndarray:
-    from traces.registry import encoding_of  # local: avoid import cycles at module load
-    from traces.rows import int_column, read_csv
+    from servesim.traces.registry import encoding_of  # local: avoid import cycles at module load
+    from servesim.traces.rows import int_column, read_csv
 
     file = Path(path)
     if encoding_of(file) == "csv":
@@ -123,7 +123,7 @@ def _length_table(path: str, column: str, _mtime_ns: int) -> np.ndarray:
         name = _resolve_column(column, list(frame.columns), file)
         table = int_column(frame, name, file, min_value=0)
     else:
-        from traces.formats import load_workload
+        from servesim.traces.formats import load_workload
 
         workload = load_workload(file)
         if column in ("prompt", "prompt_len"):

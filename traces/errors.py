@@ -1,45 +1,8 @@
-"""One error type for bad user input (trace files, profiles, specs, scenarios).
+"""`InputError` and `field_error`, re-exported from the lowest layer (servesim.scheduler.errors).
 
-Every message names where the problem is (file and line when there is one), which field, what was
-found and what is allowed, so a user can fix the input without reading our code.
+Loaders, generators and every package above import them from here; the class is defined once.
 """
 
-from __future__ import annotations
+from servesim.scheduler.errors import InputError, field_error
 
-
-class InputError(ValueError):
-    """Bad input: raised instead of crashing or silently corrupting results."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        line: int | None = None,  # 1-based line (or row) number in `path`
-        field: str | None = None,
-        allowed: str | None = None,  # what would have been accepted, in words
-    ) -> None:
-        self.path = path
-        self.line = line
-        self.field = field
-        self.allowed = allowed
-        self.detail = message
-        super().__init__(self._format())
-
-    def _format(self) -> str:
-        parts = [self.path] if self.path else []
-        if self.line is not None:
-            parts.append(f"line {self.line}")
-        if self.field is not None:
-            parts.append(f"field '{self.field}'")
-        text = f"{', '.join(parts)}: {self.detail}" if parts else self.detail
-        if self.allowed:
-            text += f" (allowed: {self.allowed})"
-        return text
-
-
-def field_error(field: str | None):
-    """An `error=` factory for scheduler.registry.Registry: unknown names become InputErrors on `field`."""
-    def make(message: str, allowed: str) -> InputError:
-        return InputError(message, field=field, allowed=allowed)
-    return make
+__all__ = ["InputError", "field_error"]

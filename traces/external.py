@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.distributions import OUTPUT_COLUMNS, PROMPT_COLUMNS, arrival_times
-from traces.errors import InputError
-from traces.registry import register_format
-from traces.rows import (
+from servesim.traces.distributions import OUTPUT_COLUMNS, PROMPT_COLUMNS, arrival_times
+from servesim.traces.errors import InputError
+from servesim.traces.registry import register_format
+from servesim.traces.rows import (
     as_float,
     as_int,
     as_int_tuple,
@@ -25,9 +25,9 @@ from traces.rows import (
     require_keys,
     require_rows,
 )
-from traces.synthetic_config import ArrivalConfig
-from traces.tokens import TOKEN_ID_LIMIT
-from traces.workload import DEFAULT_PREFIX_BLOCK_LEN, RequestSpec, Workload
+from servesim.traces.synthetic_config import ArrivalConfig
+from servesim.traces.tokens import TOKEN_ID_LIMIT
+from servesim.traces.workload import DEFAULT_PREFIX_BLOCK_LEN, RequestSpec, Workload
 
 _SORT_NOTE = "{fmt} traces are sorted by arrival; pass require_sorted=False to sort on load"
 

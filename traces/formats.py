@@ -19,10 +19,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError
-from traces.registry import all_formats, available_formats, encoding_of, get_format, register_format
-from traces.rows import is_gzip, open_text
-from traces.workload import Workload
+from servesim.traces.errors import InputError
+from servesim.traces.registry import all_formats, available_formats, encoding_of, get_format, register_format
+from servesim.traces.rows import is_gzip, open_text
+from servesim.traces.workload import Workload
 
 __all__ = ["available_formats", "load_workload", "register_format", "sniff_format"]
 

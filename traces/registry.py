@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.registry import Registry
-from traces.errors import field_error
-from traces.workload import Workload
+from servesim.scheduler.registry import Registry
+from servesim.traces.errors import field_error
+from servesim.traces.workload import Workload
 
 ENCODINGS = ("jsonl", "csv", "parquet")
 
@@ -27,8 +27,8 @@ class FormatInfo:
 
 def _ensure_builtin_loaders() -> None:
     # Imported lazily so that the loader modules can import this one without a cycle.
-    import traces.canonical  # noqa: F401
-    import traces.external  # noqa: F401
+    import servesim.traces.canonical  # noqa: F401
+    import servesim.traces.external  # noqa: F401
 
 
 FORMATS: Registry[FormatInfo] = Registry("trace format", loader=_ensure_builtin_loaders, error=field_error("fmt"))

@@ -17,7 +17,7 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 _GZIP_MAGIC = b"\x1f\x8b"
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from traces.distributions import arrival_times, clip_round, length_table, sample_values
-from scheduler.registry import Registry
-from traces.errors import InputError, field_error
-from traces.synthetic_config import (
+from servesim.traces.distributions import arrival_times, clip_round, length_table, sample_values
+from servesim.scheduler.registry import Registry
+from servesim.traces.errors import InputError, field_error
+from servesim.traces.synthetic_config import (
     ARRIVAL_PROCESSES,
     ChoiceConfig,
     DistConfig,
@@ -38,7 +38,7 @@ from traces.synthetic_config import (
     config_from_dict,
     config_to_dict,
 )
-from traces.workload import RequestSpec, Workload
+from servesim.traces.workload import RequestSpec, Workload
 
 
 def _lengths(config: DistConfig, count: int, rng: np.random.Generator, column: str) -> np.ndarray:

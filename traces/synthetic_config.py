@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "exponential", "empirical")

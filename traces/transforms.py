@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from traces.errors import InputError
-from traces.workload import RequestSpec, Workload
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec, Workload
 
 
 def _check_finite(value: float, field: str, allowed: str, *, positive: bool) -> None:

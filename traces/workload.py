@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import InputError
-from traces.tokens import (
+from servesim.traces.errors import InputError
+from servesim.traces.tokens import (
     TOKEN_ID_LIMIT,
     group_stream,
     hash_block_tokens,

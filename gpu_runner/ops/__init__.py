@@ -13,8 +13,8 @@ from typing import Literal
 
 import torch
 
-from gpu_runner.ops import reference
-from gpu_runner.ops.metadata import AttentionMetadata
+from servesim.gpu_runner.ops import reference
+from servesim.gpu_runner.ops.metadata import AttentionMetadata
 
 Backend = Literal["torch", "triton"]
 BACKENDS: tuple[Backend, ...] = ("torch", "triton")
@@ -47,7 +47,7 @@ def backend_module(backend: Backend):
     if backend == "torch":
         return reference
     if backend == "triton":
-        from gpu_runner.ops import triton_kernels
+        from servesim.gpu_runner.ops import triton_kernels
 
         return triton_kernels
     raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")

@@ -126,7 +126,7 @@ def simple_metadata(
     device: torch.device | str = "cpu",
 ):
     """(positions [T + P] int64, AttentionMetadata) for one step; padding tokens get slot -1, position 0."""
-    from gpu_runner.ops.metadata import AttentionMetadata
+    from servesim.gpu_runner.ops.metadata import AttentionMetadata
 
     positions, slots = [], []
     for ctx, n, blocks in zip(context_lens, query_lens, block_tables):

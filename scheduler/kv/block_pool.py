@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from scheduler.kv.block import FreeKVCacheBlockQueue, KVCacheBlock
-from scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from servesim.scheduler.kv.block import FreeKVCacheBlockQueue, KVCacheBlock
+from servesim.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
+    from servesim.scheduler.request import Request
 
 
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:

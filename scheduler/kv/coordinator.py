@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from math import lcm
 from typing import TYPE_CHECKING
 
-from scheduler.kv.block import KVCacheBlock
-from scheduler.kv.block_pool import BlockPool
-from scheduler.kv.single_type import MANAGERS, KVCacheGroupSpec, SingleTypeKVCacheManager
+from servesim.scheduler.kv.block import KVCacheBlock
+from servesim.scheduler.kv.block_pool import BlockPool
+from servesim.scheduler.kv.single_type import MANAGERS, KVCacheGroupSpec, SingleTypeKVCacheManager
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
+    from servesim.scheduler.request import Request
 
 BlocksByGroup = tuple[list[KVCacheBlock], ...]
 

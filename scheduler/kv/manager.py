@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.kv.block import KVCacheBlock
-from scheduler.kv.coordinator import make_coordinator
-from scheduler.kv.single_type import KVCacheGroupSpec, cdiv
+from servesim.scheduler.kv.block import KVCacheBlock
+from servesim.scheduler.kv.coordinator import make_coordinator
+from servesim.scheduler.kv.single_type import KVCacheGroupSpec, cdiv
 
 if TYPE_CHECKING:
-    from scheduler.config import CacheConfig
-    from scheduler.request import Request
+    from servesim.scheduler.config import CacheConfig
+    from servesim.scheduler.request import Request
 
 
 @dataclass(slots=True)

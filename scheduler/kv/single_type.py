@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.kv.block import KVCacheBlock
-from scheduler.kv.block_pool import BlockPool
+from servesim.scheduler.kv.block import KVCacheBlock
+from servesim.scheduler.kv.block_pool import BlockPool
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
+    from servesim.scheduler.request import Request
 
 
 def cdiv(a: int, b: int) -> int:

@@ -3,6 +3,6 @@
 See base.py for the contract; every module here registers itself in SCHEDULING_POLICIES.
 """
 
-from scheduler.policies.base import SCHEDULING_POLICIES, PolicyFactory, SchedulingPolicy, make_policy
+from servesim.scheduler.policies.base import SCHEDULING_POLICIES, PolicyFactory, SchedulingPolicy, make_policy
 
 __all__ = ["SCHEDULING_POLICIES", "PolicyFactory", "SchedulingPolicy", "make_policy"]

@@ -18,13 +18,13 @@ import pkgutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from scheduler.registry import Registry
+from servesim.scheduler.registry import Registry
 
 if TYPE_CHECKING:
-    from scheduler.config import SchedulerConfig
-    from scheduler.kv.manager import KVCacheManager
-    from scheduler.queues import RequestQueue
-    from scheduler.request import Request
+    from servesim.scheduler.config import SchedulerConfig
+    from servesim.scheduler.kv.manager import KVCacheManager
+    from servesim.scheduler.queues import RequestQueue
+    from servesim.scheduler.request import Request
 
 
 DEFAULT_POLICY = "fcfs"  # vLLM's default scheduling policy
@@ -87,7 +87,7 @@ PolicyFactory = Callable[["SchedulerConfig", "KVCacheManager", dict], Scheduling
 
 def _load_builtins() -> None:
     """Import every module of this package: each registers its policies on import."""
-    import scheduler.policies as pkg
+    import servesim.scheduler.policies as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{info.name}")

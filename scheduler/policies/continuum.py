@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.policies.base import SCHEDULING_POLICIES
-from scheduler.policies.fcfs import FCFSPolicy, FCFSRequestQueue
-from scheduler.queues import RequestQueue
-from scheduler.request import Request, RequestStatus
+from servesim.scheduler.policies.base import SCHEDULING_POLICIES
+from servesim.scheduler.policies.fcfs import FCFSPolicy, FCFSRequestQueue
+from servesim.scheduler.queues import RequestQueue
+from servesim.scheduler.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from scheduler.config import SchedulerConfig
-    from scheduler.kv.manager import KVCacheManager
+    from servesim.scheduler.config import SchedulerConfig
+    from servesim.scheduler.kv.manager import KVCacheManager
 
 
 class ToolCallEstimator:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from scheduler.policies.base import SCHEDULING_POLICIES
-from scheduler.queues import RequestQueue
-from scheduler.request import Request
+from servesim.scheduler.policies.base import SCHEDULING_POLICIES
+from servesim.scheduler.queues import RequestQueue
+from servesim.scheduler.request import Request
 
 
 class FCFSRequestQueue(RequestQueue):

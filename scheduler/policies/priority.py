@@ -11,10 +11,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 
-from scheduler.policies.base import SCHEDULING_POLICIES
-from scheduler.policies.fcfs import FCFSPolicy
-from scheduler.queues import RequestQueue
-from scheduler.request import Request
+from servesim.scheduler.policies.base import SCHEDULING_POLICIES
+from servesim.scheduler.policies.fcfs import FCFSPolicy
+from servesim.scheduler.queues import RequestQueue
+from servesim.scheduler.request import Request
 
 
 class PriorityRequestQueue(RequestQueue):

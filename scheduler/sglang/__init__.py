@@ -1,10 +1,10 @@
 """SGLang-style scheduling (radix prefix cache, PrefillAdder, new_token_ratio, retraction) behind
 the same scheduler interface as scheduler.Scheduler. Standard library only, like scheduler/."""
 
-from scheduler.sglang.config import SCHEDULE_POLICIES, SGLangConfig
-from scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder, RoundInput
-from scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
-from scheduler.sglang.scheduler import SGLangScheduler
+from servesim.scheduler.sglang.config import SCHEDULE_POLICIES, SGLangConfig
+from servesim.scheduler.sglang.prefill_adder import AddReqResult, PrefillAdder, RoundInput
+from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
+from servesim.scheduler.sglang.scheduler import SGLangScheduler
 
 __all__ = [
     "AddReqResult", "PrefillAdder", "RadixCache", "RoundInput", "SCHEDULE_POLICIES", "SGLangConfig",

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scheduler.request import Request, RequestStatus
-from scheduler.sglang.policy import QueueContext, calc_priority
-from scheduler.sglang.prefill_adder import AddReqResult, Admission, PrefillAdder, RoundInput
+from servesim.scheduler.request import Request, RequestStatus
+from servesim.scheduler.sglang.policy import QueueContext, calc_priority
+from servesim.scheduler.sglang.prefill_adder import AddReqResult, Admission, PrefillAdder, RoundInput
 
 if TYPE_CHECKING:
-    from scheduler.sglang.scheduler import SGLangScheduler
+    from servesim.scheduler.sglang.scheduler import SGLangScheduler
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from scheduler.registry import unknown_name_message
+from servesim.scheduler.registry import unknown_name_message
 
 # Queue orderings (SchedulePolicy.calc_priority); the cache-aware ones need the radix cache.
 CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")

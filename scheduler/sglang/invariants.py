@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from scheduler.invariants import InvariantError
-from scheduler.request import RequestStatus
+from servesim.scheduler.invariants import InvariantError
+from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
-    from scheduler.sglang.radix_cache import RadixCache
-    from scheduler.sglang.scheduler import SGLangScheduler
+    from servesim.scheduler.sglang.radix_cache import RadixCache
+    from servesim.scheduler.sglang.scheduler import SGLangScheduler
 
 
 def _fail(msg: str) -> None:

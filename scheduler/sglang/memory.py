@@ -16,10 +16,10 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
+from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
+    from servesim.scheduler.request import Request
 
 
 @dataclass(slots=True)

@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from servesim.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
-    from scheduler.sglang.batching import Batch
-    from scheduler.sglang.scheduler import SGLangScheduler
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.sglang.batching import Batch
+    from servesim.scheduler.sglang.scheduler import SGLangScheduler
 
 
 @dataclass(slots=True)

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.registry import Registry
-from scheduler.sglang.config import CACHE_AWARE_POLICIES, SGLangConfig
-from scheduler.sglang.memory import SGLangMemory, extra_key
-from scheduler.sglang.radix_cache import RadixCache, TreeNode
+from servesim.scheduler.registry import Registry
+from servesim.scheduler.sglang.config import CACHE_AWARE_POLICIES, SGLangConfig
+from servesim.scheduler.sglang.memory import SGLangMemory, extra_key
+from servesim.scheduler.sglang.radix_cache import RadixCache, TreeNode
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
+    from servesim.scheduler.request import Request
 
 
 @dataclass(slots=True)

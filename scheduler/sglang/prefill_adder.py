@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.sglang.memory import SGLangMemory
-from scheduler.sglang.radix_cache import TreeNode
+from servesim.scheduler.sglang.memory import SGLangMemory
+from servesim.scheduler.sglang.radix_cache import TreeNode
 
 if TYPE_CHECKING:
-    from scheduler.request import Request
-    from scheduler.sglang.config import SGLangConfig
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.sglang.config import SGLangConfig
 
 IGNORE_EOS_RESERVE_TOKENS = 1  # per request, in the ignore_eos simulation
 

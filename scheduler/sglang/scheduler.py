@@ -18,16 +18,16 @@ import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from scheduler.interface import SchedulerCapabilities
-from scheduler.kv.manager import PrefixCacheStats
-from scheduler.output import (
+from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.kv.manager import PrefixCacheStats
+from servesim.scheduler.output import (
     EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
 )
-from scheduler.request import Request, RequestStatus, append_until_stop
-from scheduler.sglang.batching import Batch, BatchingMixin
-from scheduler.sglang.config import SGLangConfig
-from scheduler.sglang.memory import SGLangMemory
-from scheduler.sglang.output import StepInfo, build_output
+from servesim.scheduler.request import Request, RequestStatus, append_until_stop
+from servesim.scheduler.sglang.batching import Batch, BatchingMixin
+from servesim.scheduler.sglang.config import SGLangConfig
+from servesim.scheduler.sglang.memory import SGLangMemory
+from servesim.scheduler.sglang.output import StepInfo, build_output
 
 MAX_INPUT_MARGIN = 5  # SGLang: max_req_input_len = max_req_len - 5
 
@@ -278,6 +278,6 @@ class SGLangScheduler(BatchingMixin):
         return SchedulerStats(running, waiting, self.kv_cache_manager.usage, stats)
 
     def check_invariants(self) -> None:
-        from scheduler.sglang.invariants import check_invariants
+        from servesim.scheduler.sglang.invariants import check_invariants
 
         check_invariants(self)

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from servesim.cli import app
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 @app.command()
@@ -25,14 +25,14 @@ def calibrate(
     """Sweep ops (tokens for linear layers; attention by chunk x context and batch x context) and steps."""
     import torch
 
-    from gpu_runner.calibrate import CalibrationGrid, calibrate as sweep
-    from gpu_runner.model import LlamaModel
-    from gpu_runner.runner import require_device
-    from gpu_runner.weights import PRESETS, preset
+    from servesim.gpu_runner.calibrate import CalibrationGrid, calibrate as sweep
+    from servesim.gpu_runner.model import LlamaModel
+    from servesim.gpu_runner.runner import require_device
+    from servesim.gpu_runner.weights import PRESETS, preset
     from servesim.calibration_report import write_report
-    from simulator.cost_model.profile_schema import make_profile, write_profile
-    from simulator.outdir import check_output_file
-    from simulator.specs import find_gpu, resolve_model
+    from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
+    from servesim.simulator.outdir import check_output_file
+    from servesim.simulator.specs import find_gpu, resolve_model
 
     try:
         dev = require_device(device)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from servesim.cli import app
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
@@ -42,9 +42,9 @@ def cluster_command(
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
     from servesim.cli import on_interrupt
     from servesim.report import make_console
-    from simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
-    from simulator.cluster.plan import load_plan_workload
-    from simulator.outdir import check_output, claim_output
+    from servesim.simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
+    from servesim.simulator.cluster.plan import load_plan_workload
+    from servesim.simulator.outdir import check_output, claim_output
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     data, wl_spec = load_cluster_yaml(config)

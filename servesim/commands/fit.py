@@ -21,8 +21,8 @@ def fit(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
 ) -> None:
     """Fit per-operation regressions and write a cost model `replay --cost-model FILE` can load."""
-    from simulator.cost_model.fit import fit_main, format_fit_report
-    from simulator.outdir import check_output_file
+    from servesim.simulator.cost_model.fit import fit_main, format_fit_report
+    from servesim.simulator.outdir import check_output_file
 
     check_output_file(out, overwrite=overwrite)
 

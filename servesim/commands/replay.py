@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from servesim.cli import app
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
@@ -16,7 +16,7 @@ SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
     from servesim.overrides import apply_overrides
-    from simulator.config import CostModelConfig, SimConfig
+    from servesim.simulator.config import CostModelConfig, SimConfig
 
     cfg = SimConfig()
     cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
@@ -79,7 +79,7 @@ def replay(
     from servesim.running import load_trace, run
     from servesim.cli import on_interrupt
     from servesim.report import make_console, print_summary, progress_reporter
-    from simulator.outdir import check_output
+    from servesim.simulator.outdir import check_output
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     if step_trace is not None and step_trace.exists() and not (overwrite and step_trace.is_file()):
@@ -92,11 +92,11 @@ def replay(
         cfg.frontend = dataclasses.replace(cfg.frontend, enabled=True)
     if goodput:
         from servesim.overrides import apply_overrides
-        from traces.bench import parse_goodput
+        from servesim.traces.bench import parse_goodput
 
         cfg = apply_overrides(cfg, parse_goodput(goodput))
     if dataset_name is not None:
-        from traces.bench import BenchConfig, bench_workload
+        from servesim.traces.bench import BenchConfig, bench_workload
 
         if trace is not None:
             raise InputError("give either a TRACE or --dataset-name, not both", field="--dataset-name")

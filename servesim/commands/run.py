@@ -36,7 +36,7 @@ def run_command(
     from servesim.scenario import load_scenario
     from servesim.scenario.backends import default_workers, get_backend
     from servesim.scenario.runner import run_sweep
-    from simulator.outdir import check_output
+    from servesim.simulator.outdir import check_output
 
     console, err = make_console(), make_console(stderr=True)
     get_backend(backend)

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import typer
 
-from scheduler.config import POLICIES
-from scheduler.registry import unknown_name_message
-from scheduler.steptrace import StepTraceConfig, run_step_trace
+from servesim.scheduler.config import POLICIES
+from servesim.scheduler.registry import unknown_name_message
+from servesim.scheduler.steptrace import StepTraceConfig, run_step_trace
 from servesim.cli import app
 from servesim.oracle_io import read_oracle_workload, write_jsonl_atomic
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 
 def _check_start_up(sc, cc) -> None:
     """What vLLM refuses at start-up (simulator/startup.py), named by this command's flags."""
-    from simulator.startup import blocks_for_max_model_len
+    from servesim.simulator.startup import blocks_for_max_model_len
 
     if sc.max_num_batched_tokens < sc.max_num_seqs:
         raise InputError(f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be greater than or equal to "

@@ -42,9 +42,9 @@ def validate(
                                            help="blis_h100_trainval: clients give up after this (s)"),
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
-    from simulator.outdir import check_output, staged_output
-    from simulator.validation import ValidateOptions, validate_run
-    from simulator.validation.blis import is_blis_dir
+    from servesim.simulator.outdir import check_output, staged_output
+    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.simulator.validation.blis import is_blis_dir
 
     check_output(out, overwrite=overwrite)
     if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
@@ -80,8 +80,8 @@ def validate(
 
 def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
                    out: Path, frontend: bool, client_timeout_s: float | None) -> None:
-    from simulator.validation.blis import format_blis_report, load_experiments, validate_blis
-    from simulator.validation.replay import write_json_atomic
+    from servesim.simulator.validation.blis import format_blis_report, load_experiments, validate_blis
+    from servesim.simulator.validation.replay import write_json_atomic
 
     if experiment is None:
         ids = ", ".join(e.id for e in load_experiments(run_dir))
@@ -111,8 +111,8 @@ def validate_closed_loop(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an earlier result in --out"),
 ) -> None:
     """Run each measured fixed-concurrency row closed-loop; write closed_loop.json/.csv/.html."""
-    from simulator.outdir import check_output, staged_output
-    from simulator.validation.closed_loop import ClosedLoopOptions, closed_loop_report, load_silicon_rows
+    from servesim.simulator.outdir import check_output, staged_output
+    from servesim.simulator.validation.closed_loop import ClosedLoopOptions, closed_loop_report, load_silicon_rows
 
     check_output(out, overwrite=overwrite)
 

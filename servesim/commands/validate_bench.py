@@ -26,8 +26,8 @@ def validate_bench(
 ) -> None:
     """Aggregate errors (completed, failed, TTFT, TPOT, ITL, E2EL) against a benchmark-client run."""
     from servesim.commands.replay import _build_config
-    from simulator.validation.bench_result import load_bench_result
-    from simulator.validation.bench_result import validate_bench as _validate
+    from servesim.simulator.validation.bench_result import load_bench_result
+    from servesim.simulator.validation.bench_result import validate_bench as _validate
 
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets)
     cfg.frontend = dataclasses.replace(cfg.frontend, enabled=frontend)

@@ -88,7 +88,7 @@ def plot_results(folder: str | Path, out: str | Path | None = None) -> tuple[lis
         return plot_sweep(folder, out)
     if (folder / "summary.json").is_file():
         return plot_run(folder, out)
-    from traces.errors import InputError
+    from servesim.traces.errors import InputError
 
     raise InputError("not a results folder: it has neither sweep.parquet (a sweep) nor summary.json (a run)",
                      path=str(folder), allowed="the --out folder of `servesim run` or `servesim replay`")

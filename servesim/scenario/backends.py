@@ -16,8 +16,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from servesim.scenario.runner import Outcome, VariantTask, execute
-from scheduler.registry import Registry
-from traces.errors import InputError, field_error
+from servesim.scheduler.registry import Registry
+from servesim.traces.errors import InputError, field_error
 
 Backend = Callable[[list[VariantTask], Path, "int | None", "str | None", Callable[[Outcome], None]], None]
 BACKENDS: Registry[Backend] = Registry("backend", error=field_error("--backend"))

@@ -21,8 +21,8 @@ from servesim.scenario.schema import SCENARIO_KEYS, SchemaError, build_sim_confi
 from servesim.scenario.source import Mark, Marks, load_scenario_source
 from servesim.scenario.sweep import Axis, apply_point, apply_sets, expand, parse_sets, parse_sweep, set_path
 from servesim.scenario.workload import WorkloadSpec, parse_workload
-from simulator.config import SimConfig, to_dict
-from traces.errors import InputError
+from servesim.simulator.config import SimConfig, to_dict
+from servesim.traces.errors import InputError
 
 RESULT_VERSION = 1  # bump when a change makes old variant results stale (part of every hash)
 

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from servesim.scenario import store
-from traces.errors import InputError
-from simulator.outdir import MARKER
+from servesim.traces.errors import InputError
+from servesim.simulator.outdir import MARKER
 from servesim.scenario.model import Scenario, Variant, describe_params
 from servesim.scenario.workload import WorkloadSpec
 
@@ -94,7 +94,7 @@ def _request_meta(wl):
 
 def breakdown(requests, meta) -> dict:
     """Metrics the aggregate summary hides: per priority class, and per multi-turn job."""
-    from simulator.metrics import stats
+    from servesim.simulator.metrics import stats
 
     df = requests.merge(meta, on="request_id", how="left")
     done = df[df["finish_reason"].notna() & (df["output_len"] > 0)]
@@ -122,7 +122,7 @@ def run_sweep(scenario: Scenario, out_dir: str | Path, *, backend: str = "local"
     sweep order. out_dir must be new, empty or a sweep folder (resumed); it is locked meanwhile, so a
     second run on it refuses instead of computing the same variants again."""
     from servesim.scenario.backends import get_backend
-    from simulator.outdir import claim_output
+    from servesim.simulator.outdir import claim_output
 
     get_backend(backend)  # an unknown backend: refused before anything is written
     if ray_address and backend != "ray":

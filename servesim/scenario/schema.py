@@ -17,10 +17,10 @@ from functools import cache
 from typing import Any
 
 from servesim.scenario.source import Marks, dotted
-from simulator.config import SimConfig
-from scheduler.registry import did_you_mean, unknown_name_message
-from traces.errors import InputError
-from traces.synthetic_config import dataclass_in
+from servesim.simulator.config import SimConfig
+from servesim.scheduler.registry import did_you_mean, unknown_name_message
+from servesim.traces.errors import InputError
+from servesim.traces.synthetic_config import dataclass_in
 
 # Scenario-level keys besides the SimConfig fields.
 SCENARIO_KEYS = ("name", "description", "workload", "sweep", "smoke")
@@ -180,8 +180,8 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
     """What only a scenario can name by line: engine and cost model availability. vLLM's start-up
     refusals (pool, budget, max_model_len, ...) already ran when SimConfig was built
     (simulator/startup.py), the same checks `--set` and the Python API get."""
-    from simulator.cost_model import available_cost_models, make_cost_model
-    from simulator.engines import available_engines
+    from servesim.simulator.cost_model import available_cost_models, make_cost_model
+    from servesim.simulator.engines import available_engines
 
     hw = cfg.hardware
     if cfg.engine not in available_engines():

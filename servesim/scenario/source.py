@@ -16,7 +16,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 Path_ = tuple  # a key path inside the scenario tree, e.g. ("cache", "block_size")
 

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from simulator.outdir import share_like_umask
+from servesim.simulator.outdir import share_like_umask
 
 VARIANTS = "variants"
 STAGING = ".staging"

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from servesim.scenario.source import Mark, Marks
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 RESERVED = ("sweep", "smoke", "name", "description", "extends")
 

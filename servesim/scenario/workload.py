@@ -15,8 +15,8 @@ from typing import Any
 
 from servesim.scenario.schema import check_keys, convert, unknown_key
 from servesim.scenario.source import Marks
-from scheduler.registry import unknown_name_message
-from traces.errors import InputError
+from servesim.scheduler.registry import unknown_name_message
+from servesim.traces.errors import InputError
 
 TRACE_KEYS: dict[str, Any] = {"trace": str, "format": str, "options": dict}
 GENERATOR_KEYS: dict[str, Any] = {"generator": str, "seed": int | None}
@@ -66,8 +66,8 @@ class WorkloadSpec:
 
 def parse_workload(data: Any, default_seed: int, marks: Marks) -> WorkloadSpec:
     """Validate the `workload:` mapping; errors name file, line and key."""
-    from traces.synthetic import available_generators
-    from traces.synthetic_config import SyntheticConfig
+    from servesim.traces.synthetic import available_generators
+    from servesim.traces.synthetic_config import SyntheticConfig
 
     path = ("workload",)
     if not isinstance(data, dict):
@@ -111,7 +111,7 @@ def _check_transforms(common: dict, marks: Marks) -> None:
 
 def _resolve_trace(value: str, marks: Marks) -> str:
     """A path relative to the file that wrote `trace:`, or a bundled sample's name."""
-    from traces.bundled import available_bundled_traces
+    from servesim.traces.bundled import available_bundled_traces
 
     mark = marks.near(("workload", "trace"))
     base = Path(mark.file).parent if mark and mark.line is not None else Path.cwd()
@@ -126,7 +126,7 @@ def _resolve_trace(value: str, marks: Marks) -> str:
 
 
 def _check_format(spec: WorkloadSpec, marks: Marks) -> None:
-    from traces.formats import available_formats
+    from servesim.traces.formats import available_formats
 
     if spec.format != "auto" and spec.format not in available_formats():
         raise marks.error(f"unknown trace format {spec.format!r}", ("workload", "format"),
@@ -135,7 +135,7 @@ def _check_format(spec: WorkloadSpec, marks: Marks) -> None:
 
 def _check_generator(spec: WorkloadSpec, marks: Marks) -> None:
     """Build the SyntheticConfig now so an impossible parameter fails before anything runs."""
-    from traces.synthetic_config import SyntheticConfig, config_from_dict
+    from servesim.traces.synthetic_config import SyntheticConfig, config_from_dict
 
     try:
         config_from_dict(SyntheticConfig, spec.params)
@@ -148,10 +148,10 @@ def build_workload(spec: WorkloadSpec):
     """The Workload a variant replays (runs in the worker)."""
     import numpy as np
 
-    from traces.bundled import available_bundled_traces, load_bundled
-    from traces.formats import load_workload
-    from traces.synthetic import make_workload
-    from traces.transforms import rate_scale, request_limit, time_limit
+    from servesim.traces.bundled import available_bundled_traces, load_bundled
+    from servesim.traces.formats import load_workload
+    from servesim.traces.synthetic import make_workload
+    from servesim.traces.transforms import rate_scale, request_limit, time_limit
 
     if spec.trace is not None:
         if spec.trace in available_bundled_traces() and not Path(spec.trace).is_file():

@@ -1,22 +1,22 @@
 """Multi-replica serving: N engines on one SimPy clock behind a router, optionally P/D disaggregated.
 
-    from simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
+    from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
     res = run_cluster(ClusterConfig(replicas=[ReplicaGroup(count=4)], router=RouterConfig("least_kv")), wl)
     res.summary["ttft_s"]["p50"], res.requests.groupby("replica").size()
 
 See docs/CLUSTER.md.
 """
 
-from simulator.cluster.cluster import Cluster, PDTimeline, Replica, RouteRecord, run_cluster
-from simulator.cluster.config import (
+from servesim.simulator.cluster.cluster import Cluster, PDTimeline, Replica, RouteRecord, run_cluster
+from servesim.simulator.cluster.config import (
     ClusterConfig, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, cluster_config_from_dict,
     cluster_config_to_dict, sim_config_from_dict,
 )
-from simulator.cluster.link import KVLink
-from simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
-from simulator.cluster.results import ClusterResult, ReplicaResult, write_cluster_results
-from simulator.cluster.routers import Decision, Router, available_routers, make_router, register_router
-from simulator.cluster import dp as _dp  # noqa: F401  (registers the vllm_dp router)
+from servesim.simulator.cluster.link import KVLink
+from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
+from servesim.simulator.cluster.results import ClusterResult, ReplicaResult, write_cluster_results
+from servesim.simulator.cluster.routers import Decision, Router, available_routers, make_router, register_router
+from servesim.simulator.cluster import dp as _dp  # noqa: F401  (registers the vllm_dp router)
 
 __all__ = [
     "Cluster", "ClusterConfig", "ClusterResult", "Decision", "DecodeEngine", "KVLink", "LinkConfig", "PDConfig",

@@ -23,16 +23,16 @@ from functools import partial
 import numpy as np
 import simpy
 
-from scheduler.request import Request
-from simulator.cluster.config import ClusterConfig
-from simulator.cluster.link import KVLink
-from simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
-from simulator.cluster.routers import Decision, make_router
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from simulator.specs import kv_bytes_per_token, resolve_model
-from traces.errors import InputError
-from traces.workload import RequestSpec, Workload
+from servesim.scheduler.request import Request
+from servesim.simulator.cluster.config import ClusterConfig
+from servesim.simulator.cluster.link import KVLink
+from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
+from servesim.simulator.cluster.routers import Decision, make_router
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.specs import kv_bytes_per_token, resolve_model
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec, Workload
 
 
 @dataclass(slots=True)
@@ -225,7 +225,7 @@ class Cluster:
 
     def run(self):
         """Simulate to the end; returns a ClusterResult."""
-        from simulator.cluster.results import build_result
+        from servesim.simulator.cluster.results import build_result
 
         t0 = time.perf_counter()
         self.env.process(self._arrivals())  # before the engine loops, as Engine.run orders them

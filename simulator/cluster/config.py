@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.config import SimConfig, SloConfig, to_dict
-from simulator.config_values import coerce_field
-from traces.errors import InputError
+from servesim.simulator.config import SimConfig, SloConfig, to_dict
+from servesim.simulator.config_values import coerce_field
+from servesim.traces.errors import InputError
 
 ROLES = ("both", "prefill", "decode")  # "both": a colocated replica (no P/D split)
 LINK_SHARING = ("fair", "lanes")
@@ -138,7 +138,7 @@ class ClusterConfig:
 
 
 def _check_pd_groups(groups: list[ReplicaGroup]) -> None:
-    from simulator.specs import resolve_model
+    from servesim.simulator.specs import resolve_model
 
     models = {resolve_model(g.sim.hardware.model).name for g in groups}
     if len(models) > 1:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from simulator.cluster.config import ClusterConfig, ReplicaGroup, RouterConfig
-from simulator.cluster.routers import Decision, Router, _least, register_router
-from simulator.config import CostModelConfig, SimConfig
-from traces.errors import InputError
+from servesim.simulator.cluster.config import ClusterConfig, ReplicaGroup, RouterConfig
+from servesim.simulator.cluster.routers import Decision, Router, _least, register_router
+from servesim.simulator.config import CostModelConfig, SimConfig
+from servesim.traces.errors import InputError
 
 
 @register_router("vllm_dp")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import simpy
 
-from simulator.cluster.config import LinkConfig
+from servesim.simulator.cluster.config import LinkConfig
 
 
 class KVLink:

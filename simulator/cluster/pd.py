@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler import AsyncScheduler, Scheduler
-from scheduler.kv.manager import KVCacheBlocks
-from scheduler.request import Request, RequestStatus
-from simulator.engine import Engine, resolve_cache
-from simulator.startup import resolved
+from servesim.scheduler import AsyncScheduler, Scheduler
+from servesim.scheduler.kv.manager import KVCacheBlocks
+from servesim.scheduler.request import Request, RequestStatus
+from servesim.simulator.engine import Engine, resolve_cache
+from servesim.simulator.startup import resolved
 
 
 class RemotePrefillConnector:

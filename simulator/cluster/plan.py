@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
-from simulator.cluster.cluster import run_cluster
-from simulator.cluster.config import ClusterConfig, _known, cluster_config_from_dict, deep_merge
-from traces.errors import InputError
-from traces.workload import Workload
+from servesim.simulator.cluster.cluster import run_cluster
+from servesim.simulator.cluster.config import ClusterConfig, _known, cluster_config_from_dict, deep_merge
+from servesim.traces.errors import InputError
+from servesim.traces.workload import Workload
 
 
 @dataclass(slots=True)
@@ -94,7 +94,7 @@ def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
     costs = data.get("gpu_cost_per_hour") or {}
     if not isinstance(costs, dict) or any(not isinstance(v, (int, float)) or v < 0 for v in costs.values()):
         raise InputError("expected {gpu: dollars per hour >= 0}", path=path, field="gpu_cost_per_hour")
-    from simulator.specs import resolve_gpu
+    from servesim.simulator.specs import resolve_gpu
 
     cfg = PlanConfig(cluster, search, dict(data.get("workload") or {}),
                      {resolve_gpu(k).name: float(v) for k, v in costs.items()})
@@ -150,7 +150,7 @@ def cost_per_hour(plan: PlanConfig, cfg: ClusterConfig) -> float:
     """$/h from the table, or the number of GPUs when there is no table."""
     if not plan.gpu_cost_per_hour:
         return float(cfg.num_gpus)
-    from simulator.specs import resolve_gpu
+    from servesim.simulator.specs import resolve_gpu
 
     total = 0.0
     for g in cfg.replicas:
@@ -247,9 +247,9 @@ def plot_frontier(df: pd.DataFrame, threshold: float, path: str | Path, cost_lab
 def load_plan_workload(spec: dict, trace: str | None = None, base_dir: str | Path | None = None) -> Workload:
     """The plan's workload: a bundled sample name or a trace path (relative paths: to base_dir when
     the file is there, e.g. the config's folder), then rate_scale and max_requests."""
-    from traces.bundled import BUNDLED_TRACES, DEFAULT_TRACE, load_bundled
-    from traces.formats import load_workload
-    from traces.transforms import rate_scale, request_limit
+    from servesim.traces.bundled import BUNDLED_TRACES, DEFAULT_TRACE, load_bundled
+    from servesim.traces.formats import load_workload
+    from servesim.traces.transforms import rate_scale, request_limit
 
     _known(spec, ("trace", "format", "rate_scale", "max_requests"), "workload.", None)
     name = trace or spec.get("trace") or DEFAULT_TRACE

@@ -24,15 +24,15 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from simulator.cluster.config import ClusterConfig, cluster_config_to_dict
-from simulator.config import SimConfig
-from simulator.engine import EngineResult
-from simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
-from simulator.outdir import check_output, make_staging, mark
-from simulator.outputs import build_summary, publish_dir
+from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import EngineResult
+from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
+from servesim.simulator.outdir import check_output, make_staging, mark
+from servesim.simulator.outputs import build_summary, publish_dir
 
 if TYPE_CHECKING:
-    from simulator.cluster.cluster import Cluster
+    from servesim.simulator.cluster.cluster import Cluster
 
 PD_PARTS = ("prefill_queue_s", "prefill_s", "transfer_s", "first_decode_s")
 

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scheduler.registry import Registry, UnknownNameError
-from traces.errors import InputError
-from traces.workload import RequestSpec
+from servesim.scheduler.registry import Registry, UnknownNameError
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec
 
 if TYPE_CHECKING:
-    from simulator.cluster.cluster import Replica
+    from servesim.simulator.cluster.cluster import Replica
 
 
 @dataclass(slots=True)

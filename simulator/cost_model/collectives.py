@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ..specs import GpuSpec, resolve_gpu
 from .interp import Curve

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from .base import StepShape
 

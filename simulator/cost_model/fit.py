@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ..specs import ModelSpec, resolve_gpu, resolve_model
 from .fit_ops import fit_curve, fit_grid, fit_step_regression, gemm_curve, roofline_curve

@@ -15,7 +15,7 @@ from itertools import compress
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ..specs import resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model

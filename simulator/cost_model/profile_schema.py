@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 # column -> pandas dtype. Integer shape columns are nullable: NA means "does not apply to this op".
 COLUMNS: dict[str, str] = {

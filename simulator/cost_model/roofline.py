@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from itertools import compress
 from typing import Any
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops

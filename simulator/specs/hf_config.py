@@ -27,7 +27,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from .models import MlaSpec, ModelSpec
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from scheduler.registry import unknown_name_message
-from traces.errors import InputError
+from servesim.scheduler.registry import unknown_name_message
+from servesim.traces.errors import InputError
 
 from ._names import alias_keys, candidates
 from .precision import bytes_per_element, canonical_dtype, kv_cache_dtype

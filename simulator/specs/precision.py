@@ -9,7 +9,7 @@ MXFP4 one 8-bit exponent per 32 (OCP Microscaling spec).
 
 from __future__ import annotations
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 # format -> bytes per stored element, scales included
 _BYTES = {

@@ -1,6 +1,6 @@
 """Validation against real serving runs: replay a measured run, pair requests, report errors.
 
-    from simulator.validation import ValidateOptions, validate_run
+    from servesim.simulator.validation import ValidateOptions, validate_run
     report = validate_run(RUN_DIR, WORKLOAD, ValidateOptions(), out_dir="runs/validate")
     report["per_request"]["e2e"]["median_ape"]
 

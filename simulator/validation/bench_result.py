@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.bench_metrics import bench_serve_result
-from simulator.config import SimConfig
-from simulator.engine import Engine
-from traces.bench import BenchConfig, arrival_schedule
-from traces.errors import InputError
-from traces.workload import RequestSpec, Workload
+from servesim.simulator.bench_metrics import bench_serve_result
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.traces.bench import BenchConfig, arrival_schedule
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec, Workload
 
 COMPARED_PREFIXES = ("mean", "median", "p90", "p99")
 COMPARED_METRICS = ("ttft", "tpot", "itl", "e2el")

@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scheduler.config import CacheConfig, SchedulerConfig
-from simulator.bench_metrics import completed_mask
-from simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
-from simulator.engine import Engine
-from simulator.frontend import FrontendConfig
-from simulator.specs import resolve_gpu, resolve_model
-from traces.bench import BenchConfig, StageConfig, bench_workload
-from traces.errors import InputError
-from traces.workload import Workload
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.simulator.bench_metrics import completed_mask
+from servesim.simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.specs import resolve_gpu, resolve_model
+from servesim.traces.bench import BenchConfig, StageConfig, bench_workload
+from servesim.traces.errors import InputError
+from servesim.traces.workload import Workload
 
 from .cpu import cpu_overhead_preset
 from .runs import vllm_defaults
@@ -132,7 +132,7 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
     defaults = vllm_defaults(exp.engine_version)
     name = cost_model
     if cost_model == "auto":  # the shipped fit where one exists for this deployment
-        from simulator.cost_model.calibrated import find_calibrated
+        from servesim.simulator.cost_model.calibrated import find_calibrated
 
         name = "calibrated" if find_calibrated(spec.name, exp.gpu, exp.tp) else "roofline"
     cm = CostModelConfig(name=name, cpu_overhead=cpu_overhead_preset(cpu_overhead))

@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scheduler.config import CacheConfig, SchedulerConfig
-from simulator.closed_loop import ClosedLoopConfig, run_closed_loop
-from simulator.config import HardwareConfig, SimConfig
-from simulator.specs import resolve_gpu, resolve_model, with_precision
-from traces.errors import InputError
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.simulator.closed_loop import ClosedLoopConfig, run_closed_loop
+from servesim.simulator.config import HardwareConfig, SimConfig
+from servesim.simulator.specs import resolve_gpu, resolve_model, with_precision
+from servesim.traces.errors import InputError
 
 from .cpu import cpu_overhead_preset
 from .kv import choose_kv_blocks
@@ -115,7 +115,7 @@ def row_config(row: pd.Series, opts: ClosedLoopOptions) -> tuple[SimConfig, dict
 
 def request_cycle_s(cfg: SimConfig, isl: int, osl: int, concurrency: int) -> float:
     """Cost-model estimate of one request's latency at this concurrency (for client offsets)."""
-    from simulator.cost_model import StepShape, make_cost_model
+    from servesim.simulator.cost_model import StepShape, make_cost_model
 
     hw = cfg.hardware
     cm = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
@@ -133,8 +133,8 @@ def request_cycle_s(cfg: SimConfig, isl: int, osl: int, concurrency: int) -> flo
 
 def run_staggered(cfg: SimConfig, cl: ClosedLoopConfig, offsets: list[float]):
     """A closed loop like ``run_closed_loop`` whose clients start at the given offsets (seconds)."""
-    from simulator.engine import Engine
-    from traces.workload import RequestSpec
+    from servesim.simulator.engine import Engine
+    from servesim.traces.workload import RequestSpec
 
     sent = [0] * cl.num_clients
     owner: dict[str, int] = {}

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 METRICS = ("ttft", "tpot", "e2e", "queueing")
 RELATIVE_METRICS = ("ttft", "tpot", "e2e")

@@ -15,8 +15,8 @@ step's GPU work, so it only shows when it exceeds a step's GPU time.
 
 from __future__ import annotations
 
-from simulator.cost_model.cpu_overhead import CpuOverheadConfig
-from traces.errors import InputError
+from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
+from servesim.traces.errors import InputError
 
 # benchmarks/validate_cpu_overhead.py on this project's 2-core build machine, vLLM 0.19.1
 # AsyncScheduler, schedule() + update_from_output() per step (ms, quiet run):

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from simulator.kv_capacity import derive_num_gpu_blocks
-from simulator.specs import resolve_model
+from servesim.simulator.kv_capacity import derive_num_gpu_blocks
+from servesim.simulator.specs import resolve_model
 
 FIXED_OVERHEAD_GIB = 1.0
 SAMPLER_COPIES = 3

@@ -13,8 +13,8 @@ A mismatch is refused with the first differing request, so the user sees which f
 
 from __future__ import annotations
 
-from traces.errors import InputError
-from traces.workload import Workload
+from servesim.traces.errors import InputError
+from servesim.traces.workload import Workload
 
 from .runs import MeasuredRun
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.config import CacheConfig, SchedulerConfig
-from simulator.config import CostModelConfig, HardwareConfig, SimConfig
-from simulator.engine import Engine
-from simulator.frontend import FrontendConfig
-from simulator.specs import resolve_gpu, resolve_model, with_precision
-from traces.errors import InputError
-from traces.formats import load_workload
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
+from servesim.simulator.engine import Engine
+from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.specs import resolve_gpu, resolve_model, with_precision
+from servesim.traces.errors import InputError
+from servesim.traces.formats import load_workload
 
 from .compare import aggregate_errors, makespan, pair_requests, per_request_errors, timeseries_errors
 from .cpu import CALIBRATION_NOTE, cpu_overhead_preset
@@ -60,7 +60,7 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
         raise InputError(f"--skew-alpha applies to the calibrated or a fitted cost model, not {name!r}",
                          field="--skew-alpha")
     if name == "calibrated":
-        from simulator.cost_model.calibrated import available_calibrated, find_calibrated
+        from servesim.simulator.cost_model.calibrated import available_calibrated, find_calibrated
 
         path = find_calibrated(model, gpu, tp)
         if path is None:
@@ -228,8 +228,8 @@ def _simulate(cfg: SimConfig, wl, s):
         res = Engine(cfg, wl).run()
         ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
         return res, res.metrics.requests_frame(), ts, res.metrics.steps_frame()
-    from simulator.cluster import run_cluster
-    from simulator.cluster.dp import dp_cluster_config
+    from servesim.simulator.cluster import run_cluster
+    from servesim.simulator.cluster.dp import dp_cluster_config
 
     res = run_cluster(dp_cluster_config(cfg, s.data_parallel_size,
                                         expert_parallel=s.enable_expert_parallel, seed=cfg.seed), wl)

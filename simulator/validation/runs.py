@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 REQUEST_COLUMNS = ["request_id", "workload_index", "prompt_len", "output_len", "arrival_s",
                    "queueing_s", "ttft_s", "tpot_s", "e2e_s"]
@@ -178,7 +178,7 @@ def _trailing_int(s: str) -> int | None:
 
 
 def _gpu_from_folder(name: str) -> str | None:
-    from simulator.specs import resolve_gpu
+    from servesim.simulator.specs import resolve_gpu
 
     head = name.split("_")[0]
     try:

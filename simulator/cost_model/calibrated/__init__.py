@@ -2,10 +2,10 @@
 
 Each file in this folder is a fitted model (``servesim fit``, compacted and gzipped) for one
 (model, GPU, TP) combination; ``index.json`` lists them with their sources and per-op fit error.
-``python -m simulator.cost_model.calibrated.build`` regenerates everything from
+``python -m servesim.simulator.cost_model.calibrated.build`` regenerates everything from
 ``/work/shared/data/gpu_profiles`` (see README.md in this folder).
 
-    from simulator.cost_model.calibrated import find_calibrated, load_calibrated
+    from servesim.simulator.cost_model.calibrated import find_calibrated, load_calibrated
     find_calibrated("llama-3.1-8b", "h100", 1)      # Path or None
     make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1)
 
@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ...specs import resolve_gpu, resolve_model
 from ..base import check_params, register_cost_model

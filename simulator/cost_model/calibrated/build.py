@@ -1,6 +1,6 @@
 """Regenerate the shipped calibrated cost models from the shared GPU profiles.
 
-    python -m simulator.cost_model.calibrated.build [--profiles /work/shared/data/gpu_profiles]
+    python -m servesim.simulator.cost_model.calibrated.build [--profiles /work/shared/data/gpu_profiles]
 
 For every CATALOG entry: import the listed profile folders/files (``load_profiles``), ``fit`` them
 for (model, gpu, tp) exactly as ``servesim fit`` does, compact the result (floats rounded to
@@ -76,7 +76,7 @@ def _relative_paths(meta: dict, root: Path) -> None:
 
 
 def _probe_shapes():
-    from simulator.cost_model import StepShape
+    from servesim.simulator.cost_model import StepShape
 
     shapes = []
     for n, k in ((1, 128), (8, 1024), (64, 2048), (256, 4096)):
@@ -90,8 +90,8 @@ def _probe_shapes():
 
 def build_one(model: str, gpu: str, tp: int, rel_paths: list[str], why: str, root: Path,
               out: Path) -> dict:
-    from simulator.cost_model.fit import fit, load_profiles
-    from simulator.cost_model.fitted import FittedCostModel
+    from servesim.simulator.cost_model.fit import fit, load_profiles
+    from servesim.simulator.cost_model.fitted import FittedCostModel
 
     fitted = fit(load_profiles([str(root / p) for p in rel_paths]), model, gpu, tp)
     data = json.loads(json.dumps(fitted.data))

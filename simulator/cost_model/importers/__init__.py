@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from scheduler.registry import Registry
-from traces.errors import InputError, field_error
+from servesim.scheduler.registry import Registry
+from servesim.traces.errors import InputError, field_error
 
 from ...specs import find_gpu, resolve_model
 from ..profile_schema import read_profile, validate_profile

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ...specs import find_gpu
 from ..profile_schema import make_profile

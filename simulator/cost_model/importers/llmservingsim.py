@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ..profile_schema import make_profile
 from . import gpu_label, header, is_csv, model_label, read_table, register_importer

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from traces.errors import InputError
+from servesim.traces.errors import InputError
 
 from ..profile_schema import make_profile
 from . import gpu_label, register_importer
