@@ -1,69 +1,173 @@
-"""Simulation speed: simulated seconds per wall second, engine steps per wall second, peak memory.
+"""Simulation speed, whole process: x real time, engine steps per second and peak RSS per case.
 
-    python benchmarks/sim_speed.py [--only default|saturating|hour] [--hour-trace PATH]
+    python benchmarks/sim_speed.py                      # every case whose data is present
+    python benchmarks/sim_speed.py --only default hour  # some cases
+    python benchmarks/sim_speed.py --vidur-python /path/to/vidur-venv/bin/python   # + Vidur, same workload
 
-Cases: the bundled default replay; a saturating synthetic Poisson load; a 1-hour real trace
-(Azure LLM inference 2023 conversation trace from ../shared, ~19k requests).
+Each case is one `servesim replay` in a fresh child process (imports, trace loading, simulation and
+writing results included: what a user waits for) on one core; peak RSS is that child's ru_maxrss.
+"engine x" is the simulation alone (summary.json's wall_time_s: no start-up, loading or writing).
+`--set KEY=VALUE` is passed to every case (e.g. `--set scheduler.async_scheduling=false`).
+
+Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
+- default: the bundled trace (`make run`);
+- saturating: 3,000 random requests at 50 req/s, prompts 200-2,000 and outputs 50-500 tokens;
+- hour / code: the Azure LLM inference 2023 conversation / code traces (1 hour each; ../shared);
+- mooncake: the full Mooncake conversation trace (12,031 requests), Llama-3.1-70B on 8 H100 (TP8);
+- vidur: Vidur's own workload (../shared/data/benchmarks/speed_vidur_workload: 19,366 Azure-conv
+  requests, Poisson 1 req/s), Llama-2-70B TP2 on A100, batch cap 128, 4,096 tokens per batch.
+
+Vidur side by side: install Vidur 0.0.26 in its own venv (Python 3.10; `git clone
+https://github.com/microsoft/vidur && pip install -r requirements.txt && pip install -e .`), copy
+`../shared/data/gpu_profiles/vidur/` into its `data/profiles/`, let it train its predictors once
+(about 85 minutes on 2 cores, cached), then pass `--vidur-python`. The script gunzips Vidur's copy
+of the workload and runs `python -m vidur.main` with the same engine settings, timed the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from servesim.simulator.config import SimConfig  # noqa: E402
-from servesim.simulator.engine import Engine  # noqa: E402
-from servesim.traces.bundled import load_bundled  # noqa: E402
-from servesim.traces.formats import load_workload  # noqa: E402
-from servesim.traces.synthetic import make_workload  # noqa: E402
+SHARED = ROOT.parent / "shared" / "data"
+AZURE = SHARED / "traces" / "azure_llm_inference_2023"
+VIDUR_WL = SHARED / "benchmarks" / "speed_vidur_workload"
 
 
-def measure(name: str, wl, fast_forward: bool = False) -> None:
-    import dataclasses
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    args: tuple[str, ...]  # servesim replay arguments (before --out)
+    needs: Path | None = None  # data file the case reads (skipped when absent)
 
-    t0 = time.perf_counter()
-    cfg = SimConfig()
-    if fast_forward:  # fast-forward covers the synchronous loop only
-        cfg = dataclasses.replace(cfg, fast_forward=True,
-                                  scheduler=dataclasses.replace(cfg.scheduler, async_scheduling=False))
-    res = Engine(cfg, wl).run()
-    wall = time.perf_counter() - t0
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    name = name + (" sync+ff" if fast_forward else "")
-    print(f"{name:16s} {len(wl.requests):6d} req  sim {res.sim_duration_s:8.1f} s  wall {wall:7.2f} s  "
-          f"{res.sim_duration_s / wall:7.1f} sim-s/wall-s  {res.num_steps / wall:7.0f} steps/s  "
-          f"({res.num_steps} steps)  peak RSS {peak_mib:.0f} MiB")
+
+def cases() -> list[Case]:
+    return [
+        Case("default", ()),
+        Case("saturating", ("--dataset-name", "random", "--num-prompts", "3000", "--request-rate", "50",
+                            "--random-input-len", "1100", "--random-output-len", "275",
+                            "--random-range-ratio", "0.818")),
+        Case("hour", (str(AZURE / "AzureLLMInferenceTrace_conv.csv"),), AZURE / "AzureLLMInferenceTrace_conv.csv"),
+        Case("code", (str(AZURE / "AzureLLMInferenceTrace_code.csv"),), AZURE / "AzureLLMInferenceTrace_code.csv"),
+        Case("mooncake", (str(SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
+                          "--model", "llama-3.1-70b", "--tp", "8"),
+             SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
+        Case("vidur", (str(VIDUR_WL / "vidur_workload_servesim.csv.gz"), "--model", "llama-2-70b", "--gpu", "a100",
+                       "--tp", "2", "--set", "scheduler.max_num_seqs=128",
+                       "--set", "scheduler.max_num_batched_tokens=4096"), VIDUR_WL / "vidur_workload_servesim.csv.gz"),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    wall_s: float  # whole process
+    peak_rss_mib: float
+    sim_s: float | None  # simulated duration (None when the tool does not report it)
+    num_steps: int | None
+    num_requests: int | None
+    engine_wall_s: float | None = None  # the simulation alone, as the run reports it
+    error: str | None = None
+
+
+def _child(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, int, str]:
+    """Run `cmd`; its wall time, its own peak RSS (os.wait4: one case at a time), exit code, stderr tail."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        tail = err.read().decode(errors="replace").strip().splitlines()[-3:]
+    return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), " | ".join(tail)
+
+
+def run_servesim(case: Case, extra: list[str]) -> Measured:
+    with tempfile.TemporaryDirectory(prefix="servesim-speed-") as tmp:
+        out = Path(tmp) / "out"
+        cmd = [sys.executable, "-m", "servesim", "replay", *case.args, *extra, "--out", str(out)]
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        wall, rss, code, err = _child(cmd, ROOT, env)
+        if code != 0:
+            return Measured(wall, rss, None, None, None, f"exit {code}: {err}")
+        summary = json.loads((out / "summary.json").read_text())
+    return Measured(wall, rss, summary["sim_duration_s"], summary["num_steps"], summary["num_requests"],
+                    summary["wall_time_s"])
+
+
+def run_vidur(python: str) -> Measured:
+    """Vidur 0.0.26 on its own copy of the workload, with the `vidur` case's engine settings."""
+    with tempfile.TemporaryDirectory(prefix="vidur-speed-") as tmp:
+        trace = Path(tmp) / "vidur_workload.csv"
+        with gzip.open(VIDUR_WL / "vidur_workload_vidur.csv.gz") as src, trace.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        vidur_root = Path(subprocess.run([python, "-c", "import vidur, os; print(os.path.dirname(vidur.__path__[0]))"],
+                                         capture_output=True, text=True, check=True).stdout.strip())
+        cmd = [python, "-m", "vidur.main", "--replica_config_device", "a100",
+               "--replica_config_model_name", "meta-llama/Llama-2-70b-hf", "--cluster_config_num_replicas", "1",
+               "--replica_config_tensor_parallel_size", "2", "--replica_config_num_pipeline_stages", "1",
+               "--request_generator_config_type", "trace_replay",
+               "--trace_request_generator_config_trace_file", str(trace),
+               "--trace_request_generator_config_max_tokens", "4096",
+               "--replica_scheduler_config_type", "vllm", "--vllm_scheduler_config_batch_size_cap", "128",
+               "--vllm_scheduler_config_max_tokens_in_batch", "4096",
+               "--metrics_config_output_dir", str(Path(tmp) / "out")]
+        wall, rss, code, err = _child(cmd, vidur_root, dict(os.environ))
+    return Measured(wall, rss, None, None, 19366, None if code == 0 else f"exit {code}: {err}")
+
+
+def _row(name: str, m: Measured, sim_s: float | None = None) -> str:
+    if m.error:
+        return f"{name:12s} failed after {m.wall_s:.1f} s: {m.error}"
+    sim = m.sim_s if m.sim_s is not None else sim_s
+    speed = f"{sim / m.wall_s:8.1f}x" if sim else "        -"
+    engine = f"{sim / m.engine_wall_s:9.1f}x" if sim and m.engine_wall_s else "         -"
+    steps = f"{m.num_steps / m.wall_s:9.0f}" if m.num_steps else "        -"
+    return (f"{name:12s} {m.num_requests or 0:8d} {sim or 0:9.1f} {m.wall_s:9.2f} {speed} {engine} {steps} "
+            f"{m.num_steps or 0:9d} {m.peak_rss_mib:8.0f}")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["default", "saturating", "hour"])
-    ap.add_argument("--fast-forward", action="store_true", help="exact fast-forward over plain decode steps")
-    ap.add_argument("--hour-trace", default=str(ROOT.parent / "shared/data/traces/azure_llm_inference_2023/AzureLLMInferenceTrace_conv.csv"))
+    names = [c.name for c in cases()]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=names, help="cases to run (default: all with data present)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, every case")
+    ap.add_argument("--vidur-python", help="python of a venv with Vidur 0.0.26 installed (see the docstring)")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
-    print("Llama-3.1-8B on one H100 (roofline), vLLM 0.19 defaults (async scheduling; sync with --fast-forward)")
-    if args.only in (None, "default"):
-        measure("default", load_bundled(), args.fast_forward)
-    if args.only in (None, "saturating"):
-        wl = make_workload("poisson", {"num_requests": 3000, "arrival": {"rate_per_s": 50.0},
-                                       "prompt_len": {"dist": "uniform", "low": 200, "high": 2000},
-                                       "output_len": {"dist": "uniform", "low": 50, "high": 500}},
-                           np.random.default_rng(0))
-        measure("saturating", wl, args.fast_forward)
-    if args.only in (None, "hour"):
-        p = Path(args.hour_trace)
-        if p.exists():
-            measure("1-hour real", load_workload(p), args.fast_forward)
-        else:
-            print(f"1-hour real: skipped ({p} not found)")
+    extra = [a for kv in args.set for a in ("--set", kv)]
+    print(f"servesim sim speed on {platform.machine()} {platform.processor() or ''}, Python {platform.python_version()}"
+          f", {os.cpu_count()} CPUs; whole process, one child per case; "
+          f"overrides: {args.set or 'none'}")
+    print(f"{'case':12s} {'requests':>8s} {'sim s':>9s} {'wall s':>9s} {'x real':>9s} {'engine x':>10s} {'steps/s':>9s} "
+          f"{'steps':>9s} {'RSS MiB':>8s}")
+    figures: dict[str, dict] = {}
+    for case in cases():
+        if args.only and case.name not in args.only:
+            continue
+        if case.needs is not None and not case.needs.exists():
+            print(f"{case.name:12s} skipped ({case.needs} not found)")
+            continue
+        m = run_servesim(case, extra)
+        print(_row(case.name, m), flush=True)
+        figures[case.name] = {f: getattr(m, f) for f in Measured.__slots__}
+    if args.vidur_python:
+        m = run_vidur(args.vidur_python)
+        sim_s = figures.get("vidur", {}).get("sim_s")  # Vidur's simulated span ~ ours on the same arrivals
+        print(_row("vidur (Vidur)", m, sim_s), flush=True)
+        figures["vidur_by_vidur"] = {f: getattr(m, f) for f in Measured.__slots__}
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 
