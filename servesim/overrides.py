@@ -16,6 +16,17 @@ def _fields(obj) -> list[str]:
     return [f.name for f in dataclasses.fields(obj)]
 
 
+def split_set_items(items: list[str]) -> dict[str, str]:
+    """`--set k=v` items -> {k: raw v} (values still text: each caller parses them as YAML)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise InputError(f"expects key=value, got {item!r}", field="--set")
+        key, raw = item.split("=", 1)
+        pairs[key.strip()] = raw
+    return pairs
+
+
 def apply_overrides(cfg, overrides: dict[str, Any]):
     """Return a copy of cfg with each dotted key set; values are parsed as YAML scalars when strings.
 

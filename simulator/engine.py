@@ -21,8 +21,8 @@ import simpy
 
 from servesim.scheduler import CacheConfig, Request, RequestStatus, SamplingParams
 from servesim.scheduler.interface import SchedulerInterface
-from servesim.simulator.engines import make_engine_scheduler
-from servesim.scheduler.steptrace import finish_record, step_record
+from servesim.simulator.scheduler_kinds import make_engine_scheduler
+from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
 from servesim.simulator.executor import Executor, SimExecutor

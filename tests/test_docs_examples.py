@@ -13,9 +13,7 @@ from servesim.scheduler.registry import Registry
 
 @pytest.fixture
 def restore_registries():
-    """Snapshot every Registry's entries (and the run-format dict) and restore them afterwards."""
-    from servesim.simulator.validation import runs
-
+    """Snapshot every Registry's entries and restore them afterwards."""
     regs = []
 
     def keep(reg: Registry):
@@ -26,8 +24,6 @@ def restore_registries():
     for reg, entries in regs:
         reg._entries.clear()
         reg._entries.update(entries)
-    for name in [n for n in runs._FORMATS if n.startswith("doc_")]:
-        del runs._FORMATS[name]
 
 
 def test_cost_model_example(restore_registries):
@@ -107,11 +103,11 @@ def test_router_example(restore_registries):
 
 
 def test_engine_example(restore_registries):
-    from servesim.simulator.engines import ENGINES
+    from servesim.simulator.scheduler_kinds import ENGINES
     restore_registries(ENGINES)
     # --- doc example: engine
     from servesim.scheduler.async_scheduler import make_scheduler
-    from servesim.simulator.engines import register_engine
+    from servesim.simulator.scheduler_kinds import register_engine
 
     @register_engine("vllm_small_budget")
     def _small_budget(scheduler_config, cache_config, sim_config=None):
@@ -123,7 +119,7 @@ def test_engine_example(restore_registries):
     # --- end
     from servesim.scheduler.config import CacheConfig, SchedulerConfig
     from servesim.scheduler.interface import SchedulerInterface
-    from servesim.simulator.engines import make_engine_scheduler
+    from servesim.simulator.scheduler_kinds import make_engine_scheduler
 
     sc = SchedulerConfig()
     s = make_engine_scheduler("vllm_small_budget", sc, CacheConfig())
@@ -193,6 +189,8 @@ def test_importer_example(restore_registries, tmp_path):
 
 
 def test_run_format_example(restore_registries, tmp_path):
+    from servesim.simulator.validation.runs import RUN_FORMATS
+    restore_registries(RUN_FORMATS)
     # --- doc example: measured-run format
     from servesim.simulator.validation import register_run_format
 
