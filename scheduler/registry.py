@@ -161,11 +161,12 @@ class Registry(Generic[T]):
 
     # --- auto-detection ------------------------------------------------------------------------
     def detect(self, test: Callable[[str, T], Detection], *, subject: str, explicit: str,
-               tried: Callable[[str, T], str] | None = None) -> str:
+               tried: Callable[[str, T], str] | None = None, error: ErrorFactory | None = None) -> str:
         """The one entry whose `test(name, entry)` matches `subject` (the rule in the module doc).
 
         `explicit` says how the user names the entry instead (e.g. "--format NAME"); `tried`, when
-        given, describes why an entry did not match (for the no-match message)."""
+        given, describes why an entry did not match (for the no-match message); `error` overrides
+        the registry's error factory (e.g. to name the file being detected)."""
         scores: list[tuple[float, str]] = []
         misses: list[str] = []
         for name, entry in self.items():
@@ -174,7 +175,7 @@ class Registry(Generic[T]):
                 scores.append((float(score), name))
             elif tried is not None:
                 misses.append(tried(name, entry))
-        error = self._error or AmbiguousError
+        error = error or self._error or AmbiguousError
         allowed = ", ".join(self.names()) or "(none registered)"
         if not scores:
             why = f"; tried {'; '.join(misses)}" if misses else ""

@@ -197,7 +197,7 @@ def test_run_format_example(restore_registries, tmp_path):
     @register_run_format("doc_mylab_run", lambda p: (p / "mylab_run.json").is_file())
     def load_mylab_run(path):
         """Build a MeasuredRun (settings + per-request latencies) from our lab's folder."""
-        ...  # see simulator/validation/runs.py::_load_servesim for a complete loader
+        ...  # see simulator/validation/runs.py::load_servesim_run for a complete loader
         return ("loaded", path.name)
     # --- end
     from servesim.simulator.validation.runs import detect_run_format, load_run
@@ -205,6 +205,28 @@ def test_run_format_example(restore_registries, tmp_path):
     (tmp_path / "mylab_run.json").write_text("{}")
     assert detect_run_format(tmp_path) == "doc_mylab_run"
     assert load_run(tmp_path) == ("loaded", tmp_path.name)
+
+
+def test_metric_example(restore_registries):
+    import pandas as pd
+
+    from servesim.simulator.summary_metrics import METRICS
+    restore_registries(METRICS)
+    # --- doc example: metric
+    from servesim.simulator.metrics import stats
+    from servesim.simulator.summary_metrics import register_metric
+
+    @register_metric("queueing_share")
+    def queueing_share(requests, steps, sim_duration_s):
+        """The share of each request's end-to-end latency spent waiting in the queue."""
+        return stats(requests["queueing_s"] / requests["e2e_s"])
+    # --- end
+    from servesim.simulator.summary_metrics import compute_metrics
+
+    requests = pd.DataFrame({"queueing_s": [0.5, 0.0], "e2e_s": [2.0, 1.0], "output_len": [4, 2]})
+    out = compute_metrics(requests, pd.DataFrame(), 3.0)
+    assert out["queueing_share"]["mean"] == pytest.approx(0.125) and out["queueing_share"]["count"] == 2
+    assert out["normalized_latency_s"]["mean"] == pytest.approx(0.5)  # the built-in is there too
 
 
 def test_policy_example_is_tested_elsewhere():
@@ -223,6 +245,6 @@ def test_doc_snippets_match_this_file():
     here = pathlib.Path(__file__).read_text()
     doc = (pathlib.Path(__file__).parents[1] / "docs" / "ARCHITECTURE.md").read_text()
     blocks = re.findall(r"# --- doc example: ([^\n]+)\n(.*?)\n\s*# --- end", here, re.S)
-    assert len(blocks) == 8
+    assert len(blocks) == 9
     for kind, body in blocks:
         assert textwrap.dedent(body).strip() in doc, f"doc example {kind!r} differs from the test"

@@ -4,6 +4,7 @@ recognise input by content (trace formats, measured-run formats, profile importe
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 
@@ -41,6 +42,19 @@ def test_each_kind_loads_its_plugin_folder(where, folder):
     assert reg.names(), f"{where}: no built-ins registered from {folder}"
 
 
+def test_architecture_doc_names_each_plugin_folder():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    table = doc[doc.index("## Adding a pluggable kind"):doc.index("**One auto-detection rule.**")]
+    for _where, folder in PLUGIN_FOLDERS:
+        path = folder.removeprefix("servesim.").replace(".", "/")
+        if path.startswith("scenario"):
+            path = "servesim/" + path  # servesim's own modules live in servesim/ itself
+        shown = f"`{path}.py`" if path.endswith("/policy") else f"`{path}/`"  # SGLang: one module
+        assert shown in table, f"docs/ARCHITECTURE.md's plug-in table does not name {shown}"
+
+
 def test_a_new_file_in_the_folder_is_found(tmp_path, monkeypatch):
     """The mechanism every kind uses: drop a module into the plug-in package, look a name up."""
     pkg = tmp_path / "toy_plugins"
@@ -59,6 +73,18 @@ def test_a_new_file_in_the_folder_is_found(tmp_path, monkeypatch):
     finally:
         for name in [m for m in sys.modules if m == "toy_plugins" or m.startswith("toy_plugins.")]:
             del sys.modules[name]
+
+
+@contextlib.contextmanager
+def _restored(reg: Registry):
+    """Entries registered inside the block are dropped afterwards (built-ins loaded first)."""
+    reg.names()
+    saved = dict(reg._entries)
+    try:
+        yield reg
+    finally:
+        reg._entries.clear()
+        reg._entries.update(saved)
 
 
 # --- one detection rule ------------------------------------------------------------------------------
@@ -101,9 +127,7 @@ def test_trace_formats_ambiguous_and_no_match(tmp_path):
     from servesim.traces.formats import sniff_format
     from servesim.traces.registry import FORMATS, register_format
 
-    FORMATS.names()
-    saved = dict(FORMATS._entries)
-    try:
+    with _restored(FORMATS):
         for name in ("twin_a", "twin_b"):
             register_format(name, signatures=(("zz_a", "zz_b"),), encodings=("jsonl",))(lambda path: None)
         f = tmp_path / "t.jsonl"
@@ -120,17 +144,12 @@ def test_trace_formats_ambiguous_and_no_match(tmp_path):
         assert "cannot tell the trace format of a jsonl file with qq: none matches; tried " in str(e.value)
         assert "twin_a (needs {zz_a, zz_b})" in str(e.value) and "pass one with --format NAME" in str(e.value)
         assert "canonical" in e.value.allowed and "twin_b" in e.value.allowed
-    finally:
-        FORMATS._entries.clear()
-        FORMATS._entries.update(saved)
 
 
 def test_run_formats_ambiguous_and_no_match(tmp_path):
     from servesim.simulator.validation.runs import RUN_FORMATS, detect_run_format, register_run_format
 
-    RUN_FORMATS.names()
-    saved = dict(RUN_FORMATS._entries)
-    try:
+    with _restored(RUN_FORMATS):
         for name in ("lab_a", "lab_b"):
             register_run_format(name, lambda p: (p / "lab.json").is_file())(lambda p: None)
         (tmp_path / "lab.json").write_text("{}")
@@ -145,18 +164,13 @@ def test_run_formats_ambiguous_and_no_match(tmp_path):
             detect_run_format(empty)
         assert "cannot tell the run format of run folder 'empty': none matches; pass one with --run-format NAME" \
             in str(e.value)
-        assert e.value.allowed == "lab_a, lab_b, llmservingsim, servesim"
-    finally:
-        RUN_FORMATS._entries.clear()
-        RUN_FORMATS._entries.update(saved)
+        assert e.value.allowed == "lab_a, lab_b, llmservingsim, servesim" and e.value.path == str(empty)
 
 
 def test_profile_importers_ambiguous_and_no_match(tmp_path):
     from servesim.simulator.cost_model.importers import IMPORTERS, detect_source, register_importer
 
-    IMPORTERS.names()
-    saved = dict(IMPORTERS._entries)
-    try:
+    with _restored(IMPORTERS):
         f = tmp_path / "x.twin.txt"
         f.write_text("hello\n")
         with pytest.raises(InputError) as e:
@@ -170,6 +184,3 @@ def test_profile_importers_ambiguous_and_no_match(tmp_path):
             detect_source(f)
         assert "ambiguous profile source for x.twin.txt: twin_a, twin_b all match; pass one with --source NAME" \
             in str(e.value)
-    finally:
-        IMPORTERS._entries.clear()
-        IMPORTERS._entries.update(saved)

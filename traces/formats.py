@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from servesim.traces.errors import InputError
+from servesim.traces.errors import InputError, field_error
 from servesim.traces.registry import FORMATS, FormatInfo, available_formats, encoding_of, get_format, register_format
 from servesim.traces.rows import is_gzip, open_text
 from servesim.traces.workload import Workload
@@ -84,11 +84,8 @@ def sniff_format(path: str | Path) -> str:
         return f"{info.name} (needs {' or '.join('{' + ', '.join(sorted(s)) + '}' for s in info.signatures)})"
 
     found = ", ".join(sorted(keys)) if keys else "no readable keys/header"
-    try:
-        return FORMATS.detect(specificity, subject=f"a {encoding} file with {found}",
-                              explicit="--format NAME (fmt= in Python)", tried=why_not)
-    except InputError as exc:
-        raise InputError(exc.detail, path=str(file), field="fmt", allowed=exc.allowed) from None
+    return FORMATS.detect(specificity, subject=f"a {encoding} file with {found}",
+                          explicit="--format NAME (fmt= in Python)", tried=why_not, error=field_error("fmt", file))
 
 
 def load_workload(path: str | Path, fmt: str = "auto", **options: Any) -> Workload:

@@ -68,10 +68,6 @@ def get_format(name: str) -> FormatInfo:
     return FORMATS.get(name, extra=("auto",))
 
 
-def all_formats() -> list[FormatInfo]:
-    return [FORMATS.get(n) for n in FORMATS.names()]
-
-
 def encoding_of(path: Path) -> str | None:
     """Encoding implied by the file name (".gz" is ignored); None when the extension is unknown."""
     suffixes = [s.lower() for s in path.suffixes]

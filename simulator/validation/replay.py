@@ -14,7 +14,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -239,7 +239,3 @@ def _simulate(cfg: SimConfig, wl, s):
 
 def _le(value, limit) -> bool | None:
     return None if value is None else bool(value <= limit)
-
-
-def with_options(opts: ValidateOptions, **changes) -> ValidateOptions:
-    return replace(opts, **changes)

@@ -101,11 +101,8 @@ def available_run_formats() -> list[str]:
 def detect_run_format(path: str | Path) -> str:
     """The one run format whose detector matches the folder (several or none: an InputError)."""
     path = Path(path)
-    try:
-        return RUN_FORMATS.detect(lambda _name, entry: entry[0](path), subject=f"run folder {path.name!r}",
-                                  explicit="--run-format NAME")
-    except InputError as exc:
-        raise InputError(exc.detail, path=str(path), field="run_format", allowed=exc.allowed) from None
+    return RUN_FORMATS.detect(lambda _name, entry: entry[0](path), subject=f"run folder {path.name!r}",
+                              explicit="--run-format NAME", error=field_error("run_format", path))
 
 
 def load_run(path: str | Path, fmt: str = "auto") -> MeasuredRun:

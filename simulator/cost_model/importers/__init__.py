@@ -49,10 +49,7 @@ def detect_source(path: str | Path) -> str:
         except (OSError, ValueError):  # unreadable for this importer: not its format
             return False
 
-    try:
-        return IMPORTERS.detect(matches, subject=path.name, explicit="--source NAME")
-    except InputError as exc:
-        raise InputError(exc.detail, path=str(path), field="source", allowed=exc.allowed) from None
+    return IMPORTERS.detect(matches, subject=path.name, explicit="--source NAME", error=field_error("source", path))
 
 
 def import_profile(source: str, path: str | Path) -> pd.DataFrame:
