@@ -44,7 +44,7 @@ def validate(
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from servesim.simulator.outdir import check_output, staged_output
-    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.validation_report import ValidateOptions, validate_run
     from servesim.simulator.validation.blis import is_blis_dir
 
     check_output(out, overwrite=overwrite)
@@ -113,7 +113,8 @@ def validate_closed_loop(
 ) -> None:
     """Run each measured fixed-concurrency row closed-loop; write closed_loop.json/.csv/.html."""
     from servesim.simulator.outdir import check_output, staged_output
-    from servesim.simulator.validation.closed_loop import ClosedLoopOptions, closed_loop_report, load_silicon_rows
+    from servesim.simulator.validation.closed_loop import ClosedLoopOptions, load_silicon_rows
+    from servesim.validation_report import closed_loop_report
 
     check_output(out, overwrite=overwrite)
 

@@ -212,8 +212,9 @@ def summarize_rows(rows: list[dict]) -> dict:
     }
 
 
-def closed_loop_report(rows: pd.DataFrame, opts: ClosedLoopOptions | None = None, out_dir: str | Path | None = None,
-                       progress=None) -> dict:
+def closed_loop_results(rows: pd.DataFrame, opts: ClosedLoopOptions | None = None, progress=None) -> dict:
+    """Simulate each silicon row closed-loop and compare (servesim.validation_report writes the
+    result folder and its page)."""
     opts = opts or ClosedLoopOptions()
     results = []
     for i, (_, row) in enumerate(rows.iterrows()):
@@ -226,12 +227,4 @@ def closed_loop_report(rows: pd.DataFrame, opts: ClosedLoopOptions | None = None
                           "cost_model": opts.cost_model, "cpu_overhead": opts.cpu_overhead,
                           "stagger": opts.stagger, "seed": opts.seed},
               "summary": summarize_rows(results), "rows": results}
-    if out_dir is not None:
-        from .plots import write_closed_loop_page
-        from .replay import write_json_atomic
-
-        out = Path(out_dir)
-        write_json_atomic(out / "closed_loop.json", report)
-        pd.DataFrame(results).to_csv(out / "closed_loop_rows.csv", index=False)
-        write_closed_loop_page(out, report)
     return report
