@@ -22,7 +22,8 @@ def validate(
     experiment: str = typer.Option(None, "--experiment", help="blis_h100_trainval folder: which run (id or name)"),
     workload_format: str = typer.Option("auto", "--workload-format", help="trace format of --workload"),
     run_format: str = typer.Option("auto", "--run-format",
-                                   help="run layout: auto (detected), or a registered run format (a wrong name lists them)"),
+                                   help="run layout: auto (detected), or a registered run format "
+                                        "(a wrong name lists them)"),
     cost_model: str = typer.Option("calibrated", "--cost-model",
                                    help="calibrated (shipped fit for model/GPU/TP), roofline, or a fitted .json"),
     gpu: str = typer.Option(None, "--gpu", help="GPU, when the run does not record its device"),
