@@ -37,13 +37,21 @@ T = TypeVar("T")
 ErrorFactory = Callable[[str, str], Exception]  # (message, allowed names in words) -> exception
 
 
-class UnknownNameError(ValueError):
-    """An unknown registry name; the message lists the valid names and a did-you-mean."""
+class RegistryError(ValueError):
+    """A lookup or detection that failed; `allowed` lists the valid names."""
 
     def __init__(self, message: str, allowed: str) -> None:
         self.detail = message
         self.allowed = allowed
         super().__init__(f"{message} (valid: {allowed})")
+
+
+class UnknownNameError(RegistryError):
+    """An unknown registry name; the message lists the valid names and a did-you-mean."""
+
+
+class DetectionError(RegistryError):
+    """Auto-detection found several candidates (named in the message) or none."""
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
@@ -63,25 +71,16 @@ def unknown_name_message(kind: str, name: str, valid: Iterable[str]) -> str:
 def import_package_modules(package: str) -> None:
     """Import every module of `package` (one level, names starting with "_" skipped): each
     plug-in registers itself on import. A plain module (no folder) is just imported."""
-    pkg = importlib.import_module(package)
-    path = getattr(pkg, "__path__", None)  # a module object, not a scheduler: packages have one
-    if path is None:
+    spec = importlib.import_module(package).__spec__
+    folders = spec.submodule_search_locations if spec is not None else None
+    if not folders:  # a plain module: importing it registered its entries
         return
-    for info in pkgutil.iter_modules(path):
+    for info in pkgutil.iter_modules(folders):
         if not info.name.startswith("_"):
             importlib.import_module(f"{package}.{info.name}")
 
 
 Detection = bool | int | float  # True/False, or a specificity: the larger wins
-
-
-class AmbiguousError(ValueError):
-    """Several entries detect the same input (or none does); the message names them."""
-
-    def __init__(self, message: str, allowed: str) -> None:
-        self.detail = message
-        self.allowed = allowed
-        super().__init__(f"{message} (valid: {allowed})")
 
 
 class Registry(Generic[T]):
@@ -175,7 +174,7 @@ class Registry(Generic[T]):
                 scores.append((float(score), name))
             elif tried is not None:
                 misses.append(tried(name, entry))
-        error = error or self._error or AmbiguousError
+        error = error or self._error or DetectionError
         allowed = ", ".join(self.names()) or "(none registered)"
         if not scores:
             why = f"; tried {'; '.join(misses)}" if misses else ""

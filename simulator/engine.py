@@ -31,7 +31,7 @@ from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError, diagnose
 from servesim.simulator.metrics import MetricsCollector, StepRecord
 from servesim.simulator.startup import resolve_cache, resolved
-from servesim.simulator.tokens import TokenSource
+from servesim.scheduler.worker import TokenSource
 from servesim.traces.workload import RequestSpec, Workload
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from servesim.scheduler.registry import AmbiguousError, Registry
+from servesim.scheduler.registry import DetectionError, Registry
 from servesim.traces.errors import InputError
 
 # (registry, the folder whose every module is imported on the first lookup). docs/ARCHITECTURE.md's
@@ -100,14 +100,14 @@ def test_detect_exactly_one_match_wins():
 
 
 def test_detect_several_matches_is_an_error_naming_them():
-    with pytest.raises(AmbiguousError) as e:
+    with pytest.raises(DetectionError) as e:
         _toys().detect(lambda name, _e: name != "gamma", subject="x.bin", explicit="--format NAME")
     assert str(e.value) == ("ambiguous widget format for x.bin: alpha, beta all match; pass one with "
                             "--format NAME (valid: alpha, beta, gamma)")
 
 
 def test_detect_no_match_lists_the_formats():
-    with pytest.raises(AmbiguousError) as e:
+    with pytest.raises(DetectionError) as e:
         _toys().detect(lambda _n, _e: False, subject="x.bin", explicit="--format NAME",
                        tried=lambda name, _e: f"{name} (needs {name}.json)")
     assert str(e.value) == ("cannot tell the widget format of x.bin: none matches; tried alpha (needs alpha.json); "
@@ -119,7 +119,7 @@ def test_detect_more_specific_match_wins_and_ties_are_ambiguous():
     scores = {"alpha": 2, "beta": 3, "gamma": 0}
     assert _toys().detect(lambda n, _e: scores[n], subject="x", explicit="-f") == "beta"
     scores["alpha"] = 3
-    with pytest.raises(AmbiguousError, match="alpha, beta all match"):
+    with pytest.raises(DetectionError, match="alpha, beta all match"):
         _toys().detect(lambda n, _e: scores[n], subject="x", explicit="-f")
 
 
