@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams, make_scheduler  # noqa: E402
-from servesim.scheduler.steptrace import StepTraceConfig, oracle_token  # noqa: E402
+from servesim.scheduler.oracle_trace import StepTraceConfig, oracle_token  # noqa: E402
 
 
 def time_ours(workload: list[dict], cfg: StepTraceConfig) -> tuple[float, float, int]:

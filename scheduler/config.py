@@ -125,8 +125,10 @@ class CacheConfig:
                 f"attention={self.attention!r} needs sliding_window >= 1 tokens",
             )
         from servesim.scheduler.hashing import HASH_FUNCTIONS
+        from servesim.scheduler.registry import unknown_name_message
 
         _require(
             self.hash_algo in HASH_FUNCTIONS,
-            f"unknown hash_algo {self.hash_algo!r} (valid: {', '.join(sorted(HASH_FUNCTIONS))})",
+            f"{unknown_name_message('hash_algo', self.hash_algo, HASH_FUNCTIONS.names())} "
+            f"(valid: {', '.join(HASH_FUNCTIONS.names())})",
         )

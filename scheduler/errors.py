@@ -41,8 +41,9 @@ class InputError(ValueError):
         return text
 
 
-def field_error(field: str | None):
-    """An `error=` factory for servesim.scheduler.registry.Registry: unknown names become InputErrors on `field`."""
+def field_error(field: str | None, path: object = None):
+    """An `error=` factory for servesim.scheduler.registry.Registry: unknown names (and failed
+    auto-detection) become InputErrors on `field`, naming the file `path` when given."""
     def make(message: str, allowed: str) -> InputError:
-        return InputError(message, field=field, allowed=allowed)
+        return InputError(message, path=None if path is None else str(path), field=field, allowed=allowed)
     return make

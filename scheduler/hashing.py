@@ -12,6 +12,8 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from servesim.scheduler.registry import Registry
+
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request
 
@@ -21,24 +23,24 @@ HashFn = Callable[[bytes], bytes]
 NONE_HASH = hashlib.sha256(b"servesim-none-hash").digest()
 
 
+# Selected by CacheConfig.hash_algo (YAML `cache.hash_algo`); built-ins below.
+HASH_FUNCTIONS: Registry[HashFn] = Registry("prefix-caching hash algorithm")
+
+
+@HASH_FUNCTIONS.register("sha256")
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+@HASH_FUNCTIONS.register("blake2b")
 def _blake2b(data: bytes) -> bytes:
     # 16-byte digest: faster than sha256, still collision-resistant for any realistic cache size.
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": _sha256, "blake2b": _blake2b}
-
-
 def get_hash_fn(name: str) -> HashFn:
-    try:
-        return HASH_FUNCTIONS[name]
-    except KeyError:
-        valid = ", ".join(sorted(HASH_FUNCTIONS))
-        raise ValueError(f"unknown prefix-caching hash algorithm {name!r} (valid: {valid})") from None
+    """The hash function named `name`; unknown: a ValueError with the valid names and a did-you-mean."""
+    return HASH_FUNCTIONS.get(name)
 
 
 def _token_bytes(token_ids: list[int] | array) -> bytes:

@@ -4,7 +4,7 @@ Implementations: the vLLM V1 `Scheduler` / `AsyncScheduler` (scheduler/scheduler
 `SGLangScheduler` (scheduler/sglang/scheduler.py) and the P/D prefill and decode schedulers built
 on the vLLM ones (simulator/cluster/pd.py). Callers: the engine loop (simulator/engine.py), the
 executors (they read only the SchedulerOutput), fast-forward, the routers, the metrics, the step
-traces (scheduler/steptrace.py) and the liveness diagnosis (simulator/liveness.py).
+traces (scheduler/oracle_trace.py) and the liveness diagnosis (simulator/liveness.py).
 
 A caller never probes a scheduler for optional attributes: what differs between schedulers is
 declared once in `SchedulerCapabilities` (read it once and keep it: it never changes after

@@ -13,7 +13,7 @@ from __future__ import annotations
 import zlib
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from servesim.scheduler.steptrace import oracle_token
+from servesim.scheduler.oracle_trace import oracle_token
 
 
 def _uniform(seed: int, req_id: str, k: int, i: int) -> float:

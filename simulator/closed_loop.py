@@ -41,8 +41,14 @@ class ClosedLoopResult:
     measured_ids: list[str]  # request ids after each client's warm-up
 
 
-def run_closed_loop(cfg: SimConfig, cl: ClosedLoopConfig) -> ClosedLoopResult:
-    sent = {c: 0 for c in range(cl.num_clients)}
+def run_closed_loop(cfg: SimConfig, cl: ClosedLoopConfig, offsets: list[float] | None = None) -> ClosedLoopResult:
+    """Run the closed loop. `offsets`: each client's start time in seconds (validation's staggered
+    clients); None: every client sends at t=0.
+
+    The two start modes also resubmit differently, and both are kept as they were validated (the
+    fidelity tables were measured with them): the t=0 loop sends a client's next request from a new
+    SimPy process (after an optional think time), staggered clients from inside the finish callback."""
+    sent = [0] * cl.num_clients
     owner: dict[str, int] = {}
     measured: list[str] = []
     finished = [0]
@@ -59,23 +65,31 @@ def run_closed_loop(cfg: SimConfig, cl: ClosedLoopConfig) -> ClosedLoopResult:
 
     def on_finish(request_id: str, reason) -> None:
         client = owner[request_id]
+        finished[0] += 1
         if sent[client] < cl.requests_per_client:
-            engine.env.process(_send_later(client))
-        _maybe_close()
+            if offsets is None:
+                engine.env.process(_send_later(client))
+            else:
+                engine.submit(spec_for(client, engine.env.now))
+        if finished[0] == cl.num_clients * cl.requests_per_client:
+            engine.close()  # every client is done: let the loop end once the engine drains
 
     def _send_later(client: int):
         if cl.think_time_s:
             yield engine.env.timeout(cl.think_time_s)
         engine.submit(spec_for(client, engine.env.now))
 
-    def _maybe_close() -> None:
-        finished[0] += 1
-        if finished[0] == cl.num_clients * cl.requests_per_client:
-            engine.close()  # every client is done: let the loop end once the engine drains
+    def _start_at(client: int, delay: float):
+        if delay > 0:
+            yield engine.env.timeout(delay)
+        engine.submit(spec_for(client, engine.env.now))
 
     engine = Engine(cfg, None, on_finish=on_finish)
     t0 = time.perf_counter()
     for c in range(cl.num_clients):
-        engine.submit(spec_for(c, 0.0))
+        if offsets is None:
+            engine.submit(spec_for(c, 0.0))
+        else:
+            engine.env.process(_start_at(c, offsets[c]))
     engine.env.run(until=engine.start())
     return ClosedLoopResult(engine.result(time.perf_counter() - t0), measured)

@@ -109,7 +109,7 @@ class SimConfig:
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
     spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)
     slo: SloConfig = field(default_factory=SloConfig)
-    engine: str = "vllm"  # scheduler engine (simulator/engines.py): vllm | sglang
+    engine: str = "vllm"  # scheduler engine (simulator/scheduler_kinds/): vllm | sglang
     # SGLang-only knobs (engine: sglang); None fields inherit the shared scheduler/cache settings.
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     seed: int = 0

@@ -1,8 +1,10 @@
-"""Type-checked assignment of config values (shared by `--set`, scenario and cluster loaders)."""
+"""Type-checked assignment of config values and the one config-tree builder (shared by `--set`, the API,
+scenario, cluster and plan loaders)."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 from servesim.traces.errors import InputError
@@ -32,3 +34,53 @@ def coerce_field(current: Any, value: Any, where: str, path: str | None = None) 
     if not ok:
         raise InputError(f"expected {type(current).__name__}, got {value!r}", path=path, field=where)
     return value
+
+
+def build_dataclass(obj: Any, data: Any, where: str, path: str | None = None, *,
+                    name_checked_field: bool = False) -> Any:
+    """A copy of dataclass `obj` with the fields in nested dict `data` replaced (recursively,
+    type-checked): the one config-tree builder behind `--set`, the API's overrides and the cluster
+    and plan loaders.
+
+    `where` is the dotted place of `obj` in the user's input, named in errors ("" for the root:
+    `--set` keys start at SimConfig). Starting from an instance, not the class, keeps factory
+    defaults that differ from the nested class's own (SimConfig's scheduler has max_model_len=None:
+    the model's, and async scheduling on). A plain-dict field (cost_model.params) takes the given
+    keys on top of its current ones, so `--set cost_model.params.x=1` keeps the others.
+
+    When a config's own check fails (ValueError), the error names the section; with
+    `name_checked_field` (`--set`, where the user typed the full key) the field the message names."""
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping, got {data!r}", path=path, field=where or None)
+    names = [f.name for f in dataclasses.fields(obj)]
+    changes = {}
+    for key, value in data.items():
+        key_path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise InputError(f"unknown key {key!r}{hint}", path=path, field=key_path, allowed=", ".join(names))
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            changes[key] = build_dataclass(current, value, key_path, path, name_checked_field=name_checked_field)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            changes[key] = _merged(current, value)
+        else:
+            changes[key] = coerce_field(current, value, key_path, path)
+    try:
+        return dataclasses.replace(obj, **changes)
+    except InputError as e:
+        if where and e.field and not e.field.startswith(where):
+            raise InputError(e.detail, path=path, field=f"{where}.{e.field}", allowed=e.allowed) from None
+        raise
+    except (TypeError, ValueError) as e:
+        named = sorted((str(e).find(f), f) for f in names if f in str(e)) if name_checked_field else []
+        field = (f"{where}.{named[0][1]}" if where else named[0][1]) if named else (where or None)
+        raise InputError(str(e), path=path, field=field) from None
+
+
+def _merged(current: dict, value: dict) -> dict:
+    out = dict(current)
+    for k, v in value.items():
+        out[k] = _merged(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out

@@ -21,8 +21,8 @@ import simpy
 
 from servesim.scheduler import CacheConfig, Request, RequestStatus, SamplingParams
 from servesim.scheduler.interface import SchedulerInterface
-from servesim.simulator.engines import make_engine_scheduler
-from servesim.scheduler.steptrace import finish_record, step_record
+from servesim.simulator.scheduler_kinds import make_engine_scheduler
+from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
 from servesim.simulator.executor import Executor, SimExecutor
@@ -31,7 +31,7 @@ from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError, diagnose
 from servesim.simulator.metrics import MetricsCollector, StepRecord
 from servesim.simulator.startup import resolve_cache, resolved
-from servesim.simulator.tokens import TokenSource
+from servesim.scheduler.worker import TokenSource
 from servesim.traces.workload import RequestSpec, Workload
 
 

@@ -12,7 +12,7 @@ with plain stepping.
 
 from __future__ import annotations
 
-from servesim.scheduler.steptrace import oracle_token
+from servesim.scheduler.oracle_trace import oracle_token
 from servesim.simulator.cost_model.base import StepShape
 from servesim.simulator.metrics import StepRecord
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result
+from servesim.simulator.summary_metrics import compute_metrics
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -287,4 +288,6 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         # The same run in `vllm bench serve --save-result` terms (completed/failed, *_ms statistics).
         "bench_serve": bench_serve_result(req, GoodputSlo(ttft_ms=slo.ttft_s * 1e3, tpot_ms=slo.tpot_s * 1e3,
                                                           e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3)),
+        # The plug-in metrics (simulator/summary_metrics/: one file each).
+        "metrics": compute_metrics(ok, steps, sim_duration_s),
     }

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from servesim.simulator.config import SimConfig, to_dict
@@ -27,19 +28,28 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
                   step_trace_tmp: str | None = None, overwrite: bool = False) -> Path:
+    tables = res.metrics.tables()  # the frames the summary was built from, not new ones
+    resolved = to_dict(cfg)
+    resolved["cache"] = to_dict(res.cache)
+    resolved["workload"] = workload_meta
+    return write_result_folder(out_dir, "replay", requests=tables.requests, steps=tables.steps,
+                               timeseries=tables.timeseries(summary["sim_duration_s"]), config=resolved,
+                               summary=summary, overwrite=overwrite)
+
+
+def write_result_folder(out_dir: str | Path, kind: str, *, requests: pd.DataFrame, steps: pd.DataFrame,
+                        timeseries: pd.DataFrame, config: dict, summary: dict, overwrite: bool = False) -> Path:
+    """The one atomic result writer (replay and cluster runs): requests.parquet, steps.parquet,
+    timeseries.csv, config.yaml, summary.json, written into a staging folder renamed at the end (a
+    killed run leaves no complete-looking folder); `kind` goes into the folder's marker."""
     out_dir = check_output(out_dir, overwrite=overwrite)
     tmp = make_staging(out_dir)
     try:
-        mark(tmp, "replay")
-        end = summary["sim_duration_s"]
-        tables = res.metrics.tables()  # the frames the summary was built from, not new ones
-        tables.requests.to_parquet(tmp / "requests.parquet", index=False)
-        tables.steps.to_parquet(tmp / "steps.parquet", index=False)
-        tables.timeseries(end).to_csv(tmp / "timeseries.csv", index=False)
-        resolved = to_dict(cfg)
-        resolved["cache"] = to_dict(res.cache)
-        resolved["workload"] = workload_meta
-        (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+        mark(tmp, kind)
+        requests.to_parquet(tmp / "requests.parquet", index=False)
+        steps.to_parquet(tmp / "steps.parquet", index=False)
+        timeseries.to_csv(tmp / "timeseries.csv", index=False)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
         publish_dir(tmp, out_dir)
     except BaseException:

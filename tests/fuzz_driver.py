@@ -28,7 +28,7 @@ from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler  # noqa: E40
 from servesim.simulator.config import LivenessConfig, SimConfig, SpecDecodeConfig  # noqa: E402
 from servesim.simulator.engine import Engine  # noqa: E402
 from servesim.simulator.liveness import StallError  # noqa: E402
-from servesim.simulator.sglang_engine import map_sglang_config  # noqa: E402
+from servesim.simulator.scheduler_kinds.sglang import map_sglang_config  # noqa: E402
 from servesim.simulator.startup import resolve_cache, resolved  # noqa: E402
 from servesim.traces.errors import InputError  # noqa: E402
 from servesim.traces.workload import RequestSpec, Workload  # noqa: E402

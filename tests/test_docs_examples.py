@@ -13,9 +13,7 @@ from servesim.scheduler.registry import Registry
 
 @pytest.fixture
 def restore_registries():
-    """Snapshot every Registry's entries (and the run-format dict) and restore them afterwards."""
-    from servesim.simulator.validation import runs
-
+    """Snapshot every Registry's entries and restore them afterwards."""
     regs = []
 
     def keep(reg: Registry):
@@ -26,8 +24,6 @@ def restore_registries():
     for reg, entries in regs:
         reg._entries.clear()
         reg._entries.update(entries)
-    for name in [n for n in runs._FORMATS if n.startswith("doc_")]:
-        del runs._FORMATS[name]
 
 
 def test_cost_model_example(restore_registries):
@@ -107,11 +103,11 @@ def test_router_example(restore_registries):
 
 
 def test_engine_example(restore_registries):
-    from servesim.simulator.engines import ENGINES
+    from servesim.simulator.scheduler_kinds import ENGINES
     restore_registries(ENGINES)
     # --- doc example: engine
     from servesim.scheduler.async_scheduler import make_scheduler
-    from servesim.simulator.engines import register_engine
+    from servesim.simulator.scheduler_kinds import register_engine
 
     @register_engine("vllm_small_budget")
     def _small_budget(scheduler_config, cache_config, sim_config=None):
@@ -123,7 +119,7 @@ def test_engine_example(restore_registries):
     # --- end
     from servesim.scheduler.config import CacheConfig, SchedulerConfig
     from servesim.scheduler.interface import SchedulerInterface
-    from servesim.simulator.engines import make_engine_scheduler
+    from servesim.simulator.scheduler_kinds import make_engine_scheduler
 
     sc = SchedulerConfig()
     s = make_engine_scheduler("vllm_small_budget", sc, CacheConfig())
@@ -193,13 +189,15 @@ def test_importer_example(restore_registries, tmp_path):
 
 
 def test_run_format_example(restore_registries, tmp_path):
+    from servesim.simulator.validation.runs import RUN_FORMATS
+    restore_registries(RUN_FORMATS)
     # --- doc example: measured-run format
     from servesim.simulator.validation import register_run_format
 
     @register_run_format("doc_mylab_run", lambda p: (p / "mylab_run.json").is_file())
     def load_mylab_run(path):
         """Build a MeasuredRun (settings + per-request latencies) from our lab's folder."""
-        ...  # see simulator/validation/runs.py::_load_servesim for a complete loader
+        ...  # see simulator/validation/runs.py::load_servesim_run for a complete loader
         return ("loaded", path.name)
     # --- end
     from servesim.simulator.validation.runs import detect_run_format, load_run
@@ -207,6 +205,28 @@ def test_run_format_example(restore_registries, tmp_path):
     (tmp_path / "mylab_run.json").write_text("{}")
     assert detect_run_format(tmp_path) == "doc_mylab_run"
     assert load_run(tmp_path) == ("loaded", tmp_path.name)
+
+
+def test_metric_example(restore_registries):
+    import pandas as pd
+
+    from servesim.simulator.summary_metrics import METRICS
+    restore_registries(METRICS)
+    # --- doc example: metric
+    from servesim.simulator.metrics import stats
+    from servesim.simulator.summary_metrics import register_metric
+
+    @register_metric("queueing_share")
+    def queueing_share(requests, steps, sim_duration_s):
+        """The share of each request's end-to-end latency spent waiting in the queue."""
+        return stats(requests["queueing_s"] / requests["e2e_s"])
+    # --- end
+    from servesim.simulator.summary_metrics import compute_metrics
+
+    requests = pd.DataFrame({"queueing_s": [0.5, 0.0], "e2e_s": [2.0, 1.0], "output_len": [4, 2]})
+    out = compute_metrics(requests, pd.DataFrame(), 3.0)
+    assert out["queueing_share"]["mean"] == pytest.approx(0.125) and out["queueing_share"]["count"] == 2
+    assert out["normalized_latency_s"]["mean"] == pytest.approx(0.5)  # the built-in is there too
 
 
 def test_policy_example_is_tested_elsewhere():
@@ -225,6 +245,6 @@ def test_doc_snippets_match_this_file():
     here = pathlib.Path(__file__).read_text()
     doc = (pathlib.Path(__file__).parents[1] / "docs" / "ARCHITECTURE.md").read_text()
     blocks = re.findall(r"# --- doc example: ([^\n]+)\n(.*?)\n\s*# --- end", here, re.S)
-    assert len(blocks) == 8
+    assert len(blocks) == 9
     for kind, body in blocks:
         assert textwrap.dedent(body).strip() in doc, f"doc example {kind!r} differs from the test"

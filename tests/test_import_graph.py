@@ -12,24 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("scheduler", "traces", "gpu_runner", "simulator", "servesim")
-_PLUGIN = ("plug-in registry: the registry imports its built-in modules lazily (on first lookup) and each "
-           "built-in imports the registry to register itself; goes when registries declare built-ins in one place")
 # Cycles we accept (each a set of modules, all in one package), with the reason. A cycle not listed fails, and so
 # does a listed one that is gone: fix the code, then delete its row.
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"servesim.scheduler.policies", "servesim.scheduler.policies.base"}): _PLUGIN,
-    frozenset({"servesim.traces.canonical", "servesim.traces.distributions", "servesim.traces.external",
-               "servesim.traces.formats", "servesim.traces.registry"}): _PLUGIN + " (trace formats)",
-    frozenset({"servesim.simulator.cost_model.base", "servesim.simulator.cost_model.calibrated",
-               "servesim.simulator.cost_model.fitted", "servesim.simulator.cost_model.roofline"}):
-        _PLUGIN + " (cost models)",
-    frozenset({"servesim.simulator.engines", "servesim.simulator.sglang_engine"}): _PLUGIN + " (engines)",
-    frozenset({"servesim.simulator.cost_model.importers", "servesim.simulator.cost_model.importers.aiconfigurator",
-               "servesim.simulator.cost_model.importers.llmservingsim",
-               "servesim.simulator.cost_model.importers.nccl_tests",
-               "servesim.simulator.cost_model.importers.splitwise",
-               "servesim.simulator.cost_model.importers.vidur"}):
-        _PLUGIN + " (profile importers)",
     frozenset({"servesim.simulator.specs.hf_config", "servesim.simulator.specs.models"}):
         "models resolves a name to a spec and falls back to reading an HF config.json (lazy import); "
         "hf_config builds ModelSpec objects, defined in models",

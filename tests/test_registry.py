@@ -43,7 +43,7 @@ def test_error_factory_and_lazy_loader():
 
 @pytest.mark.parametrize("lookup, name, guess", [
     ("servesim.simulator.cost_model:make_cost_model", "roofine", "roofline"),
-    ("servesim.simulator.engines:make_engine_scheduler", "sglng", "sglang"),
+    ("servesim.simulator.scheduler_kinds:make_engine_scheduler", "sglng", "sglang"),
     ("servesim.simulator.specs:resolve_gpu", "h10O", "h100"),
     ("servesim.simulator.specs:resolve_model", "llama-3.1-8c", "llama-3.1-8b"),
     ("servesim.traces.registry:get_format", "mooncak", "mooncake"),

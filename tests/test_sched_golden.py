@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servesim.scheduler.steptrace import StepTraceConfig, run_step_trace
+from servesim.scheduler.oracle_trace import StepTraceConfig, run_step_trace
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "trace.jsonl.gz").exists())

@@ -110,7 +110,7 @@ def test_next_event_s_delegates_to_the_policy():
 
 # The scheduler phases branch on no policy: only scheduler/policies/ names one.
 _PHASES = ["scheduler/_schedule.py", "scheduler/scheduler.py", "scheduler/invariants.py",
-           "scheduler/trace.py", "scheduler/steptrace.py", "scheduler/queues.py"]
+           "scheduler/decision_trace.py", "scheduler/oracle_trace.py", "scheduler/queues.py"]
 _NAMES = re.compile(r"""["'](fcfs|priority|continuum)["']\s*(?!,\s*0\))|continuum""", re.IGNORECASE)
 
 

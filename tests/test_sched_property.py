@@ -8,7 +8,7 @@ import json
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from servesim.scheduler import ModelRunnerOutput, RequestStatus
-from servesim.scheduler.trace import StepTracer
+from servesim.scheduler.decision_trace import StepTracer
 from sched_helpers import make_sched, req
 
 op = st.one_of(

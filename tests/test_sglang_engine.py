@@ -12,8 +12,8 @@ from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.api import load_trace
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
-from servesim.simulator.engines import available_engines, make_engine_scheduler
-from servesim.simulator.sglang_engine import map_sglang_config
+from servesim.simulator.scheduler_kinds import available_engines, make_engine_scheduler
+from servesim.simulator.scheduler_kinds.sglang import map_sglang_config
 from servesim.traces.errors import InputError
 
 

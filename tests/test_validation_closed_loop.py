@@ -10,10 +10,10 @@ import pytest
 
 from servesim.simulator.validation.closed_loop import (
     ClosedLoopOptions,
-    closed_loop_report,
     load_silicon_rows,
     vllm_serving_defaults,
 )
+from servesim.validation_report import closed_loop_report
 
 SILICON = Path("/work/shared/data/benchmarks/aiconfigurator_silicon/silicon_sample.csv.gz")
 needs_data = pytest.mark.skipif(not SILICON.is_file(), reason="/work/shared data not present")

@@ -69,7 +69,7 @@ def test_meets_the_fidelity_targets(report):
 
 
 def test_skew_alpha_override(tmp_path):
-    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.validation_report import ValidateOptions, validate_run
     from servesim.traces.errors import InputError
 
     off = validate_run(RUN, WORKLOAD, ValidateOptions(skew_alpha=0.0, plots=False), out_dir=tmp_path / "off")

@@ -160,7 +160,7 @@ def test_self_validation_of_a_simulated_run_is_exact(tmp_path):
     from servesim.api import run as api_run
     from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
     from servesim.scheduler.config import CacheConfig, SchedulerConfig
-    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.validation_report import ValidateOptions, validate_run
     from servesim.traces.formats import load_workload
 
     wl_path = tmp_path / "wl.jsonl"

@@ -40,7 +40,7 @@ def per_request_runs(shared: Path) -> list[tuple[str, Path, Path]]:
 
 
 def run_one_request_level(run: Path, wl: Path) -> dict:
-    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.validation_report import ValidateOptions, validate_run
 
     rep = validate_run(run, wl, ValidateOptions(plots=False))
     pr = rep["per_request"]

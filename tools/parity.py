@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from servesim.scheduler.steptrace import StepTraceConfig, run_step_trace  # noqa: E402
+from servesim.scheduler.oracle_trace import StepTraceConfig, run_step_trace  # noqa: E402
 
 
 def _spec(method: str):

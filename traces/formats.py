@@ -19,8 +19,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from servesim.traces.errors import InputError
-from servesim.traces.registry import all_formats, available_formats, encoding_of, get_format, register_format
+from servesim.traces.errors import InputError, field_error
+from servesim.traces.registry import FORMATS, FormatInfo, available_formats, encoding_of, get_format, register_format
 from servesim.traces.rows import is_gzip, open_text
 from servesim.traces.workload import Workload
 
@@ -71,31 +71,21 @@ def sniff_format(path: str | Path) -> str:
         raise InputError("file not found", path=str(file))
     encoding = _guess_encoding(file)
     keys = set(_first_keys(file, encoding))
-    matches: list[tuple[int, str]] = []
-    tried: list[str] = []
-    for info in all_formats():
+
+    def specificity(_name: str, info: FormatInfo) -> int:
+        # The largest signature the file has: a format naming more of its columns is more specific.
         if encoding not in info.encodings:
-            tried.append(f"{info.name} (reads {'/'.join(info.encodings)})")
-            continue
-        hits = [len(sig) for sig in info.signatures if sig <= keys]
-        if hits:
-            matches.append((max(hits), info.name))
-        else:
-            needs = " or ".join("{" + ", ".join(sorted(sig)) + "}" for sig in info.signatures)
-            tried.append(f"{info.name} (needs {needs})")
-    if not matches:
-        found = ", ".join(sorted(keys)) if keys else "no readable keys/header"
-        raise InputError(
-            f"cannot tell the trace format: {encoding} file with {found}; tried "
-            + "; ".join(tried),
-            path=str(file), field="fmt", allowed=", ".join(available_formats()),
-        )
-    matches.sort(reverse=True)  # most specific signature first
-    if len(matches) > 1 and matches[0][0] == matches[1][0]:
-        names = ", ".join(name for _, name in matches)
-        raise InputError(f"ambiguous trace format: matches {names}", path=str(file),
-                         field="fmt", allowed="pass fmt= explicitly")
-    return matches[0][1]
+            return 0
+        return max((len(sig) for sig in info.signatures if sig <= keys), default=0)
+
+    def why_not(_name: str, info: FormatInfo) -> str:
+        if encoding not in info.encodings:
+            return f"{info.name} (reads {'/'.join(info.encodings)})"
+        return f"{info.name} (needs {' or '.join('{' + ', '.join(sorted(s)) + '}' for s in info.signatures)})"
+
+    found = ", ".join(sorted(keys)) if keys else "no readable keys/header"
+    return FORMATS.detect(specificity, subject=f"a {encoding} file with {found}",
+                          explicit="--format NAME (fmt= in Python)", tried=why_not, error=field_error("fmt", file))
 
 
 def load_workload(path: str | Path, fmt: str = "auto", **options: Any) -> Workload:

@@ -192,7 +192,9 @@ class GeneratorInfo:
     description: str
 
 
-GENERATORS: Registry[GeneratorInfo] = Registry("generator", error=field_error("generator"))
+# Built-ins are below; every module of traces/ is imported on the first lookup, so a new
+# generator is one new file in traces/.
+GENERATORS: Registry[GeneratorInfo] = Registry("generator", plugins="servesim.traces", error=field_error("generator"))
 
 
 def register_generator(name: str, description: str = ""

@@ -13,8 +13,6 @@ on the first lookup, so the file needs no entry anywhere else (docs/ARCHITECTURE
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -85,15 +83,7 @@ class SchedulingPolicy(Protocol):
 PolicyFactory = Callable[["SchedulerConfig", "KVCacheManager", dict], SchedulingPolicy]
 
 
-def _load_builtins() -> None:
-    """Import every module of this package: each registers its policies on import."""
-    import servesim.scheduler.policies as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"{pkg.__name__}.{info.name}")
-
-
-SCHEDULING_POLICIES: Registry[PolicyFactory] = Registry("policy", loader=_load_builtins)
+SCHEDULING_POLICIES: Registry[PolicyFactory] = Registry("policy", plugins="servesim.scheduler.policies")
 
 
 def make_policy(config: SchedulerConfig, kv_cache_manager: KVCacheManager, requests: dict) -> SchedulingPolicy:

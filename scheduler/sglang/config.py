@@ -2,21 +2,24 @@
 
 Defaults are SGLang's (server_args.py / environ.py of the v0.5 line) except where a comment says
 otherwise. Fields typed `X | None` default to None, meaning "take the value from the shared
-SchedulerConfig/CacheConfig" (simulator/sglang_engine.py::map_sglang_config fills them in); the
+SchedulerConfig/CacheConfig" (simulator/scheduler_kinds/sglang.py::map_sglang_config fills them in); the
 scheduler itself only accepts a config whose fields are all resolved.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from servesim.scheduler.registry import unknown_name_message
+from servesim.scheduler.registry import Registry, unknown_name_message
 
-# Queue orderings (SchedulePolicy.calc_priority); the cache-aware ones need the radix cache.
+# Queue orderings (SchedulePolicy.calc_priority) by name: `ordering(waiting, QueueContext)`. The
+# built-ins register themselves in policy.py (named here as a string: policy.py imports this
+# module); a new ordering registers with policy.register_ordering.
+ORDERINGS: Registry[Callable[..., None]] = Registry("schedule policy", plugins="servesim.scheduler.sglang.policy")
+# The cache-aware orderings need the radix cache (without it they fall back to fcfs).
 CACHE_AWARE_POLICIES = ("lpm", "dfs-weight")
-CACHE_AGNOSTIC_POLICIES = ("fcfs", "lof", "random")
-SCHEDULE_POLICIES = CACHE_AWARE_POLICIES + CACHE_AGNOSTIC_POLICIES
 
 # Fields that inherit a shared setting when None (see map_sglang_config).
 INHERITED_FIELDS = (
@@ -32,7 +35,7 @@ def _require(cond: bool, msg: str) -> None:
 
 @dataclass(slots=True)
 class SGLangConfig:
-    schedule_policy: str = "fcfs"  # one of SCHEDULE_POLICIES
+    schedule_policy: str = "fcfs"  # a name in ORDERINGS
     # --- inherited from the shared configs when None -------------------------------------------
     max_running_requests: int | None = None  # requests in the running batch at most (max_num_seqs)
     chunked_prefill_size: int | None = None  # tokens per prefill chunk (max_num_batched_tokens)
@@ -63,9 +66,10 @@ class SGLangConfig:
     lpm_fallback_queue_len: int = 128  # LPM sorts only queues up to this length (else FCFS)
 
     def __post_init__(self) -> None:
-        _require(self.schedule_policy in SCHEDULE_POLICIES,
-                 f"{unknown_name_message('schedule_policy', self.schedule_policy, SCHEDULE_POLICIES)} "
-                 f"(valid: {', '.join(SCHEDULE_POLICIES)})")
+        if self.schedule_policy not in ORDERINGS:
+            valid = [*CACHE_AWARE_POLICIES, *(n for n, _ in ORDERINGS.items() if n not in CACHE_AWARE_POLICIES)]
+            raise ValueError(f"{unknown_name_message('schedule_policy', self.schedule_policy, valid)} "
+                             f"(valid: {', '.join(valid)})")
         for name in ("max_running_requests", "chunked_prefill_size", "page_size", "max_total_tokens",
                      "prefill_max_requests"):
             value = getattr(self, name)

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.registry import Registry
-from servesim.scheduler.sglang.config import CACHE_AWARE_POLICIES, SGLangConfig
+from servesim.scheduler.sglang.config import CACHE_AWARE_POLICIES, ORDERINGS, SGLangConfig
 from servesim.scheduler.sglang.memory import SGLangMemory, extra_key
 from servesim.scheduler.sglang.radix_cache import RadixCache, TreeNode
 
@@ -35,7 +34,6 @@ class QueueContext:
 
 
 Ordering = Callable[[list, QueueContext], None]
-ORDERINGS: Registry[Ordering] = Registry("schedule policy")
 
 
 def register_ordering(name: str):

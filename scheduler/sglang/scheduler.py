@@ -39,7 +39,7 @@ class SGLangScheduler(BatchingMixin):
         missing = config.unresolved_fields()
         if missing:
             raise ValueError(f"SGLangConfig fields still None: {', '.join(missing)} "
-                             "(fill them from the shared configs: simulator.sglang_engine.map_sglang_config)")
+                             "(fill them from the shared configs: simulator.scheduler_kinds.sglang.map_sglang_config)")
         self.config = config
         self.max_model_len = max_model_len
         self.log_stats = log_stats

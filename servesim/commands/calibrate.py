@@ -29,7 +29,7 @@ def calibrate(
     from servesim.gpu_runner.model import LlamaModel
     from servesim.gpu_runner.runner import require_device
     from servesim.gpu_runner.weights import PRESETS, preset
-    from servesim.calibration_report import write_report
+    from servesim.plots.calibration import write_report
     from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
     from servesim.simulator.outdir import check_output_file
     from servesim.simulator.specs import find_gpu, resolve_model

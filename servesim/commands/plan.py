@@ -24,7 +24,8 @@ def plan_command(
     """Sweep deployments (early stop per shape), print the cost/goodput table, write CSV and PNG."""
     from servesim.cli import on_interrupt
     from servesim.report import make_console
-    from servesim.simulator.cluster.plan import PlanConfig, load_plan_workload, plot_frontier, search
+    from servesim.plots.plan import plot_frontier
+    from servesim.simulator.cluster.plan import PlanConfig, load_plan_workload, search
     from servesim.simulator.outdir import check_output, staged_output
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing

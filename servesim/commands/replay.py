@@ -15,7 +15,7 @@ SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
-    from servesim.overrides import apply_overrides
+    from servesim.overrides import apply_overrides, split_set_items
     from servesim.simulator.config import CostModelConfig, SimConfig
 
     cfg = SimConfig()
@@ -25,13 +25,7 @@ def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
         cfg.cost_model = CostModelConfig(name="profiled", params={"path": cost_model})
     cfg.seed = seed
     cfg.engine = engine
-    pairs = {}
-    for item in sets:
-        if "=" not in item:
-            raise InputError(f"expects key=value, got {item!r}", field="--set")
-        k, v = item.split("=", 1)
-        pairs[k.strip()] = v
-    return apply_overrides(cfg, pairs)
+    return apply_overrides(cfg, split_set_items(sets))
 
 
 @app.command()

@@ -8,7 +8,7 @@ import typer
 
 from servesim.scheduler.config import POLICIES
 from servesim.scheduler.registry import unknown_name_message
-from servesim.scheduler.steptrace import StepTraceConfig, run_step_trace
+from servesim.scheduler.oracle_trace import StepTraceConfig, run_step_trace
 from servesim.cli import app
 from servesim.oracle_io import read_oracle_workload, write_jsonl_atomic
 from servesim.traces.errors import InputError

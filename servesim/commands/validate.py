@@ -21,7 +21,9 @@ def validate(
                                                          "not needed for a blis_h100_trainval folder"),
     experiment: str = typer.Option(None, "--experiment", help="blis_h100_trainval folder: which run (id or name)"),
     workload_format: str = typer.Option("auto", "--workload-format", help="trace format of --workload"),
-    run_format: str = typer.Option("auto", "--run-format", help="run layout: auto, llmservingsim, servesim"),
+    run_format: str = typer.Option("auto", "--run-format",
+                                   help="run layout: auto (detected), or a registered run format "
+                                        "(a wrong name lists them)"),
     cost_model: str = typer.Option("calibrated", "--cost-model",
                                    help="calibrated (shipped fit for model/GPU/TP), roofline, or a fitted .json"),
     gpu: str = typer.Option(None, "--gpu", help="GPU, when the run does not record its device"),
@@ -43,7 +45,7 @@ def validate(
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from servesim.simulator.outdir import check_output, staged_output
-    from servesim.simulator.validation import ValidateOptions, validate_run
+    from servesim.validation_report import ValidateOptions, validate_run
     from servesim.simulator.validation.blis import is_blis_dir
 
     check_output(out, overwrite=overwrite)
@@ -112,7 +114,8 @@ def validate_closed_loop(
 ) -> None:
     """Run each measured fixed-concurrency row closed-loop; write closed_loop.json/.csv/.html."""
     from servesim.simulator.outdir import check_output, staged_output
-    from servesim.simulator.validation.closed_loop import ClosedLoopOptions, closed_loop_report, load_silicon_rows
+    from servesim.simulator.validation.closed_loop import ClosedLoopOptions, load_silicon_rows
+    from servesim.validation_report import closed_loop_report
 
     check_output(out, overwrite=overwrite)
 

@@ -1,4 +1,6 @@
-"""Plots of runs and sweeps (matplotlib, drawn with Agg) and the self-contained report.html.
+"""Every figure servesim draws (matplotlib, Agg): runs and sweeps with the self-contained report.html
+(here, run.py, sweep.py, report.py), `servesim plan`'s frontier (plan.py), `servesim calibrate`'s
+report (calibration.py) and the validation pages (validation.py).
 
     from servesim.plots import plot_results
     pngs, report = plot_results("runs/kv_size_preemptions")     # a sweep folder or one run's folder

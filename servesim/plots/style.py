@@ -53,12 +53,6 @@ def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
-def ms_axis(ax, which: str = "x") -> None:
-    """Label seconds as milliseconds without rescaling the data."""
-    fmt = FuncFormatter(lambda v, _: f"{v * 1e3:g}")
-    (ax.xaxis if which == "x" else ax.yaxis).set_major_formatter(fmt)
-
-
 def time_unit(values) -> tuple[str, float]:
     """("ms", 1e3) for typical latencies, ("s", 1) once the median passes 2 s (overload runs)."""
     arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)

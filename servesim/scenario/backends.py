@@ -20,7 +20,9 @@ from servesim.scheduler.registry import Registry
 from servesim.traces.errors import InputError, field_error
 
 Backend = Callable[[list[VariantTask], Path, "int | None", "str | None", Callable[[Outcome], None]], None]
-BACKENDS: Registry[Backend] = Registry("backend", error=field_error("--backend"))
+# Built-ins (local, ray) are below; every module of servesim/scenario/ is imported on the first
+# lookup, so a new backend is one new file there.
+BACKENDS: Registry[Backend] = Registry("backend", plugins="servesim.scenario", error=field_error("--backend"))
 
 
 def register_backend(name: str):

@@ -181,7 +181,7 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
     refusals (pool, budget, max_model_len, ...) already ran when SimConfig was built
     (simulator/startup.py), the same checks `--set` and the Python API get."""
     from servesim.simulator.cost_model import available_cost_models, make_cost_model
-    from servesim.simulator.engines import available_engines
+    from servesim.simulator.scheduler_kinds import available_engines
 
     hw = cfg.hardware
     if cfg.engine not in available_engines():

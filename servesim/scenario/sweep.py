@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from servesim.overrides import split_set_items
 from servesim.scenario.source import Mark, Marks
 from servesim.traces.errors import InputError
 
@@ -128,14 +129,11 @@ def parse_sets(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
     if isinstance(items, dict):
         return dict(items)
     out = {}
-    for item in items:
-        if "=" not in item:
-            raise InputError(f"--set expects key=value, got {item!r}", field="--set")
-        key, raw = item.split("=", 1)
+    for key, raw in split_set_items(items).items():
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise InputError(f"cannot parse the value of --set {key.strip()}: {exc}", field=key.strip()) from None
+            raise InputError(f"cannot parse the value of --set {key}: {exc}", field=key) from None
     return out
 
 

@@ -16,7 +16,6 @@ from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
 from servesim.simulator.cluster.results import ClusterResult, ReplicaResult, write_cluster_results
 from servesim.simulator.cluster.routers import Decision, Router, available_routers, make_router, register_router
-from servesim.simulator.cluster import dp as _dp  # noqa: F401  (registers the vllm_dp router)
 
 __all__ = [
     "Cluster", "ClusterConfig", "ClusterResult", "Decision", "DecodeEngine", "KVLink", "LinkConfig", "PDConfig",

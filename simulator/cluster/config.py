@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simulator.config import SimConfig, SloConfig, to_dict
-from servesim.simulator.config_values import coerce_field
+from servesim.simulator.config_values import build_dataclass, coerce_field  # noqa: F401  (re-exported)
 from servesim.traces.errors import InputError
 
 ROLES = ("both", "prefill", "decode")  # "both": a colocated replica (no P/D split)
@@ -227,40 +227,6 @@ def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None
     if "num_gpu_blocks" in (data.get("cache") or {}) and "derive_num_gpu_blocks" not in data:
         cfg = dataclasses.replace(cfg, derive_num_gpu_blocks=False)
     return cfg
-
-
-def build_dataclass(obj: Any, data: Any, where: str, path: str | None = None) -> Any:
-    """A copy of dataclass `obj` with the fields in `data` replaced (recursively, type-checked).
-
-    Starting from an instance, not the class, keeps factory defaults that differ from the nested
-    class's own (SimConfig's scheduler has max_model_len=None: the model's, and async scheduling on)."""
-    if not isinstance(data, dict):
-        raise InputError(f"expected a mapping, got {data!r}", path=path, field=where)
-    names = [f.name for f in dataclasses.fields(obj)]
-    changes = {}
-    for key, value in data.items():
-        key_path = f"{where}.{key}"
-        if key not in names:
-            near = difflib.get_close_matches(str(key), names, n=3)
-            hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise InputError(f"unknown key {key!r}{hint}", path=path, field=key_path, allowed=", ".join(names))
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            changes[key] = build_dataclass(current, value, key_path, path)
-        else:
-            changes[key] = _coerce(current, value, key_path, path)
-    try:
-        return dataclasses.replace(obj, **changes)
-    except InputError as e:
-        if e.field and not e.field.startswith(where):
-            raise InputError(e.detail, path=path, field=f"{where}.{e.field}", allowed=e.allowed) from None
-        raise
-    except (TypeError, ValueError) as e:
-        raise InputError(str(e), path=path, field=where) from None
-
-
-def _coerce(current: Any, value: Any, where: str, path: str | None) -> Any:
-    return coerce_field(current, value, where, path)
 
 
 def _expand_dotted(data: Any, where: str, path: str | None) -> dict:

@@ -14,22 +14,18 @@ kv_link_s is the part on the link); first_decode_s: -> the decode replica's firs
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
-from servesim.simulator.outdir import check_output, make_staging, mark
-from servesim.simulator.outputs import build_summary, publish_dir
+from servesim.simulator.outputs import build_summary, write_result_folder
 
 if TYPE_CHECKING:
     from servesim.simulator.cluster.cluster import Cluster
@@ -181,23 +177,12 @@ def _replica_brief(s: dict) -> dict:
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
                           overwrite: bool = False) -> Path:
-    """requests.parquet, steps.parquet, timeseries.csv (per replica), summary.json, config.yaml;
-    written into a temporary folder renamed at the end (a killed run leaves no complete-looking folder)."""
-    out_dir = check_output(out_dir, overwrite=overwrite)
-    tmp = make_staging(out_dir)
-    try:
-        mark(tmp, "cluster")
-        res.requests.to_parquet(tmp / "requests.parquet", index=False)
-        res.steps.to_parquet(tmp / "steps.parquet", index=False)
-        end = res.summary["sim_duration_s"]
-        ts = [_with_replica(rr.result.metrics.tables().timeseries(end), rr) for rr in res.replicas]
-        pd.concat(ts, ignore_index=True).to_csv(tmp / "timeseries.csv", index=False)
-        resolved = cluster_config_to_dict(res.config)
-        resolved["workload"] = workload_meta
-        (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-        (tmp / "summary.json").write_text(json.dumps(res.summary, indent=1) + "\n")
-        publish_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    """requests.parquet, steps.parquet, timeseries.csv (per replica), summary.json, config.yaml,
+    through the replay's atomic writer."""
+    end = res.summary["sim_duration_s"]
+    ts = [_with_replica(rr.result.metrics.tables().timeseries(end), rr) for rr in res.replicas]
+    resolved = cluster_config_to_dict(res.config)
+    resolved["workload"] = workload_meta
+    return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps,
+                               timeseries=pd.concat(ts, ignore_index=True), config=resolved,
+                               summary=res.summary, overwrite=overwrite)

@@ -44,7 +44,9 @@ class Router:
 
 
 RouterFactory = Callable[..., Router]
-ROUTERS: Registry[RouterFactory] = Registry("router")
+# Built-ins are below (and vllm_dp in dp.py); every module of simulator/cluster/ is imported on the
+# first lookup, so a new router is one new file there.
+ROUTERS: Registry[RouterFactory] = Registry("router", plugins="servesim.simulator.cluster")
 
 
 def register_router(name: str):

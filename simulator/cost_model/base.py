@@ -60,13 +60,9 @@ class CostModel(Protocol):
 CostModelFactory = Callable[..., CostModel]
 
 
-def _load_builtin_models() -> None:
-    # Importing the modules runs their @register_cost_model decorators; done lazily so that
-    # `base` stays importable on its own and registration order cannot cause import cycles.
-    from . import calibrated, fitted, roofline  # noqa: F401
-
-
-COST_MODELS: Registry[CostModelFactory] = Registry("cost model", loader=_load_builtin_models,
+# Built-ins: every module of simulator/cost_model/ is imported on the first lookup (roofline.py,
+# fitted.py, calibrated/ register themselves), so a new cost model is one new file there.
+COST_MODELS: Registry[CostModelFactory] = Registry("cost model", plugins="servesim.simulator.cost_model",
                                                    error=field_error("cost_model"),
                                                    normalize=lambda s: s.strip().lower())
 

@@ -131,47 +131,6 @@ def request_cycle_s(cfg: SimConfig, isl: int, osl: int, concurrency: int) -> flo
     return prefill + max(osl - 1, 0) * decode
 
 
-def run_staggered(cfg: SimConfig, cl: ClosedLoopConfig, offsets: list[float]):
-    """A closed loop like ``run_closed_loop`` whose clients start at the given offsets (seconds)."""
-    from servesim.simulator.engine import Engine
-    from servesim.traces.workload import RequestSpec
-
-    sent = [0] * cl.num_clients
-    owner: dict[str, int] = {}
-    measured: list[str] = []
-    finished = [0]
-    engine: Engine
-
-    def submit(client: int) -> None:
-        k = sent[client]
-        sent[client] += 1
-        rid = f"c{client:04d}-{k:04d}"
-        owner[rid] = client
-        if k >= cl.warmup_requests_per_client:
-            measured.append(rid)
-        engine.submit(RequestSpec(rid, engine.env.now, prompt_len=cl.prompt_len, output_len=cl.output_len))
-
-    def start(client: int, delay: float):
-        if delay > 0:
-            yield engine.env.timeout(delay)
-        submit(client)
-
-    def on_finish(request_id: str, reason) -> None:
-        client = owner[request_id]
-        finished[0] += 1
-        if sent[client] < cl.requests_per_client:
-            submit(client)
-        if finished[0] == cl.num_clients * cl.requests_per_client:
-            engine.close()
-
-    engine = Engine(cfg, None, on_finish=on_finish)
-    t0 = time.perf_counter()
-    for c in range(cl.num_clients):
-        engine.env.process(start(c, offsets[c]))
-    engine.env.run(until=engine.start())
-    return engine.result(time.perf_counter() - t0), measured
-
-
 def _means(req: pd.DataFrame, ids: set[str] | None) -> tuple[float, float]:
     sub = req if ids is None else req[req["request_id"].isin(ids)]
     return float(sub["ttft_s"].mean()), float(sub["tpot_s"].mean())
@@ -203,7 +162,8 @@ def run_row(row: pd.Series, opts: ClosedLoopOptions) -> dict:
         else:
             rng = np.random.default_rng(opts.seed)
             offsets = sorted(float(x) for x in rng.uniform(0.0, cycle, cl.num_clients))
-        eng, measured_ids = run_staggered(cfg, cl, offsets)
+        res = run_closed_loop(cfg, cl, offsets)
+        eng, measured_ids = res.engine, res.measured_ids
     elif opts.stagger == "none":
         res = run_closed_loop(cfg, cl)
         eng, measured_ids = res.engine, res.measured_ids
@@ -252,8 +212,9 @@ def summarize_rows(rows: list[dict]) -> dict:
     }
 
 
-def closed_loop_report(rows: pd.DataFrame, opts: ClosedLoopOptions | None = None, out_dir: str | Path | None = None,
-                       progress=None) -> dict:
+def closed_loop_results(rows: pd.DataFrame, opts: ClosedLoopOptions | None = None, progress=None) -> dict:
+    """Simulate each silicon row closed-loop and compare (servesim.validation_report writes the
+    result folder and its page)."""
     opts = opts or ClosedLoopOptions()
     results = []
     for i, (_, row) in enumerate(rows.iterrows()):
@@ -266,12 +227,4 @@ def closed_loop_report(rows: pd.DataFrame, opts: ClosedLoopOptions | None = None
                           "cost_model": opts.cost_model, "cpu_overhead": opts.cpu_overhead,
                           "stagger": opts.stagger, "seed": opts.seed},
               "summary": summarize_rows(results), "rows": results}
-    if out_dir is not None:
-        from .plots import write_closed_loop_page
-        from .replay import write_json_atomic
-
-        out = Path(out_dir)
-        write_json_atomic(out / "closed_loop.json", report)
-        pd.DataFrame(results).to_csv(out / "closed_loop_rows.csv", index=False)
-        write_closed_loop_page(out, report)
     return report

@@ -1,6 +1,7 @@
 """Replay a measured run in the simulator and compare, request by request.
 
-    report = validate_run(RUN_DIR, WORKLOAD, ValidateOptions(), out_dir="runs/validate")
+    cmp = compare_run(RUN_DIR, WORKLOAD, ValidateOptions())   # cmp.report is validation.json
+    (servesim.validation_report.validate_run also writes the result folder and its page)
 
 The simulated engine gets the run's recorded settings (``MeasuredRun.settings``; vLLM's defaults
 for what the run does not record, each labelled in ``report["settings"]["provenance"]``), the KV
@@ -14,10 +15,11 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
@@ -176,9 +178,19 @@ def write_json_atomic(path: Path, data: dict) -> None:
         raise
 
 
-def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOptions | None = None,
-                 out_dir: str | Path | None = None) -> dict:
-    """Replay RUN_DIR's workload with its settings; return (and write) the validation report."""
+@dataclass(slots=True)
+class RunComparison:
+    """A measured run against its replay: the report (validation.json) and the frames behind it."""
+
+    report: dict
+    paired: pd.DataFrame  # one row per measured request paired with its simulated twin
+    measured_timeseries: pd.DataFrame | None
+    simulated_timeseries: pd.DataFrame
+
+
+def compare_run(run_dir: str | Path, workload: str | Path, opts: ValidateOptions | None = None) -> RunComparison:
+    """Replay RUN_DIR's workload with its settings and compare (servesim.validation_report writes
+    the result folder and its pages)."""
     opts = opts or ValidateOptions()
     run = load_run(run_dir, opts.run_format)
     wl = load_workload(workload, opts.workload_format)
@@ -208,18 +220,7 @@ def validate_run(run_dir: str | Path, workload: str | Path, opts: ValidateOption
                        "sim_duration_s": float(sim_ts["t_s"].max()) if len(sim_ts) else 0.0,
                        "data_parallel_size": run.settings.data_parallel_size},
     }
-    report = _clean(report)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "validation.json", report)
-        paired.to_csv(out / "paired_requests.csv", index=False)
-        sim_ts.to_csv(out / "simulated_timeseries.csv", index=False)
-        if opts.plots:
-            from .plots import write_validation_page
-
-            write_validation_page(out, report, paired, run.timeseries, sim_ts)
-    return report
+    return RunComparison(_clean(report), paired, run.timeseries, sim_ts)
 
 
 def _simulate(cfg: SimConfig, wl, s):
@@ -239,7 +240,3 @@ def _simulate(cfg: SimConfig, wl, s):
 
 def _le(value, limit) -> bool | None:
     return None if value is None else bool(value <= limit)
-
-
-def with_options(opts: ValidateOptions, **changes) -> ValidateOptions:
-    return replace(opts, **changes)

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesim.traces.errors import InputError
+from servesim.scheduler.registry import Registry
+from servesim.traces.errors import InputError, field_error
 
 REQUEST_COLUMNS = ["request_id", "workload_index", "prompt_len", "output_len", "arrival_s",
                    "queueing_s", "ttft_s", "tpot_s", "e2e_s"]
@@ -76,31 +77,32 @@ class MeasuredRun:
 
 # ---- registry -------------------------------------------------------------------------------
 RunLoader = Callable[[Path], MeasuredRun]
-_FORMATS: dict[str, tuple[Callable[[Path], bool], RunLoader]] = {}
+RunDetector = Callable[[Path], bool]
+# Built-ins (llmservingsim, servesim) are below; every module of simulator/validation/ is imported on
+# the first lookup, so a new run format is one new file there.
+RUN_FORMATS: Registry[tuple[RunDetector, RunLoader]] = Registry(
+    "run format", plugins="servesim.simulator.validation", error=field_error("run_format"))
 
 
-def register_run_format(name: str, detect: Callable[[Path], bool]) -> Callable[[RunLoader], RunLoader]:
+def register_run_format(name: str, detect: RunDetector) -> Callable[[RunLoader], RunLoader]:
     """Decorator: ``loader(path) -> MeasuredRun`` for run folders where ``detect(path)`` holds."""
 
     def wrap(loader: RunLoader) -> RunLoader:
-        _FORMATS[name] = (detect, loader)
+        RUN_FORMATS.add(name, (detect, loader))
         return loader
 
     return wrap
 
 
 def available_run_formats() -> list[str]:
-    return sorted(_FORMATS)
+    return RUN_FORMATS.names()
 
 
 def detect_run_format(path: str | Path) -> str:
+    """The one run format whose detector matches the folder (several or none: an InputError)."""
     path = Path(path)
-    found = [name for name, (detect, _) in _FORMATS.items() if detect(path)]
-    if len(found) != 1:
-        what = "no" if not found else f"several ({', '.join(found)})"
-        raise InputError(f"{what} run layouts match this folder", path=str(path),
-                         field="run", allowed=", ".join(available_run_formats()))
-    return found[0]
+    return RUN_FORMATS.detect(lambda _name, entry: entry[0](path), subject=f"run folder {path.name!r}",
+                              explicit="--run-format NAME", error=field_error("run_format", path))
 
 
 def load_run(path: str | Path, fmt: str = "auto") -> MeasuredRun:
@@ -109,10 +111,7 @@ def load_run(path: str | Path, fmt: str = "auto") -> MeasuredRun:
     if not path.is_dir():
         raise InputError("run folder not found", path=str(path), field="run")
     name = detect_run_format(path) if fmt == "auto" else fmt
-    if name not in _FORMATS:
-        raise InputError(f"unknown run format {fmt!r}", field="format",
-                         allowed=", ".join(available_run_formats()))
-    return _FORMATS[name][1](path)
+    return RUN_FORMATS.get(name, extra=("auto",))[1](path)
 
 
 # ---- vLLM defaults by version ---------------------------------------------------------------

@@ -20,8 +20,11 @@ from ..profile_schema import read_profile, validate_profile
 
 Importer = Callable[[Path], pd.DataFrame]
 Detector = Callable[[Path], bool]
-IMPORTERS: Registry[tuple[Importer, Detector]] = Registry("profile source", error=field_error("source"),
-                                                          normalize=lambda s: s.strip().lower())
+# Built-ins: the own format below, then every module of this folder (imported on the first lookup),
+# so a new importer is one new file here.
+IMPORTERS: Registry[tuple[Importer, Detector]] = Registry(
+    "profile source", plugins="servesim.simulator.cost_model.importers", error=field_error("source"),
+    normalize=lambda s: s.strip().lower())
 
 
 def register_importer(name: str, detect: Detector) -> Callable[[Importer], Importer]:
@@ -37,15 +40,16 @@ def available_importers() -> list[str]:
 
 
 def detect_source(path: str | Path) -> str:
+    """The one importer whose detector recognises `path` (several or none: an InputError)."""
     path = Path(path)
-    for name, (_, detect) in IMPORTERS.items():
+
+    def matches(_name: str, entry: tuple[Importer, Detector]) -> bool:
         try:
-            if detect(path):
-                return name
-        except (OSError, ValueError):
-            continue
-    raise InputError("cannot tell which profile format this is; pass the source explicitly",
-                     path=str(path), field="source", allowed=", ".join(available_importers()))
+            return bool(entry[1](path))
+        except (OSError, ValueError):  # unreadable for this importer: not its format
+            return False
+
+    return IMPORTERS.detect(matches, subject=path.name, explicit="--source NAME", error=field_error("source", path))
 
 
 def import_profile(source: str, path: str | Path) -> pd.DataFrame:
@@ -97,8 +101,5 @@ def is_csv(path: Path) -> bool:
 def _import_own(path: Path) -> pd.DataFrame:
     return read_profile(path)
 
-
-# Importing the modules registers them (order = detection order after the own format).
-from . import aiconfigurator, llmservingsim, nccl_tests, splitwise, vidur  # noqa: E402,F401
 
 __all__ = ["available_importers", "detect_source", "import_profile", "register_importer"]

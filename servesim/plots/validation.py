@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .compare import METRICS, STATS
+from servesim.simulator.validation.compare import METRICS, STATS
 
 LABELS = {"ttft": "TTFT (s)", "tpot": "TPOT (s)", "e2e": "E2E latency (s)", "queueing": "queueing time (s)"}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
-from servesim.simulator.engines import register_engine
+from servesim.simulator.scheduler_kinds import register_engine
 
 
 def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConfig,
