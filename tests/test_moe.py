@@ -44,3 +44,27 @@ def test_dense_first_layers_and_shared_experts_cost_something():
     ds = make_cost_model("roofline", model="deepseek-v3", gpu="h200", tp=8, moe_table=False)
     b = ds.breakdown(decode_shape(32, 2000))
     assert b["gemm"] > 0 and b["attention"] > 0
+
+
+def test_balanced_table_moved_to_uniform_routing():
+    """aiconfigurator's balanced rows touch min(T k, E) experts; uniform top-k routing touches
+    E (1 - (1 - k/E)^T). Each expert fewer saves the table's own per-expert slope
+    s = (t(E/k) - t(1)) / (E - k), on every MoE layer (Scout: 48, E = 16, k = 1)."""
+    u = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2)
+    b = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2, moe_uniform_routing=False)
+    curve, _, experts, p_pick, s = u._moe_table
+    assert (experts, p_pick) == (16.0, 1 / 16)
+    assert s == pytest.approx((curve(16.0) - curve(1.0)) / 15, rel=1e-12)
+    assert s == pytest.approx(21.148e-6, rel=1e-4)  # ~63 MB of fp8 expert weights per rank at ~3 TB/s
+    for batch in (1, 11, 30, 64, 512):
+        shape = decode_shape(batch, 700)
+        saved = b.breakdown(shape)["gemm"] - u.breakdown(shape)["gemm"]
+        assert saved == pytest.approx(48 * s * (min(batch, 16) - 16 * (1 - (15 / 16) ** batch)),
+                                      rel=1e-9, abs=1e-12)
+    assert b.step_time_s(decode_shape(1, 700)) == u.step_time_s(decode_shape(1, 700))  # 1 token: 1 expert
+    # 11 decodes: 8.2 experts expected instead of 11, 2.9 ms less per step
+    assert b.step_time_s(decode_shape(11, 700)) - u.step_time_s(decode_shape(11, 700)) == \
+        pytest.approx(2.910e-3, rel=1e-3)
+    # EP and the power-law table are used as measured
+    p = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2, moe_distribution="power_law_1.01")
+    assert p._moe_table is None or p._moe_table[4] == 0.0

@@ -43,6 +43,9 @@ class RooflineParams:
     data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
     moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
     moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
+    # Route tokens independently (uniform top-k): a step of T tokens touches E(1-(1-k/E)^T) of the
+    # E experts, fewer than the balanced table's min(T k, E); False keeps the table as measured.
+    moe_uniform_routing: bool = True
 
     def __post_init__(self) -> None:
         if self.moe_distribution not in DISTRIBUTIONS:
@@ -157,7 +160,7 @@ class RooflineCostModel:
         moe_tp, moe_ep = (1, ep) if ep > 1 else (tp, 1)
         curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
             if self.params.moe_table else None
-        self._moe_table = None if curve is None else (curve, moe_frac)
+        self._moe_table = None if curve is None else (curve, moe_frac) + self._routing_correction(curve, moe_ep)
         if self._dp > 1:  # dispatch + combine all-to-all of the routed tokens, per MoE layer
             group = Collectives(self.gpu, moe_ep if ep > 1 else tp * self._dp)
             self._a2a = (group.alltoall_curve, m.experts_per_token * m.hidden_size * b, moe_frac)
@@ -172,6 +175,25 @@ class RooflineCostModel:
         self._moe = (m.num_experts // moe_ep, m.experts_per_token / m.num_experts,
                      2.0 * expert_elems, expert_elems * wx, (2 * h + 3 * inter) * b,
                      m.experts_per_token / moe_ep, c_exp, moe_frac)
+
+    def _routing_correction(self, curve, moe_ep: int) -> tuple[float, float, float]:
+        """(experts E, pick probability k/E, seconds per active expert s) to move the balanced
+        table to uniform top-k routing, or s = 0 for no correction.
+
+        aiconfigurator's ``balanced`` rows spread a step's T·k routed rows evenly, so a small
+        step touches min(T·k, E) distinct experts; under independent routing it touches
+        E·(1 − (1 − k/E)^T) on average (docs/COST_MODELS.md, MoE). A decode-sized FusedMoE call
+        is bound by reading the active experts' weights, so each expert the balanced kernel
+        touched beyond that costs the table's own slope over its first E/k tokens (one more
+        expert per k more rows), s = (t(E/k) − t(1)) / (E − k). Only for the TP-split layout
+        (every rank holds every expert); EP and the power-law table are used as measured."""
+        m = self.model
+        e, k = m.num_experts, m.experts_per_token
+        if (not self.params.moe_uniform_routing or moe_ep != 1 or self.params.moe_distribution != "balanced"
+                or e < 2 * k):
+            return float(e), k / e, 0.0
+        s = (curve(e / k) - curve(1.0)) / (e - k)
+        return float(e), k / e, max(s, 0.0)
 
     def _precompute_attention(self, b: int) -> None:
         m, tp = self.model, self.tp
@@ -246,8 +268,13 @@ class RooflineCostModel:
         for flops, wbytes, abytes, c, frac in self._gemms:
             gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
         if self._moe_table is not None:
-            curve, frac = self._moe_table
-            gemm += frac * curve(tokens * self._dp)
+            curve, frac, experts, p_pick, per_expert = self._moe_table
+            tokens_moe = tokens * self._dp
+            t = curve(tokens_moe)
+            if per_expert:  # balanced table -> uniform routing: fewer distinct experts touched
+                t -= per_expert * (min(tokens_moe * p_pick, 1.0) * experts
+                                   - experts * (1.0 - (1.0 - p_pick) ** tokens_moe))
+            gemm += frac * t
         elif self._moe is not None:
             experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
             tokens_moe = tokens * self._dp  # DP ranks' tokens meet in the experts (balanced DP)
