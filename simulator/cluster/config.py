@@ -44,12 +44,18 @@ class ReplicaGroup:
     sim: SimConfig = field(default_factory=SimConfig)  # each replica's full engine config
     role: str = "both"  # one of ROLES
     name: str | None = None  # replica names are f"{name}{i}"; default "<role>"
+    # The group's replicas step together, idle ones running dummy batches (vLLM DP for MoE:
+    # simulator/cluster/dp.py LockstepGroup); role "both" only.
+    lockstep: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise InputError(f"got {self.count!r}", field="replicas[].count", allowed="an integer >= 1")
         if self.role not in ROLES:
             raise InputError(f"unknown role {self.role!r}", field="replicas[].role", allowed=", ".join(ROLES))
+        if self.lockstep and self.role != "both":
+            raise InputError("lockstep groups are data-parallel ranks serving whole requests",
+                             field="replicas[].lockstep", allowed="role 'both'")
 
 
 @dataclass(slots=True)
