@@ -190,12 +190,16 @@ def _group(raw: Any, i: int, base: dict, path: str | None) -> ReplicaGroup:
     where = f"replicas[{i}]"
     if not isinstance(raw, dict):
         raise InputError("a replica group must be a mapping", path=path, field=where,
-                         allowed="{count, role, name, sim}")
-    _known(raw, ("count", "role", "name", "sim"), where + ".", path)
+                         allowed="{count, role, name, lockstep, sim}")
+    _known(raw, ("count", "role", "name", "lockstep", "sim"), where + ".", path)
     sim_dict = deep_merge(base, _expand_dotted(raw.get("sim") or {}, where + ".sim", path))
     sim = sim_config_from_dict(sim_dict, where + ".sim", path)
     try:
-        return ReplicaGroup(count=raw.get("count", 1), sim=sim, role=raw.get("role", "both"), name=raw.get("name"))
+        lockstep = raw.get("lockstep", False)
+        if not isinstance(lockstep, bool):
+            raise InputError(f"got {lockstep!r}", field="replicas[].lockstep", allowed="true or false")
+        return ReplicaGroup(count=raw.get("count", 1), sim=sim, role=raw.get("role", "both"), name=raw.get("name"),
+                            lockstep=lockstep)
     except InputError as e:
         raise InputError(e.detail, path=path, field=(e.field or "").replace("replicas[]", where),
                          allowed=e.allowed) from None
