@@ -85,3 +85,18 @@ def test_dp_lockstep_waves_last_as_long_as_the_slowest_rank_and_idle_ranks_run_d
     free = _two_rank_run(lockstep=False).requests.set_index("request_id")
     assert free.loc["a", "e2e_s"] == pytest.approx(pa + da1 + da2, rel=1e-12)
     assert free.loc["b", "e2e_s"] == pytest.approx(pb + db, rel=1e-12)
+
+
+def test_lockstep_groups_in_cluster_yaml():
+    from servesim.simulator.cluster import cluster_config_from_dict, cluster_config_to_dict
+
+    cfg = cluster_config_from_dict({"replicas": [{"count": 2, "name": "dp", "lockstep": True}]})
+    assert cfg.replicas[0].lockstep is True
+    assert cluster_config_from_dict(cluster_config_to_dict(cfg)) == cfg
+    assert dp_cluster_config(SimConfig(), 2).replicas[0].lockstep is True
+    assert dp_cluster_config(SimConfig(), 2, lockstep=False).replicas[0].lockstep is False
+    with pytest.raises(InputError):
+        cluster_config_from_dict({"replicas": [{"count": 2, "role": "prefill", "lockstep": True}],
+                                  "pd": {}})
+    with pytest.raises(InputError):
+        cluster_config_from_dict({"replicas": [{"count": 2, "lockstep": "yes"}]})

@@ -320,7 +320,8 @@ def _int(value: Any, where: str, path: str | None) -> int:
 def cluster_config_to_dict(cfg: ClusterConfig) -> dict:
     """Plain form (for config.yaml): every group with its full SimConfig; reloads to an equal config."""
     return {
-        "replicas": [{"count": g.count, "role": g.role, "name": g.name, "sim": to_dict(g.sim)} for g in cfg.replicas],
+        "replicas": [{"count": g.count, "role": g.role, "name": g.name, **({"lockstep": True} if g.lockstep else {}),
+                      "sim": to_dict(g.sim)} for g in cfg.replicas],
         "router": to_dict(cfg.router),
         "routing_latency_s": cfg.routing_latency_s,
         "pd": None if cfg.pd is None else to_dict(cfg.pd),
