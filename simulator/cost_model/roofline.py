@@ -46,6 +46,9 @@ class RooflineParams:
     # Route tokens independently (uniform top-k): a step of T tokens touches E(1-(1-k/E)^T) of the
     # E experts, fewer than the balanced table's min(T k, E); False keeps the table as measured.
     moe_uniform_routing: bool = True
+    # This host's all-reduce (nccl-tests all_reduce_perf output, or a profile with allreduce rows)
+    # instead of the shipped tables / link model for the TP group (collectives.py).
+    allreduce_profile: str | None = None
 
     def __post_init__(self) -> None:
         if self.moe_distribution not in DISTRIBUTIONS:
@@ -213,7 +216,8 @@ class RooflineCostModel:
         interconnect_efficiency or collective_latency_s asks for the model explicitly."""
         lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
         self.collectives = Collectives(self.gpu, self.tp, interconnect_efficiency=eff,
-                                       latency_s=lat, use_tables=lat is None and eff is None)
+                                       latency_s=lat, use_tables=lat is None and eff is None,
+                                       allreduce_profile=self.params.allreduce_profile)
         self._ar = self.collectives.allreduce_curve
         self._ar_bytes_per_tok = self.model.hidden_size * b  # the residual stream, one row/token
         self._ar_lat = self.gpu.collective_latency_s if lat is None else lat
