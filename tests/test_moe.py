@@ -68,3 +68,31 @@ def test_balanced_table_moved_to_uniform_routing():
     # EP and the power-law table are used as measured
     p = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2, moe_distribution="power_law_1.01")
     assert p._moe_table is None or p._moe_table[4] == 0.0
+
+
+def test_mla_decode_attention_from_the_measured_table():
+    from servesim.simulator.cost_model import StepShape
+    from servesim.simulator.cost_model.mla_tables import mla_decode_grid
+
+    ds, h200 = resolve_model("deepseek-v3"), resolve_gpu("h200")
+    grid = mla_decode_grid(ds, h200, 8)  # 16 query heads per GPU, bf16 KV: FlashAttention-MLA rows
+    assert grid is not None and mla_decode_grid(resolve_model("llama-3.1-8b"), h200, 1) is None
+    # on measured points: (batch 32, context 1024) and (256, 4096)
+    assert 5e-6 < grid(32, 1024) < grid(256, 4096) < 5e-3
+    table = make_cost_model("roofline", model="deepseek-v3", gpu="h200", tp=8, mla_table=True)
+    roof = make_cost_model("roofline", model="deepseek-v3", gpu="h200", tp=8)  # default: roofline attention
+    assert table.attention_source.startswith("MLA decode: measured") and roof.attention_source == "roofline"
+    layers = ds.num_layers
+    for batch, ctx in ((1, 1000), (32, 1024), (256, 4096)):
+        s = decode_shape(batch, ctx)
+        assert table.breakdown(s)["attention"] == pytest.approx(layers * grid(batch, ctx), rel=1e-12)
+        b, r = table.breakdown(s), roof.breakdown(s)
+        assert {k: v for k, v in b.items() if k != "attention"} == \
+            pytest.approx({k: v for k, v in r.items() if k != "attention"}, rel=1e-12)
+        assert table.step_time_s(s) == pytest.approx(sum(b.values()), rel=1e-12)
+    assert table.step_time_s(prefill_shape(2048)) == roof.step_time_s(prefill_shape(2048))
+    # a mixed step: the chunk's attention on the roofline, the decodes' from the table
+    mixed = StepShape((512,) + (1,) * 31, (0,) + (2000,) * 31, 32)
+    chunk_only = roof.breakdown(prefill_shape(512))["attention"]
+    got = table.breakdown(mixed)["attention"]
+    assert got == pytest.approx(chunk_only + layers * grid(31, 2000), rel=0.02)  # q bytes of the decodes

@@ -18,6 +18,7 @@ from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives
+from .mla_tables import mla_decode_grid
 from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
@@ -49,6 +50,9 @@ class RooflineParams:
     # This host's all-reduce (nccl-tests all_reduce_perf output, or a profile with allreduce rows)
     # instead of the shipped tables / link model for the TP group (collectives.py).
     allreduce_profile: str | None = None
+    # MLA decode attention from the measured tables (mla_tables.py) where they cover the deployment;
+    # off by default: their small-batch floor (~0.12-0.16 ms per layer) looks like eager-mode overhead.
+    mla_table: bool = False
 
     def __post_init__(self) -> None:
         if self.moe_distribution not in DISTRIBUTIONS:
@@ -74,7 +78,8 @@ class RooflineCostModel:
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a")
+                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
+                 "_mla_decode", "attention_source")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -209,6 +214,10 @@ class RooflineCostModel:
         self._kv_bytes_per_tok = m.kv_elems_per_token_layer(tp) * m.kv_bytes_per_elem
         self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
         self._win_frac = m.num_sliding_layers / m.num_layers
+        self._mla_decode = mla_decode_grid(m, self.gpu, tp) \
+            if self.params.mla_table and m.mla is not None and not self._win_frac else None
+        self.attention_source = "roofline" if self._mla_decode is None else \
+            "MLA decode: measured (aiconfigurator generation_mla, vLLM 0.14); prefill: roofline"
 
     def _precompute_collectives(self, b: int) -> None:
         """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
@@ -224,11 +233,34 @@ class RooflineCostModel:
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
+        if self._mla_decode is not None:
+            return self._mla_step(shape, None)
         tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return 0.0
         layer = self._layer_parts(tokens, pairs, kv_tokens)
         return self.model.num_layers * sum(layer) + sum(self._head_parts(tokens, shape.num_sampled))
+
+    def _mla_step(self, shape: StepShape, out: dict | None) -> float:
+        """An MLA model with a measured decode table: the decodes' attention is the table's
+        (requests, mean context) point, the prefill-like requests' the roofline's (``out``: fill
+        the breakdown instead of summing)."""
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
+                                                                shape.num_context_tokens)
+        if tokens == 0:
+            return 0.0
+        gemm, attn, ew, comm = self._layer_parts(tokens, pc + 0.5 * (cc + ptok), ctx_sum - kd + ptok)
+        if not npf:
+            attn = 0.0
+        if nd:
+            attn += self._mla_decode(nd, kd / nd)
+        layers = self.model.num_layers
+        head = self._head_parts(tokens, shape.num_sampled)
+        if out is not None:
+            out.update(zip(("gemm", "attention", "elementwise", "allreduce"),
+                           (layers * gemm, layers * attn, layers * ew, layers * comm)))
+            out.update(zip(("embedding", "final_norm", "lm_head", "sampler"), head))
+        return layers * (gemm + attn + ew + comm) + sum(head)
 
     def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
         """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
@@ -341,6 +373,10 @@ class RooflineCostModel:
     # ---- introspection --------------------------------------------------------------------
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
+        if self._mla_decode is not None:
+            out: dict[str, float] = {}
+            self._mla_step(shape, out)
+            return out
         tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return {}
