@@ -45,6 +45,8 @@ def models() -> dict[str, object]:
                tp=2),
            "MLA deepseek-v3 h200 tp8 (fp8 block, MoE table)": make_cost_model(
                "roofline", model="deepseek-v3", gpu="h200", tp=8),
+           "MLA deepseek-v3 h200 tp8 (+ MLA decode table)": make_cost_model(
+               "roofline", model="deepseek-v3", gpu="h200", tp=8, mla_table=True),
            "sliding gemma-3-27b h100 tp2 (hybrid window)": make_cost_model(
                "roofline", model="gemma-3-27b", gpu="h100", tp=2)}
     if SHARED.is_dir():

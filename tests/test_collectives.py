@@ -5,6 +5,7 @@ import pytest
 from servesim.simulator.cost_model import make_cost_model, prefill_shape
 from servesim.simulator.cost_model.collectives import Collectives, custom_allreduce_max_bytes
 from servesim.simulator.specs import resolve_gpu
+from servesim.traces.errors import InputError
 
 MIB = 2**20
 
@@ -89,3 +90,39 @@ def test_nccl_tests_output_is_an_allreduce_profile(tmp_path):
     assert list(df["op"].unique()) == ["allreduce"] and set(df["tp"]) == {2}
     assert df["gpu"].iloc[0] == "rtx-pro-6000"
     assert df["latency_s"].max() == pytest.approx(300e-6)
+
+
+NCCL_TESTS_H100 = """# nThread 1 nGpus 2 minBytes 1024 maxBytes 268435456 step: 4(factor) warmup iters: 5 iters: 20
+#
+# Using devices
+#  Rank  0 Group  0 Pid  41 on     node0 device  0 [0x17] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid  41 on     node0 device  1 [0x65] NVIDIA H100 80GB HBM3
+#
+# Collective test starting: all_reduce_perf
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+        1024           512  bfloat16     sum      -1    10.00    0.10    0.10      0     9.90    0.10    0.10      0
+    16777216       8388608  bfloat16     sum      -1   200.00   83.89   83.89      0   199.00   84.31   84.31      0
+   268435456     134217728  bfloat16     sum      -1  2000.00  134.22  134.22      0  1990.00  134.89  134.89      0
+# Avg bus bandwidth    : 72.7
+"""
+
+
+def test_roofline_takes_this_hosts_allreduce_from_nccl_tests_output(tmp_path):
+    """nccl-tests output as a profile source for the roofline's TP all-reduce: NCCL from the file,
+    vLLM's custom all-reduce (below its buffer size) still from the shipped H100 tables."""
+    from servesim.simulator.cost_model.collectives import custom_allreduce_max_bytes
+    from servesim.simulator.specs import resolve_gpu
+
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text(NCCL_TESTS_H100)
+    shipped = make_cost_model("roofline", model="llama-3.1-8b", gpu="h100", tp=2)
+    host = make_cost_model("roofline", model="llama-3.1-8b", gpu="h100", tp=2, allreduce_profile=str(path))
+    car = custom_allreduce_max_bytes(resolve_gpu("h100"), 2)
+    assert 0 < car < 16 * MIB
+    assert host.collectives.allreduce_s(16 * MIB) == pytest.approx(200e-6, rel=1e-12)
+    assert host.collectives.allreduce_s(256 * MIB) == pytest.approx(2000e-6, rel=1e-12)
+    assert host.collectives.allreduce_s(64 * 1024) == shipped.collectives.allreduce_s(64 * 1024)  # custom AR
+    assert "this host" in host.collectives.source.allreduce
+    with pytest.raises(InputError):  # the file measured 2 GPUs, not 4
+        make_cost_model("roofline", model="llama-3.1-8b", gpu="h100", tp=4, allreduce_profile=str(path))

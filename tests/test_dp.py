@@ -37,3 +37,66 @@ def test_run_metadata_carries_dp_ep_and_precision():
                                                "kv_cache_dtype": "fp8", "quantization": "fp8"}, "meta.json")
     assert (s.data_parallel_size, s.enable_expert_parallel, s.kv_cache_dtype, s.quantization) == \
         (4, True, "fp8", "fp8")
+
+
+def _two_rank_run(lockstep: bool):
+    from servesim.scheduler.config import SchedulerConfig
+    from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
+    from servesim.traces.workload import RequestSpec, Workload
+
+    sim = SimConfig(hardware=HardwareConfig(model="qwen3-30b-a3b", gpu="h100", tp=1),
+                    scheduler=SchedulerConfig(async_scheduling=False),
+                    cost_model=CostModelConfig(name="roofline", cpu_overhead=CpuOverheadConfig.zero()))
+    # Both arrive at 0: the balancer sends "a" to rank 0 (tie -> lowest index), "b" to rank 1
+    # (rank 0 now scores 4 x 1 waiting).
+    wl = Workload([RequestSpec("a", 0.0, prompt_len=100, output_len=3),
+                   RequestSpec("b", 0.0, prompt_len=400, output_len=2)], "two", "test")
+    return run_cluster(dp_cluster_config(sim, 2, lockstep=lockstep), wl)
+
+
+def test_dp_lockstep_waves_last_as_long_as_the_slowest_rank_and_idle_ranks_run_dummies():
+    from servesim.simulator.cluster.dp import dummy_shape
+    from servesim.simulator.cost_model import StepShape
+
+    cm = make_cost_model("roofline", model="qwen3-30b-a3b", gpu="h100", tp=1,
+                         data_parallel_size=2, expert_parallel_size=2)
+    t = cm.step_time_s
+    pa, pb = t(StepShape((100,), (0,), 1)), t(StepShape((400,), (0,), 1))  # prefills (+1st token)
+    da1, da2, db = t(StepShape((1,), (100,), 1)), t(StepShape((1,), (101,), 1)), t(StepShape((1,), (400,), 1))
+    dummy = t(dummy_shape())
+    assert pb > pa and db > da1 and da2 > dummy > 0
+
+    res = _two_rank_run(lockstep=True)
+    req = res.requests.set_index("request_id")
+    assert list(req.loc[["a", "b"], "replica"]) == [0, 1]
+    w1 = max(pa, pb)  # wave 1: both prefills
+    w2 = max(da1, db)  # wave 2: both decode; b is done (2 tokens)
+    w3 = max(da2, dummy)  # wave 3: a decodes, rank 1 runs a dummy batch
+    assert req.loc["a", "ttft_s"] == pytest.approx(w1, rel=1e-12)
+    assert req.loc["b", "ttft_s"] == pytest.approx(w1, rel=1e-12)
+    assert req.loc["b", "e2e_s"] == pytest.approx(w1 + w2, rel=1e-12)
+    assert req.loc["a", "e2e_s"] == pytest.approx(w1 + w2 + w3, rel=1e-12)
+    steps = res.steps
+    assert sorted(steps.groupby("replica").size()) == [2, 3]  # rank 1's dummy is not an engine step
+    assert sorted(round(x, 12) for x in steps["gpu_time_s"]) == \
+        sorted(round(x, 12) for x in (w1, w1, w2, w2, w3))
+
+    # Without lockstep each rank runs at its own pace: rank 0 finishes after its own three steps.
+    free = _two_rank_run(lockstep=False).requests.set_index("request_id")
+    assert free.loc["a", "e2e_s"] == pytest.approx(pa + da1 + da2, rel=1e-12)
+    assert free.loc["b", "e2e_s"] == pytest.approx(pb + db, rel=1e-12)
+
+
+def test_lockstep_groups_in_cluster_yaml():
+    from servesim.simulator.cluster import cluster_config_from_dict, cluster_config_to_dict
+
+    cfg = cluster_config_from_dict({"replicas": [{"count": 2, "name": "dp", "lockstep": True}]})
+    assert cfg.replicas[0].lockstep is True
+    assert cluster_config_from_dict(cluster_config_to_dict(cfg)) == cfg
+    assert dp_cluster_config(SimConfig(), 2).replicas[0].lockstep is True
+    assert dp_cluster_config(SimConfig(), 2, lockstep=False).replicas[0].lockstep is False
+    with pytest.raises(InputError):
+        cluster_config_from_dict({"replicas": [{"count": 2, "role": "prefill", "lockstep": True}],
+                                  "pd": {}})
+    with pytest.raises(InputError):
+        cluster_config_from_dict({"replicas": [{"count": 2, "lockstep": "yes"}]})

@@ -20,6 +20,11 @@ def test_thirteen_measured_runs_resolve_to_specs_and_gpus():
         assert info["gpu"] == "h100" and cfg.cache.num_gpu_blocks == e.num_gpu_blocks
     scout = find_experiment(BLIS, "17")
     assert blis_config(scout)[1]["weight_dtype"] == "fp8"
+    # every dense deployment has a shipped H100 kernel fit; the FP8 MoE runs use the roofline +
+    # measured MoE tables
+    models = {e.id: blis_config(e)[1] for e in exps}
+    assert {i: m["cost_model"] for i, m in models.items() if m["cost_model"] != "calibrated"} == \
+        {i: "roofline" for i, m in models.items() if m["model"].startswith("llama-4-scout")}
 
 
 def test_workload_follows_the_stage_spec():

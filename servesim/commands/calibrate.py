@@ -21,6 +21,9 @@ def calibrate(
     quick: bool = typer.Option(False, "--quick/--no-quick", help="a few points only (smoke runs)"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     seed: int = typer.Option(0, "--seed"),
+    nccl_tests: list[Path] = typer.Option(None, "--nccl-tests", help="nccl-tests all_reduce_perf output measured on "
+                                          "this host (repeatable, one file per GPU count): its all-reduce rows join "
+                                          "the profile, so `servesim fit` uses this host's all-reduce"),
 ) -> None:
     """Sweep ops (tokens for linear layers; attention by chunk x context and batch x context) and steps."""
     import torch
@@ -48,6 +51,9 @@ def calibrate(
             raise InputError("cannot tell which GPU this is", field="--gpu-label",
                              allowed="a GPU id such as h100 (see simulator/specs/gpus.yaml)")
         gpu_label = found.name
+    from servesim.simulator.cost_model.importers.nccl_tests import host_allreduce_rows
+
+    ar_rows = [r for path in (nccl_tests or []) for r in host_allreduce_rows(path, gpu_label)]  # fail before the sweep
     spec = resolve_model(model)
     out = check_output_file(out or Path("runs/calibration") / f"{spec.name}.csv", overwrite=overwrite)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
@@ -55,6 +61,7 @@ def calibrate(
                           backend="triton" if dev.type == "cuda" else "torch")
     grid = CalibrationGrid.quick() if quick else CalibrationGrid()
     rows = sweep(m, spec.name, gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True))
+    rows += ar_rows
     out.parent.mkdir(parents=True, exist_ok=True)
     write_profile(make_profile(rows), out)
     typer.echo(f"wrote {len(rows)} profile rows to {out}")

@@ -96,7 +96,10 @@ class Cluster:
 
     def _build_replicas(self) -> list[Replica]:
         out: list[Replica] = []
+        self.lockstep_groups: list[list[int]] = []  # replica indices of each lockstep (DP) group
         for group in self.cfg.replicas:
+            if group.lockstep:
+                self.lockstep_groups.append(list(range(len(out), len(out) + group.count)))
             for i in range(group.count):
                 idx = len(out)
                 name = f"{group.name or group.role}{i}"
@@ -229,7 +232,13 @@ class Cluster:
 
         t0 = time.perf_counter()
         self.env.process(self._arrivals())  # before the engine loops, as Engine.run orders them
-        procs = [r.engine.start() for r in self.replicas]
+        grouped = {i for g in self.lockstep_groups for i in g}
+        procs = [r.engine.start() for r in self.replicas if r.index not in grouped]
+        if self.lockstep_groups:
+            from servesim.simulator.cluster.dp import LockstepGroup
+
+            self.lockstep = [LockstepGroup([self.replicas[i].engine for i in g]) for g in self.lockstep_groups]
+            procs += [g.start() for g in self.lockstep]
         done = self.env.all_of(procs)
         try:
             self.env.run(until=done)

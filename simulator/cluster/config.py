@@ -44,12 +44,18 @@ class ReplicaGroup:
     sim: SimConfig = field(default_factory=SimConfig)  # each replica's full engine config
     role: str = "both"  # one of ROLES
     name: str | None = None  # replica names are f"{name}{i}"; default "<role>"
+    # The group's replicas step together, idle ones running dummy batches (vLLM DP for MoE:
+    # simulator/cluster/dp.py LockstepGroup); role "both" only.
+    lockstep: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise InputError(f"got {self.count!r}", field="replicas[].count", allowed="an integer >= 1")
         if self.role not in ROLES:
             raise InputError(f"unknown role {self.role!r}", field="replicas[].role", allowed=", ".join(ROLES))
+        if self.lockstep and self.role != "both":
+            raise InputError("lockstep groups are data-parallel ranks serving whole requests",
+                             field="replicas[].lockstep", allowed="role 'both'")
 
 
 @dataclass(slots=True)
@@ -184,12 +190,16 @@ def _group(raw: Any, i: int, base: dict, path: str | None) -> ReplicaGroup:
     where = f"replicas[{i}]"
     if not isinstance(raw, dict):
         raise InputError("a replica group must be a mapping", path=path, field=where,
-                         allowed="{count, role, name, sim}")
-    _known(raw, ("count", "role", "name", "sim"), where + ".", path)
+                         allowed="{count, role, name, lockstep, sim}")
+    _known(raw, ("count", "role", "name", "lockstep", "sim"), where + ".", path)
     sim_dict = deep_merge(base, _expand_dotted(raw.get("sim") or {}, where + ".sim", path))
     sim = sim_config_from_dict(sim_dict, where + ".sim", path)
     try:
-        return ReplicaGroup(count=raw.get("count", 1), sim=sim, role=raw.get("role", "both"), name=raw.get("name"))
+        lockstep = raw.get("lockstep", False)
+        if not isinstance(lockstep, bool):
+            raise InputError(f"got {lockstep!r}", field="replicas[].lockstep", allowed="true or false")
+        return ReplicaGroup(count=raw.get("count", 1), sim=sim, role=raw.get("role", "both"), name=raw.get("name"),
+                            lockstep=lockstep)
     except InputError as e:
         raise InputError(e.detail, path=path, field=(e.field or "").replace("replicas[]", where),
                          allowed=e.allowed) from None
@@ -276,7 +286,8 @@ def _int(value: Any, where: str, path: str | None) -> int:
 def cluster_config_to_dict(cfg: ClusterConfig) -> dict:
     """Plain form (for config.yaml): every group with its full SimConfig; reloads to an equal config."""
     return {
-        "replicas": [{"count": g.count, "role": g.role, "name": g.name, "sim": to_dict(g.sim)} for g in cfg.replicas],
+        "replicas": [{"count": g.count, "role": g.role, "name": g.name, **({"lockstep": True} if g.lockstep else {}),
+                      "sim": to_dict(g.sim)} for g in cfg.replicas],
         "router": to_dict(cfg.router),
         "routing_latency_s": cfg.routing_latency_s,
         "pd": None if cfg.pd is None else to_dict(cfg.pd),

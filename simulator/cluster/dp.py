@@ -8,15 +8,19 @@ so ranks step together and a rank with nothing to do runs a dummy batch to take 
 servesim models this as N replicas behind the ``vllm_dp`` router, each replica's cost model told
 the group's size (``data_parallel_size``: its MoE layers process the tokens of all N ranks, under
 the balanced-load assumption the router aims for, plus the dispatch/combine all-to-all; see
-docs/COST_MODELS.md). The per-step lockstep (a rank waits for the slowest) is not simulated.
+docs/COST_MODELS.md). With ``lockstep=True`` (the default of ``dp_cluster_config``) the ranks
+also step together: one process drives them wave by wave, each wave as long as its slowest rank,
+idle ranks running dummy batches (:class:`LockstepGroup`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 
 from servesim.simulator.cluster.config import ClusterConfig, ReplicaGroup, RouterConfig
 from servesim.simulator.cluster.routers import Decision, Router, _least, register_router
+from servesim.scheduler.step_shape import StepShape
 from servesim.simulator.config import CostModelConfig, SimConfig
 from servesim.traces.errors import InputError
 
@@ -39,8 +43,9 @@ class VllmDataParallelBalancer(Router):
 
 
 def dp_cluster_config(sim: SimConfig, data_parallel_size: int, *, expert_parallel: bool = True,
-                      seed: int = 0) -> ClusterConfig:
-    """A ``data_parallel_size``-rank deployment of ``sim`` (each rank: its TP group)."""
+                      seed: int = 0, lockstep: bool = True) -> ClusterConfig:
+    """A ``data_parallel_size``-rank deployment of ``sim`` (each rank: its TP group); with
+    ``lockstep`` the ranks step together as vLLM's MoE DP ranks do (:class:`LockstepGroup`)."""
     if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
         raise InputError(f"got {data_parallel_size!r}", field="data_parallel_size",
                          allowed="an integer >= 1")
@@ -52,5 +57,106 @@ def dp_cluster_config(sim: SimConfig, data_parallel_size: int, *, expert_paralle
     params = {**cm.params, "data_parallel_size": data_parallel_size, "expert_parallel_size": ep}
     rank = dataclasses.replace(sim, cost_model=CostModelConfig(name=cm.name, params=params,
                                                                cpu_overhead=cm.cpu_overhead))
-    return ClusterConfig(replicas=[ReplicaGroup(count=data_parallel_size, sim=rank, name="dp")],
+    return ClusterConfig(replicas=[ReplicaGroup(count=data_parallel_size, sim=rank, name="dp",
+                                                   lockstep=lockstep)],
                          router=RouterConfig("vllm_dp"), seed=seed)
+
+
+class LockstepGroup:
+    """The ranks of one DP group stepping together, as vLLM runs DP for MoE models.
+
+    vLLM (docs "Data Parallel Deployment"): forward passes must be aligned, the expert layers of
+    all ranks synchronise in every forward pass, and while any rank has requests in progress every
+    rank without scheduled work runs an empty "dummy" forward pass. So step k starts on every rank
+    at once and ends when the slowest rank's step k ends. One SimPy process drives the group's
+    engines (instead of one loop per engine), wave by wave:
+
+    * every rank with unfinished requests schedules (its own scheduler and KV cache); a rank that
+      has none, or schedules nothing, runs a dummy batch: one token, nothing sampled
+      (``dummy_shape``), costed by its own cost model;
+    * the wave's GPU time is the maximum over the ranks' step times (dummies included); its CPU
+      time the maximum of the ranks' CPU overheads; with async scheduling (two steps in flight) the
+      next wave is scheduled while this one runs, exactly as one engine does
+      (``start = max(now + cpu, gpu_free_at)``), and outputs are applied in wave order;
+    * when no rank has work the group sleeps until a request arrives (vLLM's ranks also stop
+      stepping then; its every-32-steps global "unfinished?" check is not modelled, nor the
+      fast-forward and the stall watchdog of a single engine).
+
+    Every rank's step record carries the wave's GPU time.
+    """
+
+    def __init__(self, engines: list) -> None:
+        if not engines:
+            raise InputError("a lockstep group needs at least one engine", field="replicas")
+        self.engines = engines
+        self.env = engines[0].env
+        self.num_waves = 0
+        self.num_dummy_steps = 0  # rank-steps spent in dummy batches
+        self._dummy_s = [e.executor.cost_model.step_time_s(dummy_shape()) for e in engines]
+
+    def start(self):
+        return self.env.process(self._loop())
+
+    def _wait_any(self, events: list):
+        return self.env.any_of(events)
+
+    def _loop(self):
+        env, engines = self.env, self.engines
+        depth = engines[0].scheduler.capabilities.max_steps_in_flight
+        in_flight: deque = deque()
+        gpu_free_at = 0.0
+        while True:
+            busy = [e.scheduler.has_unfinished_requests() for e in engines]
+            if not any(busy) and not in_flight:
+                if all(e._all_arrived for e in engines):
+                    return
+                waits = []
+                for e in engines:
+                    e._wake = env.event()
+                    waits.append(e._wake)
+                yield env.any_of(waits)
+                continue
+            now = env.now
+            for e in engines:
+                if e._deadlines and e._deadlines[0][0] <= now:
+                    e._expire_deadlines(now)
+            had_in_flight = bool(in_flight)
+            wave, gpu_s, cpu_s, any_work = [], 0.0, 0.0, False
+            for i, e in enumerate(engines):
+                so = None
+                if busy[i]:
+                    so = e.scheduler.schedule(now_s=now)
+                    rec, step_rec = e._on_schedule(so, now)
+                    mro, t = e.executor.execute(so)
+                    wave.append((e, so, mro, rec, step_rec))
+                if so is not None and so.total_num_scheduled_tokens:
+                    any_work = True
+                    gpu_s = max(gpu_s, t)
+                    cpu_s = max(cpu_s, e.cpu.step_s(len(so.num_scheduled_tokens),
+                                                    so.total_num_scheduled_tokens))
+                else:  # nothing scheduled here: a dummy forward joins the others' collectives
+                    gpu_s = max(gpu_s, self._dummy_s[i])
+                    self.num_dummy_steps += 1
+            if not any_work:
+                gpu_s = 0.0  # no rank computes: no forward pass at all
+                self.num_dummy_steps -= len(engines)
+            else:
+                self.num_waves += 1
+            start = max(now + cpu_s, gpu_free_at)
+            gpu_free_at = start + gpu_s
+            for *_, step_rec in wave:
+                step_rec.gpu_time_s = gpu_s
+            in_flight.append((wave, gpu_free_at))
+            while in_flight and (len(in_flight) >= depth or not any_work):
+                wave0, end0 = in_flight.popleft()
+                if end0 > env.now:
+                    yield env.timeout(end0 - env.now)
+                for e, so, mro, rec, step_rec in wave0:
+                    e._on_update(so, mro, rec, step_rec)
+            if not any_work and not had_in_flight and any(e.scheduler.has_unfinished_requests() for e in engines):
+                yield env.any_of([e._idle_wait() for e in engines])
+
+
+def dummy_shape() -> StepShape:
+    """vLLM's dummy batch on an idle DP rank: one token, nothing sampled."""
+    return StepShape((1,), (0,), 0)

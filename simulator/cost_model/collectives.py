@@ -88,7 +88,8 @@ class Collectives:
                  "_lat", "_send_recv")
 
     def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
-                 latency_s: float | None = None, use_tables: bool = True) -> None:
+                 latency_s: float | None = None, use_tables: bool = True,
+                 allreduce_profile: str | Path | None = None) -> None:
         if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
             raise InputError(f"group size must be a positive integer, got {num_gpus!r}",
                              field="num_gpus")
@@ -107,7 +108,16 @@ class Collectives:
             self.allreduce_curve = self.alltoall_curve = zero
             self.source = CollectiveSource("none (one GPU)", "none (one GPU)", 0)
             return
-        if tables and tables["nccl_allreduce"]:
+        if allreduce_profile is not None:  # this host's measurement (nccl-tests output, a profile)
+            host = host_allreduce_table(allreduce_profile, num_gpus)
+            shipped = tables if tables and tables["custom_allreduce"] else None
+            merged = {"nccl_allreduce": host,
+                      "custom_allreduce": shipped["custom_allreduce"] if shipped else []}
+            self.allreduce_curve = self._measured_allreduce(merged, car_max)
+            ar_src = (f"measured on this host ({Path(allreduce_profile).name}, {num_gpus} GPUs)"
+                      + (f"; vLLM custom all-reduce below {car_max} B from the shipped tables"
+                         if shipped and car_max else ""))
+        elif tables and tables["nccl_allreduce"]:
             self.allreduce_curve = self._measured_allreduce(tables, car_max)
             ar_src = f"measured ({', '.join(table_sources(self.gpu))})"
         else:
@@ -152,6 +162,24 @@ class Collectives:
         if self._send_recv is not None:
             return self._send_recv(nbytes)
         return self._lat + nbytes / self._link
+
+
+def host_allreduce_table(path: str | Path, num_gpus: int) -> list[list[float]]:
+    """(bytes, seconds) all-reduce points of a ``num_gpus`` group from a profile file: nccl-tests
+    ``all_reduce_perf`` output (importers/nccl_tests.py) or any profile with ``allreduce`` rows
+    (``servesim fit`` reads the same files). Repeated sizes keep their fastest time."""
+    from .importers import import_profile
+
+    rows = import_profile("auto", Path(path))
+    ar = rows[rows["op"] == "allreduce"]
+    sizes = sorted({int(t) for t in ar["tp"].dropna()})
+    ar = ar[ar["tp"] == num_gpus]
+    if ar.empty:
+        raise InputError(f"no all-reduce rows for a group of {num_gpus} GPUs", path=str(path),
+                         field="allreduce_profile",
+                         allowed=", ".join(map(str, sizes)) + " GPUs" if sizes else "all-reduce rows")
+    best = ar.groupby("bytes")["latency_s"].min()
+    return [[float(b), float(t)] for b, t in best.items() if b > 0]
 
 
 def _curve(pairs: list[list[float]]) -> Curve:

@@ -18,6 +18,7 @@ from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives
+from .mla_tables import mla_decode_grid
 from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
@@ -43,6 +44,15 @@ class RooflineParams:
     data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
     moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
     moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
+    # Route tokens independently (uniform top-k): a step of T tokens touches E(1-(1-k/E)^T) of the
+    # E experts, fewer than the balanced table's min(T k, E); False keeps the table as measured.
+    moe_uniform_routing: bool = True
+    # This host's all-reduce (nccl-tests all_reduce_perf output, or a profile with allreduce rows)
+    # instead of the shipped tables / link model for the TP group (collectives.py).
+    allreduce_profile: str | None = None
+    # MLA decode attention from the measured tables (mla_tables.py) where they cover the deployment;
+    # off by default: their small-batch floor (~0.12-0.16 ms per layer) looks like eager-mode overhead.
+    mla_table: bool = False
 
     def __post_init__(self) -> None:
         if self.moe_distribution not in DISTRIBUTIONS:
@@ -68,7 +78,8 @@ class RooflineCostModel:
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a")
+                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
+                 "_mla_decode", "attention_source")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -157,7 +168,7 @@ class RooflineCostModel:
         moe_tp, moe_ep = (1, ep) if ep > 1 else (tp, 1)
         curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
             if self.params.moe_table else None
-        self._moe_table = None if curve is None else (curve, moe_frac)
+        self._moe_table = None if curve is None else (curve, moe_frac) + self._routing_correction(curve, moe_ep)
         if self._dp > 1:  # dispatch + combine all-to-all of the routed tokens, per MoE layer
             group = Collectives(self.gpu, moe_ep if ep > 1 else tp * self._dp)
             self._a2a = (group.alltoall_curve, m.experts_per_token * m.hidden_size * b, moe_frac)
@@ -173,6 +184,25 @@ class RooflineCostModel:
                      2.0 * expert_elems, expert_elems * wx, (2 * h + 3 * inter) * b,
                      m.experts_per_token / moe_ep, c_exp, moe_frac)
 
+    def _routing_correction(self, curve, moe_ep: int) -> tuple[float, float, float]:
+        """(experts E, pick probability k/E, seconds per active expert s) to move the balanced
+        table to uniform top-k routing, or s = 0 for no correction.
+
+        aiconfigurator's ``balanced`` rows spread a step's T·k routed rows evenly, so a small
+        step touches min(T·k, E) distinct experts; under independent routing it touches
+        E·(1 − (1 − k/E)^T) on average (docs/COST_MODELS.md, MoE). A decode-sized FusedMoE call
+        is bound by reading the active experts' weights, so each expert the balanced kernel
+        touched beyond that costs the table's own slope over its first E/k tokens (one more
+        expert per k more rows), s = (t(E/k) − t(1)) / (E − k). Only for the TP-split layout
+        (every rank holds every expert); EP and the power-law table are used as measured."""
+        m = self.model
+        e, k = m.num_experts, m.experts_per_token
+        if (not self.params.moe_uniform_routing or moe_ep != 1 or self.params.moe_distribution != "balanced"
+                or e < 2 * k):
+            return float(e), k / e, 0.0
+        s = (curve(e / k) - curve(1.0)) / (e - k)
+        return float(e), k / e, max(s, 0.0)
+
     def _precompute_attention(self, b: int) -> None:
         m, tp = self.model, self.tp
         heads = m.heads_per_gpu(tp)
@@ -184,6 +214,10 @@ class RooflineCostModel:
         self._kv_bytes_per_tok = m.kv_elems_per_token_layer(tp) * m.kv_bytes_per_elem
         self._q_bytes_per_tok = 2 * heads * m.head_dim * b  # read Q, write O
         self._win_frac = m.num_sliding_layers / m.num_layers
+        self._mla_decode = mla_decode_grid(m, self.gpu, tp) \
+            if self.params.mla_table and m.mla is not None and not self._win_frac else None
+        self.attention_source = "roofline" if self._mla_decode is None else \
+            "MLA decode: measured (aiconfigurator generation_mla, vLLM 0.14); prefill: roofline"
 
     def _precompute_collectives(self, b: int) -> None:
         """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
@@ -191,18 +225,42 @@ class RooflineCostModel:
         interconnect_efficiency or collective_latency_s asks for the model explicitly."""
         lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
         self.collectives = Collectives(self.gpu, self.tp, interconnect_efficiency=eff,
-                                       latency_s=lat, use_tables=lat is None and eff is None)
+                                       latency_s=lat, use_tables=lat is None and eff is None,
+                                       allreduce_profile=self.params.allreduce_profile)
         self._ar = self.collectives.allreduce_curve
         self._ar_bytes_per_tok = self.model.hidden_size * b  # the residual stream, one row/token
         self._ar_lat = self.gpu.collective_latency_s if lat is None else lat
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
+        if self._mla_decode is not None:
+            return self._mla_step(shape, None)
         tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return 0.0
         layer = self._layer_parts(tokens, pairs, kv_tokens)
         return self.model.num_layers * sum(layer) + sum(self._head_parts(tokens, shape.num_sampled))
+
+    def _mla_step(self, shape: StepShape, out: dict | None) -> float:
+        """An MLA model with a measured decode table: the decodes' attention is the table's
+        (requests, mean context) point, the prefill-like requests' the roofline's (``out``: fill
+        the breakdown instead of summing)."""
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
+                                                                shape.num_context_tokens)
+        if tokens == 0:
+            return 0.0
+        gemm, attn, ew, comm = self._layer_parts(tokens, pc + 0.5 * (cc + ptok), ctx_sum - kd + ptok)
+        if not npf:
+            attn = 0.0
+        if nd:
+            attn += self._mla_decode(nd, kd / nd)
+        layers = self.model.num_layers
+        head = self._head_parts(tokens, shape.num_sampled)
+        if out is not None:
+            out.update(zip(("gemm", "attention", "elementwise", "allreduce"),
+                           (layers * gemm, layers * attn, layers * ew, layers * comm)))
+            out.update(zip(("embedding", "final_norm", "lm_head", "sampler"), head))
+        return layers * (gemm + attn + ew + comm) + sum(head)
 
     def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
         """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
@@ -246,8 +304,13 @@ class RooflineCostModel:
         for flops, wbytes, abytes, c, frac in self._gemms:
             gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
         if self._moe_table is not None:
-            curve, frac = self._moe_table
-            gemm += frac * curve(tokens * self._dp)
+            curve, frac, experts, p_pick, per_expert = self._moe_table
+            tokens_moe = tokens * self._dp
+            t = curve(tokens_moe)
+            if per_expert:  # balanced table -> uniform routing: fewer distinct experts touched
+                t -= per_expert * (min(tokens_moe * p_pick, 1.0) * experts
+                                   - experts * (1.0 - (1.0 - p_pick) ** tokens_moe))
+            gemm += frac * t
         elif self._moe is not None:
             experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
             tokens_moe = tokens * self._dp  # DP ranks' tokens meet in the experts (balanced DP)
@@ -310,6 +373,10 @@ class RooflineCostModel:
     # ---- introspection --------------------------------------------------------------------
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
+        if self._mla_decode is not None:
+            out: dict[str, float] = {}
+            self._mla_step(shape, out)
+            return out
         tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return {}

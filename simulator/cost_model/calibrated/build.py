@@ -44,6 +44,12 @@ CATALOG: list[tuple[str, str, int, list[str], str]] = [
     ("qwen3-32b", "h100", 2, _AIC_H100, "aiconfigurator vLLM 0.14 kernels + custom all-reduce/NCCL"),
     ("qwen3-32b", "h100", 4, _AIC_H100, "aiconfigurator vLLM 0.14 kernels + custom all-reduce/NCCL"),
     ("qwen3-32b", "h100", 8, _AIC_H100, "aiconfigurator vLLM 0.14 kernels + custom all-reduce/NCCL"),
+] + [(m, "h100", tp, _AIC_H100 if tp > 1 else _AIC_H100[:1],
+       "aiconfigurator vLLM 0.14 kernels (GEMM, attention where the table has this head layout, "
+       "else roofline attention)" + (" + custom all-reduce/NCCL" if tp > 1 else "")
+       + "; the dense deployments of the BLIS H100 runs")
+      for m, tp in (("llama-2-7b", 1), ("mistral-nemo-12b", 1), ("mistral-nemo-12b", 2), ("qwen2.5-7b", 1),
+                    ("yi-34b", 2))
 ] + [(f"{m}@fp8-kvauto", "h100", tp, _AIC_H100,
       "aiconfigurator vLLM 0.14 fp8 (per-tensor W8A8) GEMM kernels, bf16-KV attention, all-reduce")
      for m, tp in (("llama-3.1-70b", 2), ("llama-3.1-70b", 4), ("llama-3.1-70b", 8), ("qwen3-32b", 1), ("qwen3-32b", 2),

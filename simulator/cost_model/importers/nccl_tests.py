@@ -55,3 +55,12 @@ def import_nccl_tests(path: Path) -> pd.DataFrame:
         "op": "allreduce", "bytes": int(r["size"]), "latency_s": float(r["time"]) * 1e-6,
         "kernel": "nccl-tests all_reduce_perf (out-of-place)", "device": device,
         "framework": "nccl-tests", "path": str(path)} for r in rows])
+
+
+def host_allreduce_rows(path: str | Path, gpu: str) -> list[dict]:
+    """The all-reduce rows of one nccl-tests output file as profile rows labelled ``gpu`` (what
+    ``servesim calibrate --nccl-tests FILE`` appends to the profile it writes, so ``servesim fit``
+    of that profile takes this host's all-reduce for the matching TP size)."""
+    df = import_nccl_tests(Path(path))
+    df = df.assign(gpu=gpu)
+    return df.to_dict("records")
