@@ -43,7 +43,8 @@ class Scheduler(ScheduleMixin):
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_scheduled_tokens
-        self.max_model_len = scheduler_config.max_model_len
+        # Resolved from the model before a scheduler is built (simulator/startup.py): never None here.
+        self.max_model_len: int = scheduler_config.max_model_len  # type: ignore[assignment]
         self.max_loras = scheduler_config.max_loras
         self.num_spec_tokens = scheduler_config.num_spec_tokens
         self.num_lookahead_tokens = scheduler_config.num_lookahead_tokens
