@@ -21,7 +21,6 @@ This module imports nothing heavy: `import servesim.scheduler` must stay stdlib-
 from __future__ import annotations
 
 import sys
-import warnings
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
@@ -53,7 +52,8 @@ class _CheckoutFinder(MetaPathFinder):
         _native.decision = ("compiled (mypyc)", reason) if package else ("pure Python", reason)
         if package is None:
             if reason.startswith("stale"):
-                warnings.warn(f"servesim: using the pure-Python scheduler: {reason}", RuntimeWarning, stacklevel=2)
+                # One line on stderr (a warnings.warn would add a second, the source line).
+                print(f"servesim: warning: using the pure-Python scheduler: {reason}", file=sys.stderr)
             return PathFinder.find_spec(fullname, [self._root])
         # The staging tree holds servesim/scheduler/ (extension modules beside .py copies; the
         # extension wins in FileFinder's order), so submodules follow its __path__ as usual.

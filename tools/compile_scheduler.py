@@ -38,16 +38,17 @@ sys.path.insert(0, str(ROOT))
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
 
 # The modules compiled: the vLLM scheduling hot path (schedule(), update_from_output(), the KV
-# cache manager, requests, outputs, the default policies, the token source). The rest stays
-# interpreted, still copied so the package is complete: cold code (config validation, step traces,
-# invariants, registries), SGLang (typed too loosely for mypyc's runtime checks), hashing.py (its
-# block hasher is a closure carrying an attribute; sha256 dominates it anyway) and the Continuum
-# policy (Optional job ids where str is declared).
+# cache manager, requests, outputs, the token source). The rest stays interpreted, still copied so
+# the package is complete: cold code (config validation, step traces, invariants, registries),
+# SGLang (typed too loosely for mypyc's runtime checks), hashing.py (its block hasher is a closure
+# carrying an attribute; sha256 dominates it anyway) and the policies (scheduler/policies/: a few
+# calls per step; registered by a class decorator, which keeps mypyc from making them native
+# classes, and its compiled methods then refuse instances of interpreted subclasses, the very
+# plug-ins the policies exist for; and a native class would shadow a subclass's `queue_type`).
 COMPILED = (
     "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py", "pyset.py", "worker.py", "step_shape.py",
     "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
     "kv/events.py",
-    "policies/base.py", "policies/fcfs.py", "policies/priority.py",
 )
 GROUP = "servesim.scheduler._native"  # one shared library, inside the package (no top-level name)
 # Classes mypyc never makes native (nothing to mark): protocols, enums, named tuples, typed dicts.
