@@ -7,6 +7,8 @@ by real tokens in update_from_output, and blocks are cached only then.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.output import SchedulerOutput
 from servesim.scheduler.request import Request, RequestStatus
@@ -14,7 +16,7 @@ from servesim.scheduler.scheduler import Scheduler
 
 
 class AsyncScheduler(Scheduler):
-    max_steps_in_flight = 2  # vLLM's batch queue: step N+1 scheduled while step N runs
+    max_steps_in_flight: ClassVar[int] = 2  # vLLM's batch queue: step N+1 scheduled while step N runs
 
     # Scheduler's signature spelt out: mypyc 2.4 miscompiles super().__init__(*args, **kwargs).
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,

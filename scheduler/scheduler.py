@@ -15,6 +15,7 @@ Time is only ever passed in; the scheduler never reads a clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from servesim.scheduler._schedule import ScheduleMixin
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
@@ -35,7 +36,7 @@ class Scheduler(ScheduleMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
     # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).
-    max_steps_in_flight = 1
+    max_steps_in_flight: ClassVar[int] = 1  # ClassVar: a subclass may override it, compiled too
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  log_stats: bool = True, tracer=None) -> None:
