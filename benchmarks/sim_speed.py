@@ -51,7 +51,7 @@ def main() -> int:
     ap.add_argument("--hour-trace", default=str(ROOT.parent / "shared/data/traces/azure_llm_inference_2023/AzureLLMInferenceTrace_conv.csv"))
     args = ap.parse_args()
     print("Llama-3.1-8B on one H100 (roofline), vLLM 0.19 defaults (async scheduling; sync with --fast-forward)")
-    print(f"scheduler: {scheduler_mode()}  (SERVESIM_PURE_PYTHON=1 for the pure-Python one)")
+    print(f"scheduler: {scheduler_mode()}")  # SERVESIM_PURE_PYTHON=1: the pure-Python one
     if args.only in (None, "default"):
         measure("default", load_bundled(), args.fast_forward)
     if args.only in (None, "saturating"):
