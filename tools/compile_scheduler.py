@@ -46,13 +46,14 @@ from servesim import _native  # noqa: E402  (after the path insert: run as a scr
 # classes, and its compiled methods then refuse instances of interpreted subclasses, the very
 # plug-ins the policies exist for; and a native class would shadow a subclass's `queue_type`).
 COMPILED = (
-    "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py", "pyset.py", "worker.py", "step_shape.py",
+    "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
+    "pyset.py", "worker.py", "step_shape.py",
     "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
     "kv/events.py",
 )
 GROUP = "servesim.scheduler._native"  # one shared library, inside the package (no top-level name)
 # Classes mypyc never makes native (nothing to mark): protocols, enums, named tuples, typed dicts.
-_NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict", "Exception"}
+_NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict"}
 _MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler)\b[^#]*$")
 _MARK = "@_mypyc_attr(allow_interpreted_subclasses=True)"
 _IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
