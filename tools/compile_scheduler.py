@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fcntl
 import hashlib
 import os
 import re
@@ -115,7 +116,7 @@ def mark_subclassable(source: str) -> str:
 
 
 def stage(staging: Path) -> str:
-    """Copy scheduler/ into the staging tree, mark the compiled modules; the copied sources' digest."""
+    """Copy scheduler/ into a new staging tree, mark the compiled modules; the copied sources' digest."""
     if staging.exists():
         shutil.rmtree(staging)
     package = staging / _native.PACKAGE
@@ -155,27 +156,45 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel C compiles")
     args = ap.parse_args()
     staging = ROOT / _native.STAGING
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time (`make run` and `make test` in two terminals): the second waits, then
+    # finds the build up to date.
+    with open(staging.parent / "mypyc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_if_stale(staging, args.force, args.jobs)
+
+
+def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:
     manifest = _native.read_manifest(staging)
     digest_now = _native.sources_digest(ROOT / "scheduler")
-    if (not args.force and manifest.get("sources") == digest_now
+    if (not force and manifest.get("sources") == digest_now
             and manifest.get("ext_suffix") == EXTENSION_SUFFIXES[0]
             and manifest.get("tool") == _tool_digest()):
         print("compiled scheduler: up to date")
         return 0
     started = time.monotonic()
-    print(f"compiling the scheduler with mypyc ({len(COMPILED)} modules, {args.jobs} jobs) ...", flush=True)
-    digest = stage(staging)  # removes any old MANIFEST with the old tree
+    print(f"compiling the scheduler with mypyc ({len(COMPILED)} modules, {jobs} jobs) ...", flush=True)
+    # Built beside the live tree (left as it is if the build fails; the finder's digest check
+    # decides whether it is used) and swapped in whole at the end: the live tree is never half-built.
+    fresh = staging.with_name(staging.name + ".new")
+    digest = stage(fresh)
     try:
-        build(staging, args.jobs)
+        build(fresh, jobs)
     except (Exception, SystemExit) as e:  # mypy errors surface as SystemExit from setup()
-        print(f"compiled scheduler: build failed ({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"compiled scheduler: build failed ({type(e).__name__}: {e}); C sources in {fresh}", file=sys.stderr)
         return 1
     import mypy.version  # noqa: PLC0415
 
-    (staging / _native.MANIFEST).write_text(
+    (fresh / _native.MANIFEST).write_text(
         f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
         f"tool={_tool_digest()}\nmypy={mypy.version.__version__}\n"
         f"modules={','.join(COMPILED)}\n")
+    old = staging.with_name(staging.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if staging.exists():
+        staging.rename(old)
+    fresh.rename(staging)
+    shutil.rmtree(old, ignore_errors=True)
     print(f"compiled scheduler: built in {time.monotonic() - started:.0f} s ({staging})")
     return 0
 
