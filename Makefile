@@ -32,8 +32,8 @@ venv: $(STAMP)
 # A compiler that cannot be installed or fails never stops `make run`/`make test`: servesim then
 # runs the pure-Python scheduler (the reference: same results, slower) and this says so.
 compile: $(STAMP)
-	@$(BIN)/python -c 'import mypyc' 2>/dev/null || $(BIN)/python -m pip install -q '$(MYPY_PIN)' \
-		|| echo "note: could not install $(MYPY_PIN) (mypyc)"
+	@$(BIN)/python -c 'import mypyc, setuptools' 2>/dev/null || $(BIN)/python -m pip install -q '$(MYPY_PIN)' setuptools \
+		|| echo "note: could not install $(MYPY_PIN) (mypyc) and setuptools"
 	@$(BIN)/python tools/compile_scheduler.py \
 		|| echo "note: the compiled scheduler was not built; servesim runs the pure-Python scheduler (same results, slower)"
 
