@@ -45,7 +45,9 @@ def _version() -> str:
 
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"servesim {_version()}")
+        from servesim._native import scheduler_mode
+
+        typer.echo(f"servesim {_version()}\nscheduler: {scheduler_mode()}")
         raise typer.Exit()
 
 
