@@ -32,3 +32,22 @@ class SimExecutor:
         self.last_shape = shape
         step_s = self.cost_model.step_time_s(shape) if req_ids else 0.0
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
+
+    # --- macro-steps (simulator/macro_step.py) ---------------------------------------------------
+    def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float]:
+        """GPU time of each of num_steps plain decode steps of one batch whose contexts start at
+        num_context_tokens and grow by one token a step: the very floats execute() would return."""
+        n = len(num_context_tokens)
+        ones = (1,) * n
+        step_time_s = self.cost_model.step_time_s
+        return [step_time_s(StepShape(ones, tuple([c + j for c in num_context_tokens]), n)) for j in range(num_steps)]
+
+    def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int) -> list[list[int]]:
+        """Execute num_steps plain decode steps: each request's sampled tokens, in step order."""
+        n = len(req_ids)
+        self.last_shape = StepShape((1,) * n, tuple([c + num_steps - 1 for c in num_context_tokens]), n)
+        return self.batch.sample_decode_run(req_ids, num_steps)
+
+    def decode_step_output(self, req_ids: list[str], token_ids: list[int]) -> ModelRunnerOutput:
+        """The ModelRunnerOutput of one plain decode step whose tokens were sampled in bulk."""
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, [[t] for t in token_ids], None)

@@ -1,0 +1,102 @@
+"""Runs of plain decode steps applied in bulk (macro-steps; the engine side is simulator/macro_step.py).
+
+A plain decode step schedules exactly one token for every running request, in `running` order,
+admits nobody, preempts nobody and finishes nobody. When the scheduler's state proves the next k
+steps are all plain, their effect is fixed: each request's num_computed_tokens grows by k, the KV
+manager allocates and caches blocks at the block boundaries (KVCacheManager.apply_decode_run, in
+vLLM's order), and each update appends the sampled token. Mixed into Scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.output import CachedRequestData, SchedulerOutput
+from servesim.scheduler.request import RequestStatus
+
+if TYPE_CHECKING:
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.scheduler import Scheduler
+
+
+class DecodeRunMixin:
+    def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int) -> int:
+        """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
+        of the whole running batch, none of whose updates finishes a request; 0 if not even one.
+
+        `num_in_flight` is the number of steps scheduled but not yet updated (0: sync loop; 1: the
+        async loop between steps, when every running request holds one output placeholder).
+        Conservative: any state this method does not recognise answers 0."""
+        if (self.connector is not None or self.num_spec_tokens or self.num_lookahead_tokens
+                or self.finished_req_ids or self.tracer is not None or self.policy.next_event_s() is not None):
+            return 0
+        running = self.running
+        n = len(running)
+        if n == 0 or n > self.max_num_scheduled_tokens:
+            return 0
+        # A waiting request is never looked at while the batch is full (schedule() stops first).
+        if (self.waiting or self.skipped_waiting) and n < self.max_num_running_reqs:
+            return 0
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if 0 < threshold < 1:
+            return 0
+        k = max_steps
+        max_len = self.max_model_len
+        ph = num_in_flight
+        for r in running:
+            ntok = r.num_tokens
+            if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or r.spec_token_ids
+                    or r.num_output_placeholders != ph or r.num_computed_tokens != ntok + ph - 1
+                    or r.discard_latest_async_tokens):
+                return 0
+            sp = r.sampling_params
+            if sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos):
+                return 0
+            # Update i (0-based) of the run brings the request to o + i + 1 outputs, which must
+            # stay below max_tokens (also the async skip-ahead rule) and below max_model_len.
+            k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
+            if k < 1:
+                return 0
+        return self.kv_cache_manager.decode_run_fit(running, k)
+
+    def schedule_decode_steps(self: Scheduler, num_steps: int, token_ids: Sequence[Sequence[int]],
+                              now_s: float) -> list[int]:
+        """Apply num_steps plain decode schedules and, after each, the update of one step (its
+        tokens: token_ids[i] for running[i], num_steps each, or empty lists for no updates).
+
+        Sync loop: step j's own update follows its schedule. Async loop: the update that follows
+        schedule j is the previous step's (already in flight), so placeholders stay constant.
+        Returns the free-block count after each schedule (for the step's kv usage). `now_s` is the
+        time of the last schedule or update applied."""
+        self.now_s = now_s
+        running = self.running
+        t0 = [r.num_tokens for r in running]
+        with_updates = bool(token_ids) and len(token_ids[0]) > 0
+        if with_updates:
+            for r, toks in zip(running, token_ids):
+                r.append_output_token_ids(list(toks))  # hashes the blocks they complete
+        free_after = self.kv_cache_manager.apply_decode_run(running, num_steps, t0)
+        for r in running:  # spec_token_ids stay empty (no drafts: decode_run_horizon checked)
+            r.num_computed_tokens += num_steps
+            r.is_prefill_chunk = False
+            if not with_updates:
+                r.num_output_placeholders += num_steps
+        self.prev_step_scheduled_req_ids = {r.request_id for r in running}
+        self.finished_req_ids = set()
+        if with_updates:
+            self.kv_cache_manager.make_prefix_cache_stats()  # each update resets the stats; nothing was looked up
+        return free_after
+
+    def decode_step_output(self: Scheduler) -> SchedulerOutput:
+        """The SchedulerOutput of the last plain decode step scheduled by schedule_decode_steps, as
+        update_from_output reads it (one token per running request, in order; no drafts). Block ids
+        are not repeated: no executor reads an output after its step was executed."""
+        running = self.running
+        cached = CachedRequestData(req_ids=[r.request_id for r in running])
+        return SchedulerOutput([], cached, {r.request_id: 1 for r in running}, len(running), {},
+                               [0] * self.kv_cache_manager.num_kv_cache_groups, set(), set())
+
+    def decode_run_requests(self: Scheduler) -> list[Request]:
+        """The running batch, in scheduling order (a copy)."""
+        return list(self.running)
