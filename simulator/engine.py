@@ -208,9 +208,10 @@ class Engine(MacroStepMixin):
                 self._expire_deadlines(now)
                 continue
             if macro and len(in_flight) == depth - 1:  # sync: none in flight; async: one
-                resume_s = self._macro_step(now, in_flight)
-                if resume_s is not None:
-                    yield env.timeout(resume_s - now)
+                delays_s = self._macro_step(now, in_flight)
+                if delays_s is not None:
+                    for delay_s in delays_s:
+                        yield env.timeout(delay_s)
                     continue
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)

@@ -27,12 +27,28 @@ Where a macro-step cannot be exact the engine steps; `macro_fallback_reason` say
 
 from __future__ import annotations
 
+import math
+
 from servesim.scheduler.async_scheduler import AsyncScheduler
 from servesim.scheduler.scheduler import Scheduler
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.metrics import StepRecord
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
+
+
+def exact_delays(now: float, t: float) -> list[float]:
+    """Delays whose SimPy timeouts, one after the other, bring the clock from now to exactly t (a
+    timeout lands at now + delay, rounded). One hop suffices when t <= 2 now (Sterbenz: t - now is
+    exact, so is the sum); otherwise now + (t - now) can round past t (a tie rounds to even), so
+    hop first to y ~ 0.75 t, whatever it rounds to: from y >= t / 2 the second hop is exact."""
+    d = t - now
+    if now + d == t:
+        return [d]
+    first = 0.75 * t - now
+    y = now + first  # where the first timeout lands
+    assert t / 2 <= y <= t and y + (t - y) == t
+    return [first, t - y]
 
 
 def macro_fallback_reason(engine) -> str | None:
@@ -60,9 +76,10 @@ def macro_fallback_reason(engine) -> str | None:
 class MacroStepMixin:
     """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
 
-    def _macro_step(self, now: float, in_flight) -> float | None:
-        """Apply a run of plain decode steps from this loop-top state; return the time the loop
-        resumes at (the SimPy clock must jump there), or None to step normally."""
+    def _macro_step(self, now: float, in_flight) -> list[float] | None:
+        """Apply a run of plain decode steps from this loop-top state; return the delays to wait
+        before the loop resumes (the SimPy clock then reads exactly what stepping would have
+        reached), or None to step normally."""
         if not now < self._next_arrival_s or self.clients.num_in_frontend:
             return None
         sched = self.scheduler
@@ -73,38 +90,45 @@ class MacroStepMixin:
         reqs = sched.decode_run_requests()
         ctx0 = [r.num_computed_tokens for r in reqs]
         gpu = self.executor.decode_step_times_s(ctx0, k)
-        sched_t, ends = self._macro_timeline(now, gpu, num_in_flight)
-        if len(ends) < 2:
+        tl = self._macro_timeline(now, gpu, num_in_flight)
+        if len(tl[0]) < 2:
             return None
         if num_in_flight:
-            return self._macro_async(now, in_flight, reqs, ctx0, gpu, sched_t, ends)
-        return self._macro_sync(reqs, ctx0, gpu, sched_t, ends)
+            resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl)
+        else:
+            resume_s = self._macro_sync(reqs, ctx0, gpu, *tl)
+        return exact_delays(now, resume_s)
 
-    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int) -> tuple[list[float], list[float]]:
-        """Schedule times and GPU end times of the steps that fit before any outside event, with
-        the stepping loop's arithmetic: start = max(now + cpu, gpu free); end = start + gpu."""
+    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int
+                        ) -> tuple[list[float], list[float], list[float]]:
+        """(schedule times, GPU end times, update times) of the steps that fit before any outside
+        event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
+        end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
+        timeout). The update after schedule j is step j's own (sync) or the previous one's (async)."""
         n = self.scheduler.get_request_counts()[0]
         cpu_s = self.cpu.step_s(n, n)
         arrival_s = self._next_arrival_s
         deadline_s = self._deadlines[0][0] if self._deadlines else float("inf")
         free_at = self._gpu_free_at
+        pending = free_at  # async: end of the step the next update applies
         t = now
-        update_t = free_at if num_in_flight else None  # async: the in-flight step's update time
         sched_t: list[float] = []
         ends: list[float] = []
+        upd_t: list[float] = []
         for g in gpu:
             if not t < deadline_s:
                 break
             end = max(t + cpu_s, free_at) + g
-            applied = update_t if num_in_flight else end  # the update the loop applies after this schedule
-            if not applied < arrival_s:
+            due = pending if num_in_flight else end
+            u = t + (due - t) if due > t else t
+            if not u < arrival_s:
                 break
             sched_t.append(t)
             ends.append(end)
-            free_at = end
-            t = applied
-            update_t = end
-        return sched_t, ends
+            upd_t.append(u)
+            free_at = pending = end
+            t = u
+        return sched_t, ends, upd_t
 
     def _macro_records(self, first_step: int, sched_t: list[float], gpu: list[float], free_after: list[int],
                        n: int) -> list[StepRecord]:
@@ -113,25 +137,25 @@ class MacroStepMixin:
         return [StepRecord(first_step + j, sched_t[j], 0.0, gpu[j], n, 0, n, kvm.usage_at(free_after[j]), n, waiting, 0)
                 for j in range(len(sched_t))]
 
-    def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends) -> float:
+    def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
         k = len(ends)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         tokens = self.executor.sample_decode_run(ids, ctx0, k)
-        free_after = sched.schedule_decode_steps(k, tokens, ends[-1])
+        free_after = sched.schedule_decode_steps(k, tokens, upd_t[-1])
         recs = self._macro_records(self.num_steps, sched_t, gpu, free_after, len(ids))
-        for rec, end in zip(recs, ends):
-            rec.duration_s = end - rec.start_s
+        for rec, u in zip(recs, upd_t):
+            rec.duration_s = u - rec.start_s
         self.metrics.add_steps(recs)
-        self.metrics.on_decode_run(ids, ends)
-        self._macro_progress(self.num_steps + 1, ends)  # update j runs when num_steps = first + j + 1
+        self.metrics.on_decode_run(ids, upd_t)
+        self._macro_progress(self.num_steps + 1, upd_t)  # update j runs when num_steps = first + j + 1
         self.num_steps += k
         self.num_macro_steps += k
         self._arrived_since_step = []
         self._gpu_free_at = ends[-1]
-        self._mark_progress(ends[-1])
-        return ends[-1]
+        self._mark_progress(upd_t[-1])
+        return upd_t[-1]
 
-    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends) -> float:
+    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
         k = len(ends)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
@@ -142,24 +166,24 @@ class MacroStepMixin:
         self.metrics.add_steps(recs[:1])
         self._arrived_since_step = []
         # ... then S's own update, exactly as the loop applies it ...
-        so0, mro0, end0, rec0, step0 = in_flight.popleft()
-        self._on_update(so0, mro0, rec0, step0, now=end0)
+        so0, mro0, _end0, rec0, step0 = in_flight.popleft()
+        self._on_update(so0, mro0, rec0, step0, now=upd_t[0])
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
-        free_rest = sched.schedule_decode_steps(k - 1, [t[:k - 1] for t in tokens], ends[-2])
+        free_rest = sched.schedule_decode_steps(k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
         for j in range(1, k):
             recs[j].kv_usage = sched.kv_cache_manager.usage_at(free_rest[j - 1])
         for j in range(k - 1):
-            recs[j].duration_s = ends[j] - recs[j].start_s
+            recs[j].duration_s = upd_t[j + 1] - recs[j].start_s
         self.metrics.add_steps(recs[1:])
-        self.metrics.on_decode_run(ids, ends[:-1])
-        self._macro_progress(self.num_steps + 1, ends[:-1])
+        self.metrics.on_decode_run(ids, upd_t[1:])
+        self._macro_progress(self.num_steps + 1, upd_t[1:])
         self.num_steps += k - 1
         self.num_macro_steps += k
-        self._mark_progress(ends[-2])
+        self._mark_progress(upd_t[-1])
         last = self.executor.decode_step_output(ids, [t[k - 1] for t in tokens])
         in_flight.append((sched.decode_step_output(), last, ends[-1], None, recs[-1]))
         self._gpu_free_at = ends[-1]
-        return ends[-2]
+        return upd_t[-1]
 
     def _macro_progress(self, first_num_steps: int, update_times: list[float]) -> None:
         """The progress callback at the updates where the stepping loop would call it."""
