@@ -11,7 +11,7 @@ from typing import Protocol
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.worker import BatchTracker, TokenSource
-from servesim.simulator.cost_model.base import CostModel, StepShape
+from servesim.simulator.cost_model.base import CostModel, StepShape, decode_step_times_s
 
 
 class Executor(Protocol):
@@ -37,10 +37,7 @@ class SimExecutor:
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float]:
         """GPU time of each of num_steps plain decode steps of one batch whose contexts start at
         num_context_tokens and grow by one token a step: the very floats execute() would return."""
-        n = len(num_context_tokens)
-        ones = (1,) * n
-        step_time_s = self.cost_model.step_time_s
-        return [step_time_s(StepShape(ones, tuple([c + j for c in num_context_tokens]), n)) for j in range(num_steps)]
+        return decode_step_times_s(self.cost_model, num_context_tokens, num_steps)
 
     def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int) -> list[list[int]]:
         """Execute num_steps plain decode steps: each request's sampled tokens, in step order."""

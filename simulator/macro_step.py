@@ -89,8 +89,15 @@ class MacroStepMixin:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = sched.decode_run_requests()
         ctx0 = [r.num_computed_tokens for r in reqs]
-        gpu = self.executor.decode_step_times_s(ctx0, k)
-        tl = self._macro_timeline(now, gpu, num_in_flight)
+        # Price the steps in growing chunks: an arrival usually ends the run long before the
+        # scheduler's own horizon, and each step's price costs a cost-model call.
+        gpu: list[float] = []
+        while True:
+            m = min(k, max(16, 4 * len(gpu)))
+            gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
+            tl = self._macro_timeline(now, gpu, num_in_flight)
+            if len(tl[0]) < len(gpu) or len(gpu) == k:
+                break
         if len(tl[0]) < 2:
             return None
         if num_in_flight:

@@ -108,3 +108,22 @@ def test_option_is_validated_and_fast_forward_is_a_deprecated_alias():
         cfg = SimConfig(macro_steps=False, fast_forward=True)
     assert cfg.macro_steps and not cfg.fast_forward
     assert any("deprecated" in str(w.message) for w in caught)
+
+
+def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
+    import random
+
+    from servesim.scheduler.steptrace import oracle_token
+    from servesim.scheduler.worker import TokenSource
+    from servesim.simulator.cost_model import make_cost_model
+    from servesim.simulator.cost_model.base import StepShape, decode_step_times_s
+
+    for rid in ("r0", "llmservingsim-17", "é-unicode"):
+        assert TokenSource().tokens(rid, 5, 300) == [oracle_token(rid, k) for k in range(5, 305)]
+    rng = random.Random(0)
+    for model, tp in (("llama-3.1-8b", 1), ("llama-3.1-70b", 4)):
+        cm = make_cost_model("roofline", model=model, gpu="h100", tp=tp)
+        for _ in range(20):
+            ctx = [rng.randint(1, 8000) for _ in range(rng.randint(1, 256))]
+            ref = [cm.step_time_s(StepShape((1,) * len(ctx), tuple(c + j for c in ctx), len(ctx))) for j in range(40)]
+            assert decode_step_times_s(cm, ctx, 40) == ref
