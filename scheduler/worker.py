@@ -84,6 +84,12 @@ class BatchTracker:
             sample.append(c + n >= self.num_tokens[rid])
         return req_ids, new, ctx, sample
 
+    def forget(self, finished_req_ids: set[str]) -> None:
+        """Drop finished requests (what prepare() does with a step's finished_req_ids)."""
+        for rid in finished_req_ids:
+            self.num_tokens.pop(rid, None)
+            self.num_out.pop(rid, None)
+
     def sample_decode_run(self, req_ids: list[str], num_steps: int) -> list[list[int]]:
         """num_steps plain decode steps of req_ids (one token each per step, no drafts): the
         tokens each request samples, in order; the worker state advances as by num_steps sample()s."""

@@ -88,6 +88,8 @@ class MacroStepMixin:
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = sched.decode_run_requests()
+        if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
+            return None
         ctx0 = [r.num_computed_tokens for r in reqs]
         # Price the steps in growing chunks: an arrival usually ends the run long before the
         # scheduler's own horizon, and each step's price costs a cost-model call.
@@ -95,7 +97,7 @@ class MacroStepMixin:
         while True:
             m = min(k, max(16, 4 * len(gpu)))
             gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
-            tl = self._macro_timeline(now, gpu, num_in_flight)
+            tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs))
             if len(tl[0]) < len(gpu) or len(gpu) == k:
                 break
         if len(tl[0]) < 2:
@@ -106,13 +108,18 @@ class MacroStepMixin:
             resume_s = self._macro_sync(reqs, ctx0, gpu, *tl)
         return exact_delays(now, resume_s)
 
-    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int
+    def _finishes_stay_inside(self) -> bool:
+        """A request finishing inside the run (async: the in-flight step's update) must not set
+        off anything outside: a client slot freeing (max_concurrency: the next send, now) or a
+        router hearing of it."""
+        return self.clients.max_concurrency is None and self.on_finish is None
+
+    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int
                         ) -> tuple[list[float], list[float], list[float]]:
         """(schedule times, GPU end times, update times) of the steps that fit before any outside
         event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
         end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
         timeout). The update after schedule j is step j's own (sync) or the previous one's (async)."""
-        n = self.scheduler.get_request_counts()[0]
         cpu_s = self.cpu.step_s(n, n)
         arrival_s = self._next_arrival_s
         deadline_s = self._deadlines[0][0] if self._deadlines else float("inf")
@@ -139,16 +146,17 @@ class MacroStepMixin:
 
     def _macro_records(self, first_step: int, sched_t: list[float], gpu: list[float], free_after: list[int],
                        n: int) -> list[StepRecord]:
+        """Step rows as _on_schedule writes them (running and waiting counted after the schedule)."""
         kvm = self.scheduler.kv_cache_manager
-        waiting = self.scheduler.get_request_counts()[1]
-        return [StepRecord(first_step + j, sched_t[j], 0.0, gpu[j], n, 0, n, kvm.usage_at(free_after[j]), n, waiting, 0)
-                for j in range(len(sched_t))]
+        running, waiting = self.scheduler.get_request_counts()
+        return [StepRecord(first_step + j, sched_t[j], 0.0, gpu[j], n, 0, n, kvm.usage_at(free_after[j]), running,
+                           waiting, 0) for j in range(len(free_after))]
 
     def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
         k = len(ends)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
-        tokens = self.executor.sample_decode_run(ids, ctx0, k)
-        free_after = sched.schedule_decode_steps(k, tokens, upd_t[-1])
+        tokens = self.executor.sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
+        free_after, _ = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
         recs = self._macro_records(self.num_steps, sched_t, gpu, free_after, len(ids))
         for rec, u in zip(recs, upd_t):
             rec.duration_s = u - rec.start_s
@@ -166,19 +174,20 @@ class MacroStepMixin:
         k = len(ends)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
-        free_first = sched.schedule_decode_steps(1, [], now)
-        tokens = self.executor.sample_decode_run(ids, ctx0, k)
-        recs = self._macro_records(self.num_steps, sched_t, gpu, free_first + [0] * (k - 1), len(ids))
+        finished = sched.finished_req_ids
+        free_first, _ = sched.schedule_decode_steps(reqs, 1, [], now)
+        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished)
+        (first,) = self._macro_records(self.num_steps, sched_t[:1], gpu, free_first, len(ids))
         self.num_steps += 1
-        self.metrics.add_steps(recs[:1])
+        self.metrics.add_steps([first])
         self._arrived_since_step = []
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, step0 = in_flight.popleft()
-        self._on_update(so0, mro0, rec0, step0, now=upd_t[0])
+        self._on_update(so0, mro0, rec0, step0, now=upd_t[0])  # finishes the requests the run skipped
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
-        free_rest = sched.schedule_decode_steps(k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
-        for j in range(1, k):
-            recs[j].kv_usage = sched.kv_cache_manager.usage_at(free_rest[j - 1])
+        free_rest, finished = sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
+        self.executor.forget(finished)
+        recs = [first] + self._macro_records(self.num_steps, sched_t[1:], gpu[1:], free_rest, len(ids))
         for j in range(k - 1):
             recs[j].duration_s = upd_t[j + 1] - recs[j].start_s
         self.metrics.add_steps(recs[1:])
@@ -188,7 +197,7 @@ class MacroStepMixin:
         self.num_macro_steps += k
         self._mark_progress(upd_t[-1])
         last = self.executor.decode_step_output(ids, [t[k - 1] for t in tokens])
-        in_flight.append((sched.decode_step_output(), last, ends[-1], None, recs[-1]))
+        in_flight.append((sched.decode_step_output(reqs), last, ends[-1], None, recs[-1]))
         self._gpu_free_at = ends[-1]
         return upd_t[-1]
 
