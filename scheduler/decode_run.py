@@ -3,7 +3,7 @@
 A plain decode step schedules exactly one token for every running request, in `running` order,
 admits nobody, preempts nobody and finishes nobody. When the scheduler's state proves the next k
 steps are all plain, their effect is fixed: each request's num_computed_tokens grows by k, the KV
-manager allocates and caches blocks at the block boundaries (KVCacheManager.apply_decode_run, in
+manager allocates and caches blocks at the block boundaries (scheduler/kv/decode_run.py, in
 vLLM's order), and each update appends the sampled token. Mixed into Scheduler.
 """
 
@@ -101,7 +101,9 @@ class DecodeRunMixin:
             if not with_updates:
                 r.num_output_placeholders += num_steps
         self.prev_step_scheduled_req_ids = {r.request_id for r in batch}
-        finished, self.finished_req_ids = self.finished_req_ids, set()
+        finished = self.finished_req_ids
+        none_finished: set[str] = set()
+        self.finished_req_ids = none_finished
         if with_updates:
             self.kv_cache_manager.make_prefix_cache_stats()  # each update resets the stats; nothing was looked up
         return free_after, finished

@@ -93,7 +93,7 @@ class BatchTracker:
     def sample_decode_run(self, req_ids: list[str], num_steps: int) -> list[list[int]]:
         """num_steps plain decode steps of req_ids (one token each per step, no drafts): the
         tokens each request samples, in order; the worker state advances as by num_steps sample()s."""
-        out = []
+        out: list[list[int]] = []
         num_out, num_tokens, source = self.num_out, self.num_tokens, self.tokens
         for rid in req_ids:
             k = num_out[rid]

@@ -12,7 +12,7 @@ boundary allocation without preemption).
 Each component owns its bulk operation:
 - Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
   which hands the block allocations and prefix-cache insertions to
-  KVCacheManager.decode_run_fit / apply_decode_run (scheduler/kv/manager.py, vLLM's order);
+  KVCacheManager.decode_run_fit / apply_decode_run (scheduler/kv/decode_run.py, vLLM's order);
 - SimExecutor.decode_step_times_s (the cost model's floats), sample_decode_run (BatchTracker and
   TokenSource: the same tokens), decode_step_output;
 - MetricsCollector.on_decode_run / add_steps (token timestamps, step rows);
