@@ -127,3 +127,38 @@ def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
             ctx = [rng.randint(1, 8000) for _ in range(rng.randint(1, 256))]
             ref = [cm.step_time_s(StepShape((1,) * len(ctx), tuple(c + j for c in ctx), len(ctx))) for j in range(40)]
             assert decode_step_times_s(cm, ctx, 40) == ref
+
+
+def _random_case(seed: int):
+    """A random small config and workload (KV pressure, small batches, deadlines, closed loops...)."""
+    import random
+
+    rng = random.Random(seed)
+    sets: dict = {"scheduler.async_scheduling": rng.random() < 0.6}
+    if rng.random() < 0.5:
+        sets.update({"cache.num_gpu_blocks": rng.choice([120, 200, 400, 1000]), "scheduler.max_model_len": 1800})
+    for key, p, values in (("cache.block_size", 0.3, [16, 32]), ("scheduler.max_num_seqs", 0.3, [2, 4, 8, 16]),
+                           ("scheduler.max_num_batched_tokens", 0.3, [64, 256, 512]),
+                           ("cache.enable_prefix_caching", 0.3, [False]), ("scheduler.policy", 0.3, ["priority"]),
+                           ("client.timeout_s", 0.2, [0.5, 2.0, 5.0]), ("client.max_concurrency", 0.2, [1, 3, 10]),
+                           ("scheduler.long_prefill_token_threshold", 0.2, [32, 128]),
+                           ("frontend.enabled", 0.15, [True])):
+        if rng.random() < p:
+            sets[key] = rng.choice(values)
+    wl = make_workload("poisson", {"num_requests": rng.randint(5, 80),
+                                   "arrival": {"rate_per_s": rng.choice([0.5, 2.0, 10.0, 100.0])},
+                                   "prompt_len": {"dist": "uniform", "low": 1, "high": rng.choice([50, 600, 1500])},
+                                   "output_len": {"dist": "uniform", "low": 1, "high": rng.choice([3, 40, 300])}},
+                       np.random.default_rng(seed))
+    return sets, wl
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(24))
+def test_random_configs_identical(seed):
+    sets, wl = _random_case(seed)
+    try:
+        apply_overrides(SimConfig(), sets)
+    except InputError:
+        pytest.skip("a configuration vLLM refuses at start-up")
+    _pair(sets, wl)
