@@ -2,7 +2,8 @@
 
     python benchmarks/cluster_speed.py                  # scaled down: 60 s of traffic (6000 requests)
     python benchmarks/cluster_speed.py --duration 3600  # the full target: 1 hour (360k requests)
-    python benchmarks/cluster_speed.py --fast-forward --router prefix_aware   # sync scheduling + fast-forward
+    python benchmarks/cluster_speed.py --sync --router prefix_aware   # sync scheduling
+    python benchmarks/cluster_speed.py --no-macro-steps               # step one by one (macro_steps: false)
 
 Traffic: Poisson arrivals; prompts lognormal (median 300, sigma 0.5, <= 2000 tokens), outputs
 lognormal (median 150, sigma 0.6, <= 1000 tokens) -- the lengths of scenarios/prefix_caching_onoff.yaml.
@@ -41,11 +42,11 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=100.0, help="requests per second")
     ap.add_argument("--replicas", type=int, default=32)
     ap.add_argument("--router", default="least_outstanding")
-    ap.add_argument("--fast-forward", action="store_true", help="SimConfig.fast_forward (exact; sync scheduling)")
+    ap.add_argument("--sync", action="store_true", help="synchronous scheduling (default: async)")
+    ap.add_argument("--no-macro-steps", action="store_true", help="macro_steps: false (step one by one)")
     args = ap.parse_args()
     wl = workload(args.rate, args.duration)
-    # Fast-forward covers the synchronous scheduler only, so --fast-forward also turns async off.
-    sim = sim_config_from_dict({"fast_forward": True, "scheduler.async_scheduling": False} if args.fast_forward else {})
+    sim = sim_config_from_dict({"scheduler.async_scheduling": not args.sync, "macro_steps": not args.no_macro_steps})
     cfg = ClusterConfig(replicas=[ReplicaGroup(args.replicas, sim)], router=RouterConfig(args.router),
                         routing_latency_s=0.001)
     t0 = time.perf_counter()
@@ -55,7 +56,7 @@ def main() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tokens = int(res.requests["output_len"].sum())
     print(f"{len(wl.requests)} requests at {args.rate:g}/s over {args.replicas} replicas ({args.router}"
-          f"{', fast-forward' if args.fast_forward else ''}): sim {s['sim_duration_s']:.1f} s, wall {wall:.1f} s "
+          f"{', sync' if args.sync else ''}{', plain steps' if args.no_macro_steps else ''}): sim {s['sim_duration_s']:.1f} s, wall {wall:.1f} s "
           f"({s['sim_duration_s'] / wall:.2f} sim-s/wall-s), {s['num_steps']} steps ({s['num_steps'] / wall:.0f}/s), "
           f"{tokens} output tokens ({tokens / wall:.0f}/s), peak RSS {peak:.0f} MiB")
     print(f"  TTFT p50 {1e3 * s['ttft_s']['p50']:.1f} ms, TPOT p50 {1e3 * s['tpot_s']['p50']:.1f} ms, "

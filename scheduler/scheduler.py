@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from servesim.scheduler._schedule import ScheduleMixin
+from servesim.scheduler.decode_run import DecodeRunMixin
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.hashing import make_block_hasher
@@ -32,7 +32,7 @@ from servesim.scheduler.policies import SchedulingPolicy, make_policy
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
 
 
-class Scheduler(ScheduleMixin):
+class Scheduler(DecodeRunMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
     # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).

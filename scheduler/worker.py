@@ -37,6 +37,13 @@ class TokenSource:
             n += 1
         return n
 
+    def tokens(self, req_id: str, k: int, n: int) -> list[int]:
+        """Output tokens k .. k + n - 1 of req_id (a run of decode steps samples them in bulk):
+        oracle_token's crc32 of "req_id:k", with the "req_id:" prefix's crc computed once."""
+        crc32 = zlib.crc32
+        prefix = crc32(f"{req_id}:".encode())
+        return [1000 + crc32(b"%d" % i, prefix) % 40000 for i in range(k, k + n)]
+
     def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
         """Drafts proposed after output k-1: the target's own next tokens, so acceptance is what
         the acceptance model says (a rejected draft is simply not used)."""
@@ -76,6 +83,24 @@ class BatchTracker:
             # already holds the tokens that were placeholders when this step was scheduled.
             sample.append(c + n >= self.num_tokens[rid])
         return req_ids, new, ctx, sample
+
+    def forget(self, finished_req_ids: set[str]) -> None:
+        """Drop finished requests (what prepare() does with a step's finished_req_ids)."""
+        for rid in finished_req_ids:
+            self.num_tokens.pop(rid, None)
+            self.num_out.pop(rid, None)
+
+    def sample_decode_run(self, req_ids: list[str], num_steps: int) -> list[list[int]]:
+        """num_steps plain decode steps of req_ids (one token each per step, no drafts): the
+        tokens each request samples, in order; the worker state advances as by num_steps sample()s."""
+        out: list[list[int]] = []
+        num_out, num_tokens, source = self.num_out, self.num_tokens, self.tokens
+        for rid in req_ids:
+            k = num_out[rid]
+            out.append(source.tokens(rid, k, num_steps))
+            num_out[rid] = k + num_steps
+            num_tokens[rid] += num_steps
+        return out
 
     def sample(self, so: SchedulerOutput, req_ids: list[str], sample: list[bool],
                chosen: dict[str, int] | None = None) -> ModelRunnerOutput:

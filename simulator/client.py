@@ -72,6 +72,12 @@ class Clients:
             self._frontend_drained.succeed()
             self._frontend_drained = None
 
+    @property
+    def num_in_frontend(self) -> int:
+        """Requests already sent that have not reached the engine yet (an arrival the announced
+        next-arrival time does not bound)."""
+        return self._num_in_frontend
+
     def on_done(self) -> None:
         """A request left the client (completed, or its client gave up): its slot frees once the
         client has its last chunk."""

@@ -113,7 +113,10 @@ class SimConfig:
     # SGLang-only knobs (engine: sglang); None fields inherit the shared scheduler/cache settings.
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     seed: int = 0
-    # Exact fast-forward over provably plain decode steps (same results as stepping; faster).
+    # Exact macro-steps (simulator/macro_step.py): runs of provably plain decode steps advanced in
+    # one call; results are byte-identical to stepping. False steps one by one (for debugging).
+    macro_steps: bool = True
+    # Deprecated: the old sync-only fast-forward, replaced by macro_steps (True turns them on).
     fast_forward: bool = False
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     # The OpenAI server in front of the engine (off: in-process runs) and the clients' behaviour.
@@ -128,6 +131,15 @@ class SimConfig:
         if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
             raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
                              field="spec_decode.acceptance")
+        if self.fast_forward:
+            import warnings
+
+            warnings.warn("fast_forward is deprecated: macro_steps (on by default) replaces it; "
+                          "fast_forward: true now turns macro_steps on", DeprecationWarning, stacklevel=3)
+            self.macro_steps = True
+            self.fast_forward = False
+        if not isinstance(self.macro_steps, bool):
+            raise InputError(f"expected true or false, got {self.macro_steps!r}", field="macro_steps")
         from servesim.simulator.startup import check_startup  # imports the specs (a cycle at module level)
 
         check_startup(self)  # what vLLM refuses at start-up, whichever way the config was built

@@ -29,6 +29,7 @@ from servesim.simulator.executor import Executor, SimExecutor
 from servesim.simulator.client import Clients
 from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError, diagnose
+from servesim.simulator.macro_step import MacroStepMixin, macro_fallback_reason
 from servesim.simulator.metrics import MetricsCollector, StepRecord
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.scheduler.worker import TokenSource
@@ -50,7 +51,7 @@ class EngineResult:
     kv_capacity: KvCapacity | None
 
 
-class Engine:
+class Engine(MacroStepMixin):
     def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",
@@ -101,11 +102,9 @@ class Engine:
         # whose request already finished is dropped when it comes due.
         self._deadlines: list[tuple[float, int, str]] = []
         self._num_submitted = 0
-        self._ff = None
-        if cfg.fast_forward:
-            from servesim.simulator.fast_forward import FastForward
-
-            self._ff = FastForward(self)
+        # Exact macro-steps (simulator/macro_step.py): None = they may apply, run by run.
+        self.macro_fallback_reason = macro_fallback_reason(self)
+        self.num_macro_steps = 0  # engine steps applied inside macro-steps
 
     # --- processes -----------------------------------------------------------------------------
     def _arrivals(self):
@@ -193,6 +192,7 @@ class Engine:
         caps = sched.capabilities  # fixed at construction: read once, not per step
         depth, idle_is_stable = caps.max_steps_in_flight, caps.idle_is_stable
         overlap_allowed = sched.overlap_allowed
+        macro = self.macro_fallback_reason is None
         in_flight: deque = deque()
         self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         while True:
@@ -207,13 +207,11 @@ class Engine:
             if self._deadlines and self._deadlines[0][0] <= now:
                 self._expire_deadlines(now)
                 continue
-            if self._ff is not None and self._ff.enabled and not in_flight:
-                fast = self._ff.try_step(now, self._next_arrival_s)
-                if fast is not None:
-                    end, finish = fast
-                    yield env.timeout(end - now)
-                    finish()
-                    self._mark_progress(env.now)  # plain decode steps: every one emits tokens
+            if macro and len(in_flight) == depth - 1:  # sync: none in flight; async: one
+                delays_s = self._macro_step(now, in_flight)
+                if delays_s is not None:
+                    for delay_s in delays_s:
+                        yield env.timeout(delay_s)
                     continue
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
@@ -272,8 +270,9 @@ class Engine:
         self.num_steps += 1
         return rec, step_rec
 
-    def _on_update(self, so, mro, rec: dict | None, step_rec: StepRecord) -> None:
-        now = self.env.now
+    def _on_update(self, so, mro, rec: dict | None, step_rec: StepRecord, now: float | None = None) -> None:
+        if now is None:
+            now = self.env.now
         step_rec.duration_s = now - step_rec.start_s  # schedule to output applied
         eco = self.scheduler.update_from_output(so, mro, now_s=now)
         if eco.outputs:

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.worker import BatchTracker, TokenSource
-from servesim.simulator.cost_model.base import CostModel, StepShape
+from servesim.simulator.cost_model.base import CostModel, StepShape, decode_step_times_s
 
 
 class Executor(Protocol):
@@ -32,3 +32,26 @@ class SimExecutor:
         self.last_shape = shape
         step_s = self.cost_model.step_time_s(shape) if req_ids else 0.0
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
+
+    # --- macro-steps (simulator/macro_step.py) ---------------------------------------------------
+    def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float]:
+        """GPU time of each of num_steps plain decode steps of one batch whose contexts start at
+        num_context_tokens and grow by one token a step: the very floats execute() would return."""
+        return decode_step_times_s(self.cost_model, num_context_tokens, num_steps)
+
+    def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int,
+                          finished_req_ids: set[str]) -> list[list[int]]:
+        """Execute num_steps plain decode steps, the first handing over finished_req_ids: each
+        request's sampled tokens, in step order."""
+        self.batch.forget(finished_req_ids)
+        n = len(req_ids)
+        self.last_shape = StepShape((1,) * n, tuple([c + num_steps - 1 for c in num_context_tokens]), n)
+        return self.batch.sample_decode_run(req_ids, num_steps)
+
+    def forget(self, finished_req_ids: set[str]) -> None:
+        """A step's output handed these finished ids over (a macro-step's later step)."""
+        self.batch.forget(finished_req_ids)
+
+    def decode_step_output(self, req_ids: list[str], token_ids: list[int]) -> ModelRunnerOutput:
+        """The ModelRunnerOutput of one plain decode step whose tokens were sampled in bulk."""
+        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, [[t] for t in token_ids], None)

@@ -70,6 +70,20 @@ class MetricsCollector:
             rec.first_token_s = t
         rec.token_times_s.extend([t] * n)
 
+    def on_decode_run(self, request_ids: list[str], times_s: list[float]) -> None:
+        """Each request got one token at each of times_s (a run of plain decode steps)."""
+        if not times_s:
+            return
+        requests = self.requests
+        for rid in request_ids:
+            rec = requests[rid]
+            if rec.first_token_s is None:
+                rec.first_token_s = times_s[0]
+            rec.token_times_s.extend(times_s)
+
+    def add_steps(self, records: list[StepRecord]) -> None:
+        self.steps.extend(records)
+
     def on_reject(self, request_id: str, reason: str) -> None:
         self.requests[request_id].reject_reason = reason
 

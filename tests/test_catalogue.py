@@ -129,8 +129,8 @@ CLI_CASES = [
     ("set-no-equals", "replay --set foo", None, 2, ["--set: expects key=value, got 'foo'"]),
     ("set-unknown-key", "replay --set scheduler.max_num_seq=3", None, 2,
      ["--set scheduler.max_num_seq", "did you mean max_num_seqs"]),
-    ("switch-given-a-value", "replay --fast-forward true", None, 2, ["switches take no value"]),
-    ("option-typo", "replay --fast-forwrd", None, 2, ["No such option", "--fast-forward"]),
+    ("switch-given-a-value", "replay --macro-steps true", None, 2, ["switches take no value"]),
+    ("option-typo", "replay --macro-step", None, 2, ["No such option", "--macro-steps"]),
     ("backend-typo", "run {in}/scen_ok.yaml --backend rey", None, 2, ["--backend", "did you mean 'ray'?"]),
     ("ray-address-local", "run {in}/scen_ok.yaml --ray-address 1.2.3.4:6379", None, 2,
      ["--ray-address only applies to --backend ray"]),
@@ -200,7 +200,7 @@ def test_help_version_and_switch_spelling():
     runner = CliRunner()
     assert runner.invoke(app, ["--version"]).output.startswith("servesim ")
     help_text = runner.invoke(app, ["replay", "-h"]).output
-    assert "--fast-forward / --no-fast-forward" in help_text and "--overwrite / --no-overwrite" in help_text
+    assert "--macro-steps / --no-macro-steps" in help_text and "--overwrite / --no-overwrite" in help_text
     assert "<bool>" not in help_text
     assert "--smoke / --no-smoke" in runner.invoke(app, ["run", "-h"]).output
     assert "--install-completion" in runner.invoke(app, ["-h"]).output

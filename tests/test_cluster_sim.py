@@ -153,14 +153,17 @@ def test_duplicate_request_ids_are_refused():
 
 
 @pytest.mark.slow
-def test_fast_forward_stays_exact_in_a_cluster():
+@pytest.mark.parametrize("async_", [False, True])
+def test_macro_steps_stay_exact_in_a_cluster(async_):
     wl = small_workload(30)
-    sim = sim_config_from_dict({"fast_forward": True, "scheduler.async_scheduling": False})  # FF: sync only
+    sim = sim_config_from_dict({"scheduler.async_scheduling": async_})
     single = Engine(sim, wl).run()
     res = run_cluster(cluster(1, sim=sim), wl)
     pd.testing.assert_frame_equal(single.metrics.requests_frame(), res.requests.drop(columns=ROUTING_COLUMNS))
-    sync = dataclasses.replace(sim, fast_forward=False)
-    plain = run_cluster(cluster(3, "least_outstanding", latency=0.001, sim=sync), wl)
+    plain_sim = dataclasses.replace(sim, macro_steps=False)
+    plain = run_cluster(cluster(3, "least_outstanding", latency=0.001, sim=plain_sim), wl)
     c = Cluster(cluster(3, "least_outstanding", latency=0.001, sim=sim), wl)
-    pd.testing.assert_frame_equal(plain.requests, c.run().requests)
-    assert sum(r.engine._ff.num_fast_steps for r in c.replicas) > 0  # it did skip stepping
+    macro = c.run()
+    pd.testing.assert_frame_equal(plain.requests, macro.requests, check_exact=True)
+    pd.testing.assert_frame_equal(plain.steps, macro.steps, check_exact=True)
+    assert sum(r.engine.num_macro_steps for r in c.replicas) > 0  # it did skip stepping

@@ -50,12 +50,12 @@ COMPILED = (
     "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
     "pyset.py", "worker.py", "step_shape.py",
     "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
-    "kv/events.py",
+    "kv/events.py", "decode_run.py", "kv/decode_run.py",
 )
 GROUP = "servesim.scheduler._native"  # one shared library, inside the package (no top-level name)
 # Classes mypyc never makes native (nothing to mark): protocols, enums, named tuples, typed dicts.
 _NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict"}
-_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler)\b[^#]*$")
+_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|KVCacheManager)\b[^#]*$")
 _MARK = "@_mypyc_attr(allow_interpreted_subclasses=True)"
 _IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
            "if _TYPE_CHECKING:\n    from mypy_extensions import mypyc_attr as _mypyc_attr\n")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.coordinator import make_coordinator
+from servesim.scheduler.kv.decode_run import DecodeRunMixin
 from servesim.scheduler.kv.single_type import KVCacheGroupSpec, cdiv
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def group_specs_from_config(cache_config: CacheConfig) -> list[KVCacheGroupSpec]
     return [KVCacheGroupSpec("full", bs), KVCacheGroupSpec("sliding_window", bs, cache_config.sliding_window)]
 
 
-class KVCacheManager:
+class KVCacheManager(DecodeRunMixin):
     def __init__(self, cache_config: CacheConfig, max_model_len: int, use_eagle: bool = False,
                  log_stats: bool = True):
         self.max_model_len = max_model_len
@@ -209,3 +210,4 @@ class KVCacheManager:
 
     def _blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+

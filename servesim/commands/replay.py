@@ -39,8 +39,11 @@ def replay(
     sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
     seed: int = typer.Option(0, "--seed"),
     engine: str = typer.Option("vllm", "--engine", help="scheduler engine: vllm | sglang"),
-    fast_forward: bool = typer.Option(False, "--fast-forward/--no-fast-forward",
-                                      help="exact fast-forward over plain decode steps"),
+    macro_steps: bool = typer.Option(True, "--macro-steps/--no-macro-steps",
+                                     help="exact macro-steps over runs of plain decode steps (off: step one by "
+                                          "one, for debugging; results are identical)"),
+    fast_forward: bool = typer.Option(False, "--fast-forward", hidden=True,
+                                      help="deprecated: macro-steps (on by default) replaced fast-forward"),
     executor: str = typer.Option("sim", "--executor", help="sim (cost model) | gpu (real model, Triton kernels)"),
     device: str = typer.Option("cuda", "--device", help="with --executor gpu: cuda | cpu"),
     clock: str = typer.Option("model", "--clock", help="with --executor gpu: model (cost model) | measured"),
@@ -81,7 +84,10 @@ def replay(
                          allowed="a new file (or --overwrite to replace an earlier step trace)")
     cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
     if fast_forward:
-        cfg.fast_forward = True
+        make_console(stderr=True).print("--fast-forward is deprecated and does nothing more: exact macro-steps "
+                                        "are on by default (--no-macro-steps turns them off)")
+    if not macro_steps:
+        cfg.macro_steps = False
     if frontend:
         cfg.frontend = dataclasses.replace(cfg.frontend, enabled=True)
     if goodput:
@@ -100,7 +106,7 @@ def replay(
             random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len, seed=seed))
     else:
         if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
-            raise InputError("file not found; switches take no value: --fast-forward / --no-fast-forward, "
+            raise InputError("file not found; switches take no value: --macro-steps / --no-macro-steps, "
                              "--overwrite / --no-overwrite", path=str(trace))
         wl = load_trace(trace, fmt, max_requests, rate_scale)
     if executor not in ("sim", "gpu"):

@@ -57,6 +57,30 @@ class CostModel(Protocol):
         ...
 
 
+@runtime_checkable
+class DecodeRunCostModel(Protocol):
+    """Optional: a cost model that prices a run of plain decode steps in bulk (macro-steps).
+
+    `decode_step_times_s(num_context_tokens, num_steps)` returns the floats step_time_s would
+    return, bit for bit, for num_steps all-decode steps whose contexts start at
+    num_context_tokens and grow by one a step; or None when it has no shortcut for this batch."""
+
+    def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None: ...
+
+
+def decode_step_times_s(model: CostModel, num_context_tokens: list[int], num_steps: int) -> list[float]:
+    """GPU time of each step of a run of plain decode steps: the model's bulk method where it has
+    one, else one step_time_s call per step on the exact StepShape."""
+    if isinstance(model, DecodeRunCostModel):
+        times = model.decode_step_times_s(num_context_tokens, num_steps)
+        if times is not None:
+            return times
+    n = len(num_context_tokens)
+    ones = (1,) * n
+    step_time_s = model.step_time_s
+    return [step_time_s(StepShape(ones, tuple([c + j for c in num_context_tokens]), n)) for j in range(num_steps)]
+
+
 CostModelFactory = Callable[..., CostModel]
 
 

@@ -262,6 +262,25 @@ class RooflineCostModel:
             out.update(zip(("embedding", "final_norm", "lm_head", "sampler"), head))
         return layers * (gemm + attn + ew + comm) + sum(head)
 
+    def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None:
+        """A run of plain decode steps (DecodeRunCostModel): with full attention only, an
+        all-decode step's work depends on the batch size and the context sum alone, so each step
+        costs O(1); the same expressions as step_time_s, hence the same floats."""
+        if self._win_frac or self._mla_decode is not None or not num_context_tokens:
+            return None  # windowed work, or an MLA decode table: step by step
+        n = len(num_context_tokens)
+        ctx_sum = sum(num_context_tokens)
+        head = sum(self._head_parts(n, n))
+        num_layers = self.model.num_layers
+        layer_parts = self._layer_parts
+        out = []
+        for _ in range(num_steps):
+            # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
+            pairs = ctx_sum + n + 0 + 0.5 * (0 + 0)
+            out.append(num_layers * sum(layer_parts(n, pairs, ctx_sum + n)) + head)
+            ctx_sum += n
+        return out
+
     def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
         """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
         and sliding-window layers blended by their share of the model's layers."""

@@ -1,0 +1,210 @@
+"""Exact macro-steps: a run of plain decode steps advanced in one engine call (SimConfig.macro_steps).
+
+A plain decode step schedules one token for every running request and admits, preempts and
+finishes nobody. When the state proves the next k steps are all plain and nothing from outside can
+land before the last of them is applied, the engine applies the whole run at once; the SimPy
+clock then jumps once to its end. Nothing can land means: no arrival (the announced next arrival,
+strictly later than every schedule and update of the run), no client deadline before any of its
+schedules, no request in the frontend, no policy timer; the scheduler bounds the run itself
+(Scheduler.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
+boundary allocation without preemption).
+
+Each component owns its bulk operation:
+- Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
+  which hands the block allocations and prefix-cache insertions to
+  KVCacheManager.decode_run_fit / apply_decode_run (scheduler/kv/decode_run.py, vLLM's order);
+- SimExecutor.decode_step_times_s (the cost model's floats), sample_decode_run (BatchTracker and
+  TokenSource: the same tokens), decode_step_output;
+- MetricsCollector.on_decode_run / add_steps (token timestamps, step rows);
+- the engine (this mixin): the timeline, with the stepping loop's exact float arithmetic.
+
+Sync loop (nothing in flight): k x (schedule, update). Async loop (one step S in flight): schedule
+the first step of the run, apply S's real update, then k-1 x (schedule, update of the previous
+step); the run's last step stays in flight with a SchedulerOutput and ModelRunnerOutput shaped for
+update_from_output, so the stepping loop resumes exactly where plain stepping would be.
+Where a macro-step cannot be exact the engine steps; `macro_fallback_reason` says why (docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+from servesim.scheduler.async_scheduler import AsyncScheduler
+from servesim.scheduler.scheduler import Scheduler
+from servesim.simulator.executor import SimExecutor
+from servesim.simulator.metrics import StepRecord
+
+MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
+
+
+def exact_delays(now: float, t: float) -> list[float]:
+    """Delays whose SimPy timeouts, one after the other, bring the clock from now to exactly t (a
+    timeout lands at now + delay, rounded). One hop suffices when t <= 2 now (Sterbenz: t - now is
+    exact, so is the sum); otherwise now + (t - now) can round past t (a tie rounds to even), so
+    hop first to y ~ 0.75 t, whatever it rounds to: from y >= t / 2 the second hop is exact."""
+    d = t - now
+    if now + d == t:
+        return [d]
+    first = 0.75 * t - now
+    y = now + first  # where the first timeout lands
+    assert t / 2 <= y <= t and y + (t - y) == t
+    return [first, t - y]
+
+
+def macro_fallback_reason(engine) -> str | None:
+    """Why macro-steps can never apply to this engine (None: they may, run by run)."""
+    cfg, sched = engine.cfg, engine.scheduler
+    if not cfg.macro_steps:
+        return "macro_steps is off"
+    if type(sched) not in (Scheduler, AsyncScheduler):
+        return f"scheduler {type(sched).__name__} has no bulk decode path (SGLang, P/D and other subclasses step)"
+    if cfg.scheduler.num_spec_tokens:
+        return "speculative decoding: acceptance draws change the batch's token counts step by step"
+    if not sched.policy.fast_forward_safe:
+        return f"policy {cfg.scheduler.policy!r} changes state every step (e.g. continuum's pins)"
+    if not isinstance(engine.executor, SimExecutor):
+        return "the executor is not the simulated one (GPU runner: every step runs the model)"
+    if engine.step_trace is not None:
+        return "a step trace records every step"
+    if sched.tracer is not None:
+        return "the scheduler tracer records every step"
+    if not sched.kv_cache_manager.supports_decode_runs():
+        return "KV layout with sliding-window or hybrid groups, or KV cache events on"
+    return None
+
+
+class MacroStepMixin:
+    """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
+
+    def _macro_step(self, now: float, in_flight) -> list[float] | None:
+        """Apply a run of plain decode steps from this loop-top state; return the delays to wait
+        before the loop resumes (the SimPy clock then reads exactly what stepping would have
+        reached), or None to step normally."""
+        if not now < self._next_arrival_s or self.clients.num_in_frontend:
+            return None
+        sched = self.scheduler
+        num_in_flight = len(in_flight)
+        k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight)
+        if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
+            return None  # too short to pay, or the watchdog fires at the next schedule: step
+        reqs = sched.decode_run_requests()
+        if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
+            return None
+        ctx0 = [r.num_computed_tokens for r in reqs]
+        # Price the steps in growing chunks: an arrival usually ends the run long before the
+        # scheduler's own horizon, and each step's price costs a cost-model call.
+        gpu: list[float] = []
+        while True:
+            m = min(k, max(16, 4 * len(gpu)))
+            gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
+            tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs))
+            if len(tl[0]) < len(gpu) or len(gpu) == k:
+                break
+        if len(tl[0]) < 2:
+            return None
+        if num_in_flight:
+            resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl)
+        else:
+            resume_s = self._macro_sync(reqs, ctx0, gpu, *tl)
+        return exact_delays(now, resume_s)
+
+    def _finishes_stay_inside(self) -> bool:
+        """A request finishing inside the run (async: the in-flight step's update) must not set
+        off anything outside: a client slot freeing (max_concurrency: the next send, now) or a
+        router hearing of it."""
+        return self.clients.max_concurrency is None and self.on_finish is None
+
+    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int
+                        ) -> tuple[list[float], list[float], list[float]]:
+        """(schedule times, GPU end times, update times) of the steps that fit before any outside
+        event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
+        end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
+        timeout). The update after schedule j is step j's own (sync) or the previous one's (async)."""
+        cpu_s = self.cpu.step_s(n, n)
+        arrival_s = self._next_arrival_s
+        deadline_s = self._deadlines[0][0] if self._deadlines else float("inf")
+        free_at = self._gpu_free_at
+        pending = free_at  # async: end of the step the next update applies
+        t = now
+        sched_t: list[float] = []
+        ends: list[float] = []
+        upd_t: list[float] = []
+        for g in gpu:
+            if not t < deadline_s:
+                break
+            end = max(t + cpu_s, free_at) + g
+            due = pending if num_in_flight else end
+            u = t + (due - t) if due > t else t
+            if not u < arrival_s:
+                break
+            sched_t.append(t)
+            ends.append(end)
+            upd_t.append(u)
+            free_at = pending = end
+            t = u
+        return sched_t, ends, upd_t
+
+    def _macro_records(self, first_step: int, sched_t: list[float], gpu: list[float], free_after: list[int],
+                       n: int) -> list[StepRecord]:
+        """Step rows as _on_schedule writes them (running and waiting counted after the schedule)."""
+        kvm = self.scheduler.kv_cache_manager
+        running, waiting = self.scheduler.get_request_counts()
+        return [StepRecord(first_step + j, sched_t[j], 0.0, gpu[j], n, 0, n, kvm.usage_at(free_after[j]), running,
+                           waiting, 0) for j in range(len(free_after))]
+
+    def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
+        k = len(ends)
+        sched, ids = self.scheduler, [r.request_id for r in reqs]
+        tokens = self.executor.sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
+        free_after, _ = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
+        recs = self._macro_records(self.num_steps, sched_t, gpu, free_after, len(ids))
+        for rec, u in zip(recs, upd_t):
+            rec.duration_s = u - rec.start_s
+        self.metrics.add_steps(recs)
+        self.metrics.on_decode_run(ids, upd_t)
+        self._macro_progress(self.num_steps + 1, upd_t)  # update j runs when num_steps = first + j + 1
+        self.num_steps += k
+        self.num_macro_steps += k
+        self._arrived_since_step = []
+        self._gpu_free_at = ends[-1]
+        self._mark_progress(upd_t[-1])
+        return upd_t[-1]
+
+    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
+        k = len(ends)
+        sched, ids = self.scheduler, [r.request_id for r in reqs]
+        # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
+        finished = sched.finished_req_ids
+        free_first, _ = sched.schedule_decode_steps(reqs, 1, [], now)
+        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished)
+        (first,) = self._macro_records(self.num_steps, sched_t[:1], gpu, free_first, len(ids))
+        self.num_steps += 1
+        self.metrics.add_steps([first])
+        self._arrived_since_step = []
+        # ... then S's own update, exactly as the loop applies it ...
+        so0, mro0, _end0, rec0, step0 = in_flight.popleft()
+        self._on_update(so0, mro0, rec0, step0, now=upd_t[0])  # finishes the requests the run skipped
+        # ... then k - 1 x (schedule the next step, apply the previous one's update).
+        free_rest, finished = sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
+        self.executor.forget(finished)
+        recs = [first] + self._macro_records(self.num_steps, sched_t[1:], gpu[1:], free_rest, len(ids))
+        for j in range(k - 1):
+            recs[j].duration_s = upd_t[j + 1] - recs[j].start_s
+        self.metrics.add_steps(recs[1:])
+        self.metrics.on_decode_run(ids, upd_t[1:])
+        self._macro_progress(self.num_steps + 1, upd_t[1:])
+        self.num_steps += k - 1
+        self.num_macro_steps += k
+        self._mark_progress(upd_t[-1])
+        last = self.executor.decode_step_output(ids, [t[k - 1] for t in tokens])
+        in_flight.append((sched.decode_step_output(reqs), last, ends[-1], None, recs[-1]))
+        self._gpu_free_at = ends[-1]
+        return upd_t[-1]
+
+    def _macro_progress(self, first_num_steps: int, update_times: list[float]) -> None:
+        """The progress callback at the updates where the stepping loop would call it."""
+        if self.progress is None:
+            return
+        for j, t in enumerate(update_times):
+            if (first_num_steps + j) % 256 == 0:
+                self.progress(t, self._num_done)

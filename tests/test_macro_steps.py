@@ -1,0 +1,164 @@
+"""Macro-steps give byte-identical results to stepping (the differential harness), and stay off
+where they cannot be exact."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servesim.differential import cases, compare
+from servesim.overrides import apply_overrides
+from servesim.running import load_trace
+from servesim.simulator.config import SimConfig
+from servesim.simulator.engine import Engine
+from servesim.traces.errors import InputError
+from servesim.traces.synthetic import make_workload
+
+FAST_CASES = ("golden:async_small_pool", "golden:fcfs_default", "golden:small_pool_priority",
+              "golden:no_prefix_caching")
+
+
+def _pair(sets: dict, wl):
+    """(plain result, macro result, macro engine) for one config."""
+    cfg = apply_overrides(SimConfig(), sets)
+    plain = Engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
+    eng = Engine(dataclasses.replace(cfg, macro_steps=True), wl)
+    macro = eng.run()
+    pd.testing.assert_frame_equal(plain.metrics.requests_frame(), macro.metrics.requests_frame(), check_exact=True)
+    pd.testing.assert_frame_equal(plain.metrics.steps_frame(), macro.metrics.steps_frame(), check_exact=True)
+    assert (plain.prefix_hits, plain.prefix_queries, plain.num_steps) == (macro.prefix_hits, macro.prefix_queries,
+                                                                         macro.num_steps)
+    return plain, macro, eng
+
+
+def _light_load(n: int = 60):
+    return make_workload("poisson", {"num_requests": n, "arrival": {"rate_per_s": 2.0},
+                                     "prompt_len": {"dist": "uniform", "low": 50, "high": 600},
+                                     "output_len": {"dist": "uniform", "low": 20, "high": 300}},
+                         np.random.default_rng(1))
+
+
+@pytest.mark.parametrize("async_", [True, False])
+def test_light_load_is_mostly_macro_stepped_and_identical(async_):
+    _, macro, eng = _pair({"scheduler.async_scheduling": async_}, _light_load())
+    assert eng.macro_fallback_reason is None
+    assert eng.num_macro_steps > macro.num_steps // 2
+
+
+@pytest.mark.parametrize("sets", [
+    {"cache.num_gpu_blocks": 400, "scheduler.max_model_len": 6400},  # KV pressure: preemptions between runs
+    {"cache.enable_prefix_caching": False, "scheduler.max_num_seqs": 8},  # full batch, waiting queue non-empty
+    {"client.timeout_s": 4.0},  # client deadlines bound the runs
+])
+@pytest.mark.parametrize("async_", [True, False])
+def test_bundled_sample_identical_under_pressure(sets, async_):
+    _, _, eng = _pair({**sets, "scheduler.async_scheduling": async_}, load_trace(None, max_requests=80))
+    assert eng.num_macro_steps > 0
+
+
+@pytest.mark.parametrize("name", FAST_CASES)
+def test_differential_harness_fast_cases(name, tmp_path):
+    (case,) = [c for c in cases() if c.name == name]
+    out = compare(case, tmp_path)
+    assert out.ok, out.mismatches
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in cases() if c.name not in FAST_CASES], ids=lambda c: c.name)
+def test_differential_harness(case, tmp_path):
+    out = compare(case, tmp_path)
+    assert out.ok, out.mismatches
+
+
+def test_harness_covers_every_shipped_input():
+    names = {c.name.split(":")[0] for c in cases()}
+    assert names == {"scenario", "cluster", "trace", "golden"}
+    assert len([c for c in cases() if c.name.startswith("golden:")]) >= 40
+
+
+@pytest.mark.parametrize("sets, reason", [
+    ({"engine": "sglang"}, "SGLang"),
+    ({"scheduler.num_spec_tokens": 2, "spec_decode.acceptance": [0.8, 0.6]}, "speculative"),
+    ({"scheduler.policy": "continuum"}, "continuum"),
+    ({"macro_steps": False}, "off"),
+])
+def test_fallbacks_say_why(sets, reason):
+    eng = Engine(apply_overrides(SimConfig(), sets), load_trace(None, max_requests=3))
+    assert reason in eng.macro_fallback_reason
+    eng.run()
+    assert eng.num_macro_steps == 0
+
+
+def test_step_trace_falls_back(tmp_path):
+    import io
+
+    eng = Engine(SimConfig(), load_trace(None, max_requests=3), step_trace=io.StringIO())
+    assert "step trace" in eng.macro_fallback_reason
+
+
+def test_option_is_validated_and_fast_forward_is_a_deprecated_alias():
+    with pytest.raises(InputError, match="macro_steps"):
+        apply_overrides(SimConfig(), {"macro_steps": "maybe"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = SimConfig(macro_steps=False, fast_forward=True)
+    assert cfg.macro_steps and not cfg.fast_forward
+    assert any("deprecated" in str(w.message) for w in caught)
+
+
+def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
+    import random
+
+    from servesim.scheduler.oracle_trace import oracle_token
+    from servesim.scheduler.worker import TokenSource
+    from servesim.simulator.cost_model import make_cost_model
+    from servesim.simulator.cost_model.base import StepShape, decode_step_times_s
+
+    for rid in ("r0", "llmservingsim-17", "é-unicode"):
+        assert TokenSource().tokens(rid, 5, 300) == [oracle_token(rid, k) for k in range(5, 305)]
+    rng = random.Random(0)
+    for model, tp in (("llama-3.1-8b", 1), ("llama-3.1-70b", 4)):
+        cm = make_cost_model("roofline", model=model, gpu="h100", tp=tp)
+        for _ in range(20):
+            ctx = [rng.randint(1, 8000) for _ in range(rng.randint(1, 256))]
+            ref = [cm.step_time_s(StepShape((1,) * len(ctx), tuple(c + j for c in ctx), len(ctx))) for j in range(40)]
+            assert decode_step_times_s(cm, ctx, 40) == ref
+
+
+def _random_case(seed: int):
+    """A random small config and workload (KV pressure, small batches, deadlines, closed loops...)."""
+    import random
+
+    rng = random.Random(seed)
+    sets: dict = {"scheduler.async_scheduling": rng.random() < 0.6}
+    if rng.random() < 0.5:
+        sets.update({"cache.num_gpu_blocks": rng.choice([120, 200, 400, 1000]), "scheduler.max_model_len": 1800})
+    for key, p, values in (("cache.block_size", 0.3, [16, 32]), ("scheduler.max_num_seqs", 0.3, [2, 4, 8, 16]),
+                           ("scheduler.max_num_batched_tokens", 0.3, [64, 256, 512]),
+                           ("cache.enable_prefix_caching", 0.3, [False]), ("scheduler.policy", 0.3, ["priority"]),
+                           ("client.timeout_s", 0.2, [0.5, 2.0, 5.0]), ("client.max_concurrency", 0.2, [1, 3, 10]),
+                           ("scheduler.long_prefill_token_threshold", 0.2, [32, 128]),
+                           ("frontend.enabled", 0.15, [True])):
+        if rng.random() < p:
+            sets[key] = rng.choice(values)
+    wl = make_workload("poisson", {"num_requests": rng.randint(5, 80),
+                                   "arrival": {"rate_per_s": rng.choice([0.5, 2.0, 10.0, 100.0])},
+                                   "prompt_len": {"dist": "uniform", "low": 1, "high": rng.choice([50, 600, 1500])},
+                                   "output_len": {"dist": "uniform", "low": 1, "high": rng.choice([3, 40, 300])}},
+                       np.random.default_rng(seed))
+    return sets, wl
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(24))
+def test_random_configs_identical(seed):
+    sets, wl = _random_case(seed)
+    try:
+        apply_overrides(SimConfig(), sets)
+    except InputError:
+        pytest.skip("a configuration vLLM refuses at start-up")
+    _pair(sets, wl)
