@@ -64,3 +64,13 @@ def test_every_registry_suggests(lookup, name, guess):
 
 def test_did_you_mean_is_case_insensitive():
     assert did_you_mean("H100", ["h100", "a100"]) == "h100"
+
+
+def test_kv_cache_group_kinds_are_a_registry_with_did_you_mean():
+    from servesim.scheduler.kv.coordinator import KVCacheCoordinator
+    from servesim.scheduler.kv.single_type import MANAGERS, KVCacheGroupSpec
+
+    assert MANAGERS.names() == ["full", "sliding_window"]
+    with pytest.raises(ValueError, match="unknown KV cache group kind 'slidng_window'; did you mean 'sliding_window'"):
+        KVCacheCoordinator([KVCacheGroupSpec(kind="slidng_window", block_size=16, sliding_window=64)], 10,
+                           enable_caching=True, use_eagle=False, enable_kv_cache_events=False)

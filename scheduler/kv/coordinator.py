@@ -29,8 +29,12 @@ class KVCacheCoordinator:
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events)
+        # One registry lookup per group here (unknown kinds get a did-you-mean); the cache-hit
+        # search below reuses the classes.
+        self._manager_types: dict[str, type[SingleTypeKVCacheManager]] = {
+            g.kind: MANAGERS.get(g.kind) for g in self.groups}
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            MANAGERS[g.kind](g, self.block_pool, enable_caching, i) for i, g in enumerate(self.groups)
+            self._manager_types[g.kind](g, self.block_pool, enable_caching, i) for i, g in enumerate(self.groups)
         )
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
@@ -130,7 +134,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     # A full-attention hit of length L contains every shorter prefix.
                     curr = curr // spec.block_size * spec.block_size
                     continue
-                hit = MANAGERS[spec.kind].find_longest_cache_hit(
+                hit = self._manager_types[spec.kind].find_longest_cache_hit(
                     block_hashes, curr, ids, self.block_pool, spec, self.use_eagle, self.lcm_block_size
                 )
                 curr = len(hit[0]) * spec.block_size

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.block_pool import BlockPool
+from servesim.scheduler.registry import Registry
 
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request
@@ -223,7 +224,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return 0  # prefix blocks are null here; cascade attention does not apply
 
 
-MANAGERS: dict[str, type[SingleTypeKVCacheManager]] = {
-    "full": FullAttentionManager,
-    "sliding_window": SlidingWindowManager,
-}
+# KV cache group kind (KVCacheGroupSpec.kind) -> its manager. Added after the classes, not by a
+# class decorator: a decorated class would not compile to a native class under mypyc.
+MANAGERS: Registry[type[SingleTypeKVCacheManager]] = Registry("KV cache group kind")
+MANAGERS.add("full", FullAttentionManager)
+MANAGERS.add("sliding_window", SlidingWindowManager)
