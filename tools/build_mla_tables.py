@@ -15,13 +15,13 @@ snapshot 095f58a5.
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+from aic_tables import AIC_ATTRIBUTION, write_tables_main  # tools/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "simulator" / "cost_model" / "data" / "mla_tables.json.gz"
@@ -50,18 +50,12 @@ def build(profiles: Path) -> dict:
     return {"format": "servesim-mla-tables", "version": 1, "key": "gpu|kv_cache_dtype|heads_per_gpu",
             "units": {"x": "(decode requests, mean context tokens)", "y": "seconds per layer"},
             "sources": {g: f"aiconfigurator/{f}/generation_mla_perf.csv.gz" for g, f in SOURCES.items()},
-            "attribution": "ai-dynamo/aiconfigurator (Apache-2.0), Copyright (c) 2025-2026 NVIDIA CORPORATION & "
-                           "AFFILIATES; snapshot 095f58a51c4ca8e61b66ec108d86f223f8d559ce",
+            "attribution": AIC_ATTRIBUTION,
             "kernels": kernels, "tables": tables}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "gpu_profiles")
-    args = ap.parse_args()
-    data = build(args.profiles)
-    OUT.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), compresslevel=9, mtime=0))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(data['tables'])} grids)")
+    write_tables_main(__doc__.splitlines()[0], build, OUT, "grids")
 
 
 if __name__ == "__main__":

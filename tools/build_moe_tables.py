@@ -12,12 +12,12 @@ NVIDIA CORPORATION & AFFILIATES), snapshot 095f58a5.
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import json
 from pathlib import Path
 
 import pandas as pd
+
+from aic_tables import AIC_ATTRIBUTION, write_tables_main  # tools/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "simulator" / "cost_model" / "data" / "moe_tables.json.gz"
@@ -59,18 +59,12 @@ def build(profiles: Path) -> dict:
             "key": "gpu|moe_dtype|hidden|inter|experts|topk|moe_tp|moe_ep|distribution",
             "units": {"x": "tokens entering the layer on one GPU", "y": "seconds per call"},
             "sources": {g: f"aiconfigurator/{f}/moe_perf.csv.gz" for g, f in SOURCES.items()},
-            "attribution": "ai-dynamo/aiconfigurator (Apache-2.0), Copyright (c) 2025-2026 NVIDIA CORPORATION & "
-                           "AFFILIATES; snapshot 095f58a51c4ca8e61b66ec108d86f223f8d559ce",
+            "attribution": AIC_ATTRIBUTION,
             "tables": tables}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", type=Path, default=ROOT.parent / "shared" / "data" / "gpu_profiles")
-    args = ap.parse_args()
-    data = build(args.profiles)
-    OUT.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), compresslevel=9, mtime=0))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(data['tables'])} curves)")
+    write_tables_main(__doc__.splitlines()[0], build, OUT, "curves")
 
 
 if __name__ == "__main__":
