@@ -2,6 +2,11 @@
 
 Behaves like the tools our users know (vLLM's CLI): `-h`, `--version`, `--x/--no-x` switches, shell
 completion, errors that name the flag, and a Ctrl-C that says what was kept and exits 130.
+
+Start-up: this module imports only the standard library. typer (and the pydantic it brings, ~0.25 s) is
+imported when `app` is first asked for (PEP 562 __getattr__), so `servesim --version` never loads it;
+pandas, pyarrow, matplotlib and torch load only inside the commands that use them
+(tests/test_startup.py keeps it so).
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ import signal
 import sys
 import warnings
 
-import typer
+from typing import TYPE_CHECKING
 
-from servesim.traces.errors import InputError
+if TYPE_CHECKING:
+    import typer
 
-app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None, help="servesim: simulate LLM serving engines.",
-                  context_settings={"help_option_names": ["-h", "--help"]})
+    from servesim.traces.errors import InputError
 
 # Every command module registers itself with @app.command() on import.
 COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "validate", "validate_bench", "run",
@@ -44,15 +49,34 @@ def _version() -> str:
 
 
 def _show_version(value: bool) -> None:
+    import typer
+
     if value:
         typer.echo(f"servesim {_version()}")
         raise typer.Exit()
 
 
-@app.callback()
-def _root(version: bool = typer.Option(False, "--version", "-V", callback=_show_version, is_eager=True,
-                                       help="print the version and exit")) -> None:
-    """servesim: simulate LLM serving engines (vLLM V1 scheduler) on a SimPy clock or a GPU."""
+def _make_app() -> typer.Typer:
+    import typer
+
+    app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None,
+                      help="servesim: simulate LLM serving engines.",
+                      context_settings={"help_option_names": ["-h", "--help"]})
+
+    @app.callback()
+    def _root(version: bool = typer.Option(False, "--version", "-V", callback=_show_version, is_eager=True,
+                                           help="print the version and exit")) -> None:
+        """servesim: simulate LLM serving engines (vLLM V1 scheduler) on a SimPy clock or a GPU."""
+
+    return app
+
+
+def __getattr__(name: str):
+    """`app` is built on first use: importing typer is most of a `--help`'s time, none of `--version`'s."""
+    if name == "app":
+        globals()["app"] = app = _make_app()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def on_interrupt(note: str) -> None:
@@ -72,6 +96,8 @@ def _register() -> None:
                 _broken(name, e)
         except Exception as e:  # a broken command must not take the others down with it
             _broken(name, e)
+    from servesim.cli import app
+
     for info in app.registered_commands:
         info.callback = _guarded(info.callback)
 
@@ -82,6 +108,10 @@ _registered: list[bool] = []
 def _guarded(fn):
     """Run a command so that bad input, Ctrl-C and SIGTERM end in one clear line and an exit code
     (typer would print a bare "Aborted!" or nothing); works the same under CliRunner."""
+    import typer
+
+    from servesim.traces.errors import InputError
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         _interrupt_note.clear()
@@ -113,6 +143,10 @@ def _main_thread() -> bool:
 
 
 def _broken(name: str, err: Exception) -> None:
+    import typer
+
+    from servesim.cli import app
+
     @app.command(name, help=f"(unavailable: {err})")
     def _unavailable() -> None:
         typer.secho(f"error: the '{name}' command failed to load: {err!r}", fg="red", err=True)
@@ -148,6 +182,14 @@ def quiet_third_party() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] in (["--version"], ["-V"]):  # what typer's eager option prints, without typer
+        print(f"servesim {_version()}")
+        return
+    import typer
+
+    from servesim.cli import app
+    from servesim.traces.errors import InputError
+
     quiet_third_party()
     _register()
     try:
