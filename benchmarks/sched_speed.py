@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from servesim._native import scheduler_mode  # noqa: E402
 from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams, make_scheduler  # noqa: E402
 from servesim.scheduler.oracle_trace import StepTraceConfig, oracle_token  # noqa: E402
 
@@ -91,7 +92,7 @@ def main() -> int:
         print(f"(no oracle venv at {venv}: showing ours only, on the golden fcfs_default workload)")
         workload = [json.loads(x) for x in (ROOT / "tests/golden/fcfs_default/workload.jsonl").read_text().splitlines() if x]
     best = min((time_ours(workload, cfg) for _ in range(args.repeat)), key=lambda r: r[0])
-    print(f"workload: {len(workload)} requests, {best[2]} steps, {args.num_blocks} blocks")
+    print(f"workload: {len(workload)} requests, {best[2]} steps, {args.num_blocks} blocks; scheduler: {scheduler_mode()}")
     print(f"servesim   schedule() mean {best[0]:.4f} ms   update_from_output() mean {best[1]:.4f} ms")
     if vllm is not None:
         print(f"vLLM 0.19.1 schedule() mean {vllm['schedule_mean_ms']:.4f} ms   "

@@ -126,6 +126,13 @@ def run_vidur(python: str) -> Measured:
     return Measured(wall, rss, None, None, 19366, None if code == 0 else f"exit {code}: {err}")
 
 
+def _scheduler_build(env: dict[str, str]) -> str:
+    """Which scheduler build the children run (compiled or pure Python; SERVESIM_PURE_PYTHON=1 picks pure)."""
+    res = subprocess.run([sys.executable, "-c", "from servesim._native import scheduler_mode; print(scheduler_mode())"],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    return res.stdout.strip() or f"unknown ({res.stderr.strip()[-200:]})"
+
+
 def _row(name: str, m: Measured, sim_s: float | None = None) -> str:
     if m.error:
         return f"{name:12s} failed after {m.wall_s:.1f} s: {m.error}"
@@ -149,6 +156,8 @@ def main() -> int:
     print(f"servesim sim speed on {platform.machine()} {platform.processor() or ''}, Python {platform.python_version()}"
           f", {os.cpu_count()} CPUs; whole process, one child per case; "
           f"overrides: {args.set or 'none'}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    print(f"scheduler: {_scheduler_build(env)}")
     print(f"{'case':12s} {'requests':>8s} {'sim s':>9s} {'wall s':>9s} {'x real':>9s} {'engine x':>10s} {'steps/s':>9s} "
           f"{'steps':>9s} {'RSS MiB':>8s}")
     figures: dict[str, dict] = {}

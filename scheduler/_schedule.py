@@ -298,4 +298,4 @@ class ScheduleMixin:
             request = requests[rid]
             request.num_computed_tokens += n
             request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
-        self.finished_req_ids = set()
+        self.finished_req_ids: set[str] = set()

@@ -7,16 +7,21 @@ by real tokens in update_from_output, and blocks are cached only then.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.output import SchedulerOutput
 from servesim.scheduler.request import Request, RequestStatus
 from servesim.scheduler.scheduler import Scheduler
 
 
 class AsyncScheduler(Scheduler):
-    max_steps_in_flight = 2  # vLLM's batch queue: step N+1 scheduled while step N runs
+    max_steps_in_flight: ClassVar[int] = 2  # vLLM's batch queue: step N+1 scheduled while step N runs
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    # Scheduler's signature spelt out: mypyc 2.4 miscompiles super().__init__(*args, **kwargs).
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 log_stats: bool = True, tracer=None) -> None:
+        super().__init__(scheduler_config, cache_config, log_stats=log_stats, tracer=tracer)
         # Read-only draft placeholders; the worker fills in the real drafts. -1 is vLLM's value: no
         # sampler ever emits it, so a placeholder the worker did not replace is never accepted.
         self._spec_placeholders: list[int] = [-1] * self.num_spec_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from servesim.scheduler.kv.manager import PrefixCacheStats
@@ -13,7 +14,7 @@ class NewRequestData:
     """A request scheduled for the first time (the worker has no state for it yet)."""
 
     req_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]  # the request's compact array (scheduler/request.py)
     sampling_params: SamplingParams
     block_ids: tuple[list[int], ...]  # group -> block ids of the whole request so far
     num_computed_tokens: int  # tokens already in KV (prefix-cache hit) before this step

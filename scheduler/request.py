@@ -200,6 +200,11 @@ class Request:
     def get_finished_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
 
+    def __hash__(self) -> int:
+        # Identity hash, spelt out: Python keeps object's hash for a class that defines __lt__ but
+        # not __eq__; a mypyc-compiled class loses it (and requests live in sets).
+        return object.__hash__(self)
+
     # --- priority-queue order: priority, then arrival_time, then request_id --------------------
     def __lt__(self, other: Request) -> bool:
         if self.priority != other.priority:

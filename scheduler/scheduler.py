@@ -15,6 +15,7 @@ Time is only ever passed in; the scheduler never reads a clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from servesim.scheduler._schedule import ScheduleMixin
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
@@ -35,7 +36,7 @@ class Scheduler(ScheduleMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
     # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).
-    max_steps_in_flight = 1
+    max_steps_in_flight: ClassVar[int] = 1  # ClassVar: a subclass may override it, compiled too
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  log_stats: bool = True, tracer=None) -> None:
@@ -43,7 +44,8 @@ class Scheduler(ScheduleMixin):
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = scheduler_config.max_num_scheduled_tokens
-        self.max_model_len = scheduler_config.max_model_len
+        # Resolved from the model before a scheduler is built (simulator/startup.py): never None here.
+        self.max_model_len: int = scheduler_config.max_model_len  # type: ignore[assignment]
         self.max_loras = scheduler_config.max_loras
         self.num_spec_tokens = scheduler_config.num_spec_tokens
         self.num_lookahead_tokens = scheduler_config.num_lookahead_tokens

@@ -10,6 +10,11 @@ sys.meta_path resolves servesim.<folder> to *this* checkout's folder. Deeper mod
 from the subpackage's __path__ as usual. Installed from a wheel the folders are real subpackages
 and no finder is added.
 
+The compiled scheduler: when `make` has built scheduler/ with mypyc (servesim/_native.py: a
+staging tree under build/mypyc/, its MANIFEST matching the current sources), servesim.scheduler
+is imported from that tree instead; SERVESIM_PURE_PYTHON=1 selects the pure-Python folder, and a
+stale build is never used (one warning line says so).
+
 This module imports nothing heavy: `import servesim.scheduler` must stay stdlib-only.
 """
 
@@ -20,6 +25,7 @@ from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
 
+from servesim import _native
 from servesim._layout import MAPPED_FOLDERS
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
@@ -37,7 +43,21 @@ class _CheckoutFinder(MetaPathFinder):
             return None
         # FileFinder looks up the last name component, so this is root/<folder> under the
         # servesim name (module identity is by name: the top-level `scheduler` is never imported).
+        if child == "scheduler":
+            return self._scheduler_spec(fullname)
         return PathFinder.find_spec(fullname, [self._root])
+
+    def _scheduler_spec(self, fullname: str) -> ModuleSpec | None:
+        package, reason = _native.compiled_package(Path(self._root))
+        _native.decision = ("compiled (mypyc)", reason) if package else ("pure Python", reason)
+        if package is None:
+            if reason.startswith("stale"):
+                # One line on stderr (a warnings.warn would add a second, the source line).
+                print(f"servesim: warning: using the pure-Python scheduler: {reason}", file=sys.stderr)
+            return PathFinder.find_spec(fullname, [self._root])
+        # The staging tree holds servesim/scheduler/ (extension modules beside .py copies; the
+        # extension wins in FileFinder's order), so submodules follow its __path__ as usual.
+        return PathFinder.find_spec(fullname, [str(package.parent)])
 
     def __repr__(self) -> str:
         return f"<servesim checkout finder {self._root}>"

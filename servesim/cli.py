@@ -52,7 +52,9 @@ def _show_version(value: bool) -> None:
     import typer
 
     if value:
-        typer.echo(f"servesim {_version()}")
+        from servesim._native import scheduler_mode
+
+        typer.echo(f"servesim {_version()}\nscheduler: {scheduler_mode()}")
         raise typer.Exit()
 
 

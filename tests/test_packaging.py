@@ -91,6 +91,11 @@ def test_the_scheduler_layer_loads_only_the_standard_library():
 def test_a_checkout_on_the_path_imports_its_own_folders(tmp_path):
     # A worktree or `PYTHONPATH=.` must import *that* checkout's folders, not the installed one's.
     code = "import servesim.scheduler as s, servesim.traces as t; print(s.__file__); print(t.__file__)"
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SERVESIM_PURE_PYTHON": "1"}
     out = _run(code, cwd=tmp_path, env=env).split()
     assert out == [str(ROOT / "scheduler" / "__init__.py"), str(ROOT / "traces" / "__init__.py")]
+    # Without the switch the scheduler may come from this checkout's compiled build (never another's).
+    del env["SERVESIM_PURE_PYTHON"]
+    scheduler = _run(code, cwd=tmp_path, env=env).split()[0]
+    assert scheduler in (str(ROOT / "scheduler" / "__init__.py"),
+                         str(ROOT / "build" / "mypyc" / "servesim" / "scheduler" / "__init__.py"))

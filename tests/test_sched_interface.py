@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 
+from servesim import _native
 from servesim.scheduler import AsyncScheduler, Request, SamplingParams, Scheduler
 from servesim.scheduler.interface import KVCacheUsage, SchedulerCapabilities, SchedulerInterface
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
@@ -65,7 +66,13 @@ def test_every_scheduler_implements_the_contract(sched):
             continue
         # Static-style: the implementation accepts the declared parameters, by name and in order.
         want = list(inspect.signature(declared).parameters)[1:]
-        have = list(inspect.signature(getattr(sched, name)).parameters)
+        try:
+            have = list(inspect.signature(getattr(sched, name)).parameters)
+        except ValueError:
+            # A mypyc-compiled method whose defaults (an enum member) no text signature can spell;
+            # the same source is checked in the pure-Python run of this file (tests/test_compiled.py).
+            assert _native.scheduler_mode().startswith("compiled"), f"{type(sched).__name__}.{name}"
+            continue
         assert have[:len(want)] == want, f"{type(sched).__name__}.{name}{have} vs {want}"
 
 

@@ -76,12 +76,13 @@ class FreeKVCacheBlockQueue:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
         self.num_free_blocks -= n
         out = []
-        cur = self._head.next_free_block
+        # Never None: n <= num_free_blocks, and the tail sentinel ends the chain.
+        cur: KVCacheBlock = self._head.next_free_block  # type: ignore[assignment]
         for _ in range(n):
             out.append(cur)
             nxt = cur.next_free_block
             cur.prev_free_block = cur.next_free_block = None
-            cur = nxt
+            cur = nxt  # type: ignore[assignment]
         self._head.next_free_block = cur
         cur.prev_free_block = self._head
         return out
@@ -96,7 +97,7 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
-        last = self._tail.prev_free_block
+        last: KVCacheBlock = self._tail.prev_free_block  # type: ignore[assignment]  # (the head at least)
         last.next_free_block = block
         block.prev_free_block = last
         block.next_free_block = self._tail
@@ -106,7 +107,7 @@ class FreeKVCacheBlockQueue:
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         if not blocks:
             return
-        last = self._tail.prev_free_block
+        last: KVCacheBlock = self._tail.prev_free_block  # type: ignore[assignment]  # (the head at least)
         for block in blocks:
             block.prev_free_block = last
             last.next_free_block = block
@@ -118,10 +119,10 @@ class FreeKVCacheBlockQueue:
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Free blocks front (evicted first) to back. O(n): for tests and invariant checks."""
         out = []
-        cur = self._head.next_free_block
+        cur: KVCacheBlock = self._head.next_free_block  # type: ignore[assignment]  # (the tail ends it)
         while cur is not self._tail:
             out.append(cur)
-            cur = cur.next_free_block
+            cur = cur.next_free_block  # type: ignore[assignment]
         return out
 
     def __len__(self) -> int:

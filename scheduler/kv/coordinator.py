@@ -19,7 +19,7 @@ from servesim.scheduler.kv.single_type import MANAGERS, KVCacheGroupSpec, Single
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request
 
-BlocksByGroup = tuple[list[KVCacheBlock], ...]
+BlocksByGroup = tuple[Sequence[KVCacheBlock], ...]
 
 
 class KVCacheCoordinator:

@@ -1,0 +1,81 @@
+"""Where the compiled scheduler lives in a checkout, and whether it may be used.
+
+`make` (tools/compile_scheduler.py) compiles scheduler/ with mypyc into a staging tree,
+build/mypyc/servesim/scheduler/: a copy of every scheduler/*.py plus the extension modules, so
+module names come out as servesim.scheduler.* (mypyc names modules by path). The staging tree is
+used in place of scheduler/ only when its MANIFEST says it was built from exactly the sources the
+checkout holds now (a content hash of scheduler/**/*.py) for this interpreter's extension suffix,
+and SERVESIM_PURE_PYTHON is not set. Anything else means the pure-Python folder: the reference.
+
+Stdlib only and cheap (read by servesim/__init__.py on every import of servesim.scheduler).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+PURE_ENV = "SERVESIM_PURE_PYTHON"
+STAGING = Path("build") / "mypyc"  # relative to the checkout root
+MANIFEST = "MANIFEST"  # in STAGING; written last by the build, removed first
+PACKAGE = Path("servesim") / "scheduler"  # the package inside STAGING
+
+# What the checkout finder decided, for `servesim --version` and tests: (mode, reason).
+decision: tuple[str, str] = ("pure Python", "not a checkout (installed wheel)")
+
+
+def source_files(folder: Path) -> list[Path]:
+    """Every .py file under folder, in a fixed order (the digest depends on it)."""
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def sources_digest(folder: Path) -> str:
+    """sha256 over the relative path and bytes of each .py file: a new, removed or edited file changes it."""
+    h = hashlib.sha256()
+    for path in source_files(folder):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def read_manifest(staging: Path) -> dict[str, str]:
+    """key=value lines; {} when there is no finished build."""
+    try:
+        text = (staging / MANIFEST).read_text()
+    except OSError:
+        return {}
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def compiled_package(checkout: Path) -> tuple[Path | None, str]:
+    """The staging package folder to import servesim.scheduler from, or None, and why.
+
+    A build that exists but does not match the sources is never used (the reason says so and the
+    caller warns); a missing build is the normal state of a fresh clone and needs no warning.
+    """
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return None, f"{PURE_ENV} is set"
+    staging = checkout / STAGING
+    manifest = read_manifest(staging)
+    if not manifest:
+        return None, "no compiled build (run make)"
+    if manifest.get("ext_suffix") != EXTENSION_SUFFIXES[0]:
+        return None, f"stale compiled build: built for {manifest.get('ext_suffix')}, not this Python (run make)"
+    if manifest.get("sources") != sources_digest(checkout / "scheduler"):
+        return None, "stale compiled build: scheduler/ changed since it was built (run make)"
+    return staging / PACKAGE, "compiled (mypyc)"
+
+
+def scheduler_mode() -> str:
+    """One line: which scheduler build this process runs, e.g. for `servesim --version`.
+
+    Asks the loaded module itself, so it cannot disagree with what actually runs.
+    """
+    from servesim.scheduler import scheduler as module  # noqa: PLC0415 (stdlib-only either way)
+
+    if any(str(module.__file__).endswith(suffix) for suffix in EXTENSION_SUFFIXES):
+        return "compiled (mypyc)"
+    mode, reason = decision
+    return f"pure Python ({reason})" if mode == "pure Python" else "pure Python"

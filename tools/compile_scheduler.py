@@ -1,0 +1,203 @@
+"""Compile scheduler/ with mypyc into build/mypyc/ (run by `make`; `--force` rebuilds).
+
+Why a staging tree: mypyc names a module by its path, and the folder scheduler/ is imported as
+servesim.scheduler. So the sources are copied to build/mypyc/servesim/scheduler/ and compiled
+there; servesim/__init__.py's checkout finder imports servesim.scheduler from that tree when its
+MANIFEST matches the current sources (servesim/_native.py). The pure-Python folder stays the
+reference: SERVESIM_PURE_PYTHON=1 selects it, and so does a missing, failed or stale build.
+
+What the staging copy adds, and why it is not in scheduler/ itself: compiled classes refuse
+interpreted subclasses unless marked `@mypyc_attr(allow_interpreted_subclasses=True)`, and
+mypy_extensions (which defines it) is third-party while scheduler/ is stdlib-only
+(tests/test_import_boundary.py). Every class the scheduler defines may be subclassed from Python
+(policies and queues as plug-ins, the P/D decode scheduler, test doubles), so the build marks each
+compiled class in the copy, importing the marker under TYPE_CHECKING only: mypyc reads the
+decorator at compile time, skips type-checking-only imports and never evaluates the decorators of
+a native class, so the built modules import nothing but the stdlib either.
+
+Exit status 0 when the build is up to date or was built; 1 when mypyc or the C compiler failed
+(the Makefile then goes on with the pure-Python scheduler and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import sys
+import time
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from servesim import _native  # noqa: E402  (after the path insert: run as a script)
+
+# The modules compiled: the vLLM scheduling hot path (schedule(), update_from_output(), the KV
+# cache manager, requests, outputs, the token source). The rest stays interpreted, still copied so
+# the package is complete: cold code (config validation, step traces, invariants, registries),
+# SGLang (typed too loosely for mypyc's runtime checks), hashing.py (its block hasher is a closure
+# carrying an attribute; sha256 dominates it anyway) and the policies (scheduler/policies/: a few
+# calls per step; registered by a class decorator, which keeps mypyc from making them native
+# classes, and its compiled methods then refuse instances of interpreted subclasses, the very
+# plug-ins the policies exist for; and a native class would shadow a subclass's `queue_type`).
+COMPILED = (
+    "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
+    "pyset.py", "worker.py", "step_shape.py",
+    "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
+    "kv/events.py",
+)
+GROUP = "servesim.scheduler._native"  # one shared library, inside the package (no top-level name)
+# Classes mypyc never makes native (nothing to mark): protocols, enums, named tuples, typed dicts.
+_NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict"}
+_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler)\b[^#]*$")
+_MARK = "@_mypyc_attr(allow_interpreted_subclasses=True)"
+_IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
+           "if _TYPE_CHECKING:\n    from mypy_extensions import mypyc_attr as _mypyc_attr\n")
+
+
+def _tool_digest() -> str:
+    """A change to this build (what is compiled, how it is marked) rebuilds too."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _base_names(node: ast.ClassDef) -> set[str]:
+    names = set()
+    for base in node.bases:
+        target = base.value if isinstance(base, ast.Subscript) else base
+        names.add(target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", ""))
+    return names
+
+
+def _accept_mixin_self(line: str) -> str:
+    """Silence mypy's "erased type of self" on a mixin method typed `self: Scheduler`.
+
+    schedule() lives in a mixin (scheduler/_schedule.py) whose methods declare the class they are
+    mixed into; mypyc compiles them against that class, which is what runs.
+    """
+    if not _MIXIN_SELF.match(line):
+        return line
+    code, newline = line.rstrip("\n"), line[len(line.rstrip("\n")):]
+    return f"{code}  # type: ignore[misc]{newline}"
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+
+
+def _is_native(node: ast.ClassDef) -> bool:
+    """Whether mypyc compiles the class as a native class (which needs the mark).
+
+    Any other decorator (a registry's `register`) makes a regular Python class, already open to
+    subclasses, whose decorators run at import time: the mark must not be there.
+    """
+    if _base_names(node) & _NOT_NATIVE_BASES:
+        return False
+    return all(_decorator_name(d) in ("dataclass", "final") for d in node.decorator_list)
+
+
+def mark_subclassable(source: str) -> str:
+    """The source with every native top-level class marked for interpreted subclasses."""
+    tree = ast.parse(source)
+    lines = [_accept_mixin_self(line) for line in source.splitlines(keepends=True)]
+    marks = [min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+             for node in tree.body if isinstance(node, ast.ClassDef) and _is_native(node)]
+    for index in sorted(marks, reverse=True):
+        lines.insert(index, _MARK + "\n")
+    future = next(i for i, line in enumerate(lines) if line.startswith("from __future__ import"))
+    lines.insert(future + 1, _IMPORT)
+    return "".join(lines)
+
+
+def stage(staging: Path) -> str:
+    """Copy scheduler/ into a new staging tree, mark the compiled modules; the copied sources' digest."""
+    if staging.exists():
+        shutil.rmtree(staging)
+    package = staging / _native.PACKAGE
+    shutil.copytree(ROOT / "scheduler", package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (package.parent / "__init__.py").write_text("")  # only so mypy names the modules servesim.*
+    digest = _native.sources_digest(package)  # of what is compiled, before marking
+    for rel in COMPILED:
+        path = package / rel
+        path.write_text(mark_subclassable(path.read_text()))
+    return digest
+
+
+def build(staging: Path, jobs: int) -> None:
+    from mypyc.build import mypycify  # noqa: PLC0415 (only the build needs mypy)
+    from setuptools import setup  # noqa: PLC0415
+
+    files = [str(_native.PACKAGE / rel) for rel in COMPILED]
+    cwd = os.getcwd()
+    os.chdir(staging)
+    try:
+        # follow_imports=silent: the interpreted modules are read for their types, not checked.
+        # union-attr and operator stay unchecked: mypyc compiles an attribute or operator on an
+        # Optional value as the generic Python operation, so it fails exactly as the pure code does.
+        options = ["--follow-imports=silent", "--disable-error-code=union-attr", "--disable-error-code=operator",
+                   "--disable-error-code=annotation-unchecked"]
+        ext = mypycify([*options, *files], group_name=GROUP, multi_file=False,
+                       opt_level="3", target_dir="c")
+        setup(name="servesim-scheduler-native", ext_modules=ext,
+              script_args=["-q", "build_ext", "--inplace", "--build-temp", "tmp", f"--parallel={jobs}"])
+    finally:
+        os.chdir(cwd)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--force", action="store_true", help="rebuild even when the build is up to date")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel C compiles")
+    args = ap.parse_args()
+    staging = ROOT / _native.STAGING
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time (`make run` and `make test` in two terminals): the second waits, then
+    # finds the build up to date.
+    with open(staging.parent / "mypyc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_if_stale(staging, args.force, args.jobs)
+
+
+def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:
+    manifest = _native.read_manifest(staging)
+    digest_now = _native.sources_digest(ROOT / "scheduler")
+    if (not force and manifest.get("sources") == digest_now
+            and manifest.get("ext_suffix") == EXTENSION_SUFFIXES[0]
+            and manifest.get("tool") == _tool_digest()):
+        print("compiled scheduler: up to date")
+        return 0
+    started = time.monotonic()
+    print(f"compiling the scheduler with mypyc ({len(COMPILED)} modules, {jobs} jobs) ...", flush=True)
+    # Built beside the live tree (left as it is if the build fails; the finder's digest check
+    # decides whether it is used) and swapped in whole at the end: the live tree is never half-built.
+    fresh = staging.with_name(staging.name + ".new")
+    digest = stage(fresh)
+    try:
+        build(fresh, jobs)
+    except (Exception, SystemExit) as e:  # mypy errors surface as SystemExit from setup()
+        print(f"compiled scheduler: build failed ({type(e).__name__}: {e}); C sources in {fresh}", file=sys.stderr)
+        return 1
+    import mypy.version  # noqa: PLC0415
+
+    (fresh / _native.MANIFEST).write_text(
+        f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
+        f"tool={_tool_digest()}\nmypy={mypy.version.__version__}\n"
+        f"modules={','.join(COMPILED)}\n")
+    old = staging.with_name(staging.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if staging.exists():
+        staging.rename(old)
+    fresh.rename(staging)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"compiled scheduler: built in {time.monotonic() - started:.0f} s ({staging})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
