@@ -48,13 +48,17 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _version_text() -> str:
+    from servesim._native import scheduler_mode
+
+    return f"servesim {_version()}\nscheduler: {scheduler_mode()}"
+
+
 def _show_version(value: bool) -> None:
     import typer
 
     if value:
-        from servesim._native import scheduler_mode
-
-        typer.echo(f"servesim {_version()}\nscheduler: {scheduler_mode()}")
+        typer.echo(_version_text())
         raise typer.Exit()
 
 
@@ -206,7 +210,7 @@ def quiet_third_party() -> None:
 
 def main() -> None:
     if sys.argv[1:] in (["--version"], ["-V"]):  # what typer's eager option prints, without typer
-        print(f"servesim {_version()}")
+        print(_version_text())
         return
     import typer
 
