@@ -20,6 +20,7 @@ Keys follow `vllm bench serve --save-result` (`mean_ttft_ms`, `p99_itl_ms`, `req
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -61,16 +62,28 @@ def completed_mask(requests: pd.DataFrame) -> np.ndarray:
 def per_request(requests: pd.DataFrame) -> pd.DataFrame:
     """Completed requests with TTFT, TPOT, E2EL (ms) and their per-chunk ITLs (ms), bench rules."""
     done = requests[completed_mask(requests)]
+    rows = _latencies(done)
+    # Tokens of one chunk share a timestamp, so their per-token gaps are 0: one chunk, one gap.
+    rows["itl_ms"] = [[g * 1e3 for g in gaps if g > 0] for gaps in done["itl_s"]]
+    return rows
+
+
+def _itl_ms(done: pd.DataFrame) -> np.ndarray:
+    """Every completed request's per-chunk ITLs (ms) end to end, as per_request's lists laid out flat
+    (the same products, in the same order), without a Python list per request."""
+    gaps = np.fromiter(itertools.chain.from_iterable(done["itl_s"]), dtype=float)
+    return gaps[gaps > 0] * 1e3
+
+
+def _latencies(done: pd.DataFrame) -> pd.DataFrame:
     ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(dtype=float) * 1e3
     e2el = (done["finish_s"] - done["arrival_s"]).to_numpy(dtype=float) * 1e3
     n_out = done["output_len"].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n_out > 1, (e2el - ttft) / np.maximum(n_out - 1, 1), np.nan)
-    # Tokens of one chunk share a timestamp, so their per-token gaps are 0: one chunk, one gap.
-    itl = [[g * 1e3 for g in gaps if g > 0] for gaps in done["itl_s"]]
     return pd.DataFrame({"request_id": done["request_id"].to_numpy(), "arrival_s": done["arrival_s"].to_numpy(),
                          "prompt_len": done["prompt_len"].to_numpy(), "output_len": n_out,
-                         "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el, "itl_ms": itl})
+                         "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el})
 
 
 def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
@@ -88,7 +101,8 @@ def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...]) -> dic
 def bench_serve_result(requests: pd.DataFrame, slo: GoodputSlo | None = None,
                        percentiles: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | int | None]:
     """The figures `vllm bench serve --save-result` would write for this run."""
-    rows = per_request(requests)
+    done = requests[completed_mask(requests)]
+    rows = _latencies(done)
     completed = len(rows)
     sent = requests["arrival_s"].to_numpy(dtype=float)
     duration = 0.0
@@ -111,7 +125,7 @@ def bench_serve_result(requests: pd.DataFrame, slo: GoodputSlo | None = None,
             if limit is not None:
                 good &= np.nan_to_num(rows[f"{metric}_ms"].to_numpy(), nan=0.0) <= limit
         result["request_goodput"] = int(good.sum()) / duration
-    itl = np.asarray([g for gaps in rows["itl_ms"] for g in gaps], dtype=float)
+    itl = _itl_ms(done)
     for metric in BENCH_METRICS:
         values = itl if metric == "itl" else rows[f"{metric}_ms"].to_numpy(dtype=float)
         result.update(_stats(metric, values, percentiles))

@@ -40,7 +40,7 @@ def cluster_command(
                                    help="replace an earlier servesim result in --out"),
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
-    from servesim.cli import on_interrupt
+    from servesim.cli import freeze_startup_objects, on_interrupt
     from servesim.report import make_console
     from servesim.simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
     from servesim.simulator.cluster.plan import load_plan_workload
@@ -58,6 +58,7 @@ def cluster_command(
               f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
     on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
                  "run the same command again to start over")
+    freeze_startup_objects()
     with claim_output(out, overwrite=overwrite):
         res = run_cluster(cfg, wl)
         meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),

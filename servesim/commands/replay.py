@@ -74,7 +74,7 @@ def replay(
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.running import load_trace, run
-    from servesim.cli import on_interrupt
+    from servesim.cli import freeze_startup_objects, on_interrupt
     from servesim.report import make_console, print_summary, progress_reporter
     from servesim.simulator.outdir import check_output
 
@@ -126,6 +126,7 @@ def replay(
         exe = make_gpu_executor(cfg, device=device, clock=clock, sampling=sampling)
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
                  "a partial replay is not kept); run the same command again to start over")
+    freeze_startup_objects()
     with progress_reporter(err, len(wl.requests)) as progress:
         res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
     if exe is not None:
