@@ -131,7 +131,7 @@ def test_backend_example(restore_registries, tmp_path):
     restore_registries(BACKENDS)
     # --- doc example: sweep backend
     from servesim.scenario.backends import register_backend
-    from servesim.scenario.runner import execute
+    from servesim.scenario.task import execute
 
     @register_backend("serial_reversed")
     def run_reversed(tasks, root, workers, address, done):

@@ -9,18 +9,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("scheduler", "traces", "gpu_runner", "simulator", "servesim")
-# Cycles we accept (each a set of modules, all in one package), with the reason. A cycle not listed fails, and so
-# does a listed one that is gone: fix the code, then delete its row.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"servesim.simulator.specs.hf_config", "servesim.simulator.specs.models"}):
-        "models resolves a name to a spec and falls back to reading an HF config.json (lazy import); "
-        "hf_config builds ModelSpec objects, defined in models",
-    frozenset({"servesim.scenario.backends", "servesim.scenario.runner"}):
-        "backends execute the runner's VariantTask; the runner picks a backend by name (lazy import)",
-}
+# Cycles we accept (each a set of modules, with the reason): none. A new cycle fails the test; if one
+# must ever be accepted, list it here with its reason (a listed cycle that is gone fails too).
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def _module_name(path: Path) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from servesim.scenario.runner import Outcome, VariantTask, execute
+from servesim.scenario.task import Outcome, VariantTask, execute
 from servesim.scheduler.registry import Registry
 from servesim.traces.errors import InputError, field_error
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from servesim.traces.errors import InputError
 
-from .models import MlaSpec, ModelSpec
+from .model_spec import MlaSpec, ModelSpec
 
 CATALOGUE_DIR = Path(__file__).with_name("hf_configs")
 _META_KEYS = ("_source", "_name", "_aliases", "_hf_id", "_note")
