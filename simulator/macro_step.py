@@ -84,6 +84,8 @@ class MacroStepMixin:
             return None
         sched = self.scheduler
         num_in_flight = len(in_flight)
+        if num_in_flight and not self._first_update_s(now) < self._next_arrival_s:
+            return None  # the run's first update (the in-flight step's) would already meet the arrival
         k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight)
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
@@ -91,11 +93,13 @@ class MacroStepMixin:
         if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
             return None
         ctx0 = [r.num_computed_tokens for r in reqs]
-        # Price the steps in growing chunks: an arrival usually ends the run long before the
-        # scheduler's own horizon, and each step's price costs a cost-model call.
+        # Price the steps in growing chunks, the first just the two a run needs: an arrival usually
+        # ends the run long before the scheduler's own horizon (in a cluster, every replica's runs
+        # stop at the cluster's next arrival, often within two steps), and each step costs a
+        # cost-model call. A step's price does not depend on the chunking.
         gpu: list[float] = []
         while True:
-            m = min(k, max(16, 4 * len(gpu)))
+            m = min(k, max(16, 4 * len(gpu)) if gpu else 2)
             gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
             tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs))
             if len(tl[0]) < len(gpu) or len(gpu) == k:
@@ -113,6 +117,12 @@ class MacroStepMixin:
         off anything outside: a client slot freeing (max_concurrency: the next send, now) or a
         router hearing of it."""
         return self.clients.max_concurrency is None and self.on_finish is None
+
+    def _first_update_s(self, now: float) -> float:
+        """When the async loop applies the in-flight step's update: _macro_timeline's first update
+        time, known before any step is priced."""
+        due = self._gpu_free_at
+        return now + (due - now) if due > now else now
 
     def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int
                         ) -> tuple[list[float], list[float], list[float]]:
