@@ -90,6 +90,8 @@ class Engine(MacroStepMixin):
         self.prefix_hits = self.prefix_queries = 0
         # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
         self._next_arrival_s = 0.0
+        self._arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
+        self._macro_until_s = -1.0  # the last update time of the last macro-step
         # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
         self.num_preemptions = 0
         self._max_steps_idle = cfg.liveness.max_steps_without_progress
@@ -115,6 +117,9 @@ class Engine(MacroStepMixin):
     def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
         """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
         its client sent it (default: now), which latencies and the client timeout count from."""
+        if not self.env.now > self._macro_until_s:  # a macro-step's bound was wrong: not exact
+            raise AssertionError(f"{self.name}: a request arrived inside a macro-step (before "
+                                 f"{self._macro_until_s!r} s)")
         self._add(spec, self.env.now if sent_s is None else sent_s)
         self._wake_up()
 
@@ -134,6 +139,12 @@ class Engine(MacroStepMixin):
     def expect_next_arrival(self, t_s: float) -> None:
         """The next request submitted from outside will not arrive before t_s (lets fast-forward run)."""
         self._next_arrival_s = t_s
+
+    def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
+        """A router's proof of when a request can next reach this engine: bound(load) is the
+        earliest such time while this engine's num_outstanding stays >= load (a cluster sets it;
+        macro-steps then run past arrivals that provably go elsewhere)."""
+        self._arrival_bound = bound
 
     def _idle_wait(self):
         """Nothing ran and nothing is in flight: sleep until an outside event, or until the

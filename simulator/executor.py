@@ -11,7 +11,7 @@ from typing import Protocol
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.worker import BatchTracker, TokenSource
-from servesim.simulator.cost_model.base import CostModel, StepShape, decode_step_times_s
+from servesim.simulator.cost_model.base import CostModel, StepShape, bulk_decode_pricer, decode_step_times_s
 
 
 class Executor(Protocol):
@@ -25,6 +25,8 @@ class SimExecutor:
         self.cost_model = cost_model
         self.batch = BatchTracker(tokens, num_spec_tokens)
         self.last_shape: StepShape | None = None
+        self._pricer_of: CostModel | None = None  # the cost model _pricer was resolved for
+        self._pricer = None
 
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
         req_ids, new, ctx, sample = self.batch.prepare(scheduler_output)
@@ -37,7 +39,10 @@ class SimExecutor:
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float]:
         """GPU time of each of num_steps plain decode steps of one batch whose contexts start at
         num_context_tokens and grow by one token a step: the very floats execute() would return."""
-        return decode_step_times_s(self.cost_model, num_context_tokens, num_steps)
+        model = self.cost_model
+        if self._pricer_of is not model:  # resolved once per cost model (it is a public attribute)
+            self._pricer_of, self._pricer = model, bulk_decode_pricer(model)
+        return decode_step_times_s(model, num_context_tokens, num_steps, self._pricer)
 
     def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int,
                           finished_req_ids: set[str]) -> list[list[int]]:

@@ -84,6 +84,8 @@ class MacroStepMixin:
             return None
         sched = self.scheduler
         num_in_flight = len(in_flight)
+        if num_in_flight and not self._first_update_s(now) < self._next_arrival_s:
+            return None  # the run's first update (the in-flight step's) would already meet the arrival
         k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight)
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
@@ -91,13 +93,16 @@ class MacroStepMixin:
         if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
             return None
         ctx0 = [r.num_computed_tokens for r in reqs]
-        # Price the steps in growing chunks: an arrival usually ends the run long before the
-        # scheduler's own horizon, and each step's price costs a cost-model call.
+        later_s = self._later_arrival_s(len(reqs) - sched.get_request_counts()[0])
+        # Price the steps in growing chunks, the first just the two a run needs: an arrival usually
+        # ends the run long before the scheduler's own horizon (in a cluster, every replica's runs
+        # stop at the cluster's next arrival, often within two steps), and each step costs a
+        # cost-model call. A step's price does not depend on the chunking.
         gpu: list[float] = []
         while True:
-            m = min(k, max(16, 4 * len(gpu)))
+            m = min(k, max(16, 4 * len(gpu)) if gpu else 2)
             gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
-            tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs))
+            tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs), later_s)
             if len(tl[0]) < len(gpu) or len(gpu) == k:
                 break
         if len(tl[0]) < 2:
@@ -114,12 +119,30 @@ class MacroStepMixin:
         router hearing of it."""
         return self.clients.max_concurrency is None and self.on_finish is None
 
-    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int
+    def _later_arrival_s(self, load_change: int) -> float:
+        """The earliest time a request can reach this engine after the run's first update (which
+        finishes -load_change skipped-ahead requests): the announced next arrival, or a later one
+        where the cluster's router proves the arrivals before it go elsewhere. This engine's
+        load is then constant through the run (no admission, no finish), so a router that reads
+        only the load sees the same value mid-run as stepping would show it."""
+        if self._arrival_bound is None:
+            return self._next_arrival_s
+        return max(self._next_arrival_s, self._arrival_bound(self.num_outstanding + load_change))
+
+    def _first_update_s(self, now: float) -> float:
+        """When the async loop applies the in-flight step's update: _macro_timeline's first update
+        time, known before any step is priced."""
+        due = self._gpu_free_at
+        return now + (due - now) if due > now else now
+
+    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float
                         ) -> tuple[list[float], list[float], list[float]]:
         """(schedule times, GPU end times, update times) of the steps that fit before any outside
         event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
         end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
-        timeout). The update after schedule j is step j's own (sync) or the previous one's (async)."""
+        timeout). The update after schedule j is step j's own (sync) or the previous one's (async).
+        The first update precedes the next arrival (it may finish requests, which a router reads),
+        the later ones `later_s`."""
         cpu_s = self.cpu.step_s(n, n)
         arrival_s = self._next_arrival_s
         deadline_s = self._deadlines[0][0] if self._deadlines else float("inf")
@@ -137,6 +160,7 @@ class MacroStepMixin:
             u = t + (due - t) if due > t else t
             if not u < arrival_s:
                 break
+            arrival_s = later_s
             sched_t.append(t)
             ends.append(end)
             upd_t.append(u)
@@ -168,6 +192,7 @@ class MacroStepMixin:
         self._arrived_since_step = []
         self._gpu_free_at = ends[-1]
         self._mark_progress(upd_t[-1])
+        self._macro_until_s = upd_t[-1]
         return upd_t[-1]
 
     def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
@@ -199,6 +224,7 @@ class MacroStepMixin:
         last = self.executor.decode_step_output(ids, [t[k - 1] for t in tokens])
         in_flight.append((sched.decode_step_output(reqs), last, ends[-1], None, recs[-1]))
         self._gpu_free_at = ends[-1]
+        self._macro_until_s = upd_t[-1]
         return upd_t[-1]
 
     def _macro_progress(self, first_num_steps: int, update_times: list[float]) -> None:

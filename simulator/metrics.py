@@ -62,6 +62,7 @@ class MetricsCollector:
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
         self._tables: RunTables | None = None  # built once, after the run (tables())
+        self._step_parts: list[MetricsCollector] = []  # extend_steps_from: whose frames to concatenate
 
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
         self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
@@ -117,8 +118,25 @@ class MetricsCollector:
         no longer change (summary, result files and the Results object share them; a frame holds
         every inter-token latency, so building it again per reader set the peak memory of long runs)."""
         if self._tables is None:
-            self._tables = RunTables(self.requests_frame(), self.steps_frame())
+            steps = self._parts_steps_frame()
+            self._tables = RunTables(self.requests_frame(), self.steps_frame() if steps is None else steps)
         return self._tables
+
+    def extend_steps_from(self, parts: list[MetricsCollector]) -> None:
+        """Append the steps of finished collectors (a cluster's replicas, in order); tables() then
+        concatenates their steps frames, which they build anyway, instead of a second row-by-row
+        build of the same rows."""
+        for part in parts:
+            self.steps.extend(part.steps)
+        self._step_parts = list(parts)
+
+    def _parts_steps_frame(self) -> pd.DataFrame | None:
+        """The parts' frames concatenated (None: rebuild here): only when every part has steps, as an
+        empty part's frame has object columns, and no steps were added besides the parts'."""
+        parts = self._step_parts
+        if not parts or any(not p.steps for p in parts) or sum(len(p.steps) for p in parts) != len(self.steps):
+            return None
+        return pd.concat([p.tables().steps for p in parts], ignore_index=True)
 
     def requests_frame(self) -> pd.DataFrame:
         """A new requests frame (tables() keeps one); built column by column, never a dict per row."""

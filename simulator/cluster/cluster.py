@@ -93,6 +93,14 @@ class Cluster:
             self._kv_bytes = self._kv_bytes_table()
         self._arrivals_done = False
         self._num_final = 0
+        self._next_spec = 0  # index in workload.requests of the next request to dispatch
+        latency = cfg.routing_latency_s
+        self._dispatch_s = [s.arrival_time_s + latency for s in workload.requests]  # as _arrivals adds
+        if cfg.pd is None and not self.lockstep_groups:
+            # Plain replicas behind one router: a replica's macro-steps may run past arrivals that
+            # the router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
+            for pos, r in enumerate(self.front):
+                r.engine.expect_arrivals_by_load(partial(self._arrival_bound, pos))
 
     def _build_replicas(self) -> list[Replica]:
         out: list[Replica] = []
@@ -129,12 +137,14 @@ class Cluster:
     # --- arrivals and routing --------------------------------------------------------------------
     def _arrivals(self):
         env, latency = self.env, self.cfg.routing_latency_s
-        for spec in self.workload.requests:
+        for i, spec in enumerate(self.workload.requests):
+            self._next_spec = i
             t = spec.arrival_time_s + latency  # constant latency keeps arrival order: a delay line
             if t > env.now:
                 self._announce_next_arrival(t)
                 yield env.timeout(t - env.now)
             self._dispatch(spec)
+        self._next_spec = len(self.workload.requests)
         self._announce_next_arrival(float("inf"))
         self._arrivals_done = True
         if self.cfg.pd is None:
@@ -148,6 +158,12 @@ class Cluster:
         # (SimConfig.fast_forward) take a decode step, as Engine._arrivals tells its own engine.
         for r in self.front:
             r.engine.expect_next_arrival(t)
+
+    def _arrival_bound(self, pos: int, load: int) -> float:
+        """The earliest time a request can reach front replica `pos` while its load stays >= load:
+        the dispatch time of the first request the router cannot prove goes elsewhere."""
+        i = self._next_spec + self.router.arrivals_elsewhere(pos, load, self.front)
+        return self._dispatch_s[i] if i < len(self._dispatch_s) else float("inf")
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)

@@ -64,8 +64,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     merged = MetricsCollector()
     for spec in cluster.workload.requests:
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
-    for r in cluster.replicas:
-        merged.steps.extend(r.engine.metrics.steps)
+    merged.extend_steps_from([r.engine.metrics for r in cluster.replicas])
     # The summary and requests.parquet share merged's one requests frame (tables()), which
     # _requests_frame extends with the routing columns.
     summary = _summary(cluster, reps, merged, wall_time_s)

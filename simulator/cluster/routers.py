@@ -42,6 +42,14 @@ class Router:
     def choose(self, spec: RequestSpec, candidates: Sequence[Replica], now_s: float) -> Decision:
         raise NotImplementedError
 
+    def arrivals_elsewhere(self, candidate: int, load: int, candidates: Sequence[Replica]) -> int:
+        """How many of the coming decisions provably pick another candidate than `candidate`,
+        given that its num_outstanding stays >= load and that no other candidate's load grows
+        except by these decisions. Lets that replica's macro-steps run past those arrivals, so
+        a router may claim a count only if its decisions read nothing of that replica but the
+        load (no KV usage, no prefix cache: those change mid-run). 0: no claim (the default)."""
+        return 0
+
 
 RouterFactory = Callable[..., Router]
 # Built-ins are below (and vllm_dp in dp.py); every module of simulator/cluster/ is imported on the
@@ -89,6 +97,9 @@ class RoundRobin(Router):
         self._next += 1
         return Decision(i, "round_robin")
 
+    def arrivals_elsewhere(self, candidate, load, candidates):
+        return (candidate - self._next) % len(candidates)  # reads nothing of any replica
+
 
 @register_router("least_outstanding")
 class LeastOutstanding(Router):
@@ -99,6 +110,17 @@ class LeastOutstanding(Router):
         loads = [c.engine.num_outstanding for c in candidates]
         i = _least([(n,) for n in loads])
         return Decision(i, "least_load", float(loads[i]))
+
+    def arrivals_elsewhere(self, candidate, load, candidates):
+        # `candidate` wins a decision only once every lower-index replica holds more than `load`
+        # and every higher-index one at least `load` (ties go to the lowest index). Loads fall
+        # only by finishes and rise only by these decisions, one request each: count the
+        # requests the others must receive first.
+        need = 0
+        for j, c in enumerate(candidates):
+            if j != candidate:
+                need += max(0, load + (j < candidate) - c.engine.num_outstanding)
+        return need
 
 
 @register_router("least_kv")

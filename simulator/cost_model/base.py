@@ -68,11 +68,21 @@ class DecodeRunCostModel(Protocol):
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None: ...
 
 
-def decode_step_times_s(model: CostModel, num_context_tokens: list[int], num_steps: int) -> list[float]:
+def bulk_decode_pricer(model: CostModel) -> Callable[[list[int], int], list[float] | None] | None:
+    """The model's bulk decode-run method, or None: resolved once per model, since the runtime
+    Protocol check costs more than pricing a short run (a cluster asks at every loop top)."""
+    return model.decode_step_times_s if isinstance(model, DecodeRunCostModel) else None
+
+
+def decode_step_times_s(model: CostModel, num_context_tokens: list[int], num_steps: int,
+                        bulk: Callable[[list[int], int], list[float] | None] | None = None) -> list[float]:
     """GPU time of each step of a run of plain decode steps: the model's bulk method where it has
-    one, else one step_time_s call per step on the exact StepShape."""
-    if isinstance(model, DecodeRunCostModel):
-        times = model.decode_step_times_s(num_context_tokens, num_steps)
+    one (``bulk``: bulk_decode_pricer(model), when the caller resolved it already), else one
+    step_time_s call per step on the exact StepShape."""
+    if bulk is None and isinstance(model, DecodeRunCostModel):
+        bulk = model.decode_step_times_s
+    if bulk is not None:
+        times = bulk(num_context_tokens, num_steps)
         if times is not None:
             return times
     n = len(num_context_tokens)
