@@ -131,6 +131,10 @@ class SimConfig:
         if self.scheduler.num_spec_tokens and not self.spec_decode.acceptance:
             raise InputError("num_spec_tokens > 0 needs spec_decode.acceptance (one probability per position)",
                              field="spec_decode.acceptance")
+        if self.fast_forward and self.macro_steps is False:
+            # The two ask for opposite things: refuse rather than let the deprecated alias win.
+            raise InputError("fast_forward (deprecated) turns macro-steps on, but macro_steps is false",
+                             field="fast_forward", allowed="leave fast_forward out (macro_steps alone decides)")
         if self.fast_forward:
             import warnings
 

@@ -105,9 +105,12 @@ def test_option_is_validated_and_fast_forward_is_a_deprecated_alias():
         apply_overrides(SimConfig(), {"macro_steps": "maybe"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = SimConfig(macro_steps=False, fast_forward=True)
+        cfg = SimConfig(fast_forward=True)
     assert cfg.macro_steps and not cfg.fast_forward
     assert any("deprecated" in str(w.message) for w in caught)
+    # Asking for both the alias and macro-steps off is a contradiction, refused naming the field.
+    with pytest.raises(InputError, match="field 'fast_forward'.*macro_steps is false"):
+        SimConfig(macro_steps=False, fast_forward=True)
 
 
 def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
