@@ -20,12 +20,10 @@ Measured on the 2-core development machine (shared, so wall times are noisy), pe
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+from sim_speed import Case, run_servesim  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared/data/traces/mooncake_fast25/conversation_trace.jsonl.gz"
@@ -40,18 +38,9 @@ def cases(num_prompts: int) -> dict[str, list[str]]:
 
 
 def measure(name: str, args: list[str]) -> None:
-    with tempfile.TemporaryDirectory(prefix="servesim-mem-") as tmp:
-        cmd = [sys.executable, "-m", "servesim", "replay", *args, "--out", str(Path(tmp) / "out")]
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(proc.pid, 0)  # the child's own rusage: one case at a time
-        wall = time.perf_counter() - t0
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    peak_mib = usage.ru_maxrss / 1024  # KiB on Linux
-    state = "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {err.strip().splitlines()[-1:]}"
-    print(f"{name:14s} peak RSS {peak_mib:7.0f} MiB  wall {wall:7.1f} s  {state}", flush=True)
+    m = run_servesim(Case(name, tuple(args)), [])  # one fresh child per case: its own ru_maxrss
+    state = "ok" if m.error is None else m.error
+    print(f"{name:14s} peak RSS {m.peak_rss_mib:7.0f} MiB  wall {m.wall_s:7.1f} s  {state}", flush=True)
 
 
 def main() -> int:

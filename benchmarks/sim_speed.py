@@ -80,6 +80,11 @@ class Measured:
     error: str | None = None
 
 
+def child_env() -> dict[str, str]:
+    """This checkout first on the children's path, so they run the code being measured."""
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
 def _child(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, int, str]:
     """Run `cmd`; its wall time, its own peak RSS (os.wait4: one case at a time), exit code, stderr tail."""
     with tempfile.TemporaryFile() as err:
@@ -96,8 +101,7 @@ def run_servesim(case: Case, extra: list[str]) -> Measured:
     with tempfile.TemporaryDirectory(prefix="servesim-speed-") as tmp:
         out = Path(tmp) / "out"
         cmd = [sys.executable, "-m", "servesim", "replay", *case.args, *extra, "--out", str(out)]
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        wall, rss, code, err = _child(cmd, ROOT, env)
+        wall, rss, code, err = _child(cmd, ROOT, child_env())
         if code != 0:
             return Measured(wall, rss, None, None, None, f"exit {code}: {err}")
         summary = json.loads((out / "summary.json").read_text())
@@ -156,8 +160,7 @@ def main() -> int:
     print(f"servesim sim speed on {platform.machine()} {platform.processor() or ''}, Python {platform.python_version()}"
           f", {os.cpu_count()} CPUs; whole process, one child per case; "
           f"overrides: {args.set or 'none'}")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    print(f"scheduler: {_scheduler_build(env)}")
+    print(f"scheduler: {_scheduler_build(child_env())}")
     print(f"{'case':12s} {'requests':>8s} {'sim s':>9s} {'wall s':>9s} {'x real':>9s} {'engine x':>10s} {'steps/s':>9s} "
           f"{'steps':>9s} {'RSS MiB':>8s}")
     figures: dict[str, dict] = {}

@@ -17,6 +17,6 @@ __all__ = [
     "AsyncScheduler", "CacheConfig", "CachedRequestData", "EngineCoreOutputs", "InvariantError",
     "KVCacheBlocks", "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats",
     "Request", "RequestOutput", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerCapabilities",
-    "SchedulerConfig", "SchedulerInterface", "SchedulerOutput", "SchedulerStats", "SpecDecodingStats", "check_invariants", "check_stop",
-    "make_block_hasher", "make_scheduler",
+    "SchedulerConfig", "SchedulerInterface", "SchedulerOutput", "SchedulerStats", "SpecDecodingStats",
+    "check_invariants", "check_stop", "make_block_hasher", "make_scheduler",
 ]

@@ -135,13 +135,18 @@ def test_r3b_scheduler_keeps_vllms_tie_rule():
     assert not spread.has_unfinished_requests()
 
 
-def test_r3c_engine_watchdog_stops_the_livelock_with_a_diagnosis():
+def _r3_livelock(liveness: dict):
+    """Reproducer r3's livelock (priority preemption with a 23-block pool) and its workload."""
     cfg = apply_overrides(SimConfig(), {
         "scheduler.policy": "priority", "cache.num_gpu_blocks": 23, "cache.block_size": 16,
         "cache.enable_prefix_caching": False, "scheduler.max_num_batched_tokens": 16, "scheduler.max_num_seqs": 3,
         "scheduler.max_model_len": 256, "scheduler.long_prefill_token_threshold": 3,
-        "scheduler.scheduler_reserve_full_isl": False, "liveness.max_steps_without_progress": 2000})
-    wl = _wl(*[(f"r{i}", 0.0, n, 8) for i, n in enumerate([226, 240, 142])])
+        "scheduler.scheduler_reserve_full_isl": False, **liveness})
+    return cfg, _wl(*[(f"r{i}", 0.0, n, 8) for i, n in enumerate([226, 240, 142])])
+
+
+def test_r3c_engine_watchdog_stops_the_livelock_with_a_diagnosis():
+    cfg, wl = _r3_livelock({"liveness.max_steps_without_progress": 2000})
     with pytest.raises(StallError) as e:
         Engine(cfg, wl).run()
     msg = str(e.value)
@@ -150,13 +155,9 @@ def test_r3c_engine_watchdog_stops_the_livelock_with_a_diagnosis():
 
 
 def test_watchdog_simulated_seconds_limit():
-    cfg = apply_overrides(SimConfig(), {
-        "scheduler.policy": "priority", "cache.num_gpu_blocks": 23, "cache.block_size": 16,
-        "cache.enable_prefix_caching": False, "scheduler.max_num_batched_tokens": 16, "scheduler.max_num_seqs": 3,
-        "scheduler.max_model_len": 256, "scheduler.long_prefill_token_threshold": 3,
-        "scheduler.scheduler_reserve_full_isl": False, "liveness.max_sim_s_without_progress": 2.0})
+    cfg, wl = _r3_livelock({"liveness.max_sim_s_without_progress": 2.0})
     with pytest.raises(StallError, match=r"liveness.max_sim_s_without_progress=2"):
-        Engine(cfg, _wl(*[(f"r{i}", 0.0, n, 8) for i, n in enumerate([226, 240, 142])])).run()
+        Engine(cfg, wl).run()
 
 
 def test_watchdog_limits_are_validated():
