@@ -44,13 +44,20 @@ def get_hash_fn(name: str) -> HashFn:
 
 
 def _token_bytes(token_ids: list[int] | array) -> bytes:
-    if type(token_ids) is array:  # Request's own storage (scheduler/request.py::_compact_ids)
-        if token_ids.typecode == "q":
-            return token_ids.tobytes()
-        token_ids = token_ids.tolist()  # int32 ids hash as int64, like any other list of ids
+    """The canonical bytes of one block's ids, whatever their storage.
+
+    int32 when every id fits (the Request's usual storage, hashed without conversion), else
+    int64, else text; hash_block_tokens length-prefixes them, so the three never meet.
+    """
+    if type(token_ids) is array and token_ids.typecode == "i":
+        return token_ids.tobytes()
+    try:
+        return array("i", token_ids).tobytes()
+    except OverflowError:
+        pass
     try:
         return array("q", token_ids).tobytes()
-    except OverflowError:  # ids beyond int64: fall back to a textual encoding
+    except OverflowError:  # ids beyond int64: a textual encoding
         return ",".join(map(str, token_ids)).encode()
 
 
@@ -74,26 +81,51 @@ def hash_block_tokens(
 
 
 def make_block_hasher(block_size: int, hash_fn: HashFn | str = "sha256"):
-    """Return request -> list of hashes of its newly completed full blocks."""
+    """Return request -> list of hashes of its newly completed full blocks.
+
+    Equal to chaining `hash_block_tokens` block by block (tests/test_compact_memory.py checks the
+    values). A Request keeps its ids as int32 whenever they fit (request.py::_compact_ids), which is
+    the canonical encoding, so the fast path slices the storage's bytes per block without converting
+    a single id: prompt hashing at arrival is the largest per-request cost of a prefix-cached replay.
+    """
     fn = get_hash_fn(hash_fn) if isinstance(hash_fn, str) else hash_fn
+    is_sha256 = fn is _sha256
+    block_bytes = block_size * 4  # int32 ids
+    length_prefix = block_bytes.to_bytes(4, "little")
 
     def request_block_hasher(request: Request) -> list[bytes]:
         start = len(request.block_hashes) * block_size
         num_tokens = request.num_tokens
         if start + block_size > num_tokens:
             return []
-        parent = request.block_hashes[-1] if request.block_hashes else None
         end = start + (num_tokens - start) // block_size * block_size
         span = request.all_token_ids[start:end]
-        if type(span) is array and span.typecode != "q":
-            # int32 storage: widen the new blocks once (ids hash as int64 bytes whatever the storage)
-            span = array("q", span.tolist())
+        if type(span) is not array or span.typecode != "i":  # some id beyond int32: per block
+            return _hash_blocks(fn, request, span, start, block_size)
+        data = span.tobytes()
+        parent: bytes = request.block_hashes[-1] if request.block_hashes else NONE_HASH
+        plain = request.lora_id is None and (start > 0 or not request.cache_salt)
         new_hashes: list[bytes] = []
-        for offset in range(0, end - start, block_size):
-            extra = extra_keys_bytes(request, start + offset)
-            parent = hash_block_tokens(fn, parent, span[offset : offset + block_size], extra)
+        for offset in range(0, len(data), block_bytes):
+            extra = b"" if plain else extra_keys_bytes(request, start + offset // 4)
+            payload = parent + length_prefix + data[offset : offset + block_bytes] + extra
+            # the default algorithm called directly: a Python-level call per block costs as much as sha256
+            parent = hashlib.sha256(payload).digest() if is_sha256 else fn(payload)
             new_hashes.append(parent)
         return new_hashes
 
     request_block_hasher.block_size = block_size  # lets Request skip calls until a block completes
     return request_block_hasher
+
+
+def _hash_blocks(
+    fn: HashFn, request: Request, span: list[int] | array, start: int, block_size: int
+) -> list[bytes]:
+    """The general path: each block encoded on its own (_token_bytes picks its width)."""
+    parent = request.block_hashes[-1] if request.block_hashes else None
+    new_hashes: list[bytes] = []
+    for offset in range(0, len(span), block_size):
+        extra = extra_keys_bytes(request, start + offset)
+        parent = hash_block_tokens(fn, parent, span[offset : offset + block_size], extra)
+        new_hashes.append(parent)
+    return new_hashes

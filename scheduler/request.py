@@ -222,8 +222,9 @@ class Request:
 
 def _compact_ids(token_ids: Sequence[int]) -> array | list[int]:
     """token_ids as a new array('i') (int32), array('q') when an id needs 64 bits, or a list when
-    one does not fit in int64 (or is not an int). Hashing reads any of them as the same int64 bytes."""
-    if type(token_ids) is array and token_ids.typecode in "iq":
+    one does not fit in int64 (or is not an int). int32 is also the hashing's canonical encoding
+    (scheduler/hashing.py), so the narrowest storage that fits is always chosen."""
+    if type(token_ids) is array and token_ids.typecode == "i":
         return token_ids[:]  # a copy in one memcpy
     for typecode in "iq":
         try:
