@@ -124,8 +124,10 @@ def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
     for rid in ("r0", "llmservingsim-17", "é-unicode"):
         assert TokenSource().tokens(rid, 5, 300) == [oracle_token(rid, k) for k in range(5, 305)]
     rng = random.Random(0)
-    for model, tp in (("llama-3.1-8b", 1), ("llama-3.1-70b", 4)):
-        cm = make_cost_model("roofline", model=model, gpu="h100", tp=tp)
+    # dense TP1, dense TP4 (all-reduce), MoE (expert term), and the calibrated fit
+    for name, model, tp in (("roofline", "llama-3.1-8b", 1), ("roofline", "llama-3.1-70b", 4),
+                            ("roofline", "qwen3-30b-a3b", 2), ("calibrated", "llama-3.1-8b", 1)):
+        cm = make_cost_model(name, model=model, gpu="h100", tp=tp)
         for _ in range(20):
             ctx = [rng.randint(1, 8000) for _ in range(rng.randint(1, 256))]
             ref = [cm.step_time_s(StepShape((1,) * len(ctx), tuple(c + j for c in ctx), len(ctx))) for j in range(40)]

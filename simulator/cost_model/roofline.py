@@ -272,12 +272,19 @@ class RooflineCostModel:
         ctx_sum = sum(num_context_tokens)
         head = sum(self._head_parts(n, n))
         num_layers = self.model.num_layers
-        layer_parts = self._layer_parts
+        # Only attention changes along the run (n is fixed): the other parts are priced once and
+        # each step adds them in _layer_parts' order ((gemm + attn) + elementwise) + comm, the
+        # order sum() used, so every float is bit-identical to step_time_s.
+        gemm, _, elementwise, comm = self._layer_parts(n, 0.0, 0)
+        flops_per_pair, attn_c, attn_m, attn_o = self._attn_flops_per_pair, self._ac, self._am, self._ao
+        kv_per_tok, q_bytes = self._kv_bytes_per_tok, n * self._q_bytes_per_tok
         out = []
         for _ in range(num_steps):
             # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
             pairs = ctx_sum + n + 0 + 0.5 * (0 + 0)
-            out.append(num_layers * sum(layer_parts(n, pairs, ctx_sum + n)) + head)
+            kv_tokens = ctx_sum + n
+            attn = max(pairs * flops_per_pair * attn_c, (kv_tokens * kv_per_tok + q_bytes) * attn_m) + attn_o
+            out.append(num_layers * (gemm + attn + elementwise + comm) + head)
             ctx_sum += n
         return out
 
