@@ -30,7 +30,7 @@ from servesim.simulator.client import Clients
 from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError, diagnose
 from servesim.simulator.macro_step import MacroStepMixin, macro_fallback_reason
-from servesim.simulator.metrics import MetricsCollector, StepRecord
+from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.scheduler.worker import TokenSource
 from servesim.traces.workload import RequestSpec, Workload
@@ -226,7 +226,7 @@ class Engine(MacroStepMixin):
                     continue
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
-            rec, step_rec = self._on_schedule(so, now)
+            rec, row = self._on_schedule(so, now)
             if self.num_steps > self._stall_step or now > self._stall_s:
                 self._stall(now)
             mro, gpu_s = self.executor.execute(so)
@@ -237,8 +237,8 @@ class Engine(MacroStepMixin):
             serial = in_flight and not overlap_allowed(in_flight[-1][0], so)
             start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
             self._gpu_free_at = gpu_free_at = start + gpu_s
-            step_rec.gpu_time_s = gpu_s
-            in_flight.append((so, mro, gpu_free_at, rec, step_rec))
+            self.metrics.steps.set_gpu_time(row, gpu_s)
+            in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
                 so0, mro0, end0, rec0, step0 = in_flight.popleft()
                 if end0 > env.now:
@@ -251,7 +251,8 @@ class Engine(MacroStepMixin):
                 yield self._idle_wait()
 
     # --- bookkeeping ---------------------------------------------------------------------------
-    def _on_schedule(self, so, now: float) -> tuple[dict | None, StepRecord]:
+    def _on_schedule(self, so, now: float) -> tuple[dict | None, int]:
+        """Bookkeeping of a step just scheduled: (its step-trace record or None, its steps row)."""
         m = self.metrics.requests
         for nr in so.scheduled_new_reqs:
             if m[nr.req_id].first_scheduled_s is None:
@@ -275,16 +276,16 @@ class Engine(MacroStepMixin):
             else:
                 shape_prefill += n
         running, waiting = sched.get_request_counts()
-        step_rec = StepRecord(self.num_steps, now, 0.0, 0.0, len(so.num_scheduled_tokens), shape_prefill,
-                              shape_decode, sched.kv_cache_manager.usage, running, waiting, len(so.preempted_req_ids))
-        self.metrics.steps.append(step_rec)
+        row = self.metrics.steps.append(self.num_steps, now, len(so.num_scheduled_tokens), shape_prefill,
+                                        shape_decode, sched.kv_cache_manager.usage, running, waiting,
+                                        len(so.preempted_req_ids))
         self.num_steps += 1
-        return rec, step_rec
+        return rec, row
 
-    def _on_update(self, so, mro, rec: dict | None, step_rec: StepRecord, now: float | None = None) -> None:
+    def _on_update(self, so, mro, rec: dict | None, row: int, now: float | None = None) -> None:
+        """Apply a step's output at `now` (default: the clock); `row` is its steps row."""
         if now is None:
             now = self.env.now
-        step_rec.duration_s = now - step_rec.start_s  # schedule to output applied
         eco = self.scheduler.update_from_output(so, mro, now_s=now)
         if eco.outputs:
             self._mark_progress(now)
@@ -296,7 +297,7 @@ class Engine(MacroStepMixin):
         ps = eco.scheduler_stats.prefix_cache_stats
         self.prefix_hits += ps.hits
         self.prefix_queries += ps.queries
-        step_rec.prefix_hit_tokens, step_rec.prefix_query_tokens = ps.hits, ps.queries
+        self.metrics.steps.set_update(row, now, ps.hits, ps.queries)  # duration: schedule to output applied
         if rec is not None:
             sampled = {rid: t[0] for rid, t in zip(mro.req_ids, mro.sampled_token_ids) if t}
             finish_record(rec, sampled, [o.request_id for o in eco.outputs if o.finish_reason is not None],

@@ -15,7 +15,7 @@ Each component owns its bulk operation:
   KVCacheManager.decode_run_fit / apply_decode_run (scheduler/kv/decode_run.py, vLLM's order);
 - SimExecutor.decode_step_times_s (the cost model's floats), sample_decode_run (BatchTracker and
   TokenSource: the same tokens), decode_step_output;
-- MetricsCollector.on_decode_run / add_steps (token timestamps, step rows);
+- MetricsCollector.on_decode_run / StepTable.extend_decode_run (token timestamps, step rows);
 - the engine (this mixin): the timeline, with the stepping loop's exact float arithmetic.
 
 Sync loop (nothing in flight): k x (schedule, update). Async loop (one step S in flight): schedule
@@ -32,7 +32,6 @@ import math
 from servesim.scheduler.async_scheduler import AsyncScheduler
 from servesim.scheduler.scheduler import Scheduler
 from servesim.simulator.executor import SimExecutor
-from servesim.simulator.metrics import StepRecord
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
@@ -168,23 +167,21 @@ class MacroStepMixin:
             t = u
         return sched_t, ends, upd_t
 
-    def _macro_records(self, first_step: int, sched_t: list[float], gpu: list[float], free_after: list[int],
-                       n: int) -> list[StepRecord]:
+    def _macro_rows(self, first_step: int, sched_t: list[float], duration_s: list[float], gpu: list[float],
+                    free_after: list[int], n: int) -> None:
         """Step rows as _on_schedule writes them (running and waiting counted after the schedule)."""
         kvm = self.scheduler.kv_cache_manager
         running, waiting = self.scheduler.get_request_counts()
-        return [StepRecord(first_step + j, sched_t[j], 0.0, gpu[j], n, 0, n, kvm.usage_at(free_after[j]), running,
-                           waiting, 0) for j in range(len(free_after))]
+        self.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
+                                             map(kvm.usage_at, free_after), running, waiting)
 
     def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
         k = len(ends)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         tokens = self.executor.sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
         free_after, _ = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
-        recs = self._macro_records(self.num_steps, sched_t, gpu, free_after, len(ids))
-        for rec, u in zip(recs, upd_t):
-            rec.duration_s = u - rec.start_s
-        self.metrics.add_steps(recs)
+        durations = [u - t for u, t in zip(upd_t, sched_t)]
+        self._macro_rows(self.num_steps, sched_t, durations, gpu[:k], free_after, len(ids))
         self.metrics.on_decode_run(ids, upd_t)
         self._macro_progress(self.num_steps + 1, upd_t)  # update j runs when num_steps = first + j + 1
         self.num_steps += k
@@ -196,33 +193,37 @@ class MacroStepMixin:
         return upd_t[-1]
 
     def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
-        k = len(ends)
+        k = len(ends)  # >= 2 (_macro_step)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
+        steps = self.metrics.steps
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = sched.finished_req_ids
         free_first, _ = sched.schedule_decode_steps(reqs, 1, [], now)
         tokens = self.executor.sample_decode_run(ids, ctx0, k, finished)
-        (first,) = self._macro_records(self.num_steps, sched_t[:1], gpu, free_first, len(ids))
+        running, waiting = sched.get_request_counts()
+        kvm = sched.kv_cache_manager
+        first = steps.append(self.num_steps, sched_t[0], len(ids), 0, len(ids), kvm.usage_at(free_first[0]),
+                             running, waiting, 0)
+        steps.set_gpu_time(first, gpu[0])
+        steps.set_update(first, upd_t[1], 0, 0)  # its output is applied by the run's second update
         self.num_steps += 1
-        self.metrics.add_steps([first])
         self._arrived_since_step = []
         # ... then S's own update, exactly as the loop applies it ...
-        so0, mro0, _end0, rec0, step0 = in_flight.popleft()
-        self._on_update(so0, mro0, rec0, step0, now=upd_t[0])  # finishes the requests the run skipped
+        so0, mro0, _end0, rec0, row0 = in_flight.popleft()
+        self._on_update(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
         free_rest, finished = sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
         self.executor.forget(finished)
-        recs = [first] + self._macro_records(self.num_steps, sched_t[1:], gpu[1:], free_rest, len(ids))
-        for j in range(k - 1):
-            recs[j].duration_s = upd_t[j + 1] - recs[j].start_s
-        self.metrics.add_steps(recs[1:])
+        # step j (1 <= j < k - 1) ends at update j + 1; the last one's update is the next in-flight one
+        durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
+        self._macro_rows(self.num_steps, sched_t[1:k], durations, gpu[1:k], free_rest, len(ids))
         self.metrics.on_decode_run(ids, upd_t[1:])
         self._macro_progress(self.num_steps + 1, upd_t[1:])
         self.num_steps += k - 1
         self.num_macro_steps += k
         self._mark_progress(upd_t[-1])
         last = self.executor.decode_step_output(ids, [t[k - 1] for t in tokens])
-        in_flight.append((sched.decode_step_output(reqs), last, ends[-1], None, recs[-1]))
+        in_flight.append((sched.decode_step_output(reqs), last, ends[-1], None, len(steps) - 1))
         self._gpu_free_at = ends[-1]
         self._macro_until_s = upd_t[-1]
         return upd_t[-1]

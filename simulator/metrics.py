@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import operator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result
+from servesim.simulator.step_table import StepTable
 from servesim.simulator.summary_metrics import compute_metrics
 
 PERCENTILES = (50, 90, 95, 99)
@@ -38,27 +38,10 @@ class RequestRecord:
     status: str | None = None  # "timed_out" once the client gave up; otherwise derived in requests_frame
 
 
-@dataclass(slots=True)
-class StepRecord:
-    step: int
-    start_s: float
-    duration_s: float  # GPU + CPU time charged to the step
-    gpu_time_s: float
-    num_requests: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    kv_usage: float  # fraction of usable blocks in use after the step was scheduled
-    num_running: int
-    num_waiting: int
-    num_preemptions: int
-    prefix_hit_tokens: int = 0  # prefix-cache lookups applied with this step's output (vLLM's stats)
-    prefix_query_tokens: int = 0
-
-
 class MetricsCollector:
     def __init__(self) -> None:
         self.requests: dict[str, RequestRecord] = {}
-        self.steps: list[StepRecord] = []
+        self.steps = StepTable()
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
         self._tables: RunTables | None = None  # built once, after the run (tables())
@@ -83,9 +66,6 @@ class MetricsCollector:
             if rec.first_token_s is None:
                 rec.first_token_s = times_s[0]
             rec.token_times_s.extend(times_s)
-
-    def add_steps(self, records: list[StepRecord]) -> None:
-        self.steps.extend(records)
 
     def on_reject(self, request_id: str, reason: str) -> None:
         self.requests[request_id].reject_reason = reason
@@ -127,14 +107,14 @@ class MetricsCollector:
         concatenates their steps frames, which they build anyway, instead of a second row-by-row
         build of the same rows."""
         for part in parts:
-            self.steps.extend(part.steps)
+            self.steps.extend(part.steps)  # StepTable.extend: column by column
         self._step_parts = list(parts)
 
     def _parts_steps_frame(self) -> pd.DataFrame | None:
         """The parts' frames concatenated (None: rebuild here): only when every part has steps, as an
         empty part's frame has object columns, and no steps were added besides the parts'."""
         parts = self._step_parts
-        if not parts or any(not p.steps for p in parts) or sum(len(p.steps) for p in parts) != len(self.steps):
+        if not parts or any(not len(p.steps) for p in parts) or sum(len(p.steps) for p in parts) != len(self.steps):
             return None
         return pd.concat([p.tables().steps for p in parts], ignore_index=True)
 
@@ -150,10 +130,8 @@ class MetricsCollector:
         return pd.DataFrame(cols, columns=REQUEST_COLUMNS)
 
     def steps_frame(self) -> pd.DataFrame:
-        # One attrgetter call per step and a transpose in C, not one getattr per step and column.
-        rows = map(operator.attrgetter(*STEP_COLUMNS), self.steps)
-        cols = [list(c) for c in zip(*rows)] or [[] for _ in STEP_COLUMNS]
-        return pd.DataFrame(dict(zip(STEP_COLUMNS, cols)), columns=STEP_COLUMNS)
+        """A new steps frame (tables() keeps one), from the table's columns as they are."""
+        return self.steps.frame()
 
     def timeseries_frame(self, end_s: float) -> pd.DataFrame:
         """1-second ticks: state at the last step that started at or before each tick."""
@@ -247,9 +225,6 @@ REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "outpu
                    "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason"]
 # Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
 _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
-STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
-                "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
-                "prefix_hit_tokens", "prefix_query_tokens"]
 
 
 def rejection_summary(req: pd.DataFrame) -> dict:

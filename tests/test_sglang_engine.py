@@ -90,7 +90,7 @@ def test_small_pool_retracts_and_still_finishes():
     recs = res.metrics.requests.values()
     assert all(r.finish_s is not None for r in recs)
     assert sum(r.num_preemptions for r in recs) > 0
-    assert sum(s.num_preemptions for s in res.metrics.steps) == sum(r.num_preemptions for r in recs)
+    assert sum(res.metrics.steps.column("num_preemptions")) == sum(r.num_preemptions for r in recs)
 
 
 @pytest.mark.slow
@@ -99,7 +99,8 @@ def test_sglang_separates_prefill_and_decode_batches_unlike_vllm():
     requests first and fills it with prefill, so its steps mix decode and prefill tokens. SGLang
     runs a new prefill batch on its own (prefill first, decode waits) unless mixed chunk is on."""
     def mixed_steps(res):
-        return sum(1 for s in res.metrics.steps if s.num_prefill_tokens and s.num_decode_tokens)
+        steps = res.metrics.steps
+        return sum(1 for p, d in zip(steps.column("num_prefill_tokens"), steps.column("num_decode_tokens")) if p and d)
 
     vllm = run("vllm", checked=False)
     sglang, sglang_mixed = run("sglang"), run("sglang", mixed=True, checked=False)

@@ -126,9 +126,9 @@ class LockstepGroup:
                 so = None
                 if busy[i]:
                     so = e.scheduler.schedule(now_s=now)
-                    rec, step_rec = e._on_schedule(so, now)
+                    rec, row = e._on_schedule(so, now)
                     mro, t = e.executor.execute(so)
-                    wave.append((e, so, mro, rec, step_rec))
+                    wave.append((e, so, mro, rec, row))
                 if so is not None and so.total_num_scheduled_tokens:
                     any_work = True
                     gpu_s = max(gpu_s, t)
@@ -144,15 +144,15 @@ class LockstepGroup:
                 self.num_waves += 1
             start = max(now + cpu_s, gpu_free_at)
             gpu_free_at = start + gpu_s
-            for *_, step_rec in wave:
-                step_rec.gpu_time_s = gpu_s
+            for e, *_, row in wave:
+                e.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((wave, gpu_free_at))
             while in_flight and (len(in_flight) >= depth or not any_work):
                 wave0, end0 = in_flight.popleft()
                 if end0 > env.now:
                     yield env.timeout(end0 - env.now)
-                for e, so, mro, rec, step_rec in wave0:
-                    e._on_update(so, mro, rec, step_rec)
+                for e, so, mro, rec, row in wave0:
+                    e._on_update(so, mro, rec, row)
             if not any_work and not had_in_flight and any(e.scheduler.has_unfinished_requests() for e in engines):
                 yield env.any_of([e._idle_wait() for e in engines])
 

@@ -1,0 +1,110 @@
+"""The per-step rows of a run, stored by column.
+
+Why columns: an hour-long replay has ~400k steps, most of them applied in bulk by macro-steps
+(simulator/macro_step.py). One object per step cost more to create and to transpose into the
+steps frame than the steps took to simulate; a run of steps here is one `extend` per column, and
+the frame is built from the lists as they are.
+
+A step scheduled one at a time is appended when scheduled and completed at its update
+(`set_gpu_time`, `set_update`), by the row number `append` returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
+                "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
+                "prefix_hit_tokens", "prefix_query_tokens"]
+
+
+class StepTable:
+    """Step rows (STEP_COLUMNS), one list per column, in step order.
+
+    Units: `start_s` when the step was scheduled; `duration_s` schedule to output applied (GPU and
+    CPU time charged to the step); `gpu_time_s` the GPU's share; `kv_usage` the fraction of usable
+    blocks in use after the step was scheduled; `num_running` / `num_waiting` counted after the
+    schedule; `prefix_*_tokens` the prefix-cache lookups applied with the step's output (vLLM's stats).
+    """
+
+    __slots__ = ("step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
+                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
+                 "prefix_hit_tokens", "prefix_query_tokens")
+
+    def __init__(self) -> None:
+        for name in STEP_COLUMNS:
+            setattr(self, name, [])
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def append(self, step: int, start_s: float, num_requests: int, num_prefill_tokens: int,
+               num_decode_tokens: int, kv_usage: float, num_running: int, num_waiting: int,
+               num_preemptions: int) -> int:
+        """A step just scheduled; its times and prefix stats are filled in later. Returns its row."""
+        self.step.append(step)
+        self.start_s.append(start_s)
+        self.duration_s.append(0.0)
+        self.gpu_time_s.append(0.0)
+        self.num_requests.append(num_requests)
+        self.num_prefill_tokens.append(num_prefill_tokens)
+        self.num_decode_tokens.append(num_decode_tokens)
+        self.kv_usage.append(kv_usage)
+        self.num_running.append(num_running)
+        self.num_waiting.append(num_waiting)
+        self.num_preemptions.append(num_preemptions)
+        self.prefix_hit_tokens.append(0)
+        self.prefix_query_tokens.append(0)
+        return len(self.step) - 1
+
+    def set_gpu_time(self, row: int, gpu_time_s: float) -> None:
+        self.gpu_time_s[row] = gpu_time_s
+
+    def set_update(self, row: int, update_s: float, prefix_hit_tokens: int, prefix_query_tokens: int) -> None:
+        """The step's output was applied at update_s (the step's duration ends there)."""
+        self.duration_s[row] = update_s - self.start_s[row]
+        self.prefix_hit_tokens[row] = prefix_hit_tokens
+        self.prefix_query_tokens[row] = prefix_query_tokens
+
+    def extend_decode_run(self, first_step: int, start_s: list[float], duration_s: list[float],
+                          gpu_time_s: list[float], num_requests: int, kv_usage: Iterable[float],
+                          num_running: int, num_waiting: int) -> None:
+        """len(start_s) plain decode steps of num_requests requests each (a macro-step): no prefill
+        tokens, no preemptions, no prefix lookups. duration_s may be one shorter than start_s (the
+        last step's update is still to come: set_update completes it)."""
+        k = len(start_s)
+        self.step.extend(range(first_step, first_step + k))
+        self.start_s.extend(start_s)
+        self.duration_s.extend(duration_s)
+        self.duration_s.extend([0.0] * (k - len(duration_s)))
+        self.gpu_time_s.extend(gpu_time_s)
+        self.num_requests.extend([num_requests] * k)
+        self.num_prefill_tokens.extend([0] * k)
+        self.num_decode_tokens.extend([num_requests] * k)
+        self.kv_usage.extend(kv_usage)
+        self.num_running.extend([num_running] * k)
+        self.num_waiting.extend([num_waiting] * k)
+        self.num_preemptions.extend([0] * k)
+        self.prefix_hit_tokens.extend([0] * k)
+        self.prefix_query_tokens.extend([0] * k)
+
+    def extend(self, other: StepTable) -> None:
+        """Append another table's rows (a cluster's replicas, one after another)."""
+        for name in STEP_COLUMNS:
+            getattr(self, name).extend(getattr(other, name))
+
+    def column(self, name: str) -> list:
+        """One column's values (read only: the table owns the list)."""
+        return getattr(self, name)
+
+    def frame(self) -> pd.DataFrame:
+        """A new steps frame; an empty table gives typed empty columns (int and float, not object)."""
+        if not self.step:
+            return pd.DataFrame({name: pd.Series([], dtype=_EMPTY_DTYPES[name]) for name in STEP_COLUMNS},
+                                columns=STEP_COLUMNS)
+        return pd.DataFrame({name: getattr(self, name) for name in STEP_COLUMNS}, columns=STEP_COLUMNS)
+
+
+_EMPTY_DTYPES = {name: ("float64" if name.endswith("_s") or name == "kv_usage" else "int64") for name in STEP_COLUMNS}
