@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import warnings
+from pathlib import Path
 
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "va
 
 # What the running command wants said if it is interrupted (set by the command, see on_interrupt).
 _interrupt_note: list[str] = []
+_interrupt_folder: list[Path] = []  # the note's folder: published -> the note no longer holds
 
 # Configuration fields the top-level flags set: an error on the field names the flag instead.
 FLAG_OF_FIELD = {"model": "--model", "gpu": "--gpu", "tp": "--tp", "cost_model": "--cost-model",
@@ -85,9 +87,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def on_interrupt(note: str) -> None:
-    """Say `note` (what was kept, how to resume) if the user interrupts the running command."""
+def on_interrupt(note: str, unless_published: str | Path | None = None) -> None:
+    """Say `note` (what was kept, how to resume) if the user interrupts the running command; when
+    the folder `unless_published` was already published (the interrupt came while the command
+    printed its summary), say that it is complete instead."""
     _interrupt_note[:] = [note]
+    _interrupt_folder[:] = [] if unless_published is None else [Path(unless_published)]
 
 
 def _register() -> None:
@@ -117,11 +122,14 @@ def _guarded(fn):
     (typer would print a bare "Aborted!" or nothing); works the same under CliRunner."""
     import typer
 
+    from servesim.simulator.outdir import forget_published
     from servesim.traces.errors import InputError
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         _interrupt_note.clear()
+        _interrupt_folder.clear()
+        forget_published()
         old = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
         try:
             return fn(*args, **kwargs)
@@ -134,7 +142,7 @@ def _guarded(fn):
             raise typer.Exit(1) from None
         except (KeyboardInterrupt, Terminated) as e:
             what = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
-            note = _interrupt_note[0] if _interrupt_note else "nothing was written"
+            note = _interrupt_message()
             typer.secho(f"\n{what}: {note}", fg="yellow", err=True)
             raise typer.Exit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
         finally:
@@ -145,6 +153,17 @@ def _guarded(fn):
 
                 gc.unfreeze()
     return run
+
+
+def _interrupt_message() -> str:
+    """What an interrupt leaves: the command's note, unless the folder it speaks of was published
+    before the interrupt (then complete)."""
+    from servesim.simulator.outdir import published_folders
+
+    done = {p.resolve() for p in published_folders()}
+    if _interrupt_folder and _interrupt_folder[0].resolve() in done:
+        return f"{_interrupt_folder[0]}/ is complete (it was written before the interrupt)"
+    return _interrupt_note[0] if _interrupt_note else "nothing was written"
 
 
 def _main_thread() -> bool:

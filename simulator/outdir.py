@@ -199,6 +199,21 @@ def _remove_empty_tree(top: Path) -> None:
         top.rmdir()
 
 
+# Folders publish_dir completed since forget_published(): a Ctrl-C that lands after a command
+# published its results (while it prints its summary) must say they are complete, not "nothing
+# was written" (servesim/cli.py's interrupt note).
+_published: list[Path] = []
+
+
+def published_folders() -> list[Path]:
+    """The folders published since the last forget_published(), in order."""
+    return list(_published)
+
+
+def forget_published() -> None:
+    _published.clear()
+
+
 def publish_dir(tmp: Path, out_dir: Path) -> None:
     """Move a finished staging folder to out_dir, replacing an older result (checked with
     check_output) only at the end. An empty folder is replaced by the rename itself."""
@@ -206,9 +221,11 @@ def publish_dir(tmp: Path, out_dir: Path) -> None:
         old = make_staging(out_dir)
         os.replace(out_dir, old / "previous")
         os.replace(tmp, out_dir)
+        _published.append(out_dir)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out_dir)
+        _published.append(out_dir)
 
 
 @contextlib.contextmanager

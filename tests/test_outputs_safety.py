@@ -349,7 +349,11 @@ def test_tables_keep_every_column_without_a_terminal(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_interrupted_replay_says_what_was_kept_and_leaves_nothing(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "servesim", "replay", "--rate-scale", "4", "--out", "runs/r"],
+    # A workload that simulates for many seconds step by step, so the interrupt lands mid-simulation
+    # (the bundled sample now replays in about a second).
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "replay", "--dataset-name", "random",
+                             "--num-prompts", "20000", "--request-rate", "50", "--no-macro-steps",
+                             "--out", "runs/r"],
                             cwd=tmp_path, env={**ENV, "SERVESIM_PROGRESS_EVERY_S": "0.5"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -364,3 +368,24 @@ def test_interrupted_replay_says_what_was_kept_and_leaves_nothing(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted: nothing was written to runs/r/" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()  # no lock, no staging, not even the parent it created
+
+
+def test_interrupt_after_publishing_says_the_results_are_complete(tmp_path, monkeypatch):
+    """Ctrl-C while the summary prints, after the folder was published: the note names the folder
+    as complete instead of claiming nothing was written."""
+    from typer.testing import CliRunner
+
+    import servesim.running as running
+    from servesim.cli import _register, app
+
+    _register()  # the commands, as main() registers them
+
+    def interrupted(_requests):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(running, "warn_rejected", interrupted)  # runs after write_results
+    out = tmp_path / "r"
+    res = CliRunner().invoke(app, ["replay", "--max-requests", "20", "--out", str(out)])
+    assert res.exit_code == 130, res.output
+    assert f"interrupted: {out}/ is complete (it was written before the interrupt)" in res.output
+    assert result_kind(out) == "replay" and (out / "summary.json").is_file()

@@ -57,7 +57,7 @@ def cluster_command(
     err.print(f"cluster: {cfg.num_replicas} replica(s), {cfg.num_gpus} GPU(s), router {cfg.router.name}"
               f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
     on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
-                 "run the same command again to start over")
+                 "run the same command again to start over", unless_published=out)
     freeze_startup_objects()
     with claim_output(out, overwrite=overwrite):
         res = run_cluster(cfg, wl)

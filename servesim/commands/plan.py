@@ -49,7 +49,7 @@ def plan_command(
                       f"{row['goodput_fraction']:.1%} {tag} ({row['wall_s']:.1f} s)")
 
     on_interrupt(f"nothing was written to {out}/ (results are written when the search finishes); "
-                 "run the same command again to start over")
+                 "run the same command again to start over", unless_published=out)
     cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
     with staged_output(out, "plan", overwrite=overwrite) as tmp:
         df = search(plan, wl, progress)

@@ -125,7 +125,7 @@ def replay(
             err.print(f"[yellow]note:[/] {note}", highlight=False)
         exe = make_gpu_executor(cfg, device=device, clock=clock, sampling=sampling)
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
-                 "a partial replay is not kept); run the same command again to start over")
+                 "a partial replay is not kept); run the same command again to start over", unless_published=out)
     freeze_startup_objects()
     with progress_reporter(err, len(wl.requests)) as progress:
         res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
