@@ -223,6 +223,8 @@ class Engine(MacroStepMixin):
                 if delays_s is not None:
                     for delay_s in delays_s:
                         yield env.timeout(delay_s)
+                    if len(in_flight) == depth:  # the run ended with a tail step (macro_step.py)
+                        yield from self._apply_oldest(in_flight)
                     continue
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
@@ -240,15 +242,19 @@ class Engine(MacroStepMixin):
             self.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
-                so0, mro0, end0, rec0, step0 = in_flight.popleft()
-                if end0 > env.now:
-                    yield env.timeout(end0 - env.now)
-                self._on_update(so0, mro0, rec0, step0)
+                yield from self._apply_oldest(in_flight)
             if (so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids and not had_in_flight
                     and idle_is_stable and sched.has_unfinished_requests()):
                 # Nothing ran and nothing changed: the same schedule() would decide the same nothing
                 # again at this instant.
                 yield self._idle_wait()
+
+    def _apply_oldest(self, in_flight: deque):
+        """Wait for the oldest in-flight step's GPU end, then apply its output (a generator)."""
+        so, mro, end_s, rec, row = in_flight.popleft()
+        if end_s > self.env.now:
+            yield self.env.timeout(end_s - self.env.now)
+        self._on_update(so, mro, rec, row)
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _on_schedule(self, so, now: float) -> tuple[dict | None, int]:

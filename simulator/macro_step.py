@@ -22,6 +22,12 @@ Sync loop (nothing in flight): k x (schedule, update). Async loop (one step S in
 the first step of the run, apply S's real update, then k-1 x (schedule, update of the previous
 step); the run's last step stays in flight with a SchedulerOutput and ModelRunnerOutput shaped for
 update_from_output, so the stepping loop resumes exactly where plain stepping would be.
+
+Async tail: when the next update would meet the arrival, the step the loop schedules before it
+(at the last update time, before the arrival) is still a plain decode step. The run schedules it
+too ("tail step") and leaves two steps in flight; the loop then applies the older one's update
+at its end, after the arrival, exactly as stepping does. Alone (the in-flight step's own update
+already meets the arrival) the tail is a one-step macro-step: each arrival saves a schedule().
 Where a macro-step cannot be exact the engine steps; `macro_fallback_reason` says why (docs/ARCHITECTURE.md).
 """
 
@@ -84,7 +90,8 @@ class MacroStepMixin:
         sched = self.scheduler
         num_in_flight = len(in_flight)
         if num_in_flight and not self._first_update_s(now) < self._next_arrival_s:
-            return None  # the run's first update (the in-flight step's) would already meet the arrival
+            # the run's first update (the in-flight step's) would already meet the arrival
+            return [] if self._tail_step(now, in_flight, None) else None
         k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight)
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
@@ -106,11 +113,49 @@ class MacroStepMixin:
                 break
         if len(tl[0]) < 2:
             return None
-        if num_in_flight:
-            resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl)
-        else:
-            resume_s = self._macro_sync(reqs, ctx0, gpu, *tl)
+        if not num_in_flight:
+            return exact_delays(now, self._macro_sync(reqs, ctx0, gpu, *tl))
+        resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl)
+        j = len(tl[0])  # the step the loop schedules at resume_s, priced when the run stopped short
+        if j < len(gpu) and resume_s < self._deadline_s():
+            self._tail_step(resume_s, in_flight, gpu[j])
         return exact_delays(now, resume_s)
+
+    def _tail_step(self, t: float, in_flight, gpu_s: float | None) -> bool:
+        """Schedule the async loop's next step, due at t (before the next arrival; nothing in the
+        loop happens between), as the stepping loop would, and leave it in flight behind the
+        step already there; False (nothing done) unless it is provably plain. The scheduler is in
+        the loop-top state of time t (a run just applied is complete); gpu_s is the step's price
+        when the run already has it (same contexts)."""
+        sched = self.scheduler
+        if (sched.decode_run_horizon(1, 1) < 1 or self.num_steps + 1 > self._stall_step
+                or t > self._stall_s or not t < self._deadline_s()):
+            return False
+        reqs = sched.decode_run_requests()
+        ids, n = [r.request_id for r in reqs], len(reqs)
+        ctx = [r.num_computed_tokens for r in reqs]  # the run (if any) already advanced them
+        if gpu_s is None:
+            (gpu_s,) = self.executor.decode_step_times_s(ctx, 1)
+        finished = sched.finished_req_ids
+        free_after, _ = sched.schedule_decode_steps(reqs, 1, [], t)
+        tokens = self.executor.sample_decode_run(ids, ctx, 1, finished)
+        running, waiting = sched.get_request_counts()
+        steps = self.metrics.steps
+        row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(free_after[0]),
+                           running, waiting, 0)
+        self.num_steps += 1
+        self.num_macro_steps += 1
+        self._arrived_since_step = []
+        end = max(t + self.cpu.step_s(n, n), self._gpu_free_at) + gpu_s  # the loop's start + GPU time
+        steps.set_gpu_time(row, gpu_s)
+        mro = self.executor.decode_step_output(ids, [tok[0] for tok in tokens])
+        in_flight.append((sched.decode_step_output(reqs), mro, end, None, row))
+        self._gpu_free_at = end
+        self._macro_until_s = max(self._macro_until_s, t)
+        return True
+
+    def _deadline_s(self) -> float:
+        return self._deadlines[0][0] if self._deadlines else math.inf
 
     def _finishes_stay_inside(self) -> bool:
         """A request finishing inside the run (async: the in-flight step's update) must not set
@@ -144,7 +189,7 @@ class MacroStepMixin:
         the later ones `later_s`."""
         cpu_s = self.cpu.step_s(n, n)
         arrival_s = self._next_arrival_s
-        deadline_s = self._deadlines[0][0] if self._deadlines else float("inf")
+        deadline_s = self._deadline_s()
         free_at = self._gpu_free_at
         pending = free_at  # async: end of the step the next update applies
         t = now
