@@ -107,8 +107,9 @@ def find_experiment(path: str | Path, experiment: str) -> BlisExperiment:
 
 def blis_workload(exp: BlisExperiment) -> tuple[Workload, np.ndarray]:
     """inference-perf's shared_prefix profile (traces/bench.py): constant-rate arrivals per stage
-    (1/rate apart); users take turns round-robin, each keeping one of the shared system prompts (the
-    prefix-cache group). Returns the workload and each request's stage index."""
+    (1/rate apart); users take turns round-robin, each re-sending one fixed prompt (its group's
+    shared system prompt + its own question), so repeat requests hit the prefix cache. Returns the
+    workload and each request's stage index."""
     stages = tuple(StageConfig(st.duration_s, st.rate_per_s) for st in exp.stages)
     bench = BenchConfig(dataset_name="shared_prefix", num_prompts=sum(
                             int(round(st.duration_s * st.rate_per_s)) for st in exp.stages),
