@@ -47,8 +47,9 @@ def test_shared_prefix_stages_are_evenly_spaced_and_cycle_users():
     assert len(times) == 20 + 20 and times[:3] == [0.0, 0.5, 1.0] and times[20:23] == [10.0, 10.25, 10.5]
     groups = [r.prefix_group for r in wl.requests[:7]]
     assert groups == [0, 0, 0, 1, 1, 1, 0]
-    a, b, c = (wl.requests[i].token_ids() for i in (0, 1, 3))
+    a, b, c, a2 = (wl.requests[i].token_ids() for i in (0, 1, 3, 6))
     assert a[:64] == b[:64] and a[:64] != c[:64] and a[64:] != b[64:]
+    assert a2 == a  # inference-perf re-sends each user's prompt: request 6 is user 0 again
 
 
 def test_same_seed_same_workload_and_bad_flags_are_named():

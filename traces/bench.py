@@ -13,8 +13,9 @@ prefix sharing and seeding are the ones every other synthetic workload uses:
 - `sonnet`: vllm bench's sonnet shape: a `--sonnet-prefix-len` prefix shared by every request, a
   `--sonnet-input-len` prompt and a fixed `--sonnet-output-len`;
 - `shared_prefix`: inference-perf's profile: `num_groups` system prompts of `system_prompt_len`
-  tokens, each shared by `users_per_group` users; a request is a system prompt + a `question_len`
-  question, output `output_len`; requests cycle through the users in order.
+  tokens, each shared by `users_per_group` users; a request is its user's system prompt + that
+  user's `question_len` question (the same every time the user comes round), output `output_len`;
+  requests cycle through the users in order.
 
 Arrivals follow vllm bench: the first request at t = 0, then gamma-distributed gaps with shape
 `burstiness` and mean 1/`request_rate` (burstiness 1 is Poisson); `request_rate = inf` sends every
@@ -170,11 +171,16 @@ def bench_workload(cfg: BenchConfig, rng: np.random.Generator | None = None) -> 
 
 
 def _with_system_prompt(spec: RequestSpec, index: int, cfg: BenchConfig) -> RequestSpec:
-    """Request `index` goes to user index mod (groups x users); its group's prompt comes first."""
+    """Request `index` goes to user index mod (groups x users): its group's system prompt, then the
+    user's own question. inference-perf draws one question per user and re-sends that same prompt
+    every time the user comes round (shared_prefix_datagen.py: `prompts[data_index % len(prompts)]`;
+    its multi-turn mode accumulates no context either, as BLIS's replays of real runs found), so the
+    question tokens come from a stream keyed by the user (`session_id`) and a user's later requests
+    hit the prefix cache up to their last full block, not only over the system prompt."""
     user = index % (cfg.num_groups * cfg.users_per_group)
     group = user // cfg.users_per_group
     return replace(spec, prompt_len=cfg.system_prompt_len + cfg.question_len, prefix_group=group,
-                   prefix_len=cfg.system_prompt_len, session_id=None)
+                   prefix_len=cfg.system_prompt_len, session_id=f"shared-prefix-user-{user}")
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:

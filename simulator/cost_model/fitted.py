@@ -19,6 +19,7 @@ from servesim.traces.errors import InputError
 
 from ..specs import resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model
+from .cudagraph import check_capture_sizes, padded_tokens
 from .interp import Curve, NestedGrid
 
 _ONE_EQ = (1).__eq__
@@ -39,7 +40,7 @@ class FittedCostModel:
 
     __slots__ = ("name", "data", "model", "gpu", "tp", "_layers", "_dense", "_tok", "_rows",
                  "_ar", "_ar_bytes_per_tok", "_attn_kind", "_attn", "_attn_decode", "_prefix_axis",
-                 "_coef", "_skew_alpha")
+                 "_coef", "_skew_alpha", "_graph_sizes")
 
     def __init__(self, data: dict[str, Any]) -> None:
         if data.get("format") != FORMAT or data.get("version") != VERSION:
@@ -55,6 +56,7 @@ class FittedCostModel:
         self._rows = self._combine(ops, "rows")
         self._ar = Curve.from_dict(data["allreduce"]["curve"]) if data.get("allreduce") else None
         self._coef = data.get("step_regression")
+        self._graph_sizes: tuple[int, ...] = ()  # vLLM CUDA-graph capture sizes; () = no padding
         self._load_attention(data.get("attention") or {"kind": "none"})
 
     @staticmethod
@@ -106,6 +108,15 @@ class FittedCostModel:
                              f"this model's attention is '{self._attn_kind}'", field="skew_alpha")
         self._skew_alpha = alpha
 
+    @property
+    def cudagraph_capture_sizes(self) -> tuple[int, ...]:
+        return self._graph_sizes
+
+    def set_cudagraph_sizes(self, sizes) -> None:
+        """Pad each step's token count to vLLM's next CUDA-graph capture size for the
+        token-parallel ops (cost_model/cudagraph.py); empty or None turns padding off."""
+        self._graph_sizes = check_capture_sizes(sizes)
+
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
         tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
@@ -118,13 +129,16 @@ class FittedCostModel:
             layer = self._mixed_attention_s(shape, npf, pc, cc, nd, kd)
         else:
             layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
+        # GEMMs, norms, activation and all-reduce run on the graph's padded batch; attention and
+        # the sampled rows only on the real requests.
+        graph = padded_tokens(self._graph_sizes, tokens) if self._graph_sizes else tokens
         if self._dense is not None:
-            layer += self._dense(tokens)
+            layer += self._dense(graph)
         if self._ar is not None:
-            layer += 2.0 * self._ar(tokens * self._ar_bytes_per_tok)
+            layer += 2.0 * self._ar(graph * self._ar_bytes_per_tok)
         total = self._layers * layer
         if self._tok is not None:
-            total += self._tok(tokens)
+            total += self._tok(graph)
         if shape.num_sampled and self._rows is not None:
             total += self._rows(shape.num_sampled)
         return total
@@ -224,7 +238,7 @@ class FittedCostModel:
 def make_profiled(model: Any = None, gpu: Any = None, tp: int | None = None,
                   path: str | Path | None = None, **params: Any) -> FittedCostModel:
     """Load a fitted file; model/gpu/tp, when given, must match what it was fitted for."""
-    check_params("profiled", params, {"skew_alpha"})
+    check_params("profiled", params, {"skew_alpha", "cudagraph_capture_sizes"})
     if path is None:
         raise InputError("the profiled cost model needs path=<fitted .json from `servesim fit`>",
                          field="path")
@@ -238,4 +252,5 @@ def make_profiled(model: Any = None, gpu: Any = None, tp: int | None = None,
                              path=str(path), field=key)
     if params.get("skew_alpha") is not None:
         fitted.set_skew_alpha(params["skew_alpha"])
+    fitted.set_cudagraph_sizes(params.get("cudagraph_capture_sizes"))
     return fitted

@@ -22,6 +22,7 @@ import pandas as pd
 
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.simulator.bench_metrics import completed_mask
+from servesim.simulator.cost_model.cudagraph import default_capture_sizes
 from servesim.simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.frontend import FrontendConfig
@@ -106,8 +107,9 @@ def find_experiment(path: str | Path, experiment: str) -> BlisExperiment:
 
 def blis_workload(exp: BlisExperiment) -> tuple[Workload, np.ndarray]:
     """inference-perf's shared_prefix profile (traces/bench.py): constant-rate arrivals per stage
-    (1/rate apart); users take turns round-robin, each keeping one of the shared system prompts (the
-    prefix-cache group). Returns the workload and each request's stage index."""
+    (1/rate apart); users take turns round-robin, each re-sending one fixed prompt (its group's
+    shared system prompt + its own question), so repeat requests hit the prefix cache. Returns the
+    workload and each request's stage index."""
     stages = tuple(StageConfig(st.duration_s, st.rate_per_s) for st in exp.stages)
     bench = BenchConfig(dataset_name="shared_prefix", num_prompts=sum(
                             int(round(st.duration_s * st.rate_per_s)) for st in exp.stages),
@@ -135,7 +137,12 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
         from servesim.simulator.cost_model.calibrated import find_calibrated
 
         name = "calibrated" if find_calibrated(spec.name, exp.gpu, exp.tp) else "roofline"
-    cm = CostModelConfig(name=name, cpu_overhead=cpu_overhead_preset(cpu_overhead))
+    # vLLM 0.15 serves with CUDA graphs (-O2): steps run padded to its default capture sizes for
+    # this max_num_seqs / max_num_batched_tokens. Only the fitted models price the padding.
+    graphs = default_capture_sizes(exp.max_num_seqs, exp.max_num_batched_tokens) \
+        if name in ("calibrated", "profiled") else ()
+    cm = CostModelConfig(name=name, cpu_overhead=cpu_overhead_preset(cpu_overhead),
+                         params={"cudagraph_capture_sizes": list(graphs)} if graphs else {})
     cfg = SimConfig(
         hardware=HardwareConfig(model=spec.name, gpu=exp.gpu, tp=exp.tp),
         scheduler=SchedulerConfig(max_num_seqs=exp.max_num_seqs,
@@ -148,6 +155,7 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
         client=ClientConfig(timeout_s=client_timeout_s))
     return cfg, {"model": spec.name, "weight_dtype": spec.weight_dtype, "gpu": exp.gpu,
                  "tp": exp.tp, "cost_model": name, "num_gpu_blocks": exp.num_gpu_blocks,
+                 "cudagraph_max_size": graphs[-1] if graphs else None,
                  "frontend": frontend, "client_timeout_s": client_timeout_s}
 
 

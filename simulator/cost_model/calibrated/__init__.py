@@ -89,11 +89,13 @@ def load_calibrated(model: Any, gpu: Any, tp: int = 1):
 def make_calibrated(model: Any = None, gpu: Any = None, tp: int | None = None,
                     **params: Any):
     """The shipped profiled fit for the run's (model, gpu, tp); ``skew_alpha=`` overrides the
-    measured decode-skew factor (0 turns the correction off)."""
-    check_params("calibrated", params, {"skew_alpha"})
+    measured decode-skew factor (0 turns the correction off); ``cudagraph_capture_sizes=`` pads
+    each step to vLLM's next CUDA-graph size (cost_model/cudagraph.py; default: no padding)."""
+    check_params("calibrated", params, {"skew_alpha", "cudagraph_capture_sizes"})
     if model is None or gpu is None:
         raise InputError("the calibrated cost model needs model= and gpu=", field="cost_model")
     fitted = load_calibrated(model, gpu, 1 if tp is None else tp)
     if params.get("skew_alpha") is not None:
         fitted.set_skew_alpha(params["skew_alpha"])
+    fitted.set_cudagraph_sizes(params.get("cudagraph_capture_sizes"))
     return fitted
