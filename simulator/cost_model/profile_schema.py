@@ -31,11 +31,14 @@ COLUMNS: dict[str, str] = {
     "num_heads": "Int64",  # attention query heads on one GPU
     "num_kv_heads": "Int64",  # attention KV heads on one GPU
     "head_dim": "Int64",
-    "bytes": "Int64",  # all-reduce message size, bytes
+    "bytes": "Int64",  # collective message size, bytes (all-gather: the gathered output)
     # attn_mixed only: measured decode-skew blend factor alpha of this attention table, so that a
     # batch of unequal decode contexts costs t(mean) + alpha * (t(max) - t(mean)); NA = not measured
     "skew_alpha": "float64",
     "latency_s": "float64",  # seconds per call (per layer for per-layer ops)
+    # collectives only, optional: nccl-tests' algorithm and bus bandwidth (GB/s = 1e9 B/s) of the row
+    "algbw_gb_s": "float64",
+    "busbw_gb_s": "float64",
     "dtype": "string",  # "bf16", "fp16", "fp8", ... (KV-cache dtype for attention rows)
     "kernel": "string",  # kernel / backend label from the source
     "device": "string",  # device label as the source wrote it
@@ -64,6 +67,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "attn_decode": ("layer", ("batch_size", "context_len")),
     "attn_mixed": ("layer", ("chunk_len", "prefix_len", "batch_size", "context_len")),
     "allreduce": ("layer", ("bytes", "tp")),  # one call; a layer makes two under TP
+    "allgather": ("model", ("bytes", "tp")),  # vocab-parallel logits under TP; no cost model reads it yet
     "model_prefill": ("step", ("batch_size", "chunk_len")),
     "model_decode": ("step", ("batch_size", "context_len")),
 }

@@ -3,8 +3,9 @@
 Run on the serving machine, e.g. ``all_reduce_perf -b 1K -e 256M -f 2 -g 2 -d bfloat16 > ar.txt``
 (github NVIDIA/nccl-tests), then ``servesim fit ar.txt <kernel profiles> ...``: the fitted model's
 all-reduce curve is then this host's, P2P topology and all. Rows: message ``size`` in bytes, the
-out-of-place ``time`` in µs; the group size is the number of ``#  Rank`` lines, the device the
-name on the first of them. The element type is not kept (an all-reduce's time follows its bytes).
+out-of-place ``time`` in µs and its ``algbw`` / ``busbw`` (GB/s); the group size is the number of
+``#  Rank`` lines, the device the name on the first of them. The element type is not kept (an
+all-reduce's time follows its bytes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from . import gpu_label, register_importer
 
 _RANK = re.compile(r"^#\s+Rank\s+\d+.*?\]\s+(?P<device>.+?)\s*$")
 _ROW = re.compile(r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
-                  r"(?P<time>[\d.]+)\s")
+                  r"(?P<time>[\d.]+)(?:\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+))?\s")
 
 
 def _text(path: Path) -> str:
@@ -53,8 +54,13 @@ def import_nccl_tests(path: Path) -> pd.DataFrame:
     return make_profile([{
         "source": "nccl-tests", "gpu": gpu_label(device), "model": "", "tp": len(devices),
         "op": "allreduce", "bytes": int(r["size"]), "latency_s": float(r["time"]) * 1e-6,
+        "algbw_gb_s": _float(r["algbw"]), "busbw_gb_s": _float(r["busbw"]),
         "kernel": "nccl-tests all_reduce_perf (out-of-place)", "device": device,
         "framework": "nccl-tests", "path": str(path)} for r in rows])
+
+
+def _float(text: str | None) -> float | None:
+    return None if text is None else float(text)
 
 
 def host_allreduce_rows(path: str | Path, gpu: str) -> list[dict]:
