@@ -12,6 +12,7 @@ elapses before the decision), so no request is ever "in flight" to a replica uns
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,19 +36,37 @@ class Decision:
 
 
 class Router:
-    """Base class: subclasses implement `choose`."""
+    """Base class: subclasses implement `choose`.
+
+    Two optional proofs let a cluster replica's macro-steps run past arrivals (docs/ARCHITECTURE.md,
+    "Macro-steps"). Both are about the coming decisions of the arrival sequence `upcoming` (every
+    request in arrival order; `first` is the index of the next one to be routed) and both must be
+    exact: a claim that is wrong makes the run differ from plain stepping (or raise)."""
 
     name = "router"
+    # True: any decision may read any candidate's state, so arrivals_unread is never asked and every
+    # arrival bounds every replica's runs. A router that reads only some candidates sets False.
+    reads_all_candidates = True
 
     def choose(self, spec: RequestSpec, candidates: Sequence[Replica], now_s: float) -> Decision:
         raise NotImplementedError
 
-    def arrivals_elsewhere(self, candidate: int, load: int, candidates: Sequence[Replica]) -> int:
+    def arrivals_elsewhere(self, candidate: int, load: int, candidates: Sequence[Replica],
+                           upcoming: Sequence[RequestSpec], first: int) -> int:
         """How many of the coming decisions provably pick another candidate than `candidate`,
         given that its num_outstanding stays >= load and that no other candidate's load grows
-        except by these decisions. Lets that replica's macro-steps run past those arrivals, so
+        except by these decisions; each of them must also decide the same (candidate, reason and
+        score) whatever that load is. Lets that replica's macro-steps run past those arrivals, so
         a router may claim a count only if its decisions read nothing of that replica but the
         load (no KV usage, no prefix cache: those change mid-run). 0: no claim (the default)."""
+        return 0
+
+    def arrivals_unread(self, candidate: int, candidates: Sequence[Replica],
+                        upcoming: Sequence[RequestSpec], first: int) -> int:
+        """How many of the coming decisions provably neither pick `candidate` nor read anything of
+        it, whatever its state (asked only when reads_all_candidates is False). Until the first
+        other one nothing outside depends on that replica, so the cluster announces that
+        decision's time as the replica's next arrival. 0: no claim."""
         return 0
 
 
@@ -97,8 +116,13 @@ class RoundRobin(Router):
         self._next += 1
         return Decision(i, "round_robin")
 
-    def arrivals_elsewhere(self, candidate, load, candidates):
-        return (candidate - self._next) % len(candidates)  # reads nothing of any replica
+    reads_all_candidates = False  # reads nothing of any replica
+
+    def arrivals_elsewhere(self, candidate, load, candidates, upcoming, first):
+        return (candidate - self._next) % len(candidates)
+
+    def arrivals_unread(self, candidate, candidates, upcoming, first):
+        return (candidate - self._next) % len(candidates)
 
 
 @register_router("least_outstanding")
@@ -111,16 +135,21 @@ class LeastOutstanding(Router):
         i = _least([(n,) for n in loads])
         return Decision(i, "least_load", float(loads[i]))
 
-    def arrivals_elsewhere(self, candidate, load, candidates):
-        # `candidate` wins a decision only once every lower-index replica holds more than `load`
-        # and every higher-index one at least `load` (ties go to the lowest index). Loads fall
-        # only by finishes and rise only by these decisions, one request each: count the
-        # requests the others must receive first.
-        need = 0
-        for j, c in enumerate(candidates):
-            if j != candidate:
-                need += max(0, load + (j < candidate) - c.engine.num_outstanding)
-        return need
+    def arrivals_elsewhere(self, candidate, load, candidates, upcoming, first):
+        return requests_before_win(candidate, load, candidates)
+
+
+def requests_before_win(candidate: int, load: int, candidates: Sequence[Replica]) -> int:
+    """How many requests the other candidates must receive before least_outstanding can pick
+    `candidate` while its load stays >= load: it wins only once every lower-index candidate holds
+    more than `load` and every higher-index one at least `load` (ties go to the lowest index).
+    Loads fall only by finishes and rise only by decisions, one request each. Whatever the
+    candidate's load (>= load), a decision that does not pick it picks the same other candidate
+    with the same score (the minimum of the others' loads)."""
+    loads = [c.engine.num_outstanding for c in candidates]
+    # Sum of the shortfalls; the candidate's own term (load - load = 0) adds nothing.
+    need = sum([load + 1 - n for n in loads[:candidate] if n <= load])
+    return need + sum([load - n for n in loads[candidate + 1:] if n < load])
 
 
 @register_router("least_kv")
@@ -159,14 +188,68 @@ class SessionAffinity(Router):
     """Every turn of a session goes to crc32(session_id) mod N (stable across runs and machines,
     unlike Python's salted hash); requests without a session go to the least outstanding."""
 
+    reads_all_candidates = False  # a session's turn reads nothing; only the fallback reads loads
+
     def __init__(self, rng: np.random.Generator) -> None:
         self._fallback = LeastOutstanding(rng)
+        self._pins: _SessionPins | None = None  # the arrival sequence's targets, for the proofs
 
     def choose(self, spec, candidates, now_s):
         if spec.session_id is None:
             d = self._fallback.choose(spec, candidates, now_s)
             return Decision(d.candidate, "no_session", d.score)
-        return Decision(zlib.crc32(spec.session_id.encode()) % len(candidates), "session_hash")
+        return Decision(_session_target(spec.session_id, len(candidates)), "session_hash")
+
+    def _pins_of(self, upcoming: Sequence[RequestSpec], n: int) -> _SessionPins:
+        if self._pins is None or self._pins.upcoming is not upcoming or self._pins.n != n:
+            self._pins = _SessionPins(upcoming, n)
+        return self._pins
+
+    def arrivals_unread(self, candidate, candidates, upcoming, first):
+        # Up to the next turn pinned here or the next request without a session (which reads loads).
+        pins = self._pins_of(upcoming, len(candidates))
+        return min(pins.next_pinned(candidate, first), pins.next_unpinned(first)) - first
+
+    def arrivals_elsewhere(self, candidate, load, candidates, upcoming, first):
+        # Turns pinned elsewhere never come here. A request without a session goes to the least
+        # outstanding, which can be this candidate only once the others received the requests
+        # least_outstanding's proof counts; every decision before it (all elsewhere) is one of them.
+        pins = self._pins_of(upcoming, len(candidates))
+        pinned, unpinned = pins.next_pinned(candidate, first), pins.next_unpinned(first)
+        if unpinned < pinned:
+            unpinned = pins.next_unpinned(first + requests_before_win(candidate, load, candidates))
+        return min(pinned, unpinned) - first
+
+
+def _session_target(session_id: str, n: int) -> int:
+    return zlib.crc32(session_id.encode()) % n
+
+
+class _SessionPins:
+    """Where session_affinity sends each request of an arrival sequence over n candidates: the
+    indices of each candidate's pinned turns and of the requests without a session, for bisection."""
+
+    def __init__(self, upcoming: Sequence[RequestSpec], n: int) -> None:
+        self.upcoming, self.n = upcoming, n
+        self._pinned: list[list[int]] = [[] for _ in range(n)]
+        self._unpinned: list[int] = []
+        for i, spec in enumerate(upcoming):
+            if spec.session_id is None:
+                self._unpinned.append(i)
+            else:
+                self._pinned[_session_target(spec.session_id, n)].append(i)
+
+    def next_pinned(self, candidate: int, first: int) -> int:
+        """Index of the first turn at or after `first` pinned to candidate (len(upcoming): none)."""
+        return _next_at(self._pinned[candidate], first, len(self.upcoming))
+
+    def next_unpinned(self, first: int) -> int:
+        return _next_at(self._unpinned, first, len(self.upcoming))
+
+
+def _next_at(indices: list[int], first: int, end: int) -> int:
+    k = bisect.bisect_left(indices, first)
+    return indices[k] if k < len(indices) else end
 
 
 @register_router("prefix_aware")
