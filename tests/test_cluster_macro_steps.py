@@ -55,11 +55,12 @@ def test_cluster_macro_steps_identical(router, async_):
 
 
 @pytest.mark.parametrize("router,fraction", [("least_outstanding", 0.6), ("round_robin", 0.9),
-                                             ("session_affinity", 0.75)])
+                                             ("session_affinity", 0.75), ("jsq_power_of_two", 0.8)])
 def test_runs_cross_arrivals_that_go_elsewhere(router, fraction):
     """With many replicas most arrivals go elsewhere: a replica's runs are not cut by each of them.
-    Routers that read only the replica they pick (round_robin, session_affinity's pinned turns) let
-    even a run's first update pass the others' arrivals (0.86 and 0.51 when every arrival bounded it)."""
+    Routers that read only some replicas (round_robin, session_affinity's pinned turns, the pair
+    jsq_power_of_two draws) let even a run's first update pass the others' arrivals (0.86, 0.51 and
+    0.46 when every arrival bounded it)."""
     wl = _mixed_workload(100, 50.0, seed=5) if router == "session_affinity" else _workload(200, 100.0, seed=5)
     cluster = Cluster(_config(router, True, True, 16), wl)
     res = cluster.run()
@@ -99,3 +100,28 @@ def test_session_affinity_proofs():
     # At load >= 5 the others must take 4 requests first, r2 comes after 2: elsewhere; r4 is pinned here.
     assert router.arrivals_elsewhere(0, 5, cands, seq, 0) == 4
     assert router.arrivals_elsewhere(2, 9, cands, seq, 2) == 3  # r5 pinned to 2; r2 needs 14 first
+
+
+def test_jsq_foresees_the_pairs_it_draws():
+    """jsq_power_of_two's proof draws the coming pairs from a copy of the shared Generator; choose()
+    draws the same ones, and refuses to go on if someone else drew in between."""
+    from servesim.simulator.cluster.routers import PowerOfTwo
+
+    class Stub:
+        def __init__(self, load):
+            self.engine = type("E", (), {"num_outstanding": load})()
+
+    cands = [Stub(i) for i in range(8)]
+    seq = list(_workload(50, 10.0, seed=1).requests)
+    rng = np.random.default_rng(7)
+    router = PowerOfTwo(rng)
+    k = router.arrivals_unread(3, cands, seq, 0)
+    reference = PowerOfTwo(np.random.default_rng(7))
+    picks = [reference.choose(seq[i], cands, 0.0) for i in range(k + 1)]
+    assert all(3 not in (int(p.reason[4]), int(p.reason[6])) for p in picks[:k])
+    assert k == len(seq) or 3 in (int(picks[k].reason[4]), int(picks[k].reason[6]))
+    assert [router.choose(seq[i], cands, 0.0) for i in range(k + 1)] == picks
+    router.arrivals_unread(3, cands, seq, k + 1)
+    rng.random()  # another reader of the shared Generator
+    with pytest.raises(AssertionError):
+        router.choose(seq[k + 1], cands, 0.0)

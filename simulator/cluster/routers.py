@@ -13,7 +13,9 @@ elapses before the decision), so no request is ever "in flight" to a replica uns
 from __future__ import annotations
 
 import bisect
+import copy
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -71,6 +73,7 @@ class Router:
 
 
 RouterFactory = Callable[..., Router]
+_MAX_LOOKAHEAD = 4096  # decisions a router draws ahead for a proof (bounds its memory and work)
 # Built-ins are below (and vllm_dp in dp.py); every module of simulator/cluster/ is imported on the
 # first lookup, so a new router is one new file there.
 ROUTERS: Registry[RouterFactory] = Registry("router", plugins="servesim.simulator.cluster")
@@ -170,17 +173,49 @@ class LeastKv(Router):
 class PowerOfTwo(Router):
     """Join the shorter queue of two replicas drawn without replacement from the shared Generator."""
 
+    reads_all_candidates = False  # a decision reads only the two drawn
+
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
+        # The coming decisions' pairs, drawn ahead from a copy of the Generator (arrivals_unread);
+        # choose() still draws from the shared one and checks it drew the pair foreseen.
+        self._ahead: deque[tuple[int, int]] = deque()
+        self._peek: np.random.Generator | None = None
+
+    def _draw(self, rng: np.random.Generator, n: int) -> tuple[int, int]:
+        a, b = sorted(int(x) for x in rng.choice(n, size=2, replace=False))
+        return a, b
 
     def choose(self, spec, candidates, now_s):
         n = len(candidates)
         if n == 1:
             return Decision(0, "only", float(candidates[0].engine.num_outstanding))
-        a, b = sorted(int(x) for x in self.rng.choice(n, size=2, replace=False))
+        a, b = self._draw(self.rng, n)
+        if self._ahead and self._ahead.popleft() != (a, b):
+            raise AssertionError("jsq_power_of_two: the shared Generator was drawn from while pairs were "
+                                 "foreseen (arrivals_unread is only exact when this router alone draws)")
         la, lb = candidates[a].engine.num_outstanding, candidates[b].engine.num_outstanding
         i = a if la <= lb else b
         return Decision(i, f"jsq({a},{b})", float(min(la, lb)))
+
+    def arrivals_unread(self, candidate, candidates, upcoming, first):
+        # Decisions whose pair leaves the candidate out neither pick nor read it (and with it in the
+        # pair it may win as soon as the other's load falls, so arrivals_elsewhere counts the same).
+        n = len(candidates)
+        if n == 1:
+            return 0
+        if not self._ahead:  # nothing foreseen: start from the shared Generator's state
+            self._peek = copy.deepcopy(self.rng)
+        left = len(upcoming) - first
+        for k in range(min(left, _MAX_LOOKAHEAD)):
+            if k == len(self._ahead):
+                self._ahead.append(self._draw(self._peek, n))
+            if candidate in self._ahead[k]:
+                return k
+        return min(left, _MAX_LOOKAHEAD)
+
+    def arrivals_elsewhere(self, candidate, load, candidates, upcoming, first):
+        return self.arrivals_unread(candidate, candidates, upcoming, first)
 
 
 @register_router("session_affinity")
