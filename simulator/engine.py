@@ -137,7 +137,9 @@ class Engine(MacroStepMixin):
         self._wake_up()
 
     def expect_next_arrival(self, t_s: float) -> None:
-        """The next request submitted from outside will not arrive before t_s (lets fast-forward run)."""
+        """The next request submitted from outside will not arrive before t_s, and nothing outside
+        reads this engine's state before then (a cluster's router: macro-steps apply a run's first
+        update early, which may finish requests); lets macro-steps run."""
         self._next_arrival_s = t_s
 
     def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:

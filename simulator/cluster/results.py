@@ -72,9 +72,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     warn_rejected(requests)
     if cluster.cfg.pd is not None:
         summary["pd"] = _pd_summary(cluster, requests)
-    steps = pd.concat([_with_replica(rr.result.metrics.tables().steps, rr) for rr in reps], ignore_index=True) \
-        if reps else pd.DataFrame()
-    return ClusterResult(cluster.cfg, reps, merged, requests, steps, summary, wall_time_s)
+    return ClusterResult(cluster.cfg, reps, merged, requests, _steps_frame(reps), summary, wall_time_s)
 
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
@@ -92,6 +90,18 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
                          num_preemptions=front.num_preemptions + back.num_preemptions,
                          num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason,
                          reject_reason=back.reject_reason)
+
+
+def _steps_frame(reps: list[ReplicaResult]) -> pd.DataFrame:
+    """Every replica's steps frame, in replica order, with a leading replica column: one concat and
+    one column insert (a copy of each frame with its own column first cost 25x the concat)."""
+    if not reps:
+        return pd.DataFrame()
+    frames = [rr.result.metrics.tables().steps for rr in reps]
+    steps = pd.concat(frames, ignore_index=True)
+    steps.insert(0, "replica", np.repeat(np.array([rr.index for rr in reps], dtype=np.int64),
+                                         [len(f) for f in frames]))
+    return steps
 
 
 def _with_replica(frame: pd.DataFrame, rr: ReplicaResult) -> pd.DataFrame:
