@@ -89,7 +89,7 @@ class MacroStepMixin:
             return None
         sched = self.scheduler
         num_in_flight = len(in_flight)
-        if num_in_flight and not self._first_update_s(now) < self._next_arrival_s:
+        if num_in_flight and self._arrival_bound is None and not self._first_update_s(now) < self._next_arrival_s:
             # the run's first update (the in-flight step's) would already meet the arrival
             return [] if self._tail_step(now, in_flight, None) else None
         k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight)
@@ -100,6 +100,10 @@ class MacroStepMixin:
             return None
         ctx0 = [r.num_computed_tokens for r in reqs]
         later_s = self._later_arrival_s(len(reqs) - sched.get_request_counts()[0])
+        if num_in_flight and not self._first_update_s(now) < later_s:
+            # a cluster router's proof covers the first update too (arrivals_elsewhere decides the
+            # same whatever this replica's load); past it, only the tail step
+            return [] if self._tail_step(now, in_flight, None) else None
         # Price the steps in growing chunks, the first just the two a run needs: an arrival usually
         # ends the run long before the scheduler's own horizon (in a cluster, every replica's runs
         # stop at the cluster's next arrival, often within two steps), and each step costs a
@@ -185,10 +189,10 @@ class MacroStepMixin:
         event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
         end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
         timeout). The update after schedule j is step j's own (sync) or the previous one's (async).
-        The first update precedes the next arrival (it may finish requests, which a router reads),
-        the later ones `later_s`."""
+        Every update precedes `later_s`: the next arrival, or in a cluster the first arrival its
+        router cannot prove goes elsewhere whatever this replica's load (_later_arrival_s)."""
         cpu_s = self.cpu.step_s(n, n)
-        arrival_s = self._next_arrival_s
+        arrival_s = later_s
         deadline_s = self._deadline_s()
         free_at = self._gpu_free_at
         pending = free_at  # async: end of the step the next update applies
@@ -204,7 +208,6 @@ class MacroStepMixin:
             u = t + (due - t) if due > t else t
             if not u < arrival_s:
                 break
-            arrival_s = later_s
             sched_t.append(t)
             ends.append(end)
             upd_t.append(u)
