@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.metrics import warn_rejected
@@ -48,10 +49,11 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
         progress=None, executor=None, overwrite: bool = False) -> Results:
     """Simulate; with out_dir, write the result folder (checked and locked before simulating: an
     existing folder servesim did not write is refused, an earlier result replaced only with overwrite)."""
-    if out_dir is None:
-        return _run(cfg, workload, None, step_trace, progress, executor, overwrite)
-    with claim_output(out_dir, overwrite=overwrite):
-        return _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite)
+    with collector_paused():  # simulator/collector.py: a run leaves next to no cyclic garbage
+        if out_dir is None:
+            return _run(cfg, workload, None, step_trace, progress, executor, overwrite)
+        with claim_output(out_dir, overwrite=overwrite):
+            return _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite)
 
 
 def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> Results:

@@ -16,10 +16,8 @@ side recomputes the last prompt token and generates the full output_len tokens.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -31,6 +29,7 @@ from servesim.simulator.cluster.config import ClusterConfig
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
 from servesim.simulator.cluster.routers import Decision, make_router
+from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.specs import kv_bytes_per_token, resolve_model
@@ -306,25 +305,3 @@ def run_cluster(cfg: ClusterConfig, workload: Workload):
     """Build and run a cluster (the Python API's one call)."""
     with collector_paused():
         return Cluster(cfg, workload).run()
-
-
-@contextmanager
-def collector_paused():
-    """Pause Python's cyclic garbage collector while a cluster is built, run and summarised.
-
-    Why: the run builds millions of long-lived objects (every replica's KV block pool, step records,
-    token times) and the collector walked all of them again at each full collection, about a fifth
-    of a 32-replica run's time (1.5-2.3 s of 8-11 s CPU in benchmarks/cluster_speed.py), yet
-    found nothing to free: building, running and summarising a cluster leaves no cyclic garbage
-    (measured on every shipped cluster config, P/D included: gc.collect() after a run with the
-    collector off finds 0 unreachable objects while the cluster is alive). Everything is still freed
-    by reference counting; the collector runs again afterwards (the cluster itself, once dropped,
-    is a cycle). Nested use and a collector already off are left as they were. Results do not
-    depend on the collector."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
