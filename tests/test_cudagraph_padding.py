@@ -43,8 +43,11 @@ def test_padding_pads_the_all_reduce_too():
     plain = make_cost_model("calibrated", model="llama-3.1-70b", gpu="h100", tp=4)
     graph = make_cost_model("calibrated", model="llama-3.1-70b", gpu="h100", tp=4,
                             cudagraph_capture_sizes=default_capture_sizes(128, 2048))
-    assert plain.step_time_s(_decode(10)) == pytest.approx(0.016381710248178933, rel=1e-12)
-    assert graph.step_time_s(_decode(10)) == pytest.approx(0.016610871795855662, rel=1e-12)
+    # + the logits all-gather of 10 bf16 rows (tests/test_logits_gather.py), not padded: it runs
+    # outside the graph on the real rows
+    gather_s = 1.913e-5 + (10 * 128256 * 2 - 2 * 2**20) / (2 * 2**20) * (3.698e-5 - 1.913e-5)
+    assert plain.step_time_s(_decode(10)) == pytest.approx(0.016381710248178933 + gather_s, rel=1e-12)
+    assert graph.step_time_s(_decode(10)) == pytest.approx(0.016610871795855662 + gather_s, rel=1e-12)
 
 
 def test_bad_capture_sizes_are_named():

@@ -1,4 +1,5 @@
-"""Collective communication cost for one parallel group: TP all-reduce, EP all-to-all, PP send/recv.
+"""Collective communication cost for one parallel group: TP all-reduce and logits all-gather, EP
+all-to-all, PP send/recv.
 
 Measured tables first (``data/collectives.json``: aiconfigurator's NCCL and vLLM custom all-reduce
 measurements, rebuilt by ``tools/build_collective_tables.py``), a bus-bandwidth model per
@@ -12,6 +13,9 @@ size (``vllm/distributed/device_communicators/cuda_communicator.py`` and ``custo
   all-reduce is on) to ``CUSTOM_ALL_REDUCE_MAX_SIZES`` of ``all_reduce_utils.py``;
 * otherwise NCCL (symmetric-memory all-reduce on NVLink sm90/sm100 parts is costed with the NCCL
   table: no measurement of it is available here).
+
+The all-gather is NCCL's (vLLM gathers the vocab-parallel logits outside the CUDA graph with
+``torch.distributed.all_gather_into_tensor``); see :func:`logits_gather_bytes_per_row`.
 
 Every function returns seconds for ONE call on one GPU. The result is a single piecewise-linear
 :class:`Curve` over message bytes per collective so the step-time hot path does one lookup.
@@ -37,6 +41,8 @@ _DEFAULT_CUSTOM_AR_MAX_BYTES = 8 * _MIB  # CustomAllreduce(max_size=8192 * 1024)
 _CUSTOM_AR_MAX_WITH_SYMM = {"9.0": {2: 64 * _MIB, 4: 32 * _MIB, 6: _MIB // 2, 8: _MIB // 4},
                             "10.0": {2: 2 * _MIB, 4: 2 * _MIB, 6: _MIB, 8: _MIB}}
 _CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+# vLLM vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE: the lm_head's rows are padded to it.
+_VOCAB_PADDING = 64
 # Byte grid for model-based curves: 256 B .. 1 GiB, doubling.
 _GRID = tuple(2.0**i for i in range(8, 31))
 
@@ -48,6 +54,21 @@ class CollectiveSource:
     allreduce: str  # e.g. "measured: custom < 8 MiB, NCCL above" or "model: ..."
     alltoall: str
     custom_allreduce_max_bytes: int  # 0: vLLM's custom all-reduce is disabled for this group
+    allgather: str
+
+
+def logits_gather_bytes_per_row(vocab_size: int, dtype_bytes: int) -> int:
+    """Bytes one sampled row adds to the logits all-gather of a TP > 1 step (the gathered buffer,
+    nccl-tests' size convention, as the shipped tables store it).
+
+    vLLM 0.15 ``LogitsProcessor._get_logits`` (model_executor/layers/logits_processor.py) computes
+    each rank's [num_sampled, vocab_padded / tp] slice with ``lm_head.quant_method.apply`` in the
+    activation dtype and gathers it with ``tensor_model_parallel_all_gather`` (``use_all_gather()``
+    is true on CUDA under V1); the vocab is padded to 64 (``pad_vocab_size``) and the padding is cut
+    only after the gather, and the cast to fp32 happens later, in the sampler. So a row is
+    ``pad64(vocab) x activation bytes``: bf16 logits also for fp8 checkpoints (the lm_head stays
+    unquantised)."""
+    return -(-vocab_size // _VOCAB_PADDING) * _VOCAB_PADDING * dtype_bytes
 
 
 def custom_allreduce_max_bytes(gpu: GpuSpec, num_gpus: int) -> int:
@@ -84,8 +105,8 @@ def table_sources(gpu: GpuSpec) -> list[str]:
 class Collectives:
     """Seconds per call of the collectives of a ``num_gpus`` group of ``gpu``."""
 
-    __slots__ = ("gpu", "num_gpus", "source", "allreduce_curve", "alltoall_curve", "_link",
-                 "_lat", "_send_recv")
+    __slots__ = ("gpu", "num_gpus", "source", "allreduce_curve", "alltoall_curve",
+                 "allgather_curve", "_link", "_lat", "_send_recv")
 
     def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
                  latency_s: float | None = None, use_tables: bool = True,
@@ -105,8 +126,8 @@ class Collectives:
         tables = measured_tables(self.gpu, num_gpus) if use_tables and num_gpus > 1 else None
         if num_gpus == 1:
             zero = Curve([1.0], [0.0], tail_slope=0.0)
-            self.allreduce_curve = self.alltoall_curve = zero
-            self.source = CollectiveSource("none (one GPU)", "none (one GPU)", 0)
+            self.allreduce_curve = self.alltoall_curve = self.allgather_curve = zero
+            self.source = CollectiveSource("none (one GPU)", "none (one GPU)", 0, "none (one GPU)")
             return
         if allreduce_profile is not None:  # this host's measurement (nccl-tests output, a profile)
             host = host_allreduce_table(allreduce_profile, num_gpus)
@@ -129,7 +150,13 @@ class Collectives:
         else:
             self.alltoall_curve = self._model_curve((num_gpus - 1) / num_gpus)
             a2a_src = f"model: pairwise, {self._link / 1e9:.1f} GB/s per GPU"
-        self.source = CollectiveSource(ar_src, a2a_src, car_max)
+        if tables and tables.get("nccl_allgather"):
+            self.allgather_curve = _curve(tables["nccl_allgather"])
+            ag_src = "measured (NCCL all_gather)"
+        else:  # ring all-gather: (n-1)/n of the gathered buffer reaches each GPU over its link
+            self.allgather_curve = self._model_curve((num_gpus - 1) / num_gpus)
+            ag_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU"
+        self.source = CollectiveSource(ar_src, a2a_src, car_max, ag_src)
 
     def _model_curve(self, traffic_factor: float) -> Curve:
         """lat + traffic_factor * bytes / link: ring all-reduce moves 2(n-1)/n of the message over
@@ -155,6 +182,16 @@ class Collectives:
 
     def alltoall_s(self, nbytes_per_rank: float) -> float:
         return self.alltoall_curve(nbytes_per_rank)
+
+    def allgather_s(self, nbytes_gathered: float) -> float:
+        """One all-gather whose gathered (output) buffer holds ``nbytes_gathered``."""
+        return self.allgather_curve(nbytes_gathered)
+
+    def logits_gather_curve(self, bytes_per_row: int) -> Curve:
+        """The all-gather as a curve over sampled rows (``allgather_curve`` with its byte axis
+        divided by ``bytes_per_row``): the step-time hot paths look rows up directly."""
+        c = self.allgather_curve
+        return Curve([x / bytes_per_row for x in c.xs], c.ys, tail_slope=c.tail_slope * bytes_per_row)
 
     def send_recv_s(self, nbytes: float) -> float:
         """One pipeline-stage hand-off inside a node: Vidur's measured send/recv (A100, H100), else

@@ -50,7 +50,7 @@ def fit(profile_rows: pd.DataFrame | Sequence[pd.DataFrame], model: Any, gpu: An
     data: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "model": spec.name, "gpu": gspec.name, "tp": tp,
         "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
-        "dtype_bytes": spec.dtype_bytes, "ops": {}, "fit_error": {},
+        "dtype_bytes": spec.dtype_bytes, "vocab_size": spec.vocab_size, "ops": {}, "fit_error": {},
     }
     errors = data["fit_error"]
     step_rows = sel[sel["op"].isin(["model_prefill", "model_decode"])]

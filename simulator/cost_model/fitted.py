@@ -1,7 +1,9 @@
 """The ``profiled`` cost model: step time from per-op tables fitted to real measurements.
 
 Step time = num_layers * (dense ops at the step's token count + attention for the step's exact
-composition + 2 all-reduces) + embedding/final-norm (tokens) + lm_head/sampler (sampled rows).
+composition + 2 all-reduces) + embedding/final-norm (tokens) + lm_head/sampler (sampled rows), and
+under TP the logits all-gather (sampled rows) where the lm_head is a bare GEMM (see
+:func:`_logits_gather_rows`).
 The tables are produced by :func:`simulator.cost_model.fit.fit` and stored as one JSON file.
 """
 
@@ -19,6 +21,7 @@ from servesim.traces.errors import InputError
 
 from ..specs import resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model
+from .collectives import Collectives, logits_gather_bytes_per_row
 from .cudagraph import check_capture_sizes, padded_tokens
 from .interp import Curve, NestedGrid
 
@@ -40,7 +43,7 @@ class FittedCostModel:
 
     __slots__ = ("name", "data", "model", "gpu", "tp", "_layers", "_dense", "_tok", "_rows",
                  "_ar", "_ar_bytes_per_tok", "_attn_kind", "_attn", "_attn_decode", "_prefix_axis",
-                 "_coef", "_skew_alpha", "_graph_sizes")
+                 "_coef", "_skew_alpha", "_graph_sizes", "logits_gather_source")
 
     def __init__(self, data: dict[str, Any]) -> None:
         if data.get("format") != FORMAT or data.get("version") != VERSION:
@@ -54,6 +57,9 @@ class FittedCostModel:
         self._dense = self._combine(ops, "layer")
         self._tok = self._combine(ops, "tokens")
         self._rows = self._combine(ops, "rows")
+        gather, self.logits_gather_source = _logits_gather_rows(data)
+        if gather is not None:  # folded into the rows curve: still one lookup per step
+            self._rows = gather if self._rows is None else Curve.combine([self._rows, gather], [1, 1])
         self._ar = Curve.from_dict(data["allreduce"]["curve"]) if data.get("allreduce") else None
         self._coef = data.get("step_regression")
         self._graph_sizes: tuple[int, ...] = ()  # vLLM CUDA-graph capture sizes; () = no padding
@@ -232,6 +238,23 @@ class FittedCostModel:
             raise InputError(exc.detail, path=str(path), field=exc.field) from None
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed fitted cost model ({exc!r})", path=str(path)) from None
+
+
+def _logits_gather_rows(data: dict[str, Any]) -> tuple[Curve | None, str]:
+    """(seconds of the TP logits all-gather by sampled rows, or None; where it comes from).
+
+    Priced at load time from the shipped collective tables (collectives.py), so fitted files need
+    no refit. Added only where the fitted lm_head is a GEMM-kernel lookup (origin "gemm kernels",
+    aiconfigurator): a roofline-filled lm_head already holds the roofline's gather, and a measured
+    one (LLMServingSim's vLLM profiler times vLLM's LogitsProcessor module) the real gather."""
+    tp = int(data["tp"])
+    origin = data.get("metadata", {}).get("fit_error", {}).get("lm_head", {}).get("origin", "")
+    if tp == 1 or not origin.startswith("gemm kernels"):
+        return None, "none" if tp == 1 else f"in the lm_head ({origin or 'no lm_head op'})"
+    vocab = data.get("vocab_size") or resolve_model(data["model"]).vocab_size
+    group = Collectives(data["gpu"], tp)
+    curve = group.logits_gather_curve(logits_gather_bytes_per_row(int(vocab), int(data["dtype_bytes"])))
+    return curve, group.source.allgather
 
 
 @register_cost_model("profiled")

@@ -17,7 +17,7 @@ from servesim.traces.errors import InputError
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
-from .collectives import Collectives
+from .collectives import Collectives, logits_gather_bytes_per_row
 from .mla_tables import mla_decode_grid
 from .moe_tables import DISTRIBUTIONS, moe_curve
 
@@ -77,8 +77,8 @@ class RooflineCostModel:
 
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
-                 "_ew_bytes_per_tok", "_ew_kernels", "_ar_lat", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
+                 "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
+                 "collectives", "_head", "_gather", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
                  "_mla_decode", "attention_source")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
@@ -148,15 +148,19 @@ class RooflineCostModel:
         self._ew_kernels = self.params.elementwise_kernels_per_layer
         self._precompute_collectives(b)
         vocab = -(-m.vocab_size // tp)  # vocab-parallel lm_head shard
-        link = g.link_bytes_per_s * self._eff("interconnect_efficiency")
         self._head = (
             2.0 * h * vocab,  # lm_head FLOPs per sampled row
             h * vocab * b,  # lm_head weight bytes
             (h + vocab) * b,  # lm_head activation bytes per row
             3 * 4 * m.vocab_size,  # sampler: ~3 passes over fp32 logits per row
             2 * h * b,  # embedding gather / final norm bytes per token (read + write)
-            (tp - 1) / tp * 4 * m.vocab_size / link,  # logits all-gather seconds per row (tp > 1)
         )
+        # All-gather of the vocab-parallel logits, seconds by sampled rows: the measured NCCL
+        # all_gather table of this GPU and group size where one ships, else the ring link model
+        # (collectives.py; the model also when interconnect_efficiency / collective_latency_s ask
+        # for it).
+        self._gather = self.collectives.logits_gather_curve(
+            logits_gather_bytes_per_row(m.vocab_size, b)) if tp > 1 else None
 
     def _precompute_experts(self, c_exp: float, wx: float, moe_frac: float) -> None:
         """Routed experts: a measured FusedMoE curve when one covers this deployment, else the
@@ -229,7 +233,6 @@ class RooflineCostModel:
                                        allreduce_profile=self.params.allreduce_profile)
         self._ar = self.collectives.allreduce_curve
         self._ar_bytes_per_tok = self.model.hidden_size * b  # the residual stream, one row/token
-        self._ar_lat = self.gpu.collective_latency_s if lat is None else lat
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
@@ -357,15 +360,15 @@ class RooflineCostModel:
 
     def _head_parts(self, tokens: int, sampled: int) -> tuple[float, float, float, float]:
         """Seconds outside the layers: (embedding, final norm, lm_head, sampler)."""
-        flops, wbytes, rbytes, sbytes, tbytes, gather = self._head
+        flops, wbytes, rbytes, sbytes, tbytes = self._head
         m, ko = self._m, self._ko
         embed = tokens * tbytes * m + ko
         norm = tokens * tbytes * m + ko
         if sampled == 0:
             return embed, norm, 0.0, 0.0
         lm_head = max(sampled * flops * self._c, (wbytes + sampled * rbytes) * m) + ko
-        if self.tp > 1:  # gather the vocab-parallel logits
-            lm_head += self._ar_lat + sampled * gather
+        if self._gather is not None:  # gather the vocab-parallel logits
+            lm_head += self._gather(sampled)
         sampler = sampled * sbytes * m + 2 * ko
         return embed, norm, lm_head, sampler
 
