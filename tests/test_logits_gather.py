@@ -54,14 +54,16 @@ def test_calibrated_tp4_adds_the_measured_gather_per_sampled_row():
     data["metadata"]["fit_error"]["lm_head"]["origin"] = "measured"  # as if the gather were in it
     without = FittedCostModel(data)
     assert without.logits_gather_source == "in the lm_head (measured)"
-    assert cm.step_time_s(_decode(10)) - without.step_time_s(_decode(10)) == pytest.approx(TEN_ROWS_S, rel=1e-9)
+    added_s = cm.step_time_s(_decode(10)) - without.step_time_s(_decode(10))
+    assert added_s == pytest.approx(TEN_ROWS_S, rel=1e-9)
     # no sampled rows (a step of partial prefills only): no gather
     chunk = StepShape((512,), (0,), 0)
     assert cm.step_time_s(chunk) == without.step_time_s(chunk)
 
 
 def test_no_gather_at_tp1_or_where_the_lm_head_was_measured_whole():
-    assert make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1).logits_gather_source == "none"
+    tp1 = make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1)
+    assert tp1.logits_gather_source == "none"
     # LLMServingSim's vLLM profiler times the LogitsProcessor module: GEMM and gather together
     rtx = make_cost_model("calibrated", model="qwen3-32b", gpu="rtx-pro-6000", tp=2)
     assert rtx.logits_gather_source == "in the lm_head (measured)"

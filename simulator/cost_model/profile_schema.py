@@ -67,7 +67,7 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "attn_decode": ("layer", ("batch_size", "context_len")),
     "attn_mixed": ("layer", ("chunk_len", "prefix_len", "batch_size", "context_len")),
     "allreduce": ("layer", ("bytes", "tp")),  # one call; a layer makes two under TP
-    "allgather": ("model", ("bytes", "tp")),  # vocab-parallel logits under TP; no cost model reads it yet
+    "allgather": ("model", ("bytes", "tp")),  # TP logits gather; rows unread (shipped tables)
     "model_prefill": ("step", ("batch_size", "chunk_len")),
     "model_decode": ("step", ("batch_size", "context_len")),
 }
