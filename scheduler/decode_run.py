@@ -4,7 +4,9 @@ A plain decode step schedules exactly one token for every running request, in `r
 admits nobody, preempts nobody and finishes nobody. When the scheduler's state proves the next k
 steps are all plain, their effect is fixed: each request's num_computed_tokens grows by k, the KV
 manager allocates and caches blocks at the block boundaries (scheduler/kv/decode_run.py, in
-vLLM's order), and each update appends the sampled token. Mixed into Scheduler.
+vLLM's order), and each update appends the sampled token. A waiting request may be there: each
+schedule then looks it up in the prefix cache and stops at it, which a run repeats as long as its
+admission provably fails alike (_blocked_head_fit). Mixed into Scheduler.
 
 DecodeRunMixin extends ScheduleMixin instead of sitting beside it as a second base: mypyc compiles
 single inheritance only (Scheduler -> DecodeRunMixin -> ScheduleMixin; no method names overlap).
@@ -49,7 +51,9 @@ class DecodeRunMixin(ScheduleMixin):
         async loop between steps, when every running request holds one output placeholder). With
         one in flight, a request whose in-flight step brings it to max_tokens is skipped by the
         next schedule (vLLM's async skip-ahead) and finished by that step's update: it leaves the
-        batch, the rest stays fixed. Conservative: any state not recognised answers 0."""
+        batch, the rest stays fixed (not while a request waits: the freed seat and blocks may
+        admit it). A waiting request schedule() reaches must stay refused through the run
+        (_blocked_head_fit). Conservative: any state not recognised answers 0."""
         if (self.connector is not None or self.num_spec_tokens or self.num_lookahead_tokens
                 or self.tracer is not None or self.policy.next_event_s() is not None):
             return 0

@@ -7,7 +7,8 @@ clock then jumps once to its end. Nothing can land means: no arrival (the announ
 strictly later than every schedule and update of the run), no client deadline before any of its
 schedules, no request in the frontend, no policy timer; the scheduler bounds the run itself
 (Scheduler.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
-boundary allocation without preemption).
+boundary allocation without preemption, a waiting head refused alike at every schedule: its
+prefix-cache lookups land in the run's step rows as each update takes them).
 
 Each component owns its bulk operation:
 - Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
