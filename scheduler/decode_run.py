@@ -6,7 +6,7 @@ steps are all plain, their effect is fixed: each request's num_computed_tokens g
 manager allocates and caches blocks at the block boundaries (scheduler/kv/decode_run.py, in
 vLLM's order), and each update appends the sampled token. A waiting request may be there: each
 schedule then looks it up in the prefix cache and stops at it, which a run repeats as long as its
-admission provably fails alike (_blocked_head_fit). Mixed into Scheduler.
+admission provably fails alike (_refused_head_hit). Mixed into Scheduler.
 
 DecodeRunMixin extends ScheduleMixin instead of sitting beside it as a second base: mypyc compiles
 single inheritance only (Scheduler -> DecodeRunMixin -> ScheduleMixin; no method names overlap).
@@ -23,6 +23,7 @@ from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
+    from servesim.scheduler.kv.manager import KVCacheBlocks
     from servesim.scheduler.request import Request
     from servesim.scheduler.scheduler import Scheduler
 
@@ -53,7 +54,7 @@ class DecodeRunMixin(ScheduleMixin):
         next schedule (vLLM's async skip-ahead) and finished by that step's update: it leaves the
         batch, the rest stays fixed (not while a request waits: the freed seat and blocks may
         admit it). A waiting request schedule() reaches must stay refused through the run
-        (_blocked_head_fit). Conservative: any state not recognised answers 0."""
+        (_refused_head_hit). Conservative: any state not recognised answers 0."""
         if (self.connector is not None or self.num_spec_tokens or self.num_lookahead_tokens
                 or self.tracer is not None or self.policy.next_event_s() is not None):
             return 0
@@ -64,6 +65,14 @@ class DecodeRunMixin(ScheduleMixin):
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < 1:
             return 0
+        # First (cheap, and most often the answer when a request waits): does the head get in?
+        # With a request waiting the batch must be all of `running` (checked below).
+        head = self._waiting_head(n)
+        head_hit = None
+        if head is not None:
+            head_hit = self._refused_head_hit(head, n)
+            if head_hit is None:
+                return 0
         k = max_steps
         max_len = self.max_model_len
         ph = num_in_flight
@@ -89,11 +98,7 @@ class DecodeRunMixin(ScheduleMixin):
             return 0
         if num_batch < n and (self.waiting or self.skipped_waiting):
             return 0  # the finish frees a seat (and blocks): the next schedule may admit a waiting request
-        batch = self.decode_run_requests()
-        head = self._waiting_head(num_batch)
-        if head is None:
-            return self.kv_cache_manager.decode_run_fit(batch, k)
-        return self._blocked_head_fit(batch, k, head)
+        return self.kv_cache_manager.decode_run_fit(self.decode_run_requests(), k, head, head_hit)
 
     def _waiting_head(self: Scheduler, num_batch: int) -> Request | None:
         """The waiting request each schedule() of a plain run of num_batch decodes looks at, or
@@ -104,31 +109,32 @@ class DecodeRunMixin(ScheduleMixin):
             return None
         return self._select_waiting_queue(self.waiting, self.skipped_waiting).peek_request()
 
-    def _blocked_head_fit(self: Scheduler, batch: list[Request], k: int, head: Request) -> int:
-        """How many of the next k plain schedules of `batch` stop at the waiting `head` exactly as
-        now (0: not proven). Each schedule looks the head up in the prefix cache, then (chunked
-        prefill off and its tokens over the budget) stops, or its admission fails for lack of
-        blocks (KVCacheManager.admission_fails). Through the run the token budget is constant
-        (the batch is), free blocks only fall (no request finishes: decode_run_horizon) and the
-        hit stays the same (decode_run_fit bounds the run so), so every schedule decides alike.
-        Only the fcfs and priority queues (whose head changes only by arrivals and admissions),
-        a head with no LoRA slot to check, and no request skipped in an earlier step."""
-        if (self.skipped_waiting or self.scheduler_config.policy not in _HEAD_POLICIES
-                or head.status not in _ADMITTABLE or head.num_computed_tokens
-                or (self.max_loras is not None and head.lora_id is not None) or self.scheduler_config.use_eagle):
-            return 0
+    def _refused_head_hit(self: Scheduler, head: Request, num_batch: int) -> KVCacheBlocks | None:
+        """The head's prefix-cache hit now if the next plain schedule of num_batch decodes stops at
+        the waiting `head` and every later one provably will, as long as the hit stays the same
+        (decode_run_fit then bounds the run so); None if not proven. Each schedule looks the head
+        up, then stops (chunked prefill off and its tokens over the budget) or its admission fails
+        for lack of blocks (KVCacheManager.admission_fails). Through a run the token budget is
+        constant (the batch is), free blocks only fall (no request finishes: decode_run_horizon)
+        and so does nothing else the decision reads. Only the fcfs and priority queues (whose
+        head changes only by arrivals and admissions), a head with no LoRA slot to check, and
+        no request skipped in an earlier step."""
         cfg = self.scheduler_config
+        if (self.skipped_waiting or cfg.policy not in _HEAD_POLICIES or head.status not in _ADMITTABLE
+                or head.num_computed_tokens or (self.max_loras is not None and head.lora_id is not None)
+                or cfg.use_eagle):
+            return None
         kvm = self.kv_cache_manager
         hit, num_hit = kvm.peek_computed_blocks(head)
-        budget = self.max_num_scheduled_tokens - len(batch)
+        budget = self.max_num_scheduled_tokens - num_batch
         num_new = head.num_tokens - num_hit
         threshold = cfg.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
         if (cfg.enable_chunked_prefill or num_new <= budget) and not kvm.admission_fails(
                 head, min(num_new, budget), hit, num_hit, cfg.scheduler_reserve_full_isl):
-            return 0
-        return kvm.decode_run_fit(batch, k, head, hit)
+            return None
+        return hit
 
     def decode_run_requests(self: Scheduler) -> list[Request]:
         """The batch of the next plain decode step, in scheduling order: the running requests but
