@@ -4,7 +4,9 @@ A plain decode step schedules exactly one token for every running request, in `r
 admits nobody, preempts nobody and finishes nobody. When the scheduler's state proves the next k
 steps are all plain, their effect is fixed: each request's num_computed_tokens grows by k, the KV
 manager allocates and caches blocks at the block boundaries (scheduler/kv/decode_run.py, in
-vLLM's order), and each update appends the sampled token. Mixed into Scheduler.
+vLLM's order), and each update appends the sampled token. A waiting request may be there: each
+schedule then looks it up in the prefix cache and stops at it, which a run repeats as long as its
+admission provably fails alike (_refused_head_hit). Mixed into Scheduler.
 
 DecodeRunMixin extends ScheduleMixin instead of sitting beside it as a second base: mypyc compiles
 single inheritance only (Scheduler -> DecodeRunMixin -> ScheduleMixin; no method names overlap).
@@ -13,6 +15,7 @@ single inheritance only (Scheduler -> DecodeRunMixin -> ScheduleMixin; no method
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servesim.scheduler._schedule import ScheduleMixin
@@ -20,8 +23,23 @@ from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
+    from servesim.scheduler.kv.manager import KVCacheBlocks
     from servesim.scheduler.request import Request
     from servesim.scheduler.scheduler import Scheduler
+
+
+_HEAD_POLICIES = ("fcfs", "priority")  # waiting queues whose head a plain run provably keeps
+_ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+@dataclass(slots=True)
+class DecodeRunEffects:
+    """What schedule_decode_steps did, for the engine's step rows."""
+
+    free_after: list[int]  # free blocks after each schedule (the step's kv usage)
+    finished: set[str]  # finished since the previous schedule: the first step hands them to the worker
+    prefix_hits: list[int]  # per update (empty without updates): the prefix-cache stats it took
+    prefix_queries: list[int]
 
 
 class DecodeRunMixin(ScheduleMixin):
@@ -34,7 +52,9 @@ class DecodeRunMixin(ScheduleMixin):
         async loop between steps, when every running request holds one output placeholder). With
         one in flight, a request whose in-flight step brings it to max_tokens is skipped by the
         next schedule (vLLM's async skip-ahead) and finished by that step's update: it leaves the
-        batch, the rest stays fixed. Conservative: any state not recognised answers 0."""
+        batch, the rest stays fixed (not while a request waits: the freed seat and blocks may
+        admit it). A waiting request schedule() reaches must stay refused through the run
+        (_refused_head_hit). Conservative: any state not recognised answers 0."""
         if (self.connector is not None or self.num_spec_tokens or self.num_lookahead_tokens
                 or self.tracer is not None or self.policy.next_event_s() is not None):
             return 0
@@ -42,12 +62,17 @@ class DecodeRunMixin(ScheduleMixin):
         n = len(running)
         if n == 0:
             return 0
-        # A waiting request is never looked at while the batch is full (schedule() stops first).
-        if (self.waiting or self.skipped_waiting) and n < self.max_num_running_reqs:
-            return 0
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < 1:
             return 0
+        # First (cheap, and most often the answer when a request waits): does the head get in?
+        # With a request waiting the batch must be all of `running` (checked below).
+        head = self._waiting_head(n)
+        head_hit = None
+        if head is not None:
+            head_hit = self._refused_head_hit(head, n)
+            if head_hit is None:
+                return 0
         k = max_steps
         max_len = self.max_model_len
         ph = num_in_flight
@@ -72,8 +97,44 @@ class DecodeRunMixin(ScheduleMixin):
         if num_batch == 0 or num_batch > self.max_num_scheduled_tokens:
             return 0
         if num_batch < n and (self.waiting or self.skipped_waiting):
-            return 0  # the finish frees a seat: the next schedule admits a waiting request
-        return self.kv_cache_manager.decode_run_fit(self.decode_run_requests(), k)
+            return 0  # the finish frees a seat (and blocks): the next schedule may admit a waiting request
+        return self.kv_cache_manager.decode_run_fit(self.decode_run_requests(), k, head, head_hit)
+
+    def _waiting_head(self: Scheduler, num_batch: int) -> Request | None:
+        """The waiting request each schedule() of a plain run of num_batch decodes looks at, or
+        None when none does: nothing waits, the batch is at max_num_seqs, or the decodes spend
+        the whole token budget (_schedule_waiting's loop conditions)."""
+        if (not (self.waiting or self.skipped_waiting) or len(self.running) >= self.max_num_running_reqs
+                or self.max_num_scheduled_tokens <= num_batch):
+            return None
+        return self._select_waiting_queue(self.waiting, self.skipped_waiting).peek_request()
+
+    def _refused_head_hit(self: Scheduler, head: Request, num_batch: int) -> KVCacheBlocks | None:
+        """The head's prefix-cache hit now if the next plain schedule of num_batch decodes stops at
+        the waiting `head` and every later one provably will, as long as the hit stays the same
+        (decode_run_fit then bounds the run so); None if not proven. Each schedule looks the head
+        up, then stops (chunked prefill off and its tokens over the budget) or its admission fails
+        for lack of blocks (KVCacheManager.admission_fails). Through a run the token budget is
+        constant (the batch is), free blocks only fall (no request finishes: decode_run_horizon)
+        and so does nothing else the decision reads. Only the fcfs and priority queues (whose
+        head changes only by arrivals and admissions), a head with no LoRA slot to check, and
+        no request skipped in an earlier step."""
+        cfg = self.scheduler_config
+        if (self.skipped_waiting or cfg.policy not in _HEAD_POLICIES or head.status not in _ADMITTABLE
+                or head.num_computed_tokens or (self.max_loras is not None and head.lora_id is not None)
+                or cfg.use_eagle):
+            return None
+        kvm = self.kv_cache_manager
+        hit, num_hit = kvm.peek_computed_blocks(head)
+        budget = self.max_num_scheduled_tokens - num_batch
+        num_new = head.num_tokens - num_hit
+        threshold = cfg.long_prefill_token_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        if (cfg.enable_chunked_prefill or num_new <= budget) and not kvm.admission_fails(
+                head, min(num_new, budget), hit, num_hit, cfg.scheduler_reserve_full_isl):
+            return None
+        return hit
 
     def decode_run_requests(self: Scheduler) -> list[Request]:
         """The batch of the next plain decode step, in scheduling order: the running requests but
@@ -82,15 +143,15 @@ class DecodeRunMixin(ScheduleMixin):
                 if not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
 
     def schedule_decode_steps(self: Scheduler, batch: Sequence[Request], num_steps: int,
-                              token_ids: Sequence[Sequence[int]], now_s: float) -> tuple[list[int], set[str]]:
+                              token_ids: Sequence[Sequence[int]], now_s: float) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
         planned) and, after each, the update of one step (its tokens: token_ids[i] for batch[i],
         num_steps each, or empty lists for no updates).
 
         Sync loop: step j's own update follows its schedule. Async loop: the update that follows
         schedule j is the previous step's (already in flight), so placeholders stay constant.
-        Returns the free-block count after each schedule (for the step's kv usage) and the ids
-        finished since the previous schedule, which the first step's output hands the worker.
+        Each schedule looks the waiting head up in the prefix cache when decode_run_horizon let
+        the run pass it (the same hit every time). Returns DecodeRunEffects.
         `now_s` is the time of the last schedule or update applied."""
         self.now_s = now_s
         t0 = [r.num_tokens for r in batch]
@@ -98,7 +159,9 @@ class DecodeRunMixin(ScheduleMixin):
         if with_updates:
             for r, toks in zip(batch, token_ids):
                 r.append_output_token_ids(list(toks))  # hashes the blocks they complete
-        free_after = self.kv_cache_manager.apply_decode_run(batch, num_steps, t0)
+        kvm = self.kv_cache_manager
+        free_after = kvm.apply_decode_run(batch, num_steps, t0)
+        hits, queries = kvm.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)
         for r in batch:  # spec_token_ids stay empty (no drafts: decode_run_horizon checked)
             r.num_computed_tokens += num_steps
             r.is_prefill_chunk = False
@@ -108,9 +171,7 @@ class DecodeRunMixin(ScheduleMixin):
         finished = self.finished_req_ids
         none_finished: set[str] = set()
         self.finished_req_ids = none_finished
-        if with_updates:
-            self.kv_cache_manager.make_prefix_cache_stats()  # each update resets the stats; nothing was looked up
-        return free_after, finished
+        return DecodeRunEffects(free_after, finished, hits, queries)
 
     def decode_step_output(self: Scheduler, batch: Sequence[Request]) -> SchedulerOutput:
         """The SchedulerOutput of the last plain decode step of `batch` scheduled by

@@ -7,7 +7,8 @@ clock then jumps once to its end. Nothing can land means: no arrival (the announ
 strictly later than every schedule and update of the run), no client deadline before any of its
 schedules, no request in the frontend, no policy timer; the scheduler bounds the run itself
 (Scheduler.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
-boundary allocation without preemption).
+boundary allocation without preemption, a waiting head refused alike at every schedule: its
+prefix-cache lookups land in the run's step rows as each update takes them).
 
 Each component owns its bulk operation:
 - Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
@@ -141,11 +142,11 @@ class MacroStepMixin:
         if gpu_s is None:
             (gpu_s,) = self.executor.decode_step_times_s(ctx, 1)
         finished = sched.finished_req_ids
-        free_after, _ = sched.schedule_decode_steps(reqs, 1, [], t)
+        eff = sched.schedule_decode_steps(reqs, 1, [], t)  # its prefix lookup is taken by the next update
         tokens = self.executor.sample_decode_run(ids, ctx, 1, finished)
         running, waiting = sched.get_request_counts()
         steps = self.metrics.steps
-        row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(free_after[0]),
+        row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(eff.free_after[0]),
                            running, waiting, 0)
         self.num_steps += 1
         self.num_macro_steps += 1
@@ -216,20 +217,26 @@ class MacroStepMixin:
         return sched_t, ends, upd_t
 
     def _macro_rows(self, first_step: int, sched_t: list[float], duration_s: list[float], gpu: list[float],
-                    free_after: list[int], n: int) -> None:
-        """Step rows as _on_schedule writes them (running and waiting counted after the schedule)."""
+                    free_after: list[int], n: int, hits: list[int], queries: list[int]) -> None:
+        """Step rows as _on_schedule writes them (running and waiting counted after the schedule)
+        and _on_update completes them: a step's prefix-cache stats are the lookups its update
+        takes (hits, queries: one per row; the in-flight last step's get set at its update).
+        The engine's totals add them as _on_update does."""
         kvm = self.scheduler.kv_cache_manager
         running, waiting = self.scheduler.get_request_counts()
         self.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
-                                             map(kvm.usage_at, free_after), running, waiting)
+                                             map(kvm.usage_at, free_after), running, waiting, hits, queries)
+        self.prefix_hits += sum(hits)
+        self.prefix_queries += sum(queries)
 
     def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
         k = len(ends)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         tokens = self.executor.sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
-        free_after, _ = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
+        eff = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
         durations = [u - t for u, t in zip(upd_t, sched_t)]
-        self._macro_rows(self.num_steps, sched_t, durations, gpu[:k], free_after, len(ids))
+        self._macro_rows(self.num_steps, sched_t, durations, gpu[:k], eff.free_after, len(ids),
+                         eff.prefix_hits, eff.prefix_queries)
         self.metrics.on_decode_run(ids, upd_t)
         self._macro_progress(self.num_steps + 1, upd_t)  # update j runs when num_steps = first + j + 1
         self.num_steps += k
@@ -246,25 +253,30 @@ class MacroStepMixin:
         steps = self.metrics.steps
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = sched.finished_req_ids
-        free_first, _ = sched.schedule_decode_steps(reqs, 1, [], now)
+        eff_first = sched.schedule_decode_steps(reqs, 1, [], now)  # its prefix lookup: S's update takes it
         tokens = self.executor.sample_decode_run(ids, ctx0, k, finished)
         running, waiting = sched.get_request_counts()
         kvm = sched.kv_cache_manager
-        first = steps.append(self.num_steps, sched_t[0], len(ids), 0, len(ids), kvm.usage_at(free_first[0]),
+        first = steps.append(self.num_steps, sched_t[0], len(ids), 0, len(ids), kvm.usage_at(eff_first.free_after[0]),
                              running, waiting, 0)
         steps.set_gpu_time(first, gpu[0])
-        steps.set_update(first, upd_t[1], 0, 0)  # its output is applied by the run's second update
         self.num_steps += 1
         self._arrived_since_step = []
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         self._on_update(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
-        free_rest, finished = sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
-        self.executor.forget(finished)
+        rest = sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
+        self.executor.forget(rest.finished)
+        # The run's second update applies the first step's output (and takes schedule 1's lookup).
+        hits, queries = rest.prefix_hits, rest.prefix_queries
+        steps.set_update(first, upd_t[1], hits[0], queries[0])
+        self.prefix_hits += hits[0]
+        self.prefix_queries += queries[0]
         # step j (1 <= j < k - 1) ends at update j + 1; the last one's update is the next in-flight one
         durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
-        self._macro_rows(self.num_steps, sched_t[1:k], durations, gpu[1:k], free_rest, len(ids))
+        self._macro_rows(self.num_steps, sched_t[1:k], durations, gpu[1:k], rest.free_after, len(ids),
+                         hits[1:] + [0], queries[1:] + [0])
         self.metrics.on_decode_run(ids, upd_t[1:])
         self._macro_progress(self.num_steps + 1, upd_t[1:])
         self.num_steps += k - 1

@@ -70,10 +70,12 @@ class StepTable:
 
     def extend_decode_run(self, first_step: int, start_s: list[float], duration_s: list[float],
                           gpu_time_s: list[float], num_requests: int, kv_usage: Iterable[float],
-                          num_running: int, num_waiting: int) -> None:
+                          num_running: int, num_waiting: int, prefix_hit_tokens: list[int],
+                          prefix_query_tokens: list[int]) -> None:
         """len(start_s) plain decode steps of num_requests requests each (a macro-step): no prefill
-        tokens, no preemptions, no prefix lookups. duration_s may be one shorter than start_s (the
-        last step's update is still to come: set_update completes it)."""
+        tokens, no preemptions; the prefix-cache stats each step's update took (a waiting
+        request's lookups: it stays blocked). duration_s may be one shorter than start_s (the last
+        step's update is still to come: set_update completes it, prefix stats included)."""
         k = len(start_s)
         self.step.extend(range(first_step, first_step + k))
         self.start_s.extend(start_s)
@@ -87,8 +89,8 @@ class StepTable:
         self.num_running.extend([num_running] * k)
         self.num_waiting.extend([num_waiting] * k)
         self.num_preemptions.extend([0] * k)
-        self.prefix_hit_tokens.extend([0] * k)
-        self.prefix_query_tokens.extend([0] * k)
+        self.prefix_hit_tokens.extend(prefix_hit_tokens)
+        self.prefix_query_tokens.extend(prefix_query_tokens)
 
     def extend(self, other: StepTable) -> None:
         """Append another table's rows (a cluster's replicas, one after another)."""

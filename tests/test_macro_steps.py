@@ -167,3 +167,52 @@ def test_random_configs_identical(seed):
     except InputError:
         pytest.skip("a configuration vLLM refuses at start-up")
     _pair(sets, wl)
+
+
+def _kv_bound_load(kind: str, seed: int = 3):
+    """Bursty arrivals into a small pool: the waiting head is refused blocks for most steps."""
+    cfg: dict = {"num_requests": 80, "arrival": {"rate_per_s": 50.0},
+                 "prompt_len": {"dist": "uniform", "low": 100, "high": 700},
+                 "output_len": {"dist": "uniform", "low": 100, "high": 500}}
+    if kind != "plain":  # shared prefixes: the head hits cached blocks, some of them evictable
+        cfg["prefix"] = {"num_groups": 12, "prefix_len": {"dist": "uniform", "low": 64, "high": 400}, "fraction": 0.8}
+    if kind == "priority":
+        cfg["priority"] = {"values": [0, 1, 2]}
+    return make_workload("poisson", cfg, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("kind, sets", [
+    ("plain", {}), ("prefix", {}), ("prefix", {"scheduler.enable_chunked_prefill": False}),
+    ("priority", {"scheduler.policy": "priority"}),
+])
+@pytest.mark.parametrize("async_", [True, False])
+def test_runs_pass_a_waiting_head_refused_blocks(kind, sets, async_):
+    """Runs go on while the waiting head stays blocked by KV (its lookup recorded every step)."""
+    sets = {"cache.num_gpu_blocks": 300, "scheduler.max_model_len": 2048, "scheduler.async_scheduling": async_,
+            **sets}
+    if "scheduler.enable_chunked_prefill" in sets:
+        sets["scheduler.max_num_batched_tokens"] = 2048
+    plain, macro, eng = _pair(sets, _kv_bound_load(kind))
+    st = plain.metrics.steps_frame()
+    # Steps with a request waiting below max_num_seqs: no run could include them before.
+    blocked = int(((st.num_waiting > 0) & (st.num_prefill_tokens == 0)).sum())
+    assert eng.num_macro_steps + blocked - macro.num_steps > macro.num_steps // 3
+    if kind != "plain":
+        assert ((st.num_waiting > 0) & (st.num_prefill_tokens == 0) & (st.prefix_hit_tokens > 0)).sum() > 100
+
+
+def test_run_stops_before_the_heads_next_block_is_cached():
+    """A decoding request about to cache the block the waiting head misses first ends the run
+    right there: the next lookup hits one block more (stepping shows it at that very step)."""
+    from sched_helpers import make_sched, req, step
+
+    sched = make_sched(num_blocks=20, block_size=4, max_num_batched_tokens=64, max_model_len=256)
+    sched.add_request(req(sched, "a", list(range(1, 10)), max_tokens=60))
+    step(sched)  # prefill: 9 tokens computed (3 blocks, 2 cached), a 7 sampled
+    # b's prompt starts with a's tokens as they will be (samples are 7s); 19 blocks: one too many.
+    sched.add_request(req(sched, "b", list(range(1, 10)) + [7] * 10 + [99] * 57))
+    k = sched.decode_run_horizon(100, 0)
+    assert k == 2  # a caches its block 2 (9, 7, 7, 7) at the third schedule
+    hits = [step(sched)[1].scheduler_stats.prefix_cache_stats.hits for _ in range(k + 1)]
+    assert hits == [8] * k + [12]
+    assert len(sched.running) == 2  # the longer hit let b in

@@ -116,6 +116,17 @@ class FreeKVCacheBlockQueue:
         self._tail.prev_free_block = last
         self.num_free_blocks += len(blocks)
 
+    def index_of_first(self, block_ids: set[int], limit: int) -> int:
+        """Position (0: popped first) of the first free block whose id is in block_ids, looking at
+        the first `limit` blocks only; `limit` (or the queue length) if none is. O(limit)."""
+        limit = min(limit, self.num_free_blocks)
+        cur: KVCacheBlock = self._head.next_free_block  # type: ignore[assignment]  # (the tail ends it)
+        for i in range(limit):
+            if cur.block_id in block_ids:
+                return i
+            cur = cur.next_free_block  # type: ignore[assignment]
+        return limit
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Free blocks front (evicted first) to back. O(n): for tests and invariant checks."""
         out = []

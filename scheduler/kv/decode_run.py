@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servesim.scheduler.kv.manager import KVCacheManager
+    from servesim.scheduler.kv.manager import KVCacheBlocks, KVCacheManager
     from servesim.scheduler.request import Request
 
 
@@ -23,28 +23,114 @@ class DecodeRunMixin:
         """One full-attention group and no KV events: the only layout the bulk path replays."""
         return self._single_full is not None and not self.block_pool.enable_kv_cache_events
 
-    def decode_run_fit(self: KVCacheManager, requests: Sequence[Request], num_steps: int) -> int:
+    def decode_run_fit(self: KVCacheManager, requests: Sequence[Request], num_steps: int,
+                       head: Request | None = None, head_hit: KVCacheBlocks | None = None) -> int:
         """The largest k <= num_steps whose decode allocations all fit in the free blocks (no
-        eviction of a running request's KV, so no preemption): free blocks only ever shrink."""
+        eviction of a running request's KV, so no preemption): free blocks only ever shrink.
+
+        `head`: the waiting request every schedule() of the run looks up (its hit now:
+        `head_hit`, from peek_computed_blocks). The run then also keeps that lookup constant:
+        its allocations stop short of the first free (evictable) hit block in the free queue,
+        and it ends before a request caches a block the head's first missing hash could match
+        (_first_miss_bound). Insertions never change which block a hash lookup returns (the
+        first inserted) and no block is freed during a run, so the hit blocks, their ref_cnt
+        and the hit length all stay as they are now."""
         mgr = self._single_full
         assert mgr is not None
         bs = self.block_size
-        free = self.block_pool.free_block_queue.num_free_blocks
+        queue = self.block_pool.free_block_queue
+        room = queue.num_free_blocks
         starts = [(r.num_computed_tokens, len(mgr.req_to_blocks.get(r.request_id, ()))) for r in requests]
 
         def need(k: int) -> int:
             return sum(max(0, -(-(c + k) // bs) - held) for c, held in starts)
 
-        if need(num_steps) <= free:
+        if head is not None and head_hit is not None and self.enable_caching and not head.skip_reading_prefix_cache:
+            num_steps = self._first_miss_bound(requests, num_steps, head, len(head_hit.blocks[0]))
+            protected = {b.block_id for b in head_hit.blocks[0] if b.ref_cnt == 0}
+            if protected:  # the run pops need(k) blocks from the front of the free queue
+                room = min(room, queue.index_of_first(protected, need(num_steps)))
+        if need(num_steps) <= room:
             return num_steps
         lo, hi = 0, num_steps  # need(lo) fits, need(hi) does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if need(mid) <= free:
+            if need(mid) <= room:
                 lo = mid
             else:
                 hi = mid
         return lo
+
+    def _first_miss_bound(self: KVCacheManager, requests: Sequence[Request], num_steps: int, head: Request,
+                          num_hit_blocks: int) -> int:
+        """Steps before any request of the run caches block index m = num_hit_blocks (0-based)
+        under a hash that may equal the head's hash m (its first miss): the lookup of a later
+        schedule would then hit one block more. A hash not yet computed (tokens still to come)
+        may match; one already computed is compared. apply_decode_run caches block m of a
+        request at step max(0, (m + 1) * block_size - c0 - e)."""
+        m = num_hit_blocks
+        if m >= (head.num_tokens - 1) // self.block_size:
+            return num_steps  # the lookup never looks past block m - 1 (the last token is recomputed)
+        mgr = self._single_full
+        assert mgr is not None
+        miss = head.block_hashes[m]
+        bs = self.block_size
+        for r in requests:
+            if mgr.num_cached_block.get(r.request_id, 0) > m:
+                continue  # its block m is cached already (and was missed)
+            hashes = r.block_hashes
+            if len(hashes) > m and hashes[m] != miss:
+                continue
+            c0 = r.num_computed_tokens
+            num_steps = min(num_steps, max(0, (m + 1) * bs - c0 - min(1, r.num_tokens - c0)))
+        return num_steps
+
+    def peek_computed_blocks(self: KVCacheManager, request: Request) -> tuple[KVCacheBlocks, int]:
+        """get_computed_blocks without recording the lookup in the prefix-cache stats."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        return self._blocks(blocks), num_hit_tokens
+
+    def admission_fails(self: KVCacheManager, request: Request, num_new_tokens: int, hit: KVCacheBlocks,
+                        num_hit_tokens: int, reserve_full_isl: bool) -> bool:
+        """Whether schedule() now stops at this waiting request for lack of blocks: can_fit_full_sequence
+        refuses it (with reserve_full_isl) or allocate_slots (no external tokens, no lookahead:
+        a first admission) returns None. No side effect: allocate_slots checks before it
+        changes anything. False (not proven) if the request holds blocks."""
+        rid = request.request_id
+        if self.num_blocks_held(rid):
+            return False
+        if reserve_full_isl and not self.can_fit_full_sequence(request, num_hit_tokens, hit):
+            return True
+        local = request.num_computed_tokens + num_hit_tokens
+        need_slot = min(min(local, self.max_model_len) + num_new_tokens, self.max_model_len)
+        need = self.coordinator.get_num_blocks_to_allocate(rid, need_slot, hit.blocks, local)
+        return need > self.block_pool.get_num_free_blocks()
+
+    def decode_run_lookups(self: KVCacheManager, head: Request | None, num_steps: int,
+                           with_updates: bool) -> tuple[list[int], list[int]]:
+        """The prefix-cache lookups of num_steps schedules whose waiting head (None: no schedule
+        reaches the waiting queue) finds the same hit each time (decode_run_fit kept it), recorded
+        as get_computed_blocks records them. With updates, each schedule is followed by an update,
+        which takes the stats and resets them (make_prefix_cache_stats): returns what each update
+        takes, (hits, queries) of never-preempted requests; ([], []) without updates."""
+        if not with_updates:
+            if head is not None:
+                for _ in range(num_steps):
+                    self.get_computed_blocks(head)
+            return [], []
+        if head is not None:
+            self.get_computed_blocks(head)
+        first = self.make_prefix_cache_stats()  # with whatever was pending before the run
+        hits, queries = [first.hits], [first.queries]
+        if num_steps > 1:
+            if head is not None:
+                self.get_computed_blocks(head)
+            each = self.make_prefix_cache_stats()
+            hits += [each.hits] * (num_steps - 1)
+            queries += [each.queries] * (num_steps - 1)
+        return hits, queries
 
     def apply_decode_run(self: KVCacheManager, requests: Sequence[Request], num_steps: int,
                          num_tokens_before: Sequence[int]) -> list[int]:
