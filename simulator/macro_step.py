@@ -144,20 +144,27 @@ class MacroStepMixin:
         finished = sched.finished_req_ids
         eff = sched.schedule_decode_steps(reqs, 1, [], t)  # its prefix lookup is taken by the next update
         tokens = self.executor.sample_decode_run(ids, ctx, 1, finished)
-        running, waiting = sched.get_request_counts()
-        steps = self.metrics.steps
-        row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(eff.free_after[0]),
-                           running, waiting, 0)
-        self.num_steps += 1
+        row = self._decode_row(t, n, eff.free_after[0], gpu_s)
         self.num_macro_steps += 1
-        self._arrived_since_step = []
         end = max(t + self.cpu.step_s(n, n), self._gpu_free_at) + gpu_s  # the loop's start + GPU time
-        steps.set_gpu_time(row, gpu_s)
         mro = self.executor.decode_step_output(ids, [tok[0] for tok in tokens])
         in_flight.append((sched.decode_step_output(reqs), mro, end, None, row))
         self._gpu_free_at = end
         self._macro_until_s = max(self._macro_until_s, t)
         return True
+
+    def _decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float) -> int:
+        """The step row of one plain decode step of n requests scheduled at t, as _on_schedule
+        writes it (counts after the schedule); its update completes it. Returns the row."""
+        sched = self.scheduler
+        running, waiting = sched.get_request_counts()
+        steps = self.metrics.steps
+        row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(num_free_blocks),
+                           running, waiting, 0)
+        steps.set_gpu_time(row, gpu_s)
+        self.num_steps += 1
+        self._arrived_since_step = []
+        return row
 
     def _deadline_s(self) -> float:
         return self._deadlines[0][0] if self._deadlines else math.inf
@@ -255,13 +262,7 @@ class MacroStepMixin:
         finished = sched.finished_req_ids
         eff_first = sched.schedule_decode_steps(reqs, 1, [], now)  # its prefix lookup: S's update takes it
         tokens = self.executor.sample_decode_run(ids, ctx0, k, finished)
-        running, waiting = sched.get_request_counts()
-        kvm = sched.kv_cache_manager
-        first = steps.append(self.num_steps, sched_t[0], len(ids), 0, len(ids), kvm.usage_at(eff_first.free_after[0]),
-                             running, waiting, 0)
-        steps.set_gpu_time(first, gpu[0])
-        self.num_steps += 1
-        self._arrived_since_step = []
+        first = self._decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         self._on_update(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped

@@ -86,9 +86,11 @@ class DecodeRunMixin:
         return num_steps
 
     def peek_computed_blocks(self: KVCacheManager, request: Request) -> tuple[KVCacheBlocks, int]:
-        """get_computed_blocks without recording the lookup in the prefix-cache stats."""
+        """The longest prefix-cache hit get_computed_blocks returns, without recording the lookup
+        in the prefix-cache stats."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
+        # capped at num_tokens - 1: the last token is recomputed (its logits are needed)
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         return self._blocks(blocks), num_hit_tokens
 

@@ -98,11 +98,10 @@ class KVCacheManager(DecodeRunMixin):
         recomputed (its logits are needed)."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
-        max_hit = request.num_tokens - 1
-        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_hit)
+        blocks, num_hit_tokens = self.peek_computed_blocks(request)
         if self.log_stats:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
-        return self._blocks(blocks), num_hit_tokens
+        return blocks, num_hit_tokens
 
     def can_fit_full_sequence(self, request: Request, num_new_computed_tokens: int = 0,
                               new_computed_blocks: KVCacheBlocks | None = None,
