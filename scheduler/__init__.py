@@ -2,7 +2,7 @@
 
 from servesim.scheduler.async_scheduler import AsyncScheduler, make_scheduler
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
-from servesim.scheduler.hashing import make_block_hasher
+from servesim.scheduler.hashing import TokenProvenance, TokenSegment, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities, SchedulerInterface
 from servesim.scheduler.invariants import InvariantError, check_invariants
 from servesim.scheduler.kv.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
@@ -18,5 +18,6 @@ __all__ = [
     "KVCacheBlocks", "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats",
     "Request", "RequestOutput", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerCapabilities",
     "SchedulerConfig", "SchedulerInterface", "SchedulerOutput", "SchedulerStats", "SpecDecodingStats",
+    "TokenProvenance", "TokenSegment",
     "check_invariants", "check_stop", "make_block_hasher", "make_scheduler",
 ]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from servesim.scheduler.hashing import TokenProvenance
     from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats
     from servesim.scheduler.request import Request, RequestStatus
 
@@ -134,11 +135,14 @@ class SchedulerInterface(Protocol):
         """Free KV blocks (pages), cached blocks no request holds included (vLLM's count)."""
         ...
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None) -> int:
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
+                             provenance: TokenProvenance | None = None) -> int:
         """How many leading tokens of a prompt `token_ids` (for LoRA `lora_id`) this scheduler would
         serve from its prefix cache if the request arrived now -- as the scheduler itself counts a
         hit (whole blocks or pages, the last prompt token always recomputed). Changes no state: no
-        LRU touch, no stats, no split. 0 when prefix caching is off."""
+        LRU touch, no stats, no split. 0 when prefix caching is off. `provenance` is what the
+        request itself would carry (Request's token_provenance): a cache keyed by it must be asked
+        with it; a cache keyed by the ids themselves (SGLang's radix tree) ignores it."""
         ...
 
     def make_stats(self) -> SchedulerStats:

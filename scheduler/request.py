@@ -11,6 +11,9 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servesim.scheduler.block_keys import BlockKeyPlan
+from servesim.scheduler.hashing import TokenProvenance, extra_keys_bytes
+
 
 class RequestStatus(enum.IntEnum):
     """Lifecycle states; every value above PREEMPTED is a finished state (as in vLLM)."""
@@ -88,7 +91,7 @@ class Request:
         "num_prompt_tokens", "_output_token_ids", "_all_token_ids", "num_output_placeholders",
         "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
-        "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size",
+        "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size", "_key_plan",
         "skip_reading_prefix_cache",
         "__weakref__",
     )
@@ -105,6 +108,7 @@ class Request:
         block_hasher: BlockHasher | None = None,
         job_id: str | None = None,  # Continuum: the agentic job this turn belongs to
         is_last_step: bool = True,  # Continuum: False for non-final turns of a job
+        token_provenance: TokenProvenance | None = None,  # where the ids come from: keys without hashing
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
@@ -142,6 +146,12 @@ class Request:
         # Tokens per hashed block: no hashing work until another full block exists (1 = always ask).
         self._hash_block_size = getattr(block_hasher, "block_size", 1)
         self.skip_reading_prefix_cache = False
+        # Prefix-cache keys from the ids' provenance (block_keys.py) while it declares them.
+        self._key_plan: BlockKeyPlan | None = None
+        if token_provenance is not None:
+            runs = [(seg.source, seg.start, seg.num_tokens) for seg in token_provenance.prompt]
+            self._key_plan = BlockKeyPlan(runs, self.num_prompt_tokens, token_provenance.output_source,
+                                          extra_keys_bytes(self, 0))
         self.update_block_hashes()
 
     # --- token bookkeeping -------------------------------------------------------------------
@@ -165,8 +175,14 @@ class Request:
         """Hash the newly completed full blocks (block hashes grow with the tokens)."""
         if self._block_hasher is None:
             return
-        if len(self._all_token_ids) < (len(self.block_hashes) + 1) * self._hash_block_size:
+        num_tokens, block_size = len(self._all_token_ids), self._hash_block_size
+        if num_tokens < (len(self.block_hashes) + 1) * block_size:
             return  # no new full block yet
+        plan = self._key_plan
+        if plan is not None and block_size > 1:  # the declared blocks' keys need no id read
+            plan.extend_keys(self.block_hashes, num_tokens, block_size)
+            if num_tokens < (len(self.block_hashes) + 1) * block_size:
+                return
         self.block_hashes.extend(self._block_hasher(self))
 
     @property

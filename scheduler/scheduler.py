@@ -20,7 +20,7 @@ from typing import ClassVar
 from servesim.scheduler.decode_run import DecodeRunMixin
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
-from servesim.scheduler.hashing import make_block_hasher
+from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities
 from servesim.scheduler.kv.manager import KVCacheManager
 from servesim.scheduler.output import (
@@ -319,7 +319,8 @@ class Scheduler(DecodeRunMixin):
         """vLLM's batch queue always overlaps the next step's scheduling with the running one."""
         return True
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None) -> int:
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
+                             provenance: TokenProvenance | None = None) -> int:
         """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
         len(token_ids) - 1. With full attention only, hash a growing head of the prompt (8, 32, 128,
         ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than
@@ -334,9 +335,11 @@ class Scheduler(DecodeRunMixin):
         n_tokens = 8 * self.block_size if growing else len(token_ids)
         while True:
             head = list(token_ids[:n_tokens])
-            # A throwaway Request with our hasher yields exactly our block hashes (LoRA keys included).
+            # A throwaway Request with our hasher yields exactly our block hashes (LoRA keys included;
+            # keyed by provenance as the request itself will be).
+            head_provenance = None if provenance is None else provenance.head(len(head))
             req = Request("cached_prefix_tokens", head, SamplingParams(max_tokens=1), lora_id=lora_id,
-                          block_hasher=self.block_hasher)
+                          block_hasher=self.block_hasher, token_provenance=head_provenance)
             _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
             if len(head) == len(token_ids) or hit < len(head) // self.block_size * self.block_size:
                 return hit

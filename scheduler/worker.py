@@ -28,6 +28,11 @@ class TokenSource:
     def token(self, req_id: str, k: int) -> int:
         return oracle_token(req_id, k)
 
+    def output_source(self, req_id: str) -> bytes:
+        """The identity of req_id's output id stream (output k = position k; hashing.TokenSegment):
+        the ids depend on the request id alone."""
+        return b"oracle:" + req_id.encode()
+
     def num_accepted(self, req_id: str, k: int, num_drafts: int) -> int:
         """Accepted drafts (always a prefix) when the step's first new output is the k-th."""
         n = 0

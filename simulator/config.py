@@ -14,6 +14,9 @@ from servesim.simulator.frontend import FrontendConfig
 from servesim.traces.errors import InputError
 
 
+PREFIX_CACHE_KEYS = ("provenance", "token_ids")
+
+
 @dataclass(slots=True)
 class HardwareConfig:
     model: str = "llama-3.1-8b"  # model id or alias (see simulator/specs/models.yaml)
@@ -116,6 +119,10 @@ class SimConfig:
     # Exact macro-steps (simulator/macro_step.py): runs of provably plain decode steps advanced in
     # one call; results are byte-identical to stepping. False steps one by one (for debugging).
     macro_steps: bool = True
+    # How the prefix cache keys a synthetic prompt's blocks (scheduler/block_keys.py): "provenance"
+    # derives the keys from the trace's id streams without hashing ids; "token_ids" hashes every
+    # block's ids as vLLM does. Hits and misses are identical; real token ids are always hashed.
+    prefix_cache_keys: str = "provenance"
     # Deprecated: the old sync-only fast-forward, replaced by macro_steps (True turns them on).
     fast_forward: bool = False
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
@@ -142,6 +149,9 @@ class SimConfig:
                           "fast_forward: true now turns macro_steps on", DeprecationWarning, stacklevel=3)
             self.macro_steps = True
             self.fast_forward = False
+        if self.prefix_cache_keys not in PREFIX_CACHE_KEYS:
+            raise InputError(f"got {self.prefix_cache_keys!r}", field="prefix_cache_keys",
+                             allowed=" | ".join(PREFIX_CACHE_KEYS))
         if not isinstance(self.macro_steps, bool):
             raise InputError(f"expected true or false, got {self.macro_steps!r}", field="macro_steps")
         from servesim.simulator.startup import check_startup  # imports the specs (a cycle at module level)

@@ -19,7 +19,7 @@ from typing import IO
 
 import simpy
 
-from servesim.scheduler import CacheConfig, Request, RequestStatus, SamplingParams
+from servesim.scheduler import CacheConfig, Request, RequestStatus, SamplingParams, TokenProvenance, TokenSegment
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.scheduler.oracle_trace import finish_record, step_record
@@ -71,6 +71,7 @@ class Engine(MacroStepMixin):
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens)
         self.executor = executor
+        self._keys_from_provenance = cfg.prefix_cache_keys == "provenance"
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
@@ -194,11 +195,21 @@ class Engine(MacroStepMixin):
         self._num_submitted += 1
         req = Request(spec.request_id, spec.token_id_array(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
-                      job_id=spec.session_id, is_last_step=spec.is_last_turn)  # add_request hashes
+                      job_id=spec.session_id, is_last_step=spec.is_last_turn,
+                      token_provenance=self.token_provenance(spec))  # add_request keys its blocks
         sched.add_request(req, now_s=now)
         self._arrived_since_step.append(spec.request_id)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
+
+    def token_provenance(self, spec: RequestSpec) -> TokenProvenance | None:
+        """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash
+        them; real ids, or prefix_cache_keys: token_ids)."""
+        runs = spec.token_segments() if self._keys_from_provenance else None
+        if runs is None:
+            return None
+        return TokenProvenance(tuple([TokenSegment(*run) for run in runs]),
+                               self.executor.output_token_source(spec.request_id))
 
     def _engine_loop(self):
         env, sched = self.env, self.scheduler

@@ -15,7 +15,15 @@ from servesim.simulator.cost_model.base import CostModel, StepShape, bulk_decode
 
 
 class Executor(Protocol):
-    def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]: ...
+    def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
+        """Run one step: its sampled tokens, and its time in seconds."""
+        ...
+
+    def output_token_source(self, request_id: str) -> bytes | None:
+        """The stream whose position k holds request_id's k-th output id whatever happens
+        (hashing.TokenProvenance.output_source), or None when the ids are not known in advance
+        (e.g. a real model's greedy choice): their KV blocks are then keyed by hashing them."""
+        ...
 
 
 class SimExecutor:
@@ -34,6 +42,9 @@ class SimExecutor:
         self.last_shape = shape
         step_s = self.cost_model.step_time_s(shape) if req_ids else 0.0
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
+
+    def output_token_source(self, request_id: str) -> bytes | None:
+        return self.batch.tokens.output_source(request_id)  # every output id comes from the source
 
     # --- macro-steps (simulator/macro_step.py) ---------------------------------------------------
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import compileall
 import fcntl
 import hashlib
 import os
@@ -48,7 +49,7 @@ from servesim import _native  # noqa: E402  (after the path insert: run as a scr
 # plug-ins the policies exist for; and a native class would shadow a subclass's `queue_type`).
 COMPILED = (
     "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
-    "pyset.py", "worker.py", "step_shape.py",
+    "pyset.py", "worker.py", "step_shape.py", "block_keys.py",
     "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
     "kv/events.py", "decode_run.py", "kv/decode_run.py",
 )
@@ -185,6 +186,11 @@ def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:
         return 1
     import mypy.version  # noqa: PLC0415
 
+    # The interpreted modules copied beside the extension get their bytecode now, written for
+    # their final place: with PYTHONDONTWRITEBYTECODE set (or a read-only tree) every process
+    # would otherwise compile them again at import.
+    compileall.compile_dir(str(fresh / _native.PACKAGE), ddir=str(staging / _native.PACKAGE), quiet=1,
+                           workers=1)
     (fresh / _native.MANIFEST).write_text(
         f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
         f"tool={_tool_digest()}\nmypy={mypy.version.__version__}\n"

@@ -49,6 +49,18 @@ def _key_from_int(tag: int, value: int) -> int:
     return int(mixed[0])
 
 
+def hash_block_streams(hash_ids: tuple[int, ...]) -> list[int]:
+    """Stream keys of Mooncake hash ids: hash id h's block holds stream_tokens(key(h), 0, len)."""
+    ids = np.asarray(hash_ids, dtype=np.uint64)
+    return _mix((ids * _GOLDEN) ^ np.uint64(_TAG_HASH_BLOCK)).tolist()
+
+
+def stream_source(key: int) -> bytes:
+    """The identity of stream `key` in a token provenance (scheduler TokenSegment.source): equal
+    bytes exactly when the keys, hence every id of the streams, are equal."""
+    return b"stream:" + key.to_bytes(8, "little")
+
+
 def group_stream(group: int) -> int:
     """Stream key of a shared-prefix group."""
     return _key_from_int(_TAG_GROUP, group)
@@ -76,8 +88,7 @@ def hash_block_tokens(hash_ids: tuple[int, ...], block_len: int, num_tokens: int
     """
     if num_tokens <= 0 or not hash_ids:
         return np.empty(0, dtype=np.int64)
-    ids = np.asarray(hash_ids, dtype=np.uint64)
-    keys = _mix((ids * _GOLDEN) ^ np.uint64(_TAG_HASH_BLOCK))  # one key per hash id
+    keys = np.asarray(hash_block_streams(hash_ids), dtype=np.uint64)  # one stream per hash id
     offsets = np.arange(block_len, dtype=np.uint64)
     z = _mix(keys[:, None] + (offsets[None, :] + np.uint64(1)) * _GOLDEN)
     return (z >> np.uint64(33)).astype(np.int64).reshape(-1)[:num_tokens]

@@ -29,7 +29,9 @@ from servesim.traces.errors import InputError
 from servesim.traces.tokens import (
     TOKEN_ID_LIMIT,
     group_stream,
+    hash_block_streams,
     hash_block_tokens,
+    stream_source,
     stream_tokens,
     text_stream,
 )
@@ -129,6 +131,29 @@ class RequestSpec:
         if covered < n:
             parts.append(stream_tokens(self._stream_key(), covered, n))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def token_segments(self) -> tuple[tuple[bytes, int, int], ...] | None:
+        """Where token_array()'s ids come from, as (stream identity, first position, count) runs in
+        prompt order (the scheduler's TokenSegment fields); None for real ids, which only hashing
+        can compare. Every id is a pure function of its stream and position (traces.tokens), so
+        equal runs mean equal ids, and the prefix cache can key blocks by these runs alone."""
+        if self.prompt_token_ids is not None:
+            return None
+        n, covered = self.prompt_len, 0
+        runs: list[tuple[bytes, int, int]] = []
+        if self.prefix_hash_ids:
+            for key in hash_block_streams(self.prefix_hash_ids):
+                take = min(self.prefix_block_len, n - covered)
+                if take <= 0:
+                    break
+                runs.append((stream_source(key), 0, take))
+                covered += take
+        elif self.prefix_group is not None and self.prefix_len > 0:
+            runs.append((stream_source(group_stream(self.prefix_group)), 0, self.prefix_len))
+            covered = self.prefix_len
+        if covered < n:
+            runs.append((stream_source(self._stream_key()), covered, n - covered))
+        return tuple(runs)
 
     def token_ids(self) -> list[int]:
         """Prompt token ids (len == prompt_len), each in [0, 2**31)."""

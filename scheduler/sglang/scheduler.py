@@ -18,6 +18,7 @@ import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.interface import SchedulerCapabilities
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.output import (
@@ -267,7 +268,8 @@ class SGLangScheduler(BatchingMixin):
     def get_num_free_blocks(self) -> int:
         return self.kv_cache_manager.num_free_pages()
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None) -> int:
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
+                             provenance: TokenProvenance | None = None) -> int:
         """Leading tokens the radix tree would match now: whole pages of the first
         len(token_ids) - 1 tokens (as _match_prefix limits a request's match); read-only."""
         return self.kv_cache_manager.peek(token_ids[:len(token_ids) - 1], lora_id) if token_ids else 0

@@ -311,7 +311,7 @@ class PrefixAware(Router):
         tokens = spec.token_ids() if caching else ()  # no prompt to build when nothing caches
         keys, hits = [], []
         for c in candidates:
-            hit = c.engine.scheduler.cached_prefix_tokens(tokens, spec.lora_id)
+            hit = c.engine.scheduler.cached_prefix_tokens(tokens, spec.lora_id, c.engine.token_provenance(spec))
             load = c.engine.num_outstanding / c.cfg.scheduler.max_num_seqs
             hits.append(hit)
             keys.append((-(hit / spec.prompt_len - self.load_weight * load),))

@@ -1,0 +1,86 @@
+"""Prefix-cache keys from a request's token provenance, without reading its ids.
+
+The usual key of block j is a chained hash of the ids in blocks 0..j (hashing.py). When the caller
+knows where the ids come from (hashing.TokenProvenance: runs of deterministic id streams, e.g. a
+synthetic trace's per-request stream, a shared-prefix group's stream, Mooncake hash-id blocks, and
+the token source the outputs follow), the same equality follows from the provenance alone:
+
+    base(0) = sha256(tag, extra keys, source 0, start 0)
+    base(t) = sha256(base(t - 1), length of run t - 1, source t, start t)
+    key(block) = base(t) + end of the block (8 bytes), t = the run holding the block's last id
+
+Runs are normalised first (a run continuing its predecessor's stream where it stopped merges
+into it), so base(t) says exactly which streams, from where and for how long, fill every position
+before run t, and the block's end says how far run t goes. Equal keys therefore mean equal ids
+up to the block's end; different keys mean a different stream or position somewhere, which by
+TokenSegment's promise means different ids. So the cache hits and misses exactly as with hashed
+ids, at two sha256 calls a request instead of one a block, and no id is ever read.
+
+Blocks past the declared ids (outputs with no declared source) fall back to hashing their ids,
+chained from the last key (Request.update_block_hashes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+_TAG = b"servesim-provenance\x00"
+_OPEN = 1 << 62  # the end of a run that never ends (positions stay far below it)
+
+
+def _field(data: bytes) -> bytes:
+    """A length-prefixed field: no two field sequences encode to the same bytes."""
+    return len(data).to_bytes(4, "little") + data
+
+
+class BlockKeyPlan:
+    """One request's normalised runs and their bases; hands out its blocks' keys in order."""
+
+    __slots__ = ("ends", "bases", "declared_end")
+
+    def __init__(self, runs: list[tuple[bytes, int, int]], num_prompt_tokens: int, open_source: bytes | None,
+                 extra: bytes) -> None:
+        """runs: the prompt's (source, start, num_tokens) in order, summing to num_prompt_tokens;
+        open_source: the stream the outputs continue at its position 0 (None: not declared);
+        extra: the request's extra keys (LoRA id, cache salt) as bytes, b"" when none."""
+        if sum(n for _, _, n in runs) != num_prompt_tokens:
+            raise ValueError(f"token provenance covers {sum(n for _, _, n in runs)} ids, the prompt has "
+                             f"{num_prompt_tokens}")
+        merged: list[tuple[bytes, int, int]] = []
+        for source, start, n in runs:
+            if merged and merged[-1][0] == source and merged[-1][1] + merged[-1][2] == start:
+                prev = merged.pop()
+                merged.append((source, prev[1], prev[2] + n))
+            else:
+                merged.append((source, start, n))
+        self.ends: list[int] = []  # position after each run
+        self.bases: list[bytes] = []
+        if open_source is not None:  # output id k is position k of open_source: a run without end
+            merged.append((open_source, 0, _OPEN))
+        base, prev_n, pos = hashlib.sha256(_TAG + _field(extra)).digest(), 0, 0
+        for source, start, n in merged:
+            base = hashlib.sha256(base + prev_n.to_bytes(8, "little") + _field(source)
+                                  + start.to_bytes(8, "little")).digest()
+            pos = min(pos + n, _OPEN)
+            prev_n = n
+            self.ends.append(pos)
+            self.bases.append(base)
+        self.declared_end = pos  # ids from here on are hashed from their values
+
+    def extend_keys(self, keys: list[bytes], num_tokens: int, block_size: int) -> None:
+        """Append to `keys` (a request's block hashes so far) the keys of its next full blocks of
+        block_size ids, up to num_tokens ids or the last declared id, whichever comes first."""
+        stop = min(num_tokens, self.declared_end) // block_size
+        j = len(keys)
+        if j >= stop:
+            return
+        ends, bases = self.ends, self.bases
+        t = 0
+        while ends[t] < (j + 1) * block_size:  # the run holding block j's last id
+            t += 1
+        while j < stop:
+            end = (j + 1) * block_size
+            while ends[t] < end:
+                t += 1
+            keys.append(bases[t] + end.to_bytes(8, "little"))
+            j += 1
