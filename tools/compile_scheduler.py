@@ -103,6 +103,71 @@ def _is_native(node: ast.ClassDef) -> bool:
     return all(_decorator_name(d) in ("dataclass", "final") for d in node.decorator_list)
 
 
+def _dataclass_call(node: ast.ClassDef) -> ast.Call | None:
+    """The class's `@dataclass(...)` decorator call, when it lets dataclasses write __init__."""
+    for dec in node.decorator_list:
+        if isinstance(dec, ast.Call) and _decorator_name(dec) == "dataclass":
+            flags = {k.arg: k.value for k in dec.keywords}
+            if any(isinstance(flags.get(f), ast.Constant) and flags[f].value == value
+                   for f, value in (("frozen", True), ("init", False), ("kw_only", True))):
+                return None
+            has_init = any(isinstance(b, ast.FunctionDef) and b.name == "__init__" for b in node.body)
+            return None if has_init else dec
+    return None
+
+
+def _init_source(node: ast.ClassDef, source: str, indent: str) -> list[str]:
+    """An explicit __init__ equal to the one dataclasses writes (fields in order, defaults,
+    default factories, __post_init__)."""
+    params, body = ["self"], []
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        name, annotation = stmt.target.id, ast.get_source_segment(source, stmt.annotation)
+        if "ClassVar" in annotation:
+            continue
+        value = stmt.value
+        factory = None
+        if isinstance(value, ast.Call) and _decorator_name(value) == "field":
+            args = {k.arg: k.value for k in value.keywords}
+            factory, value = args.get("default_factory"), args.get("default")
+        if factory is not None:  # a fresh object per instance, as dataclasses makes it
+            params.append(f"{name}: {annotation} | None = None")
+            body.append(f"self.{name} = {ast.get_source_segment(source, factory)}() if {name} is None else {name}")
+            continue
+        default = "" if value is None else f" = {ast.get_source_segment(source, value)}"
+        params.append(f"{name}: {annotation}{default}")
+        body.append(f"self.{name} = {name}")
+    if any(isinstance(b, ast.FunctionDef) and b.name == "__post_init__" for b in node.body):
+        body.append("self.__post_init__()")
+    lines = [f"{indent}def __init__({', '.join(params)}) -> None:\n"]
+    return lines + [f"{indent}    {line}\n" for line in body or ["pass"]]
+
+
+def native_dataclass_inits(source: str) -> str:
+    """The source with an explicit __init__ in each dataclass that dataclasses would give one.
+
+    mypyc compiles a dataclass's methods natively but calls the __init__ that dataclasses
+    generates as interpreted Python (through tp_init, with an argument tuple): about 1 us per
+    object, and the scheduler builds several objects per request per step (RequestOutput,
+    KVCacheBlocks, stats). The same __init__ written in the class is compiled; repr, eq and the
+    fields stay the dataclass's. The pure-Python package keeps the plain dataclasses.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits: list[tuple[int, int, list[str]]] = []  # (line index, lines replaced, new lines)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef) or (dec := _dataclass_call(node)) is None:
+            continue
+        indent = " " * node.body[0].col_offset
+        edits.append((node.end_lineno, 0, _init_source(node, source, indent)))
+        line = lines[dec.lineno - 1]
+        edits.append((dec.lineno - 1, 1, [line.replace("dataclass(", "dataclass(init=False, ", 1)]))
+    for index, count, new in sorted(edits, reverse=True):
+        lines[index:index + count] = new
+    return "".join(lines)
+
+
 def mark_subclassable(source: str) -> str:
     """The source with every native top-level class marked for interpreted subclasses."""
     tree = ast.parse(source)
@@ -126,7 +191,7 @@ def stage(staging: Path) -> str:
     digest = _native.sources_digest(package)  # of what is compiled, before marking
     for rel in COMPILED:
         path = package / rel
-        path.write_text(mark_subclassable(path.read_text()))
+        path.write_text(mark_subclassable(native_dataclass_inits(path.read_text())))
     return digest
 
 
