@@ -120,7 +120,7 @@ class BatchTracker:
             k = self.num_out[rid]
             n_drafts = len(spec.get(rid, ()))
             n_acc = self.tokens.num_accepted(rid, k, n_drafts) if n_drafts else 0
-            toks = [self.tokens.token(rid, k + j) for j in range(n_acc + 1)]
+            toks = self.tokens.tokens(rid, k, n_acc + 1)  # token(rid, k + j) for each j, in one call
             if chosen is not None and rid in chosen:
                 toks = [chosen[rid]]
             sampled.append(toks)

@@ -306,13 +306,13 @@ class Engine(MacroStepMixin):
         if now is None:
             now = self.env.now
         eco = self.scheduler.update_from_output(so, mro, now_s=now)
-        if eco.outputs:
+        outputs = eco.outputs
+        if outputs:
             self._mark_progress(now)
-        for out in eco.outputs:
-            if out.new_token_ids:
-                self.metrics.on_tokens(out.request_id, now, len(out.new_token_ids))
-            if out.finish_reason is not None:
-                self._finished(out.request_id, now, out.finish_reason, out.num_cached_tokens)
+            self.metrics.on_step_outputs(outputs, now)  # token times first: a finish reads none of them
+            for out in outputs:
+                if out.finish_reason is not None:
+                    self._finished(out.request_id, now, out.finish_reason, out.num_cached_tokens)
         ps = eco.scheduler_stats.prefix_cache_stats
         self.prefix_hits += ps.hits
         self.prefix_queries += ps.queries

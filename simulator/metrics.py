@@ -50,11 +50,20 @@ class MetricsCollector:
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
         self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
 
-    def on_tokens(self, request_id: str, t: float, n: int) -> None:
-        rec = self.requests[request_id]
-        if rec.first_token_s is None and n:
-            rec.first_token_s = t
-        rec.token_times_s.extend([t] * n)
+    def on_step_outputs(self, outputs: list, t: float) -> None:
+        """One step's outputs (RequestOutputs: request_id, new_token_ids) applied at t: their token
+        times, in one call (a step's update carries every running request)."""
+        requests = self.requests
+        for out in outputs:
+            n = len(out.new_token_ids)
+            if n:
+                rec = requests[out.request_id]
+                if rec.first_token_s is None:
+                    rec.first_token_s = t
+                if n == 1:
+                    rec.token_times_s.append(t)
+                else:
+                    rec.token_times_s.extend([t] * n)
 
     def on_decode_run(self, request_ids: list[str], times_s: list[float]) -> None:
         """Each request got one token at each of times_s (a run of plain decode steps)."""
