@@ -179,3 +179,20 @@ def test_prefix_cache_keys_is_validated():
 
     with pytest.raises(InputError, match="provenance | token_ids"):
         SimConfig(prefix_cache_keys="sha")
+
+
+def test_prefix_aware_routing_identical_with_either_keying():
+    """The router asks each replica's cache with the request's provenance (cached_prefix_tokens):
+    its choices, hence the whole cluster run, match the hashed-ids run."""
+    from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
+
+    frames = {}
+    for keys in ("provenance", "token_ids"):
+        sim = sim_config_from_dict({"prefix_cache_keys": keys, "scheduler.max_model_len": 2048,
+                                    "cache.num_gpu_blocks": 600, "derive_num_gpu_blocks": False})
+        cfg = ClusterConfig(replicas=[ReplicaGroup(3, sim)], router=RouterConfig("prefix_aware"))
+        res = run_cluster(cfg, _sharing_workload())
+        frames[keys] = res
+    a, b = frames["provenance"], frames["token_ids"]
+    assert a.summary["prefix_cache_hit_tokens"] > 2000
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
