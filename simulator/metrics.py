@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,9 @@ class RequestRecord:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
-    token_times_s: list[float] = field(default_factory=list)  # when each output token was produced
+    # When each output token was produced: float64 values, not boxed floats (a cluster hour
+    # streams ~65 M tokens, ~2 GB as a list and 0.5 GB as an array).
+    token_times_s: array = field(default_factory=lambda: array("d"))
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     finish_reason: str | None = None
@@ -97,7 +100,7 @@ class MetricsCollector:
         for rec in self.requests.values():
             if rec.first_token_s is not None:
                 rec.first_token_s += delay_s
-                rec.token_times_s = [t + delay_s for t in rec.token_times_s]
+                rec.token_times_s = array("d", [t + delay_s for t in rec.token_times_s])
             if rec.finish_s is not None:
                 rec.finish_s += delay_s
 
@@ -189,8 +192,8 @@ def _itl_lists(records: list[RequestRecord]) -> list[list[float]]:
     the gap that straddles two requests is never taken). Converting each request's times to an array
     separately cost more than the whole rest of the frame."""
     lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
-    flat = np.fromiter(itertools.chain.from_iterable(r.token_times_s for r in records), dtype=float,
-                       count=int(lens.sum()))
+    # the arrays' buffers laid end to end in one copy (the views are gone once it is made)
+    flat = np.concatenate([np.frombuffer(r.token_times_s, dtype=np.float64) for r in records]) if records else np.empty(0)
     gaps = np.diff(flat) if flat.size else flat
     ends = np.cumsum(lens).tolist()
     return [gaps[e - n:e - 1].tolist() if n > 1 else [] for e, n in zip(ends, lens.tolist())]
