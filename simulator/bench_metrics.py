@@ -20,7 +20,6 @@ Keys follow `vllm bench serve --save-result` (`mean_ttft_ms`, `p99_itl_ms`, `req
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -64,14 +63,25 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
     done = requests[completed_mask(requests)]
     rows = _latencies(done)
     # Tokens of one chunk share a timestamp, so their per-token gaps are 0: one chunk, one gap.
-    rows["itl_ms"] = [[g * 1e3 for g in gaps if g > 0] for gaps in done["itl_s"]]
+    rows["itl_ms"] = [(g[g > 0] * 1e3).tolist() for g in map(_as_floats, done["itl_s"])]
     return rows
+
+
+def _as_floats(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+def concat_gaps(column) -> np.ndarray:
+    """A requests frame's itl_s entries (float64 arrays, or [] where a request has no gap) laid end
+    to end as one float64 array, in order."""
+    parts = [v for v in column if len(v)]
+    return np.concatenate(parts).astype(np.float64, copy=False) if parts else np.empty(0)
 
 
 def _itl_ms(done: pd.DataFrame) -> np.ndarray:
     """Every completed request's per-chunk ITLs (ms) end to end, as per_request's lists laid out flat
     (the same products, in the same order), without a Python list per request."""
-    gaps = np.fromiter(itertools.chain.from_iterable(done["itl_s"]), dtype=float)
+    gaps = concat_gaps(done["itl_s"])
     return gaps[gaps > 0] * 1e3
 
 

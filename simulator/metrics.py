@@ -6,7 +6,6 @@ prefill tokens while they cover positions inside the prompt.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from array import array
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result
+from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result, concat_gaps
 from servesim.simulator.step_table import StepTable
 from servesim.simulator.summary_metrics import compute_metrics
 
@@ -297,7 +296,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     req = tables.requests
     done = req[req["finish_reason"].notna() & (req["finish_reason"] != "abort")]
     ok = done[done["output_len"] > 0]
-    itl = np.fromiter(itertools.chain.from_iterable(ok["itl_s"]), dtype=float)  # one pass in C, no list
+    itl = concat_gaps(ok["itl_s"])
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())
     dur = max(sim_duration_s, 1e-12)
