@@ -76,11 +76,9 @@ class BlockKeyPlan:
             return
         ends, bases = self.ends, self.bases
         t = 0
-        while ends[t] < (j + 1) * block_size:  # the run holding block j's last id
-            t += 1
         while j < stop:
             end = (j + 1) * block_size
-            while ends[t] < end:
+            while ends[t] < end:  # the run holding the block's last id (position end - 1)
                 t += 1
             keys.append(bases[t] + end.to_bytes(8, "little"))
             j += 1

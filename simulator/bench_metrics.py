@@ -63,12 +63,8 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
     done = requests[completed_mask(requests)]
     rows = _latencies(done)
     # Tokens of one chunk share a timestamp, so their per-token gaps are 0: one chunk, one gap.
-    rows["itl_ms"] = [(g[g > 0] * 1e3).tolist() for g in map(_as_floats, done["itl_s"])]
+    rows["itl_ms"] = [(g[g > 0] * 1e3).tolist() for g in (np.asarray(v, dtype=np.float64) for v in done["itl_s"])]
     return rows
-
-
-def _as_floats(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64)
 
 
 def concat_gaps(column) -> np.ndarray:

@@ -202,7 +202,7 @@ def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:
     return [gaps[e - n:e - 1] if n > 1 else [] for e, n in zip(ends, lens.tolist())]
 
 
-def _append_row(cols: dict[str, list], r: RequestRecord, itl: list[float]) -> None:
+def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list) -> None:
     """One request's values onto the requests-frame columns (completed, rejected or timed out);
     `itl` is its inter-token gaps (_itl_lists)."""
     times = r.token_times_s

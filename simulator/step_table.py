@@ -3,7 +3,7 @@
 Why columns: an hour-long replay has ~400k steps, most of them applied in bulk by macro-steps
 (simulator/macro_step.py). One object per step cost more to create and to transpose into the
 steps frame than the steps took to simulate; a run of steps here is one `extend` per column, and
-the frame is built from the lists as they are.
+the frame is built from the columns as they are.
 
 A step scheduled one at a time is appended when scheduled and completed at its update
 (`set_gpu_time`, `set_update`), by the row number `append` returned.
@@ -27,7 +27,7 @@ STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "
 
 
 class StepTable:
-    """Step rows (STEP_COLUMNS), one list per column, in step order.
+    """Step rows (STEP_COLUMNS), one array per column, in step order.
 
     Units: `start_s` when the step was scheduled; `duration_s` schedule to output applied (GPU and
     CPU time charged to the step); `gpu_time_s` the GPU's share; `kv_usage` the fraction of usable

@@ -7,7 +7,7 @@ identical and whose other tokens differ. Every id here is a pure function of a *
 Python `hash()`, which is salted per process). Ids are in [0, 2**31).
 
 Streams are domain-separated so that different kinds never collide by construction of the key:
-- ``hash_block_stream(h)``: Mooncake hash id ``h``; position = offset inside the 512-token block.
+- ``hash_block_streams(ids)``: Mooncake hash ids; position = offset inside the 512-token block.
 - ``group_stream(g)``: shared-prefix group ``g``; position = token index in the prompt.
 - ``text_stream(s)``: per request (or per session) stream keyed by a string id; position = token
   index in the conversation, so a later session turn re-reads the same tokens as earlier turns.
@@ -79,16 +79,17 @@ def stream_tokens(key: int, start: int, stop: int) -> np.ndarray:
     return (z >> np.uint64(33)).astype(np.int64)
 
 
-def hash_block_tokens(hash_ids: tuple[int, ...], block_len: int, num_tokens: int) -> np.ndarray:
-    """Tokens of the first `num_tokens` positions covered by Mooncake-style `hash_ids`.
-
-    Block i holds the tokens of hash id ``hash_ids[i]`` at offsets 0..block_len-1; they depend only
-    on (hash id, offset), never on i or the request, so equal leading ids give equal leading
-    tokens at any re-chunking. The last block is truncated to `num_tokens`.
-    """
-    if num_tokens <= 0 or not hash_ids:
-        return np.empty(0, dtype=np.int64)
-    keys = np.asarray(hash_block_streams(hash_ids), dtype=np.uint64)  # one stream per hash id
-    offsets = np.arange(block_len, dtype=np.uint64)
-    z = _mix(keys[:, None] + (offsets[None, :] + np.uint64(1)) * _GOLDEN)
-    return (z >> np.uint64(33)).astype(np.int64).reshape(-1)[:num_tokens]
+def runs_tokens(runs: list[tuple[int, int, int]]) -> np.ndarray:
+    """Token ids of (stream key, first position, count) runs laid end to end, as int64: each run is
+    stream_tokens(key, first, first + count), all computed in one vectorised pass (a Mooncake prompt
+    has a run per hash id)."""
+    if len(runs) == 1:
+        key, start, n = runs[0]
+        return stream_tokens(key, start, start + n)
+    keys = np.array([k for k, _, _ in runs], dtype=np.uint64)
+    starts = np.array([s for _, s, _ in runs], dtype=np.int64)
+    lens = np.array([n for _, _, n in runs], dtype=np.int64)
+    offsets = np.cumsum(lens) - lens  # where each run starts in the output
+    positions = (np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - offsets, lens)).astype(np.uint64)
+    z = _mix(np.repeat(keys, lens) + (positions + np.uint64(1)) * _GOLDEN)
+    return (z >> np.uint64(33)).astype(np.int64)

@@ -30,7 +30,7 @@ from servesim.traces.tokens import (
     TOKEN_ID_LIMIT,
     group_stream,
     hash_block_streams,
-    hash_block_tokens,
+    runs_tokens,
     stream_source,
     stream_tokens,
     text_stream,
@@ -118,19 +118,7 @@ class RequestSpec:
         """Prompt token ids as an int64 numpy array (see the module docstring for the rules)."""
         if self.prompt_token_ids is not None:
             return np.asarray(self.prompt_token_ids, dtype=np.int64)
-        n = self.prompt_len
-        parts: list[np.ndarray] = []
-        covered = 0
-        if self.prefix_hash_ids:
-            head = hash_block_tokens(self.prefix_hash_ids, self.prefix_block_len, n)
-            parts.append(head)
-            covered = len(head)
-        elif self.prefix_group is not None and self.prefix_len > 0:
-            parts.append(stream_tokens(group_stream(self.prefix_group), 0, self.prefix_len))
-            covered = self.prefix_len
-        if covered < n:
-            parts.append(stream_tokens(self._stream_key(), covered, n))
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return runs_tokens(self._runs())
 
     def token_segments(self) -> tuple[tuple[bytes, int, int], ...] | None:
         """Where token_array()'s ids come from, as (stream identity, first position, count) runs in
@@ -139,21 +127,26 @@ class RequestSpec:
         equal runs mean equal ids, and the prefix cache can key blocks by these runs alone."""
         if self.prompt_token_ids is not None:
             return None
+        return tuple([(stream_source(key), start, n) for key, start, n in self._runs()])
+
+    def _runs(self) -> list[tuple[int, int, int]]:
+        """The synthetic prompt as (stream key, first position, count) runs, in order: Mooncake hash
+        ids (one run each) or a shared-prefix group, then the request's (or session's) own stream."""
         n, covered = self.prompt_len, 0
-        runs: list[tuple[bytes, int, int]] = []
+        runs: list[tuple[int, int, int]] = []
         if self.prefix_hash_ids:
             for key in hash_block_streams(self.prefix_hash_ids):
                 take = min(self.prefix_block_len, n - covered)
                 if take <= 0:
                     break
-                runs.append((stream_source(key), 0, take))
+                runs.append((key, 0, take))
                 covered += take
         elif self.prefix_group is not None and self.prefix_len > 0:
-            runs.append((stream_source(group_stream(self.prefix_group)), 0, self.prefix_len))
+            runs.append((group_stream(self.prefix_group), 0, self.prefix_len))
             covered = self.prefix_len
         if covered < n:
-            runs.append((stream_source(self._stream_key()), covered, n - covered))
-        return tuple(runs)
+            runs.append((self._stream_key(), covered, n - covered))
+        return runs
 
     def token_ids(self) -> list[int]:
         """Prompt token ids (len == prompt_len), each in [0, 2**31)."""
