@@ -11,6 +11,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig
 from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.sampling import SamplingConfig
 from servesim.traces.errors import InputError
 
 
@@ -129,6 +130,9 @@ class SimConfig:
     # The OpenAI server in front of the engine (off: in-process runs) and the clients' behaviour.
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    # The sampling parameters the requests run with (client's over the server's generation config):
+    # top-p sends vLLM's sampler down its sort path, priced per sampled row (simulator/sampling.py).
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):

@@ -31,6 +31,7 @@ from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError, diagnose
 from servesim.simulator.macro_step import MacroStepMixin, macro_fallback_reason
 from servesim.simulator.metrics import MetricsCollector
+from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.scheduler.worker import TokenSource
 from servesim.traces.workload import RequestSpec, Workload
@@ -69,7 +70,8 @@ class Engine(MacroStepMixin):
         hw = cfg.hardware
         if executor is None:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
-            executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens)
+            executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens,
+                                   sampler=sampler_cost_for(cfg))
         self.executor = executor
         self._keys_from_provenance = cfg.prefix_cache_keys == "provenance"
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")

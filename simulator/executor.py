@@ -12,6 +12,7 @@ from typing import Protocol
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.worker import BatchTracker, TokenSource
 from servesim.simulator.cost_model.base import CostModel, StepShape, bulk_decode_pricer, decode_step_times_s
+from servesim.simulator.sampling import SamplerCost
 
 
 class Executor(Protocol):
@@ -29,8 +30,12 @@ class Executor(Protocol):
 class SimExecutor:
     """Simulated GPU: sampled tokens from the shared token source, time from a cost model."""
 
-    def __init__(self, cost_model: CostModel, tokens: TokenSource, num_spec_tokens: int = 0) -> None:
+    def __init__(self, cost_model: CostModel, tokens: TokenSource, num_spec_tokens: int = 0,
+                 sampler: SamplerCost | None = None) -> None:
         self.cost_model = cost_model
+        # What the requests' sampler path adds beyond the cost model's neutral sampler
+        # (simulator/sampling.py); None leaves every step time the cost model's float.
+        self.sampler = sampler if sampler is not None and sampler.s_per_row else None
         self.batch = BatchTracker(tokens, num_spec_tokens)
         self.last_shape: StepShape | None = None
         self._pricer_of: CostModel | None = None  # the cost model _pricer was resolved for
@@ -41,6 +46,8 @@ class SimExecutor:
         shape = StepShape(tuple(new), tuple(ctx), sum(sample))
         self.last_shape = shape
         step_s = self.cost_model.step_time_s(shape) if req_ids else 0.0
+        if self.sampler is not None and shape.num_sampled:
+            step_s += self.sampler.seconds(shape.num_sampled)
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
 
     def output_token_source(self, request_id: str) -> bytes | None:
@@ -53,7 +60,11 @@ class SimExecutor:
         model = self.cost_model
         if self._pricer_of is not model:  # resolved once per cost model (it is a public attribute)
             self._pricer_of, self._pricer = model, bulk_decode_pricer(model)
-        return decode_step_times_s(model, num_context_tokens, num_steps, self._pricer)
+        times = decode_step_times_s(model, num_context_tokens, num_steps, self._pricer)
+        if self.sampler is not None:  # every request samples one row a step: execute()'s sum
+            extra = self.sampler.seconds(len(num_context_tokens))
+            times = [t + extra for t in times]
+        return times
 
     def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int,
                           finished_req_ids: set[str]) -> list[list[int]]:

@@ -76,11 +76,12 @@ def render(results: list[dict]) -> str:
         lines.append(f"| {r['run']} | {r['model']} | {r['gpu']} | {r['tp']} | {r['cost_model']} | "
                      f"{_abs(r['ttft'])} | {_abs(r['tpot'])} | {_abs(r['e2e'])} | {_pct(r['e2e_mean_err'])} |")
     lines += ["", "BLIS H100 runs, per load stage (signed error of the simulated statistic; + = simulator slower):", "",
-              "| run | model (weights) | TP | cost model | stage | TTFT mean | ITL mean | E2E mean | E2E p90 |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| run | model (weights) | TP | cost model | sampler | stage | TTFT mean | ITL mean | E2E mean | E2E p90 |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in results if r["kind"] == "per_stage"):
         for st, e in r["stages"].items():
-            lines.append(f"| {r['run']} | {r['model']} ({r['weight_dtype']}) | {r['tp']} | {r['cost_model']} | {st} | "
+            sampler = r.get("sampling", {}).get("path", "—")
+            lines.append(f"| {r['run']} | {r['model']} ({r['weight_dtype']}) | {r['tp']} | {r['cost_model']} | {sampler} | {st} | "
                          f"{_pct(e['ttft_mean'])} | {_pct(e['itl_mean'])} | {_pct(e['e2e_mean'])} | {_pct(e['e2e_p90'])} |")
     stage_rows = [e for r in results if r["kind"] == "per_stage" for st, e in r["stages"].items() if st != "summary"]
     if stage_rows:

@@ -26,12 +26,14 @@ from servesim.simulator.cost_model.cudagraph import default_capture_sizes
 from servesim.simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.sampling import SamplingConfig
 from servesim.simulator.specs import resolve_gpu, resolve_model
 from servesim.traces.bench import BenchConfig, StageConfig, bench_workload
 from servesim.traces.errors import InputError
 from servesim.traces.workload import Workload
 
 from .cpu import cpu_overhead_preset
+from .generation_defaults import generation_defaults
 from .runs import vllm_defaults
 
 CONFIGS = "blis_trainval15_experiment_configs.json"
@@ -127,9 +129,16 @@ def blis_workload(exp: BlisExperiment) -> tuple[Workload, np.ndarray]:
 
 
 def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str = "calibrated",
-                frontend: bool = True, client_timeout_s: float | None = None) -> tuple[SimConfig, dict]:
+                frontend: bool = True, client_timeout_s: float | None = None,
+                sampling: SamplingConfig | None = None) -> tuple[SimConfig, dict]:
     """The run's engine, and (measured over HTTP by inference-perf) the OpenAI frontend and the
-    clients in front of it (docs/FRONTEND.md)."""
+    clients in front of it (docs/FRONTEND.md). inference-perf sends no sampling parameters, so the
+    requests sample with the model's generation-config defaults (validation/generation_defaults.py)
+    unless ``sampling`` says otherwise."""
+    if sampling is None:
+        sampling, sampling_source = generation_defaults(exp.model)
+    else:
+        sampling_source = "given"
     spec = resolve_model(exp.model)
     defaults = vllm_defaults(exp.engine_version)
     name = cost_model
@@ -152,11 +161,12 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
         cache=CacheConfig(block_size=16, num_gpu_blocks=exp.num_gpu_blocks,
                           enable_prefix_caching=True),
         derive_num_gpu_blocks=False, cost_model=cm, frontend=FrontendConfig(enabled=frontend),
-        client=ClientConfig(timeout_s=client_timeout_s))
+        client=ClientConfig(timeout_s=client_timeout_s), sampling=sampling)
     return cfg, {"model": spec.name, "weight_dtype": spec.weight_dtype, "gpu": exp.gpu,
                  "tp": exp.tp, "cost_model": name, "num_gpu_blocks": exp.num_gpu_blocks,
                  "cudagraph_max_size": graphs[-1] if graphs else None,
-                 "frontend": frontend, "client_timeout_s": client_timeout_s}
+                 "frontend": frontend, "client_timeout_s": client_timeout_s,
+                 "sampling": {"path": sampling.path, "source": sampling_source}}
 
 
 def _stats(req: pd.DataFrame) -> dict[str, float]:
@@ -172,11 +182,11 @@ def _stats(req: pd.DataFrame) -> dict[str, float]:
 
 def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
                   cpu_overhead: str = "calibrated", frontend: bool = True,
-                  client_timeout_s: float | None = None) -> dict:
+                  client_timeout_s: float | None = None, sampling: SamplingConfig | None = None) -> dict:
     """Simulate one BLIS run and compare every measured stage (and the summary row)."""
     exp = find_experiment(path, experiment)
     wl, stage_of = blis_workload(exp)
-    cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s)
+    cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s, sampling)
     res = Engine(cfg, wl).run()
     req = res.metrics.requests_frame().set_index("request_id")
     req = req.loc[[r.request_id for r in wl.requests]]  # workload order, so stage_of lines up
@@ -207,7 +217,8 @@ def format_blis_report(rep: dict) -> str:
     """Per-stage table for the CLI: measured / simulated ms and the signed error."""
     s = rep["settings"]
     lines = [f"{rep['experiment']}: {rep['num_requests']} requests; {s['model']} ({s['weight_dtype']}) "
-             f"on {s['gpu']} tp={s['tp']}; cost model {s['cost_model']}; KV {s['num_gpu_blocks']} blocks",
+             f"on {s['gpu']} tp={s['tp']}; cost model {s['cost_model']}; KV {s['num_gpu_blocks']} blocks; "
+             f"sampler path {s['sampling']['path']} ({s['sampling']['source']})",
              f"{'stage':<9}{'metric':<10}{'measured':>11}{'simulated':>11}{'error':>8}"]
     for stage, stats in rep["stages"].items():
         for k in ("ttft_mean", "itl_mean", "e2e_mean", "e2e_p90"):
