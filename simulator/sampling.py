@@ -5,7 +5,7 @@ top-k / top-p): a few passes over each sampled row's fp32 logits. vLLM 0.15 - 0.
 different path once any request of the batch asks for top-p (``vllm/v1/sample/ops/
 topk_topp_sampler.py``: ``forward_native`` -> ``apply_top_k_top_p``; the FlashInfer sampler is
 off unless ``VLLM_USE_FLASHINFER_SAMPLER=1``): the whole ``[rows, vocab]`` fp32 logits are sorted
-with ``torch.sort`` (for 2 - 127 rows PyTorch runs two full radix sorts over every element,
+with ``torch.sort`` (below 128 rows PyTorch runs two full radix sorts over every element,
 ``segmented_sort_pairs_by_full_sort``), then softmax, cumsum, mask and scatter back. That work
 runs eagerly after the CUDA-graphed forward, once per step, on every sampled row, and grows with
 rows x vocab.
@@ -28,10 +28,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servesim.traces.errors import InputError
 
 from .specs import resolve_gpu, resolve_model
+
+if TYPE_CHECKING:  # config.py imports this module
+    from .config import SimConfig
 
 # Median seconds per logit element of the sort path in vLLM PR #33538's H100 table (module docstring),
 # below 128 rows (PyTorch's segmented_sort_pairs_by_full_sort) and from 128 rows (CUB segmented sort).
@@ -40,8 +44,6 @@ SORT_S_PER_LOGIT_H100_FROM_128_ROWS = 0.1377e-9
 _SEGMENTED_SORT_ROWS = 128  # PyTorch's launch_stable_sort_kernel switches algorithm here
 _H100_BANDWIDTH_BYTES_PER_S = 3.35e12  # the GPU that table was measured on (H100 SXM, HBM3)
 _SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy sampling
-
-SAMPLER_PATHS = ("greedy", "random", "top_k", "sort")
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,7 +118,7 @@ def sampler_cost(sampling: SamplingConfig, vocab_size: int, mem_bandwidth_bytes_
     return SamplerCost(SORT_S_PER_LOGIT_H100 * scale, SORT_S_PER_LOGIT_H100_FROM_128_ROWS * scale)
 
 
-def sampler_cost_for(cfg) -> SamplerCost:
+def sampler_cost_for(cfg: SimConfig) -> SamplerCost:
     """:func:`sampler_cost` for a SimConfig's sampling, model and GPU."""
     if cfg.sampling.path != "sort":  # the common case resolves no spec
         return SamplerCost()
