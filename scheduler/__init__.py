@@ -10,12 +10,12 @@ from servesim.scheduler.output import (
     CachedRequestData, EngineCoreOutputs, ModelRunnerOutput, NewRequestData, RequestOutput,
     SchedulerOutput, SchedulerStats, SpecDecodingStats,
 )
-from servesim.scheduler.request import Request, RequestStatus, SamplingParams, check_stop
+from servesim.scheduler.request import LazyTokenIds, Request, RequestStatus, SamplingParams, check_stop
 from servesim.scheduler.scheduler import Scheduler
 
 __all__ = [
     "AsyncScheduler", "CacheConfig", "CachedRequestData", "EngineCoreOutputs", "InvariantError",
-    "KVCacheBlocks", "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats",
+    "KVCacheBlocks", "KVCacheManager", "LazyTokenIds", "ModelRunnerOutput", "NewRequestData", "PrefixCacheStats",
     "Request", "RequestOutput", "RequestStatus", "SamplingParams", "Scheduler", "SchedulerCapabilities",
     "SchedulerConfig", "SchedulerInterface", "SchedulerOutput", "SchedulerStats", "SpecDecodingStats",
     "TokenProvenance", "TokenSegment",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from servesim.scheduler.kv.manager import PrefixCacheStats
-from servesim.scheduler.request import SamplingParams
+from servesim.scheduler.request import LazyTokenIds, SamplingParams
 
 
 @dataclass(slots=True)
@@ -14,7 +14,8 @@ class NewRequestData:
     """A request scheduled for the first time (the worker has no state for it yet)."""
 
     req_id: str
-    prompt_token_ids: Sequence[int]  # the request's compact array (scheduler/request.py)
+    prompt_token_ids: Sequence[int] | LazyTokenIds  # the request's compact array, or its unbuilt ids
+    # (scheduler/request.py: len() builds nothing, iterating builds them)
     sampling_params: SamplingParams
     block_ids: tuple[list[int], ...]  # group -> block ids of the whole request so far
     num_computed_tokens: int  # tokens already in KV (prefix-cache hit) before this step

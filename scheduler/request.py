@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from servesim.scheduler.block_keys import BlockKeyPlan
@@ -82,13 +82,47 @@ class SamplingParams:
 BlockHasher = Callable[["Request"], list[bytes]]
 
 
+class LazyTokenIds:
+    """A prompt's ids, built on first read. A synthetic prompt's ids are a pure function of its
+    trace row, and the simulated engine reads only their count (its prefix-cache keys come from
+    the ids' provenance, block_keys.py), so most prompts never need them built; a reader that does
+    (the GPU runner, a real-id hasher, a resumed request's output data) gets exactly the ids."""
+
+    __slots__ = ("num_tokens", "_build", "_ids")
+
+    def __init__(self, num_tokens: int, build: Callable[[], Sequence[int]]) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"a prompt needs at least one token, got {num_tokens}")
+        self.num_tokens = num_tokens
+        self._build = build
+        self._ids: array | list[int] | None = None
+
+    def ids(self) -> array | list[int]:
+        """The ids (compact, as Request stores them), built on the first call."""
+        if self._ids is None:
+            ids = _compact_ids(self._build())
+            if len(ids) != self.num_tokens:  # the builder's contract: exactly num_tokens ids
+                raise ValueError(f"lazy prompt built {len(ids)} ids, declared {self.num_tokens}")
+            self._ids = ids
+        return self._ids
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids())
+
+    def __getitem__(self, index: int) -> int:
+        return self.ids()[index]
+
+
 class Request:
     """A request as the scheduler sees it. Mirrors vllm.v1.request.Request."""
 
     __slots__ = (
         "request_id", "priority", "sampling_params", "arrival_time", "lora_id", "cache_salt",
         "job_id", "is_last_step", "status", "stop_reason", "max_tokens",
-        "num_prompt_tokens", "_output_token_ids", "_all_token_ids", "num_output_placeholders",
+        "num_prompt_tokens", "_output_token_ids", "_all_token_ids", "_lazy_prompt", "num_output_placeholders",
         "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
         "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size", "_key_plan",
@@ -99,7 +133,8 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],  # copied; an array('i') or array('q') without boxing ids
+        prompt_token_ids: Sequence[int] | LazyTokenIds,  # copied (an array('i') or array('q') without
+        # boxing ids), or built only when something reads them
         sampling_params: SamplingParams,
         arrival_time: float = 0.0,  # seconds (any epoch the caller uses); a priority tie-breaker
         priority: int = 0,  # lower runs first under the priority policy
@@ -110,7 +145,7 @@ class Request:
         is_last_step: bool = True,  # Continuum: False for non-final turns of a job
         token_provenance: TokenProvenance | None = None,  # where the ids come from: keys without hashing
     ) -> None:
-        if not prompt_token_ids:
+        if not len(prompt_token_ids):
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
         if lora_id is not None and lora_id <= 0:
             raise ValueError(f"request {request_id!r}: lora_id must be > 0 or None")
@@ -127,9 +162,16 @@ class Request:
         self.max_tokens = sampling_params.max_tokens
         # Prompt and output ids live once, in one array of machine ints (4 bytes a token while ids fit
         # int32, instead of a pointer plus a boxed int, twice): a queued long prompt is the simulator's
-        # largest object.
-        self._all_token_ids: array | list[int] = _compact_ids(prompt_token_ids)
-        self.num_prompt_tokens = len(self._all_token_ids)
+        # largest object. A lazy prompt leaves it None until read (outputs then live only in
+        # _output_token_ids); invariant: num_tokens == num_prompt_tokens + len(_output_token_ids).
+        self._lazy_prompt: LazyTokenIds | None = None
+        self._all_token_ids: array | list[int] | None = None
+        if isinstance(prompt_token_ids, LazyTokenIds):
+            self._lazy_prompt = prompt_token_ids
+            self.num_prompt_tokens = prompt_token_ids.num_tokens
+        else:
+            self._all_token_ids = _compact_ids(prompt_token_ids)
+            self.num_prompt_tokens = len(self._all_token_ids)
         self._output_token_ids: list[int] = []
         # Async scheduling: tokens scheduled whose ids are not known yet (counted as computed).
         self.num_output_placeholders = 0
@@ -157,6 +199,13 @@ class Request:
     # --- token bookkeeping -------------------------------------------------------------------
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         all_ids = self._all_token_ids
+        if all_ids is None:  # lazy prompt: the outputs alone until something reads all the ids
+            if isinstance(token_ids, int):
+                self._output_token_ids.append(token_ids)
+            else:
+                self._output_token_ids.extend(token_ids)
+            self.update_block_hashes()
+            return
         try:
             if isinstance(token_ids, int):
                 self._output_token_ids.append(token_ids)
@@ -175,7 +224,7 @@ class Request:
         """Hash the newly completed full blocks (block hashes grow with the tokens)."""
         if self._block_hasher is None:
             return
-        num_tokens, block_size = len(self._all_token_ids), self._hash_block_size
+        num_tokens, block_size = self.num_prompt_tokens + len(self._output_token_ids), self._hash_block_size
         if num_tokens < (len(self.block_hashes) + 1) * block_size:
             return  # no new full block yet
         plan = self._key_plan
@@ -186,9 +235,12 @@ class Request:
         self.block_hashes.extend(self._block_hasher(self))
 
     @property
-    def prompt_token_ids(self) -> array | list[int]:
-        """A fresh copy of the prompt ids (read when the request is first scheduled, not per step)."""
-        return self._all_token_ids[: self.num_prompt_tokens]
+    def prompt_token_ids(self) -> array | list[int] | LazyTokenIds:
+        """The prompt ids (read when the request is first scheduled, not per step): a fresh copy,
+        or the lazy prompt itself while its ids are unbuilt (immutable; len() builds nothing)."""
+        if self._all_token_ids is None and self._lazy_prompt is not None:
+            return self._lazy_prompt
+        return self.all_token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -196,15 +248,32 @@ class Request:
 
     @property
     def all_token_ids(self) -> array | list[int]:
-        return self._all_token_ids  # read-only by convention; see _compact_ids for the type
+        """Prompt and output ids (read-only by convention; see _compact_ids for the type); a lazy
+        prompt's ids are built here, once."""
+        ids = self._all_token_ids
+        if ids is None:
+            assert self._lazy_prompt is not None
+            prompt = self._lazy_prompt.ids()
+            outputs = self._output_token_ids
+            if type(prompt) is array:
+                ids = prompt[:]  # our own copy: the lazy prompt's ids may be shared with readers
+                try:
+                    ids.fromlist(outputs)  # all or nothing
+                except OverflowError:  # an output id beyond the array's type: a wider one
+                    ids = _compact_ids([*prompt, *outputs])
+            else:
+                ids = [*prompt, *outputs]
+            self._lazy_prompt = None
+            self._all_token_ids = ids
+        return ids
 
     @property
     def num_tokens(self) -> int:
-        return len(self._all_token_ids)
+        return self.num_prompt_tokens + len(self._output_token_ids)
 
     @property
     def num_tokens_with_spec(self) -> int:
-        return len(self._all_token_ids) + len(self.spec_token_ids)
+        return self.num_prompt_tokens + len(self._output_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -13,13 +13,14 @@ import heapq
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
 import simpy
 
-from servesim.scheduler import CacheConfig, Request, RequestStatus, SamplingParams, TokenProvenance, TokenSegment
+from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, RequestStatus, SamplingParams, TokenProvenance,
+                                TokenSegment)
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.scheduler.oracle_trace import finish_record, step_record
@@ -195,7 +196,7 @@ class Engine(MacroStepMixin):
                 return
             heapq.heappush(self._deadlines, (deadline_s, self._num_submitted, spec.request_id))
         self._num_submitted += 1
-        req = Request(spec.request_id, spec.token_id_array(), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+        req = Request(spec.request_id, self._prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                       job_id=spec.session_id, is_last_step=spec.is_last_turn,
                       token_provenance=self.token_provenance(spec))  # add_request keys its blocks
@@ -203,6 +204,14 @@ class Engine(MacroStepMixin):
         self._arrived_since_step.append(spec.request_id)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
+
+    @staticmethod
+    def _prompt_ids(spec: RequestSpec) -> Sequence[int] | LazyTokenIds:
+        """A trace's real ids as they are; a synthetic prompt's ids built only if something reads
+        them (the simulated engine reads their count and, with provenance keys, nothing else)."""
+        if spec.prompt_token_ids is not None:
+            return spec.token_id_array()
+        return LazyTokenIds(spec.prompt_len, spec.token_id_array)
 
     def token_provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 from array import array
 
+import pytest
+
 from servesim.scheduler.hashing import make_block_hasher
-from servesim.scheduler.request import Request, SamplingParams
+from servesim.scheduler.request import LazyTokenIds, Request, SamplingParams
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.metrics import summarize
 from servesim.traces.bundled import load_bundled
-from servesim.traces.workload import RequestSpec
+from servesim.traces.workload import RequestSpec, Workload
 
 
 def _pair(ids):
@@ -80,3 +82,74 @@ def test_block_hashes_equal_hashes_of_plain_int_lists():
                                    extra_keys_bytes(r, start))
         expected.append(parent)
     assert r.block_hashes == expected
+
+
+class _CountingBuild:
+    """A lazy prompt's builder that counts its calls."""
+
+    def __init__(self, ids):
+        self.ids, self.calls = ids, 0
+
+    def __call__(self):
+        self.calls += 1
+        return array("i", self.ids)
+
+
+def test_lazy_prompt_behaves_as_the_eager_one_and_builds_its_ids_once():
+    ids = list(range(300, 323))  # 23 ids: six full blocks of 4 with the outputs below
+    for outputs in ([7, 8, 9], [2**40, 6], [4, 2**70, 5]):  # int32, widening to int64, beyond int64
+        build = _CountingBuild(ids)
+        hasher = make_block_hasher(4)
+        sp = SamplingParams(max_tokens=20, ignore_eos=True)
+        lazy = Request("a", LazyTokenIds(len(ids), build), sp, block_hasher=hasher)
+        eager = Request("a", list(ids), sp, block_hasher=hasher)
+        assert build.calls == 1  # the real-id hasher read the prompt's blocks at construction
+        for r in (lazy, eager):
+            r.append_output_token_ids(outputs[0])
+            r.append_output_token_ids(outputs[1:])
+        n = len(ids) + len(outputs)
+        assert lazy.num_tokens == eager.num_tokens == n and lazy.num_tokens_with_spec == n
+        assert lazy.block_hashes == eager.block_hashes and len(lazy.block_hashes) == 6
+        assert list(lazy.all_token_ids) == list(eager.all_token_ids) == ids + outputs
+        assert list(lazy.prompt_token_ids) == ids and lazy.output_token_ids == outputs
+        assert build.calls == 1
+
+
+def test_lazy_prompt_is_not_built_when_nothing_reads_its_ids():
+    build = _CountingBuild(list(range(10)))
+    r = Request("a", LazyTokenIds(10, build), SamplingParams(max_tokens=5))  # no hasher: keys elsewhere
+    r.append_output_token_ids([1, 2])
+    prompt = r.prompt_token_ids
+    assert isinstance(prompt, LazyTokenIds) and len(prompt) == 10 and r.num_tokens == 12
+    assert build.calls == 0
+    assert list(prompt) == list(range(10)) and prompt[3] == 3 and build.calls == 1  # a reader builds them
+    assert list(r.all_token_ids) == list(range(10)) + [1, 2] and build.calls == 1
+
+
+def test_lazy_prompt_refuses_a_builder_that_breaks_its_count():
+    with pytest.raises(ValueError, match="built 3 ids, declared 4"):
+        LazyTokenIds(4, lambda: [1, 2, 3]).ids()
+    with pytest.raises(ValueError, match="at least one token"):
+        LazyTokenIds(0, list)
+
+
+@pytest.mark.parametrize("keys", ["provenance", "token_ids"])
+def test_simulated_replay_builds_synthetic_prompts_only_when_hashing_ids(keys, monkeypatch):
+    """Provenance keys read no prompt id: no synthetic prompt is built; hashing the ids builds
+    each prompt once. The results are the same either way (tests/test_block_keys.py)."""
+    calls = []
+    original = RequestSpec.token_id_array
+    monkeypatch.setattr(RequestSpec, "token_id_array", lambda spec: calls.append(spec.request_id) or original(spec))
+    # synthetic prompts of every provenance kind: the request's own stream, a shared-prefix group
+    # (with hits) and Mooncake-style hash ids
+    specs = [RequestSpec(f"r{i}", 0.05 * i, 100 + 37 * i, 5 + i % 7,
+                         **([{"prefix_group": i % 3, "prefix_len": 64}, {"prefix_hash_ids": (1, 2, i), "prefix_block_len": 16}, {}][i % 3]))
+             for i in range(30)]
+    wl = Workload(specs, name="lazy", source="tests/test_compact_memory.py")
+    res = Engine(SimConfig(prefix_cache_keys=keys), wl).run()
+    assert res.prefix_hits > 0
+    assert res.num_steps > 0 and res.metrics.tables().requests["finish_s"].notna().all()
+    if keys == "provenance":
+        assert calls == []
+    else:
+        assert sorted(calls) == sorted(r.request_id for r in wl.requests)

@@ -152,7 +152,7 @@ class KVCacheManager(DecodeRunMixin):
             if new:
                 req_blocks.extend(new)
             if self.enable_caching and not delay_cache_blocks:
-                num_tokens = len(request._all_token_ids)
+                num_tokens = request.num_tokens
                 upto = total_computed + num_new_tokens
                 mgr.cache_blocks(request, upto if upto < num_tokens else num_tokens)
             return KVCacheBlocks((new,)) if new else empty
