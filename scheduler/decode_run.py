@@ -143,10 +143,10 @@ class DecodeRunMixin(ScheduleMixin):
                 if not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
 
     def schedule_decode_steps(self: Scheduler, batch: Sequence[Request], num_steps: int,
-                              token_ids: Sequence[Sequence[int]], now_s: float) -> DecodeRunEffects:
+                              token_ids: Sequence[list[int]], now_s: float) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
-        planned) and, after each, the update of one step (its tokens: token_ids[i] for batch[i],
-        num_steps each, or empty lists for no updates).
+        planned) and, after each, the update of one step (its tokens: the first num_steps of
+        token_ids[i] for batch[i]; no lists, or empty ones, for no updates).
 
         Sync loop: step j's own update follows its schedule. Async loop: the update that follows
         schedule j is the previous step's (already in flight), so placeholders stay constant.
@@ -157,8 +157,8 @@ class DecodeRunMixin(ScheduleMixin):
         t0 = [r.num_tokens for r in batch]
         with_updates = bool(token_ids) and len(token_ids[0]) > 0
         if with_updates:
-            for r, toks in zip(batch, token_ids):
-                r.append_output_token_ids(list(toks))  # hashes the blocks they complete
+            for r, toks in zip(batch, token_ids):  # hashes the blocks they complete
+                r.append_output_token_ids(toks if len(toks) == num_steps else toks[:num_steps])
         kvm = self.kv_cache_manager
         free_after = kvm.apply_decode_run(batch, num_steps, t0)
         hits, queries = kvm.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)

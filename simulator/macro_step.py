@@ -267,7 +267,7 @@ class MacroStepMixin:
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         self._on_update(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
-        rest = sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], upd_t[-1])
+        rest = sched.schedule_decode_steps(reqs, k - 1, tokens, upd_t[-1])  # all but each list's last
         self.executor.forget(rest.finished)
         # The run's second update applies the first step's output (and takes schedule 1's lookup).
         hits, queries = rest.prefix_hits, rest.prefix_queries

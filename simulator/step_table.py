@@ -83,20 +83,21 @@ class StepTable:
         request's lookups: it stays blocked). duration_s may be one shorter than start_s (the last
         step's update is still to come: set_update completes it, prefix stats included)."""
         k = len(start_s)
-        self.step.extend(range(first_step, first_step + k))
-        self.start_s.extend(start_s)
-        self.duration_s.extend(duration_s)
-        self.duration_s.extend([0.0] * (k - len(duration_s)))
-        self.gpu_time_s.extend(gpu_time_s)
-        self.num_requests.extend([num_requests] * k)
-        self.num_prefill_tokens.extend([0] * k)
-        self.num_decode_tokens.extend([num_requests] * k)
-        self.kv_usage.extend(kv_usage)
-        self.num_running.extend([num_running] * k)
-        self.num_waiting.extend([num_waiting] * k)
-        self.num_preemptions.extend([0] * k)
-        self.prefix_hit_tokens.extend(prefix_hit_tokens)
-        self.prefix_query_tokens.extend(prefix_query_tokens)
+        # lists go in by fromlist (one typed C loop), repeated values as a repeated one-item array
+        self.step.extend(array("q", range(first_step, first_step + k)))
+        self.start_s.fromlist(start_s)
+        self.duration_s.fromlist(duration_s)
+        self.duration_s.extend(_ZERO_F * (k - len(duration_s)))
+        self.gpu_time_s.fromlist(gpu_time_s)
+        self.num_requests.extend(array("q", (num_requests,)) * k)
+        self.num_prefill_tokens.extend(_ZERO_I * k)
+        self.num_decode_tokens.extend(array("q", (num_requests,)) * k)
+        self.kv_usage.extend(array("d", kv_usage))
+        self.num_running.extend(array("q", (num_running,)) * k)
+        self.num_waiting.extend(array("q", (num_waiting,)) * k)
+        self.num_preemptions.extend(_ZERO_I * k)
+        self.prefix_hit_tokens.fromlist(prefix_hit_tokens)
+        self.prefix_query_tokens.fromlist(prefix_query_tokens)
 
     def extend(self, other: StepTable) -> None:
         """Append another table's rows (a cluster's replicas, one after another)."""
@@ -116,3 +117,5 @@ class StepTable:
 
 _DTYPES = {name: ("float64" if name.endswith("_s") or name == "kv_usage" else "int64") for name in STEP_COLUMNS}
 _TYPECODES = {name: ("d" if dtype == "float64" else "q") for name, dtype in _DTYPES.items()}
+_ZERO_I = array("q", (0,))
+_ZERO_F = array("d", (0.0,))

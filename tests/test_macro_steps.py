@@ -122,7 +122,8 @@ def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
     from servesim.simulator.cost_model.base import StepShape, decode_step_times_s
 
     for rid in ("r0", "llmservingsim-17", "é-unicode"):
-        assert TokenSource().tokens(rid, 5, 300) == [oracle_token(rid, k) for k in range(5, 305)]
+        for k, n in ((5, 300), (4000, 200), (5000, 3)):  # inside, across and past the digits table
+            assert TokenSource().tokens(rid, k, n) == [oracle_token(rid, j) for j in range(k, k + n)]
     rng = random.Random(0)
     # dense TP1, dense TP4 (all-reduce), MoE (expert term), and the calibrated fit
     for name, model, tp in (("roofline", "llama-3.1-8b", 1), ("roofline", "llama-3.1-70b", 4),
