@@ -79,7 +79,7 @@ class RooflineCostModel:
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
-                 "_mla_decode", "attention_source")
+                 "_mla_decode", "attention_source", "_decode_fixed")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -161,6 +161,9 @@ class RooflineCostModel:
         # for it).
         self._gather = self.collectives.logits_gather_curve(
             logits_gather_bytes_per_row(m.vocab_size, b)) if tp > 1 else None
+        # batch size -> (gemm, elementwise, comm, head) of an all-decode step: every field above
+        # is fixed after construction, so these are too (decode_step_times_s)
+        self._decode_fixed: dict[int, tuple[float, float, float, float]] = {}
 
     def _precompute_experts(self, c_exp: float, wx: float, moe_frac: float) -> None:
         """Routed experts: a measured FusedMoE curve when one covers this deployment, else the
@@ -273,12 +276,16 @@ class RooflineCostModel:
             return None  # windowed work, or an MLA decode table: step by step
         n = len(num_context_tokens)
         ctx_sum = sum(num_context_tokens)
-        head = sum(self._head_parts(n, n))
         num_layers = self.model.num_layers
-        # Only attention changes along the run (n is fixed): the other parts are priced once and
-        # each step adds them in _layer_parts' order ((gemm + attn) + elementwise) + comm, the
-        # order sum() used, so every float is bit-identical to step_time_s.
-        gemm, _, elementwise, comm = self._layer_parts(n, 0.0, 0)
+        # Only attention changes along the run (n is fixed): the other parts are priced once per
+        # batch size (a run is priced in chunks, and the next run often has the same n) and each
+        # step adds them in _layer_parts' order ((gemm + attn) + elementwise) + comm, the order
+        # sum() used, so every float is bit-identical to step_time_s.
+        fixed = self._decode_fixed.get(n)
+        if fixed is None:
+            gemm, _, elementwise, comm = self._layer_parts(n, 0.0, 0)
+            fixed = self._decode_fixed[n] = (gemm, elementwise, comm, sum(self._head_parts(n, n)))
+        gemm, elementwise, comm, head = fixed
         flops_per_pair, attn_c, attn_m, attn_o = self._attn_flops_per_pair, self._ac, self._am, self._ao
         kv_per_tok, q_bytes = self._kv_bytes_per_tok, n * self._q_bytes_per_tok
         out = []
