@@ -5,11 +5,18 @@ Sampled tokens come from the shared token source (scheduler.worker) so the sched
 outputs in both modes; `sampling="greedy"` samples real argmax tokens instead (free-running output).
 The clock: "model" returns the cost model's prediction (the SimPy clock then matches --executor sim
 exactly), "measured" the measured GPU time. Every step's predicted and measured times are kept.
+
+The requests' sampling parameters (SimConfig.sampling) reach the runner as `top_p`: below 1 the
+measured step runs vLLM's top-p sort path on the real logits (sort the whole [rows, vocab] fp32
+logits, softmax, cumulative sum, mask, scatter back), so a measured clock and a calibration run
+include what that path costs; `sampler_s` is the cost model's price of it, added to the
+prediction exactly as SimExecutor adds it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,13 +56,16 @@ def require_device(device: str) -> torch.device:
 
 class GpuExecutor:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, tokens: TokenSource,
-                 num_spec_tokens: int = 0, cost_model=None, clock: str = "model", sampling: str = "source"):
+                 num_spec_tokens: int = 0, cost_model=None, clock: str = "model", sampling: str = "source",
+                 top_p: float = 1.0, sampler_s: Callable[[int], float] | None = None):
         if clock not in ("model", "measured"):
             raise ValueError(f"clock must be 'model' or 'measured', got {clock!r}")
         if clock == "model" and cost_model is None:
             raise ValueError("clock='model' needs a cost model")
         if sampling not in ("source", "greedy"):
             raise ValueError(f"sampling must be 'source' or 'greedy', got {sampling!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         self.model = model
         self.device = model.device
         model.allocate_kv_cache(num_blocks, block_size)
@@ -64,6 +74,8 @@ class GpuExecutor:
         self.cost_model = cost_model
         self.clock = clock
         self.sampling = sampling
+        self.top_p = top_p  # < 1: every measured step runs the top-p sort path on its logits
+        self.sampler_s = sampler_s  # sampled rows -> seconds the prediction adds (SamplerCost.seconds)
         self.timings: list[StepTiming] = []
         if self.device.type == "cuda":
             self.warmup()  # compile every kernel specialisation before anything is timed
@@ -115,7 +127,10 @@ class GpuExecutor:
                 self.batch.append_tokens(rid, toks)
         predicted = None
         if self.cost_model is not None:
-            predicted = self.cost_model.step_time_s(StepShape(tuple(new), tuple(ctx), sum(sample)))
+            num_sampled = sum(sample)
+            predicted = self.cost_model.step_time_s(StepShape(tuple(new), tuple(ctx), num_sampled))
+            if self.sampler_s is not None and num_sampled:  # SimExecutor.execute's sum, in its order
+                predicted += self.sampler_s(num_sampled)
         self.timings.append(StepTiming(sum(new), len(new), prepare_s, measured_s, predicted))
         return out, predicted if self.clock == "model" else measured_s
 
@@ -125,10 +140,28 @@ class GpuExecutor:
             start.record()
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn)  # [T, hidden]
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, vocab]
+            if self.top_p < 1.0:
+                top_p_sort_path(logits, self.top_p)
             end.record()
             torch.cuda.synchronize()
             return logits, start.elapsed_time(end) / 1e3
         t0 = time.perf_counter()
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.attn)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if self.top_p < 1.0:
+            top_p_sort_path(logits, self.top_p)
         return logits, time.perf_counter() - t0
+
+
+def top_p_sort_path(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """vLLM's top-p filter as its default sampler runs it (0.15-0.19, no FlashInfer): an ascending
+    sort of every row over the whole vocabulary, a softmax and cumulative sum of the sorted row,
+    the tokens whose cumulative mass stays within 1 - top_p masked to -inf (never the most
+    probable), and the result scattered back to vocabulary order. Returns the filtered logits
+    [S, vocab] (a new tensor; `logits` is left as it is: the token choice reads the original)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=False)  # [S, vocab] each
+    cum_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # [S, vocab]
+    drop = cum_probs <= 1.0 - top_p  # [S, vocab] bool
+    drop[:, -1] = False  # the most probable token always stays
+    sorted_logits.masked_fill_(drop, -float("inf"))
+    return sorted_logits.scatter(dim=-1, index=order, src=sorted_logits)

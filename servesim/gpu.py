@@ -8,6 +8,7 @@ import dataclasses
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
 from servesim.simulator.engine import resolve_cache
+from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.startup import resolve_max_model_len
 from servesim.traces.errors import InputError
 
@@ -74,5 +75,9 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
     hw = cfg.hardware
     # Always attached: every step pairs the predicted with the measured time.
     cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+    # The requests' sampler path: measured on the real logits, priced as the simulator prices it.
+    sampler = sampler_cost_for(cfg)
+    top_p = cfg.sampling.top_p if cfg.sampling.path == "sort" else 1.0
     return GpuExecutor(model, cache.num_gpu_blocks, cache.block_size, TokenSource(cfg.seed, cfg.spec_decode.acceptance),
-                       cfg.scheduler.num_spec_tokens, cost_model=cost, clock=clock, sampling=sampling)
+                       cfg.scheduler.num_spec_tokens, cost_model=cost, clock=clock, sampling=sampling,
+                       top_p=top_p, sampler_s=sampler.seconds if sampler.s_per_row else None)

@@ -10,12 +10,13 @@ from servesim.simulator.config_values import build_dataclass
 from servesim.traces.errors import InputError
 
 
-def split_set_items(items: list[str]) -> dict[str, str]:
-    """`--set k=v` items -> {k: raw v} (values still text: each caller parses them as YAML)."""
+def split_set_items(items: list[str], flag: str = "--set") -> dict[str, str]:
+    """`--set k=v` items (or another flag's, named in errors) -> {k: raw v} (values still text:
+    each caller parses them as YAML)."""
     pairs: dict[str, str] = {}
     for item in items:
         if "=" not in item:
-            raise InputError(f"expects key=value, got {item!r}", field="--set")
+            raise InputError(f"expects key=value, got {item!r}", field=flag)
         key, raw = item.split("=", 1)
         pairs[key.strip()] = raw
     return pairs

@@ -91,3 +91,41 @@ def test_warmup_runs_every_shape_and_leaves_results_unchanged(tmp_path):
     # Warm-up writes only KV slots that real steps overwrite before reading: the same greedy tokens
     # (the step traces record every sampled token id).
     assert (tmp_path / "warm.jsonl").read_bytes() == (tmp_path / "cold.jsonl").read_bytes()
+
+
+def test_top_p_sampling_priced_alike_by_the_gpu_runner_and_the_simulator():
+    """sampling.top_p < 1: the runner's model clock adds the simulator's sampler price (same
+    floats, same steps), and its measured steps run the sort path on the real logits."""
+    from servesim.gpu import make_gpu_executor
+
+    wl = small_workload(3)
+    top_p = {"sampling.temperature": 0.6, "sampling.top_p": 0.9}
+    cfg, neutral = tiny_cfg(**top_p), tiny_cfg()
+    sim = run(cfg, wl)
+    exe = make_gpu_executor(cfg, device="cpu", clock="model")
+    assert exe.top_p == 0.9 and exe.sampler_s is not None
+    gpu = run(cfg, wl, executor=exe)
+    cols = ["start_s", "duration_s", "gpu_time_s", "num_requests"]
+    assert sim.steps[cols].equals(gpu.steps[cols])
+    base = run(neutral, wl).steps
+    ran, ran_base = sim.steps[sim.steps["num_requests"] > 0], base[base["num_requests"] > 0]
+    assert len(ran) == len(ran_base)
+    assert (ran["gpu_time_s"].to_numpy() > ran_base["gpu_time_s"].to_numpy()).all()  # each samples a row
+    measured = make_gpu_executor(cfg, device="cpu", clock="measured")
+    assert run(cfg, wl, executor=measured).summary["num_finished"] == 3
+    assert make_gpu_executor(neutral, device="cpu").top_p == 1.0  # no top-p: no sort
+
+
+def test_top_p_sort_path_keeps_the_smallest_set_reaching_top_p():
+    from servesim.gpu_runner.runner import top_p_sort_path
+
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(0))  # [S, vocab]
+    probs = logits.softmax(dim=-1)
+    out = top_p_sort_path(logits, 0.8)
+    for row in range(4):
+        kept = torch.isfinite(out[row])
+        assert torch.equal(out[row][kept], logits[row][kept])  # kept logits unchanged, in place
+        assert bool(kept[logits[row].argmax()])
+        mass = probs[row][kept].sum().item()
+        assert mass >= 0.8 and mass - probs[row][kept].min().item() < 0.8  # minimal: one fewer falls short
+    assert torch.isfinite(top_p_sort_path(logits, 1e-6)).sum(dim=-1).tolist() == [1, 1, 1, 1]

@@ -145,3 +145,53 @@ def test_blis_runs_sample_with_their_models_defaults():
     assert cfg.sampling == SamplingConfig() and "not listed" in info["sampling"]["source"]
     cfg, info = blis_config(find_experiment(BLIS, "64"), sampling=SamplingConfig(temperature=0.0))
     assert cfg.sampling.path == "greedy" and info["sampling"]["source"] == "given"
+
+
+def test_validate_sampling_option_is_checked_as_set_is():
+    from servesim.commands.validate import _sampling_option
+
+    assert _sampling_option([]) is None  # the run's own rule
+    assert _sampling_option(["top_p=0.9", "temperature=0.6"]) == SamplingConfig(temperature=0.6, top_p=0.9)
+    with pytest.raises(InputError) as bad:
+        _sampling_option(["top_p=1.5"])
+    assert "sampling.top_p" in str(bad.value)
+    for item in ("sampling.top_p=0.9", "top_p", "=0.5"):
+        with pytest.raises(InputError, match="--sampling"):
+            _sampling_option([item])
+    with pytest.raises(InputError, match="top_q"):  # an unknown field: named, with the valid ones
+        _sampling_option(["top_q=0.9"])
+
+
+@pytest.mark.skipif(not BLIS.is_dir(), reason="shared BLIS data not present")
+def test_validate_cli_hands_the_given_sampling_to_both_run_kinds(tmp_path, monkeypatch):
+    """A BLIS folder gets it in validate_blis; any other run in ValidateOptions, whose config and
+    report carry it (and say it was given)."""
+    from typer.testing import CliRunner
+
+    import servesim.simulator.validation.blis as blis
+    from servesim.cli import _register, app
+
+    seen = {}
+    monkeypatch.setattr(blis, "validate_blis", lambda *a, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(blis, "format_blis_report", lambda rep: "report")
+    _register()
+    res = CliRunner().invoke(app, ["validate", str(BLIS), "--experiment", "64", "--out", str(tmp_path / "o"),
+                                   "--sampling", "temperature=0", "--sampling", "top_p=0.5"])
+    assert res.exit_code == 0, res.output
+    assert seen["sampling"] == SamplingConfig(temperature=0.0, top_p=0.5)  # greedy: top_p then ignored
+
+
+RTX_RUN = BLIS.parent / "llmservingsim_vllm_runs" / "RTXPRO6000_Llama-3.1-8B"
+
+
+@pytest.mark.skipif(not RTX_RUN.is_dir(), reason="shared vLLM run not present")
+def test_validate_run_config_takes_the_given_sampling():
+    from servesim.simulator.validation.replay import ValidateOptions, build_config
+    from servesim.simulator.validation.runs import load_run
+
+    run = load_run(RTX_RUN, "auto")
+    cfg, info = build_config(run, ValidateOptions())
+    assert cfg.sampling == SamplingConfig() and "neutral" in info["sampling"]["source"]
+    top_p = SamplingConfig(temperature=0.6, top_p=0.9)
+    cfg, info = build_config(run, ValidateOptions(sampling=top_p))
+    assert cfg.sampling == top_p and info["sampling"] == {"path": "sort", "source": "given (--sampling)"}

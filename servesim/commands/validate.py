@@ -42,6 +42,10 @@ def validate(
                                        "over HTTP, e.g. blis_h100_trainval; off for engine timestamps)"),
     client_timeout_s: float = typer.Option(None, "--client-timeout-s",
                                            help="blis_h100_trainval: clients give up after this (s)"),
+    sampling: list[str] = typer.Option([], "--sampling",
+                                       help="the requests' sampling parameters instead of the run's rule "
+                                            "(a sampling: field, repeatable): --sampling top_p=0.9 "
+                                            "--sampling temperature=0.6"),
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from servesim.simulator.outdir import check_output, staged_output
@@ -49,8 +53,10 @@ def validate(
     from servesim.simulator.validation.blis import is_blis_dir
 
     check_output(out, overwrite=overwrite)
+    given_sampling = _sampling_option(sampling)
     if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
-        _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out, frontend is not False, client_timeout_s)
+        _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out, frontend is not False, client_timeout_s,
+                       given_sampling)
         return
     if workload is None:
         raise typer.BadParameter("--workload is required for this run layout", param_hint="--workload")
@@ -58,13 +64,15 @@ def validate(
     opts = ValidateOptions(cost_model=cost_model, gpu=gpu, model=model, num_gpu_blocks=num_gpu_blocks,
                            cpu_overhead=cpu_overhead, frontend=frontend,
                            async_scheduling=async_scheduling, run_format=run_format,
-                           workload_format=workload_format, plots=plots, skew_alpha=skew_alpha)
+                           workload_format=workload_format, plots=plots, skew_alpha=skew_alpha,
+                           sampling=given_sampling)
     with staged_output(out, "validate", overwrite=overwrite) as tmp:
         rep = validate_run(run_dir, workload, opts, out_dir=tmp)
     pr, ag = rep["per_request"], rep["aggregate"]
     typer.echo(f"{rep['run']['name']}: {rep['pairing']['num_paired']} requests paired "
                f"({rep['pairing']['method']}); cost model {rep['cost_model']['name']}; "
-               f"KV {rep['kv_cache']['num_gpu_blocks']} blocks ({rep['kv_cache']['source']})")
+               f"KV {rep['kv_cache']['num_gpu_blocks']} blocks ({rep['kv_cache']['source']}); "
+               f"sampler path {rep['sampling']['path']} ({rep['sampling']['source']})")
     typer.echo(f"{'metric':<9}{'median APE':>11}{'MAPE':>8}{'mean meas':>11}{'mean sim':>10}{'p90 err':>9}")
     for m in ("ttft", "tpot", "e2e"):
         typer.echo(f"{m:<9}{100 * pr[m]['median_ape']:>10.1f}%{100 * pr[m]['mape']:>7.1f}%"
@@ -80,8 +88,26 @@ def validate(
     typer.echo(f"wrote {out / 'validation.json'}" + (f" and {out / 'index.html'}" if plots else ""))
 
 
+def _sampling_option(items: list[str]):
+    """`--sampling k=v` items -> the SamplingConfig they give (validated as `--set sampling.k=v`
+    would be: the error names the field and its allowed values), or None for the run's own rule."""
+    from servesim.overrides import apply_overrides, split_set_items
+    from servesim.simulator.config import SimConfig
+    from servesim.traces.errors import InputError
+
+    if not items:
+        return None
+    pairs = split_set_items(items, "--sampling")
+    for key in pairs:
+        if not key or "." in key:
+            raise InputError(f"expects a field of the sampling: section, got {key!r}", field="--sampling",
+                             allowed="temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, "
+                                     "frequency_penalty")
+    return apply_overrides(SimConfig(), {f"sampling.{k}": v for k, v in pairs.items()}).sampling
+
+
 def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
-                   out: Path, frontend: bool, client_timeout_s: float | None) -> None:
+                   out: Path, frontend: bool, client_timeout_s: float | None, sampling=None) -> None:
     from servesim.simulator.validation.blis import format_blis_report, load_experiments, validate_blis
     from servesim.simulator.validation.replay import write_json_atomic
 
@@ -89,7 +115,7 @@ def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_o
         ids = ", ".join(e.id for e in load_experiments(run_dir))
         raise typer.BadParameter(f"pick a run: {ids}", param_hint="--experiment")
     rep = validate_blis(run_dir, experiment, "auto" if cost_model == "calibrated" else cost_model,
-                        cpu_overhead, frontend, client_timeout_s)
+                        cpu_overhead, frontend, client_timeout_s, sampling=sampling)
     write_json_atomic(out / "validation.json", rep)
     typer.echo(format_blis_report(rep))
     typer.echo(f"wrote {out / 'validation.json'}")

@@ -25,6 +25,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.sampling import SamplingConfig
 from servesim.simulator.specs import resolve_gpu, resolve_model, with_precision
 from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
@@ -52,6 +53,10 @@ class ValidateOptions:
     workload_format: str = "auto"
     seed: int = 0
     plots: bool = True
+    # The requests' sampling (its sampler path is priced, simulator/sampling.py); None: vLLM's
+    # neutral parameters (no path priced; a temperature-0 client such as `vllm bench serve`
+    # samples greedily, which prices the same).
+    sampling: SamplingConfig | None = None
 
 
 def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
@@ -118,7 +123,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp,
                                             gpu_memory_utilization=s.gpu_memory_utilization),
                     scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
-                    frontend=FrontendConfig(enabled=_frontend_on(run, opts)))
+                    frontend=FrontendConfig(enabled=_frontend_on(run, opts)),
+                    sampling=opts.sampling or SamplingConfig())
     prov = dict(s.provenance)
     prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
     if opts.async_scheduling is not None:
@@ -139,6 +145,9 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                      "why": "given (--frontend/--no-frontend)" if opts.frontend is not None
                      else f"latencies measured at the {run.measured_at} (docs/FRONTEND.md)"},
         "cost_model": cm_info,
+        "sampling": {"path": cfg.sampling.path,
+                     "source": "given (--sampling)" if opts.sampling is not None
+                     else "vLLM's neutral parameters (the run records none)"},
         "cpu_overhead": {"preset": opts.cpu_overhead, **asdict(cpu),
                          **({"source": CALIBRATION_NOTE} if opts.cpu_overhead == "calibrated" else {})},
     }
