@@ -47,7 +47,8 @@ class MetricsCollector:
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
         self._tables: RunTables | None = None  # built once, after the run (tables())
-        self._step_parts: list[MetricsCollector] = []  # extend_steps_from: whose frames to concatenate
+        # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
+        self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
 
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
         self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
@@ -110,25 +111,16 @@ class MetricsCollector:
         no longer change (summary, result files and the Results object share them; a frame holds
         every inter-token latency, so building it again per reader set the peak memory of long runs)."""
         if self._tables is None:
-            steps = self._parts_steps_frame()
-            self._tables = RunTables(self.requests_frame(), self.steps_frame() if steps is None else steps)
+            steps = self._adopted_steps[0] if self._adopted_steps is not None else self.steps_frame()
+            self._tables = RunTables(self.requests_frame(), steps)
         return self._tables
 
-    def extend_steps_from(self, parts: list[MetricsCollector]) -> None:
-        """Append the steps of finished collectors (a cluster's replicas, in order); tables() then
-        concatenates their steps frames, which they build anyway, instead of a second row-by-row
-        build of the same rows."""
-        for part in parts:
-            self.steps.extend(part.steps)  # StepTable.extend: column by column
-        self._step_parts = list(parts)
-
-    def _parts_steps_frame(self) -> pd.DataFrame | None:
-        """The parts' frames concatenated (None: rebuild here): only when every part has steps, as an
-        empty part's frame has object columns, and no steps were added besides the parts'."""
-        parts = self._step_parts
-        if not parts or any(not len(p.steps) for p in parts) or sum(len(p.steps) for p in parts) != len(self.steps):
-            return None
-        return pd.concat([p.tables().steps for p in parts], ignore_index=True)
+    def adopt_steps_frame(self, steps: pd.DataFrame) -> None:
+        """Use `steps`, a frame of exactly this collector's step rows built elsewhere, as its steps
+        frame instead of building one (a cluster builds one frame of every replica's steps, copying
+        each value once; each replica's is a view of its rows, the merged collector's the whole).
+        tables() hands out this very frame; steps_frame() a new frame of its columns as adopted."""
+        self._adopted_steps = (steps, steps.copy(deep=False))
 
     def requests_frame(self) -> pd.DataFrame:
         """A new requests frame (tables() keeps one); built column by column, never a dict per row."""
@@ -142,7 +134,10 @@ class MetricsCollector:
         return pd.DataFrame(cols, columns=REQUEST_COLUMNS)
 
     def steps_frame(self) -> pd.DataFrame:
-        """A new steps frame (tables() keeps one), from the table's columns as they are."""
+        """A new steps frame (tables() keeps one), from the table's columns as they are (or a new
+        frame sharing an adopted frame's values: copy-on-write keeps them apart)."""
+        if self._adopted_steps is not None:
+            return self._adopted_steps[1].copy(deep=False)
         return self.steps.frame()
 
     def timeseries_frame(self, end_s: float) -> pd.DataFrame:

@@ -110,9 +110,20 @@ class StepTable:
 
     def frame(self) -> pd.DataFrame:
         """A new steps frame; an empty table gives typed empty columns (int and float, not object)."""
-        # copied, not viewed: a view would pin the array's buffer (no more rows could be added)
+        # copied, not viewed: a view would pin the array's buffer (no more rows could be added);
+        # copy=False keeps each copied column as its own block (no second copy to consolidate them)
         return pd.DataFrame({name: np.array(getattr(self, name), dtype=_DTYPES[name]) for name in STEP_COLUMNS},
-                            columns=STEP_COLUMNS)
+                            columns=STEP_COLUMNS, copy=False)
+
+    @staticmethod
+    def concat_frame(tables: list[StepTable]) -> pd.DataFrame:
+        """One steps frame of several tables' rows, one table after another (a cluster's replicas),
+        each value copied once: no per-table frame on the way."""
+        if not tables:
+            return StepTable().frame()
+        cols = {name: np.concatenate([np.frombuffer(t.column(name), dtype=_DTYPES[name]) for t in tables])
+                for name in STEP_COLUMNS}
+        return pd.DataFrame(cols, columns=STEP_COLUMNS, copy=False)
 
 
 _DTYPES = {name: ("float64" if name.endswith("_s") or name == "kv_usage" else "int64") for name in STEP_COLUMNS}

@@ -26,6 +26,7 @@ from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
+from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
     from servesim.simulator.cluster.cluster import Cluster
@@ -48,7 +49,7 @@ class ReplicaResult:
 class ClusterResult:
     config: ClusterConfig
     replicas: list[ReplicaResult]
-    metrics: MetricsCollector  # merged: one record per request, steps of every replica
+    metrics: MetricsCollector  # merged: one record per request; its steps frame is every replica's (adopted)
     requests: pd.DataFrame  # metrics.requests_frame() + replica / routing (/ P/D) columns
     steps: pd.DataFrame  # every replica's steps + a replica column
     summary: dict
@@ -56,6 +57,13 @@ class ClusterResult:
 
 
 def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
+    # Every replica's steps in one frame, each value copied once (a cluster hour has ~17 M steps):
+    # each replica's own frame is a view of its rows, the merged collector's the whole frame.
+    tables = [r.engine.metrics.steps for r in cluster.replicas]
+    steps = StepTable.concat_frame(tables)
+    bounds = np.cumsum([0] + [len(t) for t in tables])
+    for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
+        r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
     reps = []
     for r in cluster.replicas:
         res = r.engine.result(wall_time_s)
@@ -64,7 +72,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     merged = MetricsCollector()
     for spec in cluster.workload.requests:
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
-    merged.extend_steps_from([r.engine.metrics for r in cluster.replicas])
+    merged.adopt_steps_frame(steps)
     # The summary and requests.parquet share merged's one requests frame (tables()), which
     # _requests_frame extends with the routing columns.
     summary = _summary(cluster, reps, merged, wall_time_s)
@@ -94,9 +102,9 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
 
 def _steps_frame(reps: list[ReplicaResult], merged: MetricsCollector) -> pd.DataFrame:
     """Every replica's steps, in replica order, with a leading replica column: the merged
-    collector's steps frame (tables(): the replicas' frames in one concat) with the column inserted
-    in place, so the cluster's frame and the merged one are a single frame, not two copies of
-    every step (a cluster hour has ~17 M)."""
+    collector's steps frame (tables(): build_result's one frame of every step) with the column
+    inserted in place, so the cluster's frame and the merged one are a single frame, not two
+    copies of every step (a cluster hour has ~17 M)."""
     if not reps:
         return pd.DataFrame()
     steps = merged.tables().steps
