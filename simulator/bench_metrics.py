@@ -93,14 +93,18 @@ def _latencies(done: pd.DataFrame) -> pd.DataFrame:
 
 
 def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
-    values = values[~np.isnan(values)] if values.size else values
+    nan = np.isnan(values)
+    if nan.any():  # filtered only when there is something to drop: a cluster hour has ~65 M ITLs
+        values = values[~nan]
     out: dict[str, float | None] = {}
     empty = values.size == 0
     out[f"mean_{name}_ms"] = None if empty else float(values.mean())
     out[f"median_{name}_ms"] = None if empty else float(np.median(values))
     out[f"std_{name}_ms"] = None if empty else float(values.std())
-    for p in percentiles:
-        out[f"p{p:g}_{name}_ms"] = None if empty else float(np.percentile(values, p))
+    # every percentile from one partition (each value the same interpolation as its own call)
+    found = [None] * len(percentiles) if empty or not percentiles else np.percentile(values, list(percentiles)).tolist()
+    for p, value in zip(percentiles, found):
+        out[f"p{p:g}_{name}_ms"] = value
     return out
 
 

@@ -275,7 +275,9 @@ def stats(values) -> dict:
     if not isinstance(values, (list, tuple, np.ndarray, pd.Series)):
         values = list(values)
     arr = np.asarray(values, dtype=float)
-    arr = arr[~np.isnan(arr)]
+    nan = np.isnan(arr)
+    if nan.any():  # copied only when there is something to drop (ITLs: ~65 M in a cluster hour)
+        arr = arr[~nan]
     if arr.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "count": 0}
     out = {"mean": float(arr.mean())}
