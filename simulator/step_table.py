@@ -99,11 +99,6 @@ class StepTable:
         self.prefix_hit_tokens.fromlist(prefix_hit_tokens)
         self.prefix_query_tokens.fromlist(prefix_query_tokens)
 
-    def extend(self, other: StepTable) -> None:
-        """Append another table's rows (a cluster's replicas, one after another)."""
-        for name in STEP_COLUMNS:
-            getattr(self, name).extend(getattr(other, name))
-
     def column(self, name: str) -> array:
         """One column's values (read only: the table owns the array)."""
         return getattr(self, name)

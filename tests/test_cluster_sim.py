@@ -167,3 +167,25 @@ def test_macro_steps_stay_exact_in_a_cluster(async_):
     pd.testing.assert_frame_equal(plain.requests, macro.requests, check_exact=True)
     pd.testing.assert_frame_equal(plain.steps, macro.steps, check_exact=True)
     assert sum(r.engine.num_macro_steps for r in c.replicas) > 0  # it did skip stepping
+
+
+def test_cluster_steps_are_one_frame_each_replica_viewing_its_rows():
+    """build_result copies every step once: the cluster frame is built from the replicas' step
+    columns, each replica's frame is a view of its rows (equal to a fresh build of its own
+    table), and the merged collector's steps_frame() has no replica column."""
+    import numpy as np
+
+    res = run_cluster(cluster(3, "round_robin"), small_workload(30))
+    start = 0
+    for rr in res.replicas:
+        own = rr.result.metrics.tables().steps
+        fresh = rr.result.metrics.steps.frame()
+        pd.testing.assert_frame_equal(own, fresh)
+        rows = res.steps.iloc[start:start + len(fresh)]
+        assert (rows["replica"] == rr.index).all()
+        assert np.shares_memory(own["start_s"].to_numpy(), res.steps["start_s"].to_numpy())
+        start += len(fresh)
+    assert start == len(res.steps)
+    merged = res.metrics.steps_frame()
+    assert "replica" not in merged.columns
+    pd.testing.assert_frame_equal(merged, res.steps.drop(columns=["replica"]))
