@@ -45,10 +45,10 @@ class BlockHashToBlockMap:
         return next(iter(blocks.values()))
 
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            self._cache[key] = block
-        elif isinstance(blocks, KVCacheBlock):
+        blocks = self._cache.setdefault(key, block)  # one lookup when the key is new (the common case)
+        if blocks is block:
+            return
+        if isinstance(blocks, KVCacheBlock):
             self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
         else:
             blocks[block.block_id] = block
