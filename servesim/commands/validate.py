@@ -103,7 +103,12 @@ def _sampling_option(items: list[str]):
             raise InputError(f"expects a field of the sampling: section, got {key!r}", field="--sampling",
                              allowed="temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, "
                                      "frequency_penalty")
-    return apply_overrides(SimConfig(), {f"sampling.{k}": v for k, v in pairs.items()}).sampling
+    try:
+        return apply_overrides(SimConfig(), {f"sampling.{k}": v for k, v in pairs.items()}).sampling
+    except InputError as e:  # named as the user typed it: --sampling top_p, not sampling.top_p
+        field = e.field or ""
+        named = f"--sampling {field.removeprefix('sampling.')}" if field.startswith("sampling.") else "--sampling"
+        raise InputError(e.detail, field=named, allowed=e.allowed) from None
 
 
 def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
