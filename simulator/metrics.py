@@ -38,6 +38,11 @@ class RequestRecord:
     finish_reason: str | None = None
     reject_reason: str | None = None  # set when the request could never run (simulator/liveness.py)
     status: str | None = None  # "timed_out" once the client gave up; otherwise derived in requests_frame
+    # Inter-token gaps (s) as the first requests frame built from this record computed them (a view
+    # of that frame's one gaps array; None before): a cluster's merged frame reuses its replicas'
+    # instead of computing every gap again. Valid while len == max(len(token_times_s) - 1, 0) and
+    # the times are unchanged (delay_outputs resets it).
+    itl_s: np.ndarray | list | None = None
 
 
 class MetricsCollector:
@@ -102,6 +107,7 @@ class MetricsCollector:
             if rec.first_token_s is not None:
                 rec.first_token_s += delay_s
                 rec.token_times_s = array("d", [t + delay_s for t in rec.token_times_s])
+                rec.itl_s = None
             if rec.finish_s is not None:
                 rec.finish_s += delay_s
 
@@ -126,11 +132,14 @@ class MetricsCollector:
         """A new requests frame (tables() keeps one); built column by column, never a dict per row."""
         cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
         records = list(self.requests.values())
-        for r, itl in zip(records, _itl_lists(records)):
+        stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
+        for r, itl in zip(stale, _itl_lists(stale)):
+            r.itl_s = itl
+        for r in records:
             if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
-            _append_row(cols, r, itl)
+            _append_row(cols, r, r.itl_s)
         return pd.DataFrame(cols, columns=REQUEST_COLUMNS)
 
     def steps_frame(self) -> pd.DataFrame:

@@ -189,3 +189,16 @@ def test_cluster_steps_are_one_frame_each_replica_viewing_its_rows():
     merged = res.metrics.steps_frame()
     assert "replica" not in merged.columns
     pd.testing.assert_frame_equal(merged, res.steps.drop(columns=["replica"]))
+
+
+def test_cluster_requests_frame_reuses_the_replicas_gaps():
+    import numpy as np
+
+    res = run_cluster(cluster(2, "round_robin"), small_workload(12))
+    by_id = {}
+    for rr in res.replicas:
+        frame = rr.result.metrics.tables().requests
+        by_id.update(zip(frame["request_id"], frame["itl_s"]))
+    shared = [np.shares_memory(itl, by_id[rid]) for rid, itl in zip(res.requests["request_id"], res.requests["itl_s"])
+              if len(itl)]
+    assert shared and all(shared)

@@ -153,3 +153,27 @@ def test_simulated_replay_builds_synthetic_prompts_only_when_hashing_ids(keys, m
         assert calls == []
     else:
         assert sorted(calls) == sorted(r.request_id for r in wl.requests)
+
+
+def test_requests_frame_keeps_each_records_gaps_and_recomputes_stale_ones():
+    """A record keeps the gaps its first frame computed (a cluster's merged frame reuses them);
+    times appended later, or shifted by the frontend delay, are computed afresh."""
+    import numpy as np
+
+    from servesim.simulator.metrics import MetricsCollector
+
+    m = MetricsCollector()
+    m.on_arrival("a", 0.0, 10, 5)
+    m.on_arrival("b", 0.0, 10, 5)
+    m.on_decode_run(["a", "b"], [0.1, 0.25, 0.45])
+    first = m.requests_frame()
+    gaps_a = first["itl_s"][0]
+    assert np.shares_memory(m.requests["a"].itl_s, gaps_a) and list(gaps_a) == list(np.diff([0.1, 0.25, 0.45]))
+    again = m.requests_frame()
+    assert np.shares_memory(again["itl_s"][1], first["itl_s"][1])  # reused, not recomputed
+    m.on_decode_run(["a"], [0.7])  # a's times grew: its cached gaps are stale
+    grown = m.requests_frame()
+    assert list(grown["itl_s"][0]) == list(np.diff([0.1, 0.25, 0.45, 0.7]))
+    m.delay_outputs(0.003)
+    delayed = m.requests_frame()
+    assert list(delayed["itl_s"][1]) == list(np.diff(np.array([0.1, 0.25, 0.45]) + 0.003))

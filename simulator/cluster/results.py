@@ -94,7 +94,7 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
     back = cluster.replicas[tl.decode.replica].engine.metrics.requests[rid]
     return RequestRecord(rid, spec.arrival_time_s, spec.prompt_len, spec.output_len,
                          first_scheduled_s=front.first_scheduled_s, first_token_s=back.first_token_s,
-                         finish_s=back.finish_s, token_times_s=back.token_times_s,
+                         finish_s=back.finish_s, token_times_s=back.token_times_s, itl_s=back.itl_s,
                          num_preemptions=front.num_preemptions + back.num_preemptions,
                          num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason,
                          reject_reason=back.reject_reason)
