@@ -127,6 +127,7 @@ class MetricsCollector:
         each value once; each replica's is a view of its rows, the merged collector's the whole).
         tables() hands out this very frame; steps_frame() a new frame of its columns as adopted."""
         self._adopted_steps = (steps, steps.copy(deep=False))
+        self._tables = None  # tables built before (if any) hold another steps frame
 
     def requests_frame(self) -> pd.DataFrame:
         """A new requests frame (tables() keeps one); built column by column, never a dict per row."""
