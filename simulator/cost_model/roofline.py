@@ -290,10 +290,13 @@ class RooflineCostModel:
         kv_per_tok, q_bytes = self._kv_bytes_per_tok, n * self._q_bytes_per_tok
         out = []
         for _ in range(num_steps):
-            # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
-            pairs = ctx_sum + n + 0 + 0.5 * (0 + 0)
+            # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum,
+            # nd = n and the rest 0, i.e. the int ctx_sum + n as a float; then _layer_parts' max,
+            # written out (max(a, b) is a unless b > a)
             kv_tokens = ctx_sum + n
-            attn = max(pairs * flops_per_pair * attn_c, (kv_tokens * kv_per_tok + q_bytes) * attn_m) + attn_o
+            compute = (kv_tokens + 0.0) * flops_per_pair * attn_c
+            memory = (kv_tokens * kv_per_tok + q_bytes) * attn_m
+            attn = (memory if memory > compute else compute) + attn_o
             out.append(num_layers * (gemm + attn + elementwise + comm) + head)
             ctx_sum += n
         return out
