@@ -91,8 +91,11 @@ def validate(
 def _sampling_option(items: list[str]):
     """`--sampling k=v` items -> the SamplingConfig they give (validated as `--set sampling.k=v`
     would be: the error names the field and its allowed values), or None for the run's own rule."""
+    from dataclasses import fields
+
     from servesim.overrides import apply_overrides, split_set_items
     from servesim.simulator.config import SimConfig
+    from servesim.simulator.sampling import SamplingConfig
     from servesim.traces.errors import InputError
 
     if not items:
@@ -101,8 +104,7 @@ def _sampling_option(items: list[str]):
     for key in pairs:
         if not key or "." in key:
             raise InputError(f"expects a field of the sampling: section, got {key!r}", field="--sampling",
-                             allowed="temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, "
-                                     "frequency_penalty")
+                             allowed=", ".join(f.name for f in fields(SamplingConfig)))
     try:
         return apply_overrides(SimConfig(), {f"sampling.{k}": v for k, v in pairs.items()}).sampling
     except InputError as e:  # named as the user typed it: --sampling top_p, not sampling.top_p
