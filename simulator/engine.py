@@ -26,6 +26,7 @@ from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
+from servesim.simulator.deferred_run import DeferredRun
 from servesim.simulator.executor import Executor, SimExecutor
 from servesim.simulator.client import Clients
 from servesim.simulator.kv_capacity import KvCapacity
@@ -96,6 +97,9 @@ class Engine(MacroStepMixin):
         self._next_arrival_s = 0.0
         self._arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
         self._macro_until_s = -1.0  # the last update time of the last macro-step
+        self._collides: Callable[[Sequence[float]], int] | None = None  # defer_runs (deferred_run.py)
+        self._deferred: DeferredRun | None = None  # the planned run not yet applied
+        self._in_flight: deque = deque()  # the loop's steps in flight (scheduled, not yet updated)
         # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
         self.num_preemptions = 0
         self._max_steps_idle = cfg.liveness.max_steps_without_progress
@@ -121,6 +125,8 @@ class Engine(MacroStepMixin):
     def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
         """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
         its client sent it (default: now), which latencies and the client timeout count from."""
+        if self._deferred is not None:  # a deferred run: apply it up to this arrival (deferred_run.py)
+            self._apply_deferred(self.env.now, self._in_flight)
         if not self.env.now > self._macro_until_s:  # a macro-step's bound was wrong: not exact
             raise AssertionError(f"{self.name}: a request arrived inside a macro-step (before "
                                  f"{self._macro_until_s!r} s)")
@@ -229,6 +235,7 @@ class Engine(MacroStepMixin):
         overlap_allowed = sched.overlap_allowed
         macro = self.macro_fallback_reason is None
         in_flight: deque = deque()
+        self._in_flight = in_flight  # what a deferred run applied at an arrival leaves steps in
         self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         while True:
             if not sched.has_unfinished_requests() and not in_flight:
@@ -244,6 +251,9 @@ class Engine(MacroStepMixin):
                 continue
             if macro and len(in_flight) == depth - 1:  # sync: none in flight; async: one
                 delays_s = self._macro_step(now, in_flight)
+                if self._deferred is not None:
+                    yield from self._await_deferred(in_flight)
+                    continue
                 if delays_s is not None:
                     for delay_s in delays_s:
                         yield env.timeout(delay_s)

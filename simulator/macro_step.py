@@ -38,23 +38,10 @@ import math
 
 from servesim.scheduler.async_scheduler import AsyncScheduler
 from servesim.scheduler.scheduler import Scheduler
+from servesim.simulator.deferred_run import DeferredRunMixin, exact_delays
 from servesim.simulator.executor import SimExecutor
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
-
-
-def exact_delays(now: float, t: float) -> list[float]:
-    """Delays whose SimPy timeouts, one after the other, bring the clock from now to exactly t (a
-    timeout lands at now + delay, rounded). One hop suffices when t <= 2 now (Sterbenz: t - now is
-    exact, so is the sum); otherwise now + (t - now) can round past t (a tie rounds to even), so
-    hop first to y ~ 0.75 t, whatever it rounds to: from y >= t / 2 the second hop is exact."""
-    d = t - now
-    if now + d == t:
-        return [d]
-    first = 0.75 * t - now
-    y = now + first  # where the first timeout lands
-    assert t / 2 <= y <= t and y + (t - y) == t
-    return [first, t - y]
 
 
 def macro_fallback_reason(engine) -> str | None:
@@ -79,7 +66,7 @@ def macro_fallback_reason(engine) -> str | None:
     return None
 
 
-class MacroStepMixin:
+class MacroStepMixin(DeferredRunMixin):
     """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
 
     def _macro_step(self, now: float, in_flight) -> list[float] | None:
@@ -100,7 +87,10 @@ class MacroStepMixin:
         if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
             return None
         ctx0 = [r.num_computed_tokens for r in reqs]
-        later_s = self._later_arrival_s(len(reqs) - sched.get_request_counts()[0])
+        load_change = len(reqs) - sched.get_request_counts()[0]
+        if num_in_flight and self._collides is not None and not load_change and self._plan_deferred(now, reqs, ctx0, k):
+            return []  # deferred_run.py: applied when a request is routed here, or at its end
+        later_s = self._later_arrival_s(load_change)
         if num_in_flight and not self._first_update_s(now) < later_s:
             # a cluster router's proof covers the first update too (arrivals_elsewhere decides the
             # same whatever this replica's load); past it, only the tail step
@@ -191,18 +181,21 @@ class MacroStepMixin:
         due = self._gpu_free_at
         return now + (due - now) if due > now else now
 
-    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float
-                        ) -> tuple[list[float], list[float], list[float]]:
+    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float,
+                        free_at: float | None = None) -> tuple[list[float], list[float], list[float]]:
         """(schedule times, GPU end times, update times) of the steps that fit before any outside
         event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
         end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
         timeout). The update after schedule j is step j's own (sync) or the previous one's (async).
         Every update precedes `later_s`: the next arrival, or in a cluster the first arrival its
-        router cannot prove goes elsewhere whatever this replica's load (_later_arrival_s)."""
+        router cannot prove goes elsewhere whatever this replica's load (_later_arrival_s).
+        `free_at` (default: the engine's GPU-free time) continues a timeline from its last update
+        at `now`, where the GPU frees at its last end (a deferred run growing, deferred_run.py)."""
         cpu_s = self.cpu.step_s(n, n)
         arrival_s = later_s
         deadline_s = self._deadline_s()
-        free_at = self._gpu_free_at
+        if free_at is None:
+            free_at = self._gpu_free_at
         pending = free_at  # async: end of the step the next update applies
         t = now
         sched_t: list[float] = []

@@ -16,8 +16,11 @@ side recomputes the last prompt token and generates the full output_len tokens.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -104,8 +107,11 @@ class Cluster:
         if cfg.pd is None and not self.lockstep_groups:
             # Plain replicas behind one router: a replica's macro-steps may run past arrivals that
             # the router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
+            dispatch_sorted = all(a <= b for a, b in zip(self._dispatch_s, self._dispatch_s[1:]))
             for pos, r in enumerate(self.front):
                 r.engine.expect_arrivals_by_load(partial(self._arrival_bound, pos))
+                if self.router.reads_only_load and self.router.reads_all_candidates and dispatch_sorted:
+                    r.engine.defer_runs(self._first_dispatch_at)
             if not self.router.reads_all_candidates:
                 self._unread_until = [(-1, pos) for pos in range(len(self.front))]
 
@@ -183,6 +189,24 @@ class Cluster:
     def _dispatch_at(self, i: int) -> float:
         """When request i reaches the router (never, past the last)."""
         return self._dispatch_s[i] if i < len(self._dispatch_s) else float("inf")
+
+    def _first_dispatch_at(self, times: Sequence[float]) -> int:
+        """Index of the first of the ascending `times` at which a request may reach the router
+        (len(times) if none): a deferred run must end before it (simulator/deferred_run.py). A
+        dispatch lands within a few ulps of its time (SimPy adds a delay to the clock), so a
+        time that close counts as the same instant."""
+        first = len(times)
+        if not first:
+            return first
+        dispatch_s = self._dispatch_s
+        lo = bisect.bisect_left(dispatch_s, times[0] - 4 * math.ulp(times[0]), self._next_spec)
+        hi = bisect.bisect_right(dispatch_s, times[-1] + 4 * math.ulp(times[-1]), lo)
+        for d in dispatch_s[lo:hi]:
+            eps = 4 * math.ulp(d)
+            i = bisect.bisect_left(times, d - eps, 0, first)
+            if i < first and times[i] <= d + eps:
+                first = i
+        return first
 
     def _arrival_bound(self, pos: int, load: int) -> float:
         """The earliest time a request can reach front replica `pos` while its load stays >= load:

@@ -49,6 +49,10 @@ class Router:
     # True: any decision may read any candidate's state, so arrivals_unread is never asked and every
     # arrival bounds every replica's runs. A router that reads only some candidates sets False.
     reads_all_candidates = True
+    # True: a decision reads nothing of a candidate but its num_outstanding (nor anything else
+    # that a plain decode run changes), so a replica may apply its runs only when a request is
+    # routed to it (simulator/deferred_run.py). Must hold for choose() whatever the state.
+    reads_only_load = False
 
     def choose(self, spec: RequestSpec, candidates: Sequence[Replica], now_s: float) -> Decision:
         raise NotImplementedError
@@ -130,6 +134,8 @@ class RoundRobin(Router):
 
 @register_router("least_outstanding")
 class LeastOutstanding(Router):
+    reads_only_load = True
+
     def __init__(self, rng: np.random.Generator) -> None:
         pass
 

@@ -1,0 +1,156 @@
+"""Deferred macro-steps: a cluster replica's run applied when a request is routed to it, not before.
+
+Behind a router that reads nothing of a replica but its load (least_outstanding), a run of plain
+decode steps whose first update finishes nobody leaves the load constant, so every routing
+decision made during the run is the same whatever the replica has applied of it. The eager path
+(macro_step.py) must stop each run at the first arrival the router cannot *prove* goes elsewhere;
+measured on the 32-replica benchmark, 88 % of the runs so cut stopped for an arrival that went to
+another replica, and each cut cost a tail step, a stepped update and a new run.
+
+A deferred run is planned (steps priced, timeline computed) but not applied. The engine waits for
+its end; the run is applied then, whole, or earlier, inside Engine.submit, when the router sends
+this replica a request at time t: exactly the run the eager path would have applied with t as its
+bound (every update strictly before t, then the tail step), so the engine's state and outputs are
+the eager ones, which are plain stepping's. Nothing else reads the replica in between: the router
+and the other replicas' proofs read only its load (constant); client deadlines bound the plan.
+
+Same-instant order: the eager path stops before an update that lands exactly on an arrival and
+steps around it, keeping SimPy's event order. A deferred plan never contains an update at a
+dispatch time (it ends before one; the cluster says which times are dispatches), so no routed
+arrival can land on one of its updates and order never depends on when the plan is applied.
+Mixed into MacroStepMixin; the loop and Engine.submit call it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import simpy
+
+def exact_delays(now: float, t: float) -> list[float]:
+    """Delays whose SimPy timeouts, one after the other, bring the clock from now to exactly t (a
+    timeout lands at now + delay, rounded). One hop suffices when t <= 2 now (Sterbenz: t - now is
+    exact, so is the sum); otherwise now + (t - now) can round past t (a tie rounds to even), so
+    hop first to y ~ 0.75 t, whatever it rounds to: from y >= t / 2 the second hop is exact."""
+    d = t - now
+    if now + d == t:
+        return [d]
+    first = 0.75 * t - now
+    y = now + first  # where the first timeout lands
+    assert t / 2 <= y <= t and y + (t - y) == t
+    return [first, t - y]
+
+
+# Steps priced when a deferred run is planned; each time the clock reaches the end of what is
+# priced, the run grows by as many again (up to the scheduler's horizon), so a run that no
+# arrival interrupts is applied once, whole, and pricing past an arrival wastes at most one chunk.
+FIRST_CHUNK = 16
+
+
+@dataclass(slots=True)
+class DeferredRun:
+    """A planned, not yet applied async run (the arguments of MacroStepMixin._macro_async)."""
+
+    now_s: float  # the loop-top time it was planned at (one step in flight)
+    reqs: list  # the batch (Request objects), in scheduling order
+    ctx0: list[int]  # their num_computed_tokens at now_s
+    gpu_s: list[float]  # each step's GPU time, as priced for the run
+    sched_t: list[float]  # schedule, GPU end and update times of its steps (_macro_timeline)
+    ends: list[float]
+    upd_t: list[float]
+    routed: simpy.Event  # succeeds when a routed arrival applies the run early
+    max_steps: int  # the scheduler's horizon: the run never grows past it
+    complete: bool  # cut short (a dispatch time or a client deadline): it never grows
+    resume_at_s: float | None = None  # set when applied early: the in-flight step's update time
+
+
+class DeferredRunMixin:
+    """Plans, waits for and applies deferred runs (see the module docstring)."""
+
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+        """Let async runs be applied when a request is routed here (a cluster whose router reads
+        only the load sets it). collides(times) is the index of the first time in the ascending
+        `times` that is also a dispatch time (len(times) if none); None turns deferral off."""
+        self._collides = collides
+
+    def _plan_deferred(self, now: float, reqs: list, ctx0: list[int], k: int) -> bool:
+        """Plan a deferred run of at most k steps from this loop-top state (one step in flight,
+        no request finishing at its update); False when it would be shorter than two updates."""
+        gpu = self.executor.decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
+        sched_t, ends, upd_t = self._macro_timeline(now, gpu, 1, len(reqs), math.inf)
+        n = self._collides(upd_t)  # the plan ends before an update landing on a dispatch time
+        if n < 2:
+            return False
+        if n < len(upd_t):
+            del sched_t[n:], ends[n:], upd_t[n:]
+        self._deferred = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.env.event(), k,
+                                     len(upd_t) < len(gpu))
+        return True
+
+    def _grow_deferred(self, plan: DeferredRun) -> bool:
+        """Price and time the run's next chunk (as many steps again, within its horizon), from
+        where it ends; False when it cannot grow."""
+        m = len(plan.gpu_s)
+        if plan.complete or m >= plan.max_steps:
+            return False
+        gpu = self.executor.decode_step_times_s([c + m for c in plan.ctx0], min(plan.max_steps, 2 * m) - m)
+        sched_t, ends, upd_t = self._macro_timeline(plan.upd_t[-1], gpu, 1, len(plan.reqs), math.inf,
+                                                    plan.ends[-1])
+        n = self._collides(upd_t)
+        plan.complete = n < len(gpu)
+        plan.gpu_s += gpu
+        plan.sched_t += sched_t[:n]
+        plan.ends += ends[:n]
+        plan.upd_t += upd_t[:n]
+        return n > 0
+
+    def _await_deferred(self, in_flight):
+        """The loop's wait through a deferred run (a generator): to its end, where it is applied
+        whole, or to the update of the oldest step in flight after an arrival applied it early."""
+        plan = self._deferred
+        env = self.env
+        while self._deferred is not None:
+            for delay_s in exact_delays(env.now, plan.upd_t[-1]):
+                yield env.any_of([env.timeout(delay_s), plan.routed])
+                if self._deferred is None:
+                    break
+            if self._deferred is not None and not self._grow_deferred(plan):
+                break
+        if self._deferred is not None:  # nothing was routed here: the whole run, as planned
+            self._deferred = None
+            self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
+                              plan.ends, plan.upd_t)
+            return
+        # Applied at an arrival: two steps in flight; the older one's update lands where stepping
+        # puts it (a plan holds no update at a dispatch time, so none at the arrival's instant).
+        for delay_s in exact_delays(env.now, plan.resume_at_s):
+            yield env.timeout(delay_s)
+        so, mro, _end, rec, row = in_flight.popleft()
+        self._on_update(so, mro, rec, row)
+
+    def _apply_deferred(self, t: float, in_flight) -> None:
+        """A request is routed here at t: apply the run as the eager path would have with t as
+        its bound (updates strictly before t, then the tail step the loop schedules at the last
+        of them), leaving two steps in flight."""
+        plan = self._deferred
+        self._deferred = None
+        j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)
+        assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"
+        if j >= 2:
+            resume_s = self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
+                                         plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j])
+            tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j])
+        else:  # the eager path: a tail-only step, then (one update before t) step, then tail
+            tailed = self._tail_step(plan.now_s, in_flight, plan.gpu_s[0])
+            if tailed and j == 1:
+                so, mro, _end, rec, row = in_flight.popleft()
+                self._on_update(so, mro, rec, row, now=plan.upd_t[0])
+                tailed = self._tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1])
+        if not tailed:
+            raise AssertionError(f"{self.name}: a deferred run could not schedule its tail step")
+        plan.resume_at_s = plan.upd_t[j]
+        plan.routed.succeed()
+
