@@ -88,6 +88,7 @@ class DeferredRunMixin:
             del sched_t[n:], ends[n:], upd_t[n:]
         self._deferred = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.env.event(), k,
                                      len(upd_t) < len(gpu))
+        self.num_deferred_runs += 1
         return True
 
     def _grow_deferred(self, plan: DeferredRun) -> bool:
@@ -137,6 +138,7 @@ class DeferredRunMixin:
         of them), leaving two steps in flight."""
         plan = self._deferred
         self._deferred = None
+        self.num_deferred_routed += 1
         j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)
         assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"
         if j >= 2:

@@ -100,6 +100,7 @@ class Engine(MacroStepMixin):
         self._collides: Callable[[Sequence[float]], int] | None = None  # defer_runs (deferred_run.py)
         self._deferred: DeferredRun | None = None  # the planned run not yet applied
         self._in_flight: deque = deque()  # the loop's steps in flight (scheduled, not yet updated)
+        self.num_deferred_runs = self.num_deferred_routed = 0  # planned; applied at a routed arrival
         # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
         self.num_preemptions = 0
         self._max_steps_idle = cfg.liveness.max_steps_without_progress

@@ -110,7 +110,7 @@ class Cluster:
             dispatch_sorted = all(a <= b for a, b in zip(self._dispatch_s, self._dispatch_s[1:]))
             for pos, r in enumerate(self.front):
                 r.engine.expect_arrivals_by_load(partial(self._arrival_bound, pos))
-                if self.router.reads_only_load and self.router.reads_all_candidates and dispatch_sorted:
+                if self.router.reads_only_load and dispatch_sorted:
                     r.engine.defer_runs(self._first_dispatch_at)
             if not self.router.reads_all_candidates:
                 self._unread_until = [(-1, pos) for pos in range(len(self.front))]

@@ -51,7 +51,9 @@ class Router:
     reads_all_candidates = True
     # True: a decision reads nothing of a candidate but its num_outstanding (nor anything else
     # that a plain decode run changes), so a replica may apply its runs only when a request is
-    # routed to it (simulator/deferred_run.py). Must hold for choose() whatever the state.
+    # routed to it (simulator/deferred_run.py). Must hold for choose() whatever the state. A
+    # router that reads nothing (round_robin) leaves it False: its arrivals_unread already names
+    # each replica's own next arrival exactly, and deferring would only add the waiting.
     reads_only_load = False
 
     def choose(self, spec: RequestSpec, candidates: Sequence[Replica], now_s: float) -> Decision:
@@ -180,6 +182,7 @@ class PowerOfTwo(Router):
     """Join the shorter queue of two replicas drawn without replacement from the shared Generator."""
 
     reads_all_candidates = False  # a decision reads only the two drawn
+    reads_only_load = True  # ... and only their loads
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
@@ -230,6 +233,7 @@ class SessionAffinity(Router):
     unlike Python's salted hash); requests without a session go to the least outstanding."""
 
     reads_all_candidates = False  # a session's turn reads nothing; only the fallback reads loads
+    reads_only_load = True
 
     def __init__(self, rng: np.random.Generator) -> None:
         self._fallback = LeastOutstanding(rng)

@@ -1,0 +1,122 @@
+"""Deferred macro-steps (simulator/deferred_run.py): behind least_outstanding, a replica's run is
+applied when a request is routed to it or whole at its end. Results stay byte-identical to plain
+stepping and to the eager path, at any load, with client deadlines, and with arrivals on a grid."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
+from servesim.simulator.cluster.routers import LeastOutstanding
+from servesim.traces.synthetic import make_workload
+from servesim.traces.workload import RequestSpec, Workload
+
+
+def _workload(n: int, rate: float, seed: int, output_median: int = 60):
+    return make_workload("poisson", {
+        "num_requests": n, "arrival": {"rate_per_s": rate},
+        "prompt_len": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max_value": 2000},
+        "output_len": {"dist": "lognormal", "median": output_median, "sigma": 0.6, "max_value": 400},
+    }, np.random.default_rng(seed))
+
+
+def _config(macro: bool, replicas: int, latency_s: float = 0.001, **sim) -> ClusterConfig:
+    cfg = sim_config_from_dict({"macro_steps": macro, **sim})
+    return ClusterConfig(replicas=[ReplicaGroup(replicas, cfg)], router=RouterConfig("least_outstanding"),
+                         routing_latency_s=latency_s)
+
+
+def _assert_same(a, b) -> None:
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+
+
+def _deferred_counts(cluster: Cluster) -> tuple[int, int]:
+    return (sum(r.engine.num_deferred_runs for r in cluster.replicas),
+            sum(r.engine.num_deferred_routed for r in cluster.replicas))
+
+
+@pytest.mark.parametrize("rate,replicas,seed", [(100.0, 16, 1), (40.0, 4, 2), (400.0, 8, 3)])
+def test_deferred_runs_are_identical_to_plain_stepping(rate, replicas, seed):
+    """Light, moderate and overloaded clusters (the last queues requests: waiting heads, refused
+    admissions, runs that cannot be deferred); deferred runs were planned and applied at arrivals."""
+    wl = _workload(400, rate, seed)
+    cluster = Cluster(_config(True, replicas), wl)
+    macro = cluster.run()
+    planned, routed = _deferred_counts(cluster)
+    assert planned > 0 and routed > 0
+    _assert_same(run_cluster(_config(False, replicas), wl), macro)
+
+
+def test_deferred_runs_match_the_eager_path(monkeypatch):
+    """Deferral changes which runs are applied when, never what they do: the eager path (the
+    router's arrival proofs only) gives the same results, with more, shorter runs."""
+    wl = _workload(300, 100.0, seed=4)
+    deferred = Cluster(_config(True, 16), wl)
+    res_deferred = deferred.run()
+    monkeypatch.setattr(LeastOutstanding, "reads_only_load", False)
+    eager = Cluster(_config(True, 16), wl)
+    res_eager = eager.run()
+    assert _deferred_counts(eager) == (0, 0) and _deferred_counts(deferred)[0] > 0
+    _assert_same(res_eager, res_deferred)
+
+
+def test_client_deadlines_bound_deferred_runs():
+    """Client timeouts abort requests mid-run: a deferred run stops at the first deadline."""
+    wl = _workload(300, 300.0, seed=5, output_median=200)
+    cfg = dict(**{"client.timeout_s": 1.5})
+    cluster = Cluster(_config(True, 4, **cfg), wl)
+    macro = cluster.run()
+    assert macro.summary["num_timed_out"] > 0 and _deferred_counts(cluster)[1] > 0
+    _assert_same(run_cluster(_config(False, 4, **cfg), wl), macro)
+
+
+def test_arrivals_on_a_grid_with_no_routing_latency():
+    """Arrivals at round times (and at t = 0, where a SimPy delay may need two hops to land
+    exactly): plans end before any update that would land on a dispatch time."""
+    specs = [RequestSpec(f"g{i}", 0.01 * (i // 2), 200 + 7 * i % 300, 20 + 13 * i % 90) for i in range(300)]
+    wl = Workload.from_unsorted(specs, name="grid", source="test")
+    _assert_same(run_cluster(_config(False, 6, latency_s=0.0), wl), run_cluster(_config(True, 6, latency_s=0.0), wl))
+
+
+def test_a_plan_ends_before_an_update_at_a_dispatch_time():
+    """Cluster._first_dispatch_at: the first time within a few ulps of a dispatch time."""
+    specs = [RequestSpec(f"r{i}", t, 100, 10) for i, t in enumerate([0.5, 1.25, 3.0])]
+    cluster = Cluster(_config(True, 2, latency_s=0.0), Workload.from_unsorted(specs, name="t", source="test"))
+    first = cluster._first_dispatch_at
+    assert first([0.1, 0.2, 0.3]) == 3
+    assert first([0.4, 1.25, 2.0, 3.0]) == 1
+    assert first([0.4, math.nextafter(1.25, 2.0), 2.0]) == 1  # an ulp away is the same instant
+    assert first([0.4, 1.2501, 2.9]) == 3
+    assert first([]) == 0
+
+
+@pytest.mark.parametrize("router", ["jsq_power_of_two", "session_affinity"])
+def test_other_load_only_routers_defer_too(router):
+    """jsq_power_of_two reads the loads of the pair it draws, session_affinity the loads for a
+    request without a session: their replicas defer runs as well, with identical results."""
+    wl = _workload(300, 100.0, seed=6)
+    cfg = ClusterConfig(replicas=[ReplicaGroup(12, sim_config_from_dict({}))], router=RouterConfig(router),
+                        routing_latency_s=0.001)
+    cluster = Cluster(cfg, wl)
+    macro = cluster.run()
+    assert _deferred_counts(cluster)[1] > 0
+    plain = replace(cfg, replicas=[ReplicaGroup(12, sim_config_from_dict({"macro_steps": False}))])
+    _assert_same(run_cluster(plain, wl), macro)
+
+
+def test_round_robin_and_kv_readers_do_not_defer():
+    """round_robin already knows each replica's next arrival; least_kv reads KV usage, which a
+    run changes: neither defers."""
+    wl = _workload(200, 100.0, seed=7)
+    for router in ("round_robin", "least_kv"):
+        cfg = ClusterConfig(replicas=[ReplicaGroup(8, sim_config_from_dict({}))], router=RouterConfig(router),
+                            routing_latency_s=0.001)
+        cluster = Cluster(cfg, wl)
+        cluster.run()
+        assert _deferred_counts(cluster) == (0, 0)
