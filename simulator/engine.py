@@ -175,8 +175,9 @@ class Engine(MacroStepMixin):
 
     @property
     def num_outstanding(self) -> int:
-        """Requests waiting or running (a router's load signal)."""
-        return self.scheduler.get_num_unfinished_requests()
+        """Requests waiting or running (a router's load signal), as stepping would show them now
+        (a deferred run's first update may finish some: deferred_run.py)."""
+        return self.scheduler.get_num_unfinished_requests() - self._deferred_load_drop()
 
     @property
     def num_done(self) -> int:

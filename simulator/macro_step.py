@@ -88,7 +88,7 @@ class MacroStepMixin(DeferredRunMixin):
             return None
         ctx0 = [r.num_computed_tokens for r in reqs]
         load_change = len(reqs) - sched.get_request_counts()[0]
-        if num_in_flight and self._collides is not None and not load_change and self._plan_deferred(now, reqs, ctx0, k):
+        if num_in_flight and self._collides is not None and self._plan_deferred(now, reqs, ctx0, k, -load_change):
             return []  # deferred_run.py: applied when a request is routed here, or at its end
         later_s = self._later_arrival_s(load_change)
         if num_in_flight and not self._first_update_s(now) < later_s:

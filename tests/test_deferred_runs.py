@@ -120,3 +120,22 @@ def test_round_robin_and_kv_readers_do_not_defer():
         cluster = Cluster(cfg, wl)
         cluster.run()
         assert _deferred_counts(cluster) == (0, 0)
+
+
+def test_a_run_whose_first_update_finishes_requests_is_deferred_too(monkeypatch):
+    """The in-flight step's update finishes the requests the async skip-ahead passed over: the
+    load the router reads drops at that update's time, not when the run is applied."""
+    from servesim.simulator.engine import Engine
+
+    drops = []
+    plan = Engine._plan_deferred
+
+    def spy(self, now, reqs, ctx0, k, load_drop):
+        drops.append(load_drop)
+        return plan(self, now, reqs, ctx0, k, load_drop)
+
+    monkeypatch.setattr(Engine, "_plan_deferred", spy)
+    wl = _workload(300, 100.0, seed=8, output_median=30)
+    macro = run_cluster(_config(True, 12), wl)
+    assert sum(d > 0 for d in drops) > 10
+    _assert_same(run_cluster(_config(False, 12), wl), macro)
