@@ -177,7 +177,8 @@ class Engine(MacroStepMixin):
     def num_outstanding(self) -> int:
         """Requests waiting or running (a router's load signal), as stepping would show them now
         (a deferred run's first update may finish some: deferred_run.py)."""
-        return self.scheduler.get_num_unfinished_requests() - self._deferred_load_drop()
+        n = self.scheduler.get_num_unfinished_requests()
+        return n if self._deferred is None else n - self._deferred_load_drop()  # routers read it often
 
     @property
     def num_done(self) -> int:
