@@ -1,5 +1,7 @@
 """Interconnect specs and collective costs (simulator/cost_model/collectives.py)."""
 
+from pathlib import Path
+
 import pytest
 
 from servesim.simulator.cost_model import make_cost_model, prefill_shape
@@ -126,3 +128,25 @@ def test_roofline_takes_this_hosts_allreduce_from_nccl_tests_output(tmp_path):
     assert "this host" in host.collectives.source.allreduce
     with pytest.raises(InputError):  # the file measured 2 GPUs, not 4
         make_cost_model("roofline", model="llama-3.1-8b", gpu="h100", tp=4, allreduce_profile=str(path))
+
+
+_AIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpu_profiles" / "aiconfigurator"
+_NCCL_SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "a100-80gb": "a100_sxm", "b200": "b200_sxm",
+                 "l40s": "l40s", "rtx-pro-6000": "rtx_pro_6000_server"}
+
+
+@pytest.mark.skipif(not _AIC.is_dir(), reason="../shared not present")
+@pytest.mark.parametrize("gpu", sorted(_NCCL_SYSTEMS))
+def test_interconnect_efficiency_is_the_measured_bus_bandwidth(gpu):
+    """Each spec's interconnect_efficiency is the bus bandwidth of the largest fp16 NCCL all-reduce
+    on 2 GPUs in aiconfigurator's table, over the spec's link bandwidth (docs/COST_MODELS.md)."""
+    import pandas as pd
+
+    (table,) = (_AIC / _NCCL_SYSTEMS[gpu]).glob("nccl_*/nccl_perf.csv.gz")
+    rows = pd.read_csv(table)
+    rows = rows[(rows.op_name == "all_reduce") & (rows.num_gpus == 2) & (rows.nccl_dtype == "half")]
+    big = rows[rows.message_size == rows.message_size.max()].iloc[0]
+    # bus bandwidth = 2 (n - 1) / n x bytes / time, which is bytes / time at n = 2; fp16: 2 bytes each
+    bus_gb_s = big.message_size * 2 / (big.latency * 1e-3) / 1e9
+    spec = resolve_gpu(gpu)
+    assert spec.interconnect_efficiency == pytest.approx(bus_gb_s / spec.interconnect_gb_s, abs=0.006)
