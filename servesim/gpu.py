@@ -18,15 +18,60 @@ CPU_KV_LIMIT_GIB = 8.0  # refuse CPU KV caches larger than this: set cache.num_g
 CPU_KV_BUDGET_GIB = 2.0
 
 
+def runner_model(model: str, field: str = "--model"):
+    """The GPU runner's model (gpu_runner/weights.py ModelConfig; random weights) for `model`: a
+    preset by name, or any dense Llama-style decoder the specs resolve (a config.json path or
+    folder, a catalogue id), at its real shapes. Refused with the reason: Mixture-of-Experts, MLA,
+    sliding-window layers and quantized weights, which the runner does not run. Q/K/V biases
+    (Qwen2) are not run: a few microseconds a layer."""
+    import json
+    from pathlib import Path
+
+    from servesim.gpu_runner.weights import PRESETS, ModelConfig
+    from servesim.simulator.specs import resolve_model
+    from servesim.simulator.specs.hf_config import CATALOGUE_DIR
+
+    allowed = (f"a GPU-runner preset ({', '.join(sorted(PRESETS))}), or a dense Llama-style model: a "
+               "Hugging Face config.json or catalogue id without MoE, MLA or sliding-window layers")
+    if model.lower() in PRESETS:
+        return PRESETS[model.lower()]
+    try:
+        spec = resolve_model(model)
+    except InputError as e:
+        if e.path is not None:  # a config file that does not read: its own error names it
+            raise
+        raise InputError(f"no GPU-runner preset or model {model!r}", field=field, allowed=allowed) from None
+    if spec.name in PRESETS:
+        return PRESETS[spec.name]
+    unsupported = [why for cond, why in (
+        (spec.is_moe, "Mixture-of-Experts layers"), (spec.mla is not None, "MLA attention"),
+        (spec.sliding_window is not None, "sliding-window layers"),
+        (spec.weight_dtype not in ("bf16", "fp16"), f"{spec.weight_dtype} weights")) if cond]
+    if unsupported:
+        raise InputError(f"model {spec.name!r}: the GPU runner runs dense Llama-style decoders in bf16/fp16, "
+                         f"and this one has {' and '.join(unsupported)}", field=field, allowed=allowed)
+    # What the spec does not carry (it changes no shape): the norm and rotary constants, and whether
+    # q and k are normalised per head (Qwen3) -- from the config itself where there is one.
+    path = Path(model)
+    path = path / "config.json" if path.is_dir() else path
+    if not (path.suffix == ".json" and path.is_file()):
+        path = CATALOGUE_DIR / f"{spec.name}.json"
+    raw = json.loads(path.read_text()) if path.is_file() else {}
+    raw = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
+    return ModelConfig(spec.name, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                       intermediate_size=spec.intermediate_size, num_layers=spec.num_layers,
+                       num_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                       rope_theta=float(raw.get("rope_theta") or 10000.0),
+                       rms_eps=float(raw.get("rms_norm_eps") or 1e-5), tie_embeddings=spec.tied_embeddings,
+                       qk_norm=raw.get("model_type") == "qwen3", max_position=spec.max_position_embeddings)
+
+
 def fit_cpu_kv_pool(cfg: SimConfig, device: str) -> tuple[SimConfig, str | None]:
     """On the CPU with a derived pool: the config with a pool that fits CPU_KV_BUDGET_GIB, and a note
     saying so. A pool the user set (cache.num_gpu_blocks) is kept as given (and checked later)."""
-    from servesim.gpu_runner.weights import PRESETS, preset
-
-    name = cfg.hardware.model.lower()
-    if device != "cpu" or not cfg.derive_num_gpu_blocks or name not in PRESETS:
+    if device != "cpu" or not cfg.derive_num_gpu_blocks:
         return cfg, None
-    mcfg = preset(name)
+    mcfg = runner_model(cfg.hardware.model, field="hardware.model")
     cache, _ = resolve_cache(cfg)
     block_bytes = 2 * mcfg.num_layers * cache.block_size * mcfg.num_kv_heads * mcfg.head_dim * 4  # fp32
     blocks = max(1, min(cache.num_gpu_blocks, int(CPU_KV_BUDGET_GIB * 2**30 // block_bytes)))
@@ -50,18 +95,13 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
 
     from servesim.gpu_runner.model import LlamaModel
     from servesim.gpu_runner.runner import GpuExecutor, require_device
-    from servesim.gpu_runner.weights import PRESETS, preset
     from servesim.scheduler.worker import TokenSource
 
     try:
         dev = require_device(device)
     except RuntimeError as e:
         raise InputError(str(e), field="--device") from None
-    name = cfg.hardware.model.lower()
-    if name not in PRESETS:
-        raise InputError(f"no GPU-runner preset for model {cfg.hardware.model!r}", field="--model",
-                         allowed=", ".join(sorted(PRESETS)))
-    mcfg = preset(name)
+    mcfg = runner_model(cfg.hardware.model)
     cache, _ = resolve_cache(cfg)
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
         dtype or ("bf16" if dev.type == "cuda" else "fp32")]

@@ -14,8 +14,9 @@ from servesim.traces.errors import InputError
 
 @app.command()
 def calibrate(
-    model: str = typer.Option(None, "--model", help="GPU-runner preset (tiny-llama, llama-3.1-8b, ...); "
-                              "may be left out with --collectives (collectives only)"),
+    model: str = typer.Option(None, "--model", help="GPU-runner preset (tiny-llama, llama-3.1-8b, ...) or a "
+                              "dense Llama-style model: a Hugging Face config.json (path or folder) or catalogue "
+                              "id, run at its shapes with random weights; may be left out with --collectives"),
     out: Path = typer.Option(None, "--out", help="profile file to write (.csv); default runs/calibration/MODEL.csv "
                              "(collectives-GPU.csv without --model)"),
     device: str = typer.Option("cuda", "--device", help="cuda | cpu (cpu: functional runs only)"),
@@ -76,16 +77,14 @@ def _model_name(model: str) -> str:
 
 
 def _model_device(device: str, model: str):
+    from servesim.gpu import runner_model
     from servesim.gpu_runner.runner import require_device
-    from servesim.gpu_runner.weights import PRESETS
 
+    runner_model(model)  # refuse a model the runner cannot run before looking for a device
     try:
-        dev = require_device(device)
+        return require_device(device)
     except RuntimeError as e:
         raise InputError(str(e), field="--device") from None
-    if model.lower() not in PRESETS:
-        raise InputError(f"no GPU-runner preset {model!r}", field="--model", allowed=", ".join(sorted(PRESETS)))
-    return dev
 
 
 def _gpu_label(gpu_label: str | None, dev) -> str:
@@ -136,10 +135,10 @@ def _sweep_model(model: str, dev, dtype: str, quick: bool, seed: int, gpu_label:
 
     from servesim.gpu_runner.calibrate import CalibrationGrid, calibrate as sweep
     from servesim.gpu_runner.model import LlamaModel
-    from servesim.gpu_runner.weights import preset
+    from servesim.gpu import runner_model
 
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
-    m = LlamaModel.random(preset(model.lower()), seed=seed, dtype=torch_dtype, device=dev,
+    m = LlamaModel.random(runner_model(model), seed=seed, dtype=torch_dtype, device=dev,
                           backend="triton" if dev.type == "cuda" else "torch")
     grid = CalibrationGrid.quick() if quick else CalibrationGrid()
     return sweep(m, _model_name(model), gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True))
