@@ -1,5 +1,7 @@
 """Data-parallel MoE deployments: vLLM's DP balancer, DP-aware MoE cost, validate settings."""
 
+from pathlib import Path
+
 import pytest
 
 from servesim.simulator.cluster import run_cluster
@@ -100,3 +102,27 @@ def test_lockstep_groups_in_cluster_yaml():
                                   "pd": {}})
     with pytest.raises(InputError):
         cluster_config_from_dict({"replicas": [{"count": 2, "lockstep": "yes"}]})
+
+
+_RTX_RUN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "benchmarks" / "llmservingsim_vllm_runs" \
+    / "RTXPRO6000_Llama-3.1-8B"
+
+
+@pytest.mark.skipif(not _RTX_RUN.is_dir(), reason="shared vLLM run not present")
+def test_validate_prices_expert_parallelism_or_refuses_it():
+    """A run with expert parallelism on an MoE model: the roofline splits the experts over the TP
+    ranks; a cost model that cannot price it is refused, not silently run without it."""
+    import dataclasses
+
+    from servesim.simulator.validation.replay import ValidateOptions, build_config
+    from servesim.simulator.validation.runs import load_run
+
+    run = load_run(_RTX_RUN, "auto")
+    ep = dataclasses.replace(run, settings=dataclasses.replace(run.settings, enable_expert_parallel=True, tp=2))
+    cfg, _ = build_config(ep, ValidateOptions(model="qwen3-30b-a3b", cost_model="roofline"))
+    assert cfg.cost_model.params["expert_parallel_size"] == 2
+    with pytest.raises(InputError) as e:
+        build_config(ep, ValidateOptions(model="qwen3-30b-a3b", cost_model="fitted"))
+    assert e.value.field == "--cost-model" and e.value.allowed == "roofline"
+    cfg, _ = build_config(ep, ValidateOptions(cost_model="roofline"))  # a dense model: vLLM ignores the flag
+    assert "expert_parallel_size" not in cfg.cost_model.params

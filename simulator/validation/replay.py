@@ -113,7 +113,11 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
     cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
-    if s.enable_expert_parallel and s.data_parallel_size <= 1 and cm.name == "roofline":
+    if s.enable_expert_parallel and spec.is_moe and s.data_parallel_size <= 1:
+        if cm.name != "roofline":  # priced nowhere else: refuse rather than drop the run's setting
+            raise InputError(f"the run used expert parallelism ({spec.name}, TP {s.tp}), which only the roofline "
+                             f"cost model prices (its MoE tables and all-to-all); got --cost-model {cm.name}",
+                             field="--cost-model", allowed="roofline")
         cm.params["expert_parallel_size"] = s.tp  # experts split over the TP ranks
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                             max_model_len=max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
