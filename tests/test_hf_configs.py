@@ -106,3 +106,22 @@ def test_two_configs_in_same_named_folders_stay_distinct(tmp_path):
     for i, spec in enumerate(specs):
         assert resolve_model(str(tmp_path / str(i) / "Same-Name")) == spec
         assert resolve_model(spec.name) == spec
+
+
+def test_hand_entered_specs_agree_with_their_published_configs():
+    """A catalogue config whose model models.yaml also enters by hand (mixtral-8x7b) is shadowed
+    by that entry; both must describe the same model, field for field, so neither can drift."""
+    import dataclasses
+
+    from servesim.simulator.specs.hf_config import catalogue_specs
+
+    shadowed = [spec for spec in catalogue_specs() if resolve_model(spec.name) is not spec]
+    assert {"mixtral-8x7b", "llama-3.1-8b", "llama-3.1-70b", "llama-2-7b", "llama-2-70b", "qwen3-32b"} <= {s.name for s in shadowed}
+    skip = {"name", "hf_id", "aliases"}
+    for spec in shadowed:
+        entered = resolve_model(spec.name)
+        for f in dataclasses.fields(spec):
+            if f.name not in skip:
+                assert getattr(entered, f.name) == getattr(spec, f.name), (spec.name, f.name)
+        assert entered.hf_id == spec.hf_id
+    assert weight_bytes(resolve_model("mixtral-8x7b")) / 2 / 1e9 == pytest.approx(46.7, rel=0.03)  # model card
