@@ -160,3 +160,34 @@ def test_cluster_and_plan_commands_write_their_outputs(tmp_path):
     bad.write_text("replicas: [{count: 1}]\nrouter: nearest\n")
     r = _cli("cluster", str(bad), "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "nearest" in r.stderr and "round_robin" in r.stderr
+
+
+def test_a_model_config_json_is_found_next_to_the_cluster_file(tmp_path, monkeypatch):
+    """hardware.model naming a config.json relative to the cluster YAML resolves there, wherever
+    the command runs (as a scenario's trace does); model names stay names."""
+    (tmp_path / "cfgs" / "m").mkdir(parents=True)
+    (tmp_path / "cfgs" / "m" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}))
+    path = tmp_path / "cfgs" / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"base": {"hardware": {"model": "m/config.json"}},
+                                    "replicas": [{"count": 1}, {"count": 1, "sim": {"hardware.model": "llama-3.1-8b"}}]}))
+    monkeypatch.chdir(tmp_path)
+    first, second = ClusterConfig.from_yaml(path).replicas
+    assert first.sim.hardware.model == str((tmp_path / "cfgs" / "m" / "config.json").resolve())
+    assert second.sim.hardware.model == "llama-3.1-8b"
+
+
+def test_a_plan_template_finds_its_model_config_json_too(tmp_path, monkeypatch):
+    from servesim.simulator.cluster.plan import PlanConfig
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}))
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"base": {"hardware.model": "m", "hardware.gpu": "h100"}},
+                                    "search": {"tp": [1]}}))
+    monkeypatch.chdir(ROOT)
+    plan = PlanConfig.from_yaml(path)
+    assert plan.cluster["base"]["hardware"]["model"] == str((tmp_path / "m").resolve())

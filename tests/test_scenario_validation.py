@@ -189,3 +189,23 @@ def test_shipped_scenarios_validate():
         if not f.name.startswith("_"):
             assert "QUESTION" in head and "HOW TO READ" in head, f.name
             assert len(sc.variants) >= 2, f.name
+
+
+def test_a_model_config_json_is_found_next_to_the_file_that_names_it(tmp_path, monkeypatch):
+    """hardware.model: a config.json (or its folder) relative to the scenario that wrote it, as a
+    trace is; from a parent scenario, relative to the parent. Names stay names."""
+    import json
+
+    (tmp_path / "lib" / "m").mkdir(parents=True)
+    (tmp_path / "lib" / "m" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}))
+    write(tmp_path, GEN + "hardware: {model: m/config.json}\n", "lib/base.yaml")
+    child = write(tmp_path, "extends: lib/base.yaml\n")
+    direct = write(tmp_path, GEN + "hardware: {model: lib/m}\n", "d.yaml")
+    monkeypatch.chdir(tmp_path / "lib" / "m")  # anywhere but the scenarios' folders
+    want = str((tmp_path / "lib" / "m" / "config.json").resolve())
+    assert load_scenario(child).variants[0].cfg.hardware.model == want
+    assert load_scenario(direct).variants[0].cfg.hardware.model == str((tmp_path / "lib" / "m").resolve())
+    named = write(tmp_path, GEN + "hardware: {model: llama-3.1-8b}\n", "n.yaml")
+    assert load_scenario(named).variants[0].cfg.hardware.model == "llama-3.1-8b"

@@ -14,6 +14,7 @@ import math
 import types
 import typing
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from servesim.scenario.source import Marks, dotted
@@ -171,6 +172,12 @@ def build_sim_config(data: dict, marks: Marks) -> SimConfig:
             raise marks.error("cache.num_gpu_blocks is set, so it cannot also be derived from GPU memory",
                               ("derive_num_gpu_blocks",), allowed="drop one of the two")
         sections["derive_num_gpu_blocks"] = False  # an explicit pool size wins, as with --set
+    hardware = sections.get("hardware")
+    mark = marks.near(("hardware", "model"))
+    if isinstance(hardware, dict) and "model" in hardware and mark is not None and mark.line is not None:
+        from servesim.simulator.specs.models import model_path_near  # relative to the file that wrote it
+
+        sections["hardware"] = {**hardware, "model": model_path_near(hardware["model"], Path(mark.file).parent)}
     cfg = build(SimConfig(), sections, (), marks)
     check_feasible(cfg, marks)
     return cfg

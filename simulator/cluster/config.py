@@ -233,10 +233,24 @@ def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None
     Setting cache.num_gpu_blocks turns derive_num_gpu_blocks off unless that is given too (the
     same rule as `--set`)."""
     data = _expand_dotted(data, where, path)
+    if path is not None:
+        data = models_near(data, where, path)
     cfg = build_dataclass(SimConfig(), data, where, path)
     if "num_gpu_blocks" in (data.get("cache") or {}) and "derive_num_gpu_blocks" not in data:
         cfg = dataclasses.replace(cfg, derive_num_gpu_blocks=False)
     return cfg
+
+
+def models_near(data: dict, where: str, path: str) -> dict:
+    """A sim dict (nested or dotted) with hardware.model, when it names a config.json relative
+    to the config file `path`, made absolute (simulator/specs/models.py model_path_near)."""
+    from servesim.simulator.specs.models import model_path_near
+
+    data = _expand_dotted(data, where, path)
+    hardware = data.get("hardware")
+    if isinstance(hardware, dict) and "model" in hardware:
+        data["hardware"] = {**hardware, "model": model_path_near(hardware["model"], Path(path).parent)}
+    return data
 
 
 def _expand_dotted(data: Any, where: str, path: str | None) -> dict:

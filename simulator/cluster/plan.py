@@ -96,6 +96,10 @@ def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
         raise InputError("expected {gpu: dollars per hour >= 0}", path=path, field="gpu_cost_per_hour")
     from servesim.simulator.specs import resolve_gpu
 
+    if path is not None and isinstance(cluster.get("base"), dict):  # a config.json relative to this file
+        from servesim.simulator.cluster.config import models_near
+
+        cluster = {**cluster, "base": models_near(cluster["base"], "cluster.base", path)}
     cfg = PlanConfig(cluster, search, dict(data.get("workload") or {}),
                      {resolve_gpu(k).name: float(v) for k, v in costs.items()})
     for shape in search.shapes()[:1] + [s for s in search.shapes() if s.kind == "pd"][:1]:

@@ -208,3 +208,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     from .hf_config import spec_from_config_file
 
     return spec_from_config_file(Path(path))
+
+
+def model_path_near(model: object, base_dir: str | Path) -> object:
+    """`model` as written in a config file in `base_dir`: a config.json (or a folder holding one)
+    relative to that file becomes its absolute path, as trace paths do; anything else (a model
+    name, an absolute path, a path that is not there) is returned as it is."""
+    if not isinstance(model, str) or not model or Path(model).is_absolute():
+        return model
+    candidate = Path(base_dir) / model
+    if (candidate.suffix == ".json" and candidate.is_file()) or (candidate / "config.json").is_file():
+        return str(candidate.resolve())
+    return model
