@@ -316,3 +316,42 @@ def test_missing_attention_phase_is_filled_from_roofline():
     assert f.fit_error["attn_prefill"]["origin"] == "measured"
     assert f.fit_error["attn_decode"]["origin"] == "roofline"
     assert f.step_time_s(decode_shape(64, 8000)) > f.step_time_s(decode_shape(64, 100))
+
+
+@needs_shared
+def test_fp8_gemms_lose_the_activation_quantisation_vllm_fuses(tmp_path):
+    """aiconfigurator's fp8 GEMM rows include the dynamic per-token quantisation of their input;
+    vLLM's compiled graph fuses it into the RMSNorm before qkv and gate_up and the SiLU-mul
+    before down, so those curves lose the measured quant time; o_proj keeps it; bf16 unchanged."""
+    from servesim.simulator.cost_model.fit_ops import gemm_curve
+
+    quant_file = SHARED / "aiconfigurator" / "h100_sxm" / "vllm_0.24.0" / "scale_matrix_perf.csv.gz"
+    quant = import_profile("auto", quant_file)  # read with its sibling computescale_perf
+    q = quant[(quant["op"] == "act_quant") & (quant["gemm_m"] == 1) & (quant["gemm_k"] == 8192)]
+    static = pd.read_csv(quant_file)
+    scale = pd.read_csv(quant_file.with_name("computescale_perf.csv.gz"))
+    pick = lambda df: float(df[(df["m"] == 1) & (df["k"] == 8192)]["latency"].iloc[0])  # noqa: E731
+    assert float(q["latency_s"].iloc[0]) == pytest.approx((pick(static) + max(pick(scale), 0.0)) * 1e-3)
+    gemms = import_profile("auto", AIC_H100)
+    fp8 = fit([gemms, quant], "llama-3.1-70b@fp8-kvauto", "h100", 4)
+    plain = fit([gemms], "llama-3.1-70b@fp8-kvauto", "h100", 4)
+    ops_fp8, ops_plain = fp8.data["ops"], plain.data["ops"]
+    assert ops_fp8["o_proj"] == ops_plain["o_proj"]
+    for op in ("qkv_proj", "gate_up_proj", "down_proj"):
+        ys, ys0 = ops_fp8[op]["curve"]["y"], ops_plain[op]["curve"]["y"]
+        assert all(0.5 * b <= a < b for a, b in zip(ys, ys0)), op
+        assert "activation quantisation" in fp8.fit_error[op]["origin"]
+    # the first point: the GEMM less the measured quant of its 1 x 8192 input (qkv: k = hidden)
+    assert ops_plain["qkv_proj"]["curve"]["y"][0] - ops_fp8["qkv_proj"]["curve"]["y"][0] == pytest.approx(
+        float(q["latency_s"].iloc[0]), rel=0.05)
+    bf16 = fit([gemms, quant], "llama-3.1-70b", "h100", 4).data["ops"]
+    assert bf16["qkv_proj"] == fit([gemms], "llama-3.1-70b", "h100", 4).data["ops"]["qkv_proj"]
+
+
+def test_a_quant_table_named_alone_needs_its_sibling(tmp_path):
+    lone = tmp_path / "scale_matrix_perf.csv"
+    lone.write_text("framework,version,device,op_name,kernel_source,m,k,quant_dtype,latency\n"
+                    "VLLM,0.24.0,NVIDIA H100 80GB HBM3,scale_matrix,static,1,8192,fp8,0.004\n")
+    with pytest.raises(InputError) as e:
+        import_profile("auto", lone)
+    assert "computescale_perf" in e.value.allowed

@@ -21,7 +21,7 @@ from servesim.traces.errors import InputError
 from ..specs import ModelSpec, resolve_gpu, resolve_model
 from .fit_ops import fit_curve, fit_grid, fit_step_regression, gemm_curve, roofline_curve
 from .fitted import FORMAT, VERSION, FittedCostModel
-from .interp import NestedGrid
+from .interp import Curve, NestedGrid
 from .importers import import_profile
 from .profile_schema import CALLS_PER_LAYER, OPS, validate_profile
 from .roofline import RooflineCostModel
@@ -129,6 +129,7 @@ def _fit_ops(data: dict, rows: pd.DataFrame, spec: ModelSpec, roof: RooflineCost
     gemm_shapes = {"qkv_proj": (qkv_n, h), "o_proj": (h, spec.q_size // tp),
                    "gate_up_proj": (2 * inter, h), "down_proj": (h, inter),
                    "lm_head": (-(-spec.vocab_size // tp), h)}
+    fused_quant = _fused_quant_grid(data, rows, spec, rng, holdout) if gemm_grid is not None else None
     plan = [(op, "layer", CALLS_PER_LAYER.get(op, 1)) for op in _LAYER_OPS] + \
         [(op, "tokens", 1) for op in _TOKEN_OPS] + [(op, "rows", 1) for op in _ROW_OPS]
     moe_mlp = ("gate_up_proj", "down_proj") if spec.is_moe else ()
@@ -142,6 +143,9 @@ def _fit_ops(data: dict, rows: pd.DataFrame, spec: ModelSpec, roof: RooflineCost
             n, k = gemm_shapes[op]
             curve = gemm_curve(gemm_grid, n, k)
             err = {**data["fit_error"]["gemm"], "origin": f"gemm kernels n={n} k={k}"}
+            if fused_quant is not None and op in _QUANT_FUSED_OPS:
+                curve = _without_quant(curve, fused_quant, k)
+                err["origin"] += " minus the fp8 activation quantisation vLLM fuses into the op before"
         elif op in gemm_shapes or op in _TOKEN_OPS + _ROW_OPS:  # unmeasured: roofline fill-in
             grid = _ROW_GRID if scope == "rows" else _TOKEN_GRID
             curve = roofline_curve(lambda x, o=op: roof.op_time_s(o, x), grid)
@@ -156,6 +160,33 @@ def _fit_ops(data: dict, rows: pd.DataFrame, spec: ModelSpec, roof: RooflineCost
         _put(data, "elementwise", "layer", 1,
              roofline_curve(lambda x: roof.op_time_s("elementwise", x), _TOKEN_GRID),
              _roofline_err())
+
+
+# fp8 GEMMs whose activation quantisation vLLM's compiled graph fuses into the op before them
+# (RMSNorm + quant for qkv and gate_up, SiLU-mul + quant for down: PassConfig fuse_norm_quant /
+# fuse_act_quant, or Inductor fusing the native quant). o_proj's input comes out of attention,
+# whose fusion with the quant needs the full graph (off by default), so it keeps its quant.
+_QUANT_FUSED_OPS = ("qkv_proj", "gate_up_proj", "down_proj")
+_QUANT_FLOOR = 0.5  # never take off more than half a GEMM (the tables are separate measurements)
+
+
+def _fused_quant_grid(data: dict, rows: pd.DataFrame, spec: ModelSpec, rng: np.random.Generator,
+                      holdout: float):
+    """The (m, k) grid of the activation quantisation that fp8 (per-tensor W8A8) GEMM rows
+    include, or None: other weight formats, or no act_quant rows (aiconfigurator's
+    scale_matrix_perf + computescale_perf)."""
+    quant = rows[rows["op"] == "act_quant"]
+    if spec.weight_dtype != "fp8" or quant.empty:
+        return None
+    grid, data["fit_error"]["act_quant"] = fit_grid(quant, ["gemm_m", "gemm_k"], rng, holdout,
+                                                     "measured fp8 activation quantisation", monotone=True)
+    return grid
+
+
+def _without_quant(curve, quant, k: int):
+    """A GEMM's curve over m less the quantisation of its m x k input (at most _QUANT_FLOOR of it)."""
+    ys = [max(y - quant(m, float(k)), _QUANT_FLOOR * y) for m, y in zip(curve.xs, curve.ys)]
+    return Curve(curve.xs, ys)
 
 
 def _roofline_err() -> dict:

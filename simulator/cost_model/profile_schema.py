@@ -63,6 +63,8 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lm_head": ("model", ("num_tokens",)),
     "sampler": ("model", ("num_tokens",)),
     "gemm": ("kernel", ("gemm_m", "gemm_n", "gemm_k")),
+    # fp8 dynamic per-token quantisation of an m x k activation, which fp8 GEMM rows include
+    "act_quant": ("kernel", ("gemm_m", "gemm_k")),
     "attn_prefill": ("layer", ("batch_size", "chunk_len")),
     "attn_decode": ("layer", ("batch_size", "context_len")),
     "attn_mixed": ("layer", ("chunk_len", "prefix_len", "batch_size", "context_len")),

@@ -23,6 +23,9 @@ OUT = Path(__file__).resolve().parent
 _LSS = "llmservingsim/vllm_0.19_profiler"
 _AIC_H100 = ["aiconfigurator/h100_sxm/vllm_0.14.0", "aiconfigurator/h100_sxm/nccl_2.29.2"]
 _AIC_A100 = ["aiconfigurator/a100_sxm/vllm_0.14.0", "aiconfigurator/a100_sxm/nccl_2.27.3"]
+# vLLM 0.24's fp8 activation-quantisation tables (scale_matrix_perf, read with its sibling
+# computescale_perf): only these two files of that folder, whose GEMMs are another version's
+_AIC_H100_QUANT = "aiconfigurator/h100_sxm/vllm_0.24.0/scale_matrix_perf.csv.gz"
 _AIC_H200 = ["aiconfigurator/h200_sxm/vllm_0.24.0", "aiconfigurator/h200_sxm/nccl_2.29.2"]
 
 # (model, gpu, tp, profile paths relative to the profiles root, why this source)
@@ -50,8 +53,10 @@ CATALOG: list[tuple[str, str, int, list[str], str]] = [
        + "; the dense deployments of the BLIS H100 runs")
       for m, tp in (("llama-2-7b", 1), ("mistral-nemo-12b", 1), ("mistral-nemo-12b", 2), ("qwen2.5-7b", 1),
                     ("yi-34b", 2))
-] + [(f"{m}@fp8-kvauto", "h100", tp, _AIC_H100,
-      "aiconfigurator vLLM 0.14 fp8 (per-tensor W8A8) GEMM kernels, bf16-KV attention, all-reduce")
+] + [(f"{m}@fp8-kvauto", "h100", tp, _AIC_H100 + [_AIC_H100_QUANT],
+      "aiconfigurator vLLM 0.14 fp8 (per-tensor W8A8) GEMM kernels less the activation quantisation "
+      "vLLM fuses into the norm / SiLU before qkv, gate_up and down (vLLM 0.24 quant tables), "
+      "bf16-KV attention, all-reduce")
      for m, tp in (("llama-3.1-70b", 2), ("llama-3.1-70b", 4), ("llama-3.1-70b", 8), ("qwen3-32b", 1), ("qwen3-32b", 2),
                    ("qwen3-32b", 8))]
 

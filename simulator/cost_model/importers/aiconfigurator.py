@@ -1,7 +1,8 @@
 """ai-dynamo/aiconfigurator kernel tables: ``<gpu>/vllm_<ver>/*_perf.csv.gz`` and ``nccl_perf``.
 
-``latency`` is milliseconds per call of one op of one layer. Shapes are per GPU and not tied to a
-model: GEMMs are ``m x k @ k x n`` and attention rows give the per-GPU head counts, so ``model``
+``latency`` is milliseconds per call of one op of one layer. ``scale_matrix_perf`` and
+``computescale_perf`` (read together) give ``act_quant`` rows: the fp8 activation quantisation
+that the fp8 GEMM rows include. Shapes are per GPU and not tied to a model: GEMMs are ``m x k @ k x n`` and attention rows give the per-GPU head counts, so ``model``
 is empty and ``tp`` is NA except for all-reduce rows (``num_gpus``).
 """
 
@@ -18,7 +19,8 @@ from ..profile_schema import make_profile
 from . import header, is_csv, read_table, register_importer
 
 _FILES = ("gemm_perf", "context_attention_perf", "generation_attention_perf",
-          "custom_allreduce_perf", "nccl_perf")
+          "custom_allreduce_perf", "nccl_perf", "scale_matrix_perf", "computescale_perf")
+_QUANT_PAIR = ("scale_matrix_perf", "computescale_perf")  # read together (act_quant rows)
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "int8": "int8"}
 _ELEM_BYTES = {"bf16": 2, "fp16": 2, "int8": 1}
 
@@ -87,10 +89,31 @@ def _allreduce(path: Path, nccl: bool) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
+def _act_quant(static: Path, compute_scale: Path) -> pd.DataFrame:
+    """fp8 dynamic per-token activation quantisation of an m x k bf16 matrix: the static quant
+    (`scale_matrix_perf`) plus the scale computation, which `computescale_perf` records as the
+    difference dynamic - static. One row per (m, k) measured in both."""
+    a = read_table(static, ("m", "k", "latency", "device"))
+    b = read_table(compute_scale, ("m", "k", "latency"))
+    df = a.merge(b[["m", "k", "latency"]].rename(columns={"latency": "scale_ms"}), on=["m", "k"])
+    cols = _common(df, static)
+    cols.update(op="act_quant", gemm_m=df["m"], gemm_k=df["k"], num_tokens=df["m"],
+                latency_s=(df["latency"] + df["scale_ms"].clip(lower=0.0)) * 1e-3,
+                kernel="dynamic_per_token_scaled_fp8_quant")
+    return pd.DataFrame(cols)
+
+
 @register_importer("aiconfigurator", _detect)
 def import_aiconfigurator(path: Path) -> pd.DataFrame:
     files = sorted(p for p in path.iterdir() if _kind(p)) if path.is_dir() else [path]
-    parts = []
+    quant = {_kind(f): f for f in files if _kind(f) in _QUANT_PAIR}
+    if quant and not path.is_dir():  # one of the pair named alone: read it with its sibling
+        quant = {kind: path.with_name(path.name.replace(_kind(path), kind)) for kind in _QUANT_PAIR}
+        missing = [str(f) for f in quant.values() if not f.is_file()]
+        if missing:
+            raise InputError("fp8 activation-quantisation rows need both tables", path=str(path),
+                             allowed=f"{' and '.join(_QUANT_PAIR)} side by side (missing: {', '.join(missing)})")
+    parts = [_act_quant(quant["scale_matrix_perf"], quant["computescale_perf"])] if len(quant) == 2 else []
     for f in files:
         kind = _kind(f)
         if kind == "gemm_perf":
