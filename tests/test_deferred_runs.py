@@ -85,15 +85,23 @@ def test_arrivals_on_a_grid_with_no_routing_latency():
 
 
 def test_a_plan_ends_before_an_update_at_a_dispatch_time():
-    """Cluster._first_dispatch_at: the first time within a few ulps of a dispatch time."""
-    specs = [RequestSpec(f"r{i}", t, 100, 10) for i, t in enumerate([0.5, 1.25, 3.0])]
+    """Cluster._first_dispatch_at: the first time at which the clock reads a dispatch. SimPy lands
+    a timeout at now + (t - now), which can miss t in the last bit; the cluster knows each landing
+    in advance (0.00016189957807444255 then 1.510323792226935 lands at 1.5103237922269352)."""
+    prev, t = 0.00016189957807444255, 1.510323792226935
+    specs = [RequestSpec("a", prev, 100, 10), RequestSpec("b", t, 100, 10), RequestSpec("c", 3.0, 100, 10)]
     cluster = Cluster(_config(True, 2, latency_s=0.0), Workload.from_unsorted(specs, name="t", source="test"))
+    landed = prev + (t - prev)
+    assert landed != t and cluster._landing_s == [prev, landed, landed + (3.0 - landed)]
     first = cluster._first_dispatch_at
-    assert first([0.1, 0.2, 0.3]) == 3
-    assert first([0.4, 1.25, 2.0, 3.0]) == 1
-    assert first([0.4, math.nextafter(1.25, 2.0), 2.0]) == 1  # an ulp away is the same instant
-    assert first([0.4, 1.2501, 2.9]) == 3
-    assert first([]) == 0
+    assert first([0.1, 0.2, 0.3]) == 3 and first([]) == 0
+    assert first([0.1, landed, 2.0]) == 1
+    assert first([0.1, t, 2.0]) == 3  # the trace's time is not where the clock reads it
+    seen = []  # the clock at every submit
+    for r in cluster.front:
+        r.engine.submit = lambda spec, sent_s=None, e=r.engine: (seen.append(e.env.now), type(e).submit(e, spec, sent_s))
+    cluster.run()
+    assert sorted(seen) == cluster._landing_s
 
 
 @pytest.mark.parametrize("router", ["jsq_power_of_two", "session_affinity"])

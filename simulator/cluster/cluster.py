@@ -16,9 +16,7 @@ side recomputes the last prompt token and generates the full output_len tokens.
 
 from __future__ import annotations
 
-import bisect
 import heapq
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -101,6 +99,8 @@ class Cluster:
         self._next_spec = 0  # index in workload.requests of the next request to dispatch
         latency = cfg.routing_latency_s
         self._dispatch_s = [s.arrival_time_s + latency for s in workload.requests]  # as _arrivals adds
+        self._landing_s = _landing_times(self._dispatch_s)  # where SimPy's clock reads each dispatch
+        self._landing_set = frozenset(self._landing_s)
         # Per front replica, when the router reads only some replicas (_announce_next_arrival):
         # (index of the first decision that may pick or read it, its position in front), a heap.
         self._unread_until: list[tuple[int, int]] | None = None
@@ -188,25 +188,14 @@ class Cluster:
 
     def _dispatch_at(self, i: int) -> float:
         """When request i reaches the router (never, past the last)."""
-        return self._dispatch_s[i] if i < len(self._dispatch_s) else float("inf")
+        return self._landing_s[i] if i < len(self._landing_s) else float("inf")
 
     def _first_dispatch_at(self, times: Sequence[float]) -> int:
-        """Index of the first of the ascending `times` at which a request may reach the router
-        (len(times) if none): a deferred run must end before it (simulator/deferred_run.py). A
-        dispatch lands within a few ulps of its time (SimPy adds a delay to the clock), so a
-        time that close counts as the same instant."""
-        first = len(times)
-        if not first:
-            return first
-        dispatch_s = self._dispatch_s
-        lo = bisect.bisect_left(dispatch_s, times[0] - 4 * math.ulp(times[0]), self._next_spec)
-        hi = bisect.bisect_right(dispatch_s, times[-1] + 4 * math.ulp(times[-1]), lo)
-        for d in dispatch_s[lo:hi]:
-            eps = 4 * math.ulp(d)
-            i = bisect.bisect_left(times, d - eps, 0, first)
-            if i < first and times[i] <= d + eps:
-                first = i
-        return first
+        """Index of the first of `times` at which a request reaches the router (len(times) if
+        none): a deferred run must end before it (simulator/deferred_run.py). Exact: the clock's
+        reading at each dispatch is known in advance (_landing_times)."""
+        at = self._landing_set
+        return next((i for i, t in enumerate(times) if t in at), len(times))
 
     def _arrival_bound(self, pos: int, load: int) -> float:
         """The earliest time a request can reach front replica `pos` while its load stays >= load:
@@ -316,6 +305,18 @@ class Cluster:
                 raise
             self._raise_stall()
         return build_result(self, time.perf_counter() - t0)
+
+
+def _landing_times(dispatch_s: list[float]) -> list[float]:
+    """The clock at each dispatch as Cluster._arrivals reaches it: a timeout of (t - now) from
+    the previous one lands at now + (t - now), which can differ from t in the last bit; a time
+    already passed dispatches at once."""
+    out, now = [], 0.0
+    for t in dispatch_s:
+        if t > now:
+            now = now + (t - now)
+        out.append(now)
+    return out
 
 
 def _stuck_replica(replicas: list[Replica]) -> Replica:
