@@ -125,3 +125,44 @@ def test_hand_entered_specs_agree_with_their_published_configs():
                 assert getattr(entered, f.name) == getattr(spec, f.name), (spec.name, f.name)
         assert entered.hf_id == spec.hf_id
     assert weight_bytes(resolve_model("mixtral-8x7b")) / 2 / 1e9 == pytest.approx(46.7, rel=0.03)  # model card
+
+
+@pytest.mark.parametrize("qcfg,fmt", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, "nvfp4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
+     "int4"),
+])
+def test_four_bit_checkpoints_weigh_a_quarter_and_run_at_their_rates(tmp_path, qcfg, fmt):
+    """int4 (AWQ/GPTQ, weight-only: dequantised to bf16 in the kernel) and NVFP4 (W4A4: fp4 tensor
+    cores where the GPU has them, bf16-rate weight-only elsewhere) from quantization_config."""
+    from servesim.simulator.specs import resolve_gpu
+    from servesim.simulator.specs.precision import bytes_per_element, gemm_peak_tflops
+
+    base = {k: v for k, v in json.loads(_catalogue("qwen3-8b").read_text()).items() if not k.startswith("_")}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "quantization_config": qcfg}))
+    spec = model_from_hf_config(path)
+    dense = resolve_model("qwen3-8b")
+    assert spec.weight_dtype == fmt and spec.kv_cache_dtype == "auto"
+    assert kv_bytes_per_token(spec) == kv_bytes_per_token(dense)  # weights only: KV stays bf16
+    assert 0.25 < weight_bytes(spec) / weight_bytes(dense) < 0.45  # embeddings and lm_head stay bf16
+    assert bytes_per_element(fmt) == pytest.approx(0.5, abs=0.07)  # 4 bits plus the group scales
+    b200, h100 = resolve_gpu("b200"), resolve_gpu("h100")
+    if fmt == "nvfp4":
+        assert gemm_peak_tflops(b200, fmt) == b200.fp4_dense_tflops  # fp4 tensor cores
+    else:
+        assert gemm_peak_tflops(b200, fmt) == b200.bf16_dense_tflops  # dequantised to bf16
+    assert gemm_peak_tflops(h100, fmt) == h100.bf16_dense_tflops  # Hopper: no fp4 cores
+    # memory-bound decode on an H100: about a quarter of the weight bytes to read
+    slow = make_cost_model("roofline", model=dense, gpu="h100").step_time_s(decode_shape(8, 500))
+    fast = make_cost_model("roofline", model=spec, gpu="h100").step_time_s(decode_shape(8, 500))
+    assert fast < 0.6 * slow
+
+
+def _catalogue(name: str):
+    from servesim.simulator.specs.hf_config import CATALOGUE_DIR
+
+    return CATALOGUE_DIR / f"{name}.json"
