@@ -191,3 +191,19 @@ def test_a_plan_template_finds_its_model_config_json_too(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     plan = PlanConfig.from_yaml(path)
     assert plan.cluster["base"]["hardware"]["model"] == str((tmp_path / "m").resolve())
+
+
+def test_a_fitted_cost_model_file_is_found_next_to_the_cluster_file(tmp_path, monkeypatch):
+    import gzip
+
+    from servesim.simulator.cost_model.calibrated import __file__ as calibrated_init
+
+    fit = Path(calibrated_init).parent / "llama-3.1-8b__h100__tp1.json.gz"
+    (tmp_path / "m.json").write_bytes(gzip.decompress(fit.read_bytes()))
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"base": {"cost_model": {"name": "profiled", "params": {"path": "m.json"}}},
+                                    "replicas": [{"count": 1}]}))
+    monkeypatch.chdir(ROOT)
+    (group,) = ClusterConfig.from_yaml(path).replicas
+    assert group.sim.cost_model.params["path"] == str((tmp_path / "m.json").resolve())
+    assert group.sim.cost_model.name == "profiled"

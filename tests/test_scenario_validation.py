@@ -209,3 +209,18 @@ def test_a_model_config_json_is_found_next_to_the_file_that_names_it(tmp_path, m
     assert load_scenario(direct).variants[0].cfg.hardware.model == str((tmp_path / "lib" / "m").resolve())
     named = write(tmp_path, GEN + "hardware: {model: llama-3.1-8b}\n", "n.yaml")
     assert load_scenario(named).variants[0].cfg.hardware.model == "llama-3.1-8b"
+
+
+def test_a_fitted_cost_model_file_is_found_next_to_the_scenario(tmp_path, monkeypatch):
+    """cost_model.params.path (a `servesim fit` file) relative to the scenario, like a trace."""
+    import gzip
+
+    from servesim.simulator.cost_model.calibrated import __file__ as calibrated_init
+
+    fit = Path(calibrated_init).parent / "llama-3.1-8b__h100__tp1.json.gz"
+    (tmp_path / "fits").mkdir()
+    (tmp_path / "fits" / "m.json").write_bytes(gzip.decompress(fit.read_bytes()))
+    scenario = write(tmp_path, GEN + "cost_model: {name: profiled, params: {path: fits/m.json}}\n")
+    monkeypatch.chdir(Path(calibrated_init).parent)  # anywhere but the scenario's folder
+    cfg = load_scenario(scenario).variants[0].cfg
+    assert cfg.cost_model.params["path"] == str((tmp_path / "fits" / "m.json").resolve())

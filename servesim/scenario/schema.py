@@ -172,15 +172,30 @@ def build_sim_config(data: dict, marks: Marks) -> SimConfig:
             raise marks.error("cache.num_gpu_blocks is set, so it cannot also be derived from GPU memory",
                               ("derive_num_gpu_blocks",), allowed="drop one of the two")
         sections["derive_num_gpu_blocks"] = False  # an explicit pool size wins, as with --set
-    hardware = sections.get("hardware")
-    mark = marks.near(("hardware", "model"))
-    if isinstance(hardware, dict) and "model" in hardware and mark is not None and mark.line is not None:
-        from servesim.simulator.specs.models import model_path_near  # relative to the file that wrote it
-
-        sections["hardware"] = {**hardware, "model": model_path_near(hardware["model"], Path(mark.file).parent)}
+    _paths_near_their_files(sections, marks)
     cfg = build(SimConfig(), sections, (), marks)
     check_feasible(cfg, marks)
     return cfg
+
+
+def _paths_near_their_files(sections: dict, marks: Marks) -> None:
+    """hardware.model (a config.json) and cost_model.params.path (a fitted model) relative to the
+    scenario file that wrote each, as trace paths are; --set values stay as given."""
+    from servesim.simulator.specs.models import file_near, model_path_near
+
+    for keys, near in ((("hardware", "model"), model_path_near), (("cost_model", "params", "path"), file_near)):
+        mark = marks.near(keys)
+        if mark is None or mark.line is None:
+            continue
+        parent = sections  # copied along the way: the scenario's own mappings stay as read
+        for key in keys[:-1]:
+            child = parent.get(key)
+            if not isinstance(child, dict):
+                break
+            parent[key] = parent = dict(child)
+        else:
+            if keys[-1] in parent:
+                parent[keys[-1]] = near(parent[keys[-1]], Path(mark.file).parent)
 
 
 def check_feasible(cfg: SimConfig, marks: Marks) -> None:

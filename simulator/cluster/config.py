@@ -243,13 +243,19 @@ def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None
 
 def models_near(data: dict, where: str, path: str) -> dict:
     """A sim dict (nested or dotted) with hardware.model, when it names a config.json relative
-    to the config file `path`, made absolute (simulator/specs/models.py model_path_near)."""
-    from servesim.simulator.specs.models import model_path_near
+    to the config file `path`, and cost_model.params.path (a fitted model file) made absolute
+    (simulator/specs/models.py model_path_near, file_near)."""
+    from servesim.simulator.specs.models import file_near, model_path_near
 
     data = _expand_dotted(data, where, path)
+    base = Path(path).parent
     hardware = data.get("hardware")
     if isinstance(hardware, dict) and "model" in hardware:
-        data["hardware"] = {**hardware, "model": model_path_near(hardware["model"], Path(path).parent)}
+        data["hardware"] = {**hardware, "model": model_path_near(hardware["model"], base)}
+    cost_model = data.get("cost_model")
+    params = cost_model.get("params") if isinstance(cost_model, dict) else None
+    if isinstance(params, dict) and "path" in params:
+        data["cost_model"] = {**cost_model, "params": {**params, "path": file_near(params["path"], base)}}
     return data
 
 

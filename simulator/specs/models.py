@@ -210,6 +210,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     return spec_from_config_file(Path(path))
 
 
+def file_near(value: object, base_dir: str | Path) -> object:
+    """`value` as written in a config file in `base_dir`: a relative path to an existing file there
+    becomes its absolute path (a fitted cost model's `path`); anything else is returned as it is."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        return value
+    candidate = Path(base_dir) / value
+    return str(candidate.resolve()) if candidate.is_file() else value
+
+
 def model_path_near(model: object, base_dir: str | Path) -> object:
     """`model` as written in a config file in `base_dir`: a config.json (or a folder holding one)
     relative to that file becomes its absolute path, as trace paths do; anything else (a model
