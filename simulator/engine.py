@@ -27,6 +27,7 @@ from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
 from servesim.simulator.deferred_run import DeferredRun
+from servesim.simulator.engine_rank import EngineRankMixin
 from servesim.simulator.executor import Executor, SimExecutor
 from servesim.simulator.client import Clients
 from servesim.simulator.kv_capacity import KvCapacity
@@ -54,7 +55,7 @@ class EngineResult:
     kv_capacity: KvCapacity | None
 
 
-class Engine(MacroStepMixin):
+class Engine(MacroStepMixin, EngineRankMixin):
     def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",

@@ -108,25 +108,23 @@ class LockstepGroup:
         while True:
             busy = [e.scheduler.has_unfinished_requests() for e in engines]
             if not any(busy) and not in_flight:
-                if all(e._all_arrived for e in engines):
+                if all(e.all_arrived for e in engines):
                     return
                 waits = []
                 for e in engines:
-                    e._wake = env.event()
-                    waits.append(e._wake)
+                    waits.append(e.wake_event())
                 yield env.any_of(waits)
                 continue
             now = env.now
             for e in engines:
-                if e._deadlines and e._deadlines[0][0] <= now:
-                    e._expire_deadlines(now)
+                e.expire_due_deadlines(now)
             had_in_flight = bool(in_flight)
             wave, gpu_s, cpu_s, any_work = [], 0.0, 0.0, False
             for i, e in enumerate(engines):
                 so = None
                 if busy[i]:
                     so = e.scheduler.schedule(now_s=now)
-                    rec, row = e._on_schedule(so, now)
+                    rec, row = e.record_schedule(so, now)
                     mro, t = e.executor.execute(so)
                     wave.append((e, so, mro, rec, row))
                 if so is not None and so.total_num_scheduled_tokens:
@@ -152,9 +150,9 @@ class LockstepGroup:
                 if end0 > env.now:
                     yield env.timeout(end0 - env.now)
                 for e, so, mro, rec, row in wave0:
-                    e._on_update(so, mro, rec, row)
+                    e.apply_output(so, mro, rec, row)
             if not any_work and not had_in_flight and any(e.scheduler.has_unfinished_requests() for e in engines):
-                yield env.any_of([e._idle_wait() for e in engines])
+                yield env.any_of([e.idle_event() for e in engines])
 
 
 def dummy_shape() -> StepShape:
