@@ -24,12 +24,9 @@ def runner_model(model: str, field: str = "--model"):
     folder, a catalogue id), at its real shapes. Refused with the reason: Mixture-of-Experts, MLA,
     sliding-window layers and quantized weights, which the runner does not run. Q/K/V biases
     (Qwen2) are not run: a few microseconds a layer."""
-    import json
-    from pathlib import Path
-
     from servesim.gpu_runner.weights import PRESETS, ModelConfig
     from servesim.simulator.specs import resolve_model
-    from servesim.simulator.specs.hf_config import CATALOGUE_DIR
+    from servesim.simulator.specs.hf_config import config_fields
 
     allowed = (f"a GPU-runner preset ({', '.join(sorted(PRESETS))}), or a dense Llama-style model: a "
                "Hugging Face config.json or catalogue id without MoE, MLA or sliding-window layers")
@@ -52,12 +49,7 @@ def runner_model(model: str, field: str = "--model"):
                          f"and this one has {' and '.join(unsupported)}", field=field, allowed=allowed)
     # What the spec does not carry (it changes no shape): the norm and rotary constants, and whether
     # q and k are normalised per head (Qwen3) -- from the config itself where there is one.
-    path = Path(model)
-    path = path / "config.json" if path.is_dir() else path
-    if not (path.suffix == ".json" and path.is_file()):
-        path = CATALOGUE_DIR / f"{spec.name}.json"
-    raw = json.loads(path.read_text()) if path.is_file() else {}
-    raw = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
+    raw = config_fields(model, spec)
     return ModelConfig(spec.name, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                        intermediate_size=spec.intermediate_size, num_layers=spec.num_layers,
                        num_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,

@@ -232,9 +232,7 @@ def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None
 
     Setting cache.num_gpu_blocks turns derive_num_gpu_blocks off unless that is given too (the
     same rule as `--set`)."""
-    data = _expand_dotted(data, where, path)
-    if path is not None:
-        data = models_near(data, where, path)
+    data = _expand_dotted(data, where, path) if path is None else models_near(data, where, path)
     cfg = build_dataclass(SimConfig(), data, where, path)
     if "num_gpu_blocks" in (data.get("cache") or {}) and "derive_num_gpu_blocks" not in data:
         cfg = dataclasses.replace(cfg, derive_num_gpu_blocks=False)
@@ -242,9 +240,9 @@ def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None
 
 
 def models_near(data: dict, where: str, path: str) -> dict:
-    """A sim dict (nested or dotted) with hardware.model, when it names a config.json relative
-    to the config file `path`, and cost_model.params.path (a fitted model file) made absolute
-    (simulator/specs/models.py model_path_near, file_near)."""
+    """A sim dict (nested or dotted), expanded to nested, with hardware.model, when it names a
+    config.json relative to the config file `path`, and cost_model.params.path (a fitted model
+    file) made absolute (simulator/specs/models.py model_path_near, file_near)."""
     from servesim.simulator.specs.models import file_near, model_path_near
 
     data = _expand_dotted(data, where, path)

@@ -157,6 +157,18 @@ def _read(path: Path) -> dict:
         raise InputError(f"cannot read model config: {exc}", path=str(path)) from None
 
 
+def config_fields(model: str, spec: ModelSpec) -> dict:
+    """The raw config fields behind `spec` (text_config merged in, as specs read them): the file
+    `model` names (a config.json or a folder holding one), else the catalogue's file for the spec,
+    else {} (a hand-entered spec). For what a spec does not carry (norm and rotary constants,
+    model_type)."""
+    path = Path(model)
+    path = path / "config.json" if path.is_dir() else path
+    if not (path.suffix == ".json" and path.is_file()):
+        path = CATALOGUE_DIR / f"{spec.name}.json"
+    return _flatten(_read(path)) if path.is_file() else {}
+
+
 def spec_from_config_file(path: Path) -> ModelSpec:
     """A spec from a config.json path, named after its folder (or ``_name_or_path``)."""
     cfg = _read(path)
