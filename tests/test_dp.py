@@ -36,9 +36,11 @@ def test_dp_cluster_balances_requests_over_ranks():
 
 def test_run_metadata_carries_dp_ep_and_precision():
     s = _settings_from_kwargs("m", "0.19.0", {"data_parallel_size": 4, "enable_expert_parallel": True,
-                                               "kv_cache_dtype": "fp8", "quantization": "fp8"}, "meta.json")
-    assert (s.data_parallel_size, s.enable_expert_parallel, s.kv_cache_dtype, s.quantization) == \
-        (4, True, "fp8", "fp8")
+                                               "kv_cache_dtype": "fp8", "quantization": "fp8",
+                                               "all2all_backend": "deepep_low_latency"}, "meta.json")
+    assert (s.data_parallel_size, s.enable_expert_parallel, s.kv_cache_dtype, s.quantization, s.all2all_backend) == \
+        (4, True, "fp8", "fp8", "deepep_low_latency")
+    assert _settings_from_kwargs("m", "0.19.0", {}, "meta.json").all2all_backend == "allgather_reducescatter"
 
 
 def _two_rank_run(lockstep: bool):
@@ -71,7 +73,12 @@ def test_dp_lockstep_waves_last_as_long_as_the_slowest_rank_and_idle_ranks_run_d
     res = _two_rank_run(lockstep=True)
     req = res.requests.set_index("request_id")
     assert list(req.loc[["a", "b"], "replica"]) == [0, 1]
-    w1 = max(pa, pb)  # wave 1: both prefills
+    # Wave 1: both prefills; both ranks' MoE layers hold the wave's 500 tokens (not 2 x their own).
+    fix = cm.wave_correction_s
+    assert fix(100, 500) > 0 > fix(400, 500)
+    w1 = max(pa + fix(100, 500), pb + fix(400, 500))
+    # Waves 2 and 3 are balanced (one token a rank: a decode or a dummy): nothing to correct.
+    assert fix(1, 2) == 0.0
     w2 = max(da1, db)  # wave 2: both decode; b is done (2 tokens)
     w3 = max(da2, dummy)  # wave 3: a decodes, rank 1 runs a dummy batch
     assert req.loc["a", "ttft_s"] == pytest.approx(w1, rel=1e-12)
@@ -126,3 +133,8 @@ def test_validate_prices_expert_parallelism_or_refuses_it():
     assert e.value.field == "--cost-model" and e.value.allowed == "roofline"
     cfg, _ = build_config(ep, ValidateOptions(cost_model="roofline"))  # a dense model: vLLM ignores the flag
     assert "expert_parallel_size" not in cfg.cost_model.params
+    # data parallelism: the run's --all2all-backend reaches the ranks' cost model
+    dp = dataclasses.replace(run, settings=dataclasses.replace(
+        run.settings, enable_expert_parallel=True, data_parallel_size=2, all2all_backend="deepep_high_throughput"))
+    cfg, _ = build_config(dp, ValidateOptions(model="qwen3-30b-a3b", cost_model="roofline"))
+    assert cfg.cost_model.params["all2all_backend"] == "deepep_high_throughput"

@@ -3,9 +3,10 @@
     PYTHONPATH=. python tools/build_collective_tables.py [--profiles ../shared/data/gpu_profiles]
 
 For every GPU we ship a collective table for, it keeps per GPU count: the NCCL ``all_reduce``,
-``alltoall`` and ``all_gather`` rows (``nccl_dtype`` half) and vLLM's custom all-reduce under CUDA
-graphs (``backend`` vllm_graph, bf16), as (message bytes, seconds) pairs. all_gather's size is the
-whole gathered buffer (nccl-tests' convention, kept by aiconfigurator's collector). aiconfigurator stores
+``alltoall``, ``all_gather`` and ``reduce_scatter`` rows (``nccl_dtype`` half) and vLLM's custom
+all-reduce under CUDA graphs (``backend`` vllm_graph, bf16), as (message bytes, seconds) pairs.
+all_gather's size is the whole gathered buffer and reduce_scatter's the whole input (nccl-tests'
+conventions, kept by aiconfigurator's collector). aiconfigurator stores
 ``message_size`` in ELEMENTS (2 bytes each for half/bf16) and latency in ms (see the shared data
 README); both are converted here. Source: github ai-dynamo/aiconfigurator (Apache-2.0,
 Copyright (c) 2025-2026 NVIDIA CORPORATION & AFFILIATES), snapshot 095f58a5; the exact folders are
@@ -60,6 +61,8 @@ def build(profiles: Path) -> dict:
                 "nccl_alltoall": _pairs(nccl[(nccl["num_gpus"] == n) & (nccl["op_name"] == "alltoall")]),
                 # the vocab-parallel logits gather of every step under TP (collectives.py)
                 "nccl_allgather": _pairs(nccl[(nccl["num_gpus"] == n) & (nccl["op_name"] == "all_gather")]),
+                # the MoE combine of vLLM's allgather_reducescatter all2all backend (moe_comm.py)
+                "nccl_reducescatter": _pairs(nccl[(nccl["num_gpus"] == n) & (nccl["op_name"] == "reduce_scatter")]),
                 "custom_allreduce": _pairs(car[car["num_gpus"] == n]),
             }
         gpus[gpu] = {"device": str(nccl["device"].iloc[0]),

@@ -6,11 +6,13 @@ requests over the ranks; every forward pass is a collective across ranks (the Mo
 so ranks step together and a rank with nothing to do runs a dummy batch to take part.
 
 servesim models this as N replicas behind the ``vllm_dp`` router, each replica's cost model told
-the group's size (``data_parallel_size``: its MoE layers process the tokens of all N ranks, under
-the balanced-load assumption the router aims for, plus the dispatch/combine all-to-all; see
-docs/COST_MODELS.md). With ``lockstep=True`` (the default of ``dp_cluster_config``) the ranks
-also step together: one process drives them wave by wave, each wave as long as its slowest rank,
-idle ranks running dummy batches (:class:`LockstepGroup`).
+the group's size (``data_parallel_size``) and ``all2all_backend`` (how the MoE layers dispatch and
+combine: cost_model/moe_comm.py). With ``lockstep=True`` (the default of ``dp_cluster_config``)
+the ranks also step together: one process drives them wave by wave, each wave as long as its
+slowest rank, idle ranks running dummy batches, and every rank's MoE layers see the wave's real
+token total (:class:`LockstepGroup`). Free-running ranks (``lockstep=False``) cannot know each
+other's batches: their cost model assumes N x their own tokens (balanced ranks, which the router
+aims for).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import deque
 
 from servesim.simulator.cluster.config import ClusterConfig, ReplicaGroup, RouterConfig
 from servesim.simulator.cluster.routers import Decision, Router, _least, register_router
+from servesim.simulator.cost_model.base import wave_corrector
 from servesim.scheduler.step_shape import StepShape
 from servesim.simulator.config import CostModelConfig, SimConfig
 from servesim.traces.errors import InputError
@@ -74,10 +77,14 @@ class LockstepGroup:
     * every rank with unfinished requests schedules (its own scheduler and KV cache); a rank that
       has none, or schedules nothing, runs a dummy batch: one token, nothing sampled
       (``dummy_shape``), costed by its own cost model;
-    * the wave's GPU time is the maximum over the ranks' step times (dummies included); its CPU
-      time the maximum of the ranks' CPU overheads; with async scheduling (two steps in flight) the
-      next wave is scheduled while this one runs, exactly as one engine does
-      (``start = max(now + cpu, gpu_free_at)``), and outputs are applied in wave order;
+    * the wave's GPU time is the maximum over the ranks' step times (dummies included), each
+      with its MoE layers holding the wave's tokens (the sum over the ranks, a dummy's one
+      included: vLLM's dispatch gathers every rank's tokens) through the cost model's
+      ``wave_correction_s`` (cost_model/base.py WaveCostModel; models without it are used as
+      they are); its CPU time the maximum of the ranks' CPU overheads; with async scheduling
+      (two steps in flight) the next wave is scheduled while this one runs, exactly as one
+      engine does (``start = max(now + cpu, gpu_free_at)``), and outputs are applied in wave
+      order;
     * when no rank has work the group sleeps until a request arrives (vLLM's ranks also stop
       stepping then; its every-32-steps global "unfinished?" check is not modelled, nor the
       fast-forward and the stall watchdog of a single engine).
@@ -93,6 +100,7 @@ class LockstepGroup:
         self.num_waves = 0
         self.num_dummy_steps = 0  # rank-steps spent in dummy batches
         self._dummy_s = [e.executor.cost_model.step_time_s(dummy_shape()) for e in engines]
+        self._wave_fix = [wave_corrector(e.executor.cost_model) for e in engines]
 
     def start(self):
         return self.env.process(self._loop())
@@ -119,7 +127,7 @@ class LockstepGroup:
             for e in engines:
                 e.expire_due_deadlines(now)
             had_in_flight = bool(in_flight)
-            wave, gpu_s, cpu_s, any_work = [], 0.0, 0.0, False
+            wave, times, tokens, cpu_s, any_work = [], [], [], 0.0, False
             for i, e in enumerate(engines):
                 so = None
                 if busy[i]:
@@ -129,16 +137,19 @@ class LockstepGroup:
                     wave.append((e, so, mro, rec, row))
                 if so is not None and so.total_num_scheduled_tokens:
                     any_work = True
-                    gpu_s = max(gpu_s, t)
+                    times.append(t)
+                    tokens.append(so.total_num_scheduled_tokens)
                     cpu_s = max(cpu_s, e.cpu.step_s(len(so.num_scheduled_tokens),
                                                     so.total_num_scheduled_tokens))
                 else:  # nothing scheduled here: a dummy forward joins the others' collectives
-                    gpu_s = max(gpu_s, self._dummy_s[i])
+                    times.append(self._dummy_s[i])
+                    tokens.append(DUMMY_TOKENS)
                     self.num_dummy_steps += 1
             if not any_work:
                 gpu_s = 0.0  # no rank computes: no forward pass at all
                 self.num_dummy_steps -= len(engines)
             else:
+                gpu_s = self._wave_gpu_s(times, tokens)
                 self.num_waves += 1
             start = max(now + cpu_s, gpu_free_at)
             gpu_free_at = start + gpu_s
@@ -154,7 +165,16 @@ class LockstepGroup:
             if not any_work and not had_in_flight and any(e.scheduler.has_unfinished_requests() for e in engines):
                 yield env.any_of([e.idle_event() for e in engines])
 
+    def _wave_gpu_s(self, times: list[float], tokens: list[int]) -> float:
+        """The slowest rank's step, every rank's MoE layers holding the wave's tokens."""
+        wave_tokens = sum(tokens)
+        return max(t if fix is None else t + fix(n, wave_tokens)
+                   for t, n, fix in zip(times, tokens, self._wave_fix))
+
+
+DUMMY_TOKENS = 1  # vLLM's dummy batch on an idle DP rank: one token
+
 
 def dummy_shape() -> StepShape:
     """vLLM's dummy batch on an idle DP rank: one token, nothing sampled."""
-    return StepShape((1,), (0,), 0)
+    return StepShape((DUMMY_TOKENS,), (0,), 0)

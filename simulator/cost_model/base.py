@@ -68,6 +68,25 @@ class DecodeRunCostModel(Protocol):
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None: ...
 
 
+@runtime_checkable
+class WaveCostModel(Protocol):
+    """Optional: a cost model for one rank of a data-parallel MoE deployment whose ranks step in
+    lockstep (simulator/cluster/dp.py), where every rank's MoE layers see the whole wave's tokens.
+
+    `wave_correction_s(num_tokens, wave_tokens)` is the seconds to add to step_time_s of this
+    rank's step of num_tokens tokens when the wave's MoE layers hold wave_tokens tokens in all
+    (the sum over the ranks); step_time_s alone cannot know the other ranks and assumes balanced
+    ones. 0.0 when the model has no such layers."""
+
+    def wave_correction_s(self, num_tokens: int, wave_tokens: int) -> float: ...
+
+
+def wave_corrector(model: CostModel) -> Callable[[int, int], float] | None:
+    """The model's wave correction method, or None: resolved once per model (the runtime
+    Protocol check costs more than the correction)."""
+    return model.wave_correction_s if isinstance(model, WaveCostModel) else None
+
+
 def bulk_decode_pricer(model: CostModel) -> Callable[[list[int], int], list[float] | None] | None:
     """The model's bulk decode-run method, or None: resolved once per model, since the runtime
     Protocol check costs more than pricing a short run (a cluster asks at every loop top)."""

@@ -1,5 +1,5 @@
 """Collective communication cost for one parallel group: TP all-reduce and logits all-gather, EP
-all-to-all, PP send/recv.
+all-to-all, the all-gather / reduce-scatter of MoE dispatch and combine, PP send/recv.
 
 Measured tables first (``data/collectives.json``: aiconfigurator's NCCL and vLLM custom all-reduce
 measurements, rebuilt by ``tools/build_collective_tables.py``), a bus-bandwidth model per
@@ -15,7 +15,10 @@ size (``vllm/distributed/device_communicators/cuda_communicator.py`` and ``custo
   table: no measurement of it is available here).
 
 The all-gather is NCCL's (vLLM gathers the vocab-parallel logits outside the CUDA graph with
-``torch.distributed.all_gather_into_tensor``); see :func:`logits_gather_bytes_per_row`.
+``torch.distributed.all_gather_into_tensor``); see :func:`logits_gather_bytes_per_row`. The
+reduce-scatter is NCCL's too (the combine of vLLM's ``allgather_reducescatter`` MoE backend:
+moe_comm.py). Sizes follow nccl-tests: all-gather by the gathered (output) buffer, reduce-scatter
+by the whole input, all-to-all by each rank's send buffer.
 
 Every function returns seconds for ONE call on one GPU. The result is a single piecewise-linear
 :class:`Curve` over message bytes per collective so the step-time hot path does one lookup.
@@ -55,6 +58,7 @@ class CollectiveSource:
     alltoall: str
     custom_allreduce_max_bytes: int  # 0: vLLM's custom all-reduce is disabled for this group
     allgather: str
+    reducescatter: str
 
 
 def logits_gather_bytes_per_row(vocab_size: int, dtype_bytes: int) -> int:
@@ -106,7 +110,7 @@ class Collectives:
     """Seconds per call of the collectives of a ``num_gpus`` group of ``gpu``."""
 
     __slots__ = ("gpu", "num_gpus", "source", "allreduce_curve", "alltoall_curve",
-                 "allgather_curve", "_link", "_lat", "_send_recv")
+                 "allgather_curve", "reducescatter_curve", "_link", "_lat", "_send_recv")
 
     def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
                  latency_s: float | None = None, use_tables: bool = True,
@@ -127,7 +131,9 @@ class Collectives:
         if num_gpus == 1:
             zero = Curve([1.0], [0.0], tail_slope=0.0)
             self.allreduce_curve = self.alltoall_curve = self.allgather_curve = zero
-            self.source = CollectiveSource("none (one GPU)", "none (one GPU)", 0, "none (one GPU)")
+            self.reducescatter_curve = zero
+            none = "none (one GPU)"
+            self.source = CollectiveSource(none, none, 0, none, none)
             return
         if allreduce_profile is not None:  # this host's measurement (nccl-tests output, a profile)
             host = host_allreduce_table(allreduce_profile, num_gpus)
@@ -156,7 +162,13 @@ class Collectives:
         else:  # ring all-gather: (n-1)/n of the gathered buffer reaches each GPU over its link
             self.allgather_curve = self._model_curve((num_gpus - 1) / num_gpus)
             ag_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU"
-        self.source = CollectiveSource(ar_src, a2a_src, car_max, ag_src)
+        if tables and tables.get("nccl_reducescatter"):
+            self.reducescatter_curve = _curve(tables["nccl_reducescatter"])
+            rs_src = "measured (NCCL reduce_scatter)"
+        else:  # ring reduce-scatter: (n-1)/n of the input leaves each GPU over its link
+            self.reducescatter_curve = self._model_curve((num_gpus - 1) / num_gpus)
+            rs_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU"
+        self.source = CollectiveSource(ar_src, a2a_src, car_max, ag_src, rs_src)
 
     def _model_curve(self, traffic_factor: float) -> Curve:
         """lat + traffic_factor * bytes / link: ring all-reduce moves 2(n-1)/n of the message over
@@ -186,6 +198,10 @@ class Collectives:
     def allgather_s(self, nbytes_gathered: float) -> float:
         """One all-gather whose gathered (output) buffer holds ``nbytes_gathered``."""
         return self.allgather_curve(nbytes_gathered)
+
+    def reducescatter_s(self, nbytes_input: float) -> float:
+        """One reduce-scatter of an input buffer of ``nbytes_input`` (each rank keeps 1/n of it)."""
+        return self.reducescatter_curve(nbytes_input)
 
     def logits_gather_curve(self, bytes_per_row: int) -> Curve:
         """The all-gather as a curve over sampled rows (``allgather_curve`` with its byte axis

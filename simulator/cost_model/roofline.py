@@ -19,6 +19,7 @@ from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflo
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row
 from .mla_tables import mla_decode_grid
+from .moe_comm import DEFAULT_ALL2ALL_BACKEND, MoeDeployment, check_all2all_backend, moe_comm
 from .moe_tables import DISTRIBUTIONS, moe_curve
 
 
@@ -42,6 +43,8 @@ class RooflineParams:
     elementwise_kernels_per_layer: int = 5  # 2 norms, rotary, activation, KV-cache write
     expert_parallel_size: int = 1  # vLLM --enable-expert-parallel: experts split over this many ranks
     data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
+    # vLLM --all2all-backend: how a DP deployment's MoE layers dispatch and combine (moe_comm.py)
+    all2all_backend: str = DEFAULT_ALL2ALL_BACKEND
     moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
     moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
     # Route tokens independently (uniform top-k): a step of T tokens touches E(1-(1-k/E)^T) of the
@@ -58,6 +61,7 @@ class RooflineParams:
         if self.moe_distribution not in DISTRIBUTIONS:
             raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
                              field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
+        check_all2all_backend(self.all2all_backend)
         for f in ("expert_parallel_size", "data_parallel_size"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
                 raise InputError(f"roofline: {f} must be a positive integer", field=f)
@@ -79,7 +83,7 @@ class RooflineCostModel:
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
-                 "_mla_decode", "attention_source", "_decode_fixed")
+                 "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -129,7 +133,7 @@ class RooflineCostModel:
                           dense_frac))
         self._moe = self._moe_table = self._a2a = None
         self._dp = self.params.data_parallel_size
-        self.moe_source = "none (dense)"
+        self.moe_source = self.moe_comm_source = "none (dense)"
         if m.is_moe:
             gemms.append((2.0 * w["router"], w["router"] * b, (h + m.num_experts) * b, self._c,
                           moe_frac))
@@ -176,9 +180,12 @@ class RooflineCostModel:
         curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
             if self.params.moe_table else None
         self._moe_table = None if curve is None else (curve, moe_frac) + self._routing_correction(curve, moe_ep)
-        if self._dp > 1:  # dispatch + combine all-to-all of the routed tokens, per MoE layer
-            group = Collectives(self.gpu, moe_ep if ep > 1 else tp * self._dp)
-            self._a2a = (group.alltoall_curve, m.experts_per_token * m.hidden_size * b, moe_frac)
+        # dispatch + combine of the DP ranks' tokens, per MoE layer (vLLM --all2all-backend)
+        lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
+        self._a2a = moe_comm(self.params.all2all_backend, MoeDeployment(
+            m, self.gpu, tp, ep, self._dp, interconnect_efficiency=eff, latency_s=lat,
+            use_tables=lat is None and eff is None))
+        self.moe_comm_source = "none (one DP rank)" if self._a2a is None else self._a2a.source
         self.moe_source = "roofline" if curve is None else \
             f"measured (aiconfigurator moe_perf, moe_tp={moe_tp} moe_ep={moe_ep}, {self.params.moe_distribution})"
         if curve is not None:
@@ -342,31 +349,47 @@ class RooflineCostModel:
         gemm = 0.0
         for flops, wbytes, abytes, c, frac in self._gemms:
             gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
-        if self._moe_table is not None:
-            curve, frac, experts, p_pick, per_expert = self._moe_table
-            tokens_moe = tokens * self._dp
-            t = curve(tokens_moe)
-            if per_expert:  # balanced table -> uniform routing: fewer distinct experts touched
-                t -= per_expert * (min(tokens_moe * p_pick, 1.0) * experts
-                                   - experts * (1.0 - (1.0 - p_pick) ** tokens_moe))
-            gemm += frac * t
-        elif self._moe is not None:
-            experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
-            tokens_moe = tokens * self._dp  # DP ranks' tokens meet in the experts (balanced DP)
-            # Expected distinct experts hit when tokens route uniformly (each picks top_k).
-            active = experts * (1.0 - (1.0 - p_pick) ** tokens_moe)
-            routed = tokens_moe * top_k
-            gemm += frac * (max(routed * flops * c, (active * wbytes + routed * abytes) * m)
-                            + 2 * ko)
+        if self._moe_table is not None or self._moe is not None:
+            experts, a2a = self._moe_parts(tokens, tokens * self._dp)  # balanced DP: N x own tokens
+            gemm += experts
+        else:
+            a2a = 0.0
         attn = max(pairs * self._attn_flops_per_pair * self._ac,
                    (kv_tokens * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok) * self._am)
         attn += self._ao
         elementwise = tokens * self._ew_bytes_per_tok * m + self._ew_kernels * ko
         comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
-        if self._a2a is not None:
-            curve, per_tok, frac = self._a2a
-            comm += frac * 2.0 * curve(tokens * per_tok)
-        return gemm, attn, elementwise, comm
+        return gemm, attn, elementwise, comm + a2a
+
+    def _moe_parts(self, tokens: int, tokens_moe: int) -> tuple[float, float]:
+        """Seconds of one layer's routed experts over ``tokens_moe`` tokens (every DP rank's), and
+        of this rank's dispatch + combine of its ``tokens``; both weighted by the MoE layers' share."""
+        if self._moe_table is not None:
+            curve, frac, experts, p_pick, per_expert = self._moe_table
+            t = curve(tokens_moe)
+            if per_expert:  # balanced table -> uniform routing: fewer distinct experts touched
+                t -= per_expert * (min(tokens_moe * p_pick, 1.0) * experts
+                                   - experts * (1.0 - (1.0 - p_pick) ** tokens_moe))
+            gemm = frac * t
+        else:
+            experts, p_pick, flops, wbytes, abytes, top_k, c, frac = self._moe
+            # Expected distinct experts hit when tokens route uniformly (each picks top_k).
+            active = experts * (1.0 - (1.0 - p_pick) ** tokens_moe)
+            routed = tokens_moe * top_k
+            gemm = frac * (max(routed * flops * c, (active * wbytes + routed * abytes) * self._m)
+                           + 2 * self._ko)
+        a2a = self._a2a
+        return gemm, 0.0 if a2a is None else frac * a2a.seconds(tokens, tokens_moe)
+
+    def wave_correction_s(self, num_tokens: int, wave_tokens: int) -> float:
+        """Seconds to add to ``step_time_s`` of a step of ``num_tokens`` tokens on one DP rank of a
+        lockstep wave whose MoE layers hold ``wave_tokens`` tokens in all (WaveCostModel):
+        step_time_s alone assumes balanced ranks, ``data_parallel_size x num_tokens``."""
+        if self._dp == 1 or (self._moe_table is None and self._moe is None):
+            return 0.0
+        gemm, a2a = self._moe_parts(num_tokens, wave_tokens)
+        gemm0, a2a0 = self._moe_parts(num_tokens, num_tokens * self._dp)
+        return self.model.num_layers * ((gemm + a2a) - (gemm0 + a2a0))
 
     def _head_parts(self, tokens: int, sampled: int) -> tuple[float, float, float, float]:
         """Seconds outside the layers: (embedding, final norm, lm_head, sampler)."""

@@ -119,6 +119,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                              f"cost model prices (its MoE tables and all-to-all); got --cost-model {cm.name}",
                              field="--cost-model", allowed="roofline")
         cm.params["expert_parallel_size"] = s.tp  # experts split over the TP ranks
+    if s.data_parallel_size > 1 and spec.is_moe and cm.name == "roofline":
+        cm.params["all2all_backend"] = s.all2all_backend  # the DP ranks' dispatch/combine (moe_comm.py)
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
                             max_model_len=max_model_len, enable_chunked_prefill=s.enable_chunked_prefill,
                             async_scheduling=async_on)

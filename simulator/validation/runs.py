@@ -58,6 +58,7 @@ class EngineSettings:
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    all2all_backend: str = "allgather_reducescatter"  # vLLM --all2all-backend (0.19.1 default)
     provenance: dict[str, str] = field(default_factory=dict)  # field -> "recorded" | "default: ..."
 
 
@@ -154,7 +155,7 @@ def _settings_from_kwargs(model: str, version: str | None, kw: dict, recorded_by
                "gpu_memory_utilization": "gpu_memory_utilization", "num_gpu_blocks": "num_gpu_blocks",
                "dtype": "dtype", "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype",
                "data_parallel_size": "data_parallel_size",
-               "enable_expert_parallel": "enable_expert_parallel"}
+               "enable_expert_parallel": "enable_expert_parallel", "all2all_backend": "all2all_backend"}
     for key, attr in mapping.items():
         if kw.get(key) is not None:
             setattr(s, attr, kw[key])
