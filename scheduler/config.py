@@ -21,6 +21,18 @@ def _require(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def max_concurrent_batches(pipeline_parallel_size: int, async_scheduling: bool) -> int:
+    """Steps the engine keeps in flight (vLLM 0.19's VllmConfig.max_concurrent_batches, V1 model
+    runner): with pipeline parallelism one batch per stage fills the pipeline, async scheduling or
+    not; without it, async scheduling keeps two (step N+1 scheduled while step N runs), sync one.
+    The scheduler's decisions depend on nothing else of PP (checked with the vLLM oracle: an
+    async PP=2 trace is byte-identical to the async one; tests/golden/pp*)."""
+    _require(pipeline_parallel_size >= 1, f"pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
+    if pipeline_parallel_size > 1:
+        return pipeline_parallel_size
+    return 2 if async_scheduling else 1
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # running requests at most

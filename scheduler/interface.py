@@ -36,7 +36,8 @@ class SchedulerCapabilities:
 
     # Steps the engine may keep in flight: 1 = schedule, execute, update, repeat; 2 = vLLM's async
     # scheduling / SGLang's overlap schedule (step N+1 is scheduled before step N's output is
-    # applied). `overlap_allowed` may still serialise a particular pair of steps.
+    # applied). `overlap_allowed` may still serialise a particular pair of steps. Pipeline
+    # parallelism deepens the engine's batch queue beyond this (config.max_concurrent_batches).
     max_steps_in_flight: int
     # True: a schedule() that scheduled and preempted nothing, with no step in flight, decides the
     # same nothing again until something outside changes (an arrival, a KV transfer, an abort) or

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from servesim.scheduler.async_scheduler import make_scheduler
-from servesim.scheduler.config import CacheConfig, SchedulerConfig
+from servesim.scheduler.config import CacheConfig, SchedulerConfig, max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
@@ -46,6 +46,9 @@ class StepTraceConfig:
     no_prefix_caching: bool = False
     no_chunked_prefill: bool = False
     async_scheduling: bool = False
+    # vLLM's --pipeline-parallel-size: only the batch queue's depth changes (max_concurrent_batches).
+    # The oracle driver has no flag for it; tools/record_golden.py runs it with this many stages.
+    pipeline_parallel_size: int = 1
     max_steps: int = 1_000_000
     hash_algo: str = "sha256"
     # Opt-in extensions (all off by default, as the oracle's).
@@ -215,7 +218,7 @@ class OracleDriver:
 
     def run(self) -> Iterator[dict]:
         cfg, sched = self.cfg, self.sched
-        depth = 2 if cfg.async_scheduling else 1
+        depth = max_concurrent_batches(cfg.pipeline_parallel_size, cfg.async_scheduling)
         pos, step = 0, 0
         while step < cfg.max_steps:
             arrived = []

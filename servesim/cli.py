@@ -37,7 +37,7 @@ _interrupt_folder: list[Path] = []  # the note's folder: published -> the note n
 # Configuration fields the top-level flags set: an error on the field names the flag instead.
 FLAG_OF_FIELD = {"model": "--model", "gpu": "--gpu", "tp": "--tp", "cost_model": "--cost-model",
                  "engine": "--engine", "fmt": "--format", "hardware.model": "--model", "hardware.gpu": "--gpu",
-                 "hardware.tp": "--tp", "cost_model.name": "--cost-model", "num_requests": "--max-requests",
+                 "hardware.tp": "--tp", "hardware.pp": "--pp", "cost_model.name": "--cost-model", "num_requests": "--max-requests",
                  "rate_scale": "--rate-scale"}
 
 

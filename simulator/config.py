@@ -23,12 +23,15 @@ class HardwareConfig:
     model: str = "llama-3.1-8b"  # model id or alias (see simulator/specs/models.yaml)
     gpu: str = "h100"  # GPU id or alias (see simulator/specs/gpus.yaml)
     tp: int = 1  # tensor-parallel degree
+    pp: int = 1  # pipeline-parallel degree (vLLM --pipeline-parallel-size): stages of tp GPUs each
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory vLLM may use (weights + KV + activations)
     activation_reserve_gib: float = 2.0  # per GPU: activations, CUDA graphs, allocator slack
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise InputError(f"tp must be >= 1, got {self.tp}", field="hardware.tp")
+        if isinstance(self.pp, bool) or not isinstance(self.pp, int) or self.pp < 1:
+            raise InputError(f"got {self.pp!r}", field="hardware.pp", allowed="an integer >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise InputError("must be in (0, 1]", field="hardware.gpu_memory_utilization")
         if self.activation_reserve_gib < 0:

@@ -21,11 +21,13 @@ import simpy
 
 from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, RequestStatus, SamplingParams, TokenProvenance,
                                 TokenSegment)
+from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
+from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deferred_run import DeferredRun
 from servesim.simulator.engine_rank import EngineRankMixin
 from servesim.simulator.executor import Executor, SimExecutor
@@ -34,6 +36,7 @@ from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError, diagnose
 from servesim.simulator.macro_step import MacroStepMixin, macro_fallback_reason
 from servesim.simulator.metrics import MetricsCollector
+from servesim.simulator.pipeline_clock import pipeline_clock_for
 from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.scheduler.worker import TokenSource
@@ -73,9 +76,12 @@ class Engine(MacroStepMixin, EngineRankMixin):
         hw = cfg.hardware
         if executor is None:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+            pipeline = PipelineCost(cost, hw.model, hw.gpu, hw.tp, hw.pp) if hw.pp > 1 else None
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens,
-                                   sampler=sampler_cost_for(cfg))
+                                   sampler=sampler_cost_for(cfg), pipeline=pipeline)
         self.executor = executor
+        # Pipeline parallelism: a batch per stage in flight, timed stage by stage (pipeline_clock.py).
+        self._pipeline = pipeline_clock_for(hw.pp, executor)
         self._keys_from_provenance = cfg.prefix_cache_keys == "provenance"
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
@@ -236,6 +242,9 @@ class Engine(MacroStepMixin, EngineRankMixin):
         env, sched = self.env, self.scheduler
         caps = sched.capabilities  # fixed at construction: read once, not per step
         depth, idle_is_stable = caps.max_steps_in_flight, caps.idle_is_stable
+        pipe = self._pipeline
+        if pipe is not None:  # vLLM's batch queue holds one batch per stage
+            depth = max_concurrent_batches(self.cfg.hardware.pp, self.cfg.scheduler.async_scheduling)
         overlap_allowed = sched.overlap_allowed
         macro = self.macro_fallback_reason is None
         in_flight: deque = deque()
@@ -275,8 +284,13 @@ class Engine(MacroStepMixin, EngineRankMixin):
             # SGLang runs some steps serially (the consecutive-prefill exception): the CPU work of
             # this step then starts only after the GPU finished the previous one.
             serial = in_flight and not overlap_allowed(in_flight[-1][0], so)
-            start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
-            self._gpu_free_at = gpu_free_at = start + gpu_s
+            if pipe is None:
+                start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
+                self._gpu_free_at = gpu_free_at = start + gpu_s
+            else:  # stage by stage; the batch's GPU time is the sum of its stages'
+                stages_s = self.executor.last_stage_times_s
+                self._gpu_free_at = gpu_free_at = pipe.submit(now + cpu_s, stages_s)
+                gpu_s = sum(stages_s)
             self.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):

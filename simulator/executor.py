@@ -12,6 +12,7 @@ from typing import Protocol
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.worker import BatchTracker, TokenSource
 from servesim.simulator.cost_model.base import CostModel, StepShape, bulk_decode_pricer, decode_step_times_s
+from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.sampling import SamplerCost
 
 
@@ -31,8 +32,11 @@ class SimExecutor:
     """Simulated GPU: sampled tokens from the shared token source, time from a cost model."""
 
     def __init__(self, cost_model: CostModel, tokens: TokenSource, num_spec_tokens: int = 0,
-                 sampler: SamplerCost | None = None) -> None:
+                 sampler: SamplerCost | None = None, pipeline: PipelineCost | None = None) -> None:
         self.cost_model = cost_model
+        # Pipeline parallelism: each executed step's time per stage (last_stage_times_s) too.
+        self.pipeline = pipeline
+        self.last_stage_times_s: list[float] = []
         # What the requests' sampler path adds beyond the cost model's neutral sampler
         # (simulator/sampling.py); None leaves every step time the cost model's float.
         self.sampler = sampler if sampler is not None and sampler.s_per_row else None
@@ -46,8 +50,11 @@ class SimExecutor:
         shape = StepShape(tuple(new), tuple(ctx), sum(sample))
         self.last_shape = shape
         step_s = self.cost_model.step_time_s(shape) if req_ids else 0.0
-        if self.sampler is not None and shape.num_sampled:
-            step_s += self.sampler.seconds(shape.num_sampled)
+        extra_s = self.sampler.seconds(shape.num_sampled) if self.sampler is not None and shape.num_sampled else 0.0
+        step_s += extra_s
+        if self.pipeline is not None:
+            self.last_stage_times_s = self.pipeline.stage_times_s(shape, extra_s) if req_ids else \
+                [0.0] * self.pipeline.pp
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
 
     def output_token_source(self, request_id: str) -> bytes | None:

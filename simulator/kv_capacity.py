@@ -3,6 +3,8 @@
 vLLM profiles a forward pass, then gives the KV cache whatever fits under
 gpu_memory_utilization x memory after weights and peak activations:
     blocks = (util * mem - weights/tp - activations) // (block_size * kv_bytes_per_token/tp)
+With pipeline parallelism every stage's GPUs hold their layers' weights and KV only, and the
+engine's pool is the smallest any stage can hold (vLLM gives all workers the minimum block count).
 We model the activation peak as a fixed reserve per GPU (configurable). Both terms follow the
 model spec's precision and architecture (simulator/specs): weights in their stored format with
 scales (fp8, int4, nvfp4, mxfp4 ...), KV bytes per token from the KV-cache dtype (``auto`` or fp8),
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from servesim.simulator.specs import resolve_gpu, resolve_model
 from servesim.simulator.specs.models import kv_bytes_per_token, weight_bytes
+from servesim.simulator.specs.pipeline_stages import stage_kv_bytes_per_token, stage_weight_bytes
 from servesim.traces.errors import InputError
 
 
@@ -27,13 +30,25 @@ class KvCapacity:
 
 
 def derive_num_gpu_blocks(model: str, gpu: str, tp: int, block_size: int, gpu_memory_utilization: float,
-                          activation_reserve_gib: float) -> KvCapacity:
+                          activation_reserve_gib: float, pp: int = 1) -> KvCapacity:
     m, g = resolve_model(model), resolve_gpu(gpu)
-    per_block = kv_bytes_per_token(m, tp) * block_size
-    budget = gpu_memory_utilization * g.memory_bytes - weight_bytes(m, tp) - activation_reserve_gib * 2**30
-    if budget < per_block * 2:
-        raise InputError(
-            f"{m.name} at tp={tp} does not fit on {g.name} ({g.memory_gib:g} GiB x {gpu_memory_utilization}): "
-            f"weights take {weight_bytes(m, tp) / 2**30:.1f} GiB per GPU, leaving no room for a KV cache",
-            field="hardware", allowed="a larger GPU, a higher tp, or a smaller model")
-    return KvCapacity(int(budget // per_block), per_block, int(budget), "derived")
+    reserve = activation_reserve_gib * 2**30
+    if pp == 1:
+        stages = [(weight_bytes(m, tp), kv_bytes_per_token(m, tp))]
+    else:
+        stages = list(zip(stage_weight_bytes(m, tp, pp), stage_kv_bytes_per_token(m, tp, pp)))
+    best = None
+    for weights, kv_per_token in stages:
+        per_block = kv_per_token * block_size
+        budget = gpu_memory_utilization * g.memory_bytes - weights - reserve
+        if budget < per_block * 2:
+            where = f"tp={tp}" if pp == 1 else f"tp={tp}, pp={pp}"
+            raise InputError(
+                f"{m.name} at {where} does not fit on {g.name} ({g.memory_gib:g} GiB x {gpu_memory_utilization}): "
+                f"weights take {weights / 2**30:.1f} GiB per GPU, leaving no room for a KV cache",
+                field="hardware", allowed="a larger GPU, a higher tp or pp, or a smaller model")
+        cap = KvCapacity(int(budget // per_block), per_block, int(budget), "derived")
+        if best is None or cap.num_gpu_blocks < best.num_gpu_blocks:
+            best = cap
+    assert best is not None
+    return best

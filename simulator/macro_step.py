@@ -51,6 +51,8 @@ def macro_fallback_reason(engine) -> str | None:
         return "macro_steps is off"
     if type(sched) not in (Scheduler, AsyncScheduler):
         return f"scheduler {type(sched).__name__} has no bulk decode path (SGLang, P/D and other subclasses step)"
+    if cfg.hardware.pp > 1:
+        return "pipeline parallelism: a batch per stage in flight, timed stage by stage"
     if cfg.scheduler.num_spec_tokens:
         return "speculative decoding: acceptance draws change the batch's token counts step by step"
     if not sched.policy.fast_forward_safe:

@@ -48,7 +48,7 @@ def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
     if not cfg.derive_num_gpu_blocks:
         return cfg.cache, None
     cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cfg.cache.block_size, hw.gpu_memory_utilization,
-                                hw.activation_reserve_gib)
+                                hw.activation_reserve_gib, pp=hw.pp)
     return replace(cfg.cache, num_gpu_blocks=cap.num_gpu_blocks), cap
 
 
@@ -70,6 +70,25 @@ def blocks_for_max_model_len(cache: CacheConfig, max_model_len: int, max_num_bat
     return window if cache.attention == "sliding_window" else full + window
 
 
+def _check_pipeline(cfg: SimConfig) -> None:
+    """Pipeline parallelism: every stage holds at least one layer; only the vLLM engine models it."""
+    hw = cfg.hardware
+    if hw.pp == 1:
+        return
+    layers = resolve_model(hw.model).num_layers
+    if hw.pp > layers:
+        raise InputError(f"{hw.model} has {layers} layers, too few for {hw.pp} pipeline stages",
+                         field="hardware.pp", allowed=f"1 to {layers}")
+    if cfg.engine != "vllm":
+        raise InputError(f"pipeline parallelism is modelled for the vllm engine only, not {cfg.engine!r}",
+                         field="hardware.pp", allowed="1 with engine: " + cfg.engine)
+    from servesim.simulator.cost_model import make_cost_model
+    from servesim.simulator.cost_model.pipeline import PipelineCost
+
+    cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+    PipelineCost(cost, hw.model, hw.gpu, hw.tp, hw.pp)  # refuses a model that cannot split a step over stages
+
+
 def check_startup(cfg: SimConfig) -> None:
     """Raise InputError (naming the field and what is allowed) for what vLLM refuses at start-up."""
     hw, sched = cfg.hardware, cfg.scheduler
@@ -78,6 +97,7 @@ def check_startup(cfg: SimConfig) -> None:
             resolve(getattr(hw, key))
         except InputError as exc:
             raise InputError(exc.detail, field=f"hardware.{key}", allowed=exc.allowed) from None
+    _check_pipeline(cfg)
     mml = resolve_max_model_len(cfg)
     limit = resolve_model(hw.model).max_position_embeddings
     if mml > limit:

@@ -60,6 +60,19 @@ FEATURE_CONFIGS: dict[str, dict] = {
 }
 GOLDEN_CONFIGS.update(FEATURE_CONFIGS)
 
+# Pipeline parallelism (record_golden.py runs the driver with N stages and a batch queue of N).
+PP_CONFIGS: dict[str, dict] = {
+    "pp2_sync": {"pipeline_parallel_size": 2},
+    "pp4_sync_small_pool": {"pipeline_parallel_size": 4, "num_blocks": 160},
+    "pp3_async_priority": {"pipeline_parallel_size": 3, "async_scheduling": True, "policy": "priority",
+                           "arrival_spread": 100},
+    "pp4_async_small_pool": {"pipeline_parallel_size": 4, "async_scheduling": True, "num_blocks": 180},
+    "pp2_sync_no_chunk_threshold": {"pipeline_parallel_size": 2, "no_chunked_prefill": True,
+                                    "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 0,
+                                    "num_blocks": 200},
+}
+GOLDEN_CONFIGS.update(PP_CONFIGS)
+
 # Workload-generation flags (drive.py's) shared by every golden config.
 WORKLOAD_FLAGS = {"num_requests": 80, "num_prefixes": 6}
 # The flags that become StepTraceConfig fields (workload-only ones among them switch trace fields on).
@@ -68,4 +81,4 @@ TRACE_FLAGS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_se
                "async_scheduling", "hash_algo", "num_spec_tokens", "spec_method", "eos_rate", "stop_token_ids",
                "stop_rate", "min_tokens", "abort_rate", "abort_window", "abort_after", "abort_preempted_rate",
                "sliding_window", "hybrid", "num_loras", "max_loras", "cache_salt", "kv_connector_rate",
-               "kv_load_steps", "trace_block_tables", "max_steps")
+               "kv_load_steps", "trace_block_tables", "max_steps", "pipeline_parallel_size")

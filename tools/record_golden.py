@@ -4,6 +4,12 @@
 
 For each config in golden_configs.py: OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json}.
 One process imports vLLM once and calls the oracle driver's main() per config.
+
+Pipeline parallelism: the driver has no flag for it (it builds ParallelConfig(pipeline_parallel_size=1)
+and a batch queue of 2 with async scheduling, else 1). A config with `pipeline_parallel_size` N runs
+the driver's own source with exactly those two lines changed: the real vLLM scheduler built with
+ParallelConfig(pipeline_parallel_size=N) and a batch queue of N, vLLM 0.19's max_concurrent_batches
+for PP with the V1 model runner (EngineCore.step_with_batch_queue). Nothing else of the driver changes.
 """
 
 from __future__ import annotations
@@ -32,6 +38,24 @@ def argv_for(flags: dict) -> list[str]:
     return out
 
 
+_PP_LINES = ("ParallelConfig(pipeline_parallel_size=1)", "queue_depth = 2 if args.async_scheduling else 1")
+
+
+def pp_driver(oracle_dir: str, pp: int):
+    """The oracle driver's main() with N pipeline stages (see the module docstring)."""
+    path = os.path.join(oracle_dir, "drive.py")
+    with open(path) as f:
+        src = f.read()
+    for line in _PP_LINES:
+        if src.count(line) != 1:
+            raise SystemExit(f"{path}: expected exactly one {line!r}; the driver changed, update record_golden.py")
+    src = src.replace(_PP_LINES[0], f"ParallelConfig(pipeline_parallel_size={pp})")
+    src = src.replace(_PP_LINES[1], f"queue_depth = {pp}")
+    module = {"__name__": f"drive_pp{pp}", "__file__": path}
+    exec(compile(src, path, "exec"), module)  # noqa: S102 -- the oracle's own driver, two lines changed
+    return module["main"]
+
+
 def main() -> int:
     oracle_dir, out_dir = sys.argv[1], sys.argv[2]
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -47,7 +71,10 @@ def main() -> int:
         d = os.path.join(out_dir, name)
         os.makedirs(d, exist_ok=True)
         tmp_trace = os.path.join(d, "trace.jsonl")
-        drive.main(argv_for(flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace])
+        pp = flags.get("pipeline_parallel_size", 1)
+        run = drive.main if pp == 1 else pp_driver(oracle_dir, pp)
+        drive_flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size"}
+        run(argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace])
         with open(tmp_trace, "rb") as src, open(tmp_trace + ".gz", "wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:  # mtime 0: reproducible bytes
                 shutil.copyfileobj(src, dst)

@@ -14,12 +14,12 @@ from servesim.traces.errors import InputError
 SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
-def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm"):
+def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm", pp=1):
     from servesim.overrides import apply_overrides, split_set_items
     from servesim.simulator.config import CostModelConfig, SimConfig
 
     cfg = SimConfig()
-    cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
+    cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp, pp=pp)
     cfg.cost_model = CostModelConfig(name=cost_model)
     if Path(cost_model).suffix in (".json", ".yaml", ".yml"):  # a fitted model file from `servesim fit`
         cfg.cost_model = CostModelConfig(name="profiled", params={"path": cost_model})
@@ -35,6 +35,7 @@ def replay(
     model: str = typer.Option("llama-3.1-8b", "--model"),
     gpu: str = typer.Option("h100", "--gpu"),
     tp: int = typer.Option(1, "--tp"),
+    pp: int = typer.Option(1, "--pp", help="pipeline-parallel stages (vLLM --pipeline-parallel-size)"),
     cost_model: str = typer.Option("roofline", "--cost-model", help="registry name, or a fitted model file"),
     sets: list[str] = typer.Option([], "--set", help="override a config field: --set scheduler.max_num_seqs=64"),
     seed: int = typer.Option(0, "--seed"),
@@ -82,7 +83,7 @@ def replay(
     if step_trace is not None and step_trace.exists() and not (overwrite and step_trace.is_file()):
         raise InputError(f"{step_trace} already exists; servesim will not replace it", field="--step-trace",
                          allowed="a new file (or --overwrite to replace an earlier step trace)")
-    cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine)
+    cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine, pp)
     if fast_forward:
         make_console(stderr=True).print("--fast-forward is deprecated and does nothing more: exact macro-steps "
                                         "are on by default (--no-macro-steps turns them off)")

@@ -33,7 +33,8 @@ from servesim.simulator.cluster.routers import Decision, make_router
 from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
-from servesim.simulator.specs import kv_bytes_per_token, resolve_model
+from servesim.simulator.specs import resolve_model
+from servesim.simulator.specs.pipeline_stages import stage_kv_bytes_per_token
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -139,13 +140,14 @@ class Cluster:
             raise InputError("replica names collide", field="replicas[].name", allowed="distinct group names")
         return out
 
-    def _kv_bytes_table(self) -> dict[tuple[int, int], int]:
-        """Bytes per token on the link for each (prefill, decode) TP pair: the larger per-GPU shard,
-        since ranks send in parallel and the side with fewer ranks holds more per GPU."""
+    def _kv_bytes_table(self) -> dict[tuple[tuple[int, int], tuple[int, int]], int]:
+        """Bytes per token on the link for each (prefill, decode) (tp, pp) pair: the larger per-GPU
+        shard, since ranks send in parallel and the side with fewer ranks holds more per GPU (with
+        pipeline stages, a GPU holds its stage's layers only; the stage with the most bounds)."""
         model = resolve_model(self.replicas[0].cfg.hardware.model)
-        tps = {r.cfg.hardware.tp for r in self.replicas}
-        per_gpu = {tp: kv_bytes_per_token(model, tp) for tp in tps}
-        return {(p, d): max(per_gpu[p], per_gpu[d]) for p in tps for d in tps}
+        layouts = {(r.cfg.hardware.tp, r.cfg.hardware.pp) for r in self.replicas}
+        per_gpu = {(tp, pp): max(stage_kv_bytes_per_token(model, tp, pp)) for tp, pp in layouts}
+        return {(p, d): max(per_gpu[p], per_gpu[d]) for p in layouts for d in layouts}
 
     # --- arrivals and routing --------------------------------------------------------------------
     def _arrivals(self):
@@ -243,8 +245,8 @@ class Cluster:
         tl = self.timelines[rid]
         tl.transfer_start_s = self.env.now
         tl.external_tokens = num_external
-        p_tp = self.replicas[self.routes[rid].replica].cfg.hardware.tp
-        tl.kv_bytes = num_external * self._kv_bytes[(p_tp, self.replicas[decode_idx].cfg.hardware.tp)]
+        p_hw, d_hw = self.replicas[self.routes[rid].replica].cfg.hardware, self.replicas[decode_idx].cfg.hardware
+        tl.kv_bytes = num_external * self._kv_bytes[((p_hw.tp, p_hw.pp), (d_hw.tp, d_hw.pp))]
         self._link_of[decode_idx].transfer(tl.kv_bytes, partial(self._transfer_done, rid, decode_idx))
 
     def _transfer_done(self, request_id: str, decode_idx: int) -> None:

@@ -124,7 +124,7 @@ class ClusterConfig:
 
     @property
     def num_gpus(self) -> int:
-        return sum(g.count * g.sim.hardware.tp for g in self.replicas)
+        return sum(g.count * g.sim.hardware.tp * g.sim.hardware.pp for g in self.replicas)
 
     @classmethod
     def from_dict(cls, data: dict, path: str | None = None) -> ClusterConfig:

@@ -95,6 +95,9 @@ class LockstepGroup:
     def __init__(self, engines: list) -> None:
         if not engines:
             raise InputError("a lockstep group needs at least one engine", field="replicas")
+        if any(e.cfg.hardware.pp > 1 for e in engines):  # the group's loop times one stage per rank
+            raise InputError("data-parallel ranks stepping in lockstep with pipeline stages are not modelled",
+                             field="hardware.pp", allowed="1 in a lockstep (DP) group")
         self.engines = engines
         self.env = engines[0].env
         self.num_waves = 0

@@ -162,7 +162,7 @@ def cost_per_hour(plan: PlanConfig, cfg: ClusterConfig) -> float:
         if gpu not in plan.gpu_cost_per_hour:
             raise InputError(f"no price for GPU {gpu!r}", field="gpu_cost_per_hour",
                              allowed=", ".join(sorted(plan.gpu_cost_per_hour)))
-        total += g.count * g.sim.hardware.tp * plan.gpu_cost_per_hour[gpu]
+        total += g.count * g.sim.hardware.tp * g.sim.hardware.pp * plan.gpu_cost_per_hour[gpu]
     return total
 
 

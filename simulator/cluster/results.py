@@ -170,7 +170,7 @@ def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollect
         "routing_latency_s": cfg.routing_latency_s, "pd": cfg.pd is not None,
         "requests_per_replica": {rr.name: rr.num_routed for rr in reps},
     }
-    s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp,
+    s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp, "pp": rr.cfg.hardware.pp,
                       "num_routed": rr.num_routed, **_replica_brief(rr.summary)} for rr in reps]
     return s
 

@@ -80,6 +80,16 @@ def weight_bytes(model: ModelSpec, tp: int = 1) -> int:
     """Weight bytes resident on ONE GPU under tensor parallelism (vocab-parallel embeddings;
     quantised formats with their scales; router, norms and embeddings stay in the activation
     dtype as vLLM keeps them)."""
+    per_layer, dense, moe, embed, lm_head = weight_parts(model, tp)
+    total = model.num_layers * per_layer + model.dense_mlp_layers * dense + model.num_moe_layers * moe \
+        + (embed + (0 if model.tied_embeddings else lm_head) + model.hidden_size) * model.dtype_bytes  # + final norm
+    return int(total)
+
+
+def weight_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, int, int]:
+    """Bytes on one GPU of (every layer's attention and norms, one dense MLP, one MoE block)
+    and elements of (the embedding, the lm_head) shard: what a pipeline stage sums over its
+    layers (specs/pipeline_stages.py) and weight_bytes over all of them."""
     w = layer_weight_elems(model, tp)
     lin = bytes_per_element(model.weight_dtype)
     per_layer = (w["qkv_proj"] + w["o_proj"]) * lin + w["norm"] * model.dtype_bytes
@@ -87,10 +97,7 @@ def weight_bytes(model: ModelSpec, tp: int = 1) -> int:
     moe = w["experts"] * bytes_per_element(model.experts_dtype) + w["shared_experts"] * lin + \
         w["router"] * model.dtype_bytes
     embed = math.ceil(model.vocab_size / tp) * model.hidden_size
-    lm_head = 0 if model.tied_embeddings else embed
-    total = model.num_layers * per_layer + model.dense_mlp_layers * dense + model.num_moe_layers * moe \
-        + (embed + lm_head + model.hidden_size) * model.dtype_bytes  # + final norm
-    return int(total)
+    return per_layer, dense, moe, embed, embed
 
 
 @cache

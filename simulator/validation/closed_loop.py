@@ -97,12 +97,13 @@ def row_config(row: pd.Series, opts: ClosedLoopOptions) -> tuple[SimConfig, dict
         model = with_precision(model, fmt)  # a bf16 checkpoint served quantised
     gpu = _gpu_of(row["system"])
     tp = int(row["tp_size"])
+    pp = int(row.get("pp_size", 1) or 1)
     d = vllm_serving_defaults(str(row.get("backend_version")) if pd.notna(row.get("backend_version")) else None, gpu)
     kv = choose_kv_blocks(model.name, gpu, tp, d["block_size"], d["gpu_memory_utilization"],
-                          d["max_num_batched_tokens"], d["max_num_seqs"])
+                          d["max_num_batched_tokens"], d["max_num_seqs"], pp=pp)
     cm, cm_info = cost_model_config(opts.cost_model, model.name, gpu, tp, cpu_overhead_preset(opts.cpu_overhead))
     cfg = SimConfig(
-        hardware=HardwareConfig(model=model.name, gpu=gpu, tp=tp, gpu_memory_utilization=d["gpu_memory_utilization"]),
+        hardware=HardwareConfig(model=model.name, gpu=gpu, tp=tp, pp=pp, gpu_memory_utilization=d["gpu_memory_utilization"]),
         scheduler=SchedulerConfig(max_num_seqs=d["max_num_seqs"], max_num_batched_tokens=d["max_num_batched_tokens"],
                                   max_model_len=model.max_position_embeddings,
                                   enable_chunked_prefill=d["enable_chunked_prefill"],
@@ -145,8 +146,6 @@ def run_row(row: pd.Series, opts: ClosedLoopOptions) -> dict:
             "measured_ttft_ms": float(row["silicon_ttft_ms"]), "measured_tpot_ms": float(row["silicon_tpot_ms"])}
     if row["precision"] not in PRECISION_FORMATS:
         return {**base, "status": f"unsupported: {row['precision']} weights"}
-    if int(row.get("pp_size", 1) or 1) != 1:
-        return {**base, "status": "unsupported: pipeline parallelism"}
     try:
         cfg, info = row_config(row, opts)
     except InputError as exc:

@@ -109,7 +109,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     max_model_len = int(s.max_model_len or spec.max_position_embeddings)
     kv = choose_kv_blocks(spec.name, gpu, s.tp, s.block_size, s.gpu_memory_utilization,
                           s.max_num_batched_tokens, s.max_num_seqs, recorded=s.num_gpu_blocks,
-                          given=opts.num_gpu_blocks)
+                          given=opts.num_gpu_blocks, pp=s.pp)
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
     cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
@@ -126,7 +126,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                             async_scheduling=async_on)
     cache = CacheConfig(block_size=s.block_size, num_gpu_blocks=kv.num_gpu_blocks,
                         enable_prefix_caching=s.enable_prefix_caching)
-    cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp,
+    cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp, pp=s.pp,
                                             gpu_memory_utilization=s.gpu_memory_utilization),
                     scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
                     frontend=FrontendConfig(enabled=_frontend_on(run, opts)),
@@ -138,7 +138,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     prov["num_gpu_blocks"] = {"recorded": "recorded by the run", "given": "given (--num-gpu-blocks)",
                               "derived": "derived from GPU memory (see kv_cache)"}[kv.source]
     info = {
-        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "weight_dtype": spec.weight_dtype,
+        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "pp": s.pp, "weight_dtype": spec.weight_dtype,
                      "kv_cache_dtype": spec.kv_cache_dtype, "max_num_seqs": s.max_num_seqs,
                      "max_num_batched_tokens": s.max_num_batched_tokens, "max_model_len": max_model_len,
                      "block_size": s.block_size, "num_gpu_blocks": kv.num_gpu_blocks,

@@ -57,6 +57,7 @@ class EngineSettings:
     quantization: str | None = None  # vLLM --quantization (None: the checkpoint's own format)
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype
     data_parallel_size: int = 1
+    pp: int = 1  # vLLM --pipeline-parallel-size
     enable_expert_parallel: bool = False
     all2all_backend: str = "allgather_reducescatter"  # vLLM --all2all-backend (0.19.1 default)
     provenance: dict[str, str] = field(default_factory=dict)  # field -> "recorded" | "default: ..."
@@ -154,7 +155,7 @@ def _settings_from_kwargs(model: str, version: str | None, kw: dict, recorded_by
                "enable_chunked_prefill": "enable_chunked_prefill", "async_scheduling": "async_scheduling",
                "gpu_memory_utilization": "gpu_memory_utilization", "num_gpu_blocks": "num_gpu_blocks",
                "dtype": "dtype", "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype",
-               "data_parallel_size": "data_parallel_size",
+               "data_parallel_size": "data_parallel_size", "pipeline_parallel_size": "pp",
                "enable_expert_parallel": "enable_expert_parallel", "all2all_backend": "all2all_backend"}
     for key, attr in mapping.items():
         if kw.get(key) is not None:
@@ -265,6 +266,7 @@ def load_servesim_run(path: Path) -> MeasuredRun:
     cfg = yaml.safe_load((path / "config.yaml").read_text())
     hw, sc, cc = cfg.get("hardware", {}), cfg.get("scheduler", {}), cfg.get("cache", {})
     s = EngineSettings(model=hw.get("model", "llama-3.1-8b"), gpu=hw.get("gpu"), tp=int(hw.get("tp", 1)),
+                       pp=int(hw.get("pp", 1)),
                        max_num_seqs=int(sc.get("max_num_seqs", 256)),
                        max_num_batched_tokens=int(sc.get("max_num_batched_tokens", 2048)),
                        max_model_len=sc.get("max_model_len"), block_size=int(cc.get("block_size", 16)),
@@ -274,7 +276,7 @@ def load_servesim_run(path: Path) -> MeasuredRun:
                        async_scheduling=bool(sc.get("async_scheduling", False)),
                        gpu_memory_utilization=float(hw.get("gpu_memory_utilization", 0.9)),
                        engine=str(cfg.get("engine", "vllm")), engine_version="servesim")
-    s.provenance = {k: "recorded (config.yaml)" for k in ("model", "gpu", "tp", "max_num_seqs",
+    s.provenance = {k: "recorded (config.yaml)" for k in ("model", "gpu", "tp", "pp", "max_num_seqs",
                                                            "max_num_batched_tokens", "num_gpu_blocks")}
     req = pd.read_parquet(path / "requests.parquet")
     out = pd.DataFrame({
