@@ -1,15 +1,23 @@
-"""Collective microbenchmark: TP all-reduce and all-gather on this machine's GPUs, as profile rows.
+"""Collective microbenchmark: this machine's GPUs' collectives, as profile rows.
+
+What a deployment communicates: TP all-reduce; all-gather (vocab-parallel logits, a pipeline
+stage's hand-off, MoE dispatch under data parallelism); reduce-scatter (MoE combine); all-to-all
+(DeepEP-style expert parallelism); send/recv (a pipeline stage's hand-off).
 
 One process per GPU (torch.distributed; NCCL on CUDA, gloo on the CPU, which is for tests only: its
 times say nothing about a GPU). For each group size the first ``n`` ranks form a group and time each
 op over a doubling sweep of message sizes in the model's dtype. Like nccl-tests, one sample times
 ``calls`` back-to-back calls between CUDA events and divides (a single small collective is shorter
 than the timer's noise); the median of ``samples`` samples is kept per rank, and the ranks' medians
-are averaged (nccl-tests' default ``-a 1``). Bandwidths follow nccl-tests' PERFORMANCE.md: algbw =
-bytes / time, busbw = algbw * 2(n-1)/n for all-reduce and * (n-1)/n for all-gather, whose bytes
-are the gathered (output) size as in ``all_gather_perf``.
+are averaged (nccl-tests' default ``-a 1``). Sizes and bandwidths follow nccl-tests (its
+PERFORMANCE.md): algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce, * (n-1)/n for
+all-gather (bytes: the gathered output, as ``all_gather_perf``), reduce-scatter (bytes: the whole
+input) and all-to-all (bytes: each rank's send buffer), and * 1 for send/recv, where each rank
+sends ``bytes`` to the next rank of the group and receives as much from the previous one
+(``sendrecv_perf``).
 
-Rows follow the profile schema (docs/PROFILE_SCHEMA.md): op ``allreduce`` / ``allgather``, ``tp`` =
+Rows follow the profile schema (docs/PROFILE_SCHEMA.md): op ``allreduce`` / ``allgather`` /
+``reducescatter`` / ``alltoall`` / ``sendrecv``, ``tp`` =
 group size, ``bytes``, ``latency_s``, ``algbw_gb_s``, ``busbw_gb_s``; the same rows the nccl-tests
 importer makes, so ``allreduce_profile=`` and ``servesim fit`` read them alike.
 """
@@ -29,10 +37,16 @@ from pathlib import Path
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OPS = ("allreduce", "allgather")
+OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 # nccl-tests' bus-bandwidth factor per op: the bytes each GPU's link carries per byte of message.
 _BUS_FACTOR: dict[str, Callable[[int], float]] = {"allreduce": lambda n: 2.0 * (n - 1) / n,
-                                                  "allgather": lambda n: (n - 1) / n}
+                                                  "allgather": lambda n: (n - 1) / n,
+                                                  "reducescatter": lambda n: (n - 1) / n,
+                                                  "alltoall": lambda n: (n - 1) / n,
+                                                  "sendrecv": lambda n: 1.0}
+_KERNELS = {"allreduce": "all_reduce", "allgather": "all_gather_into_tensor",
+            "reducescatter": "reduce_scatter_tensor", "alltoall": "all_to_all_single",
+            "sendrecv": "isend + irecv (ring)"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -167,11 +181,13 @@ def _measure_group(rank: int, n: int, group, dev: torch.device, job: _Job, grid:
     for op in grid.ops:
         points = []
         for size in grid.sizes_bytes():
-            # all-gather: each rank sends size/n; nccl-tests also rounds the count down to a multiple of n.
-            count = max(1, size // elem // n) if op == "allgather" else max(1, size // elem)
-            nbytes = count * elem * (n if op == "allgather" else 1)
+            # all-gather: each rank sends size/n; reduce-scatter and all-to-all split a buffer of
+            # size in n; nccl-tests rounds the count down to a multiple of n in all three.
+            per_rank = op in ("allgather", "reducescatter", "alltoall")
+            count = max(1, size // elem // n) if per_rank else max(1, size // elem)
+            nbytes = count * elem * (n if per_rank else 1)
             points.append((nbytes, _time_op(op, count, n, group, dev, dt, grid)))
-        kernel = "torch.distributed " + ("all_reduce" if op == "allreduce" else "all_gather_into_tensor")
+        kernel = "torch.distributed " + _KERNELS[op]
         # The group's time per size: the ranks' medians averaged (nccl-tests' default, -a 1).
         times = torch.tensor([t for _, t in points], dtype=torch.float64, device=dev)
         dist.all_reduce(times, group=group)
@@ -185,21 +201,41 @@ def _measure_group(rank: int, n: int, group, dev: torch.device, job: _Job, grid:
     return rows
 
 
+def _op_call(op: str, count: int, n: int, group, dev: torch.device, dt: torch.dtype) -> Callable[[], None]:
+    """One call of op; ``count`` elements: the message (all-reduce, send/recv) or one rank's share."""
+    import torch.distributed as dist
+
+    if op == "allreduce":
+        x = torch.zeros(count, dtype=dt, device=dev)  # zeros: repeated sums never overflow to inf
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "sendrecv":  # a ring: each rank to the next, from the previous (sendrecv_perf)
+        rank = dist.get_rank(group)
+        nxt, prev = dist.get_global_rank(group, (rank + 1) % n), dist.get_global_rank(group, (rank - 1) % n)
+        x, y = torch.zeros(count, dtype=dt, device=dev), torch.empty(count, dtype=dt, device=dev)
+
+        def ring() -> None:
+            for req in (dist.isend(x, nxt, group=group), dist.irecv(y, prev, group=group)):
+                req.wait()
+        return ring
+    small, big = torch.zeros(count, dtype=dt, device=dev), torch.zeros(count * n, dtype=dt, device=dev)
+    if op == "alltoall":
+        out = torch.empty_like(big)
+        return lambda: dist.all_to_all_single(out, big, group=group)
+    if op == "reducescatter":
+        return lambda: dist.reduce_scatter_tensor(small, big, group=group)
+
+    def gather() -> None:
+        with warnings.catch_warnings():  # deprecated in torch 2.13 for all_gather_single, absent in 2.11
+            warnings.simplefilter("ignore", FutureWarning)
+            dist.all_gather_into_tensor(big, small, group=group)
+    return gather
+
+
 def _time_op(op: str, count: int, n: int, group, dev: torch.device, dt: torch.dtype, grid: CollectiveGrid) -> float:
     """Median seconds per call on this rank."""
     import torch.distributed as dist
 
-    x = torch.zeros(count, dtype=dt, device=dev)  # zeros: repeated sums never overflow to inf
-    out = torch.empty(count * n, dtype=dt, device=dev) if op == "allgather" else None
-
-    def call() -> None:
-        if out is None:
-            dist.all_reduce(x, group=group)
-        else:
-            with warnings.catch_warnings():  # deprecated in torch 2.13 for all_gather_single, absent in 2.11
-                warnings.simplefilter("ignore", FutureWarning)
-                dist.all_gather_into_tensor(out, x, group=group)
-
+    call = _op_call(op, count, n, group, dev, dt)
     for _ in range(grid.warmup):
         call()
     samples = []

@@ -76,7 +76,7 @@ class Engine(MacroStepMixin, EngineRankMixin):
         hw = cfg.hardware
         if executor is None:
             cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
-            pipeline = PipelineCost(cost, hw.model, hw.gpu, hw.tp, hw.pp) if hw.pp > 1 else None
+            pipeline = PipelineCost(cost, hw.model, hw.tp, hw.pp) if hw.pp > 1 else None
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens,
                                    sampler=sampler_cost_for(cfg), pipeline=pipeline)
         self.executor = executor

@@ -86,7 +86,7 @@ def _check_pipeline(cfg: SimConfig) -> None:
     from servesim.simulator.cost_model.pipeline import PipelineCost
 
     cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
-    PipelineCost(cost, hw.model, hw.gpu, hw.tp, hw.pp)  # refuses a model that cannot split a step over stages
+    PipelineCost(cost, hw.model, hw.tp, hw.pp)  # refuses a model that cannot split a step over stages
 
 
 def check_startup(cfg: SimConfig) -> None:

@@ -72,9 +72,12 @@ def test_gloo_collectives_become_the_cost_models_allreduce(tmp_path):
     assert "busbw GB/s" in p.stdout
     assert [f.name for f in tmp_path.iterdir()] == ["ar.csv"]  # no .tmp left behind
     prof = read_profile(out)
-    assert set(prof["op"]) == {"allreduce", "allgather"} and set(prof["tp"]) == {2}
+    assert set(prof["op"]) == {"allreduce", "allgather", "reducescatter", "alltoall", "sendrecv"}
+    assert set(prof["tp"]) == {2}
     assert set(prof["framework"].str.contains("gloo")) == {True}
-    for op, factor in (("allreduce", 1.0), ("allgather", 0.5)):  # nccl-tests: 2(n-1)/n, (n-1)/n at n = 2
+    # nccl-tests' bus factors at n = 2: 2(n-1)/n; (n-1)/n; (n-1)/n; (n-1)/n; 1
+    for op, factor in (("allreduce", 1.0), ("allgather", 0.5), ("reducescatter", 0.5), ("alltoall", 0.5),
+                       ("sendrecv", 1.0)):
         rows = prof[prof["op"] == op]
         assert list(rows["bytes"]) == [1024, 2048, 4096, 8192]
         assert (rows["algbw_gb_s"] * rows["latency_s"] * 1e9).tolist() == pytest.approx(rows["bytes"].tolist())
@@ -92,6 +95,21 @@ def test_gloo_collectives_become_the_cost_models_allreduce(tmp_path):
     assert host.op_time_s("allreduce", one_token) != shipped.op_time_s("allreduce", one_token)
     with pytest.raises(InputError, match="no all-reduce rows for a group of 4"):
         make_cost_model("roofline", model="llama-3.1-8b", gpu="rtx4090", tp=4, allreduce_profile=str(out))
+
+    # collectives_profile: every op the file holds is this host's, the pipeline hand-off included
+    every = make_cost_model("roofline", model="llama-3.1-8b", gpu="rtx4090", tp=2, collectives_profile=str(out))
+    group = every.collectives
+    for op, call in (("allgather", group.allgather_s), ("reducescatter", group.reducescatter_s),
+                     ("alltoall", group.alltoall_s), ("sendrecv", group.send_recv_s)):
+        t = prof[prof["op"] == op].set_index("bytes")["latency_s"]
+        assert call(4096) == pytest.approx(t[4096], rel=1e-12), op
+    assert "this host" in group.source.alltoall and "this host" in group.source.reducescatter
+    assert every.op_time_s("allreduce", one_token) == pytest.approx(ar[one_token], rel=1e-12)
+    with pytest.raises(InputError, match="no collective rows for a group of 4"):
+        make_cost_model("roofline", model="llama-3.1-8b", gpu="rtx4090", tp=4, collectives_profile=str(out))
+    with pytest.raises(InputError, match="one host profile"):
+        make_cost_model("roofline", model="llama-3.1-8b", gpu="rtx4090", tp=2, collectives_profile=str(out),
+                        allreduce_profile=str(out))
 
 
 def test_profile_schema_carries_allgather_and_bandwidth_columns():

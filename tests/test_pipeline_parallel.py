@@ -76,7 +76,7 @@ def test_kv_pool_is_the_smallest_stage_pool():
 
 def test_stage_times_split_the_step_and_pay_the_hand_offs():
     cm = make_cost_model("roofline", model="llama-3.1-70b", gpu="h100", tp=2)
-    pc = PipelineCost(cm, "llama-3.1-70b", "h100", 2, 3)
+    pc = PipelineCost(cm, "llama-3.1-70b", 2, 3)
     shape = StepShape((1,) * 16 + (300,), (500,) * 16 + (0,), 17)
     parts = cm.breakdown(shape)
     layers = parts["gemm"] + parts["attention"] + parts["elementwise"] + parts["allreduce"]
@@ -120,7 +120,7 @@ def _pp_engine(pp: int, async_scheduling: bool):
     cfg.scheduler.async_scheduling = async_scheduling
     hw = cfg.hardware
     cost = make_cost_model("roofline", model=hw.model, gpu=hw.gpu, tp=hw.tp)
-    ex = _Recording(cost, TokenSource(cfg.seed, ()), pipeline=PipelineCost(cost, hw.model, hw.gpu, hw.tp, hw.pp))
+    ex = _Recording(cost, TokenSource(cfg.seed, ()), pipeline=PipelineCost(cost, hw.model, hw.tp, hw.pp))
     wl = make_workload("poisson", {"num_requests": 40, "arrival": {"rate_per_s": 20.0},
                                    "prompt_len": {"dist": "uniform", "low": 50, "high": 900},
                                    "output_len": {"dist": "uniform", "low": 5, "high": 60}},

@@ -224,3 +224,25 @@ def test_a_fitted_cost_model_file_is_found_next_to_the_scenario(tmp_path, monkey
     monkeypatch.chdir(Path(calibrated_init).parent)  # anywhere but the scenario's folder
     cfg = load_scenario(scenario).variants[0].cfg
     assert cfg.cost_model.params["path"] == str((tmp_path / "fits" / "m.json").resolve())
+
+
+def test_a_host_collectives_profile_is_found_next_to_the_scenario_and_the_cluster(tmp_path, monkeypatch):
+    """cost_model.params.collectives_profile / allreduce_profile relative to the YAML naming them."""
+    from servesim.simulator.cluster import ClusterConfig
+    from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
+
+    rows = [{"source": "servesim", "gpu": "h100", "op": op, "tp": 2, "bytes": b, "latency_s": 1e-5 * b / 1024}
+            for op in ("allreduce", "alltoall", "sendrecv") for b in (1024, 4096, 65536)]
+    (tmp_path / "host").mkdir()
+    write_profile(make_profile(rows), tmp_path / "host" / "coll.csv")
+    want = str((tmp_path / "host" / "coll.csv").resolve())
+    scenario = write(tmp_path, GEN + "hardware: {tp: 2}\n"
+                     "cost_model: {name: roofline, params: {collectives_profile: host/coll.csv}}\n")
+    monkeypatch.chdir(Path(__file__).parent)  # anywhere but the YAML's folder
+    cfg = load_scenario(scenario).variants[0].cfg
+    assert cfg.cost_model.params["collectives_profile"] == want
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("base: {hardware: {tp: 2}, cost_model: {name: roofline, params: "
+                       "{allreduce_profile: host/coll.csv}}}\nreplicas: [{count: 1}]\n")
+    (group,) = ClusterConfig.from_yaml(cluster).replicas
+    assert group.sim.cost_model.params["allreduce_profile"] == want

@@ -28,14 +28,16 @@ def calibrate(
     nccl_tests: list[Path] = typer.Option(None, "--nccl-tests", help="nccl-tests all_reduce_perf output measured on "
                                           "this host (repeatable, one file per GPU count): its all-reduce rows join "
                                           "the profile, so `servesim fit` uses this host's all-reduce"),
-    collectives: bool = typer.Option(False, "--collectives/--no-collectives", help="also time TP all-reduce and "
-                                     "all-gather across this machine's GPUs (one process per GPU, NCCL; needs 2+ "
-                                     "GPUs; with --device cpu: gloo, for tests only)"),
+    collectives: bool = typer.Option(False, "--collectives/--no-collectives", help="also time all-reduce, "
+                                     "all-gather, reduce-scatter, all-to-all and send/recv across this machine's GPUs "
+                                     "(one process per GPU, NCCL; needs 2+ GPUs; with --device cpu: gloo, for tests "
+                                     "only)"),
     tp_sizes: str = typer.Option(None, "--tp-sizes", help="group sizes for --collectives, e.g. 2,4,8 "
                                  "(default: 2 .. the number of visible GPUs; 2 on the CPU)"),
 ) -> None:
     """Sweep ops (tokens for linear layers; attention by chunk x context and batch x context) and steps;
-    with --collectives, the all-reduce and all-gather of each TP group size over message bytes."""
+    with --collectives, the collectives of each group size over message bytes (all-reduce, all-gather,
+    reduce-scatter, all-to-all, send/recv: what TP, MoE dispatch/combine and pipeline hand-offs use)."""
     import torch
 
     from servesim.simulator.cost_model.importers.nccl_tests import host_allreduce_rows

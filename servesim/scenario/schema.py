@@ -179,11 +179,14 @@ def build_sim_config(data: dict, marks: Marks) -> SimConfig:
 
 
 def _paths_near_their_files(sections: dict, marks: Marks) -> None:
-    """hardware.model (a config.json) and cost_model.params.path (a fitted model) relative to the
-    scenario file that wrote each, as trace paths are; --set values stay as given."""
+    """hardware.model (a config.json) and the files of cost_model.params (a fitted model, host
+    collectives: PARAM_FILES) relative to the scenario file that wrote each, as trace paths are;
+    --set values stay as given."""
+    from servesim.simulator.cluster.config import PARAM_FILES
     from servesim.simulator.specs.models import file_near, model_path_near
 
-    for keys, near in ((("hardware", "model"), model_path_near), (("cost_model", "params", "path"), file_near)):
+    files = [(("cost_model", "params", key), file_near) for key in PARAM_FILES]
+    for keys, near in [(("hardware", "model"), model_path_near), *files]:
         mark = marks.near(keys)
         if mark is None or mark.line is None:
             continue

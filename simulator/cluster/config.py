@@ -242,7 +242,8 @@ def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None
 def models_near(data: dict, where: str, path: str) -> dict:
     """A sim dict (nested or dotted), expanded to nested, with hardware.model, when it names a
     config.json relative to the config file `path`, and cost_model.params.path (a fitted model
-    file) made absolute (simulator/specs/models.py model_path_near, file_near)."""
+    file) and the host collectives profiles (PARAM_FILES) made absolute (simulator/specs/models.py
+    model_path_near, file_near)."""
     from servesim.simulator.specs.models import file_near, model_path_near
 
     data = _expand_dotted(data, where, path)
@@ -252,9 +253,14 @@ def models_near(data: dict, where: str, path: str) -> dict:
         data["hardware"] = {**hardware, "model": model_path_near(hardware["model"], base)}
     cost_model = data.get("cost_model")
     params = cost_model.get("params") if isinstance(cost_model, dict) else None
-    if isinstance(params, dict) and "path" in params:
-        data["cost_model"] = {**cost_model, "params": {**params, "path": file_near(params["path"], base)}}
+    if isinstance(params, dict) and params.keys() & set(PARAM_FILES):
+        near = {k: file_near(v, base) for k, v in params.items() if k in PARAM_FILES}
+        data["cost_model"] = {**cost_model, "params": {**params, **near}}
     return data
+
+
+# cost_model.params naming files: a fitted model, this host's collectives
+PARAM_FILES = ("path", "allreduce_profile", "collectives_profile")
 
 
 def _expand_dotted(data: Any, where: str, path: str | None) -> dict:

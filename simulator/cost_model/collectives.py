@@ -114,7 +114,8 @@ class Collectives:
 
     def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
                  latency_s: float | None = None, use_tables: bool = True,
-                 allreduce_profile: str | Path | None = None) -> None:
+                 allreduce_profile: str | Path | None = None,
+                 collectives_profile: str | Path | None = None) -> None:
         if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
             raise InputError(f"group size must be a positive integer, got {num_gpus!r}",
                              field="num_gpus")
@@ -134,6 +135,8 @@ class Collectives:
             self.reducescatter_curve = zero
             none = "none (one GPU)"
             self.source = CollectiveSource(none, none, 0, none, none)
+            if collectives_profile is not None:  # a pipeline hand-off still leaves the GPU
+                self._use_host(collectives_profile, None, 0)
             return
         if allreduce_profile is not None:  # this host's measurement (nccl-tests output, a profile)
             host = host_allreduce_table(allreduce_profile, num_gpus)
@@ -169,6 +172,34 @@ class Collectives:
             self.reducescatter_curve = self._model_curve((num_gpus - 1) / num_gpus)
             rs_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU"
         self.source = CollectiveSource(ar_src, a2a_src, car_max, ag_src, rs_src)
+        if collectives_profile is not None:
+            self._use_host(collectives_profile, tables, car_max)
+
+    def _use_host(self, path: str | Path, tables: dict | None, car_max: int) -> None:
+        """This host's measurements (host_collectives.py) in place of every curve the file covers."""
+        from dataclasses import replace
+
+        from .host_collectives import host_tables
+
+        host = host_tables(path, self.num_gpus)
+        name = Path(path).name
+        src = {}
+        if "sendrecv" in host:
+            self._send_recv = _curve(host["sendrecv"])
+        if self.num_gpus == 1:
+            return
+        if "allreduce" in host:
+            shipped = tables if tables and tables["custom_allreduce"] else None
+            merged = {"nccl_allreduce": host["allreduce"],
+                      "custom_allreduce": shipped["custom_allreduce"] if shipped else []}
+            self.allreduce_curve = self._measured_allreduce(merged, car_max)
+            src["allreduce"] = f"measured on this host ({name}, {self.num_gpus} GPUs)"
+        for op, attr in (("allgather", "allgather_curve"), ("reducescatter", "reducescatter_curve"),
+                         ("alltoall", "alltoall_curve")):
+            if op in host:
+                setattr(self, attr, _curve(host[op]))
+                src[op] = f"measured on this host ({name}, {self.num_gpus} GPUs)"
+        self.source = replace(self.source, **src)
 
     def _model_curve(self, traffic_factor: float) -> Curve:
         """lat + traffic_factor * bytes / link: ring all-reduce moves 2(n-1)/n of the message over
@@ -210,8 +241,8 @@ class Collectives:
         return Curve([x / bytes_per_row for x in c.xs], c.ys, tail_slope=c.tail_slope * bytes_per_row)
 
     def send_recv_s(self, nbytes: float) -> float:
-        """One pipeline-stage hand-off inside a node: Vidur's measured send/recv (A100, H100), else
-        the point-to-point link model."""
+        """One pipeline-stage hand-off inside a node: this host's sendrecv rows (collectives_profile),
+        else Vidur's measured send/recv (A100, H100), else the point-to-point link model."""
         if self._send_recv is not None:
             return self._send_recv(nbytes)
         return self._lat + nbytes / self._link

@@ -7,8 +7,9 @@ stage hands its activations to the next: vLLM sends the IntermediateTensors (hid
 the residual, tokens x hidden each, in the activation dtype) point to point, each TP rank
 sending its 1/tp slice, and the receiving stage all-gathers the slices over its TP group
 (`send_tensor_dict(..., all_gather_group=tp_group)`). The send is priced from the measured
-send/recv table where one ships (Vidur's A100 / H100), else the link model; the all-gather from
-the NCCL all_gather table or the ring model (collectives.py).
+send/recv table where one ships (Vidur's A100 / H100) or this host's (collectives_profile), else
+the link model; the all-gather from the NCCL all_gather table or the ring model (collectives.py),
+both from the cost model's own TP-group collectives.
 
 The engine (simulator/engine.py with simulator/pipeline_timing.py) keeps one batch per stage in
 flight: a batch enters a stage when the stage is free and the batch left the previous one.
@@ -20,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from servesim.simulator.cost_model.base import CostModel, StepShape
 from servesim.simulator.cost_model.collectives import Collectives
-from servesim.simulator.specs import resolve_gpu, resolve_model
+from servesim.simulator.specs import resolve_model
 from servesim.simulator.specs.pipeline_stages import pp_layer_partition
 from servesim.traces.errors import InputError
 
@@ -32,6 +33,10 @@ LAST_STAGE_PARTS = ("final_norm", "lm_head", "sampler")
 @runtime_checkable
 class StepBreakdown(Protocol):
     """A cost model that can say where a step's time goes (what pipeline parallelism needs)."""
+
+    # its TP group's collectives: send_recv_s and allgather_s price a stage's hand-off (so a host
+    # profile or an interconnect override given to the model applies to the hand-off too)
+    collectives: Collectives
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds per part of the whole step, summing to step_time_s(shape): the decoder layers'
@@ -45,19 +50,19 @@ class PipelineCost:
 
     __slots__ = ("cost_model", "pp", "tp", "_layer_share", "_act_bytes_per_token", "_send", "_gather")
 
-    def __init__(self, cost_model: CostModel, model: object, gpu: object, tp: int, pp: int) -> None:
+    def __init__(self, cost_model: CostModel, model: object, tp: int, pp: int) -> None:
         if not isinstance(cost_model, StepBreakdown):
             raise InputError(f"the {cost_model.name!r} cost model cannot split a step over pipeline stages",
                              field="cost_model", allowed="roofline (prices each part of a step), or hardware.pp: 1")
-        m, g = resolve_model(model), resolve_gpu(gpu)
+        m = resolve_model(model)
         self.cost_model = cost_model
         self.pp, self.tp = pp, tp
         # fraction of the decoder layers' time each stage runs (the layers cost alike)
         self._layer_share = [n / m.num_layers for n in pp_layer_partition(m.num_layers, pp)]
         # hidden states + residual, one row per token (the whole tensor; each TP rank sends 1/tp)
         self._act_bytes_per_token = 2 * m.hidden_size * m.dtype_bytes
-        self._send = Collectives(g, 2).send_recv_s
-        self._gather = Collectives(g, tp).allgather_s if tp > 1 else None
+        self._send = cost_model.collectives.send_recv_s
+        self._gather = cost_model.collectives.allgather_s if tp > 1 else None
 
     def stage_times_s(self, shape: StepShape, extra_last_s: float = 0.0) -> list[float]:
         """Seconds each stage is busy with this step, first to last, hand-offs included

@@ -69,7 +69,12 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "attn_decode": ("layer", ("batch_size", "context_len")),
     "attn_mixed": ("layer", ("chunk_len", "prefix_len", "batch_size", "context_len")),
     "allreduce": ("layer", ("bytes", "tp")),  # one call; a layer makes two under TP
-    "allgather": ("model", ("bytes", "tp")),  # TP logits gather; rows unread (shipped tables)
+    # The other collectives (calibrate --collectives; nccl-tests sizes): read by the cost model's
+    # collectives_profile (collectives.py), not by the fitter.
+    "allgather": ("model", ("bytes", "tp")),  # TP logits gather, MoE dispatch, PP hand-off
+    "reducescatter": ("model", ("bytes", "tp")),  # MoE combine (bytes: the whole input)
+    "alltoall": ("model", ("bytes", "tp")),  # expert-parallel all-to-all (bytes: one rank's send buffer)
+    "sendrecv": ("model", ("bytes", "tp")),  # pipeline hand-off (bytes: what each rank sends)
     "model_prefill": ("step", ("batch_size", "chunk_len")),
     "model_decode": ("step", ("batch_size", "context_len")),
 }

@@ -53,6 +53,9 @@ class RooflineParams:
     # This host's all-reduce (nccl-tests all_reduce_perf output, or a profile with allreduce rows)
     # instead of the shipped tables / link model for the TP group (collectives.py).
     allreduce_profile: str | None = None
+    # This host's collectives (calibrate --collectives output, or nccl-tests output): every op the
+    # file holds replaces the shipped table / link model (host_collectives.py); the PP hand-off too.
+    collectives_profile: str | None = None
     # MLA decode attention from the measured tables (mla_tables.py) where they cover the deployment;
     # off by default: their small-batch floor (~0.12-0.16 ms per layer) looks like eager-mode overhead.
     mla_table: bool = False
@@ -62,6 +65,9 @@ class RooflineParams:
             raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
                              field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
         check_all2all_backend(self.all2all_backend)
+        if self.allreduce_profile is not None and self.collectives_profile is not None:
+            raise InputError("give one host profile: collectives_profile reads the all-reduce rows too",
+                             field="collectives_profile", allowed="collectives_profile alone")
         for f in ("expert_parallel_size", "data_parallel_size"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
                 raise InputError(f"roofline: {f} must be a positive integer", field=f)
@@ -240,7 +246,8 @@ class RooflineCostModel:
         lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
         self.collectives = Collectives(self.gpu, self.tp, interconnect_efficiency=eff,
                                        latency_s=lat, use_tables=lat is None and eff is None,
-                                       allreduce_profile=self.params.allreduce_profile)
+                                       allreduce_profile=self.params.allreduce_profile,
+                                       collectives_profile=self.params.collectives_profile)
         self._ar = self.collectives.allreduce_curve
         self._ar_bytes_per_tok = self.model.hidden_size * b  # the residual stream, one row/token
 
