@@ -150,3 +150,39 @@ def test_interconnect_efficiency_is_the_measured_bus_bandwidth(gpu):
     bus_gb_s = big.message_size * 2 / (big.latency * 1e-3) / 1e9
     spec = resolve_gpu(gpu)
     assert spec.interconnect_efficiency == pytest.approx(bus_gb_s / spec.interconnect_gb_s, abs=0.006)
+
+
+def test_nccl_tests_output_of_every_collective_feeds_collectives_profile(tmp_path):
+    """all_gather / reduce_scatter / alltoall / sendrecv _perf output, several tests in one file:
+    each section's rows get its op, and collectives_profile prices those collectives from them."""
+    from servesim.simulator.cost_model.importers.nccl_tests import import_nccl_tests
+
+    head, rows = NCCL_TESTS_H100.split("# Collective test starting: all_reduce_perf\n")
+    table = rows.split("# Avg")[0]
+    text = head
+    for i, test in enumerate(("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")):
+        scaled = table.replace("10.00", f"{10 + i}.00").replace("200.00", f"{200 + i}.00")
+        text += f"# Collective test starting: {test}_perf\n{scaled}"
+    path = tmp_path / "host.txt"  # the file's name names no test: the section lines decide
+    path.write_text(text)
+    df = import_nccl_tests(path)
+    assert list(df.groupby("op", sort=False).size().items()) == [
+        ("allreduce", 3), ("allgather", 3), ("reducescatter", 3), ("alltoall", 3), ("sendrecv", 3)]
+    cm = make_cost_model("roofline", model="llama-3.1-8b", gpu="h100", tp=2, collectives_profile=str(path))
+    c = cm.collectives
+    assert c.allgather_s(16 * MIB) == pytest.approx(201e-6, rel=1e-12)
+    assert c.reducescatter_s(16 * MIB) == pytest.approx(202e-6, rel=1e-12)
+    assert c.alltoall_s(1024) == pytest.approx(13e-6, rel=1e-12)
+    assert c.send_recv_s(1024) == pytest.approx(14e-6, rel=1e-12)
+    assert c.allreduce_s(16 * MIB) == pytest.approx(200e-6, rel=1e-12)  # NCCL above the custom buffer
+    unnamed = tmp_path / "unnamed.txt"
+    unnamed.write_text(NCCL_TESTS_H100.replace("# Collective test starting: all_reduce_perf\n", ""))
+    with pytest.raises(InputError, match="cannot tell which nccl-tests test"):
+        import_nccl_tests(unnamed)
+    named = tmp_path / "all_gather_perf.txt"
+    named.write_text(NCCL_TESTS_H100.replace("# Collective test starting: all_reduce_perf\n", ""))
+    assert set(import_nccl_tests(named)["op"]) == {"allgather"}
+    other = tmp_path / "x.txt"
+    other.write_text(NCCL_TESTS_H100.replace("all_reduce_perf", "broadcast_perf"))
+    with pytest.raises(InputError, match="broadcast_perf output is not read"):
+        import_nccl_tests(other)

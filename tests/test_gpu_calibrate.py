@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_nccl_tests_rows_join_a_calibration_profile(tmp_path):
-    from servesim.simulator.cost_model.importers.nccl_tests import host_allreduce_rows
+    from servesim.simulator.cost_model.importers.nccl_tests import host_collective_rows
     from test_collectives import NCCL_TESTS_H100
 
     path = tmp_path / "all_reduce_perf.txt"
     path.write_text(NCCL_TESTS_H100)
-    rows = host_allreduce_rows(path, "h100")
+    rows = host_collective_rows(path, "h100")
     df = validate_profile(make_profile(rows))
     assert list(df["bytes"]) == [1024, 16777216, 268435456] and set(df["tp"]) == {2}
     assert list(df["latency_s"]) == pytest.approx([10e-6, 200e-6, 2000e-6], rel=1e-12)

@@ -25,9 +25,11 @@ def calibrate(
     quick: bool = typer.Option(False, "--quick/--no-quick", help="a few points only (smoke runs)"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     seed: int = typer.Option(0, "--seed"),
-    nccl_tests: list[Path] = typer.Option(None, "--nccl-tests", help="nccl-tests all_reduce_perf output measured on "
-                                          "this host (repeatable, one file per GPU count): its all-reduce rows join "
-                                          "the profile, so `servesim fit` uses this host's all-reduce"),
+    nccl_tests: list[Path] = typer.Option(None, "--nccl-tests", help="nccl-tests output measured on this host "
+                                          "(all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf, "
+                                          "sendrecv_perf; repeatable, e.g. one file per GPU count): its rows join the "
+                                          "profile, so `servesim fit` uses this host's all-reduce and "
+                                          "collectives_profile every collective"),
     collectives: bool = typer.Option(False, "--collectives/--no-collectives", help="also time all-reduce, "
                                      "all-gather, reduce-scatter, all-to-all and send/recv across this machine's GPUs "
                                      "(one process per GPU, NCCL; needs 2+ GPUs; with --device cpu: gloo, for tests "
@@ -40,7 +42,7 @@ def calibrate(
     reduce-scatter, all-to-all, send/recv: what TP, MoE dispatch/combine and pipeline hand-offs use)."""
     import torch
 
-    from servesim.simulator.cost_model.importers.nccl_tests import host_allreduce_rows
+    from servesim.simulator.cost_model.importers.nccl_tests import host_collective_rows
     from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
     from servesim.simulator.outdir import check_output_file
 
@@ -54,7 +56,7 @@ def calibrate(
     groups = _group_sizes(device, tp_sizes) if collectives else []  # refuse before any sweep
     dev = _model_device(device, model) if model else torch.device(device)
     gpu_label = _gpu_label(gpu_label, dev)
-    ar_rows = [r for path in (nccl_tests or []) for r in host_allreduce_rows(path, gpu_label)]  # fail before the sweep
+    ar_rows = [r for path in (nccl_tests or []) for r in host_collective_rows(path, gpu_label)]  # fail before the sweep
     default = Path("runs/calibration") / (f"{_model_name(model)}.csv" if model else f"collectives-{gpu_label}.csv")
     out = check_output_file(out or default, overwrite=overwrite)
     rows = _measure_collectives(groups, dev.type, dtype, quick, gpu_label) if groups else []
