@@ -177,3 +177,37 @@ def test_requests_frame_keeps_each_records_gaps_and_recomputes_stale_ones():
     m.delay_outputs(0.003)
     delayed = m.requests_frame()
     assert list(delayed["itl_s"][1]) == list(np.diff(np.array([0.1, 0.25, 0.45]) + 0.003))
+
+
+def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
+    """All requests completed: the frame built a column at a time holds exactly the row path's
+    values (same dtypes, same parquet bytes); one still-running request (no finish) included."""
+    import pandas as pd
+
+    from servesim.simulator import metrics as M
+
+    eng = Engine(SimConfig(), load_bundled())
+    res = eng.run()
+    m = res.metrics
+    records = list(m.requests.values())
+    assert all(r.status != "timed_out" and r.reject_reason is None for r in records)
+    fast = m.requests_frame()
+    rows = _rows(records)
+    pd.testing.assert_frame_equal(fast, rows)
+    fast.to_parquet(tmp_path / "a.parquet")
+    rows.to_parquet(tmp_path / "b.parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    one = dataclasses.replace(records[0], finish_s=None, finish_reason=None)
+    pd.testing.assert_frame_equal(pd.DataFrame(M._completed_columns([one]), columns=M.REQUEST_COLUMNS),
+                                  _rows([one]))
+
+
+def _rows(records):
+    import pandas as pd
+
+    from servesim.simulator import metrics as M
+
+    cols = {c: [] for c in M.REQUEST_COLUMNS}
+    for r in records:
+        M._append_row(cols, r, r.itl_s)
+    return pd.DataFrame(cols, columns=M.REQUEST_COLUMNS)
