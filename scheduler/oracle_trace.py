@@ -81,6 +81,8 @@ class StepTraceConfig:
             raise ValueError("the KV connector supports one KV cache group (not hybrid)")
         if self.kv_load_steps < 1:
             raise ValueError("kv_load_steps must be >= 1")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError("pipeline_parallel_size must be >= 1")
         if self.async_scheduling and self.num_spec_tokens > 0 and self.spec_method == "ngram":
             raise ValueError("vLLM refuses async scheduling with ngram speculation")
 

@@ -57,6 +57,7 @@ FEATURE_FLAGS = {
     "lora": lambda f: f.get("num_loras", 0) > 0,
     "cache_salt": lambda f: f.get("cache_salt", 0) > 0,
     "kv_connector": lambda f: f.get("kv_connector_rate", 0) > 0,
+    "pipeline_parallel": lambda f: f.get("pipeline_parallel_size", 1) > 1,
 }
 
 
@@ -69,7 +70,8 @@ def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed()
             assert any(flags[c].get("async_scheduling") for c in covered), f"{feature}: no async golden"
 
 
-@pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority"])
+@pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority",
+                                  "pp3_spec_eagle_async"])
 def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     pytest.importorskip("typer")
     from typer.testing import CliRunner

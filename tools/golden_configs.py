@@ -70,6 +70,11 @@ PP_CONFIGS: dict[str, dict] = {
     "pp2_sync_no_chunk_threshold": {"pipeline_parallel_size": 2, "no_chunked_prefill": True,
                                     "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 0,
                                     "num_blocks": 200},
+    "pp3_spec_eagle_async": {"pipeline_parallel_size": 3, "num_spec_tokens": 2, "spec_method": "eagle",
+                             "async_scheduling": True, "num_blocks": 200},
+    "pp2_preempt_sync_priority": {"pipeline_parallel_size": 2, "num_blocks": 120, "policy": "priority",
+                                  "arrival_spread": 60},
+    "pp2_aborts_async": {"pipeline_parallel_size": 2, "abort_rate": 0.3, "async_scheduling": True},
 }
 GOLDEN_CONFIGS.update(PP_CONFIGS)
 

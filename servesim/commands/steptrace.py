@@ -44,6 +44,8 @@ def step_trace(
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching"),
     no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill"),
     async_scheduling: bool = typer.Option(False, "--async-scheduling"),
+    pipeline_parallel_size: int = typer.Option(1, help="N > 1: a batch queue of N steps (vLLM's pipeline "
+                                               "parallelism; the oracle runs it through tools/record_golden.py)"),
     max_steps: int = typer.Option(1_000_000),
     hash_algo: str = typer.Option("sha256", help="prefix-caching block hash: sha256 | blake2b"),
     num_spec_tokens: int = typer.Option(0, help="K > 0: speculative decoding with K drafts (oracle's fake drafter)"),
@@ -84,7 +86,8 @@ def step_trace(
             max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
             no_prefix_caching=no_prefix_caching, no_chunked_prefill=no_chunked_prefill,
-            async_scheduling=async_scheduling, max_steps=max_steps, hash_algo=hash_algo,
+            async_scheduling=async_scheduling, pipeline_parallel_size=pipeline_parallel_size,
+            max_steps=max_steps, hash_algo=hash_algo,
             num_spec_tokens=num_spec_tokens, spec_method=spec_method, eos_rate=eos_rate,
             stop_token_ids=stop_ids, stop_rate=stop_rate, min_tokens=min_tokens, abort_rate=abort_rate,
             abort_window=abort_window, abort_after=abort_after, abort_preempted_rate=abort_preempted_rate,
