@@ -107,6 +107,21 @@ def test_plan_search_stops_each_shape_at_its_first_size_meeting_the_slo():
     assert best.iloc[0]["cost"] == df[df["meets_slo"]]["cost"].min()
 
 
+def test_plan_searches_pipeline_stages_and_prices_every_gpu():
+    from servesim.simulator.cluster.plan import candidate_config, cost_per_hour
+
+    plan = plan_config_from_dict({**PLAN, "search": {"tp": [1, 2], "pp": [1, 3], "colocated": {"min": 1, "max": 2},
+                                                     "pd": {"ratios": [[1, 2]]}}})
+    shapes = plan.search.shapes()
+    assert [(s.kind, s.tp, s.pp) for s in shapes] == [
+        ("colocated", 1, 1), ("colocated", 1, 3), ("colocated", 2, 1), ("colocated", 2, 3),
+        ("pd", 1, 1), ("pd", 1, 3), ("pd", 2, 1), ("pd", 2, 3)]
+    assert shapes[3].label == "colocated tp2 pp3" and shapes[2].label == "colocated tp2"
+    cfg = candidate_config(plan, shapes[7], 2)  # P1:D2 x2, tp2 pp3: 6 replicas of 6 GPUs
+    assert {(g.sim.hardware.tp, g.sim.hardware.pp) for g in cfg.replicas} == {(2, 3)}
+    assert cfg.num_gpus == 36 and cost_per_hour(plan, cfg) == 72.0
+
+
 def test_frontier_keeps_points_no_cheaper_point_beats():
     df = pd.DataFrame({"cost": [1, 2, 2, 3, 4], "goodput_fraction": [0.2, 0.5, 0.4, 0.5, 0.95],
                        "meets_slo": [False, False, False, False, True], "error": [None] * 5})
@@ -117,6 +132,8 @@ def test_frontier_keeps_points_no_cheaper_point_beats():
 
 @pytest.mark.parametrize("data, field", [
     ({"search": {"tp": [0]}}, "search.tp"),
+    ({"search": {"pp": [1, True]}}, "search.pp"),
+    ({"search": {"pp": 2}}, "search.pp"),
     ({"search": {"colocated": {"min": 3, "max": 1}}}, "search.colocated"),
     ({"search": {"pd": {"ratios": [[1]]}}}, "search.pd.ratios"),
     ({"search": {"goodput_threshold": 1.5}}, "search.goodput_threshold"),

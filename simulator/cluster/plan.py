@@ -7,12 +7,13 @@
       slo: {ttft_s: 1.0, tpot_s: 0.05}
     search:
       tp: [1, 2]
+      pp: [1, 2]                                      # pipeline stages per replica (default [1])
       colocated: {min: 1, max: 8}                     # replica counts; omit to skip colocated
       pd: {ratios: [[1, 1], [1, 2]], max_scale: 4}    # (prefill, decode) x 1..max_scale; omit to skip
       goodput_threshold: 0.9                          # fraction of ALL requests meeting TTFT and TPOT
     gpu_cost_per_hour: {h100: 2.5}                    # $/h per GPU; omitted: cost = number of GPUs
 
-A shape is (colocated or a P:D ratio, TP). Each shape is swept upwards in size and stops at the
+A shape is (colocated or a P:D ratio, TP, PP). Each shape is swept upwards in size and stops at the
 first size that meets the SLO: larger sizes of that shape can only cost more. The cheapest point
 that meets it is the recommendation; every evaluated point goes into the table, the CSV and the
 cost-vs-goodput plot, with the Pareto frontier (no other point both cheaper-or-equal and better).
@@ -40,23 +41,27 @@ class Shape:
     kind: str  # "colocated" | "pd"
     tp: int  # tensor-parallel degree of every replica
     ratio: tuple[int, int] | None = None  # (prefill, decode) replicas per unit, for kind "pd"
+    pp: int = 1  # pipeline stages of every replica (each tp GPUs)
 
     @property
     def label(self) -> str:
-        return f"colocated tp{self.tp}" if self.ratio is None else f"P{self.ratio[0]}:D{self.ratio[1]} tp{self.tp}"
+        par = f"tp{self.tp}" + (f" pp{self.pp}" if self.pp > 1 else "")
+        return f"colocated {par}" if self.ratio is None else f"P{self.ratio[0]}:D{self.ratio[1]} {par}"
 
 
 @dataclass(slots=True)
 class SearchSpace:
     tp: tuple[int, ...] = (1,)
+    pp: tuple[int, ...] = (1,)  # pipeline stages tried with each tp
     colocated: tuple[int, int] | None = (1, 8)  # (min, max) replica count; None: no colocated shapes
     pd_ratios: tuple[tuple[int, int], ...] = ()  # (prefill, decode) units
     pd_max_scale: int = 4  # a ratio (p, d) is tried as (p*k, d*k) for k = 1..pd_max_scale
     goodput_threshold: float = 0.9  # fraction of all requests that must meet TTFT and TPOT
 
     def shapes(self) -> list[Shape]:
-        out = [Shape("colocated", tp) for tp in self.tp] if self.colocated is not None else []
-        out += [Shape("pd", tp, r) for tp in self.tp for r in self.pd_ratios]
+        par = [(tp, pp) for tp in self.tp for pp in self.pp]
+        out = [Shape("colocated", tp, None, pp) for tp, pp in par] if self.colocated is not None else []
+        out += [Shape("pd", tp, r, pp) for tp, pp in par for r in self.pd_ratios]
         return out
 
     def sizes(self, shape: Shape) -> range:
@@ -108,10 +113,8 @@ def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
 
 
 def _search(raw: dict, path: str | None) -> SearchSpace:
-    _known(raw, ("tp", "colocated", "pd", "goodput_threshold"), "search.", path)
-    tp = tuple(raw.get("tp", [1]))
-    if not tp or any(not isinstance(t, int) or t < 1 for t in tp):
-        raise InputError(f"got {tp!r}", path=path, field="search.tp", allowed="a list of integers >= 1")
+    _known(raw, ("tp", "pp", "colocated", "pd", "goodput_threshold"), "search.", path)
+    tp, pp = (_degrees(raw, key, path) for key in ("tp", "pp"))
     col = raw.get("colocated", {"min": 1, "max": 8} if "pd" not in raw else None)
     colocated = None
     if col is not None:
@@ -133,11 +136,19 @@ def _search(raw: dict, path: str | None) -> SearchSpace:
         raise InputError(f"got {thr!r}", path=path, field="search.goodput_threshold", allowed="a number in (0, 1]")
     if colocated is None and not ratios:
         raise InputError("nothing to search", path=path, field="search", allowed="colocated and/or pd.ratios")
-    return SearchSpace(tp, colocated, ratios, scale, float(thr))
+    return SearchSpace(tp, pp, colocated, ratios, scale, float(thr))
+
+
+def _degrees(raw: dict, key: str, path: str | None) -> tuple[int, ...]:
+    values = raw.get(key, [1])
+    if not isinstance(values, list) or not values or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
+                                                          for t in values):
+        raise InputError(f"got {values!r}", path=path, field=f"search.{key}", allowed="a list of integers >= 1")
+    return tuple(values)
 
 
 def candidate_config(plan: PlanConfig, shape: Shape, size: int) -> ClusterConfig:
-    sim = {"hardware": {"tp": shape.tp}}
+    sim = {"hardware": {"tp": shape.tp, "pp": shape.pp}}
     data = dict(plan.cluster)
     if shape.kind == "colocated":
         data["replicas"] = [{"count": size, "sim": sim}]
@@ -176,7 +187,7 @@ def evaluate(plan: PlanConfig, shape: Shape, size: int, workload: Workload) -> d
     frac = len(good) / max(len(df), 1)
     n_p = sum(g.count for g in cfg.replicas if g.role == "prefill")
     n_d = sum(g.count for g in cfg.replicas if g.role == "decode")
-    return {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "size": size,
+    return {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "pp": shape.pp, "size": size,
             "num_replicas": cfg.num_replicas, "num_prefill": n_p, "num_decode": n_d, "num_gpus": cfg.num_gpus,
             "cost": cost_per_hour(plan, cfg), "goodput_fraction": frac,
             "meets_slo": frac >= plan.search.goodput_threshold,
@@ -192,7 +203,8 @@ def search(plan: PlanConfig, workload: Workload, progress: Callable[[dict], None
             try:
                 row = evaluate(plan, shape, size, workload)
             except InputError as e:  # e.g. the model does not fit at this TP: the whole shape is out
-                row = {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "size": size, "meets_slo": False,
+                row = {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "pp": shape.pp, "size": size,
+                       "meets_slo": False,
                        "goodput_fraction": math.nan, "cost": math.nan, "error": str(e)}
             rows.append(row)
             if progress is not None:
