@@ -73,10 +73,11 @@ def test_dp_lockstep_waves_last_as_long_as_the_slowest_rank_and_idle_ranks_run_d
     res = _two_rank_run(lockstep=True)
     req = res.requests.set_index("request_id")
     assert list(req.loc[["a", "b"], "replica"]) == [0, 1]
-    # Wave 1: both prefills; both ranks' MoE layers hold the wave's 500 tokens (not 2 x their own).
+    # Wave 1: both prefills, both under the largest CUDA-graph size (512): vLLM pads both ranks to
+    # the larger one's 400, so both ranks' MoE layers hold 2 x 400 tokens (not 2 x their own).
     fix = cm.wave_correction_s
-    assert fix(100, 500) > 0 > fix(400, 500)
-    w1 = max(pa + fix(100, 500), pb + fix(400, 500))
+    assert fix(100, 800) > 0 == fix(400, 800)
+    w1 = max(pa + fix(100, 800), pb)
     # Waves 2 and 3 are balanced (one token a rank: a decode or a dummy): nothing to correct.
     assert fix(1, 2) == 0.0
     w2 = max(da1, db)  # wave 2: both decode; b is done (2 tokens)
@@ -94,6 +95,19 @@ def test_dp_lockstep_waves_last_as_long_as_the_slowest_rank_and_idle_ranks_run_d
     free = _two_rank_run(lockstep=False).requests.set_index("request_id")
     assert free.loc["a", "e2e_s"] == pytest.approx(pa + da1 + da2, rel=1e-12)
     assert free.loc["b", "e2e_s"] == pytest.approx(pb + db, rel=1e-12)
+
+
+def test_wave_tokens_pad_to_the_largest_ranks_graph_size_as_vllm():
+    from servesim.simulator.cluster.dp import wave_tokens
+    from servesim.simulator.cost_model.cudagraph import default_capture_sizes
+
+    sizes = default_capture_sizes(256, 2048)  # 1, 2, 4, 8, ..., 248, 256, 272, ..., 512
+    assert wave_tokens(sizes, [1, 1]) == 2
+    assert wave_tokens(sizes, [3, 1, 1, 1]) == 4 * 4  # every rank padded to the graph of 3 tokens: 4
+    assert wave_tokens(sizes, [100, 400]) == 800
+    assert wave_tokens(sizes, [100, 401]) == 2 * 416
+    assert wave_tokens(sizes, [100, 513]) == 613  # a rank past the largest graph: no padding anywhere
+    assert wave_tokens((), [100, 400]) == 500
 
 
 def test_lockstep_groups_in_cluster_yaml():

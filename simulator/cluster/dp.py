@@ -23,6 +23,7 @@ from collections import deque
 from servesim.simulator.cluster.config import ClusterConfig, ReplicaGroup, RouterConfig
 from servesim.simulator.cluster.routers import Decision, Router, _least, register_router
 from servesim.simulator.cost_model.base import wave_corrector
+from servesim.simulator.cost_model.cudagraph import default_capture_sizes, padded_tokens
 from servesim.scheduler.step_shape import StepShape
 from servesim.simulator.config import CostModelConfig, SimConfig
 from servesim.traces.errors import InputError
@@ -78,8 +79,9 @@ class LockstepGroup:
       has none, or schedules nothing, runs a dummy batch: one token, nothing sampled
       (``dummy_shape``), costed by its own cost model;
     * the wave's GPU time is the maximum over the ranks' step times (dummies included), each
-      with its MoE layers holding the wave's tokens (the sum over the ranks, a dummy's one
-      included: vLLM's dispatch gathers every rank's tokens) through the cost model's
+      with its MoE layers holding the wave's tokens (:func:`wave_tokens`: vLLM's dispatch gathers
+      every rank's tokens, padded to the largest rank's CUDA-graph size when every rank's batch
+      runs a graph) through the cost model's
       ``wave_correction_s`` (cost_model/base.py WaveCostModel; models without it are used as
       they are); its CPU time the maximum of the ranks' CPU overheads; with async scheduling
       (two steps in flight) the next wave is scheduled while this one runs, exactly as one
@@ -104,6 +106,8 @@ class LockstepGroup:
         self.num_dummy_steps = 0  # rank-steps spent in dummy batches
         self._dummy_s = [e.executor.cost_model.step_time_s(dummy_shape()) for e in engines]
         self._wave_fix = [wave_corrector(e.executor.cost_model) for e in engines]
+        sched = engines[0].cfg.scheduler  # one DP group: every rank runs the same engine settings
+        self._graph_sizes = default_capture_sizes(sched.max_num_seqs, sched.max_num_batched_tokens)
 
     def start(self):
         return self.env.process(self._loop())
@@ -170,9 +174,21 @@ class LockstepGroup:
 
     def _wave_gpu_s(self, times: list[float], tokens: list[int]) -> float:
         """The slowest rank's step, every rank's MoE layers holding the wave's tokens."""
-        wave_tokens = sum(tokens)
-        return max(t if fix is None else t + fix(n, wave_tokens)
+        total = wave_tokens(self._graph_sizes, tokens)
+        return max(t if fix is None else t + fix(n, total)
                    for t, n, fix in zip(times, tokens, self._wave_fix))
+
+
+def wave_tokens(graph_sizes: tuple[int, ...], tokens: list[int]) -> int:
+    """Tokens a lockstep wave's MoE layers hold, over all ranks (``tokens``: each rank's own, a
+    dummy's 1). vLLM 0.19.1 (v1/worker/dp_utils.py ``_synchronize_dp_ranks``): the ranks agree on
+    a CUDA-graph mode by taking the minimum, and unless it is NONE every rank is padded to the
+    largest rank's graph-padded token count; a rank whose batch exceeds the largest capture size
+    runs without a graph (NONE), and then each rank keeps its own count. ``graph_sizes``: vLLM's
+    default capture sizes for the engine's limits (cost_model/cudagraph.py)."""
+    if graph_sizes and max(tokens) <= graph_sizes[-1]:
+        return len(tokens) * padded_tokens(graph_sizes, max(tokens))
+    return sum(tokens)
 
 
 DUMMY_TOKENS = 1  # vLLM's dummy batch on an idle DP rank: one token
