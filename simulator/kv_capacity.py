@@ -30,11 +30,16 @@ class KvCapacity:
 
 
 def derive_num_gpu_blocks(model: str, gpu: str, tp: int, block_size: int, gpu_memory_utilization: float,
-                          activation_reserve_gib: float, pp: int = 1) -> KvCapacity:
+                          activation_reserve_gib: float, pp: int = 1, data_parallel_size: int = 1) -> KvCapacity:
+    """The pool of one engine: of a tp x pp deployment, one DP rank of data_parallel_size (whose
+    GPUs hold 1/(tp x dp) of an MoE model's routed experts: vLLM shards them over the DP group)."""
     m, g = resolve_model(model), resolve_gpu(gpu)
     reserve = activation_reserve_gib * 2**30
+    if data_parallel_size > 1 and pp > 1:
+        raise InputError("data-parallel ranks with pipeline stages are not modelled", field="hardware.pp",
+                         allowed="1 with data parallelism")
     if pp == 1:
-        stages = [(weight_bytes(m, tp), kv_bytes_per_token(m, tp))]
+        stages = [(weight_bytes(m, tp, tp * data_parallel_size), kv_bytes_per_token(m, tp))]
     else:
         stages = list(zip(stage_weight_bytes(m, tp, pp), stage_kv_bytes_per_token(m, tp, pp)))
     best = None

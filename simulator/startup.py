@@ -42,13 +42,20 @@ def resolve_max_model_len(cfg: SimConfig) -> int:
     return resolve_model(cfg.hardware.model).max_position_embeddings
 
 
+def data_parallel_size(cfg: SimConfig) -> int:
+    """The DP group this engine is a rank of: the roofline's ``data_parallel_size`` parameter, which
+    cluster/dp.py's dp_cluster_config sets for every rank (1 for a lone engine)."""
+    size = cfg.cost_model.params.get("data_parallel_size", 1)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
+
+
 def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
     """The cache config to run with: as configured, or with num_gpu_blocks derived from memory."""
     hw = cfg.hardware
     if not cfg.derive_num_gpu_blocks:
         return cfg.cache, None
     cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cfg.cache.block_size, hw.gpu_memory_utilization,
-                                hw.activation_reserve_gib, pp=hw.pp)
+                                hw.activation_reserve_gib, pp=hw.pp, data_parallel_size=data_parallel_size(cfg))
     return replace(cfg.cache, num_gpu_blocks=cap.num_gpu_blocks), cap
 
 

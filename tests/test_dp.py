@@ -152,3 +152,33 @@ def test_validate_prices_expert_parallelism_or_refuses_it():
         run.settings, enable_expert_parallel=True, data_parallel_size=2, all2all_backend="deepep_high_throughput"))
     cfg, _ = build_config(dp, ValidateOptions(model="qwen3-30b-a3b", cost_model="roofline"))
     assert cfg.cost_model.params["all2all_backend"] == "deepep_high_throughput"
+
+
+def test_dp_ranks_hold_their_share_of_the_experts_as_vllm_shards_them():
+    """vLLM shards the routed experts over the whole DP group (tp x dp GPUs): whole experts with
+    expert parallelism, every expert's width without it (TP flattened across DP). So a DP rank's
+    GPUs hold 1/(tp x dp) of the expert weights, which sizes its KV pool, and its MoE kernels run
+    at moe_tp = tp x dp without EP."""
+    from servesim.simulator.kv_capacity import derive_num_gpu_blocks
+    from servesim.simulator.specs import resolve_gpu, resolve_model
+    from servesim.simulator.specs.models import kv_bytes_per_token, layer_weight_elems, weight_bytes
+
+    m = resolve_model("qwen3-30b-a3b")
+    experts = m.num_moe_layers * layer_weight_elems(m, 1)["experts"] * 2  # bf16 bytes at tp 1
+    assert weight_bytes(m, 1, 4) == pytest.approx(weight_bytes(m, 1) - experts * 3 / 4, abs=m.num_moe_layers * 4)
+    assert weight_bytes(m, 2, 2) == weight_bytes(m, 2)
+    with pytest.raises(InputError):
+        weight_bytes(m, 2, 3)
+    g = resolve_gpu("h100")
+    want = int((0.9 * g.memory_bytes - weight_bytes(m, 1, 4) - 2 * 2**30) // (kv_bytes_per_token(m, 1) * 16))
+    assert derive_num_gpu_blocks("qwen3-30b-a3b", "h100", 1, 16, 0.9, 2.0, data_parallel_size=4).num_gpu_blocks == want
+    # every rank of a DP deployment derives its pool that way
+    sim = SimConfig(hardware=HardwareConfig(model="qwen3-30b-a3b", gpu="h100", tp=1),
+                    cost_model=CostModelConfig(name="roofline"))
+    from servesim.simulator.startup import resolve_cache
+    (group,) = dp_cluster_config(sim, 4).replicas
+    assert resolve_cache(group.sim)[0].num_gpu_blocks == want > resolve_cache(sim)[0].num_gpu_blocks
+    for kw, layout in ((dict(tp=1, data_parallel_size=2), "moe_tp=2 moe_ep=1"),
+                       (dict(tp=2, data_parallel_size=2), "moe_tp=4 moe_ep=1"),
+                       (dict(tp=1, data_parallel_size=4, expert_parallel_size=4), "moe_tp=1 moe_ep=4")):
+        assert layout in make_cost_model("roofline", model="qwen3-30b-a3b", gpu="h100", **kw).moe_source

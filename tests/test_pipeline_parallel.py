@@ -172,7 +172,7 @@ def test_pipeline_parallelism_refusals():
     with pytest.raises(InputError):
         HardwareConfig(pp=0)
     sim = SimConfig(hardware=HardwareConfig(model="qwen3-30b-a3b", gpu="h100", pp=2))
-    with pytest.raises(InputError, match="lockstep"):
+    with pytest.raises(InputError, match="data-parallel ranks"):
         from servesim.simulator.cluster import run_cluster
         from servesim.traces.bundled import load_bundled
         from servesim.traces.transforms import request_limit

@@ -182,7 +182,10 @@ class RooflineCostModel:
         if m.num_experts % ep:
             raise InputError(f"{m.num_experts} experts do not split over {ep} expert-parallel ranks",
                              field="expert_parallel_size")
-        moe_tp, moe_ep = (1, ep) if ep > 1 else (tp, 1)
+        # vLLM's FusedMoEParallelConfig: with expert parallelism whole experts split over the EP
+        # ranks; without it every expert's width splits over all tp x dp GPUs (TP flattened
+        # across the DP group, flatten_tp_across_dp_and_pcp)
+        moe_tp, moe_ep = (1, ep) if ep > 1 else (tp * self._dp, 1)
         curve = moe_curve(m, self.gpu, moe_tp, moe_ep, self.params.moe_distribution) \
             if self.params.moe_table else None
         self._moe_table = None if curve is None else (curve, moe_frac) + self._routing_correction(curve, moe_ep)

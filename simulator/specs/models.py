@@ -76,21 +76,27 @@ def layer_weight_elems(model: ModelSpec, tp: int) -> dict[str, int]:
     }
 
 
-def weight_bytes(model: ModelSpec, tp: int = 1) -> int:
+def weight_bytes(model: ModelSpec, tp: int = 1, moe_shards: int | None = None) -> int:
     """Weight bytes resident on ONE GPU under tensor parallelism (vocab-parallel embeddings;
     quantised formats with their scales; router, norms and embeddings stay in the activation
-    dtype as vLLM keeps them)."""
-    per_layer, dense, moe, embed, lm_head = weight_parts(model, tp)
+    dtype as vLLM keeps them). ``moe_shards``: the GPUs the routed experts are split over (default
+    tp; a data-parallel MoE deployment splits them over tp x dp, with expert parallelism or not)."""
+    per_layer, dense, moe, embed, lm_head = weight_parts(model, tp, moe_shards)
     total = model.num_layers * per_layer + model.dense_mlp_layers * dense + model.num_moe_layers * moe \
         + (embed + (0 if model.tied_embeddings else lm_head) + model.hidden_size) * model.dtype_bytes  # + final norm
     return int(total)
 
 
-def weight_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, int, int]:
+def weight_parts(model: ModelSpec, tp: int, moe_shards: int | None = None) -> tuple[float, float, float, int, int]:
     """Bytes on one GPU of (every layer's attention and norms, one dense MLP, one MoE block)
     and elements of (the embedding, the lm_head) shard: what a pipeline stage sums over its
     layers (specs/pipeline_stages.py) and weight_bytes over all of them."""
     w = layer_weight_elems(model, tp)
+    if moe_shards is not None and model.is_moe:  # vLLM flattens TP across DP for the experts
+        if moe_shards < tp or moe_shards % tp:
+            raise InputError(f"the experts cannot split over {moe_shards} GPUs with tp={tp}", field="moe_shards",
+                             allowed="a multiple of tp")
+        w = {**w, "experts": 3 * model.hidden_size * model.intermediate_size * model.num_experts // moe_shards}
     lin = bytes_per_element(model.weight_dtype)
     per_layer = (w["qkv_proj"] + w["o_proj"]) * lin + w["norm"] * model.dtype_bytes
     dense = (w["gate_up_proj"] + w["down_proj"]) * lin

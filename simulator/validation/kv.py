@@ -54,7 +54,7 @@ class KvChoice:
 
 def choose_kv_blocks(model: str, gpu: str, tp: int, block_size: int, gpu_memory_utilization: float,
                      max_num_batched_tokens: int, max_num_seqs: int, recorded: int | None = None,
-                     given: int | None = None, pp: int = 1) -> KvChoice:
+                     given: int | None = None, pp: int = 1, data_parallel_size: int = 1) -> KvChoice:
     """Recorded in the run > given on the command line > derived from memory (vLLM's formula)."""
     if recorded is not None:
         return KvChoice(int(recorded), "recorded", "num_gpu_blocks recorded by the run",
@@ -62,8 +62,10 @@ def choose_kv_blocks(model: str, gpu: str, tp: int, block_size: int, gpu_memory_
     if given is not None:
         return KvChoice(int(given), "given", "--num-gpu-blocks", tokens=int(given) * block_size)
     reserve = estimate_activation_reserve_gib(model, tp, max_num_batched_tokens, max_num_seqs)
-    cap = derive_num_gpu_blocks(model, gpu, tp, block_size, gpu_memory_utilization, reserve, pp=pp)
-    default = derive_num_gpu_blocks(model, gpu, tp, block_size, gpu_memory_utilization, 2.0, pp=pp)
+    cap = derive_num_gpu_blocks(model, gpu, tp, block_size, gpu_memory_utilization, reserve, pp=pp,
+                                data_parallel_size=data_parallel_size)
+    default = derive_num_gpu_blocks(model, gpu, tp, block_size, gpu_memory_utilization, 2.0, pp=pp,
+                                    data_parallel_size=data_parallel_size)
     detail = (f"derived: {gpu_memory_utilization:g} x GPU memory - weights - {reserve:.2f} GiB activation "
               f"peak (estimated for max_num_batched_tokens={max_num_batched_tokens}, "
               f"max_num_seqs={max_num_seqs}) -> {cap.num_gpu_blocks} blocks of {block_size} tokens")

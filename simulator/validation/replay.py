@@ -109,7 +109,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     max_model_len = int(s.max_model_len or spec.max_position_embeddings)
     kv = choose_kv_blocks(spec.name, gpu, s.tp, s.block_size, s.gpu_memory_utilization,
                           s.max_num_batched_tokens, s.max_num_seqs, recorded=s.num_gpu_blocks,
-                          given=opts.num_gpu_blocks, pp=s.pp)
+                          given=opts.num_gpu_blocks, pp=s.pp, data_parallel_size=s.data_parallel_size)
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
     cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
