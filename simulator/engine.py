@@ -289,7 +289,7 @@ class Engine(MacroStepMixin, EngineRankMixin):
                 self._gpu_free_at = gpu_free_at = start + gpu_s
             else:  # stage by stage; the batch's GPU time is the sum of its stages'
                 stages_s = self.executor.last_stage_times_s
-                self._gpu_free_at = gpu_free_at = pipe.submit(now + cpu_s, stages_s)
+                self._gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, stages_s)
                 gpu_s = sum(stages_s)
             self.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((so, mro, gpu_free_at, rec, row))

@@ -93,10 +93,15 @@ def test_stage_times_split_the_step_and_pay_the_hand_offs():
 
 def test_pipeline_clock_by_hand():
     clock = PipelineClock(2)
-    assert clock.submit(0.0, [1.0, 2.0]) == 3.0  # stage 0 [0, 1], stage 1 [1, 3]
-    assert clock.submit(0.5, [1.0, 2.0]) == 5.0  # stage 0 [1, 2], stage 1 [3, 5]
-    assert clock.submit(10.0, [0.5, 0.5]) == 11.0  # an idle pipeline
+    assert clock.submit(0.0, 0.0, [1.0, 2.0]) == 3.0  # stage 0 [0, 1], stage 1 [1, 3]
+    assert clock.submit(0.5, 0.0, [1.0, 2.0]) == 5.0  # stage 0 [1, 2], stage 1 [3, 5]
+    assert clock.submit(10.0, 0.0, [0.5, 0.5]) == 11.0  # an idle pipeline
     assert clock.free_at_s == [10.5, 11.0]
+    # the CPU prepares one batch after another: two scheduled at once are ready 0.3 s apart
+    clock = PipelineClock(2)
+    assert clock.submit(0.0, 0.3, [0.1, 0.1]) == pytest.approx(0.5)  # ready 0.3, stages [0.3, 0.4], [0.4, 0.5]
+    assert clock.submit(0.0, 0.3, [0.1, 0.1]) == pytest.approx(0.8)  # ready 0.6
+    assert clock.cpu_free_at_s == pytest.approx(0.6)
 
 
 class _Recording(SimExecutor):
@@ -131,7 +136,8 @@ def _pp_engine(pp: int, async_scheduling: bool):
 @pytest.mark.parametrize("pp,async_scheduling", [(2, False), (3, True), (4, False)])
 def test_engine_times_every_batch_stage_by_stage(pp, async_scheduling):
     """Exact timeline: each step's output lands when the batch leaves the last stage, recomputed
-    here from the executed steps' stage times and the CPU model, stage occupancy by hand."""
+    here from the executed steps' stage times and the CPU model (one batch prepared after another),
+    stage occupancy by hand."""
     eng, ex, cfg = _pp_engine(pp, async_scheduling)
     res = eng.run()
     assert eng.macro_fallback_reason.startswith("pipeline parallelism")
@@ -139,10 +145,11 @@ def test_engine_times_every_batch_stage_by_stage(pp, async_scheduling):
     assert len(steps) == len(ex.log) > 0
     cpu = cfg.cost_model.cpu_overhead
     free = [0.0] * pp
+    cpu_free = 0.0
     in_flight_max = 0
     ends = []
     for (n_req, n_tok, stages), start, dur in zip(ex.log, steps["start_s"], steps["duration_s"]):
-        t = start + (cpu.step_s(n_req, n_tok) if n_req else 0.0)
+        t = cpu_free = max(start, cpu_free) + (cpu.step_s(n_req, n_tok) if n_req else 0.0)
         for s in range(pp):
             t = max(t, free[s]) + stages[s]
             free[s] = t
