@@ -186,3 +186,20 @@ def test_nccl_tests_output_of_every_collective_feeds_collectives_profile(tmp_pat
     other.write_text(NCCL_TESTS_H100.replace("all_reduce_perf", "broadcast_perf"))
     with pytest.raises(InputError, match="broadcast_perf output is not read"):
         import_nccl_tests(other)
+
+
+def test_a_host_profile_prices_the_moe_dispatch_where_it_measured_the_group(tmp_path):
+    """DP 2 x TP 1 with EP: the dispatch group is 2 GPUs, which the host measured; at DP 4 it
+    is not, and the shipped tables price it (no error: the TP group itself was covered)."""
+    from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
+
+    rows = [{"source": "servesim", "gpu": "h100", "op": op, "tp": 2, "bytes": b, "latency_s": 1e-3}
+            for op in ("allgather", "reducescatter") for b in (1024, 2**30)]
+    write_profile(make_profile(rows), tmp_path / "host.csv")
+    kw = dict(model="qwen3-30b-a3b", gpu="h100", tp=1, expert_parallel_size=2, data_parallel_size=2)
+    host = make_cost_model("roofline", collectives_profile=str(tmp_path / "host.csv"), **kw)
+    assert "this host" in host.moe_comm_source
+    assert "this host" not in make_cost_model("roofline", **kw).moe_comm_source
+    kw.update(expert_parallel_size=4, data_parallel_size=4)
+    assert "this host" not in make_cost_model("roofline", collectives_profile=str(tmp_path / "host.csv"),
+                                              **kw).moe_comm_source

@@ -45,6 +45,14 @@ def host_tables(path: str | Path, num_gpus: int) -> dict[str, list[list[float]]]
     return out
 
 
+def measured_group_sizes(path: str | Path) -> set[int]:
+    """The group sizes the file has group-collective rows for."""
+    from .importers import import_profile
+
+    rows = import_profile("auto", Path(path))
+    return {int(t) for t in rows[rows["op"].isin(GROUP_OPS)]["tp"].dropna().unique()}
+
+
 def _points(df) -> list[list[float]]:
     best = df.groupby("bytes")["latency_s"].min()
     return [[float(b), float(t)] for b, t in best.items() if b > 0]

@@ -47,6 +47,7 @@ from servesim.scheduler.registry import Registry
 
 from ..specs import GpuSpec, ModelSpec
 from .collectives import Collectives
+from .host_collectives import measured_group_sizes
 from .interp import Curve
 
 DEFAULT_ALL2ALL_BACKEND = "allgather_reducescatter"  # vLLM 0.19.1 ParallelConfig.all2all_backend
@@ -59,7 +60,7 @@ _TOPK_BYTES = 4 + 4  # per routed expert of a token: fp32 top-k weight + int32 e
 class MoeDeployment:
     """What the dispatch/combine price depends on: the model, the GPU, the parallel sizes and how
     the interconnect is modelled (as for the TP collectives: explicit efficiency or latency, or
-    ``use_tables=False``, ask for the link model)."""
+    ``use_tables=False``, ask for the link model; a host profile replaces what it measured)."""
 
     model: ModelSpec
     gpu: GpuSpec
@@ -69,10 +70,16 @@ class MoeDeployment:
     interconnect_efficiency: float | None = None
     latency_s: float | None = None
     use_tables: bool = True
+    collectives_profile: str | None = None  # this host's measured collectives (host_collectives.py)
 
     def collectives(self, num_gpus: int) -> Collectives:
+        """The group's collectives; a host profile applies where it measured this group size (a
+        DP group often spans more GPUs than one host measured: the shipped tables then)."""
+        host = self.collectives_profile
+        if host is not None and num_gpus not in measured_group_sizes(host):
+            host = None
         return Collectives(self.gpu, num_gpus, interconnect_efficiency=self.interconnect_efficiency,
-                           latency_s=self.latency_s, use_tables=self.use_tables)
+                           latency_s=self.latency_s, use_tables=self.use_tables, collectives_profile=host)
 
     @property
     def sequence_parallel(self) -> int:

@@ -193,7 +193,7 @@ class RooflineCostModel:
         lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
         self._a2a = moe_comm(self.params.all2all_backend, MoeDeployment(
             m, self.gpu, tp, ep, self._dp, interconnect_efficiency=eff, latency_s=lat,
-            use_tables=lat is None and eff is None))
+            use_tables=lat is None and eff is None, collectives_profile=self.params.collectives_profile))
         self.moe_comm_source = "none (one DP rank)" if self._a2a is None else self._a2a.source
         self.moe_source = "roofline" if curve is None else \
             f"measured (aiconfigurator moe_perf, moe_tp={moe_tp} moe_ep={moe_ep}, {self.params.moe_distribution})"
