@@ -99,11 +99,12 @@ def print_replicas(console, res) -> None:
     from rich.table import Table
 
     t = Table(title="replicas")
-    for c in ("replica", "role", "gpu", "tp", "requests", "rejected", "TTFT p50 (ms)", "TPOT p50 (ms)", "hit rate", "KV mean",
+    for c in ("replica", "role", "gpu", "tp x pp", "requests", "rejected", "TTFT p50 (ms)", "TPOT p50 (ms)", "hit rate", "KV mean",
               "preemptions"):
         t.add_column(c, justify="right" if c not in ("replica", "role", "gpu") else "left")
     for r in res.summary["replicas"]:
-        t.add_row(r["name"], r["role"], str(r["gpu"]), str(r["tp"]), str(r["num_routed"]), str(r.get("num_rejected", 0)),
+        layout = str(r["tp"]) if r["pp"] == 1 else f"{r['tp']} x {r['pp']}"
+        t.add_row(r["name"], r["role"], str(r["gpu"]), layout, str(r["num_routed"]), str(r.get("num_rejected", 0)),
                   _ms(r["ttft_p50_s"]),
                   _ms(r["tpot_p50_s"]), f"{100 * r['prefix_cache_hit_rate']:.1f} %",
                   f"{100 * r['kv_usage_mean']:.1f} %",
