@@ -326,12 +326,31 @@ def stats(values) -> dict:
     return out
 
 
+def finished_requests(req: pd.DataFrame) -> pd.DataFrame:
+    """The requests a summary's latency statistics cover: finished (not aborted), with output."""
+    done = req[req["finish_reason"].notna() & (req["finish_reason"] != "abort")]
+    return done[done["output_len"] > 0]
+
+
+def brief_summary(collector: MetricsCollector, prefix_hits: int, prefix_queries: int) -> dict:
+    """A few of summarize()'s values, the same expressions on the same frames, without the
+    latency statistics of every gap (a cluster's replica table: 32 replicas of 2 M gaps each)."""
+    tables = collector.tables()
+    req, steps = tables.requests, tables.steps
+    ok = finished_requests(req)
+    return {"num_finished": int(len(ok)), "num_rejected": rejection_summary(req)["num_rejected"],
+            "num_steps": int(len(steps)), "ttft_p50_s": stats(ok["ttft_s"])["p50"],
+            "tpot_p50_s": stats(ok["tpot_s"])["p50"],
+            "prefix_cache_hit_rate": prefix_hits / prefix_queries if prefix_queries else 0.0,
+            "kv_usage_mean": float(steps["kv_usage"].mean()) if not steps.empty else 0.0,
+            "num_preemptions": int(steps["num_preemptions"].sum()) if not steps.empty else 0}
+
+
 def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: float, slo, num_requests: int,
               prefix_hits: int, prefix_queries: int) -> dict:
     tables = collector.tables()
     req = tables.requests
-    done = req[req["finish_reason"].notna() & (req["finish_reason"] != "abort")]
-    ok = done[done["output_len"] > 0]
+    ok = finished_requests(req)
     itl = concat_gaps(ok["itl_s"])
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())

@@ -202,3 +202,18 @@ def test_cluster_requests_frame_reuses_the_replicas_gaps():
     shared = [np.shares_memory(itl, by_id[rid]) for rid, itl in zip(res.requests["request_id"], res.requests["itl_s"])
               if len(itl)]
     assert shared and all(shared)
+
+
+def test_the_replica_table_is_each_replicas_own_summary():
+    """The cluster summary's per-replica brief (metrics.brief_summary) holds exactly the values
+    of the replica's full summary, which is built only when read."""
+    res = run_cluster(cluster(3, "least_outstanding"), small_workload(30))
+    for rr, brief in zip(res.replicas, res.summary["replicas"]):
+        assert rr._summary is None  # not built for the cluster summary
+        full = rr.summary
+        assert brief["num_finished"] == full["num_finished"] and brief["num_rejected"] == full["num_rejected"]
+        assert brief["num_steps"] == full["num_steps"] and brief["num_gpu_blocks"] == full["num_gpu_blocks"]
+        assert brief["ttft_p50_s"] == full["ttft_s"]["p50"] and brief["tpot_p50_s"] == full["tpot_s"]["p50"]
+        for key in ("prefix_cache_hit_rate", "kv_usage_mean", "num_preemptions"):
+            assert brief[key] == full[key]
+        assert rr.summary is full  # built once

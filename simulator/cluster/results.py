@@ -14,7 +14,7 @@ kv_link_s is the part on the link); first_decode_s: -> the decode replica's firs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,7 @@ import pandas as pd
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import EngineResult
-from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats, summarize, warn_rejected
+from servesim.simulator.metrics import MetricsCollector, RequestRecord, brief_summary, stats, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
 from servesim.simulator.step_table import StepTable
 
@@ -42,7 +42,15 @@ class ReplicaResult:
     cfg: SimConfig
     result: EngineResult
     num_routed: int  # requests its router sent here
-    summary: dict  # simulator.outputs.build_summary of this replica alone
+    _summary: dict | None = field(default=None, repr=False)
+
+    @property
+    def summary(self) -> dict:
+        """simulator.outputs.build_summary of this replica alone, built when first read (the
+        cluster's own summary needs only a brief of each replica: metrics.brief_summary)."""
+        if self._summary is None:
+            self._summary = build_summary(self.cfg, self.result, self.num_routed)
+        return self._summary
 
 
 @dataclass(slots=True)
@@ -67,8 +75,8 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     reps = []
     for r in cluster.replicas:
         res = r.engine.result(wall_time_s)
-        reps.append(ReplicaResult(r.index, r.name, r.role, r.cfg, res, r.num_routed,
-                                  build_summary(r.cfg, res, r.num_routed)))
+        res.metrics.tables()  # each record keeps its gaps (a view), which the merged frame reuses
+        reps.append(ReplicaResult(r.index, r.name, r.role, r.cfg, res, r.num_routed))
     merged = MetricsCollector()
     for spec in cluster.workload.requests:
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
@@ -171,7 +179,7 @@ def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollect
         "requests_per_replica": {rr.name: rr.num_routed for rr in reps},
     }
     s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp, "pp": rr.cfg.hardware.pp,
-                      "num_routed": rr.num_routed, **_replica_brief(rr.summary)} for rr in reps]
+                      "num_routed": rr.num_routed, **_replica_brief(rr)} for rr in reps]
     return s
 
 
@@ -186,11 +194,10 @@ def _pd_summary(cluster: Cluster, requests: pd.DataFrame) -> dict:
     }
 
 
-def _replica_brief(s: dict) -> dict:
-    return {"num_finished": s["num_finished"], "num_rejected": s["num_rejected"], "num_steps": s["num_steps"], "ttft_p50_s": s["ttft_s"]["p50"],
-            "tpot_p50_s": s["tpot_s"]["p50"], "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
-            "kv_usage_mean": s["kv_usage_mean"], "num_preemptions": s["num_preemptions"],
-            "num_gpu_blocks": s["num_gpu_blocks"]}
+def _replica_brief(rr: ReplicaResult) -> dict:
+    res = rr.result
+    return {**brief_summary(res.metrics, res.prefix_hits, res.prefix_queries),
+            "num_gpu_blocks": res.cache.num_gpu_blocks}
 
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
