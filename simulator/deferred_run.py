@@ -156,13 +156,13 @@ class DeferredRunMixin:
         if j >= 2:
             resume_s = self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
                                          plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j])
-            tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j])
+            tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j], plan.reqs)
         else:  # the eager path: a tail-only step, then (one update before t) step, then tail
-            tailed = self._tail_step(plan.now_s, in_flight, plan.gpu_s[0])
+            tailed = self._tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs)
             if tailed and j == 1:
                 so, mro, _end, rec, row = in_flight.popleft()
                 self._on_update(so, mro, rec, row, now=plan.upd_t[0])
-                tailed = self._tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1])
+                tailed = self._tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1], plan.reqs)
         if not tailed:
             raise AssertionError(f"{self.name}: a deferred run could not schedule its tail step")
         plan.resume_at_s = plan.upd_t[j]
