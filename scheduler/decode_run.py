@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler._schedule import ScheduleMixin
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
-from servesim.scheduler.request import RequestStatus
+from servesim.scheduler.request import RequestStatus, check_stop
 
 if TYPE_CHECKING:
     from servesim.scheduler.kv.manager import KVCacheBlocks
@@ -43,10 +43,17 @@ class DecodeRunEffects:
 
 
 class DecodeRunMixin(ScheduleMixin):
-    def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int) -> int:
+    def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int,
+                           through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
         of one fixed batch (decode_run_requests()), none of whose updates finishes a request of
         that batch; 0 if not even one.
+
+        `through_finishes` (async, one in flight, nothing waiting): the batch may shrink instead;
+        a request stops being scheduled after its last step (decode_run_steps) and that step's
+        update, inside the run, finishes it (schedule_decode_steps' steps_each). Nothing waits,
+        so the freed seat and blocks admit nobody, and later schedules are plain decodes of the
+        rest, in `running` order.
 
         `num_in_flight` is the number of steps scheduled but not yet updated (0: sync loop; 1: the
         async loop between steps, when every running request holds one output placeholder). With
@@ -77,6 +84,8 @@ class DecodeRunMixin(ScheduleMixin):
         max_len = self.max_model_len
         ph = num_in_flight
         num_batch = 0
+        through = through_finishes and ph == 1 and not (self.waiting or self.skipped_waiting)
+        caps: list[int] = []  # through: each request's steps before its last (decode_run_steps)
         for r in running:
             ntok = r.num_tokens
             if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or r.spec_token_ids
@@ -91,14 +100,30 @@ class DecodeRunMixin(ScheduleMixin):
             num_batch += 1
             # Update i (0-based) of the run brings the request to o + i + 1 outputs, which must
             # stay below max_tokens (also the async skip-ahead rule) and below max_model_len.
-            k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
+            # Through finishes only max_model_len bounds the run (conservatively, for everyone).
+            if through:
+                if sp.min_tokens > r.max_tokens:
+                    return 0  # its last step would not stop it (check_stop: min_tokens first)
+                caps.append(r.max_tokens - r.num_output_tokens - 1)
+                k = min(k, max_len - ntok - 2)
+            else:
+                k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
             if k < 1:
                 return 0
         if num_batch == 0 or num_batch > self.max_num_scheduled_tokens:
             return 0
         if num_batch < n and (self.waiting or self.skipped_waiting):
             return 0  # the finish frees a seat (and blocks): the next schedule may admit a waiting request
-        return self.kv_cache_manager.decode_run_fit(self.decode_run_requests(), k, head, head_hit)
+        if through:
+            k = min(k, max(caps))  # the run's last step keeps a batch (someone's last step, at least)
+        return self.kv_cache_manager.decode_run_fit(self.decode_run_requests(), k, head, head_hit,
+                                                    caps if through else None)
+
+    def decode_run_steps(self: Scheduler, batch: Sequence[Request], num_steps: int) -> list[int]:
+        """How many of a run's num_steps schedules (one step in flight when it starts) take each
+        request of `batch`: all of them, or fewer when its last step (the one that reaches
+        max_tokens) comes earlier; skip-ahead passes it over after that."""
+        return [min(r.max_tokens - r.num_output_tokens - 1, num_steps) for r in batch]
 
     def _waiting_head(self: Scheduler, num_batch: int) -> Request | None:
         """The waiting request each schedule() of a plain run of num_batch decodes looks at, or
@@ -143,7 +168,8 @@ class DecodeRunMixin(ScheduleMixin):
                 if not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
 
     def schedule_decode_steps(self: Scheduler, batch: Sequence[Request], num_steps: int,
-                              token_ids: Sequence[list[int]], now_s: float) -> DecodeRunEffects:
+                              token_ids: Sequence[list[int]], now_s: float, steps_each: list[int] | None = None,
+                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
         planned) and, after each, the update of one step (its tokens: the first num_steps of
         token_ids[i] for batch[i]; no lists, or empty ones, for no updates).
@@ -152,25 +178,62 @@ class DecodeRunMixin(ScheduleMixin):
         schedule j is the previous step's (already in flight), so placeholders stay constant.
         Each schedule looks the waiting head up in the prefix cache when decode_run_horizon let
         the run pass it (the same hit every time). Returns DecodeRunEffects.
-        `now_s` is the time of the last schedule or update applied."""
+        `now_s` is the time of the last schedule or update applied.
+
+        `steps_each` (async, with updates, through finishes: decode_run_horizon): batch[i] is
+        scheduled steps_each[i] times; when that is fewer than num_steps, update steps_each[i]
+        (at update_times_s[steps_each[i]]) applies its last token and finishes it, as
+        update_from_output does (stop rule, _free_request, `running`); the schedule after it
+        hands the id over (in the returned `finished`), or the next one after the run does."""
         self.now_s = now_s
         t0 = [r.num_tokens for r in batch]
         with_updates = bool(token_ids) and len(token_ids[0]) > 0
         if with_updates:
-            for r, toks in zip(batch, token_ids):  # hashes the blocks they complete
-                r.append_output_token_ids(toks if len(toks) == num_steps else toks[:num_steps])
+            for i, r in enumerate(batch):  # hashes the blocks they complete
+                toks = token_ids[i]
+                m = num_steps if steps_each is None or steps_each[i] >= num_steps else steps_each[i] + 1
+                r.append_output_token_ids(toks if len(toks) == m else toks[:m])
         kvm = self.kv_cache_manager
-        free_after = kvm.apply_decode_run(batch, num_steps, t0)
-        hits, queries = kvm.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)
-        for r in batch:  # spec_token_ids stay empty (no drafts: decode_run_horizon checked)
-            r.num_computed_tokens += num_steps
-            r.is_prefill_chunk = False
-            if not with_updates:
-                r.num_output_placeholders += num_steps
-        self.prev_step_scheduled_req_ids = {r.request_id for r in batch}
-        finished = self.finished_req_ids
+        finished = self.finished_req_ids  # handed over by the first schedule
         none_finished: set[str] = set()
         self.finished_req_ids = none_finished
+        stopped: list[Request] = []
+
+        def finish(i: int) -> None:  # the update of batch[i]'s last step: after its cache_blocks
+            r = batch[i]
+            self.now_s = update_times_s[steps_each[i]] if steps_each is not None else now_s
+            if not check_stop(r, self.max_model_len):  # sets the status: max_tokens reached
+                raise AssertionError(f"{r.request_id}: a run's last step did not finish it")
+            self._free_request(r)
+            stopped.append(r)
+
+        free_after = kvm.apply_decode_run(batch, num_steps, t0, steps_each, finish if steps_each is not None else None)
+        self.now_s = now_s
+        hits, queries = kvm.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)
+        if steps_each is None:
+            for r in batch:  # spec_token_ids stay empty (no drafts: decode_run_horizon checked)
+                r.num_computed_tokens += num_steps
+                r.is_prefill_chunk = False
+                if not with_updates:
+                    r.num_output_placeholders += num_steps
+            self.prev_step_scheduled_req_ids = {r.request_id for r in batch}
+            return DecodeRunEffects(free_after, finished, hits, queries)
+        last: set[str] = set()  # the run's last schedule: those still scheduled at every step
+        for r, m in zip(batch, steps_each):
+            r.num_computed_tokens += m
+            r.is_prefill_chunk = False
+            if m < num_steps:
+                r.num_output_placeholders -= 1  # m schedules, m + 1 updates
+            else:
+                last.add(r.request_id)
+        self.prev_step_scheduled_req_ids = last
+        if stopped:
+            gone = set(stopped)
+            self.running = [r for r in self.running if r not in gone]
+            handed = {r.request_id for r, m in zip(batch, steps_each) if m < num_steps - 1}
+            if handed:  # finished before the run's last update: a later schedule of the run hands them over
+                finished = finished | handed
+                self.finished_req_ids = {rid for rid in self.finished_req_ids if rid not in handed}
         return DecodeRunEffects(free_after, finished, hits, queries)
 
     def decode_step_output(self: Scheduler, batch: Sequence[Request]) -> SchedulerOutput:

@@ -105,16 +105,19 @@ class BatchTracker:
             self.num_tokens.pop(rid, None)
             self.num_out.pop(rid, None)
 
-    def sample_decode_run(self, req_ids: list[str], num_steps: int) -> list[list[int]]:
+    def sample_decode_run(self, req_ids: list[str], num_steps: int,
+                          steps_each: list[int] | None = None) -> list[list[int]]:
         """num_steps plain decode steps of req_ids (one token each per step, no drafts): the
-        tokens each request samples, in order; the worker state advances as by num_steps sample()s."""
+        tokens each request samples, in order; the worker state advances as by num_steps sample()s.
+        `steps_each`: request i takes part in only the first steps_each[i] of them."""
         out: list[list[int]] = []
         num_out, num_tokens, source = self.num_out, self.num_tokens, self.tokens
-        for rid in req_ids:
+        for i, rid in enumerate(req_ids):
+            n = num_steps if steps_each is None else min(steps_each[i], num_steps)
             k = num_out[rid]
-            out.append(source.tokens(rid, k, num_steps))
-            num_out[rid] = k + num_steps
-            num_tokens[rid] += num_steps
+            out.append(source.tokens(rid, k, n))
+            num_out[rid] = k + n
+            num_tokens[rid] += n
         return out
 
     def sample(self, so: SchedulerOutput, req_ids: list[str], sample: list[bool],

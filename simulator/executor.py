@@ -74,13 +74,15 @@ class SimExecutor:
         return times
 
     def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int,
-                          finished_req_ids: set[str]) -> list[list[int]]:
+                          finished_req_ids: set[str], steps_each: list[int] | None = None) -> list[list[int]]:
         """Execute num_steps plain decode steps, the first handing over finished_req_ids: each
-        request's sampled tokens, in step order."""
+        request's sampled tokens, in step order (request i in the first steps_each[i] only)."""
         self.batch.forget(finished_req_ids)
-        n = len(req_ids)
-        self.last_shape = StepShape((1,) * n, tuple([c + num_steps - 1 for c in num_context_tokens]), n)
-        return self.batch.sample_decode_run(req_ids, num_steps)
+        last = ([c + num_steps - 1 for c in num_context_tokens] if steps_each is None else
+                [c + num_steps - 1 for c, m in zip(num_context_tokens, steps_each) if m >= num_steps])
+        n = len(last)
+        self.last_shape = StepShape((1,) * n, tuple(last), n)
+        return self.batch.sample_decode_run(req_ids, num_steps, steps_each)
 
     def forget(self, finished_req_ids: set[str]) -> None:
         """A step's output handed these finished ids over (a macro-step's later step)."""

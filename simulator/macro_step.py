@@ -8,7 +8,9 @@ strictly later than every schedule and update of the run), no client deadline be
 schedules, no request in the frontend, no policy timer; the scheduler bounds the run itself
 (Scheduler.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
 boundary allocation without preemption, a waiting head refused alike at every schedule: its
-prefix-cache lookups land in the run's step rows as each update takes them).
+prefix-cache lookups land in the run's step rows as each update takes them). A single engine's
+async run with nothing waiting goes on through finishes instead: the batch shrinks by each
+request whose last step was scheduled, and that step's update finishes it (finish_run.py).
 
 Each component owns its bulk operation:
 - Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
@@ -40,6 +42,7 @@ from servesim.scheduler.async_scheduler import AsyncScheduler
 from servesim.scheduler.scheduler import Scheduler
 from servesim.simulator.deferred_run import DeferredRunMixin, exact_delays
 from servesim.simulator.executor import SimExecutor
+from servesim.simulator.finish_run import FinishRunMixin
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
@@ -68,7 +71,7 @@ def macro_fallback_reason(engine) -> str | None:
     return None
 
 
-class MacroStepMixin(DeferredRunMixin):
+class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
     """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
 
     num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
@@ -84,12 +87,18 @@ class MacroStepMixin(DeferredRunMixin):
         if num_in_flight and self._arrival_bound is None and not self._first_update_s(now) < self._next_arrival_s:
             # the run's first update (the in-flight step's) would already meet the arrival
             return [] if self._tail_step(now, in_flight, None) else None
-        k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight)
+        # a single engine's async run may go on through finishes (finish_run.py)
+        through = (num_in_flight == 1 and self._arrival_bound is None and self._collides is None
+                   and self._finishes_stay_inside())
+        k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, through)
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = sched.decode_run_requests()
         if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
             return None
+        each = sched.decode_run_steps(reqs, k) if through else None  # each request's schedules
+        if each is not None and min(each) >= k:
+            each = None  # nobody finishes inside: the fixed batch
         ctx0 = [r.num_computed_tokens for r in reqs]
         load_change = len(reqs) - sched.get_request_counts()[0]
         if num_in_flight and self._collides is not None and self._plan_deferred(now, reqs, ctx0, k, -load_change):
@@ -107,7 +116,9 @@ class MacroStepMixin(DeferredRunMixin):
         # costs ~0.25 us). A step's price does not depend on the chunking.
         gpu: list[float] = []
         first = 16 if self._arrival_bound is None and self.on_finish is None else 2
-        while True:
+        if each is not None:  # the batch shrinks at finishes (finish_run.py)
+            gpu, tl = self._plan_through(now, ctx0, each, k, later_s)
+        while each is None:
             m = min(k, max(16, 4 * len(gpu)) if gpu else first)
             gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
             tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs), later_s)
@@ -117,10 +128,11 @@ class MacroStepMixin(DeferredRunMixin):
             return None
         if not num_in_flight:
             return exact_delays(now, self._macro_sync(reqs, ctx0, gpu, *tl))
-        resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl)
+        resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl, each=each)
         j = len(tl[0])  # the step the loop schedules at resume_s, priced when the run stopped short
         if j < len(gpu) and resume_s < self._deadline_s():
-            self._tail_step(resume_s, in_flight, gpu[j], reqs)
+            self._tail_step(resume_s, in_flight, gpu[j], reqs if each is None else
+                            [r for r, m in zip(reqs, each) if m > j])  # step j's batch
         return exact_delays(now, resume_s)
 
     def _tail_step(self, t: float, in_flight, gpu_s: float | None, reqs: list | None = None) -> bool:
@@ -259,38 +271,50 @@ class MacroStepMixin(DeferredRunMixin):
         self._macro_until_s = upd_t[-1]
         return upd_t[-1]
 
-    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
+    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t, each=None) -> float:
+        """`each` (a run through finishes, finish_run.py): reqs[i] takes the first each[i] steps."""
         k = len(ends)  # >= 2 (_macro_step)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         steps = self.metrics.steps
+        if each is not None and min(each) >= k:
+            each = None  # the run stops before any finish (an arrival or a deadline cut it)
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = sched.finished_req_ids
         eff_first = sched.schedule_decode_steps(reqs, 1, [], now)  # its prefix lookup: S's update takes it
-        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished)
+        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished, each)
         first = self._decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         self._on_update(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
-        rest = sched.schedule_decode_steps(reqs, k - 1, tokens, upd_t[-1])  # all but each list's last
+        rest_each = None if each is None else [min(m, k) - 1 for m in each]
+        rest = sched.schedule_decode_steps(reqs, k - 1, tokens, upd_t[-1], rest_each, upd_t[1:])
         self.executor.forget(rest.finished)
         # The run's second update applies the first step's output (and takes schedule 1's lookup).
         hits, queries = rest.prefix_hits, rest.prefix_queries
         steps.set_update(first, upd_t[1], hits[0], queries[0])
         self.prefix_hits += hits[0]
         self.prefix_queries += queries[0]
-        # step j (1 <= j < k - 1) ends at update j + 1; the last one's update is the next in-flight one
-        durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
-        self._macro_rows(self.num_steps, sched_t[1:k], durations, gpu[1:k], rest.free_after, len(ids),
-                         hits[1:] + [0], queries[1:] + [0])
-        self.metrics.on_decode_run(ids, upd_t[1:])
-        self._macro_progress(self.num_steps + 1, upd_t[1:])
+        if each is None:
+            # step j (1 <= j < k - 1) ends at update j + 1; the last one's update is the next in-flight one
+            durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
+            self._macro_rows(self.num_steps, sched_t[1:k], durations, gpu[1:k], rest.free_after, len(ids),
+                             hits[1:] + [0], queries[1:] + [0])
+            self.metrics.on_decode_run(ids, upd_t[1:])
+            self._macro_progress(self.num_steps + 1, upd_t[1:])
+            last_reqs, last_ids, last_toks = reqs, ids, [t[k - 1] for t in tokens]
+        else:
+            self._through_rows(self.num_steps, each, sched_t, upd_t, gpu, rest.free_after, hits, queries)
+            self._progress_through(self.num_steps + 1, upd_t[1:], self._through_metrics(reqs, each, upd_t))
+            kept = [i for i, m in enumerate(each) if m >= k]  # the last step's batch
+            last_reqs, last_ids = [reqs[i] for i in kept], [ids[i] for i in kept]
+            last_toks = [tokens[i][k - 1] for i in kept]
         self.num_steps += k - 1
         self.num_macro_steps += k
         self.num_macro_runs += 1
         self._mark_progress(upd_t[-1])
-        last = self.executor.decode_step_output(ids, [t[k - 1] for t in tokens])
-        in_flight.append((sched.decode_step_output(reqs), last, ends[-1], None, len(steps) - 1))
+        last = self.executor.decode_step_output(last_ids, last_toks)
+        in_flight.append((sched.decode_step_output(last_reqs), last, ends[-1], None, len(steps) - 1))
         self._gpu_free_at = ends[-1]
         self._macro_until_s = upd_t[-1]
         return upd_t[-1]

@@ -73,17 +73,18 @@ class MetricsCollector:
                 else:
                     rec.token_times_s.extend([t] * n)
 
-    def on_decode_run(self, request_ids: list[str], times_s: list[float]) -> None:
-        """Each request got one token at each of times_s (a run of plain decode steps)."""
+    def on_decode_run(self, request_ids: list[str], times_s: list[float], counts: list[int] | None = None) -> None:
+        """Each request got one token at each of times_s (a run of plain decode steps); with
+        `counts`, request i at the first counts[i] of them (>= 1; a run through finishes)."""
         if not times_s:
             return
         requests = self.requests
         times = array("d", times_s)  # converted once; each request's extend is then one memcpy
-        for rid in request_ids:
+        for i, rid in enumerate(request_ids):
             rec = requests[rid]
             if rec.first_token_s is None:
                 rec.first_token_s = times_s[0]
-            rec.token_times_s.extend(times)
+            rec.token_times_s.extend(times if counts is None else times[:counts[i]])
 
     def on_reject(self, request_id: str, reason: str) -> None:
         self.requests[request_id].reject_reason = reason

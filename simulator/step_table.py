@@ -75,13 +75,14 @@ class StepTable:
         self.prefix_query_tokens[row] = prefix_query_tokens
 
     def extend_decode_run(self, first_step: int, start_s: list[float], duration_s: list[float],
-                          gpu_time_s: list[float], num_requests: int, kv_usage: Iterable[float],
-                          num_running: int, num_waiting: int, prefix_hit_tokens: list[int],
+                          gpu_time_s: list[float], num_requests: int | list[int], kv_usage: Iterable[float],
+                          num_running: int | list[int], num_waiting: int, prefix_hit_tokens: list[int],
                           prefix_query_tokens: list[int]) -> None:
         """len(start_s) plain decode steps of num_requests requests each (a macro-step): no prefill
         tokens, no preemptions; the prefix-cache stats each step's update took (a waiting
         request's lookups: it stays blocked). duration_s may be one shorter than start_s (the last
-        step's update is still to come: set_update completes it, prefix stats included)."""
+        step's update is still to come: set_update completes it, prefix stats included).
+        num_requests and num_running may be lists, a value per step (a run through finishes)."""
         k = len(start_s)
         # lists go in by fromlist (one typed C loop), repeated values as a repeated one-item array
         self.step.extend(array("q", range(first_step, first_step + k)))
@@ -89,11 +90,13 @@ class StepTable:
         self.duration_s.fromlist(duration_s)
         self.duration_s.extend(_ZERO_F * (k - len(duration_s)))
         self.gpu_time_s.fromlist(gpu_time_s)
-        self.num_requests.extend(array("q", (num_requests,)) * k)
+        sizes = array("q", num_requests) if isinstance(num_requests, list) else array("q", (num_requests,)) * k
+        self.num_requests.extend(sizes)
         self.num_prefill_tokens.extend(_ZERO_I * k)
-        self.num_decode_tokens.extend(array("q", (num_requests,)) * k)
+        self.num_decode_tokens.extend(sizes)
         self.kv_usage.extend(array("d", kv_usage))
-        self.num_running.extend(array("q", (num_running,)) * k)
+        self.num_running.extend(array("q", num_running) if isinstance(num_running, list)
+                                else array("q", (num_running,)) * k)
         self.num_waiting.extend(array("q", (num_waiting,)) * k)
         self.num_preemptions.extend(_ZERO_I * k)
         self.prefix_hit_tokens.fromlist(prefix_hit_tokens)

@@ -1,7 +1,9 @@
-"""Macro-step runs where requests finish mid-run (each finish ends a run; the next one starts from
-the update that finishes it): byte-identical to plain stepping at light, moderate and overloaded
-load, single engine and cluster; and the planning shortcuts are taken (a single engine's run
-priced in one call, the tail step after a run taken on that run's own proof)."""
+"""Macro-step runs where requests finish mid-run (a single engine's async run goes on through the
+finishes of its batch, simulator/finish_run.py; elsewhere each finish ends a run and the next one
+starts from the update that finishes it): byte-identical to plain stepping at light, moderate
+and overloaded load, with a small KV pool, single engine and cluster; and the planning shortcuts
+are taken (a single engine's run priced a batch at a time, the tail step after a run taken on
+that run's own proof)."""
 
 from __future__ import annotations
 
@@ -62,11 +64,50 @@ def test_runs_ending_at_finishes_are_identical_to_stepping(rate, sets):
     macro = eng.run()
     _assert_same_engine(plain, macro)
     assert eng.num_macro_runs > 0 and eng.num_macro_steps > macro.num_steps // 3
+    assert eng.num_bulk_finishes > 0  # runs went on through finishes (finish_run.py)
     if rate == 12.0:
-        # a single engine prices a run's first 16 steps at once: a run that short takes one
-        # pricing call (here 454 calls for 322 runs, tail steps included; a first chunk of two
-        # steps took 750)
-        assert pricer.calls < 1.6 * eng.num_macro_runs
+        # a single engine prices a run's first 16 steps at once, one call per batch among them
+        # (a run through finishes prices each batch on its own): here 470 calls for 181 runs, tail
+        # steps included, 201 requests finished inside runs (322 runs before runs went on through
+        # finishes)
+        assert pricer.calls < 3 * eng.num_macro_runs
+
+
+@pytest.mark.parametrize("rate,sets", [
+    (2.0, {}),  # light: batches of a few requests, most of a run's finishes empty it to one
+    (12.0, {}),  # moderate
+    (60.0, {"cache.num_gpu_blocks": 1200, "scheduler.max_model_len": 4096}),  # overloaded: finishes only once the queue drains
+    (12.0, {"cache.num_gpu_blocks": 300, "scheduler.max_model_len": 4096}),  # a small pool: preemptions, runs bounded by free blocks
+    (12.0, {"cache.enable_prefix_caching": False}),
+    (20.0, {"client.timeout_s": 2.0, "scheduler.max_num_seqs": 8}),  # client deadlines bound runs; aborts
+])
+def test_runs_through_finishes_are_identical_to_stepping(rate, sets):
+    """A run goes on past the updates that finish requests (the batch shrinks; the finished
+    request's blocks freed at its update): requests, step rows, prefix totals and the progress
+    callback identical to stepping, and the bulk path counted."""
+    wl = _workload(250, rate, seed=3, output_median=40)
+    cfg = apply_overrides(SimConfig(), sets)
+    seen: dict[bool, list] = {False: [], True: []}
+    engines = {m: Engine(dataclasses.replace(cfg, macro_steps=m), wl,
+                         progress=lambda t, done, m=m: seen[m].append((t, done))) for m in (False, True)}
+    plain, macro = engines[False].run(), engines[True].run()
+    _assert_same_engine(plain, macro)
+    assert seen[True] == seen[False] and len(seen[True]) > 2
+    eng = engines[True]
+    assert eng.num_bulk_finishes > 0 and eng.num_macro_steps > macro.num_steps // 3
+    assert eng.num_bulk_finishes <= len(wl.requests)
+
+
+def test_no_finish_inside_a_run_the_outside_hears_of():
+    """With client.max_concurrency a finish frees a client slot (the next send): runs stop at
+    finishes as before, and the results are still stepping's."""
+    wl = _workload(200, 12.0, seed=5, output_median=40)
+    cfg = apply_overrides(SimConfig(), {"client.max_concurrency": 8})
+    plain = Engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
+    eng = Engine(dataclasses.replace(cfg, macro_steps=True), wl)
+    macro = eng.run()
+    _assert_same_engine(plain, macro)
+    assert eng.num_macro_runs > 0 and eng.num_bulk_finishes == 0
 
 
 def _cluster(macro: bool, router: str, replicas: int) -> ClusterConfig:

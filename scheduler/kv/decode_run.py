@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,9 +24,13 @@ class DecodeRunMixin:
         return self._single_full is not None and not self.block_pool.enable_kv_cache_events
 
     def decode_run_fit(self: KVCacheManager, requests: Sequence[Request], num_steps: int,
-                       head: Request | None = None, head_hit: KVCacheBlocks | None = None) -> int:
+                       head: Request | None = None, head_hit: KVCacheBlocks | None = None,
+                       caps: list[int] | None = None) -> int:
         """The largest k <= num_steps whose decode allocations all fit in the free blocks (no
         eviction of a running request's KV, so no preemption): free blocks only ever shrink.
+        `caps`: request i is scheduled at most caps[i] of the k steps (a run through finishes,
+        apply_decode_run's steps_each); the blocks its finish frees are not counted, so every
+        allocation pops a block that was free when the run began.
 
         `head`: the waiting request every schedule() of the run looks up (its hit now:
         `head_hit`, from peek_computed_blocks). The run then also keeps that lookup constant:
@@ -40,10 +44,12 @@ class DecodeRunMixin:
         bs = self.block_size
         queue = self.block_pool.free_block_queue
         room = queue.num_free_blocks
-        starts = [(r.num_computed_tokens, len(mgr.req_to_blocks.get(r.request_id, ()))) for r in requests]
+        limits = caps if caps is not None else [num_steps] * len(requests)
+        starts = [(r.num_computed_tokens, len(mgr.req_to_blocks.get(r.request_id, ())), cap)
+                  for r, cap in zip(requests, limits)]
 
         def need(k: int) -> int:
-            return sum(max(0, -(-(c + k) // bs) - held) for c, held in starts)
+            return sum(max(0, -(-(c + min(k, cap)) // bs) - held) for c, held, cap in starts)
 
         if head is not None and head_hit is not None and self.enable_caching and not head.skip_reading_prefix_cache:
             num_steps = self._first_miss_bound(requests, num_steps, head, len(head_hit.blocks[0]))
@@ -135,7 +141,8 @@ class DecodeRunMixin:
         return hits, queries
 
     def apply_decode_run(self: KVCacheManager, requests: Sequence[Request], num_steps: int,
-                         num_tokens_before: Sequence[int]) -> list[int]:
+                         num_tokens_before: Sequence[int], steps_each: list[int] | None = None,
+                         on_finish: Callable[[int], None] | None = None) -> list[int]:
         """Perform num_steps decode schedules' allocations and prefix-cache insertions.
 
         Step j (0-based) schedules one token per request: allocate_slots makes the request hold
@@ -143,18 +150,29 @@ class DecodeRunMixin:
         min(c0 + j + 1, t0 + j) tokens, where c0 is its num_computed_tokens now and t0 =
         num_tokens_before[i] its token count when step 0 is scheduled. The caller has already
         appended the tokens (block hashes only grow). Returns the free-block count after each
-        step's allocations (what kv usage reads)."""
+        step's allocations (what kv usage reads; with finishes, after the earlier updates' frees).
+
+        `steps_each` (async, through finishes): request i is scheduled steps_each[i] < num_steps
+        times, and the update after schedule steps_each[i] caches its last block and calls
+        on_finish(i) (the scheduler frees it: Scheduler._free_request). Its frees come after its
+        own caching at that step, as in update_from_output; they only append blocks at the free
+        queue's tail, which no allocation of the run reaches (decode_run_fit counts none of them),
+        and caching touches no queue, so ordering them among the other requests' allocations and
+        caching of that step changes nothing."""
         mgr = self._single_full
         assert mgr is not None
         bs = self.block_size
         caching = self.enable_caching
         pool = self.block_pool
-        events: list[tuple[int, int, int, int]] = []  # (step, request index, 0 alloc | 1 cache, arg)
+        # (step, request index, 0 alloc | 1 cache | 2 finish, arg)
+        events: list[tuple[int, int, int, int]] = []
         allocs_per_step = [0] * num_steps
         for i, r in enumerate(requests):
             c0 = r.num_computed_tokens
+            n = num_steps if steps_each is None else steps_each[i]
+            num_updates = n if n >= num_steps else n + 1  # a finishing request's last update
             held = len(mgr.req_to_blocks.get(r.request_id, ()))
-            last_blocks = -(-(c0 + num_steps) // bs)
+            last_blocks = -(-(c0 + n) // bs)
             for b in range(held + 1, last_blocks + 1):  # block b is first needed at step j
                 j = max(0, (b - 1) * bs - c0)
                 events.append((j, i, 0, 1))
@@ -162,21 +180,31 @@ class DecodeRunMixin:
             if caching:
                 e = min(1, num_tokens_before[i] - c0)  # 1: sync (c0 = t0 - 1); 0: async (c0 = t0)
                 cached = mgr.num_cached_block.get(r.request_id, 0)
-                last_full = (c0 + num_steps - 1 + e) // bs
+                last_full = (c0 + num_updates - 1 + e) // bs
                 for f in range(cached + 1, last_full + 1):
                     events.append((max(0, f * bs - c0 - e), i, 1, f * bs))
+            if n < num_steps:
+                events.append((n, i, 2, 0))
         events.sort()
-        for _j, i, kind, arg in events:
+        queue = pool.free_block_queue
+        free = queue.num_free_blocks
+        freed_per_step = [0] * num_steps  # blocks freed by the finishes of step j's update
+        for j, i, kind, arg in events:
             r = requests[i]
             if kind == 0:
                 mgr.req_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
-            else:
+            elif kind == 1:
                 mgr.cache_blocks(r, arg)
-        free = pool.free_block_queue.num_free_blocks + sum(allocs_per_step)
+            elif on_finish is not None:
+                before = queue.num_free_blocks
+                on_finish(i)
+                freed_per_step[j] += queue.num_free_blocks - before
         out: list[int] = []
-        for n in allocs_per_step:
-            free -= n
-            out.append(free)
+        freed = 0  # schedule j follows the updates before it, not its own
+        for n_alloc, n_freed in zip(allocs_per_step, freed_per_step):
+            free -= n_alloc
+            out.append(free + freed)
+            freed += n_freed
         return out
 
     def usage_at(self: KVCacheManager, num_free_blocks: int) -> float:
