@@ -284,7 +284,7 @@ class ScheduleMixin:
             if idx >= num_running:
                 data.resumed_req_ids.add(rid)
             if rid not in prev:
-                data.all_token_ids[rid] = list(req.all_token_ids)
+                data.all_token_ids[rid] = req.all_token_ids[:]  # vLLM: all_token_ids.copy()
             data.new_block_ids.append(st.req_to_new_blocks[rid].get_block_ids_or_none())
             data.num_computed_tokens.append(req.num_computed_tokens)
             data.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,8 +30,10 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     resumed_req_ids: set[str] = field(default_factory=set)  # back after preemption: replace blocks
     new_token_ids: list[list[int]] = field(default_factory=list)  # only with pipeline parallelism
-    # req_id -> all token ids, only for requests not scheduled in the previous step.
-    all_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # req_id -> all token ids (a copy: vLLM's req.all_token_ids.copy()), only for requests not
+    # scheduled in the previous step; in the request's own compact form (an int array, or a list
+    # for ids beyond int64), so a sync pipeline's alternating batches copy bytes, not boxed ints.
+    all_token_ids: dict[str, array | list[int]] = field(default_factory=dict)
     new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)  # None: no new blocks
     num_computed_tokens: list[int] = field(default_factory=list)  # before this step's tokens
     num_output_tokens: list[int] = field(default_factory=list)  # incl. async placeholders

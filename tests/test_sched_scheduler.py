@@ -75,6 +75,10 @@ def test_fcfs_preempts_tail_and_resumes_with_recompute():
     assert out.num_scheduled_tokens["b"] == b.num_computed_tokens == b.num_tokens - 1
     assert b.num_output_tokens >= 2
     assert "b" in cached.all_token_ids  # not scheduled in the previous step: full token ids sent
+    sent = cached.all_token_ids["b"]
+    # a copy, as vLLM's .copy(): the ids at the schedule (this step's output appended one since)
+    assert list(sent) == list(b.all_token_ids)[:-1] and sent is not b.all_token_ids
+    assert type(sent) is type(b.all_token_ids)  # in the request's compact form (bytes copied, not boxed ints)
 
 
 def test_priority_preempts_lowest_priority_and_rolls_back():
