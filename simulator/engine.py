@@ -286,10 +286,8 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
             if pipe is None:
                 start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
                 self._gpu_free_at = gpu_free_at = start + gpu_s
-            else:  # stage by stage; the batch's GPU time is the sum of its stages'
-                stages_s = self.executor.last_stage_times_s
-                self._gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, stages_s)
-                gpu_s = sum(stages_s)
+            else:  # stage by stage (gpu_s: the executor's sum of the stages)
+                self._gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, self.executor.last_stage_times_s)
             self.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):

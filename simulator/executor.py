@@ -49,12 +49,13 @@ class SimExecutor:
         req_ids, new, ctx, sample = self.batch.prepare(scheduler_output)
         shape = StepShape(tuple(new), tuple(ctx), sum(sample))
         self.last_shape = shape
-        step_s = self.cost_model.step_time_s(shape) if req_ids else 0.0
         extra_s = self.sampler.seconds(shape.num_sampled) if self.sampler is not None and shape.num_sampled else 0.0
-        step_s += extra_s
-        if self.pipeline is not None:
+        if self.pipeline is None:
+            step_s = (self.cost_model.step_time_s(shape) if req_ids else 0.0) + extra_s
+        else:  # the step's GPU time is its stages' (hand-offs included), priced once
             self.last_stage_times_s = self.pipeline.stage_times_s(shape, extra_s) if req_ids else \
                 [0.0] * self.pipeline.pp
+            step_s = sum(self.last_stage_times_s)
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
 
     def output_token_source(self, request_id: str) -> bytes | None:

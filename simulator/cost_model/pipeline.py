@@ -11,7 +11,7 @@ send/recv table where one ships (Vidur's A100 / H100) or this host's (collective
 the link model; the all-gather from the NCCL all_gather table or the ring model (collectives.py),
 both from the cost model's own TP-group collectives.
 
-The engine (simulator/engine.py with simulator/pipeline_timing.py) keeps one batch per stage in
+The engine (simulator/engine.py with simulator/pipeline_clock.py) keeps one batch per stage in
 flight: a batch enters a stage when the stage is free and the batch left the previous one.
 """
 
