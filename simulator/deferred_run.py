@@ -4,7 +4,9 @@ Behind a router that reads nothing of a replica but its load (least_outstanding)
 decode steps changes the load only at its first update (the in-flight step's, which finishes the
 requests the async skip-ahead passed over), so every routing decision made during the run is the
 same whatever the replica has applied of it, as long as the load it reads drops at that update's
-time (Engine.num_outstanding subtracts them once the clock is past it). The eager path
+time (Engine.num_outstanding subtracts them once the clock is past it). A run through finishes
+(finish_run.py) lowers the load by one at each finishing update as well: the plan keeps those
+times (DeferredRun.drop_t), and the load read at any instant is what stepping shows. The eager path
 (macro_step.py) must stop each run at the first arrival the router cannot *prove* goes elsewhere;
 measured on the 32-replica benchmark, 88 % of the runs so cut stopped for an arrival that went to
 another replica, and each cut cost a tail step, a stepped update and a new run.
@@ -67,7 +69,21 @@ class DeferredRun:
     max_steps: int  # the scheduler's horizon: the run never grows past it
     complete: bool  # cut short (a dispatch time or a client deadline): it never grows
     load_drop: int  # requests the in-flight step's update finishes (at upd_t[0]; async skip-ahead)
+    each: list[int] | None  # through finishes (finish_run.py): reqs[i] takes the first each[i] steps
+    drop_t: list[float]  # ascending: the update times of the plan at which the load falls by one
     resume_at_s: float | None = None  # set when applied early: the in-flight step's update time
+
+    def set_drop_times(self) -> None:
+        """The load falls by load_drop at the first update and by one at each finishing update
+        (reqs[i] with each[i] = m finishes at upd_t[m]) the plan holds so far."""
+        upd_t, drop_t = self.upd_t, [self.upd_t[0]] * self.load_drop
+        if self.each is not None:
+            drop_t += [upd_t[m] for m in sorted(self.each) if m < len(upd_t)]
+        self.drop_t = drop_t
+
+    def step_batch(self, j: int) -> list:
+        """The requests step j of the run schedules."""
+        return self.reqs if self.each is None else [r for r, m in zip(self.reqs, self.each) if m > j]
 
 
 class DeferredRunMixin:
@@ -79,18 +95,25 @@ class DeferredRunMixin:
         `times` that is also a dispatch time (len(times) if none); None turns deferral off."""
         self._collides = collides
 
-    def _plan_deferred(self, now: float, reqs: list, ctx0: list[int], k: int, load_drop: int) -> bool:
+    def _plan_deferred(self, now: float, reqs: list, ctx0: list[int], k: int, load_drop: int,
+                       each: list[int] | None) -> bool:
         """Plan a deferred run of at most k steps from this loop-top state (one step in flight,
-        whose update finishes load_drop requests); False when it would be shorter than two updates."""
-        gpu = self.executor.decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
-        sched_t, ends, upd_t = self._macro_timeline(now, gpu, 1, len(reqs), math.inf)
+        whose update finishes load_drop requests; `each`: a run through finishes); False when it
+        would be shorter than two updates."""
+        if each is None:
+            gpu = self.executor.decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
+            sched_t, ends, upd_t = self._macro_timeline(now, gpu, 1, len(reqs), math.inf)
+        else:
+            gpu, (sched_t, ends, upd_t) = self._plan_through(now, ctx0, each, min(k, FIRST_CHUNK), math.inf)
         n = self._collides(upd_t)  # the plan ends before an update landing on a dispatch time
         if n < 2:
             return False
         if n < len(upd_t):
             del sched_t[n:], ends[n:], upd_t[n:]
-        self._deferred = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.env.event(), k,
-                                     len(upd_t) < len(gpu), load_drop)
+        plan = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.env.event(), k,
+                           len(upd_t) < len(gpu), load_drop, each, [])
+        plan.set_drop_times()
+        self._deferred = plan
         self.num_deferred_runs += 1
         return True
 
@@ -100,15 +123,22 @@ class DeferredRunMixin:
         m = len(plan.gpu_s)
         if plan.complete or m >= plan.max_steps:
             return False
-        gpu = self.executor.decode_step_times_s([c + m for c in plan.ctx0], min(plan.max_steps, 2 * m) - m)
-        sched_t, ends, upd_t = self._macro_timeline(plan.upd_t[-1], gpu, 1, len(plan.reqs), math.inf,
-                                                    plan.ends[-1])
+        k = min(plan.max_steps, 2 * m)
+        if plan.each is None:
+            gpu = self.executor.decode_step_times_s([c + m for c in plan.ctx0], k - m)
+            sched_t, ends, upd_t = self._macro_timeline(plan.upd_t[-1], gpu, 1, len(plan.reqs), math.inf,
+                                                        plan.ends[-1])
+        else:
+            gpu, (sched_t, ends, upd_t) = self._plan_through(plan.upd_t[-1], plan.ctx0, plan.each, k, math.inf,
+                                                             m, plan.ends[-1])
         n = self._collides(upd_t)
-        plan.complete = n < len(gpu)
+        plan.complete = n < k - m
         plan.gpu_s += gpu
         plan.sched_t += sched_t[:n]
         plan.ends += ends[:n]
         plan.upd_t += upd_t[:n]
+        if plan.each is not None:
+            plan.set_drop_times()
         return n > 0
 
     def _deferred_load_drop(self) -> int:
@@ -116,9 +146,9 @@ class DeferredRunMixin:
         pending run's first update finishes, once the clock is past it (never at it: no dispatch
         lands on an update of a plan)."""
         plan = self._deferred
-        if plan is None or not plan.load_drop or not self.env.now > plan.upd_t[0]:
+        if plan is None or not plan.drop_t:
             return 0
-        return plan.load_drop
+        return bisect_left(plan.drop_t, self.env.now)  # the drops strictly before now
 
     def _await_deferred(self, in_flight):
         """The loop's wait through a deferred run (a generator): to its end, where it is applied
@@ -135,7 +165,7 @@ class DeferredRunMixin:
         if self._deferred is not None:  # nothing was routed here: the whole run, as planned
             self._deferred = None
             self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
-                              plan.ends, plan.upd_t)
+                              plan.ends, plan.upd_t, each=plan.each)
             return
         # Applied at an arrival: two steps in flight; the older one's update lands where stepping
         # puts it (a plan holds no update at a dispatch time, so none at the arrival's instant).
@@ -155,14 +185,14 @@ class DeferredRunMixin:
         assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"
         if j >= 2:
             resume_s = self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
-                                         plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j])
-            tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j], plan.reqs)
+                                         plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
+            tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
         else:  # the eager path: a tail-only step, then (one update before t) step, then tail
             tailed = self._tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs)
             if tailed and j == 1:
                 so, mro, _end, rec, row = in_flight.popleft()
                 self._on_update(so, mro, rec, row, now=plan.upd_t[0])
-                tailed = self._tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1], plan.reqs)
+                tailed = self._tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1], plan.step_batch(1))
         if not tailed:
             raise AssertionError(f"{self.name}: a deferred run could not schedule its tail step")
         plan.resume_at_s = plan.upd_t[j]

@@ -16,9 +16,10 @@ and times the run segment by segment (a segment: steps of one batch; the steppin
 arithmetic continues across them), writes the step rows (batch size and running count per step)
 and records each finish as Engine._on_update would (its token time, finish time and reason).
 
-Only where nothing outside hears of a finish (no max_concurrency, no router: _finishes_stay_inside)
-and no router bounds the run (a cluster's runs stop at finishes as before). Mixed into
-MacroStepMixin.
+Only where nothing outside hears of a finish before the run is applied: a single engine with no
+max_concurrency (_finishes_stay_inside), or a cluster replica's deferred run, whose load the router
+reads as it falls at each finishing update (deferred_run.py); the eager cluster path, whose
+router proof reads a constant load, stops at finishes as before. Mixed into MacroStepMixin.
 """
 
 from __future__ import annotations
@@ -31,18 +32,21 @@ class FinishRunMixin:
 
     num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
 
-    def _plan_through(self, now: float, ctx0: list[int], each: list[int], k: int, later_s: float):
-        """Price and time up to k steps (gpu, (schedule times, GPU ends, update times)) of a run
-        whose batch shrinks (step j's batch: each[i] > j). Piece by piece: a piece is one batch's
-        steps, up to 16, 64, 256, ... steps in all as in _macro_step, priced in one call (a step's
-        price does not depend on the grouping) and timed by _macro_timeline continuing from the
-        previous piece's last update and GPU end, exactly as the stepping loop's next iteration
-        (the CPU time of a step reads its batch size); stops at the first piece cut short."""
+    def _plan_through(self, now: float, ctx0: list[int], each: list[int], k: int, later_s: float,
+                      first_step: int = 0, free_at: float | None = None):
+        """Price and time steps first_step..k-1 (gpu, (schedule times, GPU ends, update times)) of
+        a run whose batch shrinks (step j's batch: each[i] > j). Piece by piece: a piece is one
+        batch's steps, up to 16, 64, 256, ... steps in all as in _macro_step, priced in one call (a
+        step's price does not depend on the grouping) and timed by _macro_timeline continuing from
+        the previous piece's last update and GPU end, exactly as the stepping loop's next iteration
+        (the CPU time of a step reads its batch size); stops at the first piece cut short. A run
+        growing (deferred_run.py) continues from its last update `now`, where the GPU frees at
+        `free_at`."""
         gpu: list[float] = []
         sched_t: list[float] = []
         ends: list[float] = []
         upd_t: list[float] = []
-        t, free_at, a = now, None, 0
+        t, a = now, first_step
         fin = sorted(m for m in each if m < k)  # the steps where the batch changes
         while a < k:
             c = bisect_right(fin, a)

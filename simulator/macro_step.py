@@ -8,9 +8,10 @@ strictly later than every schedule and update of the run), no client deadline be
 schedules, no request in the frontend, no policy timer; the scheduler bounds the run itself
 (Scheduler.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
 boundary allocation without preemption, a waiting head refused alike at every schedule: its
-prefix-cache lookups land in the run's step rows as each update takes them). A single engine's
-async run with nothing waiting goes on through finishes instead: the batch shrinks by each
-request whose last step was scheduled, and that step's update finishes it (finish_run.py).
+prefix-cache lookups land in the run's step rows as each update takes them). An async run with
+nothing waiting (a single engine's, or a cluster replica's deferred one) goes on through finishes
+instead: the batch shrinks by each request whose last step was scheduled, and that step's update
+finishes it (finish_run.py).
 
 Each component owns its bulk operation:
 - Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
@@ -87,8 +88,12 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         if num_in_flight and self._arrival_bound is None and not self._first_update_s(now) < self._next_arrival_s:
             # the run's first update (the in-flight step's) would already meet the arrival
             return [] if self._tail_step(now, in_flight, None) else None
-        # a single engine's async run may go on through finishes (finish_run.py)
-        through = (num_in_flight == 1 and self._arrival_bound is None and self._collides is None
+        # An async run may go on through finishes (finish_run.py) where nobody outside hears of
+        # them before it is applied: a single engine's, or a deferred one (the router reads the
+        # load as it falls, deferred_run.py); not the eager cluster path, whose proof reads a
+        # constant load.
+        deferrable = num_in_flight == 1 and self._collides is not None
+        through = (num_in_flight == 1 and (deferrable or self._arrival_bound is None)
                    and self._finishes_stay_inside())
         k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, through)
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
@@ -101,8 +106,13 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             each = None  # nobody finishes inside: the fixed batch
         ctx0 = [r.num_computed_tokens for r in reqs]
         load_change = len(reqs) - sched.get_request_counts()[0]
-        if num_in_flight and self._collides is not None and self._plan_deferred(now, reqs, ctx0, k, -load_change):
+        if deferrable and self._plan_deferred(now, reqs, ctx0, k, -load_change, each):
             return []  # deferred_run.py: applied when a request is routed here, or at its end
+        if through and self._arrival_bound is not None:  # not deferred after all: the eager path's run
+            k = sched.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, False)
+            if k < 2:
+                return None
+            each = None
         later_s = self._later_arrival_s(load_change)
         if num_in_flight and not self._first_update_s(now) < later_s:
             # a cluster router's proof covers the first update too (arrivals_elsewhere decides the
