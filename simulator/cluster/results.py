@@ -65,11 +65,11 @@ class ClusterResult:
 
 
 def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
-    # Every replica's steps in one frame, each value copied once (a cluster hour has ~17 M steps):
-    # each replica's own frame is a view of its rows, the merged collector's the whole frame.
+    # Every replica's steps in one frame, each value copied once and held once (a cluster hour has
+    # ~17 M steps): each replica's own frame is a view of its rows, the merged collector's the whole.
     tables = [r.engine.metrics.steps for r in cluster.replicas]
-    steps = StepTable.concat_frame(tables)
     bounds = np.cumsum([0] + [len(t) for t in tables])
+    steps = StepTable.move_to_frame(tables)
     for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
         r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
     reps = []
