@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
+from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, brief_summary, stats, summarize, warn_rejected
@@ -70,6 +71,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     tables = [r.engine.metrics.steps for r in cluster.replicas]
     bounds = np.cumsum([0] + [len(t) for t in tables])
     steps = StepTable.move_to_frame(tables)
+    release_freed_heap()  # the moved arrays' heap space (collector.py)
     for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
         r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
     reps = []
