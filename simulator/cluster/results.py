@@ -70,8 +70,8 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     # ~17 M steps): each replica's own frame is a view of its rows, the merged collector's the whole.
     tables = [r.engine.metrics.steps for r in cluster.replicas]
     bounds = np.cumsum([0] + [len(t) for t in tables])
-    steps = StepTable.move_to_frame(tables)
-    release_freed_heap()  # the moved arrays' heap space (collector.py)
+    # each column's freed arrays go back to the system before the next is copied (collector.py)
+    steps = StepTable.move_to_frame(tables, release_freed_heap)
     for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
         r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
     reps = []
