@@ -178,3 +178,26 @@ def test_deferred_runs_go_through_finishes(monkeypatch, rate, replicas, seed):
     loads_plain, _, plain = _loads_seen(monkeypatch, _config(False, replicas), wl)
     assert loads_macro == loads_plain
     _assert_same(plain, macro)
+
+
+def test_a_refused_plan_falls_back_to_the_eager_run_without_finishes(monkeypatch):
+    """When no deferred plan can be made (an update would land on a dispatch time within two
+    steps), the replica runs the eager path, whose router proof reads a constant load: its run
+    is planned again without finishes inside. Forcing every plan to be refused must still give
+    plain stepping's results."""
+    from servesim.simulator.engine import Engine
+
+    refused = []
+
+    def refuse(self, now, reqs, ctx0, k, load_drop, each):
+        refused.append(each is not None)
+        return False
+
+    monkeypatch.setattr(Engine, "_plan_deferred", refuse)
+    wl = _workload(300, 120.0, seed=13, output_median=40)
+    cluster = Cluster(_config(True, 8), wl)
+    macro = cluster.run()
+    assert any(refused)  # some refused plans would have gone through finishes
+    assert sum(r.engine.num_bulk_finishes for r in cluster.replicas) == 0
+    assert sum(r.engine.num_macro_runs for r in cluster.replicas) > 0
+    _assert_same(run_cluster(_config(False, 8), wl), macro)

@@ -128,3 +128,25 @@ def test_cluster_runs_ending_at_finishes_are_identical_to_stepping(router, rate,
     plain = run_cluster(_cluster(False, router, replicas), wl)
     pd.testing.assert_frame_equal(plain.requests, macro.requests)
     pd.testing.assert_frame_equal(plain.steps, macro.steps)
+
+
+@pytest.mark.parametrize("split", [1, 5, 16, 23])
+def test_a_run_through_finishes_planned_in_two_parts_is_the_run_planned_whole(split):
+    """A deferred run grows by planning its next steps from where it ends (the last update's
+    time, the GPU free at the last end): every price and time equals planning it whole."""
+    import simpy
+
+    engine = Engine(SimConfig(), env=simpy.Environment(), name="e")
+    ctx0 = [300, 1200, 57, 800, 4000]
+    each = [40, 9, 40, 23, 3]  # request i takes the run's first each[i] schedules
+    k = 40
+    in_flight_end = 0.2561  # the GPU finishes the step in flight when the run is planned
+    gpu, (sched_t, ends, upd_t) = engine._plan_through(0.25, ctx0, each, k, float("inf"), 0, in_flight_end)
+    assert len(gpu) == len(sched_t) == k
+    head_gpu, (s1, e1, u1) = engine._plan_through(0.25, ctx0, each, split, float("inf"), 0, in_flight_end)
+    tail_gpu, (s2, e2, u2) = engine._plan_through(u1[-1], ctx0, each, k, float("inf"), split, e1[-1])
+    assert head_gpu + tail_gpu == gpu
+    assert (s1 + s2, e1 + e2, u1 + u2) == (sched_t, ends, upd_t)
+    # the batch shrinks: a step's price reads only the requests still in it
+    (alone,) = engine.executor.decode_step_times_s([c + 30 for c, m in zip(ctx0, each) if m > 30], 1)
+    assert gpu[30] == alone
