@@ -143,8 +143,9 @@ class DeferredRunMixin:
 
     def _deferred_load_drop(self) -> int:
         """How far the load the router reads is below the scheduler's count now: the requests the
-        pending run's first update finishes, once the clock is past it (never at it: no dispatch
-        lands on an update of a plan)."""
+        pending run's updates finish (the first update's skipped-ahead ones, and through finishes
+        each request at its last step's update) at the updates the clock is past (never at one: no
+        dispatch lands on an update of a plan)."""
         plan = self._deferred
         if plan is None or not plan.drop_t:
             return 0
