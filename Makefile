@@ -1,5 +1,6 @@
 # servesim: `make run` replays the bundled trace; `make test` runs the whole suite; `make test-fast` skips the slow tests.
-# Each first compiles scheduler/ with mypyc (`make compile`; SERVESIM_PURE_PYTHON=1 runs the pure-Python one).
+# Each first compiles scheduler/ and simulator/kernels.py with mypyc (`make compile`; SERVESIM_PURE_PYTHON=1
+# runs the pure-Python ones).
 # Any Python >= 3.11: the first of these names that exists and is new enough (override: make PY=/path/python).
 PY ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
@@ -38,6 +39,8 @@ compile: $(STAMP)
 		|| echo "note: could not install $(MYPY_PIN) (mypyc) and setuptools"
 	@$(BIN)/python tools/compile_scheduler.py \
 		|| echo "note: the compiled scheduler was not built; servesim runs the pure-Python scheduler (same results, slower)"
+	@$(BIN)/python tools/compile_kernels.py \
+		|| echo "note: the compiled simulator kernels were not built; servesim runs simulator/kernels.py (same results, slower)"
 
 run: $(STAMP) compile
 	$(BIN)/servesim replay --out runs/default --overwrite

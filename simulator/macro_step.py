@@ -44,6 +44,7 @@ from servesim.scheduler.scheduler import Scheduler
 from servesim.simulator.deferred_run import DeferredRunMixin, exact_delays
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.finish_run import FinishRunMixin
+from servesim.simulator.kernel_impl import step_timeline
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
@@ -217,37 +218,16 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
     def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float,
                         free_at: float | None = None) -> tuple[list[float], list[float], list[float]]:
         """(schedule times, GPU end times, update times) of the steps that fit before any outside
-        event, with the stepping loop's float arithmetic: start = max(now + cpu, GPU free),
-        end = start + gpu, and the clock reaches a step's end as now + (end - now) (SimPy's
-        timeout). The update after schedule j is step j's own (sync) or the previous one's (async).
-        Every update precedes `later_s`: the next arrival, or in a cluster the first arrival its
-        router cannot prove goes elsewhere whatever this replica's load (_later_arrival_s).
-        `free_at` (default: the engine's GPU-free time) continues a timeline from its last update
-        at `now`, where the GPU frees at its last end (a deferred run growing, deferred_run.py)."""
-        cpu_s = self.cpu.step_s(n, n)
-        arrival_s = later_s
-        deadline_s = self._deadline_s()
-        if free_at is None:
-            free_at = self._gpu_free_at
-        pending = free_at  # async: end of the step the next update applies
-        t = now
-        sched_t: list[float] = []
-        ends: list[float] = []
-        upd_t: list[float] = []
-        for g in gpu:
-            if not t < deadline_s:
-                break
-            end = max(t + cpu_s, free_at) + g
-            due = pending if num_in_flight else end
-            u = t + (due - t) if due > t else t
-            if not u < arrival_s:
-                break
-            sched_t.append(t)
-            ends.append(end)
-            upd_t.append(u)
-            free_at = pending = end
-            t = u
-        return sched_t, ends, upd_t
+        event, with the stepping loop's float arithmetic (kernels.step_timeline): start = max(now +
+        cpu, GPU free), end = start + gpu, and the clock reaches a step's end as now + (end - now)
+        (SimPy's timeout). The update after schedule j is step j's own (sync) or the previous one's
+        (async). Every update precedes `later_s`: the next arrival, or in a cluster the first
+        arrival its router cannot prove goes elsewhere whatever this replica's load
+        (_later_arrival_s); every schedule precedes the first client deadline. `free_at` (default:
+        the engine's GPU-free time) continues a timeline from its last update at `now`, where the
+        GPU frees at its last end (a deferred run growing, deferred_run.py)."""
+        return step_timeline(now, gpu, num_in_flight, self.cpu.step_s(n, n), later_s, self._deadline_s(),
+                             self._gpu_free_at if free_at is None else free_at)
 
     def _macro_rows(self, first_step: int, sched_t: list[float], duration_s: list[float], gpu: list[float],
                     free_after: list[int], n: int, hits: list[int], queries: list[int]) -> None:

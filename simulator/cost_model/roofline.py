@@ -14,6 +14,7 @@ from typing import Any
 
 from servesim.traces.errors import InputError
 
+from ..kernel_impl import decode_step_prices
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
@@ -253,20 +254,12 @@ class RooflineCostModel(RooflineMoeMixin):
             gemm, _, elementwise, comm = self._layer_parts(n, 0.0, 0)
             fixed = self._decode_fixed[n] = (gemm, elementwise, comm, sum(self._head_parts(n, n)))
         gemm, elementwise, comm, head = fixed
-        flops_per_pair, attn_c, attn_m, attn_o = self._attn_flops_per_pair, self._ac, self._am, self._ao
-        kv_per_tok, q_bytes = self._kv_bytes_per_tok, n * self._q_bytes_per_tok
-        out = []
-        for _ in range(num_steps):
-            # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum,
-            # nd = n and the rest 0, i.e. the int ctx_sum + n as a float; then _layer_parts' max,
-            # written out (max(a, b) is a unless b > a)
-            kv_tokens = ctx_sum + n
-            compute = (kv_tokens + 0.0) * flops_per_pair * attn_c
-            memory = (kv_tokens * kv_per_tok + q_bytes) * attn_m
-            attn = (memory if memory > compute else compute) + attn_o
-            out.append(num_layers * (gemm + attn + elementwise + comm) + head)
-            ctx_sum += n
-        return out
+        # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
+        # and the rest 0, i.e. the int ctx_sum + n as a float; then _layer_parts' max, written out
+        # (max(a, b) is a unless b > a): the loop is kernels.decode_step_prices (compiled by make)
+        return decode_step_prices(int(ctx_sum), n, num_steps, int(num_layers), gemm, elementwise, comm, head,
+                                  self._attn_flops_per_pair, self._ac, self._am, self._ao,
+                                  self._kv_bytes_per_tok, n * self._q_bytes_per_tok)
 
     def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
         """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
