@@ -149,10 +149,12 @@ def _guarded(fn):
         finally:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
-            if not _whole_process:  # see freeze_startup_objects
-                import gc
+            import gc
 
+            if not _whole_process:  # see freeze_startup_objects
                 gc.unfreeze()
+            else:  # the process ends now: its final collection need not walk the run's objects
+                gc.freeze()  # (a cluster's ~900 k KV blocks took ~0.35 s to walk at exit)
     return run
 
 

@@ -117,6 +117,13 @@ class Cluster:
                 self._unread_until = [(-1, pos) for pos in range(len(self.front))]
 
     def _build_replicas(self) -> list[Replica]:
+        # Built with the collector paused (as run_cluster builds the whole cluster): each replica's
+        # KV pool adds ~28 k block objects, and full collections walked all the pools built so far
+        # (0.54-0.62 s of a 32-replica build, 0.09 s without).
+        with collector_paused():
+            return self._build_replica_list()
+
+    def _build_replica_list(self) -> list[Replica]:
         out: list[Replica] = []
         self.lockstep_groups: list[list[int]] = []  # replica indices of each lockstep (DP) group
         for group in self.cfg.replicas:
