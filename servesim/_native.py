@@ -79,3 +79,16 @@ def scheduler_mode() -> str:
         return "compiled (mypyc)"
     mode, reason = decision
     return f"pure Python ({reason})" if mode == "pure Python" else "pure Python"
+
+
+def swap_in(fresh: Path, live: Path) -> None:
+    """Put the finished build folder `fresh` in the place of `live` (tools/compile_scheduler.py,
+    tools/compile_kernels.py): a reader finds the old build or the new one, never half of one."""
+    import shutil  # noqa: PLC0415 (only builds need it; this module is read on every import)
+
+    old = live.with_name(live.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if live.exists():
+        live.rename(old)
+    fresh.rename(live)
+    shutil.rmtree(old, ignore_errors=True)

@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from servesim.simulator import kernel_impl  # noqa: E402  (after the path insert: run as a script)
+from servesim import _native  # noqa: E402  (after the path insert: run as a script)
+from servesim.simulator import kernel_impl  # noqa: E402
 
 SOURCE = ROOT / "simulator" / "kernels.py"
 
@@ -78,12 +79,7 @@ def _build_if_stale(live: Path, force: bool) -> int:
 
     (fresh / kernel_impl.MANIFEST).write_text(f"source={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
                                               f"mypy={mypy.version.__version__}\n")
-    old = live.with_name(live.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if live.exists():
-        live.rename(old)
-    fresh.rename(live)
-    shutil.rmtree(old, ignore_errors=True)
+    _native.swap_in(fresh, live)
     print(f"compiled kernels: built in {time.monotonic() - started:.0f} s ({live})")
     return 0
 

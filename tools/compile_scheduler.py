@@ -260,12 +260,7 @@ def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:
         f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
         f"tool={_tool_digest()}\nmypy={mypy.version.__version__}\n"
         f"modules={','.join(COMPILED)}\n")
-    old = staging.with_name(staging.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if staging.exists():
-        staging.rename(old)
-    fresh.rename(staging)
-    shutil.rmtree(old, ignore_errors=True)
+    _native.swap_in(fresh, staging)
     print(f"compiled scheduler: built in {time.monotonic() - started:.0f} s ({staging})")
     return 0
 
