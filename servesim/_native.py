@@ -81,11 +81,17 @@ def scheduler_mode() -> str:
     return f"pure Python ({reason})" if mode == "pure Python" else "pure Python"
 
 
-def swap_in(fresh: Path, live: Path) -> None:
-    """Put the finished build folder `fresh` in the place of `live` (tools/compile_scheduler.py,
-    tools/compile_kernels.py): a reader finds the old build or the new one, never half of one."""
-    import shutil  # noqa: PLC0415 (only builds need it; this module is read on every import)
+def publish_build(fresh: Path, live: Path, fields: dict[str, str]) -> None:
+    """Finish a mypyc build (tools/compile_scheduler.py, tools/compile_kernels.py): write its
+    MANIFEST last (`fields`, this interpreter's extension suffix, the mypy version), then put the
+    folder `fresh` in the place of `live`: a reader finds the old build or the new one, never half
+    of one, and a build without a MANIFEST is never used."""
+    import shutil  # noqa: PLC0415 (only builds need these; this module is read on every import)
 
+    import mypy.version  # noqa: PLC0415
+
+    fields = {**fields, "ext_suffix": EXTENSION_SUFFIXES[0], "mypy": mypy.version.__version__}
+    (fresh / MANIFEST).write_text("".join(f"{key}={value}\n" for key, value in fields.items()))
     old = live.with_name(live.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if live.exists():

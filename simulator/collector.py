@@ -22,6 +22,7 @@ call; the summary's gaps also released earlier). Elsewhere it does nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import sys
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ def release_freed_heap() -> bool:
     return bool(trim is not None and trim(0))
 
 
+@functools.cache  # looked up once: a cluster's results call it after each moved column
 def _malloc_trim():
     if not sys.platform.startswith("linux"):
         return None

@@ -75,11 +75,7 @@ def _build_if_stale(live: Path, force: bool) -> int:
     if not (fresh / (kernel_impl.MODULE + EXTENSION_SUFFIXES[0])).is_file():
         print(f"compiled kernels: the build wrote no extension module in {fresh}", file=sys.stderr)
         return 1
-    import mypy.version  # noqa: PLC0415
-
-    (fresh / kernel_impl.MANIFEST).write_text(f"source={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
-                                              f"mypy={mypy.version.__version__}\n")
-    _native.swap_in(fresh, live)
+    _native.publish_build(fresh, live, {"source": digest})  # kernel_impl reads the same MANIFEST format
     print(f"compiled kernels: built in {time.monotonic() - started:.0f} s ({live})")
     return 0
 

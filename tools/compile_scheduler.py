@@ -249,18 +249,12 @@ def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:
     except (Exception, SystemExit) as e:  # mypy errors surface as SystemExit from setup()
         print(f"compiled scheduler: build failed ({type(e).__name__}: {e}); C sources in {fresh}", file=sys.stderr)
         return 1
-    import mypy.version  # noqa: PLC0415
-
     # The interpreted modules copied beside the extension get their bytecode now, written for
     # their final place: with PYTHONDONTWRITEBYTECODE set (or a read-only tree) every process
     # would otherwise compile them again at import.
     compileall.compile_dir(str(fresh / _native.PACKAGE), ddir=str(staging / _native.PACKAGE), quiet=1,
                            workers=1)
-    (fresh / _native.MANIFEST).write_text(
-        f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n"
-        f"tool={_tool_digest()}\nmypy={mypy.version.__version__}\n"
-        f"modules={','.join(COMPILED)}\n")
-    _native.swap_in(fresh, staging)
+    _native.publish_build(fresh, staging, {"sources": digest, "tool": _tool_digest(), "modules": ",".join(COMPILED)})
     print(f"compiled scheduler: built in {time.monotonic() - started:.0f} s ({staging})")
     return 0
 
