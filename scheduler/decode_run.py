@@ -43,6 +43,16 @@ class DecodeRunEffects:
 
 
 class DecodeRunMixin(ScheduleMixin):
+    def decode_run_blocker(self: Scheduler) -> str | None:
+        """Why no run can ever apply to this scheduler as configured; None: runs may apply."""
+        if not self.policy.fast_forward_safe:
+            return f"policy {self.scheduler_config.policy!r} changes state every step (e.g. continuum's pins)"
+        if self.tracer is not None:
+            return "the scheduler tracer records every step"
+        if not self.kv_cache_manager.supports_decode_runs():
+            return "KV layout with sliding-window or hybrid groups, or KV cache events on"
+        return None
+
     def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int,
                            through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from servesim.scheduler.decode_run import DecodeRunEffects
     from servesim.scheduler.hashing import TokenProvenance
     from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats
     from servesim.scheduler.request import Request, RequestStatus
@@ -148,4 +149,57 @@ class SchedulerInterface(Protocol):
 
     def make_stats(self) -> SchedulerStats:
         """Stats since the last call (prefix-cache counters are reset)."""
+        ...
+
+
+class DecodeRunKV(KVCacheUsage, Protocol):
+    def usage_at(self, num_free_blocks: int) -> float:
+        """`usage` as it reads when num_free_blocks blocks (pages) are free: the same float, for
+        step rows of a run applied in bulk (DecodeRunEffects.free_after)."""
+        ...
+
+
+class DecodeRunScheduler(SchedulerInterface, Protocol):
+    """A scheduler that can apply a run of plain decode steps at once (exact macro-steps:
+    simulator/macro_step.py drives it). A plain decode step schedules one token for every request
+    of a fixed batch and admits, preempts and (but through finishes) finishes nobody; the run's
+    effect is exactly that of its schedule() and update_from_output() calls one by one: block or
+    page ids, cache state, counters, queues and the SchedulerOutput left in flight. The vLLM
+    schedulers (scheduler/decode_run.py) and SGLang's (scheduler/sglang/decode_run.py) implement
+    it; subclasses that change what a step does (P/D) do not, whatever they inherit."""
+
+    kv_cache_manager: DecodeRunKV
+    finished_req_ids: set[str]  # finished since the previous schedule(): the next one hands them over
+
+    def decode_run_blocker(self) -> str | None:
+        """Why no run can ever apply to this scheduler as configured (a policy that changes state
+        every step, a tracer, a KV layout the bulk path does not replay); None: runs may apply,
+        each proven by decode_run_horizon."""
+        ...
+
+    def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
+        """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
+        of decode_run_requests(), with num_in_flight steps scheduled and not updated (0 or 1); 0
+        when not even one. `through_finishes`: the batch may shrink as requests finish inside
+        (a scheduler that does not support it answers as if False and decode_run_steps then
+        gives every request the whole run)."""
+        ...
+
+    def decode_run_requests(self) -> list[Request]:
+        """The batch of the next plain decode step, in scheduling order."""
+        ...
+
+    def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
+        """How many of a run's num_steps schedules take each request of `batch` (through finishes)."""
+        ...
+
+    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, token_ids: Sequence[list[int]],
+                              now_s: float, steps_each: list[int] | None = None,
+                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
+        """Apply num_steps plain decode schedules of `batch` and after each the update of one step
+        (token_ids[i]: batch[i]'s tokens; none for schedules only); see scheduler/decode_run.py."""
+        ...
+
+    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
+        """The SchedulerOutput of the run's last step, left in flight for update_from_output."""
         ...

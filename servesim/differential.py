@@ -117,6 +117,9 @@ def cases(cluster_max_requests: int | None = 60) -> list[Case]:
         name = path.name.removesuffix(".jsonl.gz")
         out.append(Case(f"trace:{name}/async", _replay({}, path)))
         out.append(Case(f"trace:{name}/sync", _replay({"scheduler.async_scheduling": False}, path)))
+        out.append(Case(f"trace:{name}/sglang", _replay({"engine": "sglang"}, path)))
+        out.append(Case(f"trace:{name}/sglang-sync", _replay({"engine": "sglang",
+                                                              "scheduler.async_scheduling": False}, path)))
     for folder in sorted((ROOT / "tests" / "golden").iterdir()):
         if (folder / "workload.jsonl").exists():
             out.append(Case(f"golden:{folder.name}", _golden(folder)))

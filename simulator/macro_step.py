@@ -41,6 +41,7 @@ import math
 
 from servesim.scheduler.async_scheduler import AsyncScheduler
 from servesim.scheduler.scheduler import Scheduler
+from servesim.scheduler.sglang import SGLangScheduler
 from servesim.simulator.deferred_run import DeferredRunMixin, exact_delays
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.finish_run import FinishRunMixin
@@ -49,28 +50,27 @@ from servesim.simulator.kernel_impl import step_timeline
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
 
+# The schedulers with a bulk decode path (scheduler.interface.DecodeRunScheduler), by exact type:
+# a subclass (P/D's) may change what a step does, whatever bulk methods it inherits.
+DECODE_RUN_SCHEDULERS = (Scheduler, AsyncScheduler, SGLangScheduler)
+
+
 def macro_fallback_reason(engine) -> str | None:
     """Why macro-steps can never apply to this engine (None: they may, run by run)."""
     cfg, sched = engine.cfg, engine.scheduler
     if not cfg.macro_steps:
         return "macro_steps is off"
-    if type(sched) not in (Scheduler, AsyncScheduler):
-        return f"scheduler {type(sched).__name__} has no bulk decode path (SGLang, P/D and other subclasses step)"
+    if type(sched) not in DECODE_RUN_SCHEDULERS:
+        return f"scheduler {type(sched).__name__} has no bulk decode path (P/D and other subclasses step)"
     if cfg.hardware.pp > 1:
         return "pipeline parallelism: a batch per stage in flight, timed stage by stage"
     if cfg.scheduler.num_spec_tokens:
         return "speculative decoding: acceptance draws change the batch's token counts step by step"
-    if not sched.policy.fast_forward_safe:
-        return f"policy {cfg.scheduler.policy!r} changes state every step (e.g. continuum's pins)"
     if not isinstance(engine.executor, SimExecutor):
         return "the executor is not the simulated one (GPU runner: every step runs the model)"
     if engine.step_trace is not None:
         return "a step trace records every step"
-    if sched.tracer is not None:
-        return "the scheduler tracer records every step"
-    if not sched.kv_cache_manager.supports_decode_runs():
-        return "KV layout with sliding-window or hybrid groups, or KV cache events on"
-    return None
+    return sched.decode_run_blocker()
 
 
 class MacroStepMixin(FinishRunMixin, DeferredRunMixin):

@@ -119,6 +119,70 @@ class SGLangMemory:
     def check_decode_mem(self, requests: Iterable[Request]) -> bool:
         return self.ensure_available(self.decode_tokens_needed(requests))
 
+    # --- runs of decode steps in bulk (scheduler/sglang/decode_run.py) ------------------------------
+    def _first_alloc_steps(self, requests: Sequence[Request]) -> list[int]:
+        """For each request, the step of a decode run (0-based) whose grow() takes its first new
+        page: step j grows it to num_computed_tokens + j + 1 tokens, and a page is taken when that
+        passes what its pages hold (check_decode_mem's count: computed >= pages * page_size);
+        then one every page_size steps."""
+        ps, reqs = self.page_size, self.reqs
+        return [max(0, len(reqs[r.request_id].pages) * ps - r.num_computed_tokens) for r in requests]
+
+    def _run_pages(self, first: list[int], num_steps: int) -> int:
+        """Pages the first num_steps steps of a run take (first: _first_alloc_steps)."""
+        ps = self.page_size
+        return sum(-(-(num_steps - j0) // ps) for j0 in first if j0 < num_steps)
+
+    def decode_run_fit(self, requests: Sequence[Request], max_steps: int) -> int:
+        """How many of the next max_steps decode steps of `requests` find every page they take
+        free in the pool, so that no decode memory check evicts from the tree or retracts
+        (ensure_available evicts only when the pool is short). The free pages only fall through
+        such a run (nothing is freed or inserted), so it holds for m steps iff the first m steps'
+        pages together fit: the largest such m, by bisection."""
+        first = self._first_alloc_steps(requests)
+        free = len(self.pool.free_pages)
+        if self._run_pages(first, max_steps) <= free:
+            return max_steps
+        lo, hi = 0, max_steps  # fits lo steps, not hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._run_pages(first, mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def apply_decode_run(self, requests: Sequence[Request], num_steps: int) -> list[int]:
+        """Take the pages of num_steps decode steps of `requests` (decode_run_fit steps at most),
+        in the order the steps' grow() calls take them (step by step, batch order within a step),
+        so page ids are the stepped ones; mark them reported (the steps' outputs would have sent
+        them). Returns num_free_pages() after each step."""
+        ps, reqs = self.page_size, self.reqs
+        first = self._first_alloc_steps(requests)
+        takes = sorted((j, i) for i, j0 in enumerate(first) for j in range(j0, num_steps, ps))
+        pages = self.pool.alloc(len(takes))
+        if pages is None:
+            raise MemoryError(f"KV pool out of memory in a decode run of {num_steps} steps")
+        per_step = [0] * num_steps
+        for (j, i), page in zip(takes, pages):
+            kv = reqs[requests[i].request_id]
+            kv.pages.append(page)
+            kv.private.add(page)
+            per_step[j] += 1
+        for r in requests:
+            kv = reqs[r.request_id]
+            kv.num_reported = len(kv.pages)
+        free = len(self.pool.free_pages) + len(pages) + self.tree.evictable_size() // ps
+        free_after = []
+        for n in per_step:
+            free -= n
+            free_after.append(free)
+        return free_after
+
+    def usage_at(self, num_free_pages: int) -> float:
+        """`usage` when num_free_pages() is num_free_pages (the same float)."""
+        return 1.0 - num_free_pages / self.pool.num_pages
+
     # --- caching -----------------------------------------------------------------------------------
     def _insert(self, request: Request, kv: ReqKV, kv_len: int) -> int:
         """Insert the request's first kv_len tokens (whole pages); pages the tree adopts stop

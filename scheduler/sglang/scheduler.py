@@ -27,13 +27,14 @@ from servesim.scheduler.output import (
 from servesim.scheduler.request import Request, RequestStatus, append_until_stop
 from servesim.scheduler.sglang.batching import Batch, BatchingMixin
 from servesim.scheduler.sglang.config import SGLangConfig
+from servesim.scheduler.sglang.decode_run import DecodeRunMixin
 from servesim.scheduler.sglang.memory import SGLangMemory
 from servesim.scheduler.sglang.output import StepInfo, build_output
 
 MAX_INPUT_MARGIN = 5  # SGLang: max_req_input_len = max_req_len - 5
 
 
-class SGLangScheduler(BatchingMixin):
+class SGLangScheduler(DecodeRunMixin, BatchingMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
     def __init__(self, config: SGLangConfig, max_model_len: int, log_stats: bool = True) -> None:

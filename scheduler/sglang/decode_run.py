@@ -1,0 +1,142 @@
+"""Runs of plain SGLang decode steps applied in bulk (macro-steps; the engine side is
+simulator/macro_step.py, the vLLM scheduler's counterpart scheduler/decode_run.py).
+
+A plain SGLang decode step is a schedule() that tries no prefill (nothing waits, or the batch is
+full: `batch_is_full` with a request waiting), merges nothing (the last batch was a decode) and
+runs update_running_batch: its decode memory check passes without evicting or retracting, every
+running request grows by one token (a page at each page boundary), new_token_ratio decays once.
+Its update appends one sampled token per request and finishes nobody. When the state proves the
+next k steps are all plain, their effect is fixed and applied at once: the pages in the order the
+steps' grow() calls take them (SGLangMemory.apply_decode_run), the counters, the ratio (decayed k
+times, float for float), the tokens.
+
+Unlike vLLM's async scheduler, SGLang's overlap schedule has no skip-ahead: a request whose
+in-flight step reaches max_tokens is scheduled once more (the extra forward) and finished by the
+update after. A run therefore ends before any update that would finish a request, and the
+stepping loop takes it from there. Mixed into SGLangScheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.decode_run import DecodeRunEffects
+from servesim.scheduler.kv.manager import PrefixCacheStats
+from servesim.scheduler.output import CachedRequestData, SchedulerOutput
+from servesim.scheduler.request import RequestStatus
+from servesim.scheduler.sglang.batching import Batch
+from servesim.scheduler.sglang.output import StepInfo
+
+if TYPE_CHECKING:
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.sglang.scheduler import SGLangScheduler
+
+
+class DecodeRunMixin:
+    def decode_run_blocker(self: SGLangScheduler) -> str | None:
+        """Why no run of decode steps can ever apply to this scheduler (None: they may)."""
+        return None
+
+    def decode_run_horizon(self: SGLangScheduler, max_steps: int, num_in_flight: int,
+                           through_finishes: bool = False) -> int:
+        """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
+        of `running`, none of whose updates (the in-flight step's included) finishes a request; 0
+        if not even one. `num_in_flight`: steps scheduled but not yet updated (0: sync; 1: the
+        overlap loop between steps, every running request holding one output placeholder).
+        `through_finishes` is accepted and not used: SGLang's runs end before a finish (the
+        extra forward of overlap; see the module docstring). Conservative: any state not
+        recognised answers 0."""
+        if num_in_flight > 1 or self.chunked_req is not None or not self.running or self._pending:
+            return 0  # (_pending: an abort the next update reports)
+        if self.last_batch is not None and self.last_batch.is_extend:
+            return 0  # the next schedule merges the prefilled requests into the batch
+        if self.waiting and (not self.batch_is_full or self.ghosts or self.config.enable_priority_scheduling):
+            # A request waits: only a full batch refuses it alike at every step. A finished
+            # request still in the batch (a ghost) clears the flag at the next filter, and
+            # priority scheduling clears it to try preemption.
+            return 0
+        k = max_steps
+        ph = num_in_flight
+        max_len = self.max_model_len
+        for r in self.running:
+            ntok = r.num_tokens
+            if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or r.spec_token_ids
+                    or r.num_output_placeholders != ph or r.num_computed_tokens != ntok + ph - 1):
+                return 0
+            sp = r.sampling_params
+            if sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos):
+                return 0
+            # Update i (0-based; with one in flight the first is that step's) brings the request to
+            # o + i + 1 outputs, which must stay below max_tokens and max_model_len.
+            k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
+            if k < 1:
+                return 0
+        return self.kv_cache_manager.decode_run_fit(self.running, k)
+
+    def decode_run_requests(self: SGLangScheduler) -> list[Request]:
+        """The batch of the next plain decode step, in scheduling order: all of `running`."""
+        return list(self.running)
+
+    def decode_run_steps(self: SGLangScheduler, batch: Sequence[Request], num_steps: int) -> list[int]:
+        """Every request takes all of a run's schedules (its horizon excludes finishes)."""
+        return [num_steps] * len(batch)
+
+    def schedule_decode_steps(self: SGLangScheduler, batch: Sequence[Request], num_steps: int,
+                              token_ids: Sequence[list[int]], now_s: float, steps_each: list[int] | None = None,
+                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
+        """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
+        planned, decode_run_horizon steps at most) and, after each, the update of one step (its
+        tokens: token_ids[i][:num_steps] for batch[i]; no lists, or empty ones, for no updates).
+        Sync loop: step j's own update follows its schedule; overlap loop: the previous step's.
+        `now_s` is the time of the last schedule or update applied. steps_each must be None (no
+        finishes inside a run: decode_run_steps)."""
+        if steps_each is not None and min(steps_each, default=num_steps) < num_steps:
+            raise ValueError("an SGLang decode run has no finishes inside (decode_run_steps)")
+        self.now_s = now_s
+        cfg = self.config
+        free_after = self.kv_cache_manager.apply_decode_run(batch, num_steps)
+        # What the steps' schedule() calls change besides the batch: the first filter drops the
+        # finished requests still in the batch (a ghost clears batch_is_full), priority
+        # scheduling clears the flag to try preemption, and each memory check that passes
+        # decays new_token_ratio (in order: the same float as stepping).
+        if self.ghosts:
+            self.ghosts.clear()
+            self.batch_is_full = False
+        if cfg.enable_priority_scheduling:
+            self.batch_is_full = False
+        ratio, decay, floor = self.new_token_ratio, cfg.ratio_decay, cfg.min_ratio
+        for _ in range(num_steps):
+            ratio = max(ratio - decay, floor)
+        self.new_token_ratio = ratio
+        finished = self.finished_req_ids  # handed over by the first schedule
+        self.finished_req_ids = set()
+        with_updates = bool(token_ids) and len(token_ids[0]) > 0
+        for i, r in enumerate(batch):
+            r.num_computed_tokens += num_steps
+            r.is_prefill_chunk = False
+            if with_updates:
+                toks = token_ids[i]
+                r.append_output_token_ids(toks if len(toks) == num_steps else toks[:num_steps])
+            else:
+                r.num_output_placeholders += num_steps
+        self.prev_step_scheduled_req_ids = {r.request_id for r in batch}
+        self.last_batch = Batch("decode", decode=list(batch))
+        hits, queries = [], []
+        if with_updates and self.log_stats:  # each update takes the prefix-cache stats recorded since the previous one
+            stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+            hits = [stats.hits] + [0] * (num_steps - 1)
+            queries = [stats.queries] + [0] * (num_steps - 1)
+        return DecodeRunEffects(free_after, finished, hits, queries)
+
+    def decode_step_output(self: SGLangScheduler, batch: Sequence[Request]) -> SchedulerOutput:
+        """The SchedulerOutput of the last plain decode step of `batch` scheduled by
+        schedule_decode_steps, as update_from_output reads it (one sampled token per request, in
+        order); registered like a step schedule() returned. Page ids are not repeated: no
+        executor reads an output after its step ran."""
+        ids = [r.request_id for r in batch]
+        so = SchedulerOutput([], CachedRequestData(req_ids=ids), dict.fromkeys(ids, 1), len(ids), {}, [0],
+                             set(), set())
+        self._steps[id(so)] = (so, StepInfo(sampling=set(ids)))
+        self._recent.append((so, False))
+        return so

@@ -1,0 +1,170 @@
+"""SGLang's bulk decode path (scheduler/sglang/decode_run.py): a run applied at once leaves the
+scheduler exactly as stepping schedule() and update_from_output() leaves it -- page ids and the free
+pool's order, new_token_ratio (float for float), counters, tokens, queues, batch_is_full -- and the
+horizon stops before anything a plain step cannot do (a finish, an eviction, a prefill, a merge)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams
+from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+
+BASE = dict(max_running_requests=16, chunked_prefill_size=256, enable_chunked_prefill=True, page_size=4,
+            max_total_tokens=4000, enable_radix_cache=True, overlap_schedule=False, seed=0)
+
+
+def make_sched(**kw) -> SGLangScheduler:
+    return SGLangScheduler(SGLangConfig(**{**BASE, **kw}), 4096)
+
+
+def token(rid: str, j: int) -> int:
+    return 100 + (sum(map(ord, rid)) * 31 + j) % 500
+
+
+def mro_for(sched: SGLangScheduler, so) -> ModelRunnerOutput:
+    ids = list(so.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        r = sched.requests.get(rid)
+        sampled.append([] if r is not None and r.is_prefill_chunk else
+                       [token(rid, r.num_output_tokens + r.num_output_placeholders - 1 if r else 0)])
+    return ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled)
+
+
+class Driver:
+    """The engine loop's order: sync = (schedule, update); overlap = schedule N+1, then update N."""
+
+    def __init__(self, sched: SGLangScheduler, overlap: bool):
+        self.sched, self.overlap, self.in_flight = sched, overlap, []
+
+    def step(self) -> None:
+        so = self.sched.schedule()
+        self.in_flight.append((so, mro_for(self.sched, so)))
+        while self.in_flight and (len(self.in_flight) >= 1 + self.overlap or so.total_num_scheduled_tokens == 0):
+            old, mro = self.in_flight.pop(0)
+            self.sched.update_from_output(old, mro)
+        self.sched.check_invariants()
+
+    def bulk(self, k: int) -> None:
+        """A run of k steps through the bulk path, as simulator/macro_step.py applies it."""
+        sched = self.sched
+        reqs = sched.decode_run_requests()
+        tokens = [[token(r.request_id, r.num_output_tokens + r.num_output_placeholders + j) for j in range(k)]
+                  for r in reqs]
+        if not self.overlap:
+            sched.schedule_decode_steps(reqs, k, tokens, 0.0)
+        else:
+            sched.schedule_decode_steps(reqs, 1, [], 0.0)
+            old, mro = self.in_flight.pop(0)
+            sched.update_from_output(old, mro)
+            # the run's first update is the in-flight step's; its own tokens start one later
+            sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], 0.0)
+            so = sched.decode_step_output(reqs)
+            ids = [r.request_id for r in reqs]
+            self.in_flight.append((so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
+                                                         [[t[k - 1]] for t in tokens])))
+        sched.check_invariants()
+
+
+def snapshot(sched: SGLangScheduler) -> dict:
+    mem = sched.kv_cache_manager
+    return {
+        "reqs": {rid: (r.status, r.num_computed_tokens, r.num_output_placeholders, r.is_prefill_chunk,
+                       list(r.output_token_ids), r.max_tokens) for rid, r in sched.requests.items()},
+        "kv": {rid: (list(kv.pages), sorted(kv.private), kv.cached_len, kv.num_reported) for rid, kv in mem.reqs.items()},
+        "free": list(mem.pool.free_pages), "evictable": mem.tree.evictable_size(),
+        "running": [r.request_id for r in sched.running], "waiting": [r.request_id for r in sched.waiting],
+        "ghosts": [r.request_id for r in sched.ghosts], "full": sched.batch_is_full,
+        "ratio": sched.new_token_ratio, "finished": sorted(sched.finished_req_ids),
+        "prev": sorted(sched.prev_step_scheduled_req_ids), "last": None if sched.last_batch is None else sched.last_batch.kind,
+    }
+
+
+def setup(overlap: bool, seed: int, **kw) -> tuple[Driver, Driver]:
+    """Two identical schedulers, stepped until decoding with a full, steady batch."""
+    rng = random.Random(seed)
+    drivers = []
+    for _ in range(2):
+        sched = make_sched(overlap_schedule=overlap, **kw)
+        r2 = random.Random(seed)
+        for i in range(r2.randint(2, 10)):
+            n = r2.randint(1, 60)
+            sched.add_request(Request(f"r{i}", [1 + (i * 7 + j) % 50 for j in range(n)],
+                                      SamplingParams(max_tokens=r2.randint(20, 200), ignore_eos=True)))
+        drivers.append(Driver(sched, overlap))
+    for _ in range(rng.randint(3, 12)):
+        for d in drivers:
+            d.step()
+    return drivers[0], drivers[1]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_a_bulk_run_equals_stepping(overlap, seed):
+    plain, bulk = setup(overlap, seed)
+    checked = 0
+    for _ in range(40):
+        assert snapshot(plain.sched) == snapshot(bulk.sched)
+        k = bulk.sched.decode_run_horizon(64, len(bulk.in_flight))
+        assert plain.sched.decode_run_horizon(64, len(plain.in_flight)) == k
+        if k >= 2:
+            for _ in range(k):
+                plain.step()
+            bulk.bulk(k)
+            checked += 1
+        else:
+            plain.step()
+            bulk.step()
+        if not plain.sched.has_unfinished_requests() and not plain.in_flight:
+            break
+    assert snapshot(plain.sched) == snapshot(bulk.sched)
+    assert checked > 0
+
+
+def test_horizon_stops_before_the_update_that_finishes_a_request():
+    for overlap in (False, True):
+        _, d = setup(overlap, 3)
+        sched = d.sched
+        k = sched.decode_run_horizon(10_000, len(d.in_flight))
+        left = min(r.max_tokens - r.num_output_tokens - 1 for r in sched.running)
+        assert 1 <= k <= left
+
+
+def test_horizon_stops_before_a_step_that_would_evict_or_retract():
+    """A pool that runs out mid-run: the run ends before the step whose memory check would evict
+    cached pages (or retract); stepping that step then evicts."""
+    plain, bulk = setup(False, 5, max_total_tokens=400)
+    sched = bulk.sched
+    k = sched.decode_run_horizon(10_000, 0)
+    free = len(sched.kv_cache_manager.pool.free_pages)
+    need = sched.kv_cache_manager._run_pages(sched.kv_cache_manager._first_alloc_steps(sched.running), k + 1)
+    bound = min(r.max_tokens - r.num_output_tokens - 1 for r in sched.running)
+    assert k == bound or need > free  # one step more would not fit in the free pages
+    assert sched.kv_cache_manager._run_pages(sched.kv_cache_manager._first_alloc_steps(sched.running), k) <= free
+
+
+def test_waiting_request_needs_a_full_batch_and_no_ghost():
+    plain, bulk = setup(False, 1, max_running_requests=2)
+    sched = bulk.sched
+    if sched.waiting and sched.batch_is_full and not sched.ghosts:
+        assert sched.decode_run_horizon(64, 0) >= 1
+    sched.batch_is_full = False
+    if sched.waiting:
+        assert sched.decode_run_horizon(64, 0) == 0  # the next schedule tries a prefill
+
+
+def test_a_prefill_in_the_last_batch_or_a_chunked_request_stops_runs():
+    sched = make_sched()
+    sched.add_request(Request("a", list(range(1, 30)), SamplingParams(max_tokens=50, ignore_eos=True)))
+    d = Driver(sched, False)
+    d.step()  # the prefill: the next schedule merges it into the batch
+    assert sched.last_batch.is_extend and sched.decode_run_horizon(64, 0) == 0
+    d.step()
+    assert sched.decode_run_horizon(64, 0) > 1
+    sched2 = make_sched(chunked_prefill_size=8)
+    sched2.add_request(Request("b", list(range(1, 30)), SamplingParams(max_tokens=50, ignore_eos=True)))
+    Driver(sched2, False).step()
+    assert sched2.chunked_req is not None and sched2.decode_run_horizon(64, 0) == 0
