@@ -28,11 +28,17 @@ else:
 
 
 class CheckedEngine(Engine):
-    """Checks the scheduler's invariants after every step (once its output is applied)."""
+    """Checks the scheduler's invariants after every step (once its output is applied) and after
+    every run of decode steps applied in bulk (macro-steps)."""
 
-    def _on_update(self, *args):
-        super()._on_update(*args)
+    def _on_update(self, *args, **kw):
+        super()._on_update(*args, **kw)
         self.scheduler.check_invariants()
+
+    def _macro_step(self, now, in_flight):
+        delays = super()._macro_step(now, in_flight)
+        self.scheduler.check_invariants()
+        return delays
 
 
 @lru_cache(maxsize=1)
