@@ -156,14 +156,25 @@ def test_waiting_request_needs_a_full_batch_and_no_ghost():
         assert sched.decode_run_horizon(64, 0) == 0  # the next schedule tries a prefill
 
 
-def test_a_prefill_in_the_last_batch_or_a_chunked_request_stops_runs():
-    sched = make_sched()
-    sched.add_request(Request("a", list(range(1, 30)), SamplingParams(max_tokens=50, ignore_eos=True)))
-    d = Driver(sched, False)
-    d.step()  # the prefill: the next schedule merges it into the batch
-    assert sched.last_batch.is_extend and sched.decode_run_horizon(64, 0) == 0
-    d.step()
-    assert sched.decode_run_horizon(64, 0) > 1
+def test_a_run_merges_the_last_prefill_batch_and_a_chunked_request_stops_runs():
+    for overlap in (False, True):
+        drivers = []
+        for _ in range(2):
+            sched = make_sched(overlap_schedule=overlap)
+            sched.add_request(Request("a", list(range(1, 30)), SamplingParams(max_tokens=50, ignore_eos=True)))
+            d = Driver(sched, overlap)
+            d.step()  # a prefill: the next schedule merges it into the (empty) running batch
+            drivers.append(d)
+        plain, bulk = drivers
+        sched = bulk.sched
+        assert sched.last_batch.is_extend and not sched.running
+        assert [r.request_id for r in sched.decode_run_requests()] == ["a"]
+        k = sched.decode_run_horizon(64, len(bulk.in_flight))
+        assert k == 50 - 1 - (0 if overlap else 1)  # sync: the prefill's token is already applied
+        for _ in range(k):
+            plain.step()
+        bulk.bulk(k)
+        assert snapshot(plain.sched) == snapshot(bulk.sched)
     sched2 = make_sched(chunked_prefill_size=8)
     sched2.add_request(Request("b", list(range(1, 30)), SamplingParams(max_tokens=50, ignore_eos=True)))
     Driver(sched2, False).step()

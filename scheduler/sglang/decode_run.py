@@ -2,8 +2,9 @@
 simulator/macro_step.py, the vLLM scheduler's counterpart scheduler/decode_run.py).
 
 A plain SGLang decode step is a schedule() that tries no prefill (nothing waits, or the batch is
-full: `batch_is_full` with a request waiting), merges nothing (the last batch was a decode) and
-runs update_running_batch: its decode memory check passes without evicting or retracting, every
+full: `batch_is_full` with a request waiting), at most merges the last prefill batch's requests
+into the running batch (the first step of a run may; no request is being chunked) and runs
+update_running_batch: its decode memory check passes without evicting or retracting, every
 running request grows by one token (a page at each page boundary), new_token_ratio decays once.
 Its update appends one sampled token per request and finishes nobody. When the state proves the
 next k steps are all plain, their effect is fixed and applied at once: the pages in the order the
@@ -47,19 +48,27 @@ class DecodeRunMixin:
         `through_finishes` is accepted and not used: SGLang's runs end before a finish (the
         extra forward of overlap; see the module docstring). Conservative: any state not
         recognised answers 0."""
-        if num_in_flight > 1 or self.chunked_req is not None or not self.running or self._pending:
+        if num_in_flight > 1 or self.chunked_req is not None or self._pending:
             return 0  # (_pending: an abort the next update reports)
-        if self.last_batch is not None and self.last_batch.is_extend:
-            return 0  # the next schedule merges the prefilled requests into the batch
-        if self.waiting and (not self.batch_is_full or self.ghosts or self.config.enable_priority_scheduling):
+        merged, dropped = self._to_merge()
+        if not (self.running or merged):
+            return 0
+        if self.waiting and (not self.batch_is_full or self.ghosts or dropped
+                             or self.config.enable_priority_scheduling):
             # A request waits: only a full batch refuses it alike at every step. A finished
-            # request still in the batch (a ghost) clears the flag at the next filter, and
+            # request still in a batch (a ghost, or one the merge drops) clears the flag, and
             # priority scheduling clears it to try preemption.
             return 0
+        batch = self.running + merged
         k = max_steps
-        ph = num_in_flight
+        # Output placeholders: one for each request in the step in flight. After a decode batch
+        # that is all of `running`; after a prefill batch only the requests it merges (prefill
+        # and decode are separate batches: the decoding ones hold none).
+        extend = self.last_batch is not None and self.last_batch.is_extend
+        num_running = len(self.running)
         max_len = self.max_model_len
-        for r in self.running:
+        for i, r in enumerate(batch):
+            ph = 0 if extend and i < num_running else num_in_flight
             ntok = r.num_tokens
             if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or r.spec_token_ids
                     or r.num_output_placeholders != ph or r.num_computed_tokens != ntok + ph - 1):
@@ -68,15 +77,27 @@ class DecodeRunMixin:
             if sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos):
                 return 0
             # Update i (0-based; with one in flight the first is that step's) brings the request to
-            # o + i + 1 outputs, which must stay below max_tokens and max_model_len.
+            # at most o + i + 1 outputs, which must stay below max_tokens and max_model_len.
             k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
             if k < 1:
                 return 0
-        return self.kv_cache_manager.decode_run_fit(self.running, k)
+        return self.kv_cache_manager.decode_run_fit(batch, k)
+
+    def _to_merge(self: SGLangScheduler) -> tuple[list[Request], bool]:
+        """(requests the next schedule merges into the running batch from the last prefill or mixed
+        batch, whether the merge drops a finished one): _merge_last_batch's choice, read-only.
+        The chunked request is never merged; runs require there is none (decode_run_horizon)."""
+        lb = self.last_batch
+        if lb is None or not lb.is_extend:
+            return [], False
+        reqs = lb.requests()
+        keep = [r for r in reqs if r is not self.chunked_req and r.status == RequestStatus.RUNNING]
+        return keep, len(keep) < len(reqs)
 
     def decode_run_requests(self: SGLangScheduler) -> list[Request]:
-        """The batch of the next plain decode step, in scheduling order: all of `running`."""
-        return list(self.running)
+        """The batch of the next plain decode step, in scheduling order: `running`, then what the
+        step merges from the last prefill batch (its first schedule does the merge)."""
+        return self.running + self._to_merge()[0]
 
     def decode_run_steps(self: SGLangScheduler, batch: Sequence[Request], num_steps: int) -> list[int]:
         """Every request takes all of a run's schedules (its horizon excludes finishes)."""
@@ -95,6 +116,7 @@ class DecodeRunMixin:
             raise ValueError("an SGLang decode run has no finishes inside (decode_run_steps)")
         self.now_s = now_s
         cfg = self.config
+        self._merge_last_batch()  # the first schedule's; a no-op after a decode batch
         free_after = self.kv_cache_manager.apply_decode_run(batch, num_steps)
         # What the steps' schedule() calls change besides the batch: the first filter drops the
         # finished requests still in the batch (a ghost clears batch_is_full), priority
