@@ -53,6 +53,10 @@ class DecodeRunMixin(ScheduleMixin):
             return "KV layout with sliding-window or hybrid groups, or KV cache events on"
         return None
 
+    def decode_run_extra_steps(self: Scheduler) -> int:
+        """Steps a request is still scheduled after the step of its last token: none (skip-ahead)."""
+        return 0
+
     def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int,
                            through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps

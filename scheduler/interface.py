@@ -177,6 +177,12 @@ class DecodeRunScheduler(SchedulerInterface, Protocol):
         each proven by decode_run_horizon."""
         ...
 
+    def decode_run_extra_steps(self) -> int:
+        """Steps a request is still scheduled after the step that brings its last token, in a run
+        through finishes: 0 for vLLM (the async skip-ahead passes it over), 1 for SGLang (the
+        overlap schedule's extra forward, whose token is dropped)."""
+        ...
+
     def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
         of decode_run_requests(), with num_in_flight steps scheduled and not updated (0 or 1); 0

@@ -121,6 +121,7 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         self._num_submitted = 0
         # Exact macro-steps (simulator/macro_step.py): None = they may apply, run by run.
         self.macro_fallback_reason = macro_fallback_reason(self)
+        self._decode_run_extra = self.scheduler.decode_run_extra_steps() if self.macro_fallback_reason is None else 0
         self.num_macro_steps = 0  # engine steps applied inside macro-steps
 
     # --- processes -----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class FinishRunMixin:
         ends: list[float] = []
         upd_t: list[float] = []
         t, a = now, first_step
+        each = self._scheduled_each(each)  # batch membership: the steps that schedule a request
         fin = sorted(m for m in each if m < k)  # the steps where the batch changes
         while a < k:
             c = bisect_right(fin, a)
@@ -73,13 +74,14 @@ class FinishRunMixin:
         k = len(sched_t)
         kvm = self.scheduler.kv_cache_manager
         running_end, waiting = self.scheduler.get_request_counts()  # the finishers are gone
-        fin = sorted(m for m in each if m < k)  # step j's batch: each[i] > j; running: each[i] >= j
-        cuts = sorted({c for m in fin for c in (m, m + 1) if 1 < c < k} | {1, k})
+        fin = sorted(m for m in each if m < k)  # running at step j: each[i] >= j (finished by update each[i])
+        sched = sorted(m for m in self._scheduled_each(each) if m < k)  # step j's batch: scheduled[i] > j
+        cuts = sorted({c for m in fin + sched for c in (m, m + 1) if 1 < c < k} | {1, k})
         sizes: list[int] = []
         running: list[int] = []
         total, num_fin = len(each), len(fin)
         for a, b in zip(cuts, cuts[1:]):  # steps of one batch size and running count
-            sizes += [total - bisect_right(fin, a)] * (b - a)
+            sizes += [total - bisect_right(sched, a)] * (b - a)
             running += [running_end + num_fin - bisect_left(fin, a)] * (b - a)
         hits_ext, queries_ext = hits + [0], queries + [0]  # the last step's update is the next run's
         durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]

@@ -143,8 +143,15 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         j = len(tl[0])  # the step the loop schedules at resume_s, priced when the run stopped short
         if j < len(gpu) and resume_s < self._deadline_s():
             self._tail_step(resume_s, in_flight, gpu[j], reqs if each is None else
-                            [r for r, m in zip(reqs, each) if m > j])  # step j's batch
+                            [r for r, m in zip(reqs, self._scheduled_each(each)) if m > j])  # step j's batch
         return exact_delays(now, resume_s)
+
+    def _scheduled_each(self, each: list[int] | None) -> list[int] | None:
+        """How many of a run's steps schedule each request, from how many bring it a token
+        (`each`): SGLang's overlap schedules a finishing request once more (the extra forward,
+        DecodeRunScheduler.decode_run_extra_steps); vLLM's skip-ahead does not."""
+        x = self._decode_run_extra
+        return each if each is None or x == 0 else [m + x for m in each]
 
     def _tail_step(self, t: float, in_flight, gpu_s: float | None, reqs: list | None = None) -> bool:
         """Schedule the async loop's next step, due at t (before the next arrival; nothing in the
@@ -271,7 +278,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = sched.finished_req_ids
         eff_first = sched.schedule_decode_steps(reqs, 1, [], now)  # its prefix lookup: S's update takes it
-        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished, each)
+        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished, self._scheduled_each(each))
         first = self._decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
@@ -296,7 +303,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         else:
             self._through_rows(self.num_steps, each, sched_t, upd_t, gpu, rest.free_after, hits, queries)
             self._progress_through(self.num_steps + 1, upd_t[1:], self._through_metrics(reqs, each, upd_t))
-            kept = [i for i, m in enumerate(each) if m >= k]  # the last step's batch
+            kept = [i for i, m in enumerate(self._scheduled_each(each)) if m >= k]  # the last step's batch
             last_reqs, last_ids = [reqs[i] for i in kept], [ids[i] for i in kept]
             last_toks = [tokens[i][k - 1] for i in kept]
         self.num_steps += k - 1

@@ -68,6 +68,28 @@ class Driver:
                                                          [[t[k - 1]] for t in tokens])))
         sched.check_invariants()
 
+    def bulk_through(self, k: int) -> int:
+        """An overlap run of k steps through finishes, as simulator/macro_step.py applies it (its
+        batch shrinking: decode_run_steps, the extra forward); returns the requests it finished."""
+        sched = self.sched
+        reqs = sched.decode_run_requests()
+        each = sched.decode_run_steps(reqs, k)
+        tokens = [[token(r.request_id, r.num_output_tokens + r.num_output_placeholders + j) for j in range(k)]
+                  for r in reqs]
+        sched.schedule_decode_steps(reqs, 1, [], 0.0)
+        old, mro = self.in_flight.pop(0)
+        sched.update_from_output(old, mro)
+        before = len(sched.requests)
+        sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], 0.0,
+                                    [min(m, k) - 1 for m in each], [0.0] * (k - 1))
+        kept = [i for i, m in enumerate(each) if m + 1 >= k]  # the last step: the extra forwards too
+        ids = [reqs[i].request_id for i in kept]
+        so = sched.decode_step_output([reqs[i] for i in kept])
+        self.in_flight.append((so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
+                                                     [[tokens[i][k - 1]] for i in kept])))
+        sched.check_invariants()
+        return before - len(sched.requests)
+
 
 def snapshot(sched: SGLangScheduler) -> dict:
     mem = sched.kv_cache_manager
@@ -124,6 +146,33 @@ def test_a_bulk_run_equals_stepping(overlap, seed):
     assert checked > 0
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_an_overlap_run_through_finishes_equals_stepping(seed):
+    """Requests finish inside the run (their extra forward scheduled, their pages released into
+    the pool's back and the tree), the batch shrinks; everything equals stepping."""
+    plain, bulk = setup(True, seed)
+    if seed % 2 and not plain.sched.waiting:
+        # A full batch with nothing waiting (its waiting request was aborted): the first filter
+        # that drops a finished request clears the flag, inside the run as when stepping.
+        plain.sched.batch_is_full = bulk.sched.batch_is_full = True
+    finished = 0
+    for _ in range(60):
+        assert snapshot(plain.sched) == snapshot(bulk.sched)
+        k = bulk.sched.decode_run_horizon(64, len(bulk.in_flight), through_finishes=True)
+        assert plain.sched.decode_run_horizon(64, len(plain.in_flight), through_finishes=True) == k
+        if k >= 2 and not bulk.sched.waiting:
+            for _ in range(k):
+                plain.step()
+            finished += bulk.bulk_through(k)
+        else:
+            plain.step()
+            bulk.step()
+        if not plain.sched.has_unfinished_requests() and not plain.in_flight:
+            break
+    assert snapshot(plain.sched) == snapshot(bulk.sched)
+    assert finished > 0
+
+
 def test_horizon_stops_before_the_update_that_finishes_a_request():
     for overlap in (False, True):
         _, d = setup(overlap, 3)
@@ -140,10 +189,10 @@ def test_horizon_stops_before_a_step_that_would_evict_or_retract():
     sched = bulk.sched
     k = sched.decode_run_horizon(10_000, 0)
     free = len(sched.kv_cache_manager.pool.free_pages)
-    need = sched.kv_cache_manager._run_pages(sched.kv_cache_manager._first_alloc_steps(sched.running), k + 1)
+    need = sched.kv_cache_manager._run_pages(sched.kv_cache_manager.first_alloc_steps(sched.running), k + 1)
     bound = min(r.max_tokens - r.num_output_tokens - 1 for r in sched.running)
     assert k == bound or need > free  # one step more would not fit in the free pages
-    assert sched.kv_cache_manager._run_pages(sched.kv_cache_manager._first_alloc_steps(sched.running), k) <= free
+    assert sched.kv_cache_manager._run_pages(sched.kv_cache_manager.first_alloc_steps(sched.running), k) <= free
 
 
 def test_waiting_request_needs_a_full_batch_and_no_ghost():

@@ -11,10 +11,12 @@ next k steps are all plain, their effect is fixed and applied at once: the pages
 steps' grow() calls take them (SGLangMemory.apply_decode_run), the counters, the ratio (decayed k
 times, float for float), the tokens.
 
-Unlike vLLM's async scheduler, SGLang's overlap schedule has no skip-ahead: a request whose
-in-flight step reaches max_tokens is scheduled once more (the extra forward) and finished by the
-update after. A run therefore ends before any update that would finish a request, and the
-stepping loop takes it from there. Mixed into SGLangScheduler.
+Through finishes (the overlap loop, nothing waiting): the batch shrinks as requests finish. Unlike
+vLLM's async scheduler, SGLang's overlap schedule has no skip-ahead: a request whose in-flight step
+brings its last token is scheduled once more (the extra forward: decode_run_extra_steps() is 1)
+and finished by the update that follows that schedule; the forward's token is dropped. Nothing
+waits, so the freed seat and pages admit nobody, and each later schedule drops the finished
+request from the batch (a ghost until then). Mixed into SGLangScheduler.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 from servesim.scheduler.decode_run import DecodeRunEffects
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
-from servesim.scheduler.request import RequestStatus
+from servesim.scheduler.request import RequestStatus, check_stop
 from servesim.scheduler.sglang.batching import Batch
 from servesim.scheduler.sglang.output import StepInfo
 
@@ -39,14 +41,18 @@ class DecodeRunMixin:
         """Why no run of decode steps can ever apply to this scheduler (None: they may)."""
         return None
 
+    def decode_run_extra_steps(self: SGLangScheduler) -> int:
+        """Steps a request is still scheduled after the step of its last token (the extra forward)."""
+        return 1
+
     def decode_run_horizon(self: SGLangScheduler, max_steps: int, num_in_flight: int,
                            through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
-        of `running`, none of whose updates (the in-flight step's included) finishes a request; 0
-        if not even one. `num_in_flight`: steps scheduled but not yet updated (0: sync; 1: the
-        overlap loop between steps, every running request holding one output placeholder).
-        `through_finishes` is accepted and not used: SGLang's runs end before a finish (the
-        extra forward of overlap; see the module docstring). Conservative: any state not
+        of decode_run_requests(), none of whose updates (the in-flight step's included) finishes
+        a request; 0 if not even one. `num_in_flight`: steps scheduled but not yet updated (0:
+        sync; 1: the overlap loop between steps). `through_finishes` (one in flight, nothing
+        waiting): updates inside the run may finish requests instead (decode_run_steps says
+        which); the in-flight step's update still may not. Conservative: any state not
         recognised answers 0."""
         if num_in_flight > 1 or self.chunked_req is not None or self._pending:
             return 0  # (_pending: an abort the next update reports)
@@ -59,6 +65,7 @@ class DecodeRunMixin:
             # request still in a batch (a ghost, or one the merge drops) clears the flag, and
             # priority scheduling clears it to try preemption.
             return 0
+        through = through_finishes and num_in_flight == 1 and not self.waiting
         batch = self.running + merged
         k = max_steps
         # Output placeholders: one for each request in the step in flight. After a decode batch
@@ -67,6 +74,7 @@ class DecodeRunMixin:
         extend = self.last_batch is not None and self.last_batch.is_extend
         num_running = len(self.running)
         max_len = self.max_model_len
+        last = 0  # through: the latest last-token step (the run's last step keeps a live request)
         for i, r in enumerate(batch):
             ph = 0 if extend and i < num_running else num_in_flight
             ntok = r.num_tokens
@@ -77,10 +85,22 @@ class DecodeRunMixin:
             if sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos):
                 return 0
             # Update i (0-based; with one in flight the first is that step's) brings the request to
-            # at most o + i + 1 outputs, which must stay below max_tokens and max_model_len.
-            k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
+            # at most o + i + 1 outputs, which must stay below max_tokens and max_model_len; through
+            # finishes, only max_model_len bounds the run, and the in-flight update finishes nobody.
+            room = r.max_tokens - r.num_output_tokens - 1
+            if through:
+                if sp.min_tokens > r.max_tokens or room < 1:
+                    return 0  # (min_tokens: its last step would not stop it, check_stop)
+                last = max(last, room + 1 - ph)
+                k = min(k, max_len - ntok - 2)
+            else:
+                k = min(k, room, max_len - ntok - 2)
             if k < 1:
                 return 0
+        if through:
+            k = min(k, last)
+            caps = [min(m + 1, k) for m in self.decode_run_steps(batch, k)]
+            return self.kv_cache_manager.decode_run_fit(batch, k, caps)
         return self.kv_cache_manager.decode_run_fit(batch, k)
 
     def _to_merge(self: SGLangScheduler) -> tuple[list[Request], bool]:
@@ -100,8 +120,10 @@ class DecodeRunMixin:
         return self.running + self._to_merge()[0]
 
     def decode_run_steps(self: SGLangScheduler, batch: Sequence[Request], num_steps: int) -> list[int]:
-        """Every request takes all of a run's schedules (its horizon excludes finishes)."""
-        return [num_steps] * len(batch)
+        """How many of a run's num_steps steps bring each request of `batch` a token (it is
+        scheduled once more, the extra forward, when that is fewer): up to its last token. A
+        request holding no placeholder (not in the step in flight) takes one step more."""
+        return [min(r.max_tokens - r.num_output_tokens - r.num_output_placeholders, num_steps) for r in batch]
 
     def schedule_decode_steps(self: SGLangScheduler, batch: Sequence[Request], num_steps: int,
                               token_ids: Sequence[list[int]], now_s: float, steps_each: list[int] | None = None,
@@ -110,46 +132,75 @@ class DecodeRunMixin:
         planned, decode_run_horizon steps at most) and, after each, the update of one step (its
         tokens: token_ids[i][:num_steps] for batch[i]; no lists, or empty ones, for no updates).
         Sync loop: step j's own update follows its schedule; overlap loop: the previous step's.
-        `now_s` is the time of the last schedule or update applied. steps_each must be None (no
-        finishes inside a run: decode_run_steps)."""
-        if steps_each is not None and min(steps_each, default=num_steps) < num_steps:
-            raise ValueError("an SGLang decode run has no finishes inside (decode_run_steps)")
+        `now_s` is the time of the last schedule or update applied.
+
+        `steps_each` (overlap, with updates, through finishes): when steps_each[i] < num_steps,
+        update steps_each[i] (at update_times_s[steps_each[i]]) brings batch[i] its last token
+        and finishes it, as update_from_output does; schedule steps_each[i], just before that
+        update, is its extra forward, so it is scheduled steps_each[i] + 1 times. A finished
+        request is a ghost until the next schedule drops it and hands its id over (in the
+        returned `finished`), or until the next one after the run."""
         self.now_s = now_s
         cfg = self.config
         self._merge_last_batch()  # the first schedule's; a no-op after a decode batch
-        free_after = self.kv_cache_manager.apply_decode_run(batch, num_steps)
-        # What the steps' schedule() calls change besides the batch: the first filter drops the
-        # finished requests still in the batch (a ghost clears batch_is_full), priority
-        # scheduling clears the flag to try preemption, and each memory check that passes
-        # decays new_token_ratio (in order: the same float as stepping).
-        if self.ghosts:
-            self.ghosts.clear()
-            self.batch_is_full = False
-        if cfg.enable_priority_scheduling:
-            self.batch_is_full = False
-        ratio, decay, floor = self.new_token_ratio, cfg.ratio_decay, cfg.min_ratio
-        for _ in range(num_steps):
-            ratio = max(ratio - decay, floor)
-        self.new_token_ratio = ratio
+        n = num_steps
+        sched_each = None if steps_each is None else [min(m + 1, n) for m in steps_each]
+        dropped = bool(self.ghosts)  # the first schedule's filter drops them
+        self.ghosts.clear()
         finished = self.finished_req_ids  # handed over by the first schedule
         self.finished_req_ids = set()
+        first = self.kv_cache_manager.first_alloc_steps(batch)  # before the counters move
         with_updates = bool(token_ids) and len(token_ids[0]) > 0
         for i, r in enumerate(batch):
-            r.num_computed_tokens += num_steps
+            r.num_computed_tokens += n if sched_each is None else sched_each[i]
             r.is_prefill_chunk = False
             if with_updates:
                 toks = token_ids[i]
-                r.append_output_token_ids(toks if len(toks) == num_steps else toks[:num_steps])
+                m = n if steps_each is None or steps_each[i] >= n else steps_each[i] + 1
+                r.append_output_token_ids(toks if len(toks) == m else toks[:m])
             else:
-                r.num_output_placeholders += num_steps
-        self.prev_step_scheduled_req_ids = {r.request_id for r in batch}
-        self.last_batch = Batch("decode", decode=list(batch))
+                r.num_output_placeholders += n
+        finish_at = None
+        if steps_each is not None:
+            finish_at = [[] for _ in range(n)]
+            for i, m in enumerate(steps_each):
+                if m < n:
+                    finish_at[m].append(batch[i])
+        free_after = self.kv_cache_manager.apply_decode_run(batch, n, first, sched_each, finish_at, self._finish_in_run)
+        if finish_at is not None:
+            handed = {r.request_id for step in finish_at[:n - 1] for r in step}
+            if handed:  # dropped and handed over by a later schedule of the run
+                dropped = True
+                finished = finished | handed
+                self.finished_req_ids -= handed
+                self.ghosts = [r for r in self.ghosts if r.request_id not in handed]
+        # What the steps' schedule() calls change besides the batch: a filter that drops a
+        # finished request clears batch_is_full, priority scheduling clears it to try
+        # preemption, and each memory check that passes decays new_token_ratio (in order: the
+        # same float as stepping).
+        if dropped or cfg.enable_priority_scheduling:
+            self.batch_is_full = False
+        ratio, decay, floor = self.new_token_ratio, cfg.ratio_decay, cfg.min_ratio
+        for _ in range(n):
+            ratio = max(ratio - decay, floor)
+        self.new_token_ratio = ratio
+        last = batch if sched_each is None else [r for r, m in zip(batch, sched_each) if m >= n]
+        self.prev_step_scheduled_req_ids = {r.request_id for r in last}
+        self.last_batch = Batch("decode", decode=list(last))
         hits, queries = [], []
         if with_updates and self.log_stats:  # each update takes the prefix-cache stats recorded since the previous one
             stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-            hits = [stats.hits] + [0] * (num_steps - 1)
-            queries = [stats.queries] + [0] * (num_steps - 1)
+            hits = [stats.hits] + [0] * (n - 1)
+            queries = [stats.queries] + [0] * (n - 1)
         return DecodeRunEffects(free_after, finished, hits, queries)
+
+    def _finish_in_run(self: SGLangScheduler, request: Request) -> None:
+        """The update that brings a request of a run its last token: update_from_output's finish
+        (its stop rule, then _finish: cache what it computed, free the rest, a ghost until the
+        next filter)."""
+        if not check_stop(request, self.max_model_len):
+            raise AssertionError(f"{request.request_id}: a run's last step did not finish it")
+        self._finish(request)
 
     def decode_step_output(self: SGLangScheduler, batch: Sequence[Request]) -> SchedulerOutput:
         """The SchedulerOutput of the last plain decode step of `batch` scheduled by

@@ -12,7 +12,7 @@ docs/SGLANG_MODEL.md), which keeps block tables append-only.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -120,7 +120,7 @@ class SGLangMemory:
         return self.ensure_available(self.decode_tokens_needed(requests))
 
     # --- runs of decode steps in bulk (scheduler/sglang/decode_run.py) ------------------------------
-    def _first_alloc_steps(self, requests: Sequence[Request]) -> list[int]:
+    def first_alloc_steps(self, requests: Sequence[Request]) -> list[int]:
         """For each request, the step of a decode run (0-based) whose grow() takes its first new
         page: step j grows it to num_computed_tokens + j + 1 tokens, and a page is taken when that
         passes what its pages hold (check_decode_mem's count: computed >= pages * page_size);
@@ -128,38 +128,49 @@ class SGLangMemory:
         ps, reqs = self.page_size, self.reqs
         return [max(0, len(reqs[r.request_id].pages) * ps - r.num_computed_tokens) for r in requests]
 
-    def _run_pages(self, first: list[int], num_steps: int) -> int:
-        """Pages the first num_steps steps of a run take (first: _first_alloc_steps)."""
+    def _run_pages(self, first: list[int], num_steps: int, caps: Sequence[int] | None = None) -> int:
+        """Pages the first num_steps steps of a run take (first: first_alloc_steps; request i is
+        scheduled in the first caps[i] steps only)."""
         ps = self.page_size
-        return sum(-(-(num_steps - j0) // ps) for j0 in first if j0 < num_steps)
+        if caps is None:
+            return sum(-(-(num_steps - j0) // ps) for j0 in first if j0 < num_steps)
+        return sum(-(-(min(num_steps, c) - j0) // ps) for j0, c in zip(first, caps) if j0 < min(num_steps, c))
 
-    def decode_run_fit(self, requests: Sequence[Request], max_steps: int) -> int:
+    def decode_run_fit(self, requests: Sequence[Request], max_steps: int, caps: Sequence[int] | None = None) -> int:
         """How many of the next max_steps decode steps of `requests` find every page they take
         free in the pool, so that no decode memory check evicts from the tree or retracts
-        (ensure_available evicts only when the pool is short). The free pages only fall through
-        such a run (nothing is freed or inserted), so it holds for m steps iff the first m steps'
-        pages together fit: the largest such m, by bisection."""
-        first = self._first_alloc_steps(requests)
+        (ensure_available evicts only when the pool is short). Pages freed inside the run (a
+        request finishing: `caps`, request i is scheduled in the first caps[i] steps only) go
+        to the back of the pool and are not counted; so the free pages only fall, and the run
+        holds for m steps iff the first m steps' pages together fit: the largest such m, by
+        bisection."""
+        first = self.first_alloc_steps(requests)
         free = len(self.pool.free_pages)
-        if self._run_pages(first, max_steps) <= free:
+        if self._run_pages(first, max_steps, caps) <= free:
             return max_steps
         lo, hi = 0, max_steps  # fits lo steps, not hi
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._run_pages(first, mid) <= free:
+            if self._run_pages(first, mid, caps) <= free:
                 lo = mid
             else:
                 hi = mid
         return lo
 
-    def apply_decode_run(self, requests: Sequence[Request], num_steps: int) -> list[int]:
-        """Take the pages of num_steps decode steps of `requests` (decode_run_fit steps at most),
-        in the order the steps' grow() calls take them (step by step, batch order within a step),
-        so page ids are the stepped ones; mark them reported (the steps' outputs would have sent
-        them). Returns num_free_pages() after each step."""
+    def apply_decode_run(self, requests: Sequence[Request], num_steps: int, first: list[int],
+                         caps: Sequence[int] | None = None, finish_at: list[list[Request]] | None = None,
+                         finish: Callable[[Request], None] | None = None) -> list[int]:
+        """Take the pages of num_steps decode steps of `requests` (decode_run_fit steps at most;
+        request i in the first caps[i] only), in the order the steps' grow() calls take them
+        (step by step, batch order within a step), so page ids are the stepped ones; mark them
+        reported (the steps' outputs would have sent them). `finish_at[j]`: the requests the
+        update after schedule j finishes, in order (`finish` releases each: its pages go to the
+        back of the pool, behind every page the run takes). Returns num_free_pages() after each
+        schedule. `first`: first_alloc_steps(requests) before the run (the caller may have moved
+        the requests' counters to the run's end already, which the finishes read)."""
         ps, reqs = self.page_size, self.reqs
-        first = self._first_alloc_steps(requests)
-        takes = sorted((j, i) for i, j0 in enumerate(first) for j in range(j0, num_steps, ps))
+        limits = caps if caps is not None else [num_steps] * len(requests)
+        takes = sorted((j, i) for i, (j0, c) in enumerate(zip(first, limits)) for j in range(j0, min(c, num_steps), ps))
         pages = self.pool.alloc(len(takes))
         if pages is None:
             raise MemoryError(f"KV pool out of memory in a decode run of {num_steps} steps")
@@ -172,11 +183,14 @@ class SGLangMemory:
         for r in requests:
             kv = reqs[r.request_id]
             kv.num_reported = len(kv.pages)
-        free = len(self.pool.free_pages) + len(pages) + self.tree.evictable_size() // ps
+        not_yet = len(pages)  # taken up front, not yet by step j's schedule
         free_after = []
-        for n in per_step:
-            free -= n
-            free_after.append(free)
+        for j, num in enumerate(per_step):
+            not_yet -= num
+            free_after.append(len(self.pool.free_pages) + not_yet + self.tree.evictable_size() // ps)
+            if finish_at is not None and finish is not None:
+                for r in finish_at[j]:
+                    finish(r)
         return free_after
 
     def usage_at(self, num_free_pages: int) -> float:
