@@ -13,6 +13,7 @@ Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
 - default: the bundled trace (`make run`);
 - saturating: 3,000 random requests at 50 req/s, prompts 200-2,000 and outputs 50-500 tokens;
 - hour / code: the Azure LLM inference 2023 conversation / code traces (1 hour each; ../shared);
+- sglang-hour: the hour on the SGLang engine (overlap schedule, radix cache);
 - mooncake: the full Mooncake conversation trace (12,031 requests), Llama-3.1-70B on 8 H100 (TP8);
 - vidur: Vidur's own workload (../shared/data/benchmarks/speed_vidur_workload: 19,366 Azure-conv
   requests, Poisson 1 req/s), Llama-2-70B TP2 on A100, batch cap 128, 4,096 tokens per batch.
@@ -60,6 +61,8 @@ def cases() -> list[Case]:
                             "--random-range-ratio", "0.818")),
         Case("hour", (str(AZURE / "AzureLLMInferenceTrace_conv.csv"),), AZURE / "AzureLLMInferenceTrace_conv.csv"),
         Case("code", (str(AZURE / "AzureLLMInferenceTrace_code.csv"),), AZURE / "AzureLLMInferenceTrace_code.csv"),
+        Case("sglang-hour", (str(AZURE / "AzureLLMInferenceTrace_conv.csv"), "--engine", "sglang"),
+             AZURE / "AzureLLMInferenceTrace_conv.csv"),
         Case("mooncake", (str(SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
                           "--model", "llama-3.1-70b", "--tp", "8"),
              SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),

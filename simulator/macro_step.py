@@ -32,7 +32,10 @@ Async tail: when the next update would meet the arrival, the step the loop sched
 too ("tail step") and leaves two steps in flight; the loop then applies the older one's update
 at its end, after the arrival, exactly as stepping does. Alone (the in-flight step's own update
 already meets the arrival) the tail is a one-step macro-step: each arrival saves a schedule().
-Where a macro-step cannot be exact the engine steps; `macro_fallback_reason` says why (docs/ARCHITECTURE.md).
+The scheduler side is scheduler.interface.DecodeRunScheduler: vLLM's (scheduler/decode_run.py) and
+SGLang's (scheduler/sglang/decode_run.py, whose finishing request is scheduled once more: its
+overlap's extra forward, `_scheduled_each`). Where a macro-step cannot be exact the engine steps;
+`macro_fallback_reason` says why (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
