@@ -30,7 +30,7 @@ def test_insert_then_match_returns_the_full_length_and_pages():
     tree, pool = _cache()
     assert _put(tree, pool, [1, 2, 3, 4]) == 0
     node, n = tree.match_prefix([1, 2, 3, 4, 9])
-    assert n == 4 and node.key == (1, 2, 3, 4) and tree.path_pages(node) == node.value and len(node.value) == 4
+    assert n == 4 and tuple(node.key) == (1, 2, 3, 4) and tree.path_pages(node) == node.value and len(node.value) == 4
     assert _put(tree, pool, [1, 2, 3, 4, 5]) == 4  # the first 4 were cached already
 
 
@@ -38,7 +38,7 @@ def test_partial_match_splits_the_node():
     tree, pool = _cache()
     _put(tree, pool, [1, 2, 3, 4])
     node, n = tree.match_prefix([1, 2, 7])
-    assert n == 2 and node.key == (1, 2) and len(node.children) == 1
+    assert n == 2 and tuple(node.key) == (1, 2) and len(node.children) == 1
     child = next(iter(node.children.values()))
     assert tree.path_pages(child) == node.value + child.value
     assert tree.total_size() == 4 and tree.evictable_size() == 4
@@ -148,3 +148,22 @@ class RadixMachine(RuleBasedStateMachine):
 
 TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_keys_are_compact_arrays_and_ids_beyond_int32_still_match():
+    """Keys are arrays (requests' ids as they hold them, no tuple of Python ints); a list with an id
+    beyond int32 becomes an int64 array, which matches int32 ones by value."""
+    from array import array
+
+    from servesim.scheduler.sglang.radix_cache import as_key
+
+    assert as_key([1, 2]).typecode == "i" and as_key([1, 2 ** 40]).typecode == "q"
+    tree, pool = _cache()
+    _put(tree, pool, [1, 2, 3, 4])
+    assert tree.match_prefix(array("q", [1, 2, 3, 4]))[1] == 4
+    assert tree.peek_prefix((1, 2, 9)) == 2
+    _put(tree, pool, [1, 2, 2 ** 40, 5])  # splits the first node after two tokens
+    node, n = tree.match_prefix(array("i", [1, 2, 3, 4]))
+    assert n == 4 and tuple(node.key) == (3, 4)
+    node, n = tree.match_prefix([1, 2, 2 ** 40, 5, 6])
+    assert n == 4 and tuple(node.key) == (2 ** 40, 5) and node.key.typecode == "q"

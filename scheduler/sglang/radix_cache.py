@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from collections import deque
 from collections.abc import Hashable, Sequence
 
@@ -51,7 +52,7 @@ class TokenToKVPool:
 class TreeNode:
     __slots__ = ("id", "key", "value", "children", "parent", "lock_ref", "last_access", "extra")
 
-    def __init__(self, node_id: int, key: tuple[int, ...] = (), value: list[int] | None = None,
+    def __init__(self, node_id: int, key: Sequence[int] = (), value: list[int] | None = None,
                  parent: TreeNode | None = None, extra: Hashable = None) -> None:
         self.id = node_id
         self.key = key  # tokens of this edge; a whole number of pages
@@ -69,15 +70,33 @@ class TreeNode:
         return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
 
 
+def as_key(tokens: Sequence[int]) -> array:
+    """Token ids as a tree key: a compact array (a slice copies raw ints, == compares them in C;
+    a tuple of Python ints costs ~200x more to build and ~30x more to compare). array('i') as
+    requests hold their ids, array('q') for ids beyond int32 (arrays of different typecodes
+    still compare by value). The caller passes its own copy (a slice): keys are never aliased."""
+    if type(tokens) is array:
+        return tokens
+    try:
+        return array("i", tokens)
+    except OverflowError:
+        return array("q", tokens)
+
+
 def _common_prefix_len(a: Sequence[int], b: Sequence[int], page_size: int) -> int:
-    """Length of the common prefix of a and b, rounded down to whole pages."""
+    """Length of the common prefix of a and b, rounded down to whole pages (slice comparisons in
+    C: the whole overlap first, else a bisection for the first difference)."""
     n = min(len(a), len(b))
-    i, step = 0, 256
-    while i + step <= n and a[i:i + step] == b[i:i + step]:  # slices compare in C
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i // page_size * page_size
+    if a[:n] == b[:n]:
+        return n // page_size * page_size
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo // page_size * page_size
 
 
 class RadixCache:
@@ -126,7 +145,7 @@ class RadixCache:
 
         A match ending inside a node splits it, so the last node covers exactly the match (what
         a request then locks). Visited nodes count as accessed (LRU)."""
-        key = tuple(tokens[:len(tokens) // self.page_size * self.page_size])
+        key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
         node, matched = self.root, 0
         now = next(self._clock)
         while key:
@@ -145,7 +164,7 @@ class RadixCache:
     def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
         """Tokens match_prefix would match, in whole pages, without touching the tree (no LRU
         access, no split): for queries such as a router's."""
-        key = tuple(tokens[:len(tokens) // self.page_size * self.page_size])
+        key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
         node, matched = self.root, 0
         while key:
             child = node.children.get(self._child_key(extra, key))
@@ -184,7 +203,7 @@ class RadixCache:
         tokens were already cached. Pages of that leading part stay the caller's (SGLang frees
         them as duplicates); the pages of the rest now belong to the tree."""
         ps = self.page_size
-        key = tuple(tokens[:len(tokens) // ps * ps])
+        key = as_key(tokens[:len(tokens) // ps * ps])
         pages = list(pages[:len(key) // ps])
         if len(pages) * ps != len(key):
             raise ValueError(f"{len(key)} tokens need {len(key) // ps} pages, got {len(pages)}")
@@ -231,11 +250,12 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves, least recently used first, until num_tokens are freed (or none
         is left); a parent left childless and unlocked becomes a candidate. Returns tokens freed."""
-        heap = [n for n in self._leaves if n.lock_ref == 0]
+        # (last access, id, node): TreeNode's order, compared as tuples of ints (ids are unique)
+        heap = [(n.last_access, n.id, n) for n in self._leaves if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
-            node = heapq.heappop(heap)
+            node = heapq.heappop(heap)[2]
             if node.lock_ref > 0 or node.children:
                 continue
             if self.pool is not None:
@@ -244,7 +264,7 @@ class RadixCache:
             self._delete_leaf(node)
             parent = node.parent
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, parent)
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
     def _delete_leaf(self, node: TreeNode) -> None:
