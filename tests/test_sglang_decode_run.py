@@ -177,17 +177,60 @@ def test_horizon_stops_before_the_update_that_finishes_a_request():
         assert 1 <= k <= left
 
 
-def test_horizon_stops_before_a_step_that_would_evict_or_retract():
-    """A pool that runs out mid-run: the run ends before the step whose memory check would evict
-    cached pages (or retract); stepping that step then evicts."""
+def test_horizon_stops_before_a_step_that_would_retract():
+    """A pool that runs out mid-run: cached pages are evicted inside the run (apply_decode_run
+    replays it); the run ends before the step whose memory check would have to retract."""
     plain, bulk = setup(False, 5, max_total_tokens=400)
-    sched = bulk.sched
-    k = sched.decode_run_horizon(10_000, 0)
-    free = len(sched.kv_cache_manager.pool.free_pages)
-    need = sched.kv_cache_manager._run_pages(sched.kv_cache_manager.first_alloc_steps(sched.running), k + 1)
-    bound = min(r.max_tokens - r.num_output_tokens - 1 for r in sched.running)
-    assert k == bound or need > free  # one step more would not fit in the free pages
-    assert sched.kv_cache_manager._run_pages(sched.kv_cache_manager.first_alloc_steps(sched.running), k) <= free
+    mem = bulk.sched.kv_cache_manager
+    running = bulk.sched.running
+    k = bulk.sched.decode_run_horizon(10_000, 0)
+    room = len(mem.pool.free_pages) + mem.tree.evictable_size() // mem.page_size
+    bound = min(r.max_tokens - r.num_output_tokens - 1 for r in running)
+    assert k == bound or mem._run_pages(mem.first_alloc_steps(running), k + 1) > room  # one more would not fit
+    assert mem._run_pages(mem.first_alloc_steps(running), k) <= room
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_runs_evict_cached_pages_as_stepping_does(overlap, seed):
+    """A small pool whose free pages are all cached (finished requests, shared prefixes) and a
+    stream of arrivals: runs evict from the tree at the steps stepping evicts, in LRU order, and
+    take the freed pages; state equals stepping throughout."""
+    rng = random.Random(seed)
+    plain, bulk = (Driver(make_sched(overlap_schedule=overlap, max_total_tokens=500), overlap) for _ in range(2))
+    evictions = []  # tokens freed by evictions inside bulk runs
+    tree = bulk.sched.kv_cache_manager.tree
+    evict, in_run = tree.evict, [False]
+
+    def counted(num_tokens: int) -> int:
+        freed = evict(num_tokens)
+        if in_run[0]:
+            evictions.append(freed)
+        return freed
+
+    def flagged(apply):
+        def run(k: int):
+            in_run[0] = True
+            try:
+                return apply(k)
+            finally:
+                in_run[0] = False
+        return run
+
+    tree.evict = counted
+    bulk.bulk, bulk.bulk_through = flagged(bulk.bulk), flagged(bulk.bulk_through)
+    prefixes = [[rng.randint(1, 400) for _ in range(rng.choice([8, 24, 40]))] for _ in range(3)]
+    runs = 0
+    for wave in range(6):
+        for i in range(rng.randint(1, 4)):
+            tokens = rng.choice(prefixes) + [rng.randint(1, 400) for _ in range(rng.randint(1, 30))]
+            max_tokens = rng.randint(10, 60)
+            for d in (plain, bulk):
+                d.sched.add_request(Request(f"w{wave}-{i}", tokens, SamplingParams(max_tokens=max_tokens,
+                                                                                   ignore_eos=True)))
+        runs += drive_both(plain, bulk, through=overlap, rounds=rng.randint(4, 12))
+    runs += drive_both(plain, bulk, through=overlap, rounds=400)
+    assert runs > 0 and sum(evictions) > 0
 
 
 def test_waiting_request_needs_a_full_batch_and_no_ghost():
