@@ -158,6 +158,8 @@ def test_keys_are_compact_arrays_and_ids_beyond_int32_still_match():
     from servesim.scheduler.sglang.radix_cache import as_key
 
     assert as_key([1, 2]).typecode == "i" and as_key([1, 2 ** 40]).typecode == "q"
+    with pytest.raises(ValueError, match="int64"):
+        as_key([2 ** 70])
     tree, pool = _cache()
     _put(tree, pool, [1, 2, 3, 4])
     assert tree.match_prefix(array("q", [1, 2, 3, 4]))[1] == 4

@@ -80,7 +80,11 @@ def as_key(tokens: Sequence[int]) -> array:
     try:
         return array("i", tokens)
     except OverflowError:
+        pass
+    try:
         return array("q", tokens)
+    except OverflowError:
+        raise ValueError("token ids must fit int64 (traces hold ids in [0, 2**31))") from None
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int], page_size: int) -> int:
