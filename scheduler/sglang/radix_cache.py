@@ -87,16 +87,16 @@ def as_key(tokens: Sequence[int]) -> array:
         raise ValueError("token ids must fit int64 (traces hold ids in [0, 2**31))") from None
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int], page_size: int) -> int:
-    """Length of the common prefix of a and b, rounded down to whole pages (slice comparisons in
-    C: the whole overlap first, else a bisection for the first difference)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+def _common_prefix_len(a: Sequence[int], b: Sequence[int], off: int, page_size: int) -> int:
+    """Length of the common prefix of a and b[off:], rounded down to whole pages (slice
+    comparisons in C: the whole overlap first, else a bisection for the first difference)."""
+    n = min(len(a), len(b) - off)
+    if a[:n] == b[off:off + n]:
         return n // page_size * page_size
-    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    lo, hi = 0, n  # a[:lo] == b[off:off + lo]; a[:hi] != b[off:off + hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
+        if a[lo:mid] == b[off + lo:off + mid]:
             lo = mid
         else:
             hi = mid
@@ -141,8 +141,29 @@ class RadixCache:
         return out
 
     # --- lookup ----------------------------------------------------------------------------------
-    def _child_key(self, extra: Hashable, key: Sequence[int]) -> tuple:
-        return (extra, tuple(key[:self.page_size]))
+    def _child_key(self, extra: Hashable, key: Sequence[int], off: int = 0) -> tuple:
+        """A child's entry in its parent: the namespace and the first page of its tokens (those of
+        key[off:])."""
+        return (extra, tuple(key[off:off + self.page_size]))
+
+    def _walk(self, key: Sequence[int], extra: Hashable, now: int | None) -> tuple[TreeNode, int, TreeNode | None, int]:
+        """Follow `key` (whole pages) down from the root: (the last node matched whole, tokens
+        matched, the child matched only partly or None, its common length). Visited children
+        count as accessed at `now` (None: a read-only walk). Positions move by an offset: no
+        level copies the rest of the key."""
+        ps = self.page_size
+        node, off, end = self.root, 0, len(key)
+        while off < end:
+            child = node.children.get(self._child_key(extra, key, off))
+            if child is None:
+                break
+            if now is not None:
+                child.last_access = now
+            n = _common_prefix_len(child.key, key, off, ps)
+            if n < len(child.key):
+                return node, off + n, child, n
+            node, off = child, off + n
+        return node, off, None, 0
 
     def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
         """(last node, matched tokens) of the longest cached prefix, in whole pages.
@@ -150,36 +171,16 @@ class RadixCache:
         A match ending inside a node splits it, so the last node covers exactly the match (what
         a request then locks). Visited nodes count as accessed (LRU)."""
         key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
-        node, matched = self.root, 0
-        now = next(self._clock)
-        while key:
-            child = node.children.get(self._child_key(extra, key))
-            if child is None:
-                break
-            child.last_access = now
-            n = _common_prefix_len(child.key, key, self.page_size)
-            matched += n
-            if n < len(child.key):
-                node = self._split(child, n)
-                break
-            node, key = child, key[n:]
+        node, matched, partial, n = self._walk(key, extra, next(self._clock))
+        if partial is not None:
+            node = self._split(partial, n)
         return node, matched
 
     def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
         """Tokens match_prefix would match, in whole pages, without touching the tree (no LRU
         access, no split): for queries such as a router's."""
         key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
-        node, matched = self.root, 0
-        while key:
-            child = node.children.get(self._child_key(extra, key))
-            if child is None:
-                break
-            n = _common_prefix_len(child.key, key, self.page_size)
-            matched += n
-            if n < len(child.key):
-                break
-            node, key = child, key[n:]
-        return matched
+        return self._walk(key, extra, None)[1]
 
     def path_pages(self, node: TreeNode) -> list[int]:
         """Pages of the cached prefix that ends at `node` (SGLang's prefix_indices)."""
@@ -211,24 +212,17 @@ class RadixCache:
         pages = list(pages[:len(key) // ps])
         if len(pages) * ps != len(key):
             raise ValueError(f"{len(key)} tokens need {len(key) // ps} pages, got {len(pages)}")
-        node, matched = self.root, 0
         now = next(self._clock)
-        while key:
-            child = node.children.get(self._child_key(extra, key))
-            if child is None:
-                break
-            child.last_access = now
-            n = _common_prefix_len(child.key, key, ps)
-            matched += n
-            node = self._split(child, n) if n < len(child.key) else child
-            key, pages = key[n:], pages[n // ps:]
-        if key:
-            leaf = TreeNode(next(self._ids), key, pages, node, extra)
+        node, matched, partial, n = self._walk(key, extra, now)
+        if partial is not None:
+            node = self._split(partial, n)
+        if matched < len(key):
+            leaf = TreeNode(next(self._ids), key[matched:], pages[matched // ps:], node, extra)
             leaf.last_access = now
-            node.children[self._child_key(extra, key)] = leaf
+            node.children[self._child_key(extra, leaf.key)] = leaf
             self._leaves.discard(node)
             self._leaves.add(leaf)
-            self.evictable_size_ += len(key)
+            self.evictable_size_ += len(leaf.key)
         return matched
 
     # --- locks -----------------------------------------------------------------------------------
