@@ -88,7 +88,11 @@ class BatchingMixin:
     def _make_prefill_batch(self: SGLangScheduler, adder: PrefillAdder) -> Batch:
         mem = self.kv_cache_manager
         admitted = {id(a.request) for a in adder.can_run_list}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        m = sum(not a.continuing for a in adder.can_run_list)  # admitted from the waiting queue
+        if all(id(r) in admitted for r in self.waiting[:m]):
+            del self.waiting[:m]  # the usual case: the queue's head (one memmove, not a rebuild)
+        else:
+            self.waiting = [r for r in self.waiting if id(r) not in admitted]
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None
             self.chunked_req = adder.new_chunked_req
