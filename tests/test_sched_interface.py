@@ -10,7 +10,7 @@ import pytest
 
 from servesim import _native
 from servesim.scheduler import AsyncScheduler, Request, SamplingParams, Scheduler
-from servesim.scheduler.interface import KVCacheUsage, SchedulerCapabilities, SchedulerInterface
+from servesim.scheduler.interface import DecodeRunScheduler, KVCacheUsage, SchedulerCapabilities, SchedulerInterface
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
 from servesim.simulator.cluster.config import sim_config_from_dict
@@ -60,11 +60,16 @@ def test_every_scheduler_implements_the_contract(sched):
     assert isinstance(sched.capabilities, SchedulerCapabilities)
     members = protocol_members(SchedulerInterface)
     assert {"capabilities", "overlap_allowed", "next_event_s", "cached_prefix_tokens"} <= set(members)
+    assert_implements(sched, members)
+
+
+def assert_implements(sched, members: dict[str, object]) -> None:
+    """`sched` has every member; each method accepts the declared parameters, by name and in
+    order (static-style)."""
     for name, declared in members.items():
         assert hasattr(sched, name), f"{type(sched).__name__} lacks {name}"
         if declared is None:
             continue
-        # Static-style: the implementation accepts the declared parameters, by name and in order.
         want = list(inspect.signature(declared).parameters)[1:]
         try:
             have = list(inspect.signature(getattr(sched, name)).parameters)
@@ -74,6 +79,19 @@ def test_every_scheduler_implements_the_contract(sched):
             assert _native.scheduler_mode().startswith("compiled"), f"{type(sched).__name__}.{name}"
             continue
         assert have[:len(want)] == want, f"{type(sched).__name__}.{name}{have} vs {want}"
+
+
+@pytest.mark.parametrize("sched", all_schedulers()[:4], ids=lambda s: type(s).__name__)
+def test_the_bulk_decode_schedulers_implement_their_contract(sched):
+    """The schedulers macro-steps drive (simulator/macro_step.py: DECODE_RUN_SCHEDULERS) have every
+    member DecodeRunScheduler declares, with its parameters, and their KV managers usage_at."""
+    from servesim.simulator.macro_step import DECODE_RUN_SCHEDULERS
+
+    assert type(sched) in DECODE_RUN_SCHEDULERS
+    assert callable(sched.kv_cache_manager.usage_at)
+    members = {n: v for n, v in protocol_members(DecodeRunScheduler).items() if n not in protocol_members(SchedulerInterface)}
+    assert {"decode_run_horizon", "schedule_decode_steps", "decode_run_extra_steps", "finished_req_ids"} <= set(members)
+    assert_implements(sched, members)
 
 
 def test_capabilities_are_declared_not_probed():
