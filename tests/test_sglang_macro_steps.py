@@ -60,6 +60,10 @@ def test_light_load_is_mostly_macro_stepped_and_identical(async_):
     ({"client.timeout_s": 3.0, "scheduler.max_num_seqs": 6}, dict(rate=20.0)),  # aborts between runs
     ({"client.max_concurrency": 5}, dict(rate=20.0)),
     ({"sglang.disable_consecutive_prefill_overlap": True}, dict(rate=10.0)),
+    ({"scheduler.enable_chunked_prefill": False, "cache.num_gpu_blocks": 200, "scheduler.max_model_len": 1500,
+      "scheduler.max_num_batched_tokens": 2048}, dict(rate=20.0)),  # whole prompts into a small pool
+    ({"cache.block_size": 1, "cache.num_gpu_blocks": 3000, "scheduler.max_model_len": 1500},
+     dict(rate=10.0, prefixes=True)),  # a page per token: a page at every step, evictions inside runs
 ])
 @pytest.mark.parametrize("async_", [True, False])
 def test_pressure_and_sglang_knobs_identical(sets, wl, async_):
