@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -89,8 +91,35 @@ def test_evicting_a_leaf_makes_its_unlocked_parent_evictable():
     assert tree.total_size() == 0 and len(pool.free_pages) == 64
 
 
+class FreshHeapTree(RadixCache):
+    """The reference eviction: a heap of every unlocked leaf built afresh at each call (SGLang's
+    own evict), which the tree's kept order (RadixCache._offer) must reproduce exactly."""
+
+    def evict(self, num_tokens: int) -> int:
+        heap = [(n.last_access, n.id, n) for n in self._leaves if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            node = heapq.heappop(heap)[2]
+            if node.lock_ref > 0 or node.children:
+                continue
+            if self.pool is not None:
+                self.pool.free(node.value)
+            freed += len(node.key)
+            self._delete_leaf(node)
+            parent = node.parent
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        return freed
+
+
+def _shape(tree: RadixCache) -> list:
+    return sorted((n.id, tuple(n.key), tuple(n.value), n.lock_ref, n.last_access) for n in tree.nodes())
+
+
 class RadixMachine(RuleBasedStateMachine):
-    """Random inserts (small alphabet: lots of shared prefixes), matches, locks and evictions."""
+    """Random inserts (small alphabet: lots of shared prefixes), matches, locks and evictions, on
+    the tree and on a twin evicting by the reference (FreshHeapTree): both stay identical."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -98,6 +127,9 @@ class RadixMachine(RuleBasedStateMachine):
         self.pool = TokenToKVPool(40, self.page_size)
         self.tree = RadixCache(self.page_size, self.pool)
         self.users: list = []  # locked nodes, one entry per user
+        self.ref_pool = TokenToKVPool(40, self.page_size)
+        self.ref = FreshHeapTree(self.page_size, self.ref_pool)
+        self.ref_users: list = []
 
     tokens = st.lists(st.integers(0, 2), min_size=0, max_size=12)
 
@@ -105,34 +137,38 @@ class RadixMachine(RuleBasedStateMachine):
     def insert(self, tokens):
         ps = self.page_size
         need = len(tokens) // ps
-        if need > len(self.pool.free_pages):
-            self.tree.evict((need - len(self.pool.free_pages)) * ps)
-        pages = self.pool.alloc(need)
-        if pages is None:
-            return  # everything left is locked
-        already = self.tree.insert(tokens, pages)
-        self.pool.free(pages[:already // ps])
-        # Match after insert returns the full (page-aligned) length.
-        node, n = self.tree.match_prefix(tokens)
-        assert n == need * ps and len(self.tree.path_pages(node)) == need
+        for tree, pool in ((self.tree, self.pool), (self.ref, self.ref_pool)):
+            if need > len(pool.free_pages):
+                tree.evict((need - len(pool.free_pages)) * ps)
+            pages = pool.alloc(need)
+            if pages is None:
+                continue  # everything left is locked
+            already = tree.insert(tokens, pages)
+            pool.free(pages[:already // ps])
+            # Match after insert returns the full (page-aligned) length.
+            node, n = tree.match_prefix(tokens)
+            assert n == need * ps and len(tree.path_pages(node)) == need
 
     @rule(tokens=tokens)
     def lock(self, tokens):
-        node, _ = self.tree.match_prefix(tokens)
-        if node is not self.tree.root:
-            self.tree.inc_lock_ref(node)
-            self.users.append(node)
+        for tree, users in ((self.tree, self.users), (self.ref, self.ref_users)):
+            node, _ = tree.match_prefix(tokens)
+            if node is not tree.root:
+                tree.inc_lock_ref(node)
+                users.append(node)
 
     @precondition(lambda self: self.users)
     @rule(i=st.integers(0, 100))
     def unlock(self, i):
         self.tree.dec_lock_ref(self.users.pop(i % len(self.users)))
+        self.ref.dec_lock_ref(self.ref_users.pop(i % len(self.ref_users)))
 
     @rule(n=st.integers(0, 30))
     def evict(self, n):
         locked = [(node, node.key) for node in self.tree.nodes() if node.lock_ref > 0]
         before = self.tree.evictable_size()
         freed = self.tree.evict(n)
+        assert freed == self.ref.evict(n)
         assert freed <= before and (freed >= n or self.tree.evictable_size() == 0)
         alive = set(map(id, self.tree.nodes()))
         assert all(id(node) in alive and node.key == key for node, key in locked)  # never a locked node
@@ -144,6 +180,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert all(n.lock_ref >= 0 for n in self.tree.nodes())
         tree_pages = [p for n in self.tree.nodes() for p in n.value]
         assert sorted(tree_pages + list(self.pool.free_pages)) == list(range(1, self.pool.num_pages + 1))
+        assert _shape(self.tree) == _shape(self.ref) and list(self.pool.free_pages) == list(self.ref_pool.free_pages)
 
 
 TestRadixMachine = RadixMachine.TestCase

@@ -120,6 +120,9 @@ class RadixCache:
         self.evictable_size_ = 0  # tokens in nodes with lock_ref == 0
         self.protected_size_ = 0  # tokens in nodes with lock_ref > 0
         self._leaves: set[TreeNode] = set()  # childless non-root nodes (eviction candidates)
+        # Eviction order, kept between calls: (last access, id, node) for every unlocked leaf at its
+        # current access time, plus stale entries evict skips (_offer says when entries are made).
+        self._lru: list[tuple[int, int, TreeNode]] = []
 
     # --- sizes -----------------------------------------------------------------------------------
     def evictable_size(self) -> int:
@@ -159,6 +162,7 @@ class RadixCache:
                 break
             if now is not None:
                 child.last_access = now
+                self._offer(child)
             n = _common_prefix_len(child.key, key, off, ps)
             if n < len(child.key):
                 return node, off + n, child, n
@@ -223,6 +227,7 @@ class RadixCache:
             self._leaves.discard(node)
             self._leaves.add(leaf)
             self.evictable_size_ += len(leaf.key)
+            self._offer(leaf)
         return matched
 
     # --- locks -----------------------------------------------------------------------------------
@@ -242,27 +247,38 @@ class RadixCache:
                 self.evictable_size_ += len(node.key)
                 self.protected_size_ -= len(node.key)
             node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._offer(node)
             node = node.parent
 
     # --- eviction --------------------------------------------------------------------------------
+    def _offer(self, node: TreeNode) -> None:
+        """Enter `node` in the eviction order if it is an unlocked leaf now, at its access time:
+        called wherever a node may have become one (a new leaf, an unlock, a child evicted) or
+        one was accessed. An entry goes stale when its node is locked, gains a child, leaves the
+        tree or is accessed again; evict skips those, and the list is rebuilt when they pile up."""
+        if node.lock_ref == 0 and node in self._leaves:
+            heapq.heappush(self._lru, (node.last_access, node.id, node))
+            if len(self._lru) > 2 * len(self._leaves) + 256:
+                self._lru = [(n.last_access, n.id, n) for n in self._leaves if n.lock_ref == 0]
+                heapq.heapify(self._lru)
+
     def evict(self, num_tokens: int) -> int:
-        """Evict unlocked leaves, least recently used first, until num_tokens are freed (or none
-        is left); a parent left childless and unlocked becomes a candidate. Returns tokens freed."""
-        # (last access, id, node): TreeNode's order, compared as tuples of ints (ids are unique)
-        heap = [(n.last_access, n.id, n) for n in self._leaves if n.lock_ref == 0]
-        heapq.heapify(heap)
+        """Evict unlocked leaves, least recently used first (ties: the older node), until
+        num_tokens are freed (or none is left); a parent left childless and unlocked becomes a
+        candidate. Returns tokens freed. The order is kept between calls (_offer), so a call costs
+        what it evicts, not a pass over every leaf."""
         freed = 0
-        while freed < num_tokens and heap:
-            node = heapq.heappop(heap)[2]
-            if node.lock_ref > 0 or node.children:
-                continue
+        while freed < num_tokens and self._lru:
+            last, _, node = heapq.heappop(self._lru)
+            if node.lock_ref > 0 or node.last_access != last or node not in self._leaves:
+                continue  # stale: locked, accessed since, or no longer a leaf of the tree
             if self.pool is not None:
                 self.pool.free(node.value)
             freed += len(node.key)
             self._delete_leaf(node)
-            parent = node.parent
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+            if node.parent is not self.root:
+                self._offer(node.parent)
         return freed
 
     def _delete_leaf(self, node: TreeNode) -> None:
@@ -280,4 +296,5 @@ class RadixCache:
                 self.pool.free(node.value)
         self.root.children.clear()
         self._leaves.clear()
+        self._lru.clear()
         self.evictable_size_ = self.protected_size_ = 0
