@@ -72,7 +72,7 @@ class DeferredRun:
     each: list[int] | None  # through finishes (finish_run.py): reqs[i] takes the first each[i] steps
     drop_t: list[float]  # ascending: the update times of the plan at which the load falls by one
     resume_at_s: float | None = None  # set when applied early: the in-flight step's update time
-    extra: int = 0  # steps a finishing request is scheduled after its last token's (SGLang: 1)
+    scheduled: list[int] | None = None  # reqs[i] is scheduled in the first scheduled[i] steps (each + extra forward)
 
     def set_drop_times(self) -> None:
         """The load falls by load_drop at the first update and by one at each finishing update
@@ -84,7 +84,13 @@ class DeferredRun:
 
     def step_batch(self, j: int) -> list:
         """The requests step j of the run schedules."""
-        return self.reqs if self.each is None else [r for r, m in zip(self.reqs, self.each) if m + self.extra > j]
+        return batch_at(self.reqs, self.scheduled, j)
+
+
+def batch_at(reqs: list, scheduled: list[int] | None, j: int) -> list:
+    """The requests step j of a run schedules, reqs[i] being scheduled in its first scheduled[i]
+    steps (None: all of them in every step)."""
+    return reqs if scheduled is None else [r for r, m in zip(reqs, scheduled) if m > j]
 
 
 class DeferredRunMixin:
@@ -112,7 +118,7 @@ class DeferredRunMixin:
         if n < len(upd_t):
             del sched_t[n:], ends[n:], upd_t[n:]
         plan = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.env.event(), k,
-                           len(upd_t) < len(gpu), load_drop, each, [], extra=self._decode_run_extra)
+                           len(upd_t) < len(gpu), load_drop, each, [], scheduled=self._scheduled_each(each))
         plan.set_drop_times()
         self._deferred = plan
         self.num_deferred_runs += 1

@@ -45,7 +45,7 @@ import math
 from servesim.scheduler.async_scheduler import AsyncScheduler
 from servesim.scheduler.scheduler import Scheduler
 from servesim.scheduler.sglang import SGLangScheduler
-from servesim.simulator.deferred_run import DeferredRunMixin, exact_delays
+from servesim.simulator.deferred_run import DeferredRunMixin, batch_at, exact_delays
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.finish_run import FinishRunMixin
 from servesim.simulator.kernel_impl import step_timeline
@@ -145,8 +145,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl, each=each)
         j = len(tl[0])  # the step the loop schedules at resume_s, priced when the run stopped short
         if j < len(gpu) and resume_s < self._deadline_s():
-            self._tail_step(resume_s, in_flight, gpu[j], reqs if each is None else
-                            [r for r, m in zip(reqs, self._scheduled_each(each)) if m > j])  # step j's batch
+            self._tail_step(resume_s, in_flight, gpu[j], batch_at(reqs, self._scheduled_each(each), j))
         return exact_delays(now, resume_s)
 
     def _scheduled_each(self, each: list[int] | None) -> list[int] | None:

@@ -4,8 +4,9 @@ simulator/macro_step.py, the vLLM scheduler's counterpart scheduler/decode_run.p
 A plain SGLang decode step is a schedule() that tries no prefill (nothing waits, or the batch is
 full: `batch_is_full` with a request waiting), at most merges the last prefill batch's requests
 into the running batch (the first step of a run may; no request is being chunked) and runs
-update_running_batch: its decode memory check passes without evicting or retracting, every
-running request grows by one token (a page at each page boundary), new_token_ratio decays once.
+update_running_batch: its decode memory check passes without retracting (where the pool is
+short it evicts from the radix tree, replayed at that step), every running request grows by one
+token (a page at each page boundary), new_token_ratio decays once.
 Its update appends one sampled token per request and finishes nobody. When the state proves the
 next k steps are all plain, their effect is fixed and applied at once: the pages in the order the
 steps' grow() calls take them (SGLangMemory.apply_decode_run), the counters, the ratio (decayed k

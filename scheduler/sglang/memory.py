@@ -165,9 +165,8 @@ class SGLangMemory:
         request i in the first caps[i] only) as the steps' schedules do: each step's memory
         check evicts from the tree when the pool is short, then its grow() calls take pages in
         batch order; so page ids, evictions and the pool's order are the stepped ones (each page
-        reported: _give). `finish_at[j]`: the requests
-        the update after schedule j finishes, in order (`finish` releases each: cache insert,
-        pages to the back of the pool). Returns num_free_pages() after each schedule. `first`:
+        reported: _give). `finish_at[j]`: the requests the update after schedule j finishes, in
+        order (`finish` releases each: cache insert, pages to the back of the pool). Returns num_free_pages() after each schedule. `first`:
         first_alloc_steps(requests) before the run (the caller may have moved the requests'
         counters to the run's end already, which the finishes read)."""
         limits = caps if caps is not None else [num_steps] * len(requests)
