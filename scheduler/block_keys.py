@@ -67,6 +67,12 @@ class BlockKeyPlan:
             self.bases.append(base)
         self.declared_end = pos  # ids from here on are hashed from their values
 
+    @property
+    def root(self) -> bytes:
+        """base(0): every key of the plan chains from it, so plans with different roots never
+        produce an equal key."""
+        return self.bases[0]
+
     def extend_keys(self, keys: list[bytes], num_tokens: int, block_size: int) -> None:
         """Append to `keys` (a request's block hashes so far) the keys of its next full blocks of
         block_size ids, up to num_tokens ids or the last declared id, whichever comes first."""

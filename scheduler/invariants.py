@@ -49,7 +49,24 @@ def check_invariants(sched: Scheduler) -> None:
     for key, block in pool.cached_block_hash_to_block.items():
         if block.block_hash != key:
             _fail(f"hash map entry points at block {block.block_id} that carries another hash")
+    _check_private_blocks(sched)
     _check_queues(sched)
+
+
+def _check_private_blocks(sched: Scheduler) -> None:
+    """Private caching (block_pool.py): a block is cached privately or in the map, never both; the
+    pool counts its private blocks; a private request is known to the scheduler and unfinished."""
+    pool = sched.kv_cache_manager.block_pool
+    private = [b for b in pool.blocks if b.private_hash is not None]
+    if len(private) != pool.num_private_cached:
+        _fail(f"{len(private)} blocks carry a private hash, the pool counts {pool.num_private_cached}")
+    for block in private:
+        if block.block_hash is not None:
+            _fail(f"block {block.block_id} is cached both privately and in the hash map")
+    for rid in pool.private_ids:
+        req = sched.requests.get(rid)
+        if req is None or req.is_finished():
+            _fail(f"{rid} still caches privately but is not an unfinished request of the scheduler")
 
 
 def _check_queues(sched: Scheduler) -> None:

@@ -220,6 +220,16 @@ class Request:
             self._all_token_ids = _compact_ids([*all_ids[: self.num_prompt_tokens], *self._output_token_ids])
         self.update_block_hashes()
 
+    @property
+    def key_root(self) -> bytes | None:
+        """The first base of this request's provenance keys (block_keys.py): two requests' blocks
+        can have equal prefix-cache keys only if their roots are equal. None when its keys are
+        hashes of its ids."""
+        plan = self._key_plan
+        if plan is None or self._block_hasher is None or self._hash_block_size <= 1:
+            return None
+        return plan.root
+
     def update_block_hashes(self) -> None:
         """Hash the newly completed full blocks (block hashes grow with the tokens)."""
         if self._block_hasher is None:

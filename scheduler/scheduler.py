@@ -104,6 +104,7 @@ class Scheduler(DecodeRunMixin):
             self._ignored.append(RequestOutput(request.request_id, [], "length", 0))
             return
         self.requests[request.request_id] = request
+        self.kv_cache_manager.note_request(request)
         if request.status in BLOCKED_WAITING_STATES:
             self.skipped_waiting.add_request(request)
         else:
@@ -340,6 +341,7 @@ class Scheduler(DecodeRunMixin):
             head_provenance = None if provenance is None else provenance.head(len(head))
             req = Request("cached_prefix_tokens", head, SamplingParams(max_tokens=1), lora_id=lora_id,
                           block_hasher=self.block_hasher, token_provenance=head_provenance)
+            kvm.note_lookup(req)  # a private block it could hit is published first
             _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
             if len(head) == len(token_ids) or hit < len(head) // self.block_size * self.block_size:
                 return hit

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servesim.simulator.collector import collector_paused
+from servesim.simulator.collector import collector_paused, release_freed_heap
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.metrics import warn_rejected
@@ -61,6 +61,7 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     engine = Engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
     res = engine.run()
     summary = build_summary(engine.cfg, res, len(workload.requests))
+    release_freed_heap()  # the summary's scratch arrays, before the result files' own
     meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
             "attribution": workload.attribution}
     if step_trace is not None:

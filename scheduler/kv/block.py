@@ -8,13 +8,16 @@ from __future__ import annotations
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null")
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "private_hash", "prev_free_block", "next_free_block", "is_null")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0  # requests (and pins) holding this block
         # Hash key (block hash + group id) while the block is in the prefix cache, else None.
         self._block_hash: bytes | None = None
+        # Block hash (no group id) while the block caches a private request's tokens outside the
+        # hash map (block_pool.py, "Private blocks"); then _block_hash is None. Never both set.
+        self.private_hash: bytes | None = None
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = False  # block 0: placeholder for skipped (sliding-window) positions

@@ -1,4 +1,17 @@
-"""The block pool: all blocks, the free queue, and the prefix-cache map hash -> block(s)."""
+"""The block pool: all blocks, the free queue, and the prefix-cache map hash -> block(s).
+
+Private blocks. A request whose prefix-cache keys no other request can produce (its key root is
+its own: KVCacheManager.note_request decides) caches its full blocks *privately*: the block keeps
+its hash in `private_hash` and stays out of the hash map. Only the request itself could ever look
+those keys up again, and only after a preemption (a finished request never runs again), so
+before a private request's blocks are freed while it may still run they are published: entered
+in the map exactly as cache_full_blocks would have entered them. When a second request turns up
+with the same root, every private block is published and private caching ends for the pool.
+Every lookup therefore finds what it would find had every block been entered when cached (private
+keys are distinct from every other key, so the map's insertion order decides nothing), and a
+private block's eviction costs no map operation: on the Azure conversation hour most of the pool's
+map traffic was blocks no one could ever hit. get_num_cached_blocks counts private blocks too.
+"""
 
 from __future__ import annotations
 
@@ -96,6 +109,10 @@ class BlockPool:
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
+        # Requests whose full blocks are cached privately (module docstring); KVCacheManager
+        # decides membership (note_request) and ends it (free).
+        self.private_ids: set[str] = set()
+        self.num_private_cached = 0  # blocks whose private_hash is set
 
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
         """The cached block for each group, or None if any group misses."""
@@ -121,6 +138,12 @@ class BlockPool:
             return
         new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
         assert len(request.block_hashes) >= num_full_blocks, "block hashes lag the cached tokens"
+        if request.request_id in self.private_ids:
+            hashes = request.block_hashes
+            for i, blk in enumerate(new_full_blocks):
+                blk.private_hash = hashes[num_cached_blocks + i]
+            self.num_private_cached += len(new_full_blocks)
+            return
         new_hashes: list[bytes] | None = [] if self.enable_kv_cache_events else None
         for i, blk in enumerate(new_full_blocks):
             if blk.is_null:  # sliding-window positions that were skipped
@@ -155,7 +178,11 @@ class BlockPool:
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         key = block.block_hash
         if key is None:
-            return False
+            if block.private_hash is None:
+                return False
+            block.private_hash = None  # no map entry to drop: nobody else could have hit it
+            self.num_private_cached -= 1
+            return True
         if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
             return False
         block.reset_hash()
@@ -188,6 +215,8 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.reset_hash()
+            block.private_hash = None
+        self.num_private_cached = 0
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True
@@ -196,7 +225,35 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_num_cached_blocks(self) -> int:
-        return len(self.cached_block_hash_to_block)
+        """Distinct keys in the prefix cache (a private block's key is distinct from every other)."""
+        return len(self.cached_block_hash_to_block) + self.num_private_cached
+
+    # --- private blocks (module docstring) ---------------------------------------------------
+    def end_private(self, request_id: str, blocks: Sequence[KVCacheBlock], group_id: int, publish: bool) -> None:
+        """The request stops caching privately: `publish` (it may run again) enters its privately
+        cached `blocks` in the map as cache_full_blocks would have; otherwise (it finished) they
+        stay out, keeping their private hashes until they are evicted."""
+        self.private_ids.discard(request_id)
+        if publish:
+            self._publish(blocks, group_id)
+
+    def end_private_caching(self, group_id: int) -> None:
+        """A request can share keys with an earlier one: publish every private block, and cache
+        every block in the map from now on."""
+        self.private_ids.clear()
+        self._publish(self.blocks, group_id)
+
+    def _publish(self, blocks: Sequence[KVCacheBlock], group_id: int) -> None:
+        cache = self.cached_block_hash_to_block
+        for blk in blocks:
+            block_hash = blk.private_hash
+            if block_hash is None:
+                continue
+            key = make_block_hash_with_group_id(block_hash, group_id)
+            blk.private_hash = None
+            blk.block_hash = key
+            cache.insert(key, blk)
+            self.num_private_cached -= 1
 
     def get_usage(self) -> float:
         """Fraction of usable blocks (null block excluded) that are not free."""

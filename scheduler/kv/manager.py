@@ -83,6 +83,12 @@ class KVCacheManager(DecodeRunMixin):
         # One full-attention group (the common case): allocate_slots has an exact shortcut.
         managers = self.coordinator.managers
         self._single_full = managers[0] if len(managers) == 1 and managers[0].spec.kind == "full" else None
+        # Private caching (block_pool.py, "Private blocks"): the key roots of the requests seen so
+        # far, while every one of them has been distinct. One full-attention group only (the
+        # published key's group id is that group's); KV events report every insertion as it happens.
+        self._private_caching = (self.enable_caching and self._single_full is not None
+                                 and not cache_config.enable_kv_cache_events)
+        self._key_roots: set[bytes] = set()
 
     @property
     def usage(self) -> float:
@@ -175,8 +181,47 @@ class KVCacheManager(DecodeRunMixin):
             self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return self._blocks(new_blocks)
 
+    @property
+    def private_caching(self) -> bool:
+        """Whether a request with a new key root still caches privately (block_pool.py)."""
+        return self._private_caching
+
+    def note_request(self, request: Request) -> None:
+        """A request reaches the scheduler (before any lookup of its blocks). It caches privately
+        when its key root is new; a root seen before means two requests may share keys: every
+        private block is published and private caching ends (block_pool.py, "Private blocks")."""
+        if self._private_caching and not self.note_lookup(request) and request.key_root is not None:
+            self._key_roots.add(request.key_root)
+            self.block_pool.private_ids.add(request.request_id)
+
+    def note_lookup(self, request: Request) -> bool:
+        """Keys like request's are about to be looked up (its own admission, or a router probing
+        the cache with a throwaway request): when its key root was seen before, publish every
+        private block first, ending private caching, so the lookup finds what it would had every
+        block entered the map when cached. True when its keys could be shared with another's."""
+        if not self._private_caching:
+            return False
+        root = request.key_root
+        if root is None:
+            return False  # hashed ids: its keys cannot equal a provenance key (block_keys.py)
+        if root not in self._key_roots:
+            return False
+        mgr = self._single_full
+        assert mgr is not None
+        self.block_pool.end_private_caching(mgr.group_id)
+        self._private_caching = False
+        self._key_roots = set()
+        return True
+
     def free(self, request: Request) -> None:
-        self.coordinator.free(request.request_id)
+        rid = request.request_id
+        pool = self.block_pool
+        if rid in pool.private_ids:
+            # A request that may run again (a preemption) could look its own blocks up: publish them.
+            mgr = self._single_full
+            assert mgr is not None
+            pool.end_private(rid, mgr.req_to_blocks.get(rid, ()), mgr.group_id, not request.is_finished())
+        self.coordinator.free(rid)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:
