@@ -16,10 +16,20 @@ from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.oracle_trace import oracle_token
 
 
-# b"%d" % k for the first outputs of every request (most outputs are shorter): formatting the
-# position was a third of a token's cost
-_NUM_DIGITS = 4096
-_DIGITS: list[bytes] = [b"%d" % i for i in range(_NUM_DIGITS)]
+def _crc32_table() -> list[int]:
+    """zlib's CRC-32 (reflected, polynomial 0xEDB88320) a byte at a time: entry b is the register
+    step for byte b."""
+    table = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32: list[int] = _crc32_table()
+_ZERO_DIGIT = 48  # b"0"[0]
 
 
 def _uniform(seed: int, req_id: str, k: int, i: int) -> float:
@@ -50,14 +60,25 @@ class TokenSource:
 
     def tokens(self, req_id: str, k: int, n: int) -> list[int]:
         """Output tokens k .. k + n - 1 of req_id (a run of decode steps samples them in bulk):
-        oracle_token's crc32 of "req_id:k", with the "req_id:" prefix's crc computed once and the
-        digits of k read from a table while it reaches."""
-        crc32 = zlib.crc32
-        prefix = crc32(f"{req_id}:".encode())
-        end = k + n
-        if end <= _NUM_DIGITS:
-            return [1000 + crc32(digits, prefix) % 40000 for digits in _DIGITS[k:end]]
-        return [1000 + crc32(b"%d" % i, prefix) % 40000 for i in range(k, end)]
+        oracle_token's crc32 of "req_id:k", continued byte by byte from the crc of "req_id:" (the
+        same register arithmetic as zlib's). Positions that differ only in their last decimal digit
+        share the register after the other digits, so most tokens cost one table step."""
+        table = _CRC32
+        after_prefix = zlib.crc32(f"{req_id}:".encode()) ^ 0xFFFFFFFF  # the running register
+        out: list[int] = []
+        pos, end = k, k + n
+        while pos < end:
+            tens = pos // 10
+            reg = after_prefix
+            if tens:
+                for byte in b"%d" % tens:
+                    reg = table[(reg ^ byte) & 0xFF] ^ (reg >> 8)
+            stop = min(end, tens * 10 + 10)  # the positions sharing every digit but the last
+            for digit in range(pos - tens * 10, stop - tens * 10):
+                crc = (table[(reg ^ (_ZERO_DIGIT + digit)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF
+                out.append(1000 + crc % 40000)
+            pos = stop
+        return out
 
     def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
         """Drafts proposed after output k-1: the target's own next tokens, so acceptance is what

@@ -121,7 +121,9 @@ def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
     from servesim.simulator.cost_model.base import StepShape, decode_step_times_s
 
     for rid in ("r0", "llmservingsim-17", "é-unicode"):
-        for k, n in ((5, 300), (4000, 200), (5000, 3)):  # inside, across and past the digits table
+        # decade and digit-count boundaries (the register is shared within a decade), none, one
+        for k, n in ((5, 300), (4000, 200), (5000, 3), (0, 0), (0, 1), (9, 2), (99, 3), (10, 10),
+                     (999_999, 5), (10**12 - 3, 7)):
             assert TokenSource().tokens(rid, k, n) == [oracle_token(rid, j) for j in range(k, k + n)]
     rng = random.Random(0)
     # dense TP1, dense TP4 (all-reduce), MoE (expert term), and the calibrated fit
