@@ -33,6 +33,22 @@ def _field(data: bytes) -> bytes:
     return len(data).to_bytes(4, "little") + data
 
 
+# block_size -> the 8-byte ends of blocks 0, 1, ... ((j + 1) * block_size, little-endian): shared
+# by every request, grown on demand (to_bytes per block was half of a key's cost)
+_ENDS: dict[int, list[bytes]] = {}
+
+
+def _block_ends(block_size: int, num_blocks: int) -> list[bytes]:
+    """The encoded ends of the first num_blocks blocks (at least; the list is shared)."""
+    encoded = _ENDS.get(block_size)
+    if encoded is None:
+        encoded = _ENDS[block_size] = []
+    if len(encoded) < num_blocks:
+        encoded.extend([((j + 1) * block_size).to_bytes(8, "little")
+                        for j in range(len(encoded), max(num_blocks, 2 * len(encoded)))])
+    return encoded
+
+
 class BlockKeyPlan:
     """One request's normalised runs and their bases; hands out its blocks' keys in order."""
 
@@ -81,10 +97,11 @@ class BlockKeyPlan:
         if j >= stop:
             return
         ends, bases = self.ends, self.bases
+        encoded = _block_ends(block_size, stop)
         t = 0
         while j < stop:
             end = (j + 1) * block_size
             while ends[t] < end:  # the run holding the block's last id (position end - 1)
                 t += 1
-            keys.append(bases[t] + end.to_bytes(8, "little"))
+            keys.append(bases[t] + encoded[j])
             j += 1
