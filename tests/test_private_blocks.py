@@ -94,8 +94,8 @@ class Twin:
                                else [])
             eco = s.update_from_output(out, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled),
                                        now_s=t)
-            results.append((eco.scheduler_stats, [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs],
-                            eco.finished_req_ids))
+            outputs = [(o.request_id, o.new_token_ids, o.finish_reason) for o in eco.outputs]
+            results.append((eco.scheduler_stats, outputs, eco.finished_req_ids))
         assert results[0] == results[1]  # the prefix-cache stats of the update included
         stats = results[0][0]
         if stats is not None:
@@ -169,6 +169,23 @@ def test_a_second_request_with_the_same_root_publishes_every_private_block():
     tw.step(3.0)
     tw.drain(3.1)
     assert tw.seen["ended"]
+
+
+def test_reset_prefix_cache_forgets_private_blocks_too():
+    tw = Twin(num_blocks=40, max_num_batched_tokens=64, max_model_len=128)
+    tw.add("a", _fresh(1, 30), 3, 0.0)
+    for k in range(6):
+        tw.step(0.1 * (k + 1))
+    tw.drain(1.0)
+    pool = tw.keyed.kv_cache_manager.block_pool
+    assert pool.num_private_cached > 0 and not tw.keyed.has_unfinished_requests()
+    assert tw.keyed.reset_prefix_cache() and tw.hashed.reset_prefix_cache()
+    assert pool.num_private_cached == 0 and pool.get_num_cached_blocks() == 0
+    tw.add("b", _fresh(2, 30), 3, 2.0)  # a new private request after the reset
+    for k in range(6):
+        tw.step(2.1 + 0.1 * k)
+    tw.drain(3.0)
+    assert pool.num_private_cached > 0
 
 
 def test_a_router_probe_finds_private_blocks():
