@@ -55,7 +55,8 @@ def check_invariants(sched: Scheduler) -> None:
 
 def _check_private_blocks(sched: Scheduler) -> None:
     """Private caching (block_pool.py): a block is cached privately or in the map, never both; the
-    pool counts its private blocks; a private request is known to the scheduler and unfinished."""
+    pool counts its private blocks; a private request is unfinished, or its KV is still held (a
+    policy's pin, a KV transfer's delayed free: freeing it ends its private caching)."""
     pool = sched.kv_cache_manager.block_pool
     private = [b for b in pool.blocks if b.private_hash is not None]
     if len(private) != pool.num_private_cached:
@@ -63,10 +64,10 @@ def _check_private_blocks(sched: Scheduler) -> None:
     for block in private:
         if block.block_hash is not None:
             _fail(f"block {block.block_id} is cached both privately and in the hash map")
+    held = sched.policy.held_request_ids()
     for rid in pool.private_ids:
-        req = sched.requests.get(rid)
-        if req is None or req.is_finished():
-            _fail(f"{rid} still caches privately but is not an unfinished request of the scheduler")
+        if rid not in sched.requests and rid not in held:
+            _fail(f"{rid} still caches privately but the scheduler neither runs it nor holds its KV")
 
 
 def _check_queues(sched: Scheduler) -> None:

@@ -29,12 +29,12 @@ def _out_source(rid: str) -> bytes:
 
 
 def _request(sched, rid: str, runs: list[tuple[bytes, int, int]], max_tokens: int, keyed: bool,
-             arrival_s: float = 0.0, priority: int = 0) -> Request:
+             arrival_s: float = 0.0, priority: int = 0, **kw) -> Request:
     ids = [_stream_id(src, start + i) for src, start, n in runs for i in range(n)]
     provenance = TokenProvenance(tuple(TokenSegment(*r) for r in runs), _out_source(rid)) if keyed else None
     return Request(rid, array("i", ids), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    arrival_time=arrival_s, priority=priority, block_hasher=sched.block_hasher,
-                   token_provenance=provenance)
+                   token_provenance=provenance, **kw)
 
 
 class Twin:
@@ -47,9 +47,9 @@ class Twin:
         self.in_flight: list = []
         self.seen = {"private": 0, "ended": False, "preempted_hits": 0}
 
-    def add(self, rid: str, runs, max_tokens: int, t: float, priority: int = 0) -> None:
+    def add(self, rid: str, runs, max_tokens: int, t: float, priority: int = 0, **kw) -> None:
         for s, keyed in ((self.keyed, True), (self.hashed, False)):
-            s.add_request(_request(s, rid, runs, max_tokens, keyed, t, priority), now_s=t)
+            s.add_request(_request(s, rid, runs, max_tokens, keyed, t, priority, **kw), now_s=t)
         self._compare()
 
     def probe(self, runs) -> None:
@@ -171,6 +171,23 @@ def test_a_second_request_with_the_same_root_publishes_every_private_block():
     assert tw.seen["ended"]
 
 
+def test_a_pinned_turn_stays_private_until_the_next_turn_publishes_it():
+    """Continuum pins a finished turn's blocks for its job's next turn: the pinned (finished,
+    private) blocks are published when the next turn, which shares their root, arrives."""
+    tw = Twin(num_blocks=60, max_num_batched_tokens=64, max_model_len=128, policy="continuum")
+    tw.add("t1", [(b"session:j", 0, 24)], 4, 0.0, job_id="j", is_last_step=False)
+    for k in range(8):
+        tw.step(0.1 * (k + 1))
+    tw.drain(1.0)
+    kvm = tw.keyed.kv_cache_manager
+    assert tw.keyed.policy.held_request_ids() == {"t1"} and kvm.block_pool.num_private_cached > 0
+    tw.add("t2", [(b"session:j", 0, 36)], 4, 1.2, job_id="j", is_last_step=True)
+    assert not kvm.private_caching
+    for k in range(8):
+        tw.step(1.3 + 0.1 * k)
+    tw.drain(3.0)
+
+
 def test_reset_prefix_cache_forgets_private_blocks_too():
     tw = Twin(num_blocks=40, max_num_batched_tokens=64, max_model_len=128)
     tw.add("a", _fresh(1, 30), 3, 0.0)
@@ -217,7 +234,7 @@ _configs = st.fixed_dictionaries({
     "num_blocks": st.integers(6, 40),
     "max_num_batched_tokens": st.sampled_from([8, 16, 64]),
     "max_num_seqs": st.integers(1, 6),
-    "policy": st.sampled_from(["fcfs", "priority"]),
+    "policy": st.sampled_from(["fcfs", "priority", "continuum"]),
     "async_scheduling": st.booleans(),
 })
 
@@ -232,7 +249,9 @@ def test_random_sequences_match_the_reference_step_by_step(cfg, ops):
         if o[0] == "add":
             _, shared, plen, max_tokens, prio = o
             runs = _fresh(n, plen) if shared is None else [(_SOURCES[shared], 0, plen)]
-            tw.add(f"r{n}", runs, max_tokens, t, prio)
+            # a shared stream is a job's (continuum pins its non-final turns)
+            job = {} if shared is None else {"job_id": f"j{shared}", "is_last_step": prio == 0}
+            tw.add(f"r{n}", runs, max_tokens, t, prio, **job)
             n += 1
         elif o[0] == "step":
             tw.step(t)
