@@ -57,6 +57,14 @@ class DecodeRunMixin(ScheduleMixin):
         """Steps a request is still scheduled after the step of its last token: none (skip-ahead)."""
         return 0
 
+    def arrivals_commute_with_decode_updates(self: Scheduler) -> bool:
+        """True: add_request queues the request (its key root may publish private blocks, which
+        an update only adds to) and calls the policy's on_arrival; an update that finishes nobody
+        appends tokens and caches blocks, calling no policy hook and reading no waiting request.
+        Neither reads what the other writes (the now_s each sets is overwritten by the next
+        schedule, which follows both)."""
+        return True
+
     def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int,
                            through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps

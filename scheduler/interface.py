@@ -183,6 +183,14 @@ class DecodeRunScheduler(SchedulerInterface, Protocol):
         overlap schedule's extra forward, whose token is dropped)."""
         ...
 
+    def arrivals_commute_with_decode_updates(self) -> bool:
+        """Whether add_request between a plain decode step's schedule and its update (one that
+        finishes nobody) leaves exactly the state the two leave in the other order: the engine
+        may then apply a run's last update, due after an arrival, before that arrival is added
+        (macro_step.py, "a run's last update past an arrival"). Statistics that update returns
+        and nothing records (SchedulerStats' queue lengths) may differ."""
+        ...
+
     def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
         of decode_run_requests(), with num_in_flight steps scheduled and not updated (0 or 1); 0

@@ -122,6 +122,9 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         # Exact macro-steps (simulator/macro_step.py): None = they may apply, run by run.
         self.macro_fallback_reason = macro_fallback_reason(self)
         self._decode_run_extra = self.scheduler.decode_run_extra_steps() if self.macro_fallback_reason is None else 0
+        # a run's last update may land past an arrival (macro_step.py, _past_arrival)
+        self._commuting_arrivals = (self.macro_fallback_reason is None
+                                    and self.scheduler.arrivals_commute_with_decode_updates())
         self.num_macro_steps = 0  # engine steps applied inside macro-steps
 
     # --- processes -----------------------------------------------------------------------------

@@ -100,9 +100,11 @@ class EngineStepsMixin:
 
     # --- liveness watchdog -----------------------------------------------------------------------
     def _mark_progress(self, now: float) -> None:
-        """Something advanced (a token, a finish, a rejection): restart the watchdog's window."""
+        """Something advanced (a token, a finish, a rejection): restart the watchdog's window. The
+        window only moves forward: a run may apply an update due after an arrival before that
+        arrival's rejection is marked (macro_step.py), and stepping marks them in time order."""
         self._stall_step = self.num_steps + self._max_steps_idle
-        self._stall_s = now + self._max_s_idle
+        self._stall_s = max(self._stall_s, now + self._max_s_idle)
         self._preemptions_at_progress = self.num_preemptions
 
     def _stall(self, now: float) -> None:

@@ -64,6 +64,28 @@ class FinishRunMixin:
             t, free_at, a = u[-1], e[-1], b
         return gpu, (sched_t, ends, upd_t)
 
+    def _timeline_through(self, now: float, gpu: list[float], each: list[int], later_s: float):
+        """_plan_through's timeline of the already priced steps gpu (a run whose batch shrinks):
+        one _macro_timeline per batch, each continuing from the previous one's last update and
+        GPU end (the floats do not depend on where the timeline is split)."""
+        sched_t: list[float] = []
+        ends: list[float] = []
+        upd_t: list[float] = []
+        t, free_at, a, k = now, None, 0, len(gpu)
+        each = self._scheduled_each(each)
+        fin = sorted(m for m in each if m < k)
+        while a < k:
+            c = bisect_right(fin, a)
+            b = fin[c] if c < len(fin) else k
+            s, e, u = self._macro_timeline(t, gpu[a:b], 1, sum(1 for m in each if m > a), later_s, free_at)
+            sched_t += s
+            ends += e
+            upd_t += u
+            if len(s) < b - a:
+                break
+            t, free_at, a = u[-1], e[-1], b
+        return sched_t, ends, upd_t
+
     def _through_rows(self, first_step: int, each: list[int], sched_t: list[float], upd_t: list[float],
                       gpu: list[float], free_after: list[int], hits: list[int], queries: list[int]) -> None:
         """The step rows of a run's steps 1..k-1 (k = len(sched_t); step 0's row is written before

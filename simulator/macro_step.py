@@ -32,6 +32,15 @@ Async tail: when the next update would meet the arrival, the step the loop sched
 too ("tail step") and leaves two steps in flight; the loop then applies the older one's update
 at its end, after the arrival, exactly as stepping does. Alone (the in-flight step's own update
 already meets the arrival) the tail is a one-step macro-step: each arrival saves a schedule().
+
+A run's last update past an arrival: where the scheduler proves that add_request and an update
+that finishes nobody leave the same state in either order
+(DecodeRunScheduler.arrivals_commute_with_decode_updates), and nothing else the arrival sets off
+reads or writes what that update does (a single engine: no router, no closed-loop client, no
+finish callback; the watchdog's window only moves forward), the run instead goes one step
+further: the tail step becomes its last schedule and the update after it, due after the arrival,
+is applied in bulk with the rest; the arrival is then added, before the loop resumes at that
+update's time in the state stepping reaches there (`_past_arrival`).
 The scheduler side is scheduler.interface.DecodeRunScheduler: vLLM's (scheduler/decode_run.py) and
 SGLang's (scheduler/sglang/decode_run.py, whose finishing request is scheduled once more: its
 overlap's extra forward, `_scheduled_each`). Where a macro-step cannot be exact the engine steps;
@@ -80,6 +89,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
     """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
 
     num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
+    num_runs_past_arrival = 0  # runs whose last update was due after an arrival (_past_arrival)
 
     def _macro_step(self, now: float, in_flight) -> list[float] | None:
         """Apply a run of plain decode steps from this loop-top state; return the delays to wait
@@ -142,11 +152,39 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             return None
         if not num_in_flight:
             return exact_delays(now, self._macro_sync(reqs, ctx0, gpu, *tl))
+        longer = self._past_arrival(now, gpu, tl, len(reqs), each, later_s)
+        if longer is not None:  # the tail step and the update after it, due past the arrival
+            return exact_delays(now, self._macro_async(now, in_flight, reqs, ctx0, gpu, *longer, each=each,
+                                                       past_arrival=True))
         resume_s = self._macro_async(now, in_flight, reqs, ctx0, gpu, *tl, each=each)
         j = len(tl[0])  # the step the loop schedules at resume_s, priced when the run stopped short
         if j < len(gpu) and resume_s < self._deadline_s():
             self._tail_step(resume_s, in_flight, gpu[j], batch_at(reqs, self._scheduled_each(each), j))
         return exact_delays(now, resume_s)
+
+    def _past_arrival(self, now: float, gpu: list[float], tl: tuple, n: int, each: list[int] | None,
+                      later_s: float) -> tuple[list[float], list[float], list[float]] | None:
+        """The run's timeline one step longer, its last update due at or after the arrival that cut
+        it (module docstring); None where that is not proven or not the case. The run stopped at
+        j = len(tl[0]) steps with step j priced (the tail step's case); the update after step j
+        (update j, the previous step's) must finish nobody: through finishes, request i's finish
+        is update each[i] (vLLM: the scheduler that proves the commuting has no extra step). The
+        longer timeline is the same arithmetic without the arrival's bound (piece by piece where
+        the batch shrinks: _timeline_through), and must agree with tl on the first j steps and still
+        schedule step j before any client deadline."""
+        j = len(tl[0])
+        if (not self._commuting_arrivals or self._arrival_bound is not None or self._collides is not None
+                or not self._finishes_stay_inside() or j >= len(gpu) or later_s != self._next_arrival_s):
+            return None
+        if each is None or min(each) > j:
+            longer = self._macro_timeline(now, gpu[:j + 1], 1, n, math.inf)
+        elif j in each:
+            return None  # update j finishes a request
+        else:
+            longer = self._timeline_through(now, gpu[:j + 1], each, math.inf)
+        if len(longer[0]) <= j or longer[2][j] < later_s or any(a[:j] != b for a, b in zip(longer, tl)):
+            return None
+        return longer
 
     def _scheduled_each(self, each: list[int] | None) -> list[int] | None:
         """How many of a run's steps schedule each request, from how many bring it a token
@@ -270,8 +308,11 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         self._macro_until_s = upd_t[-1]
         return upd_t[-1]
 
-    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t, each=None) -> float:
-        """`each` (a run through finishes, finish_run.py): reqs[i] takes the first each[i] steps."""
+    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t, each=None,
+                     past_arrival: bool = False) -> float:
+        """`each` (a run through finishes, finish_run.py): reqs[i] takes the first each[i] steps.
+        `past_arrival`: the last update is due after the next arrival, which commutes with it
+        (_past_arrival); an arrival may land before it."""
         k = len(ends)  # >= 2 (_macro_step)
         sched, ids = self.scheduler, [r.request_id for r in reqs]
         steps = self.metrics.steps
@@ -315,7 +356,8 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         last = self.executor.decode_step_output(last_ids, last_toks)
         in_flight.append((sched.decode_step_output(last_reqs), last, ends[-1], None, len(steps) - 1))
         self._gpu_free_at = ends[-1]
-        self._macro_until_s = upd_t[-1]
+        self._macro_until_s = upd_t[-2] if past_arrival else upd_t[-1]
+        self.num_runs_past_arrival += past_arrival
         return upd_t[-1]
 
     def _macro_progress(self, first_num_steps: int, update_times: list[float]) -> None:

@@ -50,6 +50,27 @@ def test_light_load_is_mostly_macro_stepped_and_identical(async_):
 
 
 @pytest.mark.parametrize("sets", [
+    {},
+    {"scheduler.max_model_len": 400},  # some prompts refused at arrival (rejections mark progress)
+    {"client.timeout_s": 3.0},  # client deadlines
+    {"scheduler.policy": "priority"},
+    # CPU-bound steps: a step's start reads its own batch's CPU time (the batch shrinks at finishes)
+    {"cost_model.cpu_overhead.per_request_s": 0.004, "cost_model.cpu_overhead.fixed_s": 0.01},
+])
+def test_runs_end_with_an_update_past_the_arrival(sets):
+    """A run cut by an arrival applies the update due after it too (macro_step.py, _past_arrival):
+    the arrival is added afterwards, and the results are still those of stepping."""
+    wl = make_workload("poisson", {"num_requests": 120, "arrival": {"rate_per_s": 6.0},
+                                   "prompt_len": {"dist": "uniform", "low": 50, "high": 600},
+                                   "output_len": {"dist": "uniform", "low": 20, "high": 300},
+                                   "priority": {"values": [0, 1]}}, np.random.default_rng(5))
+    plain, macro, eng = _pair(sets, wl)
+    assert eng.num_runs_past_arrival > 20
+    if "scheduler.max_model_len" in sets:
+        assert (plain.metrics.requests_frame()["reject_reason"].notna()).sum() > 5
+
+
+@pytest.mark.parametrize("sets", [
     {"cache.num_gpu_blocks": 400, "scheduler.max_model_len": 6400},  # KV pressure: preemptions between runs
     {"cache.enable_prefix_caching": False, "scheduler.max_num_seqs": 8},  # full batch, waiting queue non-empty
     {"client.timeout_s": 4.0},  # client deadlines bound the runs

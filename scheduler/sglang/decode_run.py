@@ -42,6 +42,11 @@ class DecodeRunMixin:
         """Why no run of decode steps can ever apply to this scheduler (None: they may)."""
         return None
 
+    def arrivals_commute_with_decode_updates(self: SGLangScheduler) -> bool:
+        """False (not proven): an arrival can change what the overlap loop's update of a decode
+        batch leaves behind (the batch_is_full flag, the merge of a waiting prefill)."""
+        return False
+
     def decode_run_extra_steps(self: SGLangScheduler) -> int:
         """Steps a request is still scheduled after the step of its last token (the extra forward)."""
         return 1
