@@ -72,6 +72,7 @@ class DeferredRun:
     each: list[int] | None  # through finishes (finish_run.py): reqs[i] takes the first each[i] steps
     drop_t: list[float]  # ascending: the update times of the plan at which the load falls by one
     resume_at_s: float | None = None  # set when applied early: the in-flight step's update time
+    past_arrival: bool = False  # applied early with that update too (MacroStepMixin._past_arrival)
     scheduled: list[int] | None = None  # reqs[i] is scheduled in the first scheduled[i] steps (each + extra forward)
 
     def set_drop_times(self) -> None:
@@ -176,9 +177,12 @@ class DeferredRunMixin:
                               plan.ends, plan.upd_t, each=plan.each)
             return
         # Applied at an arrival: two steps in flight; the older one's update lands where stepping
-        # puts it (a plan holds no update at a dispatch time, so none at the arrival's instant).
+        # puts it (a plan holds no update at a dispatch time, so none at the arrival's instant);
+        # or one, that update already applied with the run: the loop resumes at its time.
         for delay_s in exact_delays(env.now, plan.resume_at_s):
             yield env.timeout(delay_s)
+        if plan.past_arrival:
+            return
         so, mro, _end, rec, row = in_flight.popleft()
         self._on_update(so, mro, rec, row)
 
@@ -191,7 +195,14 @@ class DeferredRunMixin:
         self.num_deferred_routed += 1
         j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)
         assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"
-        if j >= 2:
+        if j >= 1 and self._commuting_arrivals and (plan.each is None or j not in plan.each):
+            # update j finishes nobody, so the load the router reads stays what stepping shows and
+            # the arrival commutes with it (MacroStepMixin._past_arrival): the run takes it too,
+            # the tail step as its last schedule, leaving one step in flight
+            self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t[:j + 1],
+                              plan.ends[:j + 1], plan.upd_t[:j + 1], each=plan.each, past_arrival=True)
+            plan.past_arrival = tailed = True
+        elif j >= 2:
             resume_s = self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
                                          plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
             tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
