@@ -33,15 +33,16 @@ class FinishRunMixin:
     num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
 
     def _plan_through(self, now: float, ctx0: list[int], each: list[int], k: int, later_s: float,
-                      first_step: int = 0, free_at: float | None = None):
+                      first_step: int = 0, free_at: float | None = None, priced: list[float] | None = None):
         """Price and time steps first_step..k-1 (gpu, (schedule times, GPU ends, update times)) of
         a run whose batch shrinks (step j's batch: each[i] > j). Piece by piece: a piece is one
         batch's steps, up to 16, 64, 256, ... steps in all as in _macro_step, priced in one call (a
         step's price does not depend on the grouping) and timed by _macro_timeline continuing from
         the previous piece's last update and GPU end, exactly as the stepping loop's next iteration
-        (the CPU time of a step reads its batch size); stops at the first piece cut short. A run
-        growing (deferred_run.py) continues from its last update `now`, where the GPU frees at
-        `free_at`."""
+        (the CPU time of a step reads its batch size; the floats do not depend on where the
+        timeline is split); stops at the first piece cut short. A run growing (deferred_run.py)
+        continues from its last update `now`, where the GPU frees at `free_at`. `priced`: the
+        steps' prices are known (priced[j] for step j): they are only timed, a batch at a time."""
         gpu: list[float] = []
         sched_t: list[float] = []
         ends: list[float] = []
@@ -51,11 +52,15 @@ class FinishRunMixin:
         fin = sorted(m for m in each if m < k)  # the steps where the batch changes
         while a < k:
             c = bisect_right(fin, a)
-            b = min(fin[c] if c < len(fin) else k, max(16, 4 * a))
-            batch_ctx = [c + a for c, m in zip(ctx0, each) if m > a]
-            piece = self.executor.decode_step_times_s(batch_ctx, b - a)
+            b = fin[c] if c < len(fin) else k
+            if priced is None:
+                b = min(b, max(16, 4 * a))
+                batch_ctx = [c + a for c, m in zip(ctx0, each) if m > a]
+                piece, n = self.executor.decode_step_times_s(batch_ctx, b - a), len(batch_ctx)
+            else:
+                piece, n = priced[a:b], sum(1 for m in each if m > a)
             gpu += piece
-            s, e, u = self._macro_timeline(t, piece, 1, len(batch_ctx), later_s, free_at)
+            s, e, u = self._macro_timeline(t, piece, 1, n, later_s, free_at)
             sched_t += s
             ends += e
             upd_t += u
@@ -63,28 +68,6 @@ class FinishRunMixin:
                 break
             t, free_at, a = u[-1], e[-1], b
         return gpu, (sched_t, ends, upd_t)
-
-    def _timeline_through(self, now: float, gpu: list[float], each: list[int], later_s: float):
-        """_plan_through's timeline of the already priced steps gpu (a run whose batch shrinks):
-        one _macro_timeline per batch, each continuing from the previous one's last update and
-        GPU end (the floats do not depend on where the timeline is split)."""
-        sched_t: list[float] = []
-        ends: list[float] = []
-        upd_t: list[float] = []
-        t, free_at, a, k = now, None, 0, len(gpu)
-        each = self._scheduled_each(each)
-        fin = sorted(m for m in each if m < k)
-        while a < k:
-            c = bisect_right(fin, a)
-            b = fin[c] if c < len(fin) else k
-            s, e, u = self._macro_timeline(t, gpu[a:b], 1, sum(1 for m in each if m > a), later_s, free_at)
-            sched_t += s
-            ends += e
-            upd_t += u
-            if len(s) < b - a:
-                break
-            t, free_at, a = u[-1], e[-1], b
-        return sched_t, ends, upd_t
 
     def _through_rows(self, first_step: int, each: list[int], sched_t: list[float], upd_t: list[float],
                       gpu: list[float], free_after: list[int], hits: list[int], queries: list[int]) -> None:

@@ -170,7 +170,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         (update j, the previous step's) must finish nobody: through finishes, request i's finish
         is update each[i] (vLLM: the scheduler that proves the commuting has no extra step). The
         longer timeline is the same arithmetic without the arrival's bound (piece by piece where
-        the batch shrinks: _timeline_through), and must agree with tl on the first j steps and still
+        the batch shrinks: _plan_through with the prices it has), and must agree with tl on the first j steps and still
         schedule step j before any client deadline."""
         j = len(tl[0])
         if (not self._commuting_arrivals or self._arrival_bound is not None or self._collides is not None
@@ -181,7 +181,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         elif j in each:
             return None  # update j finishes a request
         else:
-            longer = self._timeline_through(now, gpu[:j + 1], each, math.inf)
+            _, longer = self._plan_through(now, [], each, j + 1, math.inf, priced=gpu)
         if len(longer[0]) <= j or longer[2][j] < later_s or any(a[:j] != b for a, b in zip(longer, tl)):
             return None
         return longer
