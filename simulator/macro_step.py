@@ -41,6 +41,7 @@ finish callback; the watchdog's window only moves forward), the run instead goes
 further: the tail step becomes its last schedule and the update after it, due after the arrival,
 is applied in bulk with the rest; the arrival is then added, before the loop resumes at that
 update's time in the state stepping reaches there (`_past_arrival`).
+
 The scheduler side is scheduler.interface.DecodeRunScheduler: vLLM's (scheduler/decode_run.py) and
 SGLang's (scheduler/sglang/decode_run.py, whose finishing request is scheduled once more: its
 overlap's extra forward, `_scheduled_each`). Where a macro-step cannot be exact the engine steps;
@@ -170,8 +171,8 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         (update j, the previous step's) must finish nobody: through finishes, request i's finish
         is update each[i] (vLLM: the scheduler that proves the commuting has no extra step). The
         longer timeline is the same arithmetic without the arrival's bound (piece by piece where
-        the batch shrinks: _plan_through with the prices it has), and must agree with tl on the first j steps and still
-        schedule step j before any client deadline."""
+        the batch shrinks: _plan_through with the prices it has), and must agree with tl on the
+        first j steps and still schedule step j before any client deadline."""
         j = len(tl[0])
         if (not self._commuting_arrivals or self._arrival_bound is not None or self._collides is not None
                 or not self._finishes_stay_inside() or j >= len(gpu) or later_s != self._next_arrival_s):
