@@ -190,8 +190,11 @@ class KVCacheManager(DecodeRunMixin):
         """A request reaches the scheduler (before any lookup of its blocks). It caches privately
         when its key root is new; a root seen before means two requests may share keys: every
         private block is published and private caching ends (block_pool.py, "Private blocks")."""
-        if self._private_caching and not self.note_lookup(request) and request.key_root is not None:
-            self._key_roots.add(request.key_root)
+        if not self._private_caching or self.note_lookup(request):
+            return
+        root = request.key_root
+        if root is not None:  # None: hashed ids, never private
+            self._key_roots.add(root)
             self.block_pool.private_ids.add(request.request_id)
 
     def note_lookup(self, request: Request) -> bool:
