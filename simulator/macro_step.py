@@ -175,7 +175,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         first j steps and still schedule step j before any client deadline."""
         j = len(tl[0])
         if (not self._commuting_arrivals or self._arrival_bound is not None or self._collides is not None
-                or not self._finishes_stay_inside() or j >= len(gpu) or later_s != self._next_arrival_s):
+                or not self._finishes_stay_inside() or j >= len(gpu)):
             return None
         if each is None or min(each) > j:
             longer = self._macro_timeline(now, gpu[:j + 1], 1, n, math.inf)
