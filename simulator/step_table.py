@@ -125,13 +125,17 @@ class StepTable:
         are freed as soon as they are copied (a cluster hour's ~17 M steps take ~1.8 GB, held once,
         not twice), and each table then answers len, column and frame from its rows of the frame.
         `after_column` runs once each column's arrays are freed (e.g. to hand that memory back
-        before the next column is copied: collector.release_freed_heap)."""
+        before the next column is copied: collector.release_freed_heap). One table's rows are
+        not copied: the frame's columns view its arrays (MetricsCollector.tables, after a run)."""
         if not tables:
             return StepTable().frame()
         sizes = [len(t) for t in tables]
         cols = {}
         for name in STEP_COLUMNS:
-            cols[name] = np.concatenate([np.frombuffer(getattr(t, name), dtype=_DTYPES[name]) for t in tables])
+            parts = [np.frombuffer(getattr(t, name), dtype=_DTYPES[name]) for t in tables]
+            # One table with rows (a single engine's run): the frame views its arrays, no copy
+            # (the views keep them alive; the table's columns are dropped below as for several).
+            cols[name] = parts[0] if len(parts) == 1 and sizes[0] else np.concatenate(parts)
             for t in tables:
                 setattr(t, name, None)
             if after_column is not None:

@@ -45,3 +45,20 @@ def test_move_to_frame_of_nothing_is_a_typed_empty_frame():
     frame = StepTable.move_to_frame([])
     assert list(frame.columns) == STEP_COLUMNS and len(frame) == 0
     assert frame["start_s"].dtype == np.float64 and frame["step"].dtype == np.int64
+
+
+@pytest.mark.parametrize("n", [0, 6])
+def test_one_table_moves_without_a_copy(n):
+    """A single engine's run (MetricsCollector.tables): the frame views the table's own arrays."""
+    t = _table(0, n, 4) if n else StepTable()
+    own = t.frame()
+    buffers = {name: np.frombuffer(getattr(t, name), dtype=own[name].dtype) for name in STEP_COLUMNS}
+    frame = StepTable.move_to_frame([t])
+    pd.testing.assert_frame_equal(frame, own)
+    pd.testing.assert_frame_equal(t.frame(), own)
+    for name in STEP_COLUMNS:
+        assert frame[name].dtype == own[name].dtype
+        if n:
+            assert np.shares_memory(frame[name].to_numpy(), buffers[name])  # viewed, not copied
+    with pytest.raises(AttributeError):
+        t.append(99, 9.0, 1, 0, 1, 0.1, 1, 0, 0)
