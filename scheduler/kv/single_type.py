@@ -146,8 +146,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
         block_size = spec.block_size
         max_num_blocks = max_length // block_size
-        for block_hash in block_hashes[:max_num_blocks]:
-            cached = block_pool.get_cached_block(block_hash, group_ids)
+        # by index, not over a slice: a lookup usually misses at its first block, and a slice
+        # copied the request's whole key list first (vLLM iterates an islice)
+        for i in range(min(len(block_hashes), max_num_blocks)):
+            cached = block_pool.get_cached_block(block_hashes[i], group_ids)
             if cached is None:
                 break  # hashes are chained: nothing after a miss can hit
             for lst, blk in zip(computed, cached):
