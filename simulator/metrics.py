@@ -309,20 +309,26 @@ def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
 
 
-def stats(values) -> dict:
+def stats(values, scratch: bool = False) -> dict:
+    """Mean, PERCENTILES and count of values (None and NaN left out). scratch: values is an array
+    nobody reads afterwards (e.g. concat_gaps' result), so the percentiles may reorder it in place
+    instead of partitioning a copy (a cluster hour's ~65 M gaps: ~0.5 GB less). The mean is taken
+    first, in the values' order; percentiles are order statistics, the same in any order."""
     # Vectorised: None and NaN both become NaN under dtype=float and are dropped by one mask, in order,
     # so the array (and every statistic of it) is the one the per-value filter built.
     if not isinstance(values, (list, tuple, np.ndarray, pd.Series)):
         values = list(values)
     arr = np.asarray(values, dtype=float)
+    own = scratch and arr is values and arr.flags.writeable
     nan = np.isnan(arr)
     if nan.any():  # copied only when there is something to drop (ITLs: ~65 M in a cluster hour)
         arr = arr[~nan]
+        own = True
     if arr.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "count": 0}
     out = {"mean": float(arr.mean())}
     # All four in one call: one partition of the array, not four (each value is the same interpolation).
-    for p, value in zip(PERCENTILES, np.percentile(arr, PERCENTILES).tolist()):
+    for p, value in zip(PERCENTILES, np.percentile(arr, PERCENTILES, overwrite_input=own).tolist()):
         out[f"p{p}"] = value
     out["count"] = int(arr.size)
     return out
@@ -355,7 +361,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     ok = finished_requests(req)
     # Every gap end to end is the summary's largest array (~65 M in a cluster hour): its statistics
     # are taken now and the array dropped before bench_serve_result builds its own.
-    itl_stats = stats(concat_gaps(ok["itl_s"]))
+    itl_stats = stats(concat_gaps(ok["itl_s"]), scratch=True)
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())
     dur = max(sim_duration_s, 1e-12)
