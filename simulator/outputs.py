@@ -43,8 +43,9 @@ def write_requests_parquet(requests: pd.DataFrame, path: Path) -> None:
     a float64 array or [] per request) handed to Arrow as one list array (offsets + the gaps end
     to end) instead of one conversion per request: the Azure hour's 19 k requests and 4 M gaps
     cost ~0.1 s of the replay that way. The schema (types and pandas metadata) is the one Arrow
-    infers for a row with gaps, so readers see the same file. Frames without such a row (no gap
-    at all, or an itl_s value that is not a float sequence) take to_parquet itself."""
+    infers from a few sample rows, checked against the rest, so readers see the same file. Frames
+    the fast path does not cover (no gap at all, an itl_s value that is not a float64 array, more
+    than 2^31 gaps) take to_parquet itself."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -63,7 +64,7 @@ def _requests_table(requests: pd.DataFrame, pa):
     values = requests["itl_s"].to_numpy()  # object array: one float64 array or [] per row
     lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     rows = np.flatnonzero(lens)
-    if rows.size == 0:
+    if rows.size == 0 or int(lens.sum()) >= 2**31:  # Arrow's list offsets are int32
         return None
     parts = [values[i] for i in rows.tolist()]
     if not all(isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 for v in parts):
@@ -77,11 +78,11 @@ def _requests_table(requests: pd.DataFrame, pa):
             if present.any():
                 sample.add(int(present.argmax()))
     reference = pa.Table.from_pandas(requests.iloc[sorted(sample)], preserve_index=False).schema
-    offsets = np.zeros(len(lens) + 1, dtype=np.int32 if int(lens.sum()) < 2**31 else np.int64)
-    np.cumsum(lens, out=offsets[1:])
     field = reference.field("itl_s")
-    if field.type != pa.list_(pa.float64()) or offsets.dtype != np.int32:
+    if field.type != pa.list_(pa.float64()):
         return None
+    offsets = np.zeros(len(lens) + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
     gaps = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(parts)))
     rest = pa.Table.from_pandas(requests.drop(columns=["itl_s"]), preserve_index=False)
     table = rest.add_column(requests.columns.get_loc("itl_s"), field, gaps)
