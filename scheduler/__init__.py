@@ -10,7 +10,8 @@ from servesim.scheduler.output import (
     CachedRequestData, EngineCoreOutputs, ModelRunnerOutput, NewRequestData, RequestOutput,
     SchedulerOutput, SchedulerStats, SpecDecodingStats,
 )
-from servesim.scheduler.request import LazyTokenIds, Request, RequestStatus, SamplingParams, check_stop
+from servesim.scheduler.lazy_ids import LazyTokenIds
+from servesim.scheduler.request import Request, RequestStatus, SamplingParams, check_stop
 from servesim.scheduler.scheduler import Scheduler
 
 __all__ = [

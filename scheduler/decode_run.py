@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from servesim.scheduler._schedule import ScheduleMixin
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
+from servesim.scheduler.lazy_ids import RunTokens
 
 if TYPE_CHECKING:
     from servesim.scheduler.kv.manager import KVCacheBlocks
@@ -190,11 +191,11 @@ class DecodeRunMixin(ScheduleMixin):
                 if not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
 
     def schedule_decode_steps(self: Scheduler, batch: Sequence[Request], num_steps: int,
-                              token_ids: Sequence[list[int]], now_s: float, steps_each: list[int] | None = None,
+                              tokens: RunTokens | None, now_s: float, steps_each: list[int] | None = None,
                               update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
-        planned) and, after each, the update of one step (its tokens: the first num_steps of
-        token_ids[i] for batch[i]; no lists, or empty ones, for no updates).
+        planned) and, after each, the update of one step (its tokens: the first num_steps that
+        `tokens` holds for batch[i], appended unbuilt: lazy_ids.py; None for no updates).
 
         Sync loop: step j's own update follows its schedule. Async loop: the update that follows
         schedule j is the previous step's (already in flight), so placeholders stay constant.
@@ -209,12 +210,14 @@ class DecodeRunMixin(ScheduleMixin):
         hands the id over (in the returned `finished`), or the next one after the run does."""
         self.now_s = now_s
         t0 = [r.num_tokens for r in batch]
-        with_updates = bool(token_ids) and len(token_ids[0]) > 0
-        if with_updates:
+        with_updates = tokens is not None
+        if tokens is not None:
+            source, first, counts = tokens.source, tokens.first, tokens.counts
             for i, r in enumerate(batch):  # hashes the blocks they complete
-                toks = token_ids[i]
                 m = num_steps if steps_each is None or steps_each[i] >= num_steps else steps_each[i] + 1
-                r.append_output_token_ids(toks if len(toks) == m else toks[:m])
+                if counts[i] < m:
+                    raise ValueError(f"{r.request_id}: a run of {m} updates given {counts[i]} of its tokens")
+                r.append_output_tokens_from(source, first[i], m)
         kvm = self.kv_cache_manager
         finished = self.finished_req_ids  # handed over by the first schedule
         none_finished: set[str] = set()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from servesim.scheduler.hashing import TokenProvenance
     from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats
     from servesim.scheduler.request import Request, RequestStatus
+    from servesim.scheduler.lazy_ids import RunTokens
 
 PREFIX_CACHE_KINDS = ("block_hash", "radix")
 
@@ -207,11 +208,12 @@ class DecodeRunScheduler(SchedulerInterface, Protocol):
         """How many of a run's num_steps schedules take each request of `batch` (through finishes)."""
         ...
 
-    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, token_ids: Sequence[list[int]],
+    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
                               now_s: float, steps_each: list[int] | None = None,
                               update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` and after each the update of one step
-        (token_ids[i]: batch[i]'s tokens; none for schedules only); see scheduler/decode_run.py."""
+        (`tokens`: each request's sampled ids, as positions of their streams, appended unbuilt:
+        scheduler/lazy_ids.py; None for schedules only); see scheduler/decode_run.py."""
         ...
 
     def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:

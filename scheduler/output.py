@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from servesim.scheduler.kv.manager import PrefixCacheStats
-from servesim.scheduler.request import LazyTokenIds, SamplingParams
+from servesim.scheduler.lazy_ids import LazyTokenIds
+from servesim.scheduler.request import SamplingParams
 
 
 @dataclass(slots=True)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from servesim.scheduler.block_keys import BlockKeyPlan
 from servesim.scheduler.hashing import TokenProvenance, extra_keys_bytes
+from servesim.scheduler.lazy_ids import LazyTokenIds, OutputIdSource, compact_ids
 
 
 class RequestStatus(enum.IntEnum):
@@ -82,40 +83,6 @@ class SamplingParams:
 BlockHasher = Callable[["Request"], list[bytes]]
 
 
-class LazyTokenIds:
-    """A prompt's ids, built on first read. A synthetic prompt's ids are a pure function of its
-    trace row, and the simulated engine reads only their count (its prefix-cache keys come from
-    the ids' provenance, block_keys.py), so most prompts never need them built; a reader that does
-    (the GPU runner, a real-id hasher, a resumed request's output data) gets exactly the ids."""
-
-    __slots__ = ("num_tokens", "_build", "_ids")
-
-    def __init__(self, num_tokens: int, build: Callable[[], Sequence[int]]) -> None:
-        if num_tokens < 1:
-            raise ValueError(f"a prompt needs at least one token, got {num_tokens}")
-        self.num_tokens = num_tokens
-        self._build = build
-        self._ids: array | list[int] | None = None
-
-    def ids(self) -> array | list[int]:
-        """The ids (compact, as Request stores them), built on the first call."""
-        if self._ids is None:
-            ids = _compact_ids(self._build())
-            if len(ids) != self.num_tokens:  # the builder's contract: exactly num_tokens ids
-                raise ValueError(f"lazy prompt built {len(ids)} ids, declared {self.num_tokens}")
-            self._ids = ids
-        return self._ids
-
-    def __len__(self) -> int:
-        return self.num_tokens
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.ids())
-
-    def __getitem__(self, index: int) -> int:
-        return self.ids()[index]
-
-
 class Request:
     """A request as the scheduler sees it. Mirrors vllm.v1.request.Request."""
 
@@ -126,7 +93,7 @@ class Request:
         "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
         "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size", "_key_plan",
-        "skip_reading_prefix_cache",
+        "skip_reading_prefix_cache", "_out_source", "_out_pending",
         "__weakref__",
     )
 
@@ -170,9 +137,14 @@ class Request:
             self._lazy_prompt = prompt_token_ids
             self.num_prompt_tokens = prompt_token_ids.num_tokens
         else:
-            self._all_token_ids = _compact_ids(prompt_token_ids)
+            self._all_token_ids = compact_ids(prompt_token_ids)
             self.num_prompt_tokens = len(self._all_token_ids)
         self._output_token_ids: list[int] = []
+        # Output ids not built yet (append_output_tokens_from): (index into _output_token_ids, first
+        # position in _out_source's stream, count), ascending; the list holds placeholders there.
+        # Invariant: pending ids only while the prompt is lazy (_all_token_ids is None).
+        self._out_source: OutputIdSource | None = None
+        self._out_pending: list[tuple[int, int, int]] | None = None
         # Async scheduling: tokens scheduled whose ids are not known yet (counted as computed).
         self.num_output_placeholders = 0
         self.discard_latest_async_tokens = False
@@ -217,8 +189,41 @@ class Request:
                 else:
                     all_ids.extend(token_ids)
         except OverflowError:  # an id beyond the array's type: a wider one (outputs are complete)
-            self._all_token_ids = _compact_ids([*all_ids[: self.num_prompt_tokens], *self._output_token_ids])
+            self._all_token_ids = compact_ids([*all_ids[: self.num_prompt_tokens], *self._output_token_ids])
         self.update_block_hashes()
+
+    def append_output_tokens_from(self, source: OutputIdSource, first: int, n: int) -> None:
+        """Append output ids first .. first + n - 1 of source's stream for this request (a run of
+        decode steps' tokens: lazy_ids.py), built only when something reads them. A request
+        whose prompt ids are already built keeps every id built and takes them now."""
+        if n <= 0:
+            return
+        if self._all_token_ids is not None:
+            self.append_output_token_ids(source.tokens(self.request_id, first, n))
+            return
+        pending = self._out_pending
+        if pending is None or self._out_source is not source:
+            if pending:
+                self._build_outputs()
+            self._out_source = source
+            self._out_pending = pending = []
+        out = self._output_token_ids
+        pending.append((len(out), first, n))
+        out.extend([0] * n)  # placeholders: every reader builds the ids first (_build_outputs)
+        self.update_block_hashes()
+
+    def _build_outputs(self) -> None:
+        """Put the unbuilt output ids in place of their placeholders."""
+        pending, source = self._out_pending, self._out_source
+        self._out_pending = None
+        if not pending or source is None:
+            return
+        out = self._output_token_ids
+        for index, first, n in pending:
+            ids = source.tokens(self.request_id, first, n)
+            if len(ids) != n:  # the source's contract; a wrong count would shift every later id
+                raise ValueError(f"{self.request_id}: the token source gave {len(ids)} ids for {n}")
+            out[index:index + n] = ids
 
     @property
     def key_root(self) -> bytes | None:
@@ -254,23 +259,35 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
+        if self._out_pending:
+            self._build_outputs()
         return self._output_token_ids  # read-only by convention
+
+    def last_output_token_id(self) -> int:
+        """The latest output id (there is at least one)."""
+        pending = self._out_pending
+        if pending:
+            index, first, n = pending[-1]
+            if index + n == len(self._output_token_ids):  # the last id is unbuilt: build it alone
+                assert self._out_source is not None
+                return self._out_source.tokens(self.request_id, first + n - 1, 1)[0]
+        return self._output_token_ids[-1]
 
     @property
     def all_token_ids(self) -> array | list[int]:
-        """Prompt and output ids (read-only by convention; see _compact_ids for the type); a lazy
+        """Prompt and output ids (read-only by convention; see lazy_ids.compact_ids for the type); a lazy
         prompt's ids are built here, once."""
         ids = self._all_token_ids
         if ids is None:
             assert self._lazy_prompt is not None
             prompt = self._lazy_prompt.ids()
-            outputs = self._output_token_ids
+            outputs = self.output_token_ids  # built: from here on every id is appended built
             if type(prompt) is array:
                 ids = prompt[:]  # our own copy: the lazy prompt's ids may be shared with readers
                 try:
                     ids.fromlist(outputs)  # all or nothing
                 except OverflowError:  # an output id beyond the array's type: a wider one
-                    ids = _compact_ids([*prompt, *outputs])
+                    ids = compact_ids([*prompt, *outputs])
             else:
                 ids = [*prompt, *outputs]
             self._lazy_prompt = None
@@ -315,22 +332,6 @@ class Request:
         )
 
 
-def _compact_ids(token_ids: Sequence[int]) -> array | list[int]:
-    """token_ids as a new array('i') (int32), array('q') when an id needs 64 bits, or a list when
-    one does not fit in int64 (or is not an int). int32 is also the hashing's canonical encoding
-    (scheduler/hashing.py), so the narrowest storage that fits is always chosen."""
-    if type(token_ids) is array and token_ids.typecode == "i":
-        return token_ids[:]  # a copy in one memcpy
-    for typecode in "iq":
-        try:
-            return array(typecode, token_ids)
-        except OverflowError:
-            continue
-        except TypeError:
-            break
-    return list(token_ids)
-
-
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Apply vLLM's stop rules after a token was appended; sets status on stop.
 
@@ -345,14 +346,16 @@ def check_stop(request: Request, max_model_len: int) -> bool:
             return False
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
-    last = request._output_token_ids[-1]
-    if not params.ignore_eos and params.eos_token_id is not None and last == params.eos_token_id:
-        request.status = RequestStatus.FINISHED_STOPPED
-        return True
-    if last in params.stop_token_ids:
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = last
-        return True
+    eos = not params.ignore_eos and params.eos_token_id is not None
+    if eos or params.stop_token_ids:  # the last id is read only by a rule that needs it
+        last = request.last_output_token_id()
+        if eos and last == params.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if last in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last
+            return True
     if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True

@@ -14,6 +14,7 @@ import zlib
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.oracle_trace import oracle_token
+from servesim.scheduler.lazy_ids import RunTokens
 
 
 def _crc32_table() -> list[int]:
@@ -127,19 +128,22 @@ class BatchTracker:
             self.num_out.pop(rid, None)
 
     def sample_decode_run(self, req_ids: list[str], num_steps: int,
-                          steps_each: list[int] | None = None) -> list[list[int]]:
+                          steps_each: list[int] | None = None) -> RunTokens:
         """num_steps plain decode steps of req_ids (one token each per step, no drafts): the
-        tokens each request samples, in order; the worker state advances as by num_steps sample()s.
-        `steps_each`: request i takes part in only the first steps_each[i] of them."""
-        out: list[list[int]] = []
-        num_out, num_tokens, source = self.num_out, self.num_tokens, self.tokens
+        tokens each request samples, in order, as positions of the token source's streams (built
+        by whoever reads them: lazy_ids.py); the worker state advances as by num_steps
+        sample()s. `steps_each`: request i takes part in only the first steps_each[i] of them."""
+        first: list[int] = []
+        counts: list[int] = []
+        num_out, num_tokens = self.num_out, self.num_tokens
         for i, rid in enumerate(req_ids):
             n = num_steps if steps_each is None else min(steps_each[i], num_steps)
             k = num_out[rid]
-            out.append(source.tokens(rid, k, n))
+            first.append(k)
+            counts.append(n)
             num_out[rid] = k + n
             num_tokens[rid] += n
-        return out
+        return RunTokens(self.tokens, req_ids, first, counts)
 
     def sample(self, so: SchedulerOutput, req_ids: list[str], sample: list[bool],
                chosen: dict[str, int] | None = None) -> ModelRunnerOutput:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.worker import BatchTracker, TokenSource
 from servesim.simulator.cost_model.base import CostModel, StepShape, bulk_decode_pricer, decode_step_times_s
 from servesim.simulator.cost_model.pipeline import PipelineCost
@@ -75,9 +76,10 @@ class SimExecutor:
         return times
 
     def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int,
-                          finished_req_ids: set[str], steps_each: list[int] | None = None) -> list[list[int]]:
+                          finished_req_ids: set[str], steps_each: list[int] | None = None) -> RunTokens:
         """Execute num_steps plain decode steps, the first handing over finished_req_ids: each
-        request's sampled tokens, in step order (request i in the first steps_each[i] only)."""
+        request's sampled tokens, in step order (request i in the first steps_each[i] only), as
+        positions of the token source's streams (built only where read: lazy_ids.py)."""
         self.batch.forget(finished_req_ids)
         last = ([c + num_steps - 1 for c in num_context_tokens] if steps_each is None else
                 [c + num_steps - 1 for c, m in zip(num_context_tokens, steps_each) if m >= num_steps])

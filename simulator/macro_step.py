@@ -214,12 +214,12 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         if gpu_s is None:
             (gpu_s,) = self.executor.decode_step_times_s(ctx, 1)
         finished = sched.finished_req_ids
-        eff = sched.schedule_decode_steps(reqs, 1, [], t)  # its prefix lookup is taken by the next update
+        eff = sched.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
         tokens = self.executor.sample_decode_run(ids, ctx, 1, finished)
         row = self._decode_row(t, n, eff.free_after[0], gpu_s)
         self.num_macro_steps += 1
         end = max(t + self.cpu.step_s(n, n), self._gpu_free_at) + gpu_s  # the loop's start + GPU time
-        mro = self.executor.decode_step_output(ids, [tok[0] for tok in tokens])
+        mro = self.executor.decode_step_output(ids, tokens.at_step(0))
         in_flight.append((sched.decode_step_output(reqs), mro, end, None, row))
         self._gpu_free_at = end
         self._macro_until_s = max(self._macro_until_s, t)
@@ -321,7 +321,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             each = None  # the run stops before any finish (an arrival or a deadline cut it)
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = sched.finished_req_ids
-        eff_first = sched.schedule_decode_steps(reqs, 1, [], now)  # its prefix lookup: S's update takes it
+        eff_first = sched.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
         tokens = self.executor.sample_decode_run(ids, ctx0, k, finished, self._scheduled_each(each))
         first = self._decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])
         # ... then S's own update, exactly as the loop applies it ...
@@ -343,13 +343,13 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
                              hits[1:] + [0], queries[1:] + [0])
             self.metrics.on_decode_run(ids, upd_t[1:])
             self._macro_progress(self.num_steps + 1, upd_t[1:])
-            last_reqs, last_ids, last_toks = reqs, ids, [t[k - 1] for t in tokens]
+            last_reqs, last_ids, last_toks = reqs, ids, tokens.at_step(k - 1)
         else:
             self._through_rows(self.num_steps, each, sched_t, upd_t, gpu, rest.free_after, hits, queries)
             self._progress_through(self.num_steps + 1, upd_t[1:], self._through_metrics(reqs, each, upd_t))
             kept = [i for i, m in enumerate(self._scheduled_each(each)) if m >= k]  # the last step's batch
             last_reqs, last_ids = [reqs[i] for i in kept], [ids[i] for i in kept]
-            last_toks = [tokens[i][k - 1] for i in kept]
+            last_toks = tokens.at_step(k - 1, kept)
         self.num_steps += k - 1
         self.num_macro_steps += k
         self.num_macro_runs += 1

@@ -8,7 +8,8 @@ from array import array
 import pytest
 
 from servesim.scheduler.hashing import make_block_hasher
-from servesim.scheduler.request import LazyTokenIds, Request, SamplingParams
+from servesim.scheduler.lazy_ids import LazyTokenIds
+from servesim.scheduler.request import Request, SamplingParams
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.metrics import summarize

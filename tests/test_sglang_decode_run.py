@@ -10,6 +10,7 @@ import random
 import pytest
 
 from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams
+from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 
 BASE = dict(max_running_requests=16, chunked_prefill_size=256, enable_chunked_prefill=True, page_size=4,
@@ -22,6 +23,19 @@ def make_sched(**kw) -> SGLangScheduler:
 
 def token(rid: str, j: int) -> int:
     return 100 + (sum(map(ord, rid)) * 31 + j) % 500
+
+
+class _Source:
+    """token() as a run's id source (position j of a request's stream is its j-th output)."""
+
+    def tokens(self, rid: str, k: int, n: int) -> list[int]:
+        return [token(rid, k + j) for j in range(n)]
+
+
+def run_tokens(reqs, k: int) -> RunTokens:
+    """The k tokens each request of a run samples, unbuilt (scheduler/lazy_ids.py)."""
+    return RunTokens(_Source(), [r.request_id for r in reqs],
+                     [r.num_output_tokens + r.num_output_placeholders for r in reqs], [k] * len(reqs))
 
 
 def mro_for(sched: SGLangScheduler, so) -> ModelRunnerOutput:
@@ -52,20 +66,19 @@ class Driver:
         """A run of k steps through the bulk path, as simulator/macro_step.py applies it."""
         sched = self.sched
         reqs = sched.decode_run_requests()
-        tokens = [[token(r.request_id, r.num_output_tokens + r.num_output_placeholders + j) for j in range(k)]
-                  for r in reqs]
+        tokens = run_tokens(reqs, k)
         if not self.overlap:
             sched.schedule_decode_steps(reqs, k, tokens, 0.0)
         else:
-            sched.schedule_decode_steps(reqs, 1, [], 0.0)
+            sched.schedule_decode_steps(reqs, 1, None, 0.0)
             old, mro = self.in_flight.pop(0)
             sched.update_from_output(old, mro)
             # the run's first update is the in-flight step's; its own tokens start one later
-            sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], 0.0)
+            sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0)
             so = sched.decode_step_output(reqs)
             ids = [r.request_id for r in reqs]
             self.in_flight.append((so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
-                                                         [[t[k - 1]] for t in tokens])))
+                                                         [[t] for t in tokens.at_step(k - 1)])))
         sched.check_invariants()
 
     def bulk_through(self, k: int) -> int:
@@ -74,19 +87,17 @@ class Driver:
         sched = self.sched
         reqs = sched.decode_run_requests()
         each = sched.decode_run_steps(reqs, k)
-        tokens = [[token(r.request_id, r.num_output_tokens + r.num_output_placeholders + j) for j in range(k)]
-                  for r in reqs]
-        sched.schedule_decode_steps(reqs, 1, [], 0.0)
+        tokens = run_tokens(reqs, k)
+        sched.schedule_decode_steps(reqs, 1, None, 0.0)
         old, mro = self.in_flight.pop(0)
         sched.update_from_output(old, mro)
         before = len(sched.requests)
-        sched.schedule_decode_steps(reqs, k - 1, [t[:k - 1] for t in tokens], 0.0,
-                                    [min(m, k) - 1 for m in each], [0.0] * (k - 1))
+        sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0, [min(m, k) - 1 for m in each], [0.0] * (k - 1))
         kept = [i for i, m in enumerate(each) if m + 1 >= k]  # the last step: the extra forwards too
         ids = [reqs[i].request_id for i in kept]
         so = sched.decode_step_output([reqs[i] for i in kept])
         self.in_flight.append((so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
-                                                     [[tokens[i][k - 1]] for i in kept])))
+                                                     [[t] for t in tokens.at_step(k - 1, kept)])))
         sched.check_invariants()
         return before - len(sched.requests)
 

@@ -49,7 +49,7 @@ from servesim import _native  # noqa: E402  (after the path insert: run as a scr
 # plug-ins the policies exist for; and a native class would shadow a subclass's `queue_type`).
 COMPILED = (
     "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
-    "pyset.py", "worker.py", "step_shape.py", "block_keys.py",
+    "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
     "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
     "kv/events.py", "decode_run.py", "kv/decode_run.py",
 )

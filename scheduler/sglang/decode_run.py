@@ -29,6 +29,7 @@ from servesim.scheduler.decode_run import DecodeRunEffects
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
+from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.sglang.batching import Batch
 from servesim.scheduler.sglang.output import StepInfo
 
@@ -132,11 +133,12 @@ class DecodeRunMixin:
         return [min(r.max_tokens - r.num_output_tokens - r.num_output_placeholders, num_steps) for r in batch]
 
     def schedule_decode_steps(self: SGLangScheduler, batch: Sequence[Request], num_steps: int,
-                              token_ids: Sequence[list[int]], now_s: float, steps_each: list[int] | None = None,
+                              tokens: RunTokens | None, now_s: float, steps_each: list[int] | None = None,
                               update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
         planned, decode_run_horizon steps at most) and, after each, the update of one step (its
-        tokens: token_ids[i][:num_steps] for batch[i]; no lists, or empty ones, for no updates).
+        tokens: the first num_steps that `tokens` holds for batch[i], appended unbuilt:
+        lazy_ids.py; None for no updates).
         Sync loop: step j's own update follows its schedule; overlap loop: the previous step's.
         `now_s` is the time of the last schedule or update applied.
 
@@ -156,14 +158,15 @@ class DecodeRunMixin:
         finished = self.finished_req_ids  # handed over by the first schedule
         self.finished_req_ids = set()
         first = self.kv_cache_manager.first_alloc_steps(batch)  # before the counters move
-        with_updates = bool(token_ids) and len(token_ids[0]) > 0
+        with_updates = tokens is not None
         for i, r in enumerate(batch):
             r.num_computed_tokens += n if sched_each is None else sched_each[i]
             r.is_prefill_chunk = False
-            if with_updates:
-                toks = token_ids[i]
+            if tokens is not None:
                 m = n if steps_each is None or steps_each[i] >= n else steps_each[i] + 1
-                r.append_output_token_ids(toks if len(toks) == m else toks[:m])
+                if tokens.counts[i] < m:
+                    raise ValueError(f"{r.request_id}: a run of {m} updates given {tokens.counts[i]} of its tokens")
+                r.append_output_tokens_from(tokens.source, tokens.first[i], m)
             else:
                 r.num_output_placeholders += n
         finish_at = None
