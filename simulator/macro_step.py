@@ -171,21 +171,24 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         (update j, the previous step's) must finish nobody: through finishes, request i's finish
         is update each[i] (vLLM: the scheduler that proves the commuting has no extra step). The
         longer timeline is the same arithmetic without the arrival's bound (piece by piece where
-        the batch shrinks: _plan_through with the prices it has), and must agree with tl on the
-        first j steps and still schedule step j before any client deadline."""
+        the batch shrinks: _plan_through with the prices it has), and must still schedule step j
+        before any client deadline. Only step j is timed: the timeline continues from update j - 1
+        and the GPU's end of step j - 1 (the floats do not depend on where a timeline is split), so
+        its first j steps are tl's own."""
         j = len(tl[0])
         if (not self._commuting_arrivals or self._arrival_bound is not None or self._collides is not None
                 or not self._finishes_stay_inside() or j >= len(gpu)):
             return None
+        t, free_at = tl[2][j - 1], tl[1][j - 1]  # j >= 2: _macro_step refuses shorter runs
         if each is None or min(each) > j:
-            longer = self._macro_timeline(now, gpu[:j + 1], 1, n, math.inf)
+            step = self._macro_timeline(t, gpu[j:j + 1], 1, n, math.inf, free_at)
         elif j in each:
             return None  # update j finishes a request
         else:
-            _, longer = self._plan_through(now, [], each, j + 1, math.inf, priced=gpu)
-        if len(longer[0]) <= j or longer[2][j] < later_s or any(a[:j] != b for a, b in zip(longer, tl)):
+            _, step = self._plan_through(t, [], each, j + 1, math.inf, first_step=j, free_at=free_at, priced=gpu)
+        if not step[0] or step[2][0] < later_s:
             return None
-        return longer
+        return tl[0] + step[0], tl[1] + step[1], tl[2] + step[2]
 
     def _scheduled_each(self, each: list[int] | None) -> list[int] | None:
         """How many of a run's steps schedule each request, from how many bring it a token
