@@ -7,32 +7,59 @@ servesim.api re-exports every name here.
 
 from __future__ import annotations
 
-import dataclasses
 import io
-from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from servesim.simulator.collector import collector_paused, release_freed_heap
+from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
-from servesim.simulator.metrics import warn_rejected
 from servesim.simulator.outdir import claim_output
 from servesim.simulator.outputs import build_summary, write_results
+from servesim.simulator.summary import warn_rejected
 from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from servesim.traces.formats import load_workload
 from servesim.traces.transforms import rate_scale, request_limit
 from servesim.traces.workload import Workload
 
 
-@dataclass(slots=True)
+if TYPE_CHECKING:
+    import pandas as pd
+
+
 class Results:
-    summary: dict
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    timeseries: pd.DataFrame
-    out_dir: Path | None
+    """A run's summary and its requests, steps and timeseries frames. A frame given as Columns
+    (a run just simulated) is built on first read: the CLI reads none, and never imports pandas."""
+
+    __slots__ = ("summary", "out_dir", "_tables")
+
+    def __init__(self, summary: dict, requests: pd.DataFrame | Columns, steps: pd.DataFrame | Columns,
+                 timeseries: pd.DataFrame | Columns, out_dir: Path | None) -> None:
+        self.summary = summary
+        self.out_dir = out_dir
+        self._tables = {"requests": requests, "steps": steps, "timeseries": timeseries}
+
+    def _frame(self, name: str) -> pd.DataFrame:
+        table = self._tables[name]
+        if isinstance(table, Columns):
+            table = self._tables[name] = table.frame()
+        return table
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self._frame("requests")
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self._frame("steps")
+
+    @property
+    def timeseries(self) -> pd.DataFrame:
+        return self._frame("timeseries")
+
+    def __repr__(self) -> str:
+        return f"Results(out_dir={self.out_dir!r}, {len(self._tables['requests'])} requests)"
 
 
 def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | None = None,
@@ -72,6 +99,6 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     written = None
     if out_dir is not None:  # claimed by run(): replacing an earlier result was allowed there
         written = write_results(out_dir, engine.cfg, res, summary, meta, overwrite=True)
-    tables = res.metrics.tables()  # built once: the summary, the result files and Results share them
-    warn_rejected(tables.requests)
-    return Results(summary, tables.requests, tables.steps, tables.timeseries(summary["sim_duration_s"]), written)
+    cols = res.metrics.columns()  # built once: the summary, the result files and Results share them
+    warn_rejected(cols.requests)
+    return Results(summary, cols.requests, cols.steps, cols.timeseries(summary["sim_duration_s"]), written)

@@ -16,17 +16,25 @@ summarised by the same rules:
 
 Keys follow `vllm bench serve --save-result` (`mean_ttft_ms`, `p99_itl_ms`, `request_throughput`,
 ...); `inference_perf_stages` reports per load stage in inference-perf's vocabulary.
+
+A requests table is a run's columns (simulator/columns.py) or a pandas DataFrame (a measured
+run's requests.parquet): each column is read through numpy and rows are kept with a boolean mask,
+which both answer alike.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
+from servesim.simulator.columns import notna
 from servesim.traces.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_METRICS = ("ttft", "tpot", "e2el")
@@ -51,30 +59,32 @@ class GoodputSlo:
         return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
 
 
-def completed_mask(requests: pd.DataFrame) -> np.ndarray:
+def completed_mask(requests) -> np.ndarray:
     """Rows the client saw complete: status 'completed' (older frames: a finish with output)."""
     if "status" in requests.columns:
-        return (requests["status"] == "completed").to_numpy()
-    return (requests["finish_s"].notna() & (requests["output_len"] > 0)).to_numpy()
+        return np.asarray(requests["status"]) == "completed"
+    return notna(np.asarray(requests["finish_s"], dtype=float)) & (np.asarray(requests["output_len"]) > 0)
 
 
-def per_request(requests: pd.DataFrame) -> pd.DataFrame:
+def per_request(requests) -> pd.DataFrame:
     """Completed requests with TTFT, TPOT, E2EL (ms) and their per-chunk ITLs (ms), bench rules."""
+    import pandas as pd
+
     done = requests[completed_mask(requests)]
-    rows = _latencies(done)
+    rows = pd.DataFrame(_latencies(done))
     # Tokens of one chunk share a timestamp, so their per-token gaps are 0: one chunk, one gap.
     rows["itl_ms"] = [(g[g > 0] * 1e3).tolist() for g in (np.asarray(v, dtype=np.float64) for v in done["itl_s"])]
     return rows
 
 
 def concat_gaps(column) -> np.ndarray:
-    """A requests frame's itl_s entries (float64 arrays, or [] where a request has no gap) laid end
+    """A requests table's itl_s entries (float64 arrays, or [] where a request has no gap) laid end
     to end as one float64 array, in order."""
     parts = [v for v in column if len(v)]
     return np.concatenate(parts).astype(np.float64, copy=False) if parts else np.empty(0)
 
 
-def _itl_ms(done: pd.DataFrame) -> np.ndarray:
+def _itl_ms(done) -> np.ndarray:
     """Every completed request's per-chunk ITLs (ms) end to end, as per_request's lists laid out flat
     (the same products, in the same order), without a Python list per request."""
     gaps = concat_gaps(done["itl_s"])
@@ -84,15 +94,15 @@ def _itl_ms(done: pd.DataFrame) -> np.ndarray:
     return positive
 
 
-def _latencies(done: pd.DataFrame) -> pd.DataFrame:
-    ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(dtype=float) * 1e3
-    e2el = (done["finish_s"] - done["arrival_s"]).to_numpy(dtype=float) * 1e3
-    n_out = done["output_len"].to_numpy()
+def _latencies(done) -> dict[str, np.ndarray]:
+    ttft = (np.asarray(done["first_token_s"], dtype=float) - np.asarray(done["arrival_s"], dtype=float)) * 1e3
+    e2el = (np.asarray(done["finish_s"], dtype=float) - np.asarray(done["arrival_s"], dtype=float)) * 1e3
+    n_out = np.asarray(done["output_len"])
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n_out > 1, (e2el - ttft) / np.maximum(n_out - 1, 1), np.nan)
-    return pd.DataFrame({"request_id": done["request_id"].to_numpy(), "arrival_s": done["arrival_s"].to_numpy(),
-                         "prompt_len": done["prompt_len"].to_numpy(), "output_len": n_out,
-                         "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el})
+    return {"request_id": np.asarray(done["request_id"]), "arrival_s": np.asarray(done["arrival_s"], dtype=float),
+            "prompt_len": np.asarray(done["prompt_len"]), "output_len": n_out,
+            "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el}
 
 
 def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...],
@@ -119,13 +129,13 @@ def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...],
     return out
 
 
-def bench_serve_result(requests: pd.DataFrame, slo: GoodputSlo | None = None,
+def bench_serve_result(requests, slo: GoodputSlo | None = None,
                        percentiles: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | int | None]:
     """The figures `vllm bench serve --save-result` would write for this run."""
     done = requests[completed_mask(requests)]
     rows = _latencies(done)
-    completed = len(rows)
-    sent = requests["arrival_s"].to_numpy(dtype=float)
+    completed = len(rows["ttft_ms"])
+    sent = np.asarray(requests["arrival_s"], dtype=float)
     duration = 0.0
     if completed:  # first send to last completion
         end = float((rows["arrival_s"] + rows["e2el_ms"] / 1e3).max())
@@ -144,21 +154,21 @@ def bench_serve_result(requests: pd.DataFrame, slo: GoodputSlo | None = None,
         for metric in SLO_METRICS:
             limit = getattr(slo, f"{metric}_ms")
             if limit is not None:
-                good &= np.nan_to_num(rows[f"{metric}_ms"].to_numpy(), nan=0.0) <= limit
+                good &= np.nan_to_num(rows[f"{metric}_ms"], nan=0.0) <= limit
         result["request_goodput"] = int(good.sum()) / duration
     itl = _itl_ms(done)
     for metric in BENCH_METRICS:
-        values = itl if metric == "itl" else rows[f"{metric}_ms"].to_numpy(dtype=float)
+        values = itl if metric == "itl" else np.asarray(rows[f"{metric}_ms"], dtype=float)
         result.update(_stats(metric, values, percentiles, scratch=metric == "itl"))
     return result
 
 
-def inference_perf_stages(requests: pd.DataFrame, stage_bounds_s: list[tuple[float, float]],
+def inference_perf_stages(requests, stage_bounds_s: list[tuple[float, float]],
                           percentiles: tuple[float, ...] = (50, 90, 99)) -> list[dict]:
     """Per load stage (requests *sent* in [start, end)), inference-perf's figures (ms)."""
     out = []
     for i, (start, end) in enumerate(stage_bounds_s):
-        sent = requests["arrival_s"]
+        sent = np.asarray(requests["arrival_s"], dtype=float)
         stage = requests[(sent >= start) & (sent < end)]
         res = bench_serve_result(stage, None, percentiles)
         out.append({"stage": i, "start_s": start, "end_s": end, "completed": res["completed"],

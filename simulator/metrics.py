@@ -6,17 +6,19 @@ prefill tokens while they cover positions inside the prompt.
 
 from __future__ import annotations
 
-import logging
 import math
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result, concat_gaps
+from servesim.simulator.columns import Columns, float_column
 from servesim.simulator.step_table import StepTable
-from servesim.simulator.summary_metrics import compute_metrics
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -51,7 +53,8 @@ class MetricsCollector:
         self.steps = StepTable()
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
-        self._tables: RunTables | None = None  # built once, after the run (tables())
+        self._columns: RunColumns | None = None  # built once, after the run (columns())
+        self._tables: RunTables | None = None  # its frames, likewise (tables())
         # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
         self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
 
@@ -113,14 +116,26 @@ class MetricsCollector:
                 rec.finish_s += delay_s
 
     # --- tables -------------------------------------------------------------------------------
+    def columns(self) -> RunColumns:
+        """The requests and steps as columns (simulator/columns.py: no pandas), built once and kept:
+        for after the run, when the records no longer change (the summary, the result files and
+        the frames share them; they hold every inter-token gap, so building them again per
+        reader set the peak memory of long runs). The run's step rows move into them (viewed,
+        not copied: ~44 MB on the Azure hour)."""
+        if self._columns is None:
+            if self._adopted_steps is not None:
+                steps = Columns.of_frame(self._adopted_steps[0])
+            else:
+                steps = StepTable.move_to_columns([self.steps])
+            self._columns = RunColumns(self.request_columns(), steps)
+        return self._columns
+
     def tables(self) -> RunTables:
-        """The requests and steps frames, built once and kept: for after the run, when the records
-        no longer change (summary, result files and the Results object share them; a frame holds
-        every inter-token latency, so building it again per reader set the peak memory of long runs)."""
+        """The requests and steps frames of columns(), built once and kept."""
         if self._tables is None:
-            # the run's rows move into the frame (viewed, not copied: ~44 MB on the Azure hour)
-            steps = self._adopted_steps[0] if self._adopted_steps is not None else StepTable.move_to_frame([self.steps])
-            self._tables = RunTables(self.requests_frame(), steps)
+            cols = self.columns()
+            steps = self._adopted_steps[0] if self._adopted_steps is not None else cols.steps.frame()
+            self._tables = RunTables(cols.requests.frame(), steps)
         return self._tables
 
     def adopt_steps_frame(self, steps: pd.DataFrame) -> None:
@@ -129,11 +144,11 @@ class MetricsCollector:
         each value once; each replica's is a view of its rows, the merged collector's the whole).
         tables() hands out this very frame; steps_frame() a new frame of its columns as adopted."""
         self._adopted_steps = (steps, steps.copy(deep=False))
-        self._tables = None  # tables built before (if any) hold another steps frame
+        self._tables = self._columns = None  # built before (if at all), they hold other steps
 
-    def requests_frame(self) -> pd.DataFrame:
-        """A new requests frame (tables() keeps one); built column by column, never a dict per row."""
-        cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
+    def request_columns(self) -> Columns:
+        """The requests table (REQUEST_COLUMNS) built anew, column by column, never a dict per row
+        (columns() keeps one)."""
         records = list(self.requests.values())
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
         for r, itl in zip(stale, _itl_lists(stale)):
@@ -143,11 +158,28 @@ class MetricsCollector:
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
         if any(r.status == "timed_out" or r.reject_reason is not None for r in records):
+            cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
             for r in records:
                 _append_row(cols, r, r.itl_s)
         else:  # every request completed (or is still running): one comprehension per column
             cols = _completed_columns(records)
-        return pd.DataFrame(cols, columns=REQUEST_COLUMNS)
+        data: dict[str, np.ndarray | list] = {}
+        all_none: list[str] = []
+        for name in REQUEST_COLUMNS:
+            kind = _REQUEST_KINDS.get(name)
+            if kind == "f":
+                data[name], missing = float_column(cols[name])
+                if missing:
+                    all_none.append(name)
+            elif kind == "i":
+                data[name] = np.array(cols[name], dtype=np.int64)
+            else:
+                data[name] = cols[name]
+        return Columns(data, REQUEST_COLUMNS, all_none)
+
+    def requests_frame(self) -> pd.DataFrame:
+        """A new requests frame (tables() keeps one)."""
+        return self.request_columns().frame()
 
     def steps_frame(self) -> pd.DataFrame:
         """A new steps frame (tables() keeps one), from the table's columns as they are (or a new
@@ -158,8 +190,23 @@ class MetricsCollector:
 
     def timeseries_frame(self, end_s: float) -> pd.DataFrame:
         """1-second ticks: state at the last step that started at or before each tick."""
-        steps = self._tables.steps if self._tables is not None else self.steps_frame()
-        return timeseries_from_steps(steps, end_s)
+        if self._columns is not None:
+            return timeseries_from_steps(self._columns.steps, end_s).frame()
+        return timeseries_from_steps(Columns.of_frame(self.steps_frame()), end_s).frame()
+
+
+@dataclass(slots=True)
+class RunColumns:
+    """A finished run's requests and steps as columns, built once (MetricsCollector.columns())."""
+
+    requests: Columns
+    steps: Columns
+    _timeseries: dict = field(default_factory=dict)  # end_s -> Columns
+
+    def timeseries(self, end_s: float) -> Columns:
+        if end_s not in self._timeseries:
+            self._timeseries[end_s] = timeseries_from_steps(self.steps, end_s)
+        return self._timeseries[end_s]
 
 
 @dataclass(slots=True)
@@ -172,29 +219,35 @@ class RunTables:
 
     def timeseries(self, end_s: float) -> pd.DataFrame:
         if end_s not in self._timeseries:
-            self._timeseries[end_s] = timeseries_from_steps(self.steps, end_s)
+            self._timeseries[end_s] = timeseries_from_steps(Columns.of_frame(self.steps), end_s).frame()
         return self._timeseries[end_s]
 
 
-def timeseries_from_steps(steps: pd.DataFrame, end_s: float) -> pd.DataFrame:
-    """1-second ticks from a steps frame: state at the last step that started at or before each tick."""
+TIMESERIES_COLUMNS = ["t_s", "running", "waiting", "kv_cache_pct", "prefill_tokens_per_s", "decode_tokens_per_s"]
+
+
+def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
+    """1-second ticks from the steps: state at the last step that started at or before each tick."""
     ticks = np.arange(0.0, math.floor(max(end_s, 0.0)) + 1.0)
+    n = len(ticks)
     if steps.empty:
-        return pd.DataFrame({"t_s": ticks, "running": 0, "waiting": 0, "kv_cache_pct": 0.0,
-                             "prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0})
-    idx = np.searchsorted(steps["start_s"].to_numpy(), ticks, side="right") - 1
+        zeros_i, zeros_f = np.zeros(n, dtype=np.int64), np.zeros(n)
+        return Columns({"t_s": ticks, "running": zeros_i, "waiting": zeros_i, "kv_cache_pct": zeros_f,
+                        "prefill_tokens_per_s": zeros_f, "decode_tokens_per_s": zeros_f}, TIMESERIES_COLUMNS)
+    start = steps["start_s"]
+    idx = np.searchsorted(start, ticks, side="right") - 1
     valid = idx >= 0
     take = np.where(valid, idx, 0)
-    sec = np.floor(steps["start_s"].to_numpy()).astype(int)
-    pre = np.bincount(sec, weights=steps["num_prefill_tokens"], minlength=len(ticks))[: len(ticks)]
-    dec = np.bincount(sec, weights=steps["num_decode_tokens"], minlength=len(ticks))[: len(ticks)]
-    return pd.DataFrame({
+    sec = np.floor(start).astype(int)
+    pre = np.bincount(sec, weights=steps["num_prefill_tokens"], minlength=n)[:n]
+    dec = np.bincount(sec, weights=steps["num_decode_tokens"], minlength=n)[:n]
+    return Columns({
         "t_s": ticks,
-        "running": np.where(valid, steps["num_running"].to_numpy()[take], 0),
-        "waiting": np.where(valid, steps["num_waiting"].to_numpy()[take], 0),
-        "kv_cache_pct": np.where(valid, 100.0 * steps["kv_usage"].to_numpy()[take], 0.0),
+        "running": np.where(valid, steps["num_running"][take], 0),
+        "waiting": np.where(valid, steps["num_waiting"][take], 0),
+        "kv_cache_pct": np.where(valid, 100.0 * steps["kv_usage"][take], 0.0),
         "prefill_tokens_per_s": pre, "decode_tokens_per_s": dec,
-    })
+    }, TIMESERIES_COLUMNS)
 
 
 def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:
@@ -274,35 +327,12 @@ def _completed_columns(records: list[RequestRecord]) -> dict[str, list]:
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
                    "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
                    "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason"]
+# How request_columns stores each column: "f" float64 (NaN where missing), "i" int64; the rest as lists.
+_REQUEST_KINDS = {"arrival_s": "f", "prompt_len": "i", "output_len": "i", "output_len_target": "i",
+                  "first_scheduled_s": "f", "first_token_s": "f", "finish_s": "f", "queueing_s": "f",
+                  "ttft_s": "f", "tpot_s": "f", "e2e_s": "f", "num_preemptions": "i", "num_cached_tokens": "i"}
 # Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
 _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
-
-
-def rejection_summary(req: pd.DataFrame) -> dict:
-    """summary.json's num_completed / num_rejected / rejected_by_reason from a requests frame."""
-    rejected = req[req["status"] == "rejected"]
-    by_reason = rejected["reject_reason"].value_counts()
-    return {"num_completed": int((req["status"] == "completed").sum()), "num_rejected": int(len(rejected)),
-            "rejected_by_reason": {str(k): int(v) for k, v in sorted(by_reason.items())}}
-
-
-def rejection_warning(req: pd.DataFrame, max_ids: int = 5) -> str | None:
-    """One loud line for requests that could never run (None when there are none)."""
-    rejected = req[req["status"] == "rejected"]
-    if rejected.empty:
-        return None
-    reasons = ", ".join(f"{k}: {v}" for k, v in rejected["reject_reason"].value_counts().items())
-    ids = ", ".join(map(str, rejected["request_id"].head(max_ids)))
-    more = ", ..." if len(rejected) > max_ids else ""
-    return (f"{len(rejected)} of {len(req)} requests were rejected and never ran ({reasons}); "
-            f"first ids: {ids}{more} (status 'rejected' in requests.parquet; see docs/LIVENESS.md)")
-
-
-def warn_rejected(req: pd.DataFrame) -> None:
-    """Requests that could never run are never dropped silently: one warning on the "servesim" logger."""
-    msg = rejection_warning(req)
-    if msg is not None:
-        logging.getLogger("servesim").warning("WARNING: %s", msg)
 
 
 def _sub(a: float | None, b: float) -> float | None:
@@ -316,7 +346,7 @@ def stats(values, scratch: bool = False) -> dict:
     first, in the values' order; percentiles are order statistics, the same in any order."""
     # Vectorised: None and NaN both become NaN under dtype=float and are dropped by one mask, in order,
     # so the array (and every statistic of it) is the one the per-value filter built.
-    if not isinstance(values, (list, tuple, np.ndarray, pd.Series)):
+    if isinstance(values, Iterator):  # a generator: its values (a list, a Series, an array as they are)
         values = list(values)
     arr = np.asarray(values, dtype=float)
     own = scratch and arr is values and arr.flags.writeable
@@ -334,72 +364,3 @@ def stats(values, scratch: bool = False) -> dict:
     return out
 
 
-def finished_requests(req: pd.DataFrame) -> pd.DataFrame:
-    """The requests a summary's latency statistics cover: finished (not aborted), with output."""
-    done = req[req["finish_reason"].notna() & (req["finish_reason"] != "abort")]
-    return done[done["output_len"] > 0]
-
-
-def brief_summary(collector: MetricsCollector, prefix_hits: int, prefix_queries: int) -> dict:
-    """A few of summarize()'s values, the same expressions on the same frames, without the
-    latency statistics of every gap (a cluster's replica table: 32 replicas of 2 M gaps each)."""
-    tables = collector.tables()
-    req, steps = tables.requests, tables.steps
-    ok = finished_requests(req)
-    return {"num_finished": int(len(ok)), "num_rejected": rejection_summary(req)["num_rejected"],
-            "num_steps": int(len(steps)), "ttft_p50_s": stats(ok["ttft_s"])["p50"],
-            "tpot_p50_s": stats(ok["tpot_s"])["p50"],
-            "prefix_cache_hit_rate": prefix_hits / prefix_queries if prefix_queries else 0.0,
-            "kv_usage_mean": float(steps["kv_usage"].mean()) if not steps.empty else 0.0,
-            "num_preemptions": int(steps["num_preemptions"].sum()) if not steps.empty else 0}
-
-
-def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: float, slo, num_requests: int,
-              prefix_hits: int, prefix_queries: int) -> dict:
-    tables = collector.tables()
-    req = tables.requests
-    ok = finished_requests(req)
-    # Every gap end to end is the summary's largest array (~65 M in a cluster hour): its statistics
-    # are taken now and the array dropped before bench_serve_result builds its own.
-    itl_stats = stats(concat_gaps(ok["itl_s"]), scratch=True)
-    out_tokens = int(ok["output_len"].sum())
-    in_tokens = int(ok["prompt_len"].sum())
-    dur = max(sim_duration_s, 1e-12)
-    meets = (ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)
-    if slo.e2e_s is not None:
-        meets &= ok["e2e_s"] <= slo.e2e_s
-    good = ok[meets]
-    steps = tables.steps
-    rejections = rejection_summary(req)
-    return {
-        "num_requests": num_requests,
-        "num_finished": int(len(ok)),
-        **rejections,
-        "num_timed_out": int((req["status"] == "timed_out").sum()),
-        "num_ignored": rejections["num_rejected"],  # the older name, kept for readers of old summaries
-        "sim_duration_s": sim_duration_s,
-        "wall_time_s": wall_time_s,
-        "num_steps": int(len(steps)),
-        "ttft_s": stats(ok["ttft_s"]),
-        "tpot_s": stats(ok["tpot_s"]),
-        "itl_s": itl_stats,
-        "e2e_s": stats(ok["e2e_s"]),
-        "queueing_s": stats(ok["queueing_s"]),
-        "throughput": {
-            "requests_per_s": len(ok) / dur,
-            "output_tokens_per_s": out_tokens / dur,
-            "total_tokens_per_s": (out_tokens + in_tokens) / dur,
-        },
-        "goodput": {"slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "requests_per_s": len(good) / dur,
-                    "fraction_meeting_slo": len(good) / max(len(ok), 1)},
-        "num_preemptions": int(steps["num_preemptions"].sum()) if not steps.empty else 0,
-        "prefix_cache_hit_rate": prefix_hits / prefix_queries if prefix_queries else 0.0,
-        "prefix_cache_hit_tokens": prefix_hits,
-        "prefix_cache_query_tokens": prefix_queries,
-        "kv_usage_mean": float(steps["kv_usage"].mean()) if not steps.empty else 0.0,
-        # The same run in `vllm bench serve --save-result` terms (completed/failed, *_ms statistics).
-        "bench_serve": bench_serve_result(req, GoodputSlo(ttft_ms=slo.ttft_s * 1e3, tpot_ms=slo.tpot_s * 1e3,
-                                                          e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3)),
-        # The plug-in metrics (simulator/summary_metrics/: one file each).
-        "metrics": compute_metrics(ok, steps, sim_duration_s),
-    }

@@ -1,6 +1,12 @@
 """Write a run's results atomically: everything goes into a staging folder renamed at the end, so a
 killed run never leaves a result folder that looks complete. Which folders may be written (never one
-servesim did not write) is decided by simulator.outdir."""
+servesim did not write) is decided by simulator.outdir.
+
+The tables go to files from their columns (simulator/columns.py) through Arrow and numpy, without
+pandas: a replay never imports it. A table may also be a pandas DataFrame (a cluster's frames),
+whose columns are read the same way. What pandas reads back is the frame the run's columns make:
+the same columns, types and values (tests/test_requests_parquet.py).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import yaml
 
+from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig, to_dict
 from servesim.simulator.engine import EngineResult
-from servesim.simulator.metrics import summarize
 from servesim.simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
+from servesim.simulator.summary import summarize
 
 
 def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
@@ -29,88 +35,134 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
                   step_trace_tmp: str | None = None, overwrite: bool = False) -> Path:
-    tables = res.metrics.tables()  # the frames the summary was built from, not new ones
+    cols = res.metrics.columns()  # the columns the summary was built from, not new ones
     resolved = to_dict(cfg)
     resolved["cache"] = to_dict(res.cache)
     resolved["workload"] = workload_meta
-    return write_result_folder(out_dir, "replay", requests=tables.requests, steps=tables.steps,
-                               timeseries=tables.timeseries(summary["sim_duration_s"]), config=resolved,
+    return write_result_folder(out_dir, "replay", requests=cols.requests, steps=cols.steps,
+                               timeseries=cols.timeseries(summary["sim_duration_s"]), config=resolved,
                                summary=summary, overwrite=overwrite)
 
 
-def write_requests_parquet(requests: pd.DataFrame, path: Path) -> None:
-    """`requests.to_parquet(path, index=False)`, byte for byte, with the inter-token gaps (itl_s:
-    a float64 array or [] per request) handed to Arrow as one list array (offsets + the gaps end
-    to end) instead of one conversion per request: the Azure hour's 19 k requests and 4 M gaps
-    cost ~0.1 s of the replay that way. The schema (types and pandas metadata) is the one Arrow
-    infers from a few sample rows, checked against the rest, so readers see the same file. Frames
-    the fast path does not cover (no gap at all, an itl_s value that is not a float64 array, more
-    than 2^31 gaps) take to_parquet itself."""
+def _columns(table) -> Columns:
+    return table if isinstance(table, Columns) else Columns.of_frame(table)
+
+
+def _arrow_column(cols: Columns, name: str, pa):
+    """One column as an Arrow array: numbers as they are (NaN a null), strings as large strings (as
+    pandas hands them over), a column of None alone as nulls, each request's gaps as one list array
+    (offsets and every gap end to end: no conversion per request). Built from the arrays' buffers:
+    pyarrow's own conversions import pandas."""
+    values = cols.raw(name)
+    n = len(cols)
+    if name in cols.none_in_frame:
+        return pa.nulls(n)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        return _numbers_array(values, pa)
+    items = values if isinstance(values, list) else values.tolist()
+    missing = [v is None or (isinstance(v, float) and v != v) for v in items]
+    if all(missing):
+        return pa.nulls(n)
+    if all(m or isinstance(v, str) for v, m in zip(items, missing)):  # strings (None or NaN: missing)
+        return _strings_array(items, missing, pa)
+    if all(isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 or isinstance(v, list) and not v
+           for v in items):
+        return _gaps_array(items, pa)
+    return pa.array([None if m else v for v, m in zip(items, missing)])  # anything else: pyarrow's inference
+
+
+def _validity(present: np.ndarray, pa):
+    """An Arrow validity bitmap (None when every value is present)."""
+    return None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
+
+
+def _numbers_array(values: np.ndarray, pa):
+    values = np.ascontiguousarray(values)
+    kind = pa.from_numpy_dtype(values.dtype)
+    validity = _validity(~np.isnan(values), pa) if values.dtype.kind == "f" else None
+    return pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(values)])
+
+
+def _strings_array(items: list, missing: list[bool], pa):
+    encoded = [b"" if m else v.encode() for v, m in zip(items, missing)]
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    present = ~np.array(missing, dtype=bool)
+    return pa.Array.from_buffers(pa.large_string(), len(items),
+                                 [_validity(present, pa), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
+def _gaps_array(items: list, pa):
+    """Float arrays (or [] for none), one per row, as one Arrow list array built from their offsets
+    and every value end to end."""
+    lens = np.fromiter((len(v) for v in items), dtype=np.int64, count=len(items))
+    total = int(lens.sum())
+    offsets = np.zeros(len(items) + 1, dtype=np.int32 if total < 2**31 else np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    # no gap at all: a list of nulls, as pandas types a column of empty lists
+    flat = _numbers_array(np.concatenate([v for v in items if len(v)]), pa) if total else pa.nulls(0)
+    if offsets.dtype == np.int32:
+        return pa.ListArray.from_arrays(_numbers_array(offsets, pa), flat)
+    return pa.LargeListArray.from_arrays(_numbers_array(offsets, pa), flat)
+
+
+def write_parquet(table, path: Path, dictionary: tuple[str, ...] = ()) -> None:
+    """A table to a parquet file (snappy, as pandas writes it). Dictionary encoding only for
+    the columns named in `dictionary` and the string columns but request_id: floats are nearly
+    all distinct (a dictionary of them was half of the Azure hour's writing, and its
+    requests.parquet was 8.6 MB with it, 6.9 MB without), unique ids likewise."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = _requests_table(requests, pa)
-    if table is None:
-        requests.to_parquet(path, index=False)
-    else:  # pandas' to_parquet writes its table with these very arguments
-        pq.write_table(table, path, compression="snappy")
+    cols = _columns(table)
+    arrays = [_arrow_column(cols, name, pa) for name in cols.columns]
+    out = pa.table(arrays, names=cols.columns)
+    encoded = [f.name for f in out.schema
+               if f.name in dictionary or (pa.types.is_large_string(f.type) and f.name != "request_id")]
+    pq.write_table(out, path, compression="snappy", use_dictionary=encoded)
 
 
-def _requests_table(requests: pd.DataFrame, pa):
-    """The Arrow table pyarrow.Table.from_pandas(requests) builds, or None where the fast path
-    does not apply (write_requests_parquet)."""
-    if "itl_s" not in requests.columns or requests.columns.has_duplicates:
-        return None
-    values = requests["itl_s"].to_numpy()  # object array: one float64 array or [] per row
-    lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-    rows = np.flatnonzero(lens)
-    if rows.size == 0 or int(lens.sum()) >= 2**31:  # Arrow's list offsets are int32
-        return None
-    parts = [values[i] for i in rows.tolist()]
-    if not all(isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 for v in parts):
-        return None
-    # The schema Arrow infers from a few rows: one with gaps, and each other object column's first
-    # value that is not None (an all-None column is typed null, as it is in the whole frame).
-    sample = {int(rows[0])}
-    for name in requests.columns:
-        if name != "itl_s" and requests[name].dtype == object:
-            present = requests[name].notna().to_numpy()
-            if present.any():
-                sample.add(int(present.argmax()))
-    reference = pa.Table.from_pandas(requests.iloc[sorted(sample)], preserve_index=False).schema
-    field = reference.field("itl_s")
-    if field.type != pa.list_(pa.float64()):
-        return None
-    offsets = np.zeros(len(lens) + 1, dtype=np.int32)
-    np.cumsum(lens, out=offsets[1:])
-    gaps = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(parts)))
-    rest = pa.Table.from_pandas(requests.drop(columns=["itl_s"]), preserve_index=False)
-    table = rest.add_column(requests.columns.get_loc("itl_s"), field, gaps)
-    if (table.schema.remove_metadata() != reference.remove_metadata()
-            or _pandas_meta(rest.schema, None) != _pandas_meta(reference, "itl_s")):
-        return None  # another column's type depends on its values (e.g. all None): the plain path
-    return table.replace_schema_metadata(reference.metadata)
+# Per-request and per-step columns with few distinct values (counts, reasons): dictionary-encoded.
+_REQUEST_DICTIONARY = ("prompt_len", "output_len", "output_len_target", "num_preemptions", "num_cached_tokens")
+_STEP_DICTIONARY = ("replica", "num_requests", "num_prefill_tokens", "num_decode_tokens", "num_running",
+                    "num_waiting", "num_preemptions", "prefix_hit_tokens", "prefix_query_tokens")
 
 
-def _pandas_meta(schema, without: str | None) -> dict:
-    """The pandas metadata Arrow wrote into `schema`, less the column named `without`."""
-    meta = json.loads(schema.metadata[b"pandas"])
-    meta["columns"] = [c for c in meta["columns"] if c["name"] != without]
-    return meta
+def write_requests_parquet(requests, path: Path) -> None:
+    """requests.parquet: one row per request, each request's inter-token gaps a list of floats."""
+    write_parquet(requests, path, _REQUEST_DICTIONARY)
 
 
-def write_result_folder(out_dir: str | Path, kind: str, *, requests: pd.DataFrame, steps: pd.DataFrame,
-                        timeseries: pd.DataFrame, config: dict, summary: dict, overwrite: bool = False) -> Path:
+def write_csv(table, path: Path) -> None:
+    """A table of numbers as CSV, as pandas' to_csv(index=False) writes it (numpy's shortest
+    float repr, an empty cell for NaN)."""
+    cols = _columns(table)
+    cells = []
+    for name in cols.columns:
+        values = cols[name]
+        if values.dtype.kind not in "biuf":
+            raise TypeError(f"write_csv writes numbers; column {name!r} holds {values.dtype}")
+        text = values.astype(str)
+        if values.dtype.kind == "f":
+            text = np.where(np.isnan(values), "", text)
+        cells.append(text.tolist())
+    lines = [",".join(cols.columns)] + [",".join(row) for row in zip(*cells)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, timeseries, config: dict, summary: dict,
+                        overwrite: bool = False) -> Path:
     """The one atomic result writer (replay and cluster runs): requests.parquet, steps.parquet,
     timeseries.csv, config.yaml, summary.json, written into a staging folder renamed at the end (a
-    killed run leaves no complete-looking folder); `kind` goes into the folder's marker."""
+    killed run leaves no complete-looking folder); `kind` goes into the folder's marker. The
+    tables are Columns or pandas DataFrames."""
     out_dir = check_output(out_dir, overwrite=overwrite)
     tmp = make_staging(out_dir)
     try:
         mark(tmp, kind)
         write_requests_parquet(requests, tmp / "requests.parquet")
-        steps.to_parquet(tmp / "steps.parquet", index=False)
-        timeseries.to_csv(tmp / "timeseries.csv", index=False)
+        write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+        write_csv(timeseries, tmp / "timeseries.csv")
         (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
         publish_dir(tmp, out_dir)

@@ -17,9 +17,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+from servesim.simulator.columns import Columns
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
@@ -42,9 +47,9 @@ class StepTable:
     def __init__(self) -> None:
         for name in STEP_COLUMNS:
             setattr(self, name, array(_TYPECODES[name]))
-        # After move_to_frame: this table's rows as a view of the frame they moved to (its columns
+        # After move_to_columns: this table's rows as views of the columns they moved to (its own
         # are then None: the run is over, and a row added after would fail loudly, not vanish).
-        self._moved: pd.DataFrame | None = None
+        self._moved: Columns | None = None
 
     def __len__(self) -> int:
         return len(self.step) if self._moved is None else len(self._moved)
@@ -106,46 +111,53 @@ class StepTable:
         self.prefix_query_tokens.fromlist(prefix_query_tokens)
 
     def column(self, name: str) -> array | np.ndarray:
-        """One column's values (read only: the table owns the array, or the frame its rows moved to)."""
-        return getattr(self, name) if self._moved is None else self._moved[name].to_numpy()
+        """One column's values (read only: the table owns the array, or the columns its rows moved to)."""
+        return getattr(self, name) if self._moved is None else self._moved[name]
+
+    def columns(self) -> Columns:
+        """The rows as new columns (copies: more rows may still be added to the table)."""
+        if self._moved is not None:
+            return Columns({name: self._moved[name].copy() for name in STEP_COLUMNS}, STEP_COLUMNS)
+        return Columns({name: np.array(getattr(self, name), dtype=_DTYPES[name]) for name in STEP_COLUMNS},
+                       STEP_COLUMNS)
 
     def frame(self) -> pd.DataFrame:
         """A new steps frame; an empty table gives typed empty columns (int and float, not object)."""
-        if self._moved is not None:
-            return self._moved.copy()
-        # copied, not viewed: a view would pin the array's buffer (no more rows could be added);
-        # copy=False keeps each copied column as its own block (no second copy to consolidate them)
-        return pd.DataFrame({name: np.array(getattr(self, name), dtype=_DTYPES[name]) for name in STEP_COLUMNS},
-                            columns=STEP_COLUMNS, copy=False)
+        return self.columns().frame()
 
     @staticmethod
-    def move_to_frame(tables: list[StepTable], after_column: Callable[[], object] | None = None) -> pd.DataFrame:
-        """One steps frame of several tables' rows, one table after another (a cluster's replicas),
-        each value copied once, no per-table frame on the way. The rows move: each column's arrays
-        are freed as soon as they are copied (a cluster hour's ~17 M steps take ~1.8 GB, held once,
-        not twice), and each table then answers len, column and frame from its rows of the frame.
+    def move_to_columns(tables: list[StepTable], after_column: Callable[[], object] | None = None) -> Columns:
+        """The rows of several tables, one table after another (a cluster's replicas), as one set of
+        columns, each value copied once. The rows move: each column's arrays are freed as soon as
+        they are copied (a cluster hour's ~17 M steps take ~1.8 GB, held once, not twice), and
+        each table then answers len, column and columns from its rows of the result (views).
         `after_column` runs once each column's arrays are freed (e.g. to hand that memory back
         before the next column is copied: collector.release_freed_heap). One table's rows are
-        not copied: the frame's columns view its arrays (MetricsCollector.tables, after a run)."""
+        not copied: the columns view its arrays (MetricsCollector.columns, after a run)."""
         if not tables:
-            return StepTable().frame()
+            return StepTable().columns()
         sizes = [len(t) for t in tables]
-        cols = {}
+        cols: dict[str, np.ndarray | list] = {}
         for name in STEP_COLUMNS:
             parts = [np.frombuffer(getattr(t, name), dtype=_DTYPES[name]) for t in tables]
-            # One table with rows (a single engine's run): the frame views its arrays, no copy
-            # (the views keep them alive; the table's columns are dropped below as for several).
+            # One table with rows (a single engine's run): its arrays viewed, no copy (the views
+            # keep them alive; the table's columns are dropped below as for several).
             cols[name] = parts[0] if len(parts) == 1 and sizes[0] else np.concatenate(parts)
             for t in tables:
                 setattr(t, name, None)
             if after_column is not None:
                 after_column()
-        frame = pd.DataFrame(cols, columns=STEP_COLUMNS, copy=False)
+        moved = Columns(cols, STEP_COLUMNS)
         start = 0
         for t, n in zip(tables, sizes):
-            t._moved = frame.iloc[start:start + n].reset_index(drop=True)
+            t._moved = Columns({name: moved[name][start:start + n] for name in STEP_COLUMNS}, STEP_COLUMNS)
             start += n
-        return frame
+        return moved
+
+    @staticmethod
+    def move_to_frame(tables: list[StepTable], after_column: Callable[[], object] | None = None) -> pd.DataFrame:
+        """move_to_columns' rows as one steps frame (viewing the columns: no second copy)."""
+        return StepTable.move_to_columns(tables, after_column).frame()
 
 
 _DTYPES = {name: ("float64" if name.endswith("_s") or name == "kv_usage" else "int64") for name in STEP_COLUMNS}

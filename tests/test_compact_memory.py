@@ -12,7 +12,7 @@ from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.request import Request, SamplingParams
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
-from servesim.simulator.metrics import summarize
+from servesim.simulator.summary import summarize
 from servesim.traces.bundled import load_bundled
 from servesim.traces.workload import RequestSpec, Workload
 

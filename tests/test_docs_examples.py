@@ -208,8 +208,9 @@ def test_run_format_example(restore_registries, tmp_path):
 
 
 def test_metric_example(restore_registries):
-    import pandas as pd
+    import numpy as np
 
+    from servesim.simulator.columns import Columns
     from servesim.simulator.summary_metrics import METRICS
     restore_registries(METRICS)
     # --- doc example: metric
@@ -223,8 +224,9 @@ def test_metric_example(restore_registries):
     # --- end
     from servesim.simulator.summary_metrics import compute_metrics
 
-    requests = pd.DataFrame({"queueing_s": [0.5, 0.0], "e2e_s": [2.0, 1.0], "output_len": [4, 2]})
-    out = compute_metrics(requests, pd.DataFrame(), 3.0)
+    requests = Columns({"queueing_s": np.array([0.5, 0.0]), "e2e_s": np.array([2.0, 1.0]),
+                        "output_len": np.array([4, 2])})
+    out = compute_metrics(requests, Columns({}), 3.0)
     assert out["queueing_share"]["mean"] == pytest.approx(0.125) and out["queueing_share"]["count"] == 2
     assert out["normalized_latency_s"]["mean"] == pytest.approx(0.5)  # the built-in is there too
 

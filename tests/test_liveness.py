@@ -14,7 +14,7 @@ from servesim.overrides import apply_overrides
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import Engine
 from servesim.simulator.liveness import Admission, StallError
-from servesim.simulator.metrics import rejection_warning
+from servesim.simulator.summary import rejection_warning
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
 

@@ -54,3 +54,27 @@ def test_importing_the_cli_module_loads_no_third_party_library():
     assert res.returncode == 0, res.stderr[-3000:]
     loaded = {m.split(".")[0] for m in res.stdout.split()}
     assert not loaded & {"typer", "pydantic", "click", "rich", "yaml", *HEAVY}, sorted(loaded)
+
+
+def test_a_replay_imports_no_pandas(tmp_path):
+    """A replay (trace loading, simulation, summary, result files) runs without pandas, ~0.2 s of
+    every CLI process (docs/SPEED.md): the bundled trace and an Azure CSV (read with the csv
+    module, its timestamps by numpy)."""
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     + "".join(f"2023-11-16 18:15:{10 + i:02d}.5000000,{100 + 7 * i},{20 + i}\n" for i in range(30)))
+    for args in (["replay", "--out", str(tmp_path / "bundled")], ["replay", str(azure), "--out", str(tmp_path / "az")]):
+        loaded = _loaded(args)
+        assert not loaded & {"pandas", "matplotlib", "torch"}, f"`servesim {' '.join(args)}` imported {sorted(loaded)}"
+        assert (tmp_path / args[-1] / "requests.parquet").is_file()
+
+
+def test_api_results_build_their_frames_on_first_read(tmp_path):
+    code = ("import sys\n"
+            "from servesim.api import replay\n"
+            f"res = replay(None, out_dir={str(tmp_path / 'out')!r})\n"
+            "assert 'pandas' not in sys.modules, 'the replay imported pandas'\n"
+            "frame = res.requests\n"
+            "assert 'pandas' in sys.modules and len(frame) == res.summary['num_requests'] and res.requests is frame\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from servesim.traces.distributions import OUTPUT_COLUMNS, PROMPT_COLUMNS, arrival_times
 from servesim.traces.errors import InputError
@@ -18,6 +17,7 @@ from servesim.traces.rows import (
     as_int_tuple,
     check_sorted,
     check_sorted_column,
+    datetime_ns_column,
     float_column,
     int_column,
     iter_json_rows,
@@ -98,14 +98,13 @@ def load_mooncake(path: Path, *, block_len: int = DEFAULT_PREFIX_BLOCK_LEN,
 def load_azure(path: Path, *, require_sorted: bool = True) -> Workload:
     """Azure LLM inference 2023 CSV: TIMESTAMP (absolute), ContextTokens, GeneratedTokens."""
     frame = read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
-    stamps = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce")
-    missing = stamps.isna().to_numpy()
+    ns = datetime_ns_column(frame, "TIMESTAMP")
+    missing = ns == np.iinfo(np.int64).min  # NaT
     if missing.any():
         row = int(np.argmax(missing))
-        raise InputError(f"bad timestamp {frame['TIMESTAMP'].iloc[row]!r}", path=str(path),
+        raise InputError(f"bad timestamp {frame['TIMESTAMP'][row]!r}", path=str(path),
                          line=row + 2, field="TIMESTAMP",
                          allowed="a date-time like 2023-11-16 18:17:03.9799600")
-    ns = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
     if require_sorted:
         check_sorted_column(ns, path, "TIMESTAMP", _SORT_NOTE.format(fmt="Azure"))
     seconds = (ns - ns.min()) / 1e9  # relative to the first arrival
@@ -156,7 +155,7 @@ def load_lengths(
         if num_requests < 1:
             raise InputError(f"num_requests {num_requests}", field="num_requests",
                              allowed="an integer >= 1")
-        frame = frame.iloc[:num_requests]
+        frame = frame.head(num_requests)
     prompt = int_column(frame, prompt_col, path, min_value=1)
     output = int_column(frame, output_col, path, min_value=1)
     if rate_per_s is None and "arrival_time_s" in columns:

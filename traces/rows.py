@@ -6,6 +6,7 @@ Line numbers are 1-based physical lines of the file (for CSV the header is line 
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.traces.errors import InputError
 
@@ -131,56 +131,139 @@ def require_rows(count: int, path: Path) -> None:
                          allowed="at least one data row")
 
 
-# --- pandas helpers for CSV formats ------------------------------------------------------------
+# --- CSV formats -------------------------------------------------------------------------------
+# Read with the csv module, every cell a string, as pandas' read_csv(dtype=str, keep_default_na=False)
+# reads them (blank lines skipped, a short row's missing cells empty): a replay never imports
+# pandas (~0.2 s of every process).
 
 
-def read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+class CsvTable:
+    """A CSV file's cells as strings: `columns` (the header), `t[name]` (a column's cells), len()."""
+
+    __slots__ = ("columns", "_cells")
+
+    def __init__(self, columns: list[str], cells: dict[str, list[str]]) -> None:
+        self.columns = columns
+        self._cells = cells
+
+    def __len__(self) -> int:
+        return len(self._cells[self.columns[0]]) if self.columns else 0
+
+    def __getitem__(self, name: str) -> list[str]:
+        return self._cells[name]
+
+    def head(self, n: int) -> CsvTable:
+        """The first n rows."""
+        return CsvTable(self.columns, {name: cells[:n] for name, cells in self._cells.items()})
+
+
+def read_csv(path: Path, required: tuple[str, ...]) -> CsvTable:
     """Read a CSV (optionally gzipped) as strings and check the header has `required` columns."""
-    if not path.is_file():
-        raise InputError("file not found", path=str(path))
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, compression="infer")
-    except pd.errors.EmptyDataError:
-        raise InputError("file is empty", path=str(path), allowed="a CSV header and rows") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        with open_text(path) as fh:
+            rows = [row for row in csv.reader(fh) if row]
+    except UnicodeDecodeError as exc:
         raise InputError(f"cannot parse CSV: {exc}", path=str(path)) from None
-    missing = [c for c in required if c not in frame.columns]
+    except csv.Error as exc:
+        raise InputError(f"cannot parse CSV: {exc}", path=str(path)) from None
+    if not rows:
+        raise InputError("file is empty", path=str(path), allowed="a CSV header and rows")
+    header = _unique_names([rows[0][0].removeprefix("\ufeff"), *rows[0][1:]])  # a byte-order mark
+    width = len(header)
+    for i, row in enumerate(rows[1:]):
+        if len(row) > width:
+            raise InputError(f"cannot parse CSV: expected {width} fields, saw {len(row)}", path=str(path),
+                             line=i + 2, allowed=f"rows of the header's {width} fields")
+    cells = {name: [row[j] if j < len(row) else "" for row in rows[1:]] for j, name in enumerate(header)}
+    table = CsvTable(header, cells)
+    missing = [c for c in required if c not in table.columns]
     if missing:
         raise InputError(
             f"missing column(s) {', '.join(missing)}; "
-            f"header has {_clip(', '.join(map(str, frame.columns)))}",
+            f"header has {_clip(', '.join(table.columns))}",
             path=str(path), line=1, field=missing[0], allowed=f"columns {', '.join(required)}",
         )
-    require_rows(len(frame), path)
-    return frame
+    require_rows(len(table), path)
+    return table
 
 
-def int_column(frame: pd.DataFrame, column: str, path: Path, min_value: int) -> np.ndarray:
+def _unique_names(header: list[str]) -> list[str]:
+    """Header names, a repeated one suffixed .1, .2, ... (as pandas names them)."""
+    seen: dict[str, int] = {}
+    names = []
+    for name in header:
+        count = seen.get(name, 0)
+        names.append(name if not count else f"{name}.{count}")
+        seen[name] = count + 1
+    return names
+
+
+def _numbers(cells: list[str]) -> np.ndarray:
+    """Cells as float64, NaN where a cell is not a number pandas' to_numeric reads (it refuses the
+    digit separators and non-ASCII digits Python's float() also takes)."""
+    try:
+        values = np.array(cells, dtype=np.float64)
+    except ValueError:
+        values = np.array([_number(c) for c in cells], dtype=np.float64)
+    if "_" in "".join(cells) or not "".join(cells).isascii():
+        odd = [i for i, c in enumerate(cells) if "_" in c or not c.isascii()]
+        values[odd] = np.nan
+    return values
+
+
+def _number(cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
+
+
+def int_column(table: CsvTable, column: str, path: Path, min_value: int) -> np.ndarray:
     """Column as int64, raising at the first non-integer or too-small cell (CSV line numbers)."""
-    raw = frame[column]
-    numbers = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(numbers) | (numbers != np.floor(numbers)) | (numbers < min_value)
+    raw = table[column]
+    numbers = _numbers(raw)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(numbers) | (numbers != np.floor(numbers)) | (numbers < min_value)
     if bad.any():
         row = int(np.argmax(bad))
         raise InputError(
-            f"bad value {raw.iloc[row]!r}", path=str(path), line=row + 2, field=column,
+            f"bad value {raw[row]!r}", path=str(path), line=row + 2, field=column,
             allowed=f"an integer >= {min_value}",
         )
     return numbers.astype(np.int64)
 
 
-def float_column(frame: pd.DataFrame, column: str, path: Path, min_value: float) -> np.ndarray:
+def float_column(table: CsvTable, column: str, path: Path, min_value: float) -> np.ndarray:
     """Column as float64, raising at the first non-numeric or too-small cell."""
-    raw = frame[column]
-    numbers = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(numbers) | (numbers < min_value)
+    raw = table[column]
+    numbers = _numbers(raw)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(numbers) | (numbers < min_value)
     if bad.any():
         row = int(np.argmax(bad))
         raise InputError(
-            f"bad value {raw.iloc[row]!r}", path=str(path), line=row + 2, field=column,
+            f"bad value {raw[row]!r}", path=str(path), line=row + 2, field=column,
             allowed=f"a finite number >= {min_value:g}",
         )
     return numbers
+
+
+def datetime_ns_column(table: CsvTable, column: str) -> np.ndarray:
+    """Column of ISO 8601 date-times as int64 nanoseconds, NaT (the int64 minimum) where a cell is
+    not one. Time-zone-free cells are parsed by numpy; anything else by pandas' ISO 8601 parser
+    (imported only then), whose result this is."""
+    import warnings
+
+    raw = table[column]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy only warns about a time zone: pandas reads those
+            return np.array(raw, dtype="datetime64[ns]").astype(np.int64)
+    except (ValueError, Warning, OverflowError):
+        import pandas as pd
+
+        stamps = pd.to_datetime(pd.Series(raw, dtype=str), format="ISO8601", errors="coerce")
+        return stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
 def check_sorted_column(values: np.ndarray, path: Path, field: str, note: str) -> None:

@@ -25,7 +25,8 @@ from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_d
 from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine import EngineResult
-from servesim.simulator.metrics import MetricsCollector, RequestRecord, brief_summary, stats, summarize, warn_rejected
+from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats
+from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
 from servesim.simulator.step_table import StepTable
 

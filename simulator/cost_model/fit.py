@@ -11,10 +11,9 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.traces.errors import InputError
 
@@ -25,6 +24,9 @@ from .interp import Curve, NestedGrid
 from .importers import import_profile
 from .profile_schema import CALLS_PER_LAYER, OPS, validate_profile
 from .roofline import RooflineCostModel
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _LAYER_OPS = ("norm", "qkv_proj", "rope", "o_proj", "gate_up_proj", "act", "down_proj",
               "residual_add")
@@ -39,6 +41,7 @@ _ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1}
 def fit(profile_rows: pd.DataFrame | Sequence[pd.DataFrame], model: Any, gpu: Any, tp: int = 1,
         *, holdout_fraction: float = 0.2, seed: int = 0) -> FittedCostModel:
     """Fit per-op tables for (model, gpu, tp) and return the ready-to-use cost model."""
+    import pandas as pd
     spec, gspec = resolve_model(model), resolve_gpu(gpu)
     if not 0 <= holdout_fraction < 1:
         raise InputError("holdout_fraction must be in [0, 1)", field="holdout_fraction")
@@ -89,6 +92,7 @@ def _dtype_ok(rows: pd.DataFrame, spec: ModelSpec) -> pd.Series:
 
 
 def _select(rows: pd.DataFrame, spec: ModelSpec, gpu: str, tp: int) -> pd.DataFrame:
+    import pandas as pd
     size_ok = _dtype_ok(rows, spec)
     on_gpu = rows[(rows["gpu"] == gpu) & size_ok]
     mine = (on_gpu["model"] == spec.name) & (on_gpu["tp"] == tp).fillna(False)
@@ -273,6 +277,7 @@ def _fit_allreduce(rows: pd.DataFrame, tp: int, roof: RooflineCostModel,
 
 def load_profiles(paths: Sequence[str | Path], source: str = "auto") -> pd.DataFrame:
     """Import several profile files/folders (each through its importer) into one table."""
+    import pandas as pd
     if not paths:
         raise InputError("no profile paths given", field="profile")
     return pd.concat([import_profile(source, p) for p in paths], ignore_index=True)

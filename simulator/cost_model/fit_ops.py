@@ -8,11 +8,14 @@ of the interior grid points is removed, the interpolator rebuilt without them an
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .interp import Curve, NestedGrid, mape
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def aggregate(df: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -168,6 +171,7 @@ def _leave_one_shape_out(x: np.ndarray, y: np.ndarray, shape_id: np.ndarray,
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[list[float], dict]:
+    import pandas as pd
     shape_id = pd.factorize(pd.Series([tuple(r) for r in x.round(6)]))[0]
     use = np.ones(len(y), dtype=bool)
     loso = _leave_one_shape_out(x, y, shape_id, use)

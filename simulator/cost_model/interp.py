@@ -15,7 +15,6 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 
 
 class Curve:
@@ -43,6 +42,8 @@ class Curve:
     @classmethod
     def from_points(cls, x: np.ndarray, y: np.ndarray) -> "Curve":
         """Median of repeated x values, then a curve through the medians."""
+        import pandas as pd  # fitting only: a replay never imports pandas
+
         med = pd.Series(np.asarray(y, dtype=float)).groupby(np.asarray(x, dtype=float)).median()
         return cls(med.index.to_numpy(), med.to_numpy())
 

@@ -7,11 +7,14 @@ of ops are documented in docs/PROFILE_SCHEMA.md; this module is the executable f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servesim.traces.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # column -> pandas dtype. Integer shape columns are nullable: NA means "does not apply to this op".
 COLUMNS: dict[str, str] = {
@@ -84,6 +87,7 @@ CALLS_PER_LAYER: dict[str, int] = {"norm": 2, "allreduce": 2}  # others: one cal
 
 def make_profile(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
     """Build a schema-conformant frame from row dicts (missing columns become NA)."""
+    import pandas as pd
     df = pd.DataFrame(rows) if not isinstance(rows, pd.DataFrame) else rows.copy()
     for col, dtype in COLUMNS.items():
         if col not in df.columns:
@@ -125,6 +129,7 @@ def validate_profile(df: pd.DataFrame, path: str | None = None) -> pd.DataFrame:
 
 def read_profile(path: str | Path) -> pd.DataFrame:
     """Read a profile already in our schema (.csv[.gz], .parquet, .jsonl[.gz])."""
+    import pandas as pd
     path = Path(path)
     name = path.name.lower()
     try:

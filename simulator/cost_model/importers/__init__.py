@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 
 from servesim.scheduler.registry import Registry
 from servesim.traces.errors import InputError, field_error
@@ -18,7 +18,10 @@ from servesim.traces.errors import InputError, field_error
 from ...specs import find_gpu, resolve_model
 from ..profile_schema import read_profile, validate_profile
 
-Importer = Callable[[Path], pd.DataFrame]
+if TYPE_CHECKING:
+    import pandas as pd
+
+Importer = Callable[[Path], "pd.DataFrame"]
 Detector = Callable[[Path], bool]
 # Built-ins: the own format below, then every module of this folder (imported on the first lookup),
 # so a new importer is one new file here.
@@ -63,11 +66,13 @@ def import_profile(source: str, path: str | Path) -> pd.DataFrame:
 
 def header(path: Path) -> list[str]:
     """Column names of a CSV (gzip or not) without reading the body."""
+    import pandas as pd
     return list(pd.read_csv(path, nrows=0).columns)
 
 
 def read_table(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     """Read a CSV and insist on the columns an importer relies on."""
+    import pandas as pd
     try:
         df = pd.read_csv(path)
     except (OSError, ValueError) as exc:

@@ -1,0 +1,114 @@
+"""A finished run's tables as named numpy columns, read without pandas.
+
+Why: a replay's summary, its result files and the plug-in metrics read a few columns each, and
+pandas itself costs ~0.2-0.6 s to import, ~5 % of the Azure conversation hour's whole process
+(docs/SPEED.md). A `Columns` is what they read instead; `frame()` builds the pandas DataFrame for
+whoever wants one (servesim.api's Results, the cluster's frames, a plug-in that needs pandas),
+the very frame the run's columns always made.
+
+A column is a 1-D numpy array (numbers: int64, float64 with NaN where a value is missing) or a
+list (objects: ids, reasons, a request's inter-token gaps). `t[name]` always answers an array
+(an object array for a list, built once); `t[mask]` keeps the rows where a boolean array is true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+class Columns:
+    """Named columns of one length, in order (see the module docstring)."""
+
+    __slots__ = ("columns", "_data", "_arrays", "_len", "_none")
+
+    def __init__(self, data: dict[str, np.ndarray | list], columns: Sequence[str] | None = None,
+                 none_in_frame: Iterable[str] = ()) -> None:
+        """`none_in_frame`: float columns whose every value is missing, which the frame shows as
+        None (object), as pandas types a column of None alone (float_column says which)."""
+        self.columns: list[str] = list(data) if columns is None else list(columns)
+        lengths = {len(data[name]) for name in self.columns}
+        if len(lengths) > 1:
+            raise ValueError(f"columns of different lengths: {sorted(lengths)}")
+        self._data = data
+        self._arrays: dict[str, np.ndarray] = {}
+        self._len = lengths.pop() if lengths else 0
+        self._none = frozenset(none_in_frame)
+
+    @staticmethod
+    def of_frame(frame) -> Columns:
+        """A pandas DataFrame's columns: numbers as their arrays, the rest as lists."""
+        data: dict[str, np.ndarray | list] = {}
+        for name in frame.columns:
+            values = frame[name].to_numpy()
+            data[str(name)] = values if values.dtype.kind in "biuf" else values.tolist()
+        return Columns(data, [str(name) for name in frame.columns])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._data
+
+    @property
+    def none_in_frame(self) -> frozenset[str]:
+        """Float columns whose every value is missing: the frame shows them as None (object)."""
+        return self._none
+
+    @property
+    def empty(self) -> bool:
+        return self._len == 0
+
+    def raw(self, name: str) -> np.ndarray | list:
+        """The column as stored (a list stays a list)."""
+        return self._data[name]
+
+    def __getitem__(self, key: str | np.ndarray) -> np.ndarray | Columns:
+        if isinstance(key, str):
+            return self.array(key)
+        return self.take(np.asarray(key))
+
+    def array(self, name: str) -> np.ndarray:
+        """The column as a numpy array (object dtype for a list; built once)."""
+        values = self._data[name]
+        if isinstance(values, np.ndarray):
+            return values
+        out = self._arrays.get(name)
+        if out is None:
+            # fromiter: an item that is itself a sequence (a request's gaps) stays one object
+            out = self._arrays[name] = np.fromiter(values, dtype=object, count=len(values))
+        return out
+
+    def take(self, mask: np.ndarray) -> Columns:
+        """The rows where the boolean mask is true, in order."""
+        if mask.dtype != np.bool_ or mask.shape != (self._len,):
+            raise ValueError(f"a row mask is a boolean array of {self._len} values")
+        rows = np.flatnonzero(mask).tolist()
+        data: dict[str, np.ndarray | list] = {}
+        for name in self.columns:
+            values = self._data[name]
+            data[name] = values[mask] if isinstance(values, np.ndarray) else [values[i] for i in rows]
+        return Columns(data, self.columns, self._none)
+
+    def frame(self):
+        """The pandas DataFrame of these columns (pandas imported here, on first use)."""
+        import pandas as pd
+
+        data = {name: [None] * self._len if name in self._none else self._data[name] for name in self.columns}
+        return pd.DataFrame(data, columns=self.columns, copy=False)
+
+
+def float_column(values: list[float | None]) -> tuple[np.ndarray, bool]:
+    """A float column's values (None where missing) as float64 with NaN for None, and whether
+    every value is None (pandas types such a column as object: Columns' none_in_frame)."""
+    return np.array(values, dtype=np.float64), bool(values) and all(v is None for v in values)
+
+
+def notna(values: np.ndarray) -> np.ndarray:
+    """Where values are present: not NaN (numbers), neither None nor NaN (objects)."""
+    if values.dtype.kind == "f":
+        return ~np.isnan(values)
+    if values.dtype.kind != "O":
+        return np.ones(values.shape, dtype=bool)
+    return np.fromiter((v is not None and v == v for v in values), dtype=bool, count=len(values))
