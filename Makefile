@@ -41,6 +41,9 @@ compile: $(STAMP)
 		|| echo "note: the compiled scheduler was not built; servesim runs the pure-Python scheduler (same results, slower)"
 	@$(BIN)/python tools/compile_kernels.py \
 		|| echo "note: the compiled simulator kernels were not built; servesim runs simulator/kernels.py (same results, slower)"
+	@# Bytecode for what changed since set-up (a pull, an edit): otherwise every process compiles it
+	@# again where PYTHONDONTWRITEBYTECODE is set (~1.5 % of the Azure hour's process here).
+	@$(BIN)/python tools/precompile.py
 
 run: $(STAMP) compile
 	$(BIN)/servesim replay --out runs/default --overwrite

@@ -60,15 +60,19 @@ def _arrow_column(cols: Columns, name: str, pa):
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
         return _numbers_array(values, pa)
     items = values if isinstance(values, list) else values.tolist()
-    missing = [v is None or (isinstance(v, float) and v != v) for v in items]
-    if all(missing):
+    kinds = set(map(type, items))  # (a set of types, in C: no per-value Python check on the usual tables)
+    if kinds <= {type(None)}:
         return pa.nulls(n)
-    if all(m or isinstance(v, str) for v, m in zip(items, missing)):  # strings (None or NaN: missing)
-        return _strings_array(items, missing, pa)
-    if all(isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1 or isinstance(v, list) and not v
-           for v in items):
+    if kinds <= {str, type(None)}:
+        return _strings_array(items, pa)
+    if kinds <= {np.ndarray, list} and all(len(v) == 0 if type(v) is list else v.dtype == np.float64 and v.ndim == 1
+                                          for v in items):
         return _gaps_array(items, pa)
-    return pa.array([None if m else v for v, m in zip(items, missing)])  # anything else: pyarrow's inference
+    missing = [v is None or (isinstance(v, float) and v != v) for v in items]  # NaN: a frame's missing value
+    present = [None if m else v for v, m in zip(items, missing)]
+    if all(m or isinstance(v, str) for v, m in zip(items, missing)):
+        return _strings_array(present, pa)
+    return pa.array(present)  # anything else: pyarrow's inference (which imports pandas)
 
 
 def _validity(present: np.ndarray, pa):
@@ -83,13 +87,21 @@ def _numbers_array(values: np.ndarray, pa):
     return pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(values)])
 
 
-def _strings_array(items: list, missing: list[bool], pa):
-    encoded = [b"" if m else v.encode() for v, m in zip(items, missing)]
-    offsets = np.zeros(len(items) + 1, dtype=np.int64)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    present = ~np.array(missing, dtype=bool)
-    return pa.Array.from_buffers(pa.large_string(), len(items),
-                                 [_validity(present, pa), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+def _strings_array(items: list, pa):
+    """Strings (None: missing) as a large-string array, from one buffer of every string end to end."""
+    n = len(items)
+    present = [v is not None for v in items]
+    texts = items if all(present) else [v if v is not None else "" for v in items]
+    joined = "".join(texts)
+    if joined.isascii():  # a character a byte: the offsets are the strings' lengths
+        data, lens = joined.encode("ascii"), np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    else:
+        encoded = [t.encode() for t in texts]
+        data, lens = b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_string(), n, [_validity(np.array(present, dtype=bool), pa),
+                                                        pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _gaps_array(items: list, pa):
