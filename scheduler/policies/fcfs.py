@@ -6,53 +6,11 @@ Other policies subclass FCFSPolicy and override only what they change.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Iterator
-
 from servesim.scheduler.policies.base import SCHEDULING_POLICIES
-from servesim.scheduler.queues import RequestQueue
+from servesim.scheduler.queues import FCFSRequestQueue, RequestQueue
 from servesim.scheduler.request import Request
 
-
-class FCFSRequestQueue(RequestQueue):
-    __slots__ = ("_dq",)
-
-    def __init__(self) -> None:
-        self._dq: deque[Request] = deque()
-
-    def add_request(self, request: Request) -> None:
-        self._dq.append(request)
-
-    def pop_request(self) -> Request:
-        return self._dq.popleft()
-
-    def peek_request(self) -> Request:
-        if not self._dq:
-            raise IndexError("peek from an empty queue")
-        return self._dq[0]
-
-    def prepend_request(self, request: Request) -> None:
-        self._dq.appendleft(request)
-
-    def prepend_requests(self, requests: RequestQueue) -> None:
-        # extendleft reverses: the last of `requests` ends up first (vLLM's behaviour).
-        self._dq.extendleft(requests)
-
-    def remove_request(self, request: Request) -> None:
-        self._dq.remove(request)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        drop = set(requests)
-        self._dq = deque(r for r in self._dq if r not in drop)
-
-    def __len__(self) -> int:
-        return len(self._dq)
-
-    def __bool__(self) -> bool:
-        return bool(self._dq)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._dq)
+__all__ = ["FCFSPolicy", "FCFSRequestQueue"]  # the queue lives in queues.py: compiled with the scheduler
 
 
 @SCHEDULING_POLICIES.register("fcfs")
