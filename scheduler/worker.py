@@ -41,6 +41,19 @@ class TokenSource:
     def __init__(self, seed: int = 0, acceptance: tuple[float, ...] = ()) -> None:
         self.seed = seed
         self.acceptance = tuple(acceptance)
+        # req_id -> zlib's CRC-32 register after "req_id:" (tokens()): most calls build one id (a
+        # stepped step's, a run's last), and formatting and hashing the prefix was half of that
+        self._registers: dict[str, int] = {}
+
+    def _register(self, req_id: str) -> int:
+        reg = self._registers.get(req_id)
+        if reg is None:
+            reg = self._registers[req_id] = zlib.crc32(f"{req_id}:".encode()) ^ 0xFFFFFFFF
+        return reg
+
+    def forget(self, req_id: str) -> None:
+        """req_id is done: drop its cached register (computed again if its ids are ever read)."""
+        self._registers.pop(req_id, None)
 
     def token(self, req_id: str, k: int) -> int:
         return oracle_token(req_id, k)
@@ -65,7 +78,7 @@ class TokenSource:
         same register arithmetic as zlib's). Positions that differ only in their last decimal digit
         share the register after the other digits, so most tokens cost one table step."""
         table = _CRC32
-        after_prefix = zlib.crc32(f"{req_id}:".encode()) ^ 0xFFFFFFFF  # the running register
+        after_prefix = self._register(req_id)  # the running register
         out: list[int] = []
         pos, end = k, k + n
         while pos < end:
@@ -98,9 +111,7 @@ class BatchTracker:
 
     def prepare(self, so: SchedulerOutput) -> tuple[list[str], list[int], list[int], list[bool]]:
         """(request order, new tokens, context tokens before the step, samples?) for this step."""
-        for rid in so.finished_req_ids:
-            self.num_tokens.pop(rid, None)
-            self.num_out.pop(rid, None)
+        self.forget(so.finished_req_ids)
         computed = {}
         for nr in so.scheduled_new_reqs:
             computed[nr.req_id] = nr.num_computed_tokens
@@ -123,9 +134,11 @@ class BatchTracker:
 
     def forget(self, finished_req_ids: set[str]) -> None:
         """Drop finished requests (what prepare() does with a step's finished_req_ids)."""
+        tokens = self.tokens
         for rid in finished_req_ids:
             self.num_tokens.pop(rid, None)
             self.num_out.pop(rid, None)
+            tokens.forget(rid)
 
     def sample_decode_run(self, req_ids: list[str], num_steps: int,
                           steps_each: list[int] | None = None) -> RunTokens:
