@@ -1,6 +1,6 @@
 # servesim: `make run` replays the bundled trace; `make test` runs the whole suite; `make test-fast` skips the slow tests.
-# Each first compiles scheduler/ and simulator/kernels.py with mypyc (`make compile`; SERVESIM_PURE_PYTHON=1
-# runs the pure-Python ones).
+# Each first compiles scheduler/, the simulator's engine and simulator/kernels.py with mypyc (`make compile`;
+# SERVESIM_PURE_PYTHON=1 runs the pure-Python ones).
 # Any Python >= 3.11: the first of these names that exists and is new enough (override: make PY=/path/python).
 PY ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
@@ -41,6 +41,8 @@ compile: $(STAMP)
 		|| echo "note: the compiled scheduler was not built; servesim runs the pure-Python scheduler (same results, slower)"
 	@$(BIN)/python tools/compile_kernels.py \
 		|| echo "note: the compiled simulator kernels were not built; servesim runs simulator/kernels.py (same results, slower)"
+	@$(BIN)/python tools/compile_simulator.py \
+		|| echo "note: the compiled engine was not built; servesim runs the pure-Python engine (same results, slower)"
 	@# Bytecode for what changed since set-up (a pull, an edit): otherwise every process compiles it
 	@# again where PYTHONDONTWRITEBYTECODE is set (~1.5 % of the Azure hour's process here).
 	@$(BIN)/python tools/precompile.py

@@ -13,7 +13,9 @@ and no finder is added.
 The compiled scheduler: when `make` has built scheduler/ with mypyc (servesim/_native.py: a
 staging tree under build/mypyc/, its MANIFEST matching the current sources), servesim.scheduler
 is imported from that tree instead; SERVESIM_PURE_PYTHON=1 selects the pure-Python folder, and a
-stale build is never used (one warning line says so).
+stale build is never used (one warning line says so). The compiled engine (build/mypyc_sim/,
+tools/compile_simulator.py) holds only extension modules: its folder goes ahead of simulator/ on
+servesim.simulator's search path, under the same rules.
 
 This module imports nothing heavy: `import servesim.scheduler` must stay stdlib-only.
 """
@@ -45,7 +47,20 @@ class _CheckoutFinder(MetaPathFinder):
         # servesim name (module identity is by name: the top-level `scheduler` is never imported).
         if child == "scheduler":
             return self._scheduler_spec(fullname)
-        return PathFinder.find_spec(fullname, [self._root])
+        spec = PathFinder.find_spec(fullname, [self._root])
+        if child == "simulator" and spec is not None and spec.submodule_search_locations is not None:
+            self._add_compiled_engine(spec.submodule_search_locations)
+        return spec
+
+    def _add_compiled_engine(self, search: list[str]) -> None:
+        """The compiled engine's folder (extension modules only) ahead of simulator/ itself."""
+        folder, reason = _native.compiled_simulator(Path(self._root))
+        _native.sim_decision = ("compiled (mypyc)", reason) if folder else ("pure Python", reason)
+        if folder is None:
+            if reason.startswith("stale"):
+                print(f"servesim: warning: using the pure-Python engine: {reason}", file=sys.stderr)
+            return
+        search.insert(0, str(folder))
 
     def _scheduler_spec(self, fullname: str) -> ModuleSpec | None:
         package, reason = _native.compiled_package(Path(self._root))

@@ -21,9 +21,14 @@ PURE_ENV = "SERVESIM_PURE_PYTHON"
 STAGING = Path("build") / "mypyc"  # relative to the checkout root
 MANIFEST = "MANIFEST"  # in STAGING; written last by the build, removed first
 PACKAGE = Path("servesim") / "scheduler"  # the package inside STAGING
+# The compiled engine (tools/compile_simulator.py): only its extension modules, in a folder put
+# ahead of simulator/ on servesim.simulator's search path (every other module is the folder's own).
+SIM_STAGING = Path("build") / "mypyc_sim"
+SIM_PACKAGE = Path("servesim") / "simulator"
 
 # What the checkout finder decided, for `servesim --version` and tests: (mode, reason).
 decision: tuple[str, str] = ("pure Python", "not a checkout (installed wheel)")
+sim_decision: tuple[str, str] = ("pure Python", "not a checkout (installed wheel)")
 
 
 def source_files(folder: Path) -> list[Path]:
@@ -55,17 +60,27 @@ def compiled_package(checkout: Path) -> tuple[Path | None, str]:
     A build that exists but does not match the sources is never used (the reason says so and the
     caller warns); a missing build is the normal state of a fresh clone and needs no warning.
     """
+    return _compiled(checkout, STAGING, "scheduler", PACKAGE)
+
+
+def compiled_simulator(checkout: Path) -> tuple[Path | None, str]:
+    """The folder of the compiled engine's extension modules to search before simulator/, or None,
+    and why (as compiled_package: a stale build is never used)."""
+    return _compiled(checkout, SIM_STAGING, "simulator", SIM_PACKAGE)
+
+
+def _compiled(checkout: Path, staging_rel: Path, folder: str, package: Path) -> tuple[Path | None, str]:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None, f"{PURE_ENV} is set"
-    staging = checkout / STAGING
+    staging = checkout / staging_rel
     manifest = read_manifest(staging)
     if not manifest:
         return None, "no compiled build (run make)"
     if manifest.get("ext_suffix") != EXTENSION_SUFFIXES[0]:
         return None, f"stale compiled build: built for {manifest.get('ext_suffix')}, not this Python (run make)"
-    if manifest.get("sources") != sources_digest(checkout / "scheduler"):
-        return None, "stale compiled build: scheduler/ changed since it was built (run make)"
-    return staging / PACKAGE, "compiled (mypyc)"
+    if manifest.get("sources") != sources_digest(checkout / folder):
+        return None, f"stale compiled build: {folder}/ changed since it was built (run make)"
+    return staging / package, "compiled (mypyc)"
 
 
 def scheduler_mode() -> str:
@@ -79,6 +94,15 @@ def scheduler_mode() -> str:
         return "compiled (mypyc)"
     mode, reason = decision
     return f"pure Python ({reason})" if mode == "pure Python" else "pure Python"
+
+
+def simulator_mode() -> str:
+    """One line: which engine build this process runs (the checkout finder's decision; reading
+    the engine itself would import its third-party packages, which --version must not)."""
+    import servesim.simulator  # noqa: F401, PLC0415 (the finder decides as it imports the package)
+
+    mode, reason = sim_decision
+    return mode if mode == "compiled (mypyc)" else f"pure Python ({reason})"
 
 
 def publish_build(fresh: Path, live: Path, fields: dict[str, str]) -> None:

@@ -29,10 +29,17 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import simpy
+
+from servesim.scheduler.request import Request
+from servesim.simulator.finish_run import FinishRunMixin
+
+if TYPE_CHECKING:
+    from servesim.simulator.engine import Engine, InFlight
 
 def exact_delays(now: float, t: float) -> list[float]:
     """Delays whose SimPy timeouts, one after the other, bring the clock from now to exactly t (a
@@ -59,7 +66,7 @@ class DeferredRun:
     """A planned, not yet applied async run (the arguments of MacroStepMixin._macro_async)."""
 
     now_s: float  # the loop-top time it was planned at (one step in flight)
-    reqs: list  # the batch (Request objects), in scheduling order
+    reqs: list[Request]  # the batch, in scheduling order
     ctx0: list[int]  # their num_computed_tokens at now_s
     gpu_s: list[float]  # each step's GPU time, as priced for the run
     sched_t: list[float]  # schedule, GPU end and update times of its steps (_macro_timeline)
@@ -83,36 +90,37 @@ class DeferredRun:
             drop_t += [upd_t[m] for m in sorted(self.each) if m < len(upd_t)]
         self.drop_t = drop_t
 
-    def step_batch(self, j: int) -> list:
+    def step_batch(self, j: int) -> list[Request]:
         """The requests step j of the run schedules."""
         return batch_at(self.reqs, self.scheduled, j)
 
 
-def batch_at(reqs: list, scheduled: list[int] | None, j: int) -> list:
+def batch_at(reqs: list[Request], scheduled: list[int] | None, j: int) -> list[Request]:
     """The requests step j of a run schedules, reqs[i] being scheduled in its first scheduled[i]
     steps (None: all of them in every step)."""
     return reqs if scheduled is None else [r for r, m in zip(reqs, scheduled) if m > j]
 
 
-class DeferredRunMixin:
+class DeferredRunMixin(FinishRunMixin):
     """Plans, waits for and applies deferred runs (see the module docstring)."""
 
-    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+    def defer_runs(self: Engine, collides: Callable[[Sequence[float]], int] | None) -> None:
         """Let async runs be applied when a request is routed here (a cluster whose router reads
         only the load sets it). collides(times) is the index of the first time in the ascending
         `times` that is also a dispatch time (len(times) if none); None turns deferral off."""
         self._collides = collides
 
-    def _plan_deferred(self, now: float, reqs: list, ctx0: list[int], k: int, load_drop: int,
+    def _plan_deferred(self: Engine, now: float, reqs: list[Request], ctx0: list[int], k: int, load_drop: int,
                        each: list[int] | None) -> bool:
         """Plan a deferred run of at most k steps from this loop-top state (one step in flight,
         whose update finishes load_drop requests; `each`: a run through finishes); False when it
         would be shorter than two updates."""
         if each is None:
-            gpu = self.executor.decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
+            gpu = self._sim_executor().decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
             sched_t, ends, upd_t = self._macro_timeline(now, gpu, 1, len(reqs), math.inf)
         else:
             gpu, (sched_t, ends, upd_t) = self._plan_through(now, ctx0, each, min(k, FIRST_CHUNK), math.inf)
+        assert self._collides is not None
         n = self._collides(upd_t)  # the plan ends before an update landing on a dispatch time
         if n < 2:
             return False
@@ -125,7 +133,7 @@ class DeferredRunMixin:
         self.num_deferred_runs += 1
         return True
 
-    def _grow_deferred(self, plan: DeferredRun) -> bool:
+    def _grow_deferred(self: Engine, plan: DeferredRun) -> bool:
         """Price and time the run's next chunk (as many steps again, within its horizon), from
         where it ends; False when it cannot grow."""
         m = len(plan.gpu_s)
@@ -133,12 +141,13 @@ class DeferredRunMixin:
             return False
         k = min(plan.max_steps, 2 * m)
         if plan.each is None:
-            gpu = self.executor.decode_step_times_s([c + m for c in plan.ctx0], k - m)
+            gpu = self._sim_executor().decode_step_times_s([c + m for c in plan.ctx0], k - m)
             sched_t, ends, upd_t = self._macro_timeline(plan.upd_t[-1], gpu, 1, len(plan.reqs), math.inf,
                                                         plan.ends[-1])
         else:
             gpu, (sched_t, ends, upd_t) = self._plan_through(plan.upd_t[-1], plan.ctx0, plan.each, k, math.inf,
                                                              m, plan.ends[-1])
+        assert self._collides is not None
         n = self._collides(upd_t)
         plan.complete = n < k - m
         plan.gpu_s += gpu
@@ -149,7 +158,7 @@ class DeferredRunMixin:
             plan.set_drop_times()
         return n > 0
 
-    def _deferred_load_drop(self) -> int:
+    def _deferred_load_drop(self: Engine) -> int:
         """How far the load the router reads is below the scheduler's count now: the requests the
         pending run's updates finish (the first update's skipped-ahead ones, and through finishes
         each request at its last step's update) at the updates the clock is past (never at one: no
@@ -159,19 +168,24 @@ class DeferredRunMixin:
             return 0
         return bisect_left(plan.drop_t, self.env.now)  # the drops strictly before now
 
-    def _await_deferred(self, in_flight):
+    def _await_deferred(self: Engine, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         """The loop's wait through a deferred run (a generator): to its end, where it is applied
         whole, or to the update of the oldest step in flight after an arrival applied it early."""
         plan = self._deferred
+        assert plan is not None
         env = self.env
-        while self._deferred is not None:
+        # A routed arrival applies the run early and triggers `routed` (_apply_deferred): the run
+        # is pending while it has not. (Not `self._deferred is not None`: a compiled engine would
+        # keep that narrowing across the yield, where the arrival sets the attribute to None.)
+        routed = plan.routed
+        while not routed.triggered:
             for delay_s in exact_delays(env.now, plan.upd_t[-1]):
-                yield env.any_of([env.timeout(delay_s), plan.routed])
-                if self._deferred is None:
+                yield env.any_of([env.timeout(delay_s), routed])
+                if routed.triggered:
                     break
-            if self._deferred is not None and not self._grow_deferred(plan):
+            if not routed.triggered and not self._grow_deferred(plan):
                 break
-        if self._deferred is not None:  # nothing was routed here: the whole run, as planned
+        if not routed.triggered:  # nothing was routed here: the whole run, as planned
             self._deferred = None
             self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
                               plan.ends, plan.upd_t, each=plan.each)
@@ -179,6 +193,7 @@ class DeferredRunMixin:
         # Applied at an arrival: two steps in flight; the older one's update lands where stepping
         # puts it (a plan holds no update at a dispatch time, so none at the arrival's instant);
         # or one, that update already applied with the run: the loop resumes at its time.
+        assert plan.resume_at_s is not None
         for delay_s in exact_delays(env.now, plan.resume_at_s):
             yield env.timeout(delay_s)
         if plan.past_arrival:
@@ -186,11 +201,12 @@ class DeferredRunMixin:
         so, mro, _end, rec, row = in_flight.popleft()
         self._on_update(so, mro, rec, row)
 
-    def _apply_deferred(self, t: float, in_flight) -> None:
+    def _apply_deferred(self: Engine, t: float, in_flight: InFlight) -> None:
         """A request is routed here at t: apply the run as the eager path would have with t as
         its bound (updates strictly before t, then the tail step the loop schedules at the last
         of them), leaving two steps in flight."""
         plan = self._deferred
+        assert plan is not None
         self._deferred = None
         self.num_deferred_routed += 1
         j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)

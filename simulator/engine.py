@@ -12,9 +12,9 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import simpy
 
@@ -22,13 +22,11 @@ from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, SamplingPara
                                 TokenSegment)
 from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
 from servesim.simulator.cost_model.pipeline import PipelineCost
-from servesim.simulator.deferred_run import DeferredRun
-from servesim.simulator.engine_rank import EngineRankMixin
-from servesim.simulator.engine_steps import EngineStepsMixin
 from servesim.simulator.executor import Executor, SimExecutor
 from servesim.simulator.client import Clients
 from servesim.simulator.kv_capacity import KvCapacity
@@ -44,6 +42,9 @@ from servesim.traces.workload import RequestSpec, Workload
 
 __all__ = ["Engine", "EngineResult", "StallError", "resolve_cache"]
 
+# The loop's steps in flight, oldest first: (schedule, its output, GPU end s, step-trace record, steps row)
+InFlight = deque[tuple[SchedulerOutput, ModelRunnerOutput, float, "dict | None", int]]
+
 
 @dataclass(slots=True)
 class EngineResult:
@@ -57,7 +58,7 @@ class EngineResult:
     kv_capacity: KvCapacity | None
 
 
-class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
+class Engine(MacroStepMixin):
     def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",
@@ -79,6 +80,7 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens,
                                    sampler=sampler_cost_for(cfg), pipeline=pipeline)
         self.executor = executor
+        self._sim = executor if isinstance(executor, SimExecutor) else None  # what macro-steps price and sample with
         # Pipeline parallelism: a batch per stage in flight, timed stage by stage (pipeline_clock.py).
         self._pipeline = pipeline_clock_for(hw.pp, executor)
         self._keys_from_provenance = cfg.prefix_cache_keys == "provenance"
@@ -93,31 +95,35 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         self.metrics = MetricsCollector()
         self.step_trace = step_trace
         self.progress = progress
-        self._wake: simpy.Event | None = None
-        self._arrived_since_step: list[str] = []
+        self._wake = None  # what the idle loop waits for (an arrival, close() or notify() triggers it)
+        self._arrived_since_step = []
         self._all_arrived = False
         self._num_done = 0
         self.num_steps = 0
-        self.prefix_hits = self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prefix_queries = 0
+        self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
         self._next_arrival_s = 0.0
-        self._arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
+        self._arrival_bound = None  # expect_arrivals_by_load
         self._macro_until_s = -1.0  # the last update time of the last macro-step
-        self._collides: Callable[[Sequence[float]], int] | None = None  # defer_runs (deferred_run.py)
-        self._deferred: DeferredRun | None = None  # the planned run not yet applied
-        self._in_flight: deque = deque()  # the loop's steps in flight (scheduled, not yet updated)
-        self.num_deferred_runs = self.num_deferred_routed = 0  # planned; applied at a routed arrival
+        self._collides = None  # defer_runs (deferred_run.py)
+        self._deferred = None  # the planned run not yet applied
+        self._in_flight = deque()  # the loop's steps in flight (scheduled, not yet updated)
+        self.num_deferred_runs = 0  # planned
+        self.num_deferred_routed = 0  # applied at a routed arrival
         # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
         self.num_preemptions = 0
         self._max_steps_idle = cfg.liveness.max_steps_without_progress
         self._max_s_idle = cfg.liveness.max_sim_s_without_progress
-        self._stall_step = self._stall_s = 0.0
+        self._stall_step = 0  # the step count ...
+        self._stall_s = 0.0  # ... and the clock past which no progress means a stall
         self._preemptions_at_progress = 0
         self._mark_progress(0.0)
         self._timeout_s = cfg.client.timeout_s
         # Client deadlines still pending: (deadline s, submission seq, request id); a heap. An entry
         # whose request already finished is dropped when it comes due.
-        self._deadlines: list[tuple[float, int, str]] = []
+        self._deadlines = []
         self._num_submitted = 0
         # Exact macro-steps (simulator/macro_step.py): None = they may apply, run by run.
         self.macro_fallback_reason = macro_fallback_reason(self)
@@ -126,9 +132,12 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         self._commuting_arrivals = (self.macro_fallback_reason is None
                                     and self.scheduler.arrivals_commute_with_decode_updates())
         self.num_macro_steps = 0  # engine steps applied inside macro-steps
+        self.num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
+        self.num_runs_past_arrival = 0  # runs whose last update was due after an arrival (_past_arrival)
+        self.num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
 
     # --- processes -----------------------------------------------------------------------------
-    def _arrivals(self):
+    def _arrivals(self) -> Generator[simpy.Event, Any, None]:
         yield from self.clients.send_all(self.workload.requests)
         self._next_arrival_s = float("inf")
         self.close()
@@ -169,7 +178,7 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         macro-steps then run past arrivals that provably go elsewhere)."""
         self._arrival_bound = bound
 
-    def _idle_wait(self):
+    def _idle_wait(self) -> simpy.Event:
         """Nothing ran and nothing is in flight: sleep until an outside event, or until the
         scheduler's own next state change (e.g. a policy releasing held KV)."""
         self._wake = self.env.event()
@@ -241,7 +250,7 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         return TokenProvenance(tuple([TokenSegment(*run) for run in runs]),
                                self.executor.output_token_source(spec.request_id))
 
-    def _engine_loop(self):
+    def _engine_loop(self) -> Generator[simpy.Event, Any, None]:
         env, sched = self.env, self.scheduler
         caps = sched.capabilities  # fixed at construction: read once, not per step
         depth, idle_is_stable = caps.max_steps_in_flight, caps.idle_is_stable
@@ -250,9 +259,9 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
             depth = max_concurrent_batches(self.cfg.hardware.pp, self.cfg.scheduler.async_scheduling)
         overlap_allowed = sched.overlap_allowed
         macro = self.macro_fallback_reason is None
-        in_flight: deque = deque()
+        in_flight: InFlight = deque()
         self._in_flight = in_flight  # what a deferred run applied at an arrival leaves steps in
-        self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
+        self._gpu_free_at = 0.0
         while True:
             if not sched.has_unfinished_requests() and not in_flight:
                 if self._all_arrived:
@@ -291,7 +300,7 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
                 start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
                 self._gpu_free_at = gpu_free_at = start + gpu_s
             else:  # stage by stage (gpu_s: the executor's sum of the stages)
-                self._gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, self.executor.last_stage_times_s)
+                self._gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, self._sim_executor().last_stage_times_s)
             self.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
@@ -302,7 +311,7 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
                 # again at this instant.
                 yield self._idle_wait()
 
-    def _apply_oldest(self, in_flight: deque):
+    def _apply_oldest(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         """Wait for the oldest in-flight step's GPU end, then apply its output (a generator)."""
         so, mro, end_s, rec, row = in_flight.popleft()
         if end_s > self.env.now:
@@ -320,8 +329,17 @@ class Engine(MacroStepMixin, EngineRankMixin, EngineStepsMixin):
         t0 = time.perf_counter()
         self.env.process(self._arrivals())
         proc = self.start()
+        # The run ends with an event the loop's end triggers, not the process itself: SimPy's
+        # error for a run out of events names its `until` by the generator's __name__, which a
+        # compiled generator has not. (A failed loop still raises its own error.)
+        done = self.env.event()
+
+        def end(_event: simpy.Event) -> None:
+            done.succeed()
+
+        proc.callbacks.append(end)
         try:
-            self.env.run(until=proc)
+            self.env.run(until=done)
         except RuntimeError:
             if proc.triggered:
                 raise

@@ -25,15 +25,23 @@ router proof reads a constant load, stops at finishes as before. Mixed into Macr
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.request import Request
+from servesim.simulator.engine_rank import EngineRankMixin
+
+if TYPE_CHECKING:
+    from servesim.simulator.engine import Engine
+
+Timeline = tuple[list[float], list[float], list[float]]  # (schedule times, GPU ends, update times) of a run's steps
 
 
-class FinishRunMixin:
+class FinishRunMixin(EngineRankMixin):
     """Planning and bookkeeping of runs whose batch shrinks at finishes (module docstring)."""
 
-    num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
-
-    def _plan_through(self, now: float, ctx0: list[int], each: list[int], k: int, later_s: float,
-                      first_step: int = 0, free_at: float | None = None, priced: list[float] | None = None):
+    def _plan_through(self: Engine, now: float, ctx0: list[int], each: list[int], k: int, later_s: float,
+                      first_step: int = 0, free_at: float | None = None,
+                      priced: list[float] | None = None) -> tuple[list[float], Timeline]:
         """Price and time steps first_step..k-1 (gpu, (schedule times, GPU ends, update times)) of
         a run whose batch shrinks (step j's batch: each[i] > j). Piece by piece: a piece is one
         batch's steps, up to 16, 64, 256, ... steps in all as in _macro_step, priced in one call (a
@@ -48,17 +56,18 @@ class FinishRunMixin:
         ends: list[float] = []
         upd_t: list[float] = []
         t, a = now, first_step
-        each = self._scheduled_each(each)  # batch membership: the steps that schedule a request
-        fin = sorted(m for m in each if m < k)  # the steps where the batch changes
+        scheduled = self._scheduled_each(each)  # batch membership: the steps that schedule a request
+        assert scheduled is not None
+        fin = sorted([m for m in scheduled if m < k])  # the steps where the batch changes
         while a < k:
             c = bisect_right(fin, a)
             b = fin[c] if c < len(fin) else k
             if priced is None:
                 b = min(b, max(16, 4 * a))
-                batch_ctx = [c + a for c, m in zip(ctx0, each) if m > a]
-                piece, n = self.executor.decode_step_times_s(batch_ctx, b - a), len(batch_ctx)
+                batch_ctx = [ctx + a for ctx, m in zip(ctx0, scheduled) if m > a]
+                piece, n = self._sim_executor().decode_step_times_s(batch_ctx, b - a), len(batch_ctx)
             else:
-                piece, n = priced[a:b], sum(1 for m in each if m > a)
+                piece, n = priced[a:b], sum([1 for m in scheduled if m > a])
             gpu += piece
             s, e, u = self._macro_timeline(t, piece, 1, n, later_s, free_at)
             sched_t += s
@@ -69,7 +78,7 @@ class FinishRunMixin:
             t, free_at, a = u[-1], e[-1], b
         return gpu, (sched_t, ends, upd_t)
 
-    def _through_rows(self, first_step: int, each: list[int], sched_t: list[float], upd_t: list[float],
+    def _through_rows(self: Engine, first_step: int, each: list[int], sched_t: list[float], upd_t: list[float],
                       gpu: list[float], free_after: list[int], hits: list[int], queries: list[int]) -> None:
         """The step rows of a run's steps 1..k-1 (k = len(sched_t); step 0's row is written before
         the run's first update), numbered from first_step, as _macro_rows writes them but with
@@ -77,10 +86,12 @@ class FinishRunMixin:
         = m < k) is counted running up to schedule m and finished by update m. `free_after`,
         `hits`, `queries` are schedule_decode_steps' (their index i is step i + 1)."""
         k = len(sched_t)
-        kvm = self.scheduler.kv_cache_manager
+        kvm = self._runs().kv_cache_manager
         running_end, waiting = self.scheduler.get_request_counts()  # the finishers are gone
-        fin = sorted(m for m in each if m < k)  # running at step j: each[i] >= j (finished by update each[i])
-        sched = sorted(m for m in self._scheduled_each(each) if m < k)  # step j's batch: scheduled[i] > j
+        fin = sorted([m for m in each if m < k])  # running at step j: each[i] >= j (finished by update each[i])
+        scheduled = self._scheduled_each(each)
+        assert scheduled is not None
+        sched = sorted([m for m in scheduled if m < k])  # step j's batch: scheduled[i] > j
         cuts = sorted({c for m in fin + sched for c in (m, m + 1) if 1 < c < k} | {1, k})
         sizes: list[int] = []
         running: list[int] = []
@@ -96,7 +107,7 @@ class FinishRunMixin:
         self.prefix_hits += sum(hits_ext[1:])  # step 0's (hits[0]) the caller adds with its row
         self.prefix_queries += sum(queries_ext[1:])
 
-    def _through_metrics(self, reqs: list, each: list[int], upd_t: list[float]) -> list[int]:
+    def _through_metrics(self: Engine, reqs: list[Request], each: list[int], upd_t: list[float]) -> list[int]:
         """Token times of a run's updates 1..k-1 (k = len(upd_t)) and the finishes among them, as
         _on_update records them (a finisher's last token, then its finish at that update's
         time); returns the finishing updates' indices into upd_t[1:], ascending."""
@@ -110,7 +121,7 @@ class FinishRunMixin:
         self.num_bulk_finishes += len(done)
         return done
 
-    def _progress_through(self, first_num_steps: int, update_times: list[float], finish_at: list[int]) -> None:
+    def _progress_through(self: Engine, first_num_steps: int, update_times: list[float], finish_at: list[int]) -> None:
         """_macro_progress when some of the updates finished requests (finish_at: their indices
         into update_times, ascending): each call reads the requests done by then."""
         if self.progress is None:

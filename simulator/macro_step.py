@@ -51,14 +51,20 @@ overlap's extra forward, `_scheduled_each`). Where a macro-step cannot be exact 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, cast
 
 from servesim.scheduler.async_scheduler import AsyncScheduler
+from servesim.scheduler.interface import DecodeRunScheduler
+from servesim.scheduler.request import Request
 from servesim.scheduler.scheduler import Scheduler
 from servesim.scheduler.sglang import SGLangScheduler
 from servesim.simulator.deferred_run import DeferredRunMixin, batch_at, exact_delays
 from servesim.simulator.executor import SimExecutor
-from servesim.simulator.finish_run import FinishRunMixin
+from servesim.simulator.finish_run import Timeline
 from servesim.simulator.kernel_impl import step_timeline
+
+if TYPE_CHECKING:
+    from servesim.simulator.engine import Engine, InFlight
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
@@ -68,7 +74,7 @@ MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector buil
 DECODE_RUN_SCHEDULERS = (Scheduler, AsyncScheduler, SGLangScheduler)
 
 
-def macro_fallback_reason(engine) -> str | None:
+def macro_fallback_reason(engine: Engine) -> str | None:
     """Why macro-steps can never apply to this engine (None: they may, run by run)."""
     cfg, sched = engine.cfg, engine.scheduler
     if not cfg.macro_steps:
@@ -83,22 +89,29 @@ def macro_fallback_reason(engine) -> str | None:
         return "the executor is not the simulated one (GPU runner: every step runs the model)"
     if engine.step_trace is not None:
         return "a step trace records every step"
-    return sched.decode_run_blocker()
+    return cast(DecodeRunScheduler, sched).decode_run_blocker()
 
 
-class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
+class MacroStepMixin(DeferredRunMixin):
     """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
 
-    num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
-    num_runs_past_arrival = 0  # runs whose last update was due after an arrival (_past_arrival)
+    def _runs(self: Engine) -> DecodeRunScheduler:
+        """The scheduler's bulk decode path (a run is planned only on one: macro_fallback_reason)."""
+        return cast(DecodeRunScheduler, self.scheduler)
 
-    def _macro_step(self, now: float, in_flight) -> list[float] | None:
+    def _sim_executor(self: Engine) -> SimExecutor:
+        """The simulated executor, which prices and samples runs (macro_fallback_reason)."""
+        sim = self._sim
+        assert sim is not None
+        return sim
+
+    def _macro_step(self: Engine, now: float, in_flight: InFlight) -> list[float] | None:
         """Apply a run of plain decode steps from this loop-top state; return the delays to wait
         before the loop resumes (the SimPy clock then reads exactly what stepping would have
         reached), or None to step normally."""
         if not now < self._next_arrival_s or self.clients.num_in_frontend:
             return None
-        sched = self.scheduler
+        sched = self._runs()
         num_in_flight = len(in_flight)
         if num_in_flight and self._arrival_bound is None and not self._first_update_s(now) < self._next_arrival_s:
             # the run's first update (the in-flight step's) would already meet the arrival
@@ -143,9 +156,10 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         first = 16 if self._arrival_bound is None and self.on_finish is None else 2
         if each is not None:  # the batch shrinks at finishes (finish_run.py)
             gpu, tl = self._plan_through(now, ctx0, each, k, later_s)
+        sim = self._sim_executor()
         while each is None:
             m = min(k, max(16, 4 * len(gpu)) if gpu else first)
-            gpu += self.executor.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
+            gpu += sim.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
             tl = self._macro_timeline(now, gpu, num_in_flight, len(reqs), later_s)
             if len(tl[0]) < len(gpu) or len(gpu) == k:
                 break
@@ -163,8 +177,8 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             self._tail_step(resume_s, in_flight, gpu[j], batch_at(reqs, self._scheduled_each(each), j))
         return exact_delays(now, resume_s)
 
-    def _past_arrival(self, now: float, gpu: list[float], tl: tuple, n: int, each: list[int] | None,
-                      later_s: float) -> tuple[list[float], list[float], list[float]] | None:
+    def _past_arrival(self: Engine, now: float, gpu: list[float], tl: Timeline, n: int, each: list[int] | None,
+                      later_s: float) -> Timeline | None:
         """The run's timeline one step longer, its last update due at or after the arrival that cut
         it (module docstring); None where that is not proven or not the case. The run stopped at
         j = len(tl[0]) steps with step j priced (the tail step's case); the update after step j
@@ -190,14 +204,15 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             return None
         return tl[0] + step[0], tl[1] + step[1], tl[2] + step[2]
 
-    def _scheduled_each(self, each: list[int] | None) -> list[int] | None:
+    def _scheduled_each(self: Engine, each: list[int] | None) -> list[int] | None:
         """How many of a run's steps schedule each request, from how many bring it a token
         (`each`): SGLang's overlap schedules a finishing request once more (the extra forward,
         DecodeRunScheduler.decode_run_extra_steps); vLLM's skip-ahead does not."""
         x = self._decode_run_extra
         return each if each is None or x == 0 else [m + x for m in each]
 
-    def _tail_step(self, t: float, in_flight, gpu_s: float | None, reqs: list | None = None) -> bool:
+    def _tail_step(self: Engine, t: float, in_flight: InFlight, gpu_s: float | None,
+                   reqs: list[Request] | None = None) -> bool:
         """Schedule the async loop's next step, due at t (before the next arrival; nothing in the
         loop happens between), as the stepping loop would, and leave it in flight behind the
         step already there; False (nothing done) unless it is provably plain. The scheduler is in
@@ -206,7 +221,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         run's own horizon (decode_run_horizon when it was planned) covers this schedule too (it
         priced it: gpu_s), which then needs no second proof: the batch and its plainness are
         what the run's next schedule would have had."""
-        sched = self.scheduler
+        sched = self._runs()
         if ((reqs is None and sched.decode_run_horizon(1, 1) < 1) or self.num_steps + 1 > self._stall_step
                 or t > self._stall_s or not t < self._deadline_s()):
             return False
@@ -214,24 +229,25 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             reqs = sched.decode_run_requests()
         ids, n = [r.request_id for r in reqs], len(reqs)
         ctx = [r.num_computed_tokens for r in reqs]  # the run (if any) already advanced them
+        sim = self._sim_executor()
         if gpu_s is None:
-            (gpu_s,) = self.executor.decode_step_times_s(ctx, 1)
+            (gpu_s,) = sim.decode_step_times_s(ctx, 1)
         finished = sched.finished_req_ids
         eff = sched.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
-        tokens = self.executor.sample_decode_run(ids, ctx, 1, finished)
+        tokens = sim.sample_decode_run(ids, ctx, 1, finished)
         row = self._decode_row(t, n, eff.free_after[0], gpu_s)
         self.num_macro_steps += 1
         end = max(t + self.cpu.step_s(n, n), self._gpu_free_at) + gpu_s  # the loop's start + GPU time
-        mro = self.executor.decode_step_output(ids, tokens.at_step(0))
+        mro = sim.decode_step_output(ids, tokens.at_step(0))
         in_flight.append((sched.decode_step_output(reqs), mro, end, None, row))
         self._gpu_free_at = end
         self._macro_until_s = max(self._macro_until_s, t)
         return True
 
-    def _decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float) -> int:
+    def _decode_row(self: Engine, t: float, n: int, num_free_blocks: int, gpu_s: float) -> int:
         """The step row of one plain decode step of n requests scheduled at t, as _on_schedule
         writes it (counts after the schedule); its update completes it. Returns the row."""
-        sched = self.scheduler
+        sched = self._runs()
         running, waiting = sched.get_request_counts()
         steps = self.metrics.steps
         row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(num_free_blocks),
@@ -241,16 +257,16 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         self._arrived_since_step = []
         return row
 
-    def _deadline_s(self) -> float:
+    def _deadline_s(self: Engine) -> float:
         return self._deadlines[0][0] if self._deadlines else math.inf
 
-    def _finishes_stay_inside(self) -> bool:
+    def _finishes_stay_inside(self: Engine) -> bool:
         """A request finishing inside the run (async: the in-flight step's update) must not set
         off anything outside: a client slot freeing (max_concurrency: the next send, now) or a
         router hearing of it."""
         return self.clients.max_concurrency is None and self.on_finish is None
 
-    def _later_arrival_s(self, load_change: int) -> float:
+    def _later_arrival_s(self: Engine, load_change: int) -> float:
         """The earliest time a request can reach this engine after the run's first update (which
         finishes -load_change skipped-ahead requests): the announced next arrival, or a later one
         where the cluster's router proves the arrivals before it go elsewhere. This engine's
@@ -260,14 +276,14 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
             return self._next_arrival_s
         return max(self._next_arrival_s, self._arrival_bound(self.num_outstanding + load_change))
 
-    def _first_update_s(self, now: float) -> float:
+    def _first_update_s(self: Engine, now: float) -> float:
         """When the async loop applies the in-flight step's update: _macro_timeline's first update
         time, known before any step is priced."""
         due = self._gpu_free_at
         return now + (due - now) if due > now else now
 
-    def _macro_timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float,
-                        free_at: float | None = None) -> tuple[list[float], list[float], list[float]]:
+    def _macro_timeline(self: Engine, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float,
+                        free_at: float | None = None) -> Timeline:
         """(schedule times, GPU end times, update times) of the steps that fit before any outside
         event, with the stepping loop's float arithmetic (kernels.step_timeline): start = max(now +
         cpu, GPU free), end = start + gpu, and the clock reaches a step's end as now + (end - now)
@@ -280,23 +296,24 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         return step_timeline(now, gpu, num_in_flight, self.cpu.step_s(n, n), later_s, self._deadline_s(),
                              self._gpu_free_at if free_at is None else free_at)
 
-    def _macro_rows(self, first_step: int, sched_t: list[float], duration_s: list[float], gpu: list[float],
+    def _macro_rows(self: Engine, first_step: int, sched_t: list[float], duration_s: list[float], gpu: list[float],
                     free_after: list[int], n: int, hits: list[int], queries: list[int]) -> None:
         """Step rows as _on_schedule writes them (running and waiting counted after the schedule)
         and _on_update completes them: a step's prefix-cache stats are the lookups its update
         takes (hits, queries: one per row; the in-flight last step's get set at its update).
         The engine's totals add them as _on_update does."""
-        kvm = self.scheduler.kv_cache_manager
+        kvm = self._runs().kv_cache_manager
         running, waiting = self.scheduler.get_request_counts()
         self.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
                                              map(kvm.usage_at, free_after), running, waiting, hits, queries)
         self.prefix_hits += sum(hits)
         self.prefix_queries += sum(queries)
 
-    def _macro_sync(self, reqs, ctx0, gpu, sched_t, ends, upd_t) -> float:
+    def _macro_sync(self: Engine, reqs: list[Request], ctx0: list[int], gpu: list[float], sched_t: list[float],
+                    ends: list[float], upd_t: list[float]) -> float:
         k = len(ends)
-        sched, ids = self.scheduler, [r.request_id for r in reqs]
-        tokens = self.executor.sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
+        sched, ids = self._runs(), [r.request_id for r in reqs]
+        tokens = self._sim_executor().sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
         eff = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
         durations = [u - t for u, t in zip(upd_t, sched_t)]
         self._macro_rows(self.num_steps, sched_t, durations, gpu[:k], eff.free_after, len(ids),
@@ -312,20 +329,21 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         self._macro_until_s = upd_t[-1]
         return upd_t[-1]
 
-    def _macro_async(self, now, in_flight, reqs, ctx0, gpu, sched_t, ends, upd_t, each=None,
-                     past_arrival: bool = False) -> float:
+    def _macro_async(self: Engine, now: float, in_flight: InFlight, reqs: list[Request], ctx0: list[int],
+                     gpu: list[float], sched_t: list[float], ends: list[float], upd_t: list[float],
+                     each: list[int] | None = None, past_arrival: bool = False) -> float:
         """`each` (a run through finishes, finish_run.py): reqs[i] takes the first each[i] steps.
         `past_arrival`: the last update is due after the next arrival, which commutes with it
         (_past_arrival); an arrival may land before it."""
         k = len(ends)  # >= 2 (_macro_step)
-        sched, ids = self.scheduler, [r.request_id for r in reqs]
+        sched, ids, sim = self._runs(), [r.request_id for r in reqs], self._sim_executor()
         steps = self.metrics.steps
         if each is not None and min(each) >= k:
             each = None  # the run stops before any finish (an arrival or a deadline cut it)
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = sched.finished_req_ids
         eff_first = sched.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
-        tokens = self.executor.sample_decode_run(ids, ctx0, k, finished, self._scheduled_each(each))
+        tokens = sim.sample_decode_run(ids, ctx0, k, finished, self._scheduled_each(each))
         first = self._decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
@@ -333,7 +351,7 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
         rest_each = None if each is None else [min(m, k) - 1 for m in each]
         rest = sched.schedule_decode_steps(reqs, k - 1, tokens, upd_t[-1], rest_each, upd_t[1:])
-        self.executor.forget(rest.finished)
+        sim.forget(rest.finished)
         # The run's second update applies the first step's output (and takes schedule 1's lookup).
         hits, queries = rest.prefix_hits, rest.prefix_queries
         steps.set_update(first, upd_t[1], hits[0], queries[0])
@@ -350,21 +368,23 @@ class MacroStepMixin(FinishRunMixin, DeferredRunMixin):
         else:
             self._through_rows(self.num_steps, each, sched_t, upd_t, gpu, rest.free_after, hits, queries)
             self._progress_through(self.num_steps + 1, upd_t[1:], self._through_metrics(reqs, each, upd_t))
-            kept = [i for i, m in enumerate(self._scheduled_each(each)) if m >= k]  # the last step's batch
+            scheduled = self._scheduled_each(each)
+            assert scheduled is not None
+            kept = [i for i, m in enumerate(scheduled) if m >= k]  # the last step's batch
             last_reqs, last_ids = [reqs[i] for i in kept], [ids[i] for i in kept]
             last_toks = tokens.at_step(k - 1, kept)
         self.num_steps += k - 1
         self.num_macro_steps += k
         self.num_macro_runs += 1
         self._mark_progress(upd_t[-1])
-        last = self.executor.decode_step_output(last_ids, last_toks)
+        last = sim.decode_step_output(last_ids, last_toks)
         in_flight.append((sched.decode_step_output(last_reqs), last, ends[-1], None, len(steps) - 1))
         self._gpu_free_at = ends[-1]
         self._macro_until_s = upd_t[-2] if past_arrival else upd_t[-1]
         self.num_runs_past_arrival += past_arrival
         return upd_t[-1]
 
-    def _macro_progress(self, first_num_steps: int, update_times: list[float]) -> None:
+    def _macro_progress(self: Engine, first_num_steps: int, update_times: list[float]) -> None:
         """The progress callback at the updates where the stepping loop would call it."""
         if self.progress is None:
             return

@@ -1,8 +1,8 @@
-"""The compiled scheduler (mypyc, built by `make`) against the pure-Python reference.
+"""The compiled scheduler and engine (mypyc, built by `make`) against the pure-Python reference.
 
 `make test` runs the whole suite on the default build (compiled when `make` could build it), and
-this file runs the golden and parity tests on the other build in a subprocess, and replays the
-bundled default (async and sync) on both, comparing the result files byte for byte. Without a
+this file runs the golden, parity and engine tests on the other build in a subprocess, and replays
+the bundled default (async and sync) on both, comparing the result files byte for byte. Without a
 compiled build those tests skip, naming why; CI sets SERVESIM_REQUIRE_COMPILED=1 so a build that
 silently failed there is a failure, not a skip.
 """
@@ -19,15 +19,17 @@ import pytest
 from servesim import _native
 
 ROOT = Path(__file__).resolve().parents[1]
-# The golden traces and the vLLM-parity tests, plus the contract and policy plug-in tests.
+# The golden traces and the vLLM-parity tests, the contract and policy plug-in tests, and the
+# engine's: exact timelines, macro-steps through finishes, deferred cluster runs.
 OTHER_BUILD_TESTS = ("tests/test_sched_golden.py", "tests/test_sched_vllm_parity_fixes.py",
-                     "tests/test_sched_interface.py", "tests/test_sched_policies.py")
+                     "tests/test_sched_interface.py", "tests/test_sched_policies.py", "tests/test_sim_engine.py",
+                     "tests/test_macro_runs.py", "tests/test_deferred_runs.py")
 
 
 def _fresh_build() -> bool:
     env_backup = os.environ.pop(_native.PURE_ENV, None)
     try:
-        return _native.compiled_package(ROOT)[0] is not None
+        return _native.compiled_package(ROOT)[0] is not None and _native.compiled_simulator(ROOT)[0] is not None
     finally:
         if env_backup is not None:
             os.environ[_native.PURE_ENV] = env_backup
@@ -48,7 +50,7 @@ def _env(compiled: bool) -> dict[str, str]:
 
 
 def _mode(compiled: bool) -> str:
-    code = "from servesim._native import scheduler_mode; print(scheduler_mode())"
+    code = "from servesim._native import scheduler_mode, simulator_mode; print(scheduler_mode(), simulator_mode())"
     res = subprocess.run([sys.executable, "-c", code], env=_env(compiled), capture_output=True, text=True,
                          check=True, timeout=120)
     return res.stdout.strip()
@@ -62,13 +64,17 @@ def test_the_build_in_use_is_reported():
     assert mode.startswith("compiled") == compiled, (mode, _schedule.__file__)
     if os.environ.get(_native.PURE_ENV) == "1":
         assert mode == f"pure Python ({_native.PURE_ENV} is set)"
+    from servesim.simulator import engine
+
+    engine_mode = _native.simulator_mode()
+    assert engine_mode.startswith("compiled") == (not str(engine.__file__).endswith(".py")), (engine_mode, engine.__file__)
 
 
 def test_ci_has_the_compiled_build():
     if os.environ.get("SERVESIM_REQUIRE_COMPILED") != "1":
         pytest.skip("only where SERVESIM_REQUIRE_COMPILED=1 (CI): elsewhere a missing compiler is allowed")
-    assert _fresh_build(), _native.compiled_package(ROOT)[1]
-    assert _mode(compiled=True) == "compiled (mypyc)"
+    assert _fresh_build(), (_native.compiled_package(ROOT)[1], _native.compiled_simulator(ROOT)[1])
+    assert _mode(compiled=True) == "compiled (mypyc) compiled (mypyc)"
 
 
 def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch):
@@ -91,6 +97,17 @@ def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch):
     (tmp_path / "scheduler" / "b.py").unlink()
     (staging / _native.MANIFEST).write_text(f"sources={digest}\next_suffix=.cpython-399-x.so\n")
     assert _native.compiled_package(tmp_path)[1].startswith("stale compiled build: built for")
+    # the engine's build, likewise (its own folder, digest and MANIFEST)
+    (tmp_path / "simulator").mkdir()
+    (tmp_path / "simulator" / "engine.py").write_text("x = 1\n")
+    sim = tmp_path / _native.SIM_STAGING
+    sim.mkdir(parents=True)
+    assert _native.compiled_simulator(tmp_path) == (None, "no compiled build (run make)")
+    sim_digest = _native.sources_digest(tmp_path / "simulator")
+    (sim / _native.MANIFEST).write_text(f"sources={sim_digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n")
+    assert _native.compiled_simulator(tmp_path) == (sim / _native.SIM_PACKAGE, "compiled (mypyc)")
+    (tmp_path / "simulator" / "engine.py").write_text("x = 2\n")
+    assert _native.compiled_simulator(tmp_path)[1].startswith("stale compiled build: simulator/ changed")
 
 
 @pytest.mark.slow
@@ -98,6 +115,7 @@ def test_golden_and_parity_tests_pass_on_the_other_build():
     _need_build()
     other_is_compiled = not _native.scheduler_mode().startswith("compiled")
     assert _mode(other_is_compiled).startswith("compiled") == other_is_compiled
+    assert ("pure" in _mode(other_is_compiled)) != other_is_compiled  # the engine's build switches with it
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *OTHER_BUILD_TESTS],
                          cwd=ROOT, env=_env(other_is_compiled), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
@@ -119,7 +137,7 @@ def test_replay_is_byte_identical_pure_and_compiled(loop, tmp_path):
     _replay(tmp_path / "compiled", True, *extra)
     for name in ("requests.parquet", "steps.parquet"):
         pure, compiled = (tmp_path / "pure" / name).read_bytes(), (tmp_path / "compiled" / name).read_bytes()
-        assert pure == compiled, f"{name} differs between the pure-Python and the compiled scheduler ({loop})"
+        assert pure == compiled, f"{name} differs between the pure-Python and the compiled builds ({loop})"
 
 
 def test_interpreted_subclasses_behave_as_in_python():
@@ -145,3 +163,22 @@ def test_interpreted_subclasses_behave_as_in_python():
     while sched.has_unfinished_requests():
         step(sched)
     assert sched.seen == ["a", "a"]
+
+
+def test_an_interpreted_engine_subclass_overrides_the_compiled_engine():
+    # The P/D engines and test doubles subclass Engine from Python: the compiled loop calls their
+    # overrides, and they may hold attributes the compiled class does not declare.
+    from servesim.simulator.config import SimConfig
+    from servesim.simulator.engine import Engine
+    from servesim.traces.bundled import load_bundled
+    from servesim.traces.workload import Workload
+
+    class Counting(Engine):
+        def _on_update(self, so, mro, rec, row, now=None):
+            self.updates += 1
+            super()._on_update(so, mro, rec, row, now)
+
+    eng = Counting(SimConfig(macro_steps=False), Workload(load_bundled().requests[:5], "five", "test"))
+    eng.updates = 0
+    res = eng.run()
+    assert eng.updates == res.num_steps > 0

@@ -56,7 +56,7 @@ COMPILED = (
 GROUP = "servesim.scheduler._native"  # one shared library, inside the package (no top-level name)
 # Classes mypyc never makes native (nothing to mark): protocols, enums, named tuples, typed dicts.
 _NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict"}
-_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|KVCacheManager)\b[^#]*$")
+_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|KVCacheManager|Engine)\b[^#]*$")
 _MARK = "@_mypyc_attr(allow_interpreted_subclasses=True)"
 _IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
            "if _TYPE_CHECKING:\n    from mypy_extensions import mypyc_attr as _mypyc_attr\n")
@@ -64,7 +64,16 @@ _IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
 
 def _tool_digest() -> str:
     """A change to this build (what is compiled, how it is marked) rebuilds too."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return tool_digest()
+
+
+def tool_digest(*others: Path) -> str:
+    """sha256 of this file and `others` (another build that marks its modules with this one's
+    transforms: tools/compile_simulator.py)."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for path in others:
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def _base_names(node: ast.ClassDef) -> set[str]:
@@ -76,7 +85,8 @@ def _base_names(node: ast.ClassDef) -> set[str]:
 
 
 def _accept_mixin_self(line: str) -> str:
-    """Silence mypy's "erased type of self" on a mixin method typed `self: Scheduler`.
+    """Silence mypy's "erased type of self" on a mixin method typed `self: Scheduler` (or `self: Engine`:
+    tools/compile_simulator.py).
 
     schedule() lives in a mixin (scheduler/_schedule.py) whose methods declare the class they are
     mixed into; mypyc compiles them against that class, which is what runs.
