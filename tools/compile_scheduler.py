@@ -206,38 +206,47 @@ def stage(staging: Path) -> str:
 
 
 def build(staging: Path, jobs: int) -> None:
+    compile_group(staging, [str(_native.PACKAGE / rel) for rel in COMPILED], GROUP, "servesim-scheduler-native", jobs)
+
+
+def compile_group(src: Path, files: list[str], group: str, name: str, jobs: int) -> None:
+    """mypyc `files` (paths under the staging tree `src`) into one shared library named `group`,
+    the extension modules written beside their sources (tools/compile_simulator.py builds so too)."""
     from mypyc.build import mypycify  # noqa: PLC0415 (only the build needs mypy)
     from setuptools import setup  # noqa: PLC0415
 
-    files = [str(_native.PACKAGE / rel) for rel in COMPILED]
     cwd = os.getcwd()
-    os.chdir(staging)
+    os.chdir(src)
     try:
-        # follow_imports=silent: the interpreted modules are read for their types, not checked.
-        # union-attr and operator stay unchecked: mypyc compiles an attribute or operator on an
-        # Optional value as the generic Python operation, so it fails exactly as the pure code does.
-        options = ["--follow-imports=silent", "--disable-error-code=union-attr", "--disable-error-code=operator",
-                   "--disable-error-code=annotation-unchecked"]
-        ext = mypycify([*options, *files], group_name=GROUP, multi_file=False,
-                       opt_level="3", target_dir="c")
-        setup(name="servesim-scheduler-native", ext_modules=ext,
+        # follow_imports=silent: the interpreted modules are read for their types, not checked
+        # (a missing third-party stub likewise). union-attr and operator stay unchecked: mypyc
+        # compiles an attribute or operator on an Optional value as the generic Python
+        # operation, so it fails exactly as the pure code does.
+        options = ["--follow-imports=silent", "--ignore-missing-imports", "--disable-error-code=union-attr",
+                   "--disable-error-code=operator", "--disable-error-code=annotation-unchecked"]
+        ext = mypycify([*options, *files], group_name=group, multi_file=False, opt_level="3", target_dir="c")
+        setup(name=name, ext_modules=ext,
               script_args=["-q", "build_ext", "--inplace", "--build-temp", "tmp", f"--parallel={jobs}"])
     finally:
         os.chdir(cwd)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return run_build(ROOT / _native.STAGING, "mypyc.lock", _build_if_stale)
+
+
+def run_build(live: Path, lock_name: str, build_if_stale) -> int:
+    """Parse --force / --jobs, then build_if_stale(live, force, jobs) holding a lock: one build at
+    a time (`make run` and `make test` in two terminals: the second waits, then finds the build up
+    to date)."""
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="rebuild even when the build is up to date")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel C compiles")
     args = ap.parse_args()
-    staging = ROOT / _native.STAGING
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    # One build at a time (`make run` and `make test` in two terminals): the second waits, then
-    # finds the build up to date.
-    with open(staging.parent / "mypyc.lock", "w") as lock:
+    live.parent.mkdir(parents=True, exist_ok=True)
+    with open(live.parent / lock_name, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_if_stale(staging, args.force, args.jobs)
+        return build_if_stale(live, args.force, args.jobs)
 
 
 def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:

@@ -22,9 +22,6 @@ Exit status 0 when the build is up to date or was built; 1 when mypyc or the C c
 
 from __future__ import annotations
 
-import argparse
-import fcntl
-import os
 import shutil
 import sys
 import time
@@ -35,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compile_scheduler import mark_subclassable, native_dataclass_inits, tool_digest  # noqa: E402
+from compile_scheduler import (compile_group, mark_subclassable, native_dataclass_inits, run_build,  # noqa: E402
+                               tool_digest)
 
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
 
@@ -58,33 +56,11 @@ def stage(src: Path) -> None:
 
 
 def build(src: Path, jobs: int) -> None:
-    from mypyc.build import mypycify  # noqa: PLC0415 (only the build needs mypy)
-    from setuptools import setup  # noqa: PLC0415
-
-    files = [str(_native.SIM_PACKAGE / rel) for rel in COMPILED]
-    cwd = os.getcwd()
-    os.chdir(src)
-    try:
-        # The scheduler build's options (tools/compile_scheduler.py says why each).
-        options = ["--follow-imports=silent", "--ignore-missing-imports", "--disable-error-code=union-attr",
-                   "--disable-error-code=operator", "--disable-error-code=annotation-unchecked"]
-        ext = mypycify([*options, *files], group_name=GROUP, multi_file=False, opt_level="3", target_dir="c")
-        setup(name="servesim-simulator-native", ext_modules=ext,
-              script_args=["-q", "build_ext", "--inplace", "--build-temp", "tmp", f"--parallel={jobs}"])
-    finally:
-        os.chdir(cwd)
+    compile_group(src, [str(_native.SIM_PACKAGE / rel) for rel in COMPILED], GROUP, "servesim-simulator-native", jobs)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--force", action="store_true", help="rebuild even when the build is up to date")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel C compiles")
-    args = ap.parse_args()
-    live = ROOT / _native.SIM_STAGING
-    live.parent.mkdir(parents=True, exist_ok=True)
-    with open(live.parent / "mypyc_sim.lock", "w") as lock:  # one build at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_if_stale(live, args.force, args.jobs)
+    return run_build(ROOT / _native.SIM_STAGING, "mypyc_sim.lock", _build_if_stale)
 
 
 def _build_if_stale(live: Path, force: bool, jobs: int) -> int:
