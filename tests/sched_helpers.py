@@ -59,3 +59,19 @@ def step(sched: Scheduler, tokens: dict[str, list[int]] | None = None, default: 
     eco = sched.update_from_output(out, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled))
     sched.check_invariants()
     return out, eco
+
+
+def decode_output(req_ids: list[str], token_ids: list[int]) -> ModelRunnerOutput:
+    """The output of one plain decode step: request i sampled token_ids[i] (a run's last step,
+    left in flight, as SimExecutor.decode_step_output builds it)."""
+    return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, [[t] for t in token_ids])
+
+
+def apply_due(sched, in_flight: list, depth: int, scheduled_nothing: bool) -> None:
+    """The engine loop's updates after a schedule: the oldest in-flight (SchedulerOutput,
+    ModelRunnerOutput) pairs are applied while depth are in flight (1: sync; 2: async or
+    overlap), or all of them when the schedule scheduled nothing; then the invariants."""
+    while in_flight and (len(in_flight) >= depth or scheduled_nothing):
+        old, mro = in_flight.pop(0)
+        sched.update_from_output(old, mro)
+    sched.check_invariants()

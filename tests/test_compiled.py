@@ -77,37 +77,35 @@ def test_ci_has_the_compiled_build():
     assert _mode(compiled=True) == "compiled (mypyc) compiled (mypyc)"
 
 
-def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch):
-    monkeypatch.delenv(_native.PURE_ENV, raising=False)
-    (tmp_path / "scheduler").mkdir()
-    (tmp_path / "scheduler" / "a.py").write_text("x = 1\n")
-    staging = tmp_path / _native.STAGING
-    staging.mkdir(parents=True)
-    assert _native.compiled_package(tmp_path) == (None, "no compiled build (run make)")
-    digest = _native.sources_digest(tmp_path / "scheduler")
+@pytest.mark.parametrize("folder, staging, package, find", [
+    ("scheduler", _native.STAGING, _native.PACKAGE, _native.compiled_package),
+    ("simulator", _native.SIM_STAGING, _native.SIM_PACKAGE, _native.compiled_simulator),
+], ids=["scheduler", "engine"])
+def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch, folder, staging, package, find):
+    """Each build (the scheduler's, the engine's) is used only while its MANIFEST matches its own
+    folder's sources and this interpreter, and never under SERVESIM_PURE_PYTHON."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    (staging / _native.MANIFEST).write_text(f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n")
-    assert _native.compiled_package(tmp_path) == (staging / _native.PACKAGE, "compiled (mypyc)")
+    monkeypatch.delenv(_native.PURE_ENV, raising=False)
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "a.py").write_text("x = 1\n")
+    built = tmp_path / staging
+    built.mkdir(parents=True)
+    assert find(tmp_path) == (None, "no compiled build (run make)")
+    digest = _native.sources_digest(tmp_path / folder)
+    (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n")
+    assert find(tmp_path) == (built / package, "compiled (mypyc)")
     monkeypatch.setenv(_native.PURE_ENV, "1")
-    assert _native.compiled_package(tmp_path)[0] is None
+    assert find(tmp_path)[0] is None
     monkeypatch.delenv(_native.PURE_ENV)
-    (tmp_path / "scheduler" / "b.py").write_text("")  # a new file counts, not only edits
-    assert _native.compiled_package(tmp_path)[1].startswith("stale compiled build: scheduler/ changed")
-    (tmp_path / "scheduler" / "b.py").unlink()
-    (staging / _native.MANIFEST).write_text(f"sources={digest}\next_suffix=.cpython-399-x.so\n")
-    assert _native.compiled_package(tmp_path)[1].startswith("stale compiled build: built for")
-    # the engine's build, likewise (its own folder, digest and MANIFEST)
-    (tmp_path / "simulator").mkdir()
-    (tmp_path / "simulator" / "engine.py").write_text("x = 1\n")
-    sim = tmp_path / _native.SIM_STAGING
-    sim.mkdir(parents=True)
-    assert _native.compiled_simulator(tmp_path) == (None, "no compiled build (run make)")
-    sim_digest = _native.sources_digest(tmp_path / "simulator")
-    (sim / _native.MANIFEST).write_text(f"sources={sim_digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n")
-    assert _native.compiled_simulator(tmp_path) == (sim / _native.SIM_PACKAGE, "compiled (mypyc)")
-    (tmp_path / "simulator" / "engine.py").write_text("x = 2\n")
-    assert _native.compiled_simulator(tmp_path)[1].startswith("stale compiled build: simulator/ changed")
+    (tmp_path / folder / "b.py").write_text("")  # a new file counts, not only edits
+    assert find(tmp_path)[1].startswith(f"stale compiled build: {folder}/ changed")
+    (tmp_path / folder / "b.py").unlink()
+    (tmp_path / folder / "a.py").write_text("x = 2\n")
+    assert find(tmp_path)[1].startswith(f"stale compiled build: {folder}/ changed")
+    (tmp_path / folder / "a.py").write_text("x = 1\n")
+    (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix=.cpython-399-x.so\n")
+    assert find(tmp_path)[1].startswith("stale compiled build: built for")
 
 
 @pytest.mark.slow

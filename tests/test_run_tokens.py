@@ -9,12 +9,13 @@ import random
 
 import pytest
 
-from servesim.scheduler import (CacheConfig, LazyTokenIds, ModelRunnerOutput, Request, SamplingParams,
+from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, SamplingParams,
                                 SchedulerConfig, TokenProvenance, TokenSegment, check_stop, make_block_hasher,
                                 make_scheduler)
 from servesim.scheduler.oracle_trace import oracle_token
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.worker import BatchTracker, TokenSource
+from sched_helpers import apply_due, decode_output
 
 BLOCK = 4
 
@@ -143,10 +144,7 @@ class _Driver:
         so = self.sched.schedule()
         req_ids, _new, _ctx, sample = self.worker.prepare(so)
         self.in_flight.append((so, self.worker.sample(so, req_ids, sample)))
-        while self.in_flight and (len(self.in_flight) >= self.depth or so.total_num_scheduled_tokens == 0):
-            old, mro = self.in_flight.pop(0)
-            self.sched.update_from_output(old, mro)
-        self.sched.check_invariants()
+        apply_due(self.sched, self.in_flight, self.depth, so.total_num_scheduled_tokens == 0)
 
     def bulk(self, k: int) -> None:
         """A run of k plain decode steps through the bulk path, as simulator/macro_step.py applies it."""
@@ -163,9 +161,7 @@ class _Driver:
             old, mro = self.in_flight.pop(0)
             sched.update_from_output(old, mro)
             self.worker.forget(sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0).finished)
-            self.in_flight.append((sched.decode_step_output(reqs),
-                                   ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
-                                                     [[t] for t in tokens.at_step(k - 1)])))
+            self.in_flight.append((sched.decode_step_output(reqs), decode_output(ids, tokens.at_step(k - 1))))
         sched.check_invariants()
 
 

@@ -12,6 +12,7 @@ import pytest
 from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+from sched_helpers import apply_due, decode_output
 
 BASE = dict(max_running_requests=16, chunked_prefill_size=256, enable_chunked_prefill=True, page_size=4,
             max_total_tokens=4000, enable_radix_cache=True, overlap_schedule=False, seed=0)
@@ -57,10 +58,7 @@ class Driver:
     def step(self) -> None:
         so = self.sched.schedule()
         self.in_flight.append((so, mro_for(self.sched, so)))
-        while self.in_flight and (len(self.in_flight) >= 1 + self.overlap or so.total_num_scheduled_tokens == 0):
-            old, mro = self.in_flight.pop(0)
-            self.sched.update_from_output(old, mro)
-        self.sched.check_invariants()
+        apply_due(self.sched, self.in_flight, 1 + self.overlap, so.total_num_scheduled_tokens == 0)
 
     def bulk(self, k: int) -> None:
         """A run of k steps through the bulk path, as simulator/macro_step.py applies it."""
@@ -77,8 +75,7 @@ class Driver:
             sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0)
             so = sched.decode_step_output(reqs)
             ids = [r.request_id for r in reqs]
-            self.in_flight.append((so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
-                                                         [[t] for t in tokens.at_step(k - 1)])))
+            self.in_flight.append((so, decode_output(ids, tokens.at_step(k - 1))))
         sched.check_invariants()
 
     def bulk_through(self, k: int) -> int:
@@ -96,8 +93,7 @@ class Driver:
         kept = [i for i, m in enumerate(each) if m + 1 >= k]  # the last step: the extra forwards too
         ids = [reqs[i].request_id for i in kept]
         so = sched.decode_step_output([reqs[i] for i in kept])
-        self.in_flight.append((so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)},
-                                                     [[t] for t in tokens.at_step(k - 1, kept)])))
+        self.in_flight.append((so, decode_output(ids, tokens.at_step(k - 1, kept))))
         sched.check_invariants()
         return before - len(sched.requests)
 
