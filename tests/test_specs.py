@@ -135,3 +135,21 @@ def test_gpu_spec_validation():
         GpuSpec(**{**fields, "memory_efficiency": 1.5})
     with pytest.raises(InputError):
         GpuSpec(**{**fields, "interconnect": "infiniband"})
+
+
+@pytest.mark.parametrize("name", ["gpus.yaml", "models.yaml"])
+def test_spec_files_read_with_libyaml_give_safe_loads_values(name):
+    """The shipped spec files are parsed by libyaml when PyYAML has it (start-up time); the
+    values are yaml.safe_load's, types included (ints stay ints, 1e15-style floats floats)."""
+    from pathlib import Path
+
+    import yaml
+
+    from servesim.simulator.specs import _yaml
+
+    path = Path(_yaml.__file__).with_name(name)
+    expected = yaml.safe_load(path.read_text())
+    got = _yaml.load_spec_file(path)
+    assert got == expected
+    assert repr(got) == repr(expected)  # 1 and 1.0 compare equal; their reprs do not
+    assert _yaml._LOADER is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)

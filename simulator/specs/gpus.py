@@ -6,12 +6,12 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-import yaml
 
 from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 
 from ._names import alias_keys, candidates
+from ._yaml import load_spec_file
 
 _SPEC_FILE = Path(__file__).with_name("gpus.yaml")
 _INTERCONNECTS = ("nvlink", "pcie")
@@ -95,7 +95,7 @@ class GpuSpec:
 
 @cache
 def _registry() -> tuple[dict[str, GpuSpec], dict[str, str]]:
-    raw = yaml.safe_load(_SPEC_FILE.read_text())
+    raw = load_spec_file(_SPEC_FILE)
     allowed = {f.name for f in fields(GpuSpec)} - {"name"}
     specs: dict[str, GpuSpec] = {}
     lookup: dict[str, str] = {}

@@ -12,12 +12,12 @@ from dataclasses import fields, replace
 from functools import cache
 from pathlib import Path
 
-import yaml
 
 from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 
 from ._names import alias_keys, candidates
+from ._yaml import load_spec_file
 from .model_spec import MlaSpec, ModelSpec  # noqa: F401 (MlaSpec: part of this module's public names)
 from .precision import bytes_per_element, canonical_dtype, kv_cache_dtype
 
@@ -111,7 +111,7 @@ def _registry() -> tuple[dict[str, ModelSpec], dict[str, str]]:
     """models.yaml first, then the shipped Hugging Face config catalogue (``hf_configs/``)."""
     from .hf_config import catalogue_specs
 
-    raw = yaml.safe_load(_SPEC_FILE.read_text())
+    raw = load_spec_file(_SPEC_FILE)
     specs: dict[str, ModelSpec] = {}
     lookup: dict[str, str] = {}
     for name, entry in raw.items():
