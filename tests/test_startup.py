@@ -38,8 +38,12 @@ def _loaded(args: list[str]) -> set[str]:
 
 @pytest.mark.parametrize("args", [["--help"], ["replay", "--help"], ["cluster", "--help"], ["run", "--help"]])
 def test_help_imports_no_heavy_library(args):
-    heavy = _loaded(args) & set(HEAVY)
+    loaded = _loaded(args)
+    heavy = loaded & set(HEAVY)
     assert not heavy, f"`servesim {' '.join(args)}` imported {sorted(heavy)}; import them inside the function"
+    # typer 0.29 coerces every parameter through pydantic (~0.2 s of every CLI process on a slow
+    # machine): pyproject.toml keeps typer below it
+    assert "pydantic" not in loaded, "typer >= 0.29 imports pydantic: pyproject.toml pins typer<0.29"
 
 
 def test_version_imports_not_even_typer():
