@@ -6,7 +6,6 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-
 from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 

@@ -12,7 +12,6 @@ from dataclasses import fields, replace
 from functools import cache
 from pathlib import Path
 
-
 from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 
