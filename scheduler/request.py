@@ -158,7 +158,8 @@ class Request:
         self.block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
         # Tokens per hashed block: no hashing work until another full block exists (1 = always ask).
-        self._hash_block_size = getattr(block_hasher, "block_size", 1)
+        # make_block_hasher's hashers carry it; None never raises AttributeError (costly per arrival).
+        self._hash_block_size: int = 1 if block_hasher is None else getattr(block_hasher, "block_size", 1)
         self.skip_reading_prefix_cache = False
         # Prefix-cache keys from the ids' provenance (block_keys.py) while it declares them.
         self._key_plan: BlockKeyPlan | None = None
@@ -234,6 +235,15 @@ class Request:
         if plan is None or self._block_hasher is None or self._hash_block_size <= 1:
             return None
         return plan.root
+
+    def attach_block_hasher(self, block_hasher: BlockHasher, block_size: int) -> None:
+        """Key this request's blocks with the scheduler's hasher (a request built without one), now
+        and as tokens are appended; block_size is its tokens per hashed block."""
+        if self._block_hasher is not None:
+            return
+        self._block_hasher = block_hasher
+        self._hash_block_size = block_size
+        self.update_block_hashes()
 
     def update_block_hashes(self) -> None:
         """Hash the newly completed full blocks (block hashes grow with the tokens)."""
@@ -366,7 +376,11 @@ def append_until_stop(request: Request, new_ids: list[int], max_model_len: int) 
     """Append sampled tokens one by one; at the first stop condition drop the rest (in place).
 
     Returns (the tokens kept, whether the request stopped)."""
-    for n, tok in enumerate(new_ids, 1):
+    # A counter, not enumerate(new_ids, 1): mypyc compiles only one-argument enumerate to a loop
+    # (with a start it builds an enumerate object per call: ~1 % of an hour's replay).
+    n = 0
+    for tok in new_ids:
+        n += 1
         request.append_output_token_ids(tok)
         if check_stop(request, max_model_len):
             del new_ids[n:]

@@ -94,10 +94,8 @@ class Scheduler(DecodeRunMixin):
             self.now_s = now_s
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        if request._block_hasher is None and self.block_hasher is not None:
-            request._block_hasher = self.block_hasher
-            request._hash_block_size = self.block_size
-            request.update_block_hashes()
+        if self.block_hasher is not None:
+            request.attach_block_hasher(self.block_hasher, self.block_size)
         if self._never_fits(request):
             # It would block the head of the queue forever: finish it as ignored, never schedule.
             request.status = RequestStatus.FINISHED_IGNORED

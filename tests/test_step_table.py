@@ -52,7 +52,7 @@ def test_one_table_moves_without_a_copy(n):
     """A single engine's run (MetricsCollector.tables): the frame views the table's own arrays."""
     t = _table(0, n, 4) if n else StepTable()
     own = t.frame()
-    buffers = {name: np.frombuffer(getattr(t, name), dtype=own[name].dtype) for name in STEP_COLUMNS}
+    buffers = {name: np.frombuffer(t.column(name), dtype=own[name].dtype) for name in STEP_COLUMNS}
     frame = StepTable.move_to_frame([t])
     pd.testing.assert_frame_equal(frame, own)
     pd.testing.assert_frame_equal(t.frame(), own)
@@ -62,3 +62,43 @@ def test_one_table_moves_without_a_copy(n):
             assert np.shares_memory(frame[name].to_numpy(), buffers[name])  # viewed, not copied
     with pytest.raises(AttributeError):
         t.append(99, 9.0, 1, 0, 1, 0.1, 1, 0, 0)
+
+
+def _rows(t: StepTable) -> list[tuple]:
+    return list(zip(*(t.column(name).tolist() for name in STEP_COLUMNS)))
+
+
+def test_rows_past_a_chunk_are_packed_and_still_completed_by_row(monkeypatch):
+    """Rows wait in lists and are packed into the arrays a chunk at a time; a step whose chunk was
+    packed while it was in flight is still completed by its row, and the rows are the same ones
+    a table that packs every row at once holds."""
+    import servesim.simulator.step_table as st
+
+    def fill(t: StepTable) -> None:
+        in_flight = t.append(0, 0.5, 2, 30, 2, 0.1, 2, 0, 0)
+        t.extend_decode_run(1, [1.0, 1.1, 1.2], [0.1, 0.1], [0.05] * 3, [2, 2, 1], iter([0.2, 0.25, 0.3]),
+                            [2, 2, 1], 1, [0, 3, 0], [0, 5, 0])
+        t.set_gpu_time(in_flight, 0.04)
+        t.set_update(in_flight, 0.75, 16, 32)
+        t.set_update(3, 1.31, 0, 0)
+        last = t.append(4, 1.4, 1, 0, 1, 0.3, 1, 0, 0)
+        t.set_gpu_time(last, 0.02)
+        t.set_update(last, 1.45, 1, 2)
+
+    whole = StepTable()
+    fill(whole)
+    monkeypatch.setattr(st, "_CHUNK", 2)
+    chunked = StepTable()
+    fill(chunked)
+    assert len(chunked) == len(whole) == 5
+    assert _rows(chunked) == _rows(whole)
+    assert _rows(whole)[0] == (0, 0.5, 0.75 - 0.5, 0.04, 2, 30, 2, 0.1, 2, 0, 0, 16, 32)
+    assert _rows(whole)[3][2] == 1.31 - 1.2  # the run's last step, completed by its update
+
+
+def test_a_column_out_of_step_is_an_error_not_shifted_rows():
+    t = StepTable()
+    t.append(0, 0.5, 2, 30, 2, 0.1, 2, 0, 0)
+    t.extend_decode_run(1, [1.0, 1.1], [0.1], [0.05] * 2, 2, iter([0.2]), 2, 0, [0, 0], [0, 0])
+    with pytest.raises(ValueError, match="kv_usage"):
+        t.column("kv_usage")

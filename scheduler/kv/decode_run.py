@@ -164,10 +164,18 @@ class DecodeRunMixin:
         bs = self.block_size
         caching = self.enable_caching
         pool = self.block_pool
-        # (step, request index, 0 alloc | 1 cache | 2 finish, arg)
-        events: list[tuple[int, int, int, int]] = []
+        # The run's events as parallel columns: at step ev_step[e], request ev_req[e] gets a block
+        # (kind 0), caches its full blocks up to ev_arg[e] tokens (1) or finishes (2). They are
+        # appended in (request, kind, arg) order, so a stable sort by step alone gives vLLM's order
+        # (step, request, kind, arg); sorting small ints, not tuples, and no tuple per event.
+        ev_step: list[int] = []
+        ev_req: list[int] = []
+        ev_kind: list[int] = []
+        ev_arg: list[int] = []
         allocs_per_step = [0] * num_steps
-        for i, r in enumerate(requests):
+        reqs = list(requests)  # indexed per event: a list's, not a Sequence's generic lookup
+        for i in range(len(reqs)):
+            r = reqs[i]
             c0 = r.num_computed_tokens
             n = num_steps if steps_each is None else steps_each[i]
             num_updates = n if n >= num_steps else n + 1  # a finishing request's last update
@@ -175,30 +183,39 @@ class DecodeRunMixin:
             last_blocks = -(-(c0 + n) // bs)
             for b in range(held + 1, last_blocks + 1):  # block b is first needed at step j
                 j = max(0, (b - 1) * bs - c0)
-                events.append((j, i, 0, 1))
+                ev_step.append(j)
+                ev_req.append(i)
+                ev_kind.append(0)
+                ev_arg.append(1)
                 allocs_per_step[j] += 1
             if caching:
                 e = min(1, num_tokens_before[i] - c0)  # 1: sync (c0 = t0 - 1); 0: async (c0 = t0)
                 cached = mgr.num_cached_block.get(r.request_id, 0)
                 last_full = (c0 + num_updates - 1 + e) // bs
                 for f in range(cached + 1, last_full + 1):
-                    events.append((max(0, f * bs - c0 - e), i, 1, f * bs))
+                    ev_step.append(max(0, f * bs - c0 - e))
+                    ev_req.append(i)
+                    ev_kind.append(1)
+                    ev_arg.append(f * bs)
             if n < num_steps:
-                events.append((n, i, 2, 0))
-        events.sort()
+                ev_step.append(n)
+                ev_req.append(i)
+                ev_kind.append(2)
+                ev_arg.append(0)
         queue = pool.free_block_queue
         free = queue.num_free_blocks
         freed_per_step = [0] * num_steps  # blocks freed by the finishes of step j's update
-        for j, i, kind, arg in events:
-            r = requests[i]
+        for e in sorted(range(len(ev_step)), key=ev_step.__getitem__):
+            r = reqs[ev_req[e]]
+            kind = ev_kind[e]
             if kind == 0:
-                mgr.req_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
+                mgr.req_to_blocks[r.request_id].extend(pool.get_new_blocks(1))
             elif kind == 1:
-                mgr.cache_blocks(r, arg)
+                mgr.cache_blocks(r, ev_arg[e])
             elif on_finish is not None:
                 before = queue.num_free_blocks
-                on_finish(i)
-                freed_per_step[j] += queue.num_free_blocks - before
+                on_finish(ev_req[e])
+                freed_per_step[ev_step[e]] += queue.num_free_blocks - before
         out: list[int] = []
         freed = 0  # schedule j follows the updates before it, not its own
         for n_alloc, n_freed in zip(allocs_per_step, freed_per_step):
