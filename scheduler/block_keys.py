@@ -1,7 +1,7 @@
 """Prefix-cache keys from a request's token provenance, without reading its ids.
 
 The usual key of block j is a chained hash of the ids in blocks 0..j (hashing.py). When the caller
-knows where the ids come from (hashing.TokenProvenance: runs of deterministic id streams, e.g. a
+knows where the ids come from (TokenProvenance, below: runs of deterministic id streams, e.g. a
 synthetic trace's per-request stream, a shared-prefix group's stream, Mooncake hash-id blocks, and
 the token source the outputs follow), the same equality follows from the provenance alone:
 
@@ -23,6 +23,57 @@ chained from the last key (Request.update_block_hashes).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSegment:
+    """`num_tokens` ids read from the id stream `source`, from its position `start` on.
+
+    The caller's promise about streams: the id at a (source, position) never changes, and two
+    different streams, or two different positions of one stream, never share a run of a block's
+    worth of ids (true of seeded pseudo-random streams, which is what synthetic traces use; not of
+    real text, whose ids are hashed instead)."""
+
+    source: bytes  # the stream's identity: equal bytes, the same stream
+    start: int  # position in the stream of the segment's first id (>= 0)
+    num_tokens: int  # ids in the segment (>= 1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, bytes) or not self.source:
+            raise ValueError(f"TokenSegment.source must be non-empty bytes, got {self.source!r}")
+        if self.start < 0 or self.num_tokens < 1:
+            raise ValueError(f"TokenSegment needs start >= 0 and num_tokens >= 1, got {self.start}, {self.num_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProvenance:
+    """Where a request's token ids come from, so its prefix-cache keys follow from that alone.
+
+    Two requests then get equal keys for a block exactly when the same streams at the same
+    positions fill their ids up to the block's end, which (by TokenSegment's promise) is exactly
+    when those ids are equal: the prefix cache hits and misses as with hashed ids, without reading
+    or hashing a single id (scheduler/block_keys.py)."""
+
+    prompt: tuple[TokenSegment, ...]  # the prompt's ids in order (num_tokens sum to its length)
+    output_source: bytes | None = None  # output id k is position k of this stream; None: hash the outputs' ids
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("TokenProvenance.prompt must hold at least one segment")
+
+    def head(self, num_tokens: int) -> TokenProvenance:
+        """The provenance of a prompt made of the first num_tokens ids alone (no outputs): its
+        blocks get the keys the whole request's first blocks get."""
+        segments: list[TokenSegment] = []
+        left = num_tokens
+        for seg in self.prompt:
+            if left <= 0:
+                break
+            segments.append(seg if seg.num_tokens <= left else TokenSegment(seg.source, seg.start, left))
+            left -= seg.num_tokens
+        return TokenProvenance(tuple(segments))
+
 
 _TAG = b"servesim-provenance\x00"
 # The end of a run that never ends (positions stay far below it). Below 2**62, so that compiled it

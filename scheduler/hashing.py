@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+# TokenSegment and TokenProvenance live in block_keys.py (compiled: one of each is built per
+# arrival); they are imported from here as before.
+from servesim.scheduler.block_keys import TokenProvenance, TokenSegment  # noqa: F401
 from servesim.scheduler.registry import Registry
 
 if TYPE_CHECKING:
@@ -37,55 +39,6 @@ def _sha256(data: bytes) -> bytes:
 def _blake2b(data: bytes) -> bytes:
     # 16-byte digest: faster than sha256, still collision-resistant for any realistic cache size.
     return hashlib.blake2b(data, digest_size=16).digest()
-
-
-@dataclass(frozen=True, slots=True)
-class TokenSegment:
-    """`num_tokens` ids read from the id stream `source`, from its position `start` on.
-
-    The caller's promise about streams: the id at a (source, position) never changes, and two
-    different streams, or two different positions of one stream, never share a run of a block's
-    worth of ids (true of seeded pseudo-random streams, which is what synthetic traces use; not of
-    real text, whose ids are hashed instead)."""
-
-    source: bytes  # the stream's identity: equal bytes, the same stream
-    start: int  # position in the stream of the segment's first id (>= 0)
-    num_tokens: int  # ids in the segment (>= 1)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.source, bytes) or not self.source:
-            raise ValueError(f"TokenSegment.source must be non-empty bytes, got {self.source!r}")
-        if self.start < 0 or self.num_tokens < 1:
-            raise ValueError(f"TokenSegment needs start >= 0 and num_tokens >= 1, got {self.start}, {self.num_tokens}")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenProvenance:
-    """Where a request's token ids come from, so its prefix-cache keys follow from that alone.
-
-    Two requests then get equal keys for a block exactly when the same streams at the same
-    positions fill their ids up to the block's end, which (by TokenSegment's promise) is exactly
-    when those ids are equal: the prefix cache hits and misses as with hashed ids, without reading
-    or hashing a single id (scheduler/block_keys.py)."""
-
-    prompt: tuple[TokenSegment, ...]  # the prompt's ids in order (num_tokens sum to its length)
-    output_source: bytes | None = None  # output id k is position k of this stream; None: hash the outputs' ids
-
-    def __post_init__(self) -> None:
-        if not self.prompt:
-            raise ValueError("TokenProvenance.prompt must hold at least one segment")
-
-    def head(self, num_tokens: int) -> TokenProvenance:
-        """The provenance of a prompt made of the first num_tokens ids alone (no outputs): its
-        blocks get the keys the whole request's first blocks get."""
-        segments: list[TokenSegment] = []
-        left = num_tokens
-        for seg in self.prompt:
-            if left <= 0:
-                break
-            segments.append(seg if seg.num_tokens <= left else TokenSegment(seg.source, seg.start, left))
-            left -= seg.num_tokens
-        return TokenProvenance(tuple(segments))
 
 
 def get_hash_fn(name: str) -> HashFn:

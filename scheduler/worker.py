@@ -37,29 +37,42 @@ def _uniform(seed: int, req_id: str, k: int, i: int) -> float:
     return zlib.crc32(f"{seed}:{req_id}:{k}:{i}".encode()) / 2**32
 
 
+class _StreamRegisters:
+    """One request's zlib CRC-32 registers (TokenSource.tokens): after "req_id:", and after
+    "req_id:" and the decimal digits of `tens` (position // 10) for the last tens asked:
+    consecutive positions share it nine times in ten, so most ids cost one table step."""
+
+    __slots__ = ("after_prefix", "tens", "after_tens")
+
+    def __init__(self, after_prefix: int) -> None:
+        self.after_prefix = after_prefix
+        self.tens = 0  # positions 0..9 have no digit before their last
+        self.after_tens = after_prefix
+
+
 class TokenSource:
     def __init__(self, seed: int = 0, acceptance: tuple[float, ...] = ()) -> None:
         self.seed = seed
         self.acceptance = tuple(acceptance)
-        # req_id -> zlib's CRC-32 register after "req_id:" (tokens()): most calls build one id (a
-        # stepped step's, a run's last), and formatting and hashing the prefix was half of that
-        self._registers: dict[str, int] = {}
+        # req_id -> its CRC-32 registers (tokens()): most calls build one id (a stepped step's, a
+        # run's last), and formatting and hashing the prefix and the tens digits was most of that
+        self._registers: dict[str, _StreamRegisters] = {}
 
-    def _register(self, req_id: str) -> int:
-        reg = self._registers.get(req_id)
-        if reg is None:
-            reg = self._registers[req_id] = zlib.crc32(f"{req_id}:".encode()) ^ 0xFFFFFFFF
-        return reg
+    def _stream(self, req_id: str) -> _StreamRegisters:
+        regs = self._registers.get(req_id)
+        if regs is None:
+            regs = self._registers[req_id] = _StreamRegisters(zlib.crc32(f"{req_id}:".encode()) ^ 0xFFFFFFFF)
+        return regs
 
     def forget(self, req_id: str) -> None:
-        """req_id is done: drop its cached register (computed again if its ids are ever read)."""
+        """req_id is done: drop its cached registers (computed again if its ids are ever read)."""
         self._registers.pop(req_id, None)
 
     def token(self, req_id: str, k: int) -> int:
         return oracle_token(req_id, k)
 
     def output_source(self, req_id: str) -> bytes:
-        """The identity of req_id's output id stream (output k = position k; hashing.TokenSegment):
+        """The identity of req_id's output id stream (output k = position k; block_keys.TokenSegment):
         the ids depend on the request id alone."""
         return b"oracle:" + req_id.encode()
 
@@ -78,15 +91,18 @@ class TokenSource:
         same register arithmetic as zlib's). Positions that differ only in their last decimal digit
         share the register after the other digits, so most tokens cost one table step."""
         table = _CRC32
-        after_prefix = self._register(req_id)  # the running register
+        regs = self._stream(req_id)
         out: list[int] = []
         pos, end = k, k + n
         while pos < end:
             tens = pos // 10
-            reg = after_prefix
-            if tens:
-                for byte in b"%d" % tens:
-                    reg = table[(reg ^ byte) & 0xFF] ^ (reg >> 8)
+            if tens != regs.tens:  # the register after the other digits, kept for the next call
+                reg = regs.after_prefix
+                if tens:
+                    for byte in b"%d" % tens:
+                        reg = table[(reg ^ byte) & 0xFF] ^ (reg >> 8)
+                regs.tens, regs.after_tens = tens, reg
+            reg = regs.after_tens
             stop = min(end, tens * 10 + 10)  # the positions sharing every digit but the last
             for digit in range(pos - tens * 10, stop - tens * 10):
                 crc = (table[(reg ^ (_ZERO_DIGIT + digit)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF

@@ -24,7 +24,7 @@ class Executor(Protocol):
 
     def output_token_source(self, request_id: str) -> bytes | None:
         """The stream whose position k holds request_id's k-th output id whatever happens
-        (hashing.TokenProvenance.output_source), or None when the ids are not known in advance
+        (block_keys.TokenProvenance.output_source), or None when the ids are not known in advance
         (e.g. a real model's greedy choice): their KV blocks are then keyed by hashing them."""
         ...
 

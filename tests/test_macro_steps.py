@@ -146,6 +146,11 @@ def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
         for k, n in ((5, 300), (4000, 200), (5000, 3), (0, 0), (0, 1), (9, 2), (99, 3), (10, 10),
                      (999_999, 5), (10**12 - 3, 7)):
             assert TokenSource().tokens(rid, k, n) == [oracle_token(rid, j) for j in range(k, k + n)]
+    shared = TokenSource()  # its registers carry over from call to call, positions in any order
+    pick = random.Random(1)
+    for _ in range(500):
+        rid, k, n = pick.choice(("r0", "r1")), pick.randrange(0, 3000), pick.randrange(0, 25)
+        assert shared.tokens(rid, k, n) == [oracle_token(rid, j) for j in range(k, k + n)]
     rng = random.Random(0)
     # dense TP1, dense TP4 (all-reduce), MoE (expert term), and the calibrated fit
     for name, model, tp in (("roofline", "llama-3.1-8b", 1), ("roofline", "llama-3.1-70b", 4),
