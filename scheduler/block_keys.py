@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +76,11 @@ class TokenProvenance:
         return TokenProvenance(tuple(segments))
 
 
-_TAG = b"servesim-provenance\x00"
+_TAG: Final = b"servesim-provenance\x00"
 # The end of a run that never ends (positions stay far below it). Below 2**62, so that compiled it
 # stays a machine int: comparing a boxed int took ~6 % of extend_keys. It is never hashed (the open
 # run is the last, and a base hashes its predecessor's length).
-_OPEN = 1 << 61
+_OPEN: Final = 1 << 61
 
 
 def _field(data: bytes) -> bytes:
@@ -108,7 +109,7 @@ def _seed(extra: bytes) -> bytes:
     return hashlib.sha256(_TAG + _field(extra)).digest()
 
 
-_PLAIN_SEED = _seed(b"")  # most requests have no extra keys: their seed is hashed once
+_PLAIN_SEED: Final = _seed(b"")  # most requests have no extra keys: their seed is hashed once
 
 
 class BlockKeyPlan:

@@ -159,6 +159,10 @@ class DecodeRunKV(KVCacheUsage, Protocol):
         step rows of a run applied in bulk (DecodeRunEffects.free_after)."""
         ...
 
+    def usages_at(self, num_free_blocks: list[int]) -> list[float]:
+        """usage_at of each count, in order: a run's step rows in one call."""
+        ...
+
 
 class DecodeRunScheduler(SchedulerInterface, Protocol):
     """A scheduler that can apply a run of plain decode steps at once (exact macro-steps:

@@ -142,7 +142,7 @@ class Scheduler(DecodeRunMixin):
             stopped = False
             status_before = request.status
             if new_ids:
-                new_ids, stopped = self._update_request_with_output(request, list(new_ids))
+                new_ids, stopped = self._update_request_with_output(request, new_ids[:])  # a copy: cut at a stop
             if stopped:
                 reason = request.get_finished_reason()
                 self._free_request(request)

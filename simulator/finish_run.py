@@ -102,7 +102,7 @@ class FinishRunMixin(EngineRankMixin):
         hits_ext, queries_ext = hits + [0], queries + [0]  # the last step's update is the next run's
         durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
         self.metrics.steps.extend_decode_run(first_step, sched_t[1:], durations, gpu[1:k], sizes,
-                                             map(kvm.usage_at, free_after), running, waiting,
+                                             kvm.usages_at(free_after), running, waiting,
                                              hits_ext[1:], queries_ext[1:])
         self.prefix_hits += sum(hits_ext[1:])  # step 0's (hits[0]) the caller adds with its row
         self.prefix_queries += sum(queries_ext[1:])

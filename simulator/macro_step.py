@@ -305,7 +305,7 @@ class MacroStepMixin(DeferredRunMixin):
         kvm = self._runs().kv_cache_manager
         running, waiting = self.scheduler.get_request_counts()
         self.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
-                                             map(kvm.usage_at, free_after), running, waiting, hits, queries)
+                                             kvm.usages_at(free_after), running, waiting, hits, queries)
         self.prefix_hits += sum(hits)
         self.prefix_queries += sum(queries)
 

@@ -84,11 +84,14 @@ def assert_implements(sched, members: dict[str, object]) -> None:
 @pytest.mark.parametrize("sched", all_schedulers()[:4], ids=lambda s: type(s).__name__)
 def test_the_bulk_decode_schedulers_implement_their_contract(sched):
     """The schedulers macro-steps drive (simulator/macro_step.py: DECODE_RUN_SCHEDULERS) have every
-    member DecodeRunScheduler declares, with its parameters, and their KV managers usage_at."""
+    member DecodeRunScheduler declares, with its parameters, and their KV managers usage_at and
+    usages_at (the same floats)."""
     from servesim.simulator.macro_step import DECODE_RUN_SCHEDULERS
 
     assert type(sched) in DECODE_RUN_SCHEDULERS
-    assert callable(sched.kv_cache_manager.usage_at)
+    kvm = sched.kv_cache_manager
+    counts = [0, 1, 7, 100]
+    assert kvm.usages_at(counts) == [kvm.usage_at(n) for n in counts]
     members = {n: v for n, v in protocol_members(DecodeRunScheduler).items() if n not in protocol_members(SchedulerInterface)}
     assert {"decode_run_horizon", "schedule_decode_steps", "decode_run_extra_steps", "finished_req_ids"} <= set(members)
     assert_implements(sched, members)

@@ -16,7 +16,7 @@ map traffic was blocks no one could ever hit. get_num_cached_blocks counts priva
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from servesim.scheduler.kv.block import FreeKVCacheBlockQueue, KVCacheBlock
 from servesim.scheduler.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -31,8 +31,8 @@ def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_id.to_bytes(4, "big", signed=False)
 
 
-_NUM_GROUP_SUFFIXES = 16
-_GROUP_SUFFIXES: list[bytes] = [g.to_bytes(4, "big", signed=False) for g in range(_NUM_GROUP_SUFFIXES)]
+_NUM_GROUP_SUFFIXES: Final = 16
+_GROUP_SUFFIXES: Final[list[bytes]] = [g.to_bytes(4, "big", signed=False) for g in range(_NUM_GROUP_SUFFIXES)]
 
 
 def get_block_hash(key: bytes) -> bytes:

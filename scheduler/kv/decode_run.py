@@ -228,3 +228,10 @@ class DecodeRunMixin:
         """`usage` when num_free_blocks blocks are free (BlockPool.get_usage's arithmetic)."""
         total = self.block_pool.num_gpu_blocks - 1
         return 1.0 - num_free_blocks / total if total else 0.0
+
+    def usages_at(self: KVCacheManager, num_free_blocks: list[int]) -> list[float]:
+        """usage_at of each count (the same floats), in one call."""
+        total = self.block_pool.num_gpu_blocks - 1
+        if not total:
+            return [0.0] * len(num_free_blocks)
+        return [1.0 - n / total for n in num_free_blocks]

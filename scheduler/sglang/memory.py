@@ -236,6 +236,11 @@ class SGLangMemory:
         """`usage` when num_free_pages() is num_free_pages (the same float)."""
         return 1.0 - num_free_pages / self.pool.num_pages
 
+    def usages_at(self, num_free_pages: list[int]) -> list[float]:
+        """usage_at of each count, in one call."""
+        num_pages = self.pool.num_pages
+        return [1.0 - n / num_pages for n in num_free_pages]
+
     # --- caching -----------------------------------------------------------------------------------
     def _insert(self, request: Request, kv: ReqKV, kv_len: int) -> int:
         """Insert the request's first kv_len tokens (whole pages); pages the tree adopts stop
