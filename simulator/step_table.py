@@ -91,7 +91,7 @@ class StepTable:
         if i >= 0:
             self.gpu_time_s[i] = gpu_time_s
         else:  # packed since (a step still in flight when its chunk filled)
-            self._packed_column("gpu_time_s")[row] = gpu_time_s
+            self._packed_arrays()["gpu_time_s"][row] = gpu_time_s
 
     def set_update(self, row: int, update_s: float, prefix_hit_tokens: int, prefix_query_tokens: int) -> None:
         """The step's output was applied at update_s (the step's duration ends there)."""
@@ -101,10 +101,10 @@ class StepTable:
             self.prefix_hit_tokens[i] = prefix_hit_tokens
             self.prefix_query_tokens[i] = prefix_query_tokens
             return
-        packed = self._packed_column
-        packed("duration_s")[row] = update_s - packed("start_s")[row]
-        packed("prefix_hit_tokens")[row] = prefix_hit_tokens
-        packed("prefix_query_tokens")[row] = prefix_query_tokens
+        packed = self._packed_arrays()
+        packed["duration_s"][row] = update_s - packed["start_s"][row]
+        packed["prefix_hit_tokens"][row] = prefix_hit_tokens
+        packed["prefix_query_tokens"][row] = prefix_query_tokens
 
     def extend_decode_run(self, first_step: int, start_s: list[float], duration_s: list[float],
                           gpu_time_s: list[float], num_requests: int | list[int], kv_usage: Iterable[float],
@@ -139,9 +139,7 @@ class StepTable:
 
     def _pack(self) -> None:
         """Move the rows waiting in the lists into the arrays (one struct conversion a column)."""
-        packed = self._packed
-        if packed is None:
-            raise AttributeError("the table's rows moved to columns (move_to_columns)")
+        packed = self._packed_arrays()
         n = len(self.step)
         if not n:
             return
@@ -153,16 +151,16 @@ class StepTable:
             rows.clear()
         self._num_packed += n
 
-    def _packed_column(self, name: str) -> array:
+    def _packed_arrays(self) -> dict[str, array]:
+        """The arrays of the rows packed so far (an error once the rows moved to columns)."""
         if self._packed is None:
             raise AttributeError("the table's rows moved to columns (move_to_columns)")
-        return self._packed[name]
+        return self._packed
 
     def _arrays(self) -> dict[str, array]:
         """Every row packed: the columns' arrays (the table keeps them)."""
         self._pack()
-        assert self._packed is not None
-        return self._packed
+        return self._packed_arrays()
 
     def column(self, name: str) -> array | np.ndarray:
         """One column's values (read only: the table owns the array, or the columns its rows moved to)."""

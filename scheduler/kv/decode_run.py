@@ -165,9 +165,9 @@ class DecodeRunMixin:
         caching = self.enable_caching
         pool = self.block_pool
         # The run's events as parallel columns: at step ev_step[e], request ev_req[e] gets a block
-        # (kind 0), caches its full blocks up to ev_arg[e] tokens (1) or finishes (2). They are
-        # appended in (request, kind, arg) order, so a stable sort by step alone gives vLLM's order
-        # (step, request, kind, arg); sorting small ints, not tuples, and no tuple per event.
+        # (kind 0), caches its full blocks up to ev_arg[e] tokens (1; ev_arg is 0 for the others)
+        # or finishes (2). They are appended in (request, kind, arg) order, so a stable sort by
+        # step alone gives vLLM's order (step, request, kind, arg): small ints sorted, no tuples.
         ev_step: list[int] = []
         ev_req: list[int] = []
         ev_kind: list[int] = []
@@ -186,7 +186,7 @@ class DecodeRunMixin:
                 ev_step.append(j)
                 ev_req.append(i)
                 ev_kind.append(0)
-                ev_arg.append(1)
+                ev_arg.append(0)
                 allocs_per_step[j] += 1
             if caching:
                 e = min(1, num_tokens_before[i] - c0)  # 1: sync (c0 = t0 - 1); 0: async (c0 = t0)
