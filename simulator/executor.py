@@ -7,6 +7,7 @@ step's exact batch; both use scheduler.worker.BatchTracker for what is sampled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -44,7 +45,7 @@ class SimExecutor:
         self.batch = BatchTracker(tokens, num_spec_tokens)
         self.last_shape: StepShape | None = None
         self._pricer_of: CostModel | None = None  # the cost model _pricer was resolved for
-        self._pricer = None
+        self._pricer: Callable[[list[int], int], list[float] | None] | None = None
 
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
         req_ids, new, ctx, sample = self.batch.prepare(scheduler_output)

@@ -48,13 +48,22 @@ class StepTable:
     lists named after the columns, at r - `_num_packed`; every column has as many rows.
     """
 
-    __slots__ = ("step", "start_s", "duration_s", "gpu_time_s", "num_requests", "num_prefill_tokens",
-                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
-                 "prefix_hit_tokens", "prefix_query_tokens", "_packed", "_num_packed", "_moved")
-
     def __init__(self) -> None:
-        for name in STEP_COLUMNS:
-            setattr(self, name, [])  # the rows not packed yet
+        # The rows not packed yet, one list per column (STEP_COLUMNS' names): declared one by one,
+        # so the compiled engine (tools/compile_simulator.py) reads them as native attributes.
+        self.step: list[int] = []
+        self.start_s: list[float] = []
+        self.duration_s: list[float] = []
+        self.gpu_time_s: list[float] = []
+        self.num_requests: list[int] = []
+        self.num_prefill_tokens: list[int] = []
+        self.num_decode_tokens: list[int] = []
+        self.kv_usage: list[float] = []
+        self.num_running: list[int] = []
+        self.num_waiting: list[int] = []
+        self.num_preemptions: list[int] = []
+        self.prefix_hit_tokens: list[int] = []
+        self.prefix_query_tokens: list[int] = []
         self._packed: dict[str, array] | None = {name: array(_TYPECODES[name]) for name in STEP_COLUMNS}
         self._num_packed = 0
         # After move_to_columns: this table's rows as views of the columns they moved to (its own
@@ -68,6 +77,8 @@ class StepTable:
                num_decode_tokens: int, kv_usage: float, num_running: int, num_waiting: int,
                num_preemptions: int) -> int:
         """A step just scheduled; its times and prefix stats are filled in later. Returns its row."""
+        if self._moved is not None:
+            raise RuntimeError("a step row added after the table's rows moved to columns (move_to_columns)")
         steps = self.step
         steps.append(step)
         self.start_s.append(start_s)
@@ -115,6 +126,8 @@ class StepTable:
         request's lookups: it stays blocked). duration_s may be one shorter than start_s (the last
         step's update is still to come: set_update completes it, prefix stats included).
         num_requests and num_running may be lists, a value per step (a run through finishes)."""
+        if self._moved is not None:
+            raise RuntimeError("step rows added after the table's rows moved to columns (move_to_columns)")
         k = len(start_s)
         steps = self.step
         steps.extend(range(first_step, first_step + k))
@@ -151,6 +164,12 @@ class StepTable:
             rows.clear()
         self._num_packed += n
 
+    def _drop_rows(self) -> None:
+        """Empty the unpacked rows' lists (their rows were packed; appending is refused after)."""
+        for name in STEP_COLUMNS:
+            rows: list = getattr(self, name)
+            rows.clear()
+
     def _packed_arrays(self) -> dict[str, array]:
         """The arrays of the rows packed so far (an error once the rows moved to columns)."""
         if self._packed is None:
@@ -164,12 +183,12 @@ class StepTable:
 
     def column(self, name: str) -> array | np.ndarray:
         """One column's values (read only: the table owns the array, or the columns its rows moved to)."""
-        return self._arrays()[name] if self._moved is None else self._moved[name]
+        return self._arrays()[name] if self._moved is None else self._moved.array(name)
 
     def columns(self) -> Columns:
         """The rows as new columns (copies: more rows may still be added to the table)."""
         if self._moved is not None:
-            return Columns({name: self._moved[name].copy() for name in STEP_COLUMNS}, STEP_COLUMNS)
+            return Columns({name: self._moved.array(name).copy() for name in STEP_COLUMNS}, STEP_COLUMNS)
         arrays = self._arrays()
         return Columns({name: np.array(arrays[name], dtype=_DTYPES[name]) for name in STEP_COLUMNS}, STEP_COLUMNS)
 
@@ -192,8 +211,7 @@ class StepTable:
         arrays = [t._arrays() for t in tables]
         for t in tables:  # the table's own rows are gone (the views below keep what they need)
             t._packed = None
-            for name in STEP_COLUMNS:
-                setattr(t, name, None)
+            t._drop_rows()
         cols: dict[str, np.ndarray | list] = {}
         for name in STEP_COLUMNS:
             parts = [np.frombuffer(a.pop(name), dtype=_DTYPES[name]) for a in arrays]
@@ -206,7 +224,7 @@ class StepTable:
         moved = Columns(cols, STEP_COLUMNS)
         start = 0
         for t, n in zip(tables, sizes):
-            t._moved = Columns({name: moved[name][start:start + n] for name in STEP_COLUMNS}, STEP_COLUMNS)
+            t._moved = Columns({name: moved.array(name)[start:start + n] for name in STEP_COLUMNS}, STEP_COLUMNS)
             start += n
         return moved
 

@@ -32,13 +32,16 @@ def test_move_to_frame_holds_each_row_once_and_the_tables_answer_from_it():
         assert len(t) == len(own)
         pd.testing.assert_frame_equal(t.frame(), own)
         assert list(t.column("start_s")) == list(own["start_s"])
-        assert all(getattr(t, name) is None for name in STEP_COLUMNS)  # the arrays were freed
+        assert all(getattr(t, name) == [] for name in STEP_COLUMNS)  # the rows left the table
         if len(own):
             assert np.shares_memory(t.column("gpu_time_s"), frame["gpu_time_s"].to_numpy())
         start += len(own)
     assert start == len(frame)
-    with pytest.raises(AttributeError):  # a row added after the move fails loudly
+    with pytest.raises(RuntimeError, match="moved to columns"):  # a row added after the move fails loudly
         tables[0].append(99, 9.0, 1, 0, 1, 0.1, 1, 0, 0)
+    with pytest.raises(RuntimeError, match="moved to columns"):
+        tables[0].extend_decode_run(99, [9.0], [], [0.01], 1, [0.1], 1, 0, [0], [0])
+    assert len(tables[0]) == len(before[0])
 
 
 def test_move_to_frame_of_nothing_is_a_typed_empty_frame():
@@ -60,7 +63,7 @@ def test_one_table_moves_without_a_copy(n):
         assert frame[name].dtype == own[name].dtype
         if n:
             assert np.shares_memory(frame[name].to_numpy(), buffers[name])  # viewed, not copied
-    with pytest.raises(AttributeError):
+    with pytest.raises(RuntimeError, match="moved to columns"):
         t.append(99, 9.0, 1, 0, 1, 0.1, 1, 0, 0)
 
 

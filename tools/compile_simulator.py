@@ -37,7 +37,7 @@ from compile_scheduler import (compile_group, mark_subclassable, native_dataclas
 
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
 
-COMPILED = ("engine_steps.py", "engine_rank.py", "finish_run.py", "deferred_run.py", "macro_step.py", "engine.py")
+COMPILED = ("step_table.py", "request_records.py", "executor.py", "engine_steps.py", "engine_rank.py", "finish_run.py", "deferred_run.py", "macro_step.py", "engine.py")
 GROUP = "servesim.simulator._native"
 _FOLDERS = ("scheduler", "simulator", "traces")  # what the engine's imports reach, for mypy
 

@@ -1,0 +1,115 @@
+"""What a run records as it goes: each request's times (RequestRecord) and the step rows.
+
+The engine calls MetricsRecorder at every arrival, step update and macro-step run, so this module
+is compiled with the engine (tools/compile_simulator.py; the interpreted copy is the reference);
+simulator/metrics.py's MetricsCollector adds what is built from the records after the run.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.output import RequestOutput
+from servesim.simulator.step_table import StepTable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def _no_times() -> array:
+    return array("d")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    arrival_s: float
+    prompt_len: int  # tokens
+    output_len_target: int  # tokens the trace asks for
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    # When each output token was produced: float64 values, not boxed floats (a cluster hour
+    # streams ~65 M tokens, ~2 GB as a list and 0.5 GB as an array).
+    token_times_s: array = field(default_factory=_no_times)
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission
+    finish_reason: str | None = None
+    reject_reason: str | None = None  # set when the request could never run (simulator/liveness.py)
+    status: str | None = None  # "timed_out" once the client gave up; otherwise derived in requests_frame
+    # Inter-token gaps (s) as the first requests frame built from this record computed them (a view
+    # of that frame's one gaps array; None before): a cluster's merged frame reuses its replicas'
+    # instead of computing every gap again. Valid while len == max(len(token_times_s) - 1, 0) and
+    # the times are unchanged (delay_outputs resets it).
+    itl_s: np.ndarray | list | None = None
+
+
+class MetricsRecorder:
+    """Per-request records (`requests`: request_id -> RequestRecord) and step rows (`steps`) of
+    one engine's run, filled as the engine goes."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, RequestRecord] = {}
+        self.steps = StepTable()
+        self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
+        self.prefix_hits = 0
+
+    def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
+        self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
+
+    def on_step_outputs(self, outputs: Sequence[RequestOutput], t: float) -> None:
+        """One step's outputs (RequestOutputs: request_id, new_token_ids) applied at t: their token
+        times, in one call (a step's update carries every running request)."""
+        requests = self.requests
+        for out in outputs:
+            n = len(out.new_token_ids)
+            if n:
+                rec = requests[out.request_id]
+                if rec.first_token_s is None:
+                    rec.first_token_s = t
+                if n == 1:
+                    rec.token_times_s.append(t)
+                else:
+                    rec.token_times_s.extend([t] * n)
+
+    def on_decode_run(self, request_ids: list[str], times_s: list[float], counts: list[int] | None = None) -> None:
+        """Each request got one token at each of times_s (a run of plain decode steps); with
+        `counts`, request i at the first counts[i] of them (>= 1; a run through finishes)."""
+        if not times_s:
+            return
+        requests = self.requests
+        times = array("d", times_s)  # converted once; each request's extend is then one memcpy
+        for i, rid in enumerate(request_ids):
+            rec = requests[rid]
+            if rec.first_token_s is None:
+                rec.first_token_s = times_s[0]
+            rec.token_times_s.extend(times if counts is None else times[:counts[i]])
+
+    def on_reject(self, request_id: str, reason: str) -> None:
+        self.requests[request_id].reject_reason = reason
+
+    def on_finish(self, request_id: str, t: float, reason: str | None, num_cached_tokens: int) -> None:
+        rec = self.requests[request_id]
+        rec.finish_s = t
+        rec.finish_reason = reason
+        rec.num_cached_tokens = num_cached_tokens
+
+    def on_timeout(self, request_id: str) -> None:
+        """The client gave up; the server aborted the request (what it streamed stays recorded)."""
+        rec = self.requests[request_id]
+        rec.finish_reason = "abort"
+        rec.status = "timed_out"
+
+    def delay_outputs(self, delay_s: float) -> None:
+        """Every output the engine produced reaches the client delay_s later (the frontend's return
+        trip); arrivals are already client send times."""
+        for rec in self.requests.values():
+            if rec.first_token_s is not None:
+                rec.first_token_s += delay_s
+                rec.token_times_s = array("d", [t + delay_s for t in rec.token_times_s])
+                rec.itl_s = None
+            if rec.finish_s is not None:
+                rec.finish_s += delay_s
