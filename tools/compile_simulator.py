@@ -2,9 +2,11 @@
 
 What is compiled: the engine and its mixins (the loop, stepping bookkeeping, macro-steps, runs
 through finishes, deferred runs) -- the interpreted code around every scheduler call, a third of
-the Azure hour's time. Everything else in simulator/ stays interpreted (the metrics, the step
-table, the executor and the cost models are called from the engine as Python objects: tests patch
-their instances, and a native class refuses that).
+the Azure hour's time -- and what the engine calls at every step: the step table, the request
+records (request_records.py; metrics.py's post-run code subclasses it, interpreted) and the
+simulated executor (~5 % of the hour's instructions when interpreted). Everything else in
+simulator/ stays interpreted (the cost models, the clients, what is built after the run). A
+compiled instance refuses a patched method: tests wrap the executor, or swap its cost model.
 
 How: scheduler/, simulator/ and traces/ are copied to a staging tree (mypy reads the types of
 whatever the engine imports; follow_imports=silent checks only the compiled modules), the engine
