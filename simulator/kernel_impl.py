@@ -83,3 +83,4 @@ def _select() -> tuple[ModuleType, str]:
 _impl, mode = _select()  # mode: one line for `servesim --version` and tests
 step_timeline = _impl.step_timeline
 decode_step_prices = _impl.decode_step_prices
+DenseRooflinePricer = _impl.DenseRooflinePricer

@@ -63,3 +63,94 @@ def decode_step_prices(ctx_sum: int, n: int, num_steps: int, num_layers: int, ge
         out.append(num_layers * (gemm_s + attn + elementwise_s + comm_s) + head_s)
         ctx_sum += n
     return out
+
+
+class DenseRooflinePricer:
+    """RooflineCostModel.step_time_s of one step, for a model without sliding-window layers or an
+    MLA decode table: the batch sums, one layer's (GEMMs, attention, elementwise, collectives)
+    and the head, in the very order the model's reference path (roofline.py: _work,
+    _layer_parts, _head_parts) computes them, so the same floats. What depends on a callable of
+    the model's (the all-reduce and logits-gather curves, the MoE experts) is priced by the
+    caller and passed in; everything else is a constant fixed at construction.
+
+    Every constant is a float: where the reference multiplies two ints and then a float, this
+    multiplies floats, which is exact as long as the int product is below 2**53 (byte counts of
+    a step: ~1e12 at most for a million-token batch)."""
+
+    def __init__(self, num_layers: int, gemms: list[tuple[float, float, float, float, float]],
+                 s_per_byte: float, kernel_overhead_s: float, has_moe: bool,
+                 attn: tuple[float, float, float, float, float, float], ew_bytes_per_tok: float,
+                 ew_kernels: int, head: tuple[float, float, float, float, float], head_s_per_flop: float,
+                 has_gather: bool) -> None:
+        """gemms: (FLOPs per token, weight bytes, activation bytes per token, s/FLOP, fraction of
+        layers) each; attn: (FLOPs per query-key pair, s/FLOP, s/byte, overhead s, KV bytes per
+        token, Q+O bytes per token); head: (lm_head FLOPs per row, lm_head weight bytes, its
+        activation bytes per row, sampler bytes per row, embedding / norm bytes per token)."""
+        self.num_layers = num_layers
+        self.gemm_flops = [g[0] for g in gemms]
+        self.gemm_weight_bytes = [g[1] for g in gemms]
+        self.gemm_act_bytes = [g[2] for g in gemms]
+        self.gemm_s_per_flop = [g[3] for g in gemms]
+        self.gemm_frac = [g[4] for g in gemms]
+        self.m = s_per_byte
+        self.ko = kernel_overhead_s
+        self.has_moe = has_moe
+        self.flops_per_pair, self.attn_c, self.attn_m, self.attn_o, self.kv_bytes, self.q_bytes = attn
+        self.ew_bytes = ew_bytes_per_tok
+        self.ew_kernels = ew_kernels
+        self.head_flops, self.head_wbytes, self.head_rbytes, self.sampler_bytes, self.tok_bytes = head
+        self.head_c = head_s_per_flop
+        self.has_gather = has_gather
+
+    def step_s(self, new: tuple[int, ...], ctx: tuple[int, ...], num_sampled: int, experts_s: float,
+               comm_s: float, gather_s: float) -> float:
+        """Seconds of a step whose requests compute new[i] tokens on ctx[i] cached ones; experts_s:
+        one layer's routed experts (has_moe), comm_s: one layer's collectives, gather_s: the
+        logits gather (has_gather; read only when num_sampled)."""
+        tokens = 0
+        ctx_sum = 0
+        n_decode = 0
+        cp = 0
+        cc = 0
+        pctx = 0
+        for i in range(len(new)):  # cost_model.base.batch_sums' integers
+            n = new[i]
+            c = ctx[i]
+            tokens += n
+            ctx_sum += c
+            if n == 1:
+                n_decode += 1
+            else:
+                cp += n * c
+                cc += n * n
+                pctx += c
+        if tokens == 0:
+            return 0.0
+        # causal query-key pairs (an int plus a float, as _work adds them) and KV tokens read
+        pairs = float(ctx_sum - pctx + n_decode + cp) + 0.5 * float(cc + tokens - n_decode)
+        kv_tokens = ctx_sum + tokens
+        m = self.m
+        ko = self.ko
+        gemm = 0.0
+        for g in range(len(self.gemm_flops)):
+            compute = tokens * self.gemm_flops[g] * self.gemm_s_per_flop[g]
+            memory = (self.gemm_weight_bytes[g] + tokens * self.gemm_act_bytes[g]) * m
+            gemm += self.gemm_frac[g] * ((memory if memory > compute else compute) + ko)
+        if self.has_moe:
+            gemm += experts_s
+        compute = pairs * self.flops_per_pair * self.attn_c
+        memory = (kv_tokens * self.kv_bytes + tokens * self.q_bytes) * self.attn_m
+        attn = (memory if memory > compute else compute) + self.attn_o
+        elementwise = tokens * self.ew_bytes * m + self.ew_kernels * ko
+        layer = gemm + attn + elementwise + comm_s
+        embed = tokens * self.tok_bytes * m + ko
+        norm = tokens * self.tok_bytes * m + ko
+        if num_sampled == 0:
+            return self.num_layers * layer + (embed + norm)  # + 0.0 + 0.0: the same float
+        compute = num_sampled * self.head_flops * self.head_c
+        memory = (self.head_wbytes + num_sampled * self.head_rbytes) * m
+        lm_head = (memory if memory > compute else compute) + ko
+        if self.has_gather:
+            lm_head += gather_s
+        sampler = num_sampled * self.sampler_bytes * m + 2 * ko
+        return self.num_layers * layer + (embed + norm + lm_head + sampler)

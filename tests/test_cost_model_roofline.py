@@ -99,6 +99,40 @@ def test_tiny_models_and_params():
     assert slow.step_time_s(decode_shape(1, 10)) > roof().step_time_s(decode_shape(1, 10)) + 0.01
 
 
+
+# Dense TP1, TP4 and TP2 (all-reduce, logits gather), MoE by table and by roofline, DP (the
+# experts see every rank's tokens), FP8 weights, MLA attention, a PCIe link model; and two that
+# take the reference path (sliding-window layers; an MLA decode table): every float the same.
+_PRICER_CASES = [("llama-3.1-8b", "h100", 1, {}), ("llama-3.1-70b", "h100", 4, {}), ("llama-2-70b", "a100", 2, {}),
+                 ("mixtral-8x7b", "h100", 2, {}), ("mixtral-8x7b", "h100", 2, {"moe_table": False}),
+                 ("qwen3-30b-a3b", "h100", 1, {"data_parallel_size": 2}),
+                 ("llama-4-scout-17b-16e-fp8", "h100", 4, {}), ("deepseek-v3", "h200", 8, {}),
+                 ("llama-3.1-8b", "l40s", 2, {"collective_latency_s": 1e-5}),
+                 ("gpt-oss-20b", "h100", 1, {}), ("deepseek-v3", "h200", 8, {"mla_table": True})]
+
+
+def _random_shapes(rng, count):
+    """Batches of decodes, prompt chunks and speculative verifications, with sampled rows from
+    none to all; a request computing no token, and the empty batch, too."""
+    yield StepShape((), (), 0)
+    yield StepShape((0,), (17,), 0)
+    for _ in range(count):
+        size = rng.randint(1, 300)
+        new = [1 if rng.random() < 0.85 else rng.choice([0, 2, 5, rng.randint(2, 8192)]) for _ in range(size)]
+        ctx = [rng.randint(0, 120_000) for _ in range(size)]
+        yield StepShape(tuple(new), tuple(ctx), rng.randint(0, size))
+
+
+@pytest.mark.parametrize("model,gpu,tp,params", _PRICER_CASES)
+def test_step_time_is_the_reference_paths_float(model, gpu, tp, params):
+    import random
+
+    cm = roof(model, gpu=gpu, tp=tp, **params)
+    rng = random.Random(f"{model}{tp}{params}")
+    for shape in _random_shapes(rng, 150):
+        assert cm.step_time_s(shape) == cm.reference_step_time_s(shape), shape
+
+
 # ---- anchors: published end-to-end numbers ---------------------------------------------------
 @needs_shared
 def test_anchor_vllm_blog_light_load_decode_step():

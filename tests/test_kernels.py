@@ -67,6 +67,35 @@ def test_the_compiled_decode_prices_are_the_reference_float_for_float():
         assert native.decode_step_prices(*args) == kernels.decode_step_prices(*args)
 
 
+
+def _pricer_args(rng: np.random.Generator):
+    """DenseRooflinePricer's constructor: magnitudes of real models (s/FLOP ~1e-15, bytes ~1e9)."""
+    gemms = [(float(rng.uniform(1e6, 1e9)), float(rng.integers(1e6, 2e9)), float(rng.integers(1e3, 1e5)),
+              1 / float(rng.uniform(1e14, 2e15)), float(rng.choice([1.0, 0.5, 0.25]))) for _ in range(int(rng.integers(2, 7)))]
+    m = 1 / float(rng.uniform(1e12, 8e12))
+    attn = (float(rng.uniform(1e3, 1e5)), 1 / float(rng.uniform(1e14, 2e15)), m, float(rng.uniform(0, 1e-5)),
+            float(rng.integers(256, 400_000)), float(rng.integers(256, 100_000)))
+    head = (float(rng.uniform(1e8, 2e9)), float(rng.integers(1e8, 4e9)), float(rng.integers(1e3, 1e6)),
+            float(rng.integers(1e5, 1e7)), float(rng.integers(1e3, 4e4)))
+    return (int(rng.integers(1, 128)), gemms, m, float(rng.uniform(0, 1e-5)), bool(rng.integers(0, 2)), attn,
+            float(rng.uniform(1e3, 1e6)), int(rng.integers(0, 8)), head, 1 / float(rng.uniform(1e14, 2e15)),
+            bool(rng.integers(0, 2)))
+
+
+def test_the_compiled_roofline_pricer_is_the_reference_float_for_float():
+    native = _compiled()
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        args = _pricer_args(rng)
+        ours, theirs = native.DenseRooflinePricer(*args), kernels.DenseRooflinePricer(*args)
+        for _ in range(20):
+            size = int(rng.integers(0, 200))
+            new = tuple(int(n) if rng.random() < 0.2 else 1 for n in rng.integers(0, 9000, size))
+            ctx = tuple(int(c) for c in rng.integers(0, 200_000, size))
+            rest = (int(rng.integers(0, size + 1)), *rng.uniform(0, 1e-3, 3).tolist())
+            assert ours.step_s(new, ctx, *rest) == theirs.step_s(new, ctx, *rest)
+
+
 def test_the_engine_uses_the_selected_build():
     selected = kernel_impl.step_timeline
     if kernel_impl.mode.startswith("compiled"):

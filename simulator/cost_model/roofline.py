@@ -14,7 +14,7 @@ from typing import Any
 
 from servesim.traces.errors import InputError
 
-from ..kernel_impl import decode_step_prices
+from ..kernel_impl import DenseRooflinePricer, decode_step_prices
 from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
@@ -23,11 +23,10 @@ from .mla_tables import mla_decode_grid
 from .moe_comm import DEFAULT_ALL2ALL_BACKEND, check_all2all_backend
 from .moe_tables import DISTRIBUTIONS
 from .roofline_moe import RooflineMoeMixin
+from .roofline_ops import RooflineOpsMixin
 
 
 _ONE_NE = (1).__ne__
-_DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-_HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,14 +83,14 @@ class RooflineParams:
 
 
 @register_cost_model("roofline")
-class RooflineCostModel(RooflineMoeMixin):
+class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
     """Per-step roofline over the exact batch composition (see module docstring)."""
 
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
-                 "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed")
+                 "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
                  **params: Any) -> None:
@@ -176,6 +175,21 @@ class RooflineCostModel(RooflineMoeMixin):
         # batch size -> (gemm, elementwise, comm, head) of an all-decode step: every field above
         # is fixed after construction, so these are too (decode_step_times_s)
         self._decode_fixed: dict[int, tuple[float, float, float, float]] = {}
+        self._dense = self._dense_pricer()
+
+    def _dense_pricer(self) -> DenseRooflinePricer | None:
+        """step_time_s as one compiled call (kernels.DenseRooflinePricer: the reference path's
+        floats), or None where the reference path runs: sliding-window layers, an MLA decode table."""
+        if self._win_frac or self._mla_decode is not None:
+            return None
+        f = float
+        return DenseRooflinePricer(
+            self.model.num_layers, [(f(a), f(b), f(c), f(d), f(e)) for a, b, c, d, e in self._gemms],
+            self._m, self._ko, self._moe_table is not None or self._moe is not None,
+            (f(self._attn_flops_per_pair), self._ac, self._am, self._ao, f(self._kv_bytes_per_tok),
+             f(self._q_bytes_per_tok)), f(self._ew_bytes_per_tok), self._ew_kernels,
+            (f(self._head[0]), f(self._head[1]), f(self._head[2]), f(self._head[3]), f(self._head[4])),
+            self._c, self._gather is not None)
 
     def _precompute_attention(self, b: int) -> None:
         m, tp = self.model, self.tp
@@ -207,13 +221,35 @@ class RooflineCostModel(RooflineMoeMixin):
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
+        dense = self._dense
+        if dense is None:
+            return self.reference_step_time_s(shape)
+        new, sampled = shape.num_new_tokens, shape.num_sampled
+        experts = comm = gather = 0.0
+        if self.tp > 1 or dense.has_moe:  # the parts priced by the model's curves, as _layer_parts
+            tokens = sum(new)
+            if tokens:
+                comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
+                a2a = 0.0
+                if dense.has_moe:
+                    experts, a2a = self._moe_parts(tokens, tokens * self._dp)
+                comm = comm + a2a
+        if self._gather is not None and sampled:
+            gather = self._gather(sampled)
+        return dense.step_s(new, shape.num_context_tokens, sampled, experts, comm, gather)
+
+    def reference_step_time_s(self, shape: StepShape) -> float:
+        """step_time_s in plain Python, every case (the compiled pricer is tested against it).
+        Parts are added left to right, never by sum(): Python 3.12's sum() of floats compensates
+        rounding, which would part these floats from the bulk prices' (decode_step_times_s)."""
         if self._mla_decode is not None:
             return self._mla_step(shape, None)
         tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return 0.0
-        layer = self._layer_parts(tokens, pairs, kv_tokens)
-        return self.model.num_layers * sum(layer) + sum(self._head_parts(tokens, shape.num_sampled))
+        gemm, attn, elementwise, comm = self._layer_parts(tokens, pairs, kv_tokens)
+        embed, norm, lm_head, sampler = self._head_parts(tokens, shape.num_sampled)
+        return self.model.num_layers * (gemm + attn + elementwise + comm) + (embed + norm + lm_head + sampler)
 
     def _mla_step(self, shape: StepShape, out: dict | None) -> float:
         """An MLA model with a measured decode table: the decodes' attention is the table's
@@ -234,7 +270,8 @@ class RooflineCostModel(RooflineMoeMixin):
             out.update(zip(("gemm", "attention", "elementwise", "allreduce"),
                            (layers * gemm, layers * attn, layers * ew, layers * comm)))
             out.update(zip(("embedding", "final_norm", "lm_head", "sampler"), head))
-        return layers * (gemm + attn + ew + comm) + sum(head)
+        embed, norm, lm_head, sampler = head
+        return layers * (gemm + attn + ew + comm) + (embed + norm + lm_head + sampler)
 
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None:
         """A run of plain decode steps (DecodeRunCostModel): with full attention only, an
@@ -248,11 +285,12 @@ class RooflineCostModel(RooflineMoeMixin):
         # Only attention changes along the run (n is fixed): the other parts are priced once per
         # batch size (a run is priced in chunks, and the next run often has the same n) and each
         # step adds them in _layer_parts' order ((gemm + attn) + elementwise) + comm, the order
-        # sum() used, so every float is bit-identical to step_time_s.
+        # step_time_s adds them, so every float is bit-identical to step_time_s.
         fixed = self._decode_fixed.get(n)
         if fixed is None:
             gemm, _, elementwise, comm = self._layer_parts(n, 0.0, 0)
-            fixed = self._decode_fixed[n] = (gemm, elementwise, comm, sum(self._head_parts(n, n)))
+            embed, norm, lm_head, sampler = self._head_parts(n, n)
+            fixed = self._decode_fixed[n] = (gemm, elementwise, comm, embed + norm + lm_head + sampler)
         gemm, elementwise, comm, head = fixed
         # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
         # and the rest 0, i.e. the int ctx_sum + n as a float; then _layer_parts' max, written out
@@ -278,7 +316,7 @@ class RooflineCostModel(RooflineMoeMixin):
         """(query-key pairs, KV tokens read) with a sliding attention window; ``full`` is the
         unwindowed work, returned as is when no request reaches past the window."""
         window = self.model.sliding_window
-        if max(ctx) + (tokens if n_prefill else 1) <= window:
+        if not ctx or max(ctx) + (tokens if n_prefill else 1) <= window:  # (an empty batch too)
             return full
         # Every request reads min(c, window) cached tokens plus its n new ones; a decode (n = 1)
         # sees min(c + 1, window) keys. min(c, t) summed = sum(c) - the excess over t, which
@@ -327,48 +365,3 @@ class RooflineCostModel(RooflineMoeMixin):
             lm_head += self._gather(sampled)
         sampler = sampled * sbytes * m + 2 * ko
         return embed, norm, lm_head, sampler
-
-    # ---- per-op access (the `profiled` fitter fills unmeasured ops with these) ---------------
-    def op_time_s(self, op: str, count: float) -> float:
-        """Seconds of one op: per layer for layer ops (``count`` = tokens), per step for
-        embedding/final_norm (tokens) and lm_head/sampler (rows), one call for allreduce
-        (``count`` = message bytes)."""
-        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and not self.model.is_moe):
-            flops, wbytes, abytes, c, _ = self._gemms[_DENSE_GEMMS.index(op)]
-            return max(count * flops * c, (wbytes + count * abytes) * self._m) + self._ko
-        if op == "moe":  # everything but the attention projections: router, experts, dense MLPs
-            gemm, _, _, _ = self._layer_parts(count, 0.0, 0)
-            return gemm - sum(self.op_time_s(g, count) for g in _DENSE_GEMMS[:2])
-        if op == "elementwise":
-            return count * self._ew_bytes_per_tok * self._m + self._ew_kernels * self._ko
-        if op == "allreduce":
-            return self._ar(count) if self.tp > 1 else 0.0
-        if op in _HEAD_OPS:
-            parts = self._head_parts(count, count) if op in ("lm_head", "sampler") else \
-                self._head_parts(count, 0)
-            return parts[_HEAD_OPS.index(op)]
-        raise KeyError(op)
-
-    def attention_coefficients(self) -> dict[str, float]:
-        """The roofline attention of one layer as coefficients (serialised by `profiled`)."""
-        return {"s_per_pair": self._attn_flops_per_pair * self._ac,
-                "s_per_kv_token": self._kv_bytes_per_tok * self._am,
-                "s_per_q_token": self._q_bytes_per_tok * self._am, "overhead_s": self._ao}
-
-    # ---- introspection --------------------------------------------------------------------
-    def breakdown(self, shape: StepShape) -> dict[str, float]:
-        """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
-        if self._mla_decode is not None:
-            out: dict[str, float] = {}
-            self._mla_step(shape, out)
-            return out
-        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
-        if tokens == 0:
-            return {}
-        parts = self._layer_parts(tokens, pairs, kv_tokens)
-        layers = self.model.num_layers
-        out = {name: layers * v for name, v in zip(("gemm", "attention", "elementwise",
-                                                      "allreduce"), parts)}
-        out.update(zip(("embedding", "final_norm", "lm_head", "sampler"),
-                       self._head_parts(tokens, shape.num_sampled)))
-        return out
