@@ -30,19 +30,23 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP)
 
-# The compiled scheduler (tools/compile_scheduler.py -> build/mypyc/, used by servesim/__init__.py
-# while it matches scheduler/'s sources): rebuilt when scheduler/ changed, a no-op otherwise (~0.1 s).
+# The compiled engine and scheduler (tools/compile_simulator.py -> build/mypyc_sim/, used by
+# servesim/__init__.py while it matches simulator/'s and scheduler/'s sources): rebuilt when either
+# changed, a no-op otherwise (~0.1 s); the scheduler alone (tools/compile_scheduler.py -> build/mypyc/)
+# only when the engine's build failed.
 # A compiler that cannot be installed or fails never stops `make run`/`make test`: servesim then
 # runs the pure-Python scheduler (the reference: same results, slower) and this says so.
 compile: $(STAMP)
 	@$(BIN)/python -c 'import mypyc, setuptools' 2>/dev/null || $(BIN)/python -m pip install -q '$(MYPY_PIN)' setuptools \
 		|| echo "note: could not install $(MYPY_PIN) (mypyc) and setuptools"
+	@# The engine first: it is compiled with the scheduler, linked to it (tools/compile_simulator.py);
+	@# while that build is current the scheduler-only build has nothing to do.
+	@$(BIN)/python tools/compile_simulator.py \
+		|| echo "note: the compiled engine was not built; servesim runs the pure-Python engine (same results, slower)"
 	@$(BIN)/python tools/compile_scheduler.py \
 		|| echo "note: the compiled scheduler was not built; servesim runs the pure-Python scheduler (same results, slower)"
 	@$(BIN)/python tools/compile_kernels.py \
 		|| echo "note: the compiled simulator kernels were not built; servesim runs simulator/kernels.py (same results, slower)"
-	@$(BIN)/python tools/compile_simulator.py \
-		|| echo "note: the compiled engine was not built; servesim runs the pure-Python engine (same results, slower)"
 	@# Bytecode for what changed since set-up (a pull, an edit): otherwise every process compiles it
 	@# again where PYTHONDONTWRITEBYTECODE is set (~1.5 % of the Azure hour's process here).
 	@$(BIN)/python tools/precompile.py

@@ -11,11 +11,13 @@ from the subpackage's __path__ as usual. Installed from a wheel the folders are 
 and no finder is added.
 
 The compiled scheduler: when `make` has built scheduler/ with mypyc (servesim/_native.py: a
-staging tree under build/mypyc/, its MANIFEST matching the current sources), servesim.scheduler
-is imported from that tree instead; SERVESIM_PURE_PYTHON=1 selects the pure-Python folder, and a
-stale build is never used (one warning line says so). The compiled engine (build/mypyc_sim/,
-tools/compile_simulator.py) holds only extension modules: its folder goes ahead of simulator/ on
-servesim.simulator's search path, under the same rules.
+staging tree, its MANIFEST matching the current sources), servesim.scheduler is imported from that
+tree instead; SERVESIM_PURE_PYTHON=1 selects the pure-Python folder, and a stale build is never
+used (one warning line says so). The compiled engine (build/mypyc_sim/, tools/compile_simulator.py)
+is linked to the scheduler compiled with it and carries its staging tree: while current, the
+scheduler is imported from there and the engine's folder (extension modules only) goes ahead of
+simulator/ on servesim.simulator's search path; else the scheduler-only build (build/mypyc/).
+The choice is made once per process, for both (_native.select_builds).
 
 This module imports nothing heavy: `import servesim.scheduler` must stay stdlib-only.
 """
@@ -38,6 +40,16 @@ class _CheckoutFinder(MetaPathFinder):
 
     def __init__(self, root: Path) -> None:
         self._root = str(root)
+        self._builds: _native.Selection | None = None
+
+    def _selection(self) -> _native.Selection:
+        """Both packages' builds, decided at the first import of either (one build's engine is
+        never loaded beside another build's scheduler)."""
+        if self._builds is None:
+            sel = self._builds = _native.select_builds(Path(self._root))
+            _native.decision = ("compiled (mypyc)" if sel.scheduler else "pure Python", sel.scheduler_reason)
+            _native.sim_decision = ("compiled (mypyc)" if sel.simulator else "pure Python", sel.simulator_reason)
+        return self._builds
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
         parent, _, child = fullname.rpartition(".")
@@ -54,8 +66,8 @@ class _CheckoutFinder(MetaPathFinder):
 
     def _add_compiled_engine(self, search: list[str]) -> None:
         """The compiled engine's folder (extension modules only) ahead of simulator/ itself."""
-        folder, reason = _native.compiled_simulator(Path(self._root))
-        _native.sim_decision = ("compiled (mypyc)", reason) if folder else ("pure Python", reason)
+        sel = self._selection()
+        folder, reason = sel.simulator, sel.simulator_reason
         if folder is None:
             if reason.startswith("stale"):
                 print(f"servesim: warning: using the pure-Python engine: {reason}", file=sys.stderr)
@@ -63,8 +75,8 @@ class _CheckoutFinder(MetaPathFinder):
         search.insert(0, str(folder))
 
     def _scheduler_spec(self, fullname: str) -> ModuleSpec | None:
-        package, reason = _native.compiled_package(Path(self._root))
-        _native.decision = ("compiled (mypyc)", reason) if package else ("pure Python", reason)
+        sel = self._selection()
+        package, reason = sel.scheduler, sel.scheduler_reason
         if package is None:
             if reason.startswith("stale"):
                 # One line on stderr (a warnings.warn would add a second, the source line).

@@ -7,6 +7,12 @@ used in place of scheduler/ only when its MANIFEST says it was built from exactl
 checkout holds now (a content hash of scheduler/**/*.py) for this interpreter's extension suffix,
 and SERVESIM_PURE_PYTHON is not set. Anything else means the pure-Python folder: the reference.
 
+The compiled engine (tools/compile_simulator.py, build/mypyc_sim/) is linked to the scheduler it
+was compiled with and carries that scheduler's staging tree: while it is current (simulator/'s and
+scheduler/'s sources both match), both packages come from it (select_builds), so the two libraries
+always come from one build; otherwise the scheduler-only build (build/mypyc/) if current, and the
+pure-Python engine.
+
 Stdlib only and cheap (read by servesim/__init__.py on every import of servesim.scheduler).
 """
 
@@ -16,6 +22,7 @@ import hashlib
 import os
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
+from typing import NamedTuple
 
 PURE_ENV = "SERVESIM_PURE_PYTHON"
 STAGING = Path("build") / "mypyc"  # relative to the checkout root
@@ -65,11 +72,34 @@ def compiled_package(checkout: Path) -> tuple[Path | None, str]:
 
 def compiled_simulator(checkout: Path) -> tuple[Path | None, str]:
     """The folder of the compiled engine's extension modules to search before simulator/, or None,
-    and why (as compiled_package: a stale build is never used)."""
-    return _compiled(checkout, SIM_STAGING, "simulator", SIM_PACKAGE)
+    and why (as compiled_package: a stale build is never used; it is stale when scheduler/ changed
+    too, since it is linked to the scheduler built with it)."""
+    return _compiled(checkout, SIM_STAGING, "simulator", SIM_PACKAGE, linked="scheduler")
 
 
-def _compiled(checkout: Path, staging_rel: Path, folder: str, package: Path) -> tuple[Path | None, str]:
+class Selection(NamedTuple):
+    """Which builds a process imports: a folder (or None: pure Python) and why, for each package."""
+
+    scheduler: Path | None  # the staging package to import servesim.scheduler from
+    scheduler_reason: str
+    simulator: Path | None  # the engine's extension modules, searched before simulator/
+    simulator_reason: str
+
+
+def select_builds(checkout: Path) -> Selection:
+    """The engine build (and the scheduler staged in it) while current, else the scheduler-only
+    build if current and the pure-Python engine: decided once per process (the checkout finder
+    keeps it), so a build published meanwhile never pairs one build's engine with another's
+    scheduler."""
+    engine, reason = compiled_simulator(checkout)
+    if engine is not None:
+        return Selection(checkout / SIM_STAGING / PACKAGE, reason, engine, reason)
+    scheduler, scheduler_reason = compiled_package(checkout)
+    return Selection(scheduler, scheduler_reason, None, reason)
+
+
+def _compiled(checkout: Path, staging_rel: Path, folder: str, package: Path,
+              linked: str | None = None) -> tuple[Path | None, str]:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None, f"{PURE_ENV} is set"
     staging = checkout / staging_rel
@@ -80,6 +110,8 @@ def _compiled(checkout: Path, staging_rel: Path, folder: str, package: Path) -> 
         return None, f"stale compiled build: built for {manifest.get('ext_suffix')}, not this Python (run make)"
     if manifest.get("sources") != sources_digest(checkout / folder):
         return None, f"stale compiled build: {folder}/ changed since it was built (run make)"
+    if linked is not None and manifest.get(f"{linked}_sources") != sources_digest(checkout / linked):
+        return None, f"stale compiled build: {linked}/ changed since the {folder} was built with it (run make)"
     return staging / package, "compiled (mypyc)"
 
 

@@ -29,7 +29,8 @@ OTHER_BUILD_TESTS = ("tests/test_sched_golden.py", "tests/test_sched_vllm_parity
 def _fresh_build() -> bool:
     env_backup = os.environ.pop(_native.PURE_ENV, None)
     try:
-        return _native.compiled_package(ROOT)[0] is not None and _native.compiled_simulator(ROOT)[0] is not None
+        sel = _native.select_builds(ROOT)
+        return sel.scheduler is not None and sel.simulator is not None
     finally:
         if env_backup is not None:
             os.environ[_native.PURE_ENV] = env_backup
@@ -37,7 +38,7 @@ def _fresh_build() -> bool:
 
 def _need_build() -> None:
     if not _fresh_build():
-        reason = _native.compiled_package(ROOT)[1] if _native.PURE_ENV not in os.environ else "no fresh build"
+        reason = _native.select_builds(ROOT).simulator_reason if _native.PURE_ENV not in os.environ else "no fresh build"
         pytest.skip(f"no compiled scheduler to compare with ({reason}; `make` builds it)")
 
 
@@ -73,7 +74,7 @@ def test_the_build_in_use_is_reported():
 def test_ci_has_the_compiled_build():
     if os.environ.get("SERVESIM_REQUIRE_COMPILED") != "1":
         pytest.skip("only where SERVESIM_REQUIRE_COMPILED=1 (CI): elsewhere a missing compiler is allowed")
-    assert _fresh_build(), (_native.compiled_package(ROOT)[1], _native.compiled_simulator(ROOT)[1])
+    assert _fresh_build(), _native.select_builds(ROOT)
     assert _mode(compiled=True) == "compiled (mypyc) compiled (mypyc)"
 
 
@@ -83,18 +84,26 @@ def test_ci_has_the_compiled_build():
 ], ids=["scheduler", "engine"])
 def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch, folder, staging, package, find):
     """Each build (the scheduler's, the engine's) is used only while its MANIFEST matches its own
-    folder's sources and this interpreter, and never under SERVESIM_PURE_PYTHON."""
+    folder's sources and this interpreter, and never under SERVESIM_PURE_PYTHON; the engine's,
+    linked to the scheduler compiled with it, only while scheduler/'s sources match too."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
     monkeypatch.delenv(_native.PURE_ENV, raising=False)
-    (tmp_path / folder).mkdir()
-    (tmp_path / folder / "a.py").write_text("x = 1\n")
+    for name in {folder, "scheduler"}:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.py").write_text("x = 1\n")
     built = tmp_path / staging
     built.mkdir(parents=True)
     assert find(tmp_path) == (None, "no compiled build (run make)")
     digest = _native.sources_digest(tmp_path / folder)
-    (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n")
+    linked = f"scheduler_sources={_native.sources_digest(tmp_path / 'scheduler')}\n" if folder == "simulator" else ""
+    (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n{linked}")
     assert find(tmp_path) == (built / package, "compiled (mypyc)")
+    if folder == "simulator":  # the scheduler it is linked to changed: stale too
+        (tmp_path / "scheduler" / "a.py").write_text("x = 2\n")
+        assert find(tmp_path)[1] == "stale compiled build: scheduler/ changed since the simulator was built with it (run make)"
+        (tmp_path / "scheduler" / "a.py").write_text("x = 1\n")
+        assert find(tmp_path)[0] is not None
     monkeypatch.setenv(_native.PURE_ENV, "1")
     assert find(tmp_path)[0] is None
     monkeypatch.delenv(_native.PURE_ENV)
@@ -106,6 +115,34 @@ def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch, folder, s
     (tmp_path / folder / "a.py").write_text("x = 1\n")
     (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix=.cpython-399-x.so\n")
     assert find(tmp_path)[1].startswith("stale compiled build: built for")
+
+
+def test_the_engine_build_brings_its_own_scheduler(tmp_path, monkeypatch):
+    """Both packages come from the engine's build while it is current (the engine's library is
+    linked to the scheduler's of that build, never to another's); otherwise the scheduler-only
+    build, if current, with the pure-Python engine."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    monkeypatch.delenv(_native.PURE_ENV, raising=False)
+    for name in ("scheduler", "simulator"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.py").write_text("x = 1\n")
+    digests = {name: _native.sources_digest(tmp_path / name) for name in ("scheduler", "simulator")}
+    suffix = f"ext_suffix={EXTENSION_SUFFIXES[0]}\n"
+    for staging in (_native.STAGING, _native.SIM_STAGING):
+        (tmp_path / staging).mkdir(parents=True)
+    (tmp_path / _native.STAGING / _native.MANIFEST).write_text(f"sources={digests['scheduler']}\n{suffix}")
+    (tmp_path / _native.SIM_STAGING / _native.MANIFEST).write_text(
+        f"sources={digests['simulator']}\nscheduler_sources={digests['scheduler']}\n{suffix}")
+    sel = _native.select_builds(tmp_path)
+    assert (sel.scheduler, sel.simulator) == (tmp_path / _native.SIM_STAGING / _native.PACKAGE,
+                                              tmp_path / _native.SIM_STAGING / _native.SIM_PACKAGE)
+    (tmp_path / "simulator" / "a.py").write_text("x = 2\n")  # the engine's build is stale now
+    sel = _native.select_builds(tmp_path)
+    assert (sel.scheduler, sel.simulator) == (tmp_path / _native.STAGING / _native.PACKAGE, None)
+    assert sel.simulator_reason.startswith("stale compiled build: simulator/ changed")
+    (tmp_path / "scheduler" / "a.py").write_text("x = 2\n")  # and the scheduler's too
+    assert _native.select_builds(tmp_path)[0] is None
 
 
 @pytest.mark.slow

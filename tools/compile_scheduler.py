@@ -15,6 +15,11 @@ compiled class in the copy, importing the marker under TYPE_CHECKING only: mypyc
 decorator at compile time, skips type-checking-only imports and never evaluates the decorators of
 a native class, so the built modules import nothing but the stdlib either.
 
+The engine's build (tools/compile_simulator.py, run first by `make`) compiles these same modules
+with the engine, linked to it, and carries its own copy of this staging tree: while it is current,
+the finder takes the scheduler from it and this build is not needed (nothing is built). This one
+is the scheduler alone: for a checkout whose engine build failed or went stale.
+
 Exit status 0 when the build is up to date or was built; 1 when mypyc or the C compiler failed
 (the Makefile then goes on with the pure-Python scheduler and says so).
 """
@@ -223,7 +228,17 @@ def build(staging: Path, jobs: int) -> None:
 
 def compile_group(src: Path, files: list[str], group: str, name: str, jobs: int) -> None:
     """mypyc `files` (paths under the staging tree `src`) into one shared library named `group`,
-    the extension modules written beside their sources (tools/compile_simulator.py builds so too)."""
+    the extension modules written beside their sources."""
+    compile_groups(src, [(files, group)], name, jobs)
+
+
+def compile_groups(src: Path, groups: list[tuple[list[str], str]], name: str, jobs: int) -> None:
+    """mypyc each group's files (paths under the staging tree `src`) into one shared library named
+    after the group, in one compilation: a later group's code reads an earlier group's native
+    attributes and calls its functions directly (C calls, through a table the library exports),
+    not through Python's attribute and call protocol (tools/compile_simulator.py: the engine
+    linked to the scheduler). The libraries are built for each other: one is never loaded with
+    another build of the other."""
     from mypyc.build import mypycify  # noqa: PLC0415 (only the build needs mypy)
     from setuptools import setup  # noqa: PLC0415
 
@@ -236,7 +251,13 @@ def compile_group(src: Path, files: list[str], group: str, name: str, jobs: int)
         # operation, so it fails exactly as the pure code does.
         options = ["--follow-imports=silent", "--ignore-missing-imports", "--disable-error-code=union-attr",
                    "--disable-error-code=operator", "--disable-error-code=annotation-unchecked"]
-        ext = mypycify([*options, *files], group_name=group, multi_file=False, opt_level="3", target_dir="c")
+        files = [f for group_files, _ in groups for f in group_files]
+        if len(groups) == 1:
+            ext = mypycify([*options, *files], group_name=groups[0][1], multi_file=False, opt_level="3",
+                           target_dir="c")
+        else:
+            ext = mypycify([*options, *files], separate=[(list(f), g) for f, g in groups], multi_file=False,
+                           opt_level="3", target_dir="c")
         setup(name=name, ext_modules=ext,
               script_args=["-q", "build_ext", "--inplace", "--build-temp", "tmp", f"--parallel={jobs}"])
     finally:
@@ -268,6 +289,9 @@ def _build_if_stale(staging: Path, force: bool, jobs: int) -> int:
             and manifest.get("ext_suffix") == EXTENSION_SUFFIXES[0]
             and manifest.get("tool") == _tool_digest()):
         print("compiled scheduler: up to date")
+        return 0
+    if not force and _native.compiled_simulator(ROOT)[0] is not None:
+        print(f"compiled scheduler: up to date (built with the engine: {ROOT / _native.SIM_STAGING})")
         return 0
     started = time.monotonic()
     print(f"compiling the scheduler with mypyc ({len(COMPILED)} modules, {jobs} jobs) ...", flush=True)

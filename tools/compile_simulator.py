@@ -1,4 +1,5 @@
-"""Compile the simulator's engine with mypyc into build/mypyc_sim/ (run by `make`; `--force` rebuilds).
+"""Compile the simulator's engine, linked to the scheduler, with mypyc into build/mypyc_sim/ (run by
+`make`; `--force` rebuilds).
 
 What is compiled: the engine and its mixins (the loop, stepping bookkeeping, macro-steps, runs
 through finishes, deferred runs) -- the interpreted code around every scheduler call, a third of
@@ -8,15 +9,23 @@ simulated executor (~5 % of the hour's instructions when interpreted). Everythin
 simulator/ stays interpreted (the cost models, the clients, what is built after the run). A
 compiled instance refuses a patched method: tests wrap the executor, or swap its cost model.
 
+Why linked: the engine reads the scheduler's outputs and requests at every step. Compiled on its
+own, every such attribute and call went through Python's protocol (a type lookup and a boxed
+value: ~5 % of the Azure hour's instructions); compiled with the scheduler in one mypyc
+compilation, as two libraries (compile_scheduler.compile_groups), they are struct reads and C calls.
+
 How: scheduler/, simulator/ and traces/ are copied to a staging tree (mypy reads the types of
 whatever the engine imports; follow_imports=silent checks only the compiled modules), the engine
-modules are marked as tools/compile_scheduler.py marks the scheduler's (interpreted subclasses
-allowed, dataclass __init__s written out, `self: Engine` mixin methods accepted) and compiled into
-one shared library. Only the extension modules are published, to build/mypyc_sim/servesim/simulator/:
-servesim/__init__.py's checkout finder puts that folder ahead of simulator/ on the package's
-search path while the MANIFEST matches simulator/'s sources, so the compiled engine is imported
-and every other module is the folder's own. SERVESIM_PURE_PYTHON=1, a stale or missing build
-select the pure-Python engine (the reference: tests/test_compiled.py compares the two).
+modules and the scheduler's compiled modules are marked as tools/compile_scheduler.py marks them
+(interpreted subclasses allowed, dataclass __init__s written out, `self: Engine` mixin methods
+accepted) and compiled. Published to build/mypyc_sim/: servesim/simulator/ holds the engine's
+extension modules alone, servesim/scheduler/ a whole scheduler staging tree (its compiled modules
+from this build, as compile_scheduler.py lays one out). While the MANIFEST matches both
+simulator/'s and scheduler/'s sources, servesim/__init__.py's checkout finder imports the
+scheduler from that tree and puts the engine's folder ahead of simulator/ (every other module is
+the folder's own): the two libraries always come from one build. SERVESIM_PURE_PYTHON=1, a stale
+or missing build select the pure-Python engine (the reference: tests/test_compiled.py compares
+the two), with the scheduler-only build (build/mypyc/) if that one is current.
 
 Exit status 0 when the build is up to date or was built; 1 when mypyc or the C compiler failed
 (the Makefile then goes on with the pure-Python engine and says so).
@@ -24,6 +33,7 @@ Exit status 0 when the build is up to date or was built; 1 when mypyc or the C c
 
 from __future__ import annotations
 
+import compileall
 import shutil
 import sys
 import time
@@ -34,7 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compile_scheduler import (compile_group, mark_subclassable, native_dataclass_inits, run_build,  # noqa: E402
+from compile_scheduler import COMPILED as SCHEDULER_COMPILED  # noqa: E402
+from compile_scheduler import GROUP as SCHEDULER_GROUP  # noqa: E402
+from compile_scheduler import (compile_groups, mark_subclassable, native_dataclass_inits, run_build,  # noqa: E402
                                tool_digest)
 
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
@@ -44,21 +56,30 @@ GROUP = "servesim.simulator._native"
 _FOLDERS = ("scheduler", "simulator", "traces")  # what the engine's imports reach, for mypy
 
 
-def stage(src: Path) -> None:
-    """The staging tree: a servesim package of the folders mypy reads, the engine modules marked."""
+def stage(src: Path) -> dict[str, str]:
+    """The staging tree: a servesim package of the folders mypy reads, the compiled modules marked;
+    the copied sources' digests (simulator/'s, scheduler/'s), taken before marking."""
     if src.exists():
         shutil.rmtree(src)
     for folder in _FOLDERS:
         shutil.copytree(ROOT / folder, src / "servesim" / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
     (src / "servesim" / "__init__.py").write_text("")  # only so mypy names the modules servesim.*
-    for rel in COMPILED:
-        path = src / _native.SIM_PACKAGE / rel
+    # simulator/'s own digest (the copy leaves its data folders out); scheduler/'s of the copy,
+    # which is published whole (compile_scheduler.stage's rule)
+    digests = {"sources": _native.sources_digest(ROOT / "simulator"),
+               "scheduler_sources": _native.sources_digest(src / _native.PACKAGE)}
+    marked = [_native.SIM_PACKAGE / rel for rel in COMPILED] + [_native.PACKAGE / rel for rel in SCHEDULER_COMPILED]
+    for rel in marked:
+        path = src / rel
         path.write_text(mark_subclassable(native_dataclass_inits(path.read_text())))
+    return digests
 
 
 def build(src: Path, jobs: int) -> None:
-    compile_group(src, [str(_native.SIM_PACKAGE / rel) for rel in COMPILED], GROUP, "servesim-simulator-native", jobs)
+    compile_groups(src, [([str(_native.PACKAGE / rel) for rel in SCHEDULER_COMPILED], SCHEDULER_GROUP),
+                         ([str(_native.SIM_PACKAGE / rel) for rel in COMPILED], GROUP)],
+                   "servesim-simulator-native", jobs)
 
 
 def main() -> int:
@@ -67,17 +88,17 @@ def main() -> int:
 
 def _build_if_stale(live: Path, force: bool, jobs: int) -> int:
     manifest = _native.read_manifest(live)
-    digest = _native.sources_digest(ROOT / "simulator")
     tool = tool_digest(Path(__file__))
-    if (not force and manifest.get("sources") == digest and manifest.get("ext_suffix") == EXTENSION_SUFFIXES[0]
-            and manifest.get("tool") == tool):
+    if (not force and manifest.get("sources") == _native.sources_digest(ROOT / "simulator")
+            and manifest.get("scheduler_sources") == _native.sources_digest(ROOT / "scheduler")
+            and manifest.get("ext_suffix") == EXTENSION_SUFFIXES[0] and manifest.get("tool") == tool):
         print("compiled engine: up to date")
         return 0
     started = time.monotonic()
     print(f"compiling the engine with mypyc ({len(COMPILED)} modules, {jobs} jobs) ...", flush=True)
     work = live.with_name(live.name + ".work")  # the staging tree and the C sources
     fresh = live.with_name(live.name + ".new")  # what is published: the extension modules alone
-    stage(work / "src")
+    digests = stage(work / "src")
     try:
         build(work / "src", jobs)
     except (Exception, SystemExit) as e:  # mypy errors surface as SystemExit from setup()
@@ -85,21 +106,33 @@ def _build_if_stale(live: Path, force: bool, jobs: int) -> int:
         return 1
     if fresh.exists():
         shutil.rmtree(fresh)
-    package = fresh / _native.SIM_PACKAGE
-    package.mkdir(parents=True)
-    suffix = EXTENSION_SUFFIXES[0]
-    for built in (work / "src" / _native.SIM_PACKAGE).glob(f"*{suffix}"):
-        shutil.copy2(built, package / built.name)
-    expected = {Path(rel).stem for rel in COMPILED} | {"_native__mypyc"}
-    found = {p.name.removesuffix(suffix) for p in package.iterdir()}
-    if found != expected:
-        print(f"compiled engine: build incomplete (built {sorted(found)}, expected {sorted(expected)})",
-              file=sys.stderr)
+    if not _publish_tree(work / "src", fresh, live):
         return 1
-    _native.publish_build(fresh, live, {"sources": digest, "tool": tool, "modules": ",".join(COMPILED)})
+    _native.publish_build(fresh, live, {**digests, "tool": tool, "modules": ",".join(COMPILED)})
     shutil.rmtree(work, ignore_errors=True)
     print(f"compiled engine: built in {time.monotonic() - started:.0f} s ({live})")
     return 0
+
+
+def _publish_tree(src: Path, fresh: Path, live: Path) -> bool:
+    """Lay out `fresh` (to become `live`): the engine's extension modules alone, and the scheduler's
+    staging tree whole (its .py copies, as marked, beside this build's extension modules, with
+    bytecode written for their final place). False when a module did not build."""
+    suffix = EXTENSION_SUFFIXES[0]
+    package = fresh / _native.SIM_PACKAGE
+    package.mkdir(parents=True)
+    for built in (src / _native.SIM_PACKAGE).glob(f"*{suffix}"):
+        shutil.copy2(built, package / built.name)
+    shutil.copytree(src / _native.PACKAGE, fresh / _native.PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    compileall.compile_dir(str(fresh / _native.PACKAGE), ddir=str(live / _native.PACKAGE), quiet=1, workers=1)
+    for folder, names in ((_native.SIM_PACKAGE, COMPILED), (_native.PACKAGE, SCHEDULER_COMPILED)):
+        expected = {str(Path(rel).with_suffix("")) for rel in names} | {"_native__mypyc"}
+        found = {str(p.relative_to(fresh / folder)).removesuffix(suffix) for p in (fresh / folder).rglob(f"*{suffix}")}
+        if found != expected:
+            print(f"compiled engine: build incomplete in {folder} (built {sorted(found)}, expected {sorted(expected)})",
+                  file=sys.stderr)
+            return False
+    return True
 
 
 if __name__ == "__main__":
