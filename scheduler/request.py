@@ -324,7 +324,13 @@ class Request:
 
     def __hash__(self) -> int:
         # Identity hash, spelt out: Python keeps object's hash for a class that defines __lt__ but
-        # not __eq__; a mypyc-compiled class loses it (and requests live in sets).
+        # not __eq__; a mypyc-compiled class loses it (and requests live in sets). Its value, not a
+        # call of object.__hash__ (~0.65 us compiled, ~1 % of the Azure hour): CPython hashes an
+        # object by its address rotated right by 4 bits (_Py_HashPointer), which for an address
+        # aligned to 16 bytes (every allocator CPython uses) is the address shifted.
+        p = id(self)
+        if p & 15 == 0:
+            return p >> 4
         return object.__hash__(self)
 
     # --- priority-queue order: priority, then arrival_time, then request_id --------------------

@@ -128,6 +128,16 @@ def test_set_order_is_cpython_order_under_hash_seed_zero():
     assert res.returncode == 0, res.stderr
 
 
+
+def test_a_request_hashes_as_object_does():
+    # Requests live in sets: the compiled class spells out the identity hash (request.py), which
+    # must be CPython's own, so a set of requests iterates as in the pure-Python build.
+    from servesim.scheduler.request import Request, SamplingParams
+
+    reqs = [Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2)) for i in range(500)]
+    assert [hash(r) for r in reqs] == [object.__hash__(r) for r in reqs]
+
+
 # --- KV connector: decode side ------------------------------------------------------------------
 def _parked(remote=("r",), **kw):
     s = make_sched(block_size=4, **kw)
