@@ -61,9 +61,9 @@ def stage(src: Path) -> dict[str, str]:
     the copied sources' digests (simulator/'s, scheduler/'s), taken before marking."""
     if src.exists():
         shutil.rmtree(src)
-    for folder in _FOLDERS:
-        shutil.copytree(ROOT / folder, src / "servesim" / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+    for folder in _FOLDERS:  # scheduler/ whole: its copy is published as the scheduler's package
+        skip = ("__pycache__", "*.pyc") if folder == "scheduler" else ("__pycache__", "*.pyc", "data")
+        shutil.copytree(ROOT / folder, src / "servesim" / folder, ignore=shutil.ignore_patterns(*skip))
     (src / "servesim" / "__init__.py").write_text("")  # only so mypy names the modules servesim.*
     # simulator/'s own digest (the copy leaves its data folders out); scheduler/'s of the copy,
     # which is published whole (compile_scheduler.stage's rule)
