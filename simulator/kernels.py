@@ -6,6 +6,8 @@ each in CPython; on the 32-replica cluster benchmark they were a tenth of the ru
 nothing but typed locals so that mypyc compiles them to C doubles and ints (tools/compile_kernels.py;
 simulator/kernel_impl.py picks the build or this module): the same IEEE operations in the same
 order, so the compiled functions return the very floats these do (tests/test_kernels.py).
+DenseRooflinePricer is the one class: the roofline's step price, its constants held as typed
+attributes so that a stepped step's price is one call (~22 us interpreted, ~3 us compiled).
 
 Stdlib only, no imports of ours: the compiled copy is loaded on its own.
 """
