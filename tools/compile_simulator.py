@@ -51,7 +51,10 @@ from compile_scheduler import (compile_groups, mark_subclassable, native_datacla
 
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
 
-COMPILED = ("step_table.py", "request_records.py", "executor.py", "engine_steps.py", "engine_rank.py", "finish_run.py", "deferred_run.py", "macro_step.py", "engine.py")
+# The engine (the reference core's owned objects) and the fast path (simulator/fastpath/), paths under simulator/.
+COMPILED = ("step_table.py", "request_records.py", "executor.py", "step_book.py", "watchdog.py", "deadlines.py",
+            "engine.py", "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
+            "fastpath/planner.py")
 GROUP = "servesim.simulator._native"
 _FOLDERS = ("scheduler", "simulator", "traces")  # what the engine's imports reach, for mypy
 
@@ -123,6 +126,13 @@ def _publish_tree(src: Path, fresh: Path, live: Path) -> bool:
     package.mkdir(parents=True)
     for built in (src / _native.SIM_PACKAGE).glob(f"*{suffix}"):
         shutil.copy2(built, package / built.name)
+    # A subpackage with compiled modules is published whole (its .py files beside its extension
+    # modules): the build's folder comes first on servesim.simulator's path, so the subpackage is
+    # imported from there, every module of it.
+    for sub in sorted({Path(rel).parent for rel in COMPILED} - {Path(".")}):
+        shutil.copytree(src / _native.SIM_PACKAGE / sub, package / sub,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.c", "*.o", "build"))
+        compileall.compile_dir(str(package / sub), ddir=str(live / _native.SIM_PACKAGE / sub), quiet=1, workers=1)
     shutil.copytree(src / _native.PACKAGE, fresh / _native.PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     compileall.compile_dir(str(fresh / _native.PACKAGE), ddir=str(live / _native.PACKAGE), quiet=1, workers=1)
     for folder, names in ((_native.SIM_PACKAGE, COMPILED), (_native.PACKAGE, SCHEDULER_COMPILED)):

@@ -32,6 +32,7 @@ from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePre
 from servesim.simulator.cluster.routers import Decision, make_router
 from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
+from servesim.simulator.build import attach_planner
 from servesim.simulator.engine import Engine
 from servesim.simulator.specs import resolve_model
 from servesim.simulator.specs.pipeline_stages import stage_kv_bytes_per_token
@@ -141,7 +142,7 @@ class Cluster:
                                           **kw)
                 else:
                     engine = Engine(group.sim, **kw)
-                out.append(Replica(idx, name, group.role, group.sim, engine))
+                out.append(Replica(idx, name, group.role, group.sim, attach_planner(engine)))
         names = [r.name for r in out]
         if len(set(names)) != len(names):
             raise InputError("replica names collide", field="replicas[].name", allowed="distinct group names")
