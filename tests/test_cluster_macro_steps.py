@@ -64,7 +64,7 @@ def test_runs_cross_arrivals_that_go_elsewhere(router, fraction):
     wl = _mixed_workload(100, 50.0, seed=5) if router == "session_affinity" else _workload(200, 100.0, seed=5)
     cluster = Cluster(_config(router, True, True, 16), wl)
     res = cluster.run()
-    macro = sum(r.engine.num_macro_steps for r in cluster.replicas)
+    macro = sum(r.engine.planner.num_macro_steps for r in cluster.replicas)
     assert macro > fraction * res.summary["num_steps"]
 
 

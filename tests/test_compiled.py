@@ -209,9 +209,9 @@ def test_an_interpreted_engine_subclass_overrides_the_compiled_engine():
     from servesim.traces.workload import Workload
 
     class Counting(Engine):
-        def _on_update(self, so, mro, rec, row, now=None):
+        def apply_output(self, so, mro, rec, row, now=None):
             self.updates += 1
-            super()._on_update(so, mro, rec, row, now)
+            super().apply_output(so, mro, rec, row, now)
 
     eng = Counting(SimConfig(macro_steps=False), Workload(load_bundled().requests[:5], "five", "test"))
     eng.updates = 0

@@ -83,10 +83,10 @@ def assert_implements(sched, members: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("sched", all_schedulers()[:4], ids=lambda s: type(s).__name__)
 def test_the_bulk_decode_schedulers_implement_their_contract(sched):
-    """The schedulers macro-steps drive (simulator/macro_step.py: DECODE_RUN_SCHEDULERS) have every
+    """The schedulers macro-steps drive (simulator/fastpath/: DECODE_RUN_SCHEDULERS) have every
     member DecodeRunScheduler declares, with its parameters, and their KV managers usage_at and
     usages_at (the same floats)."""
-    from servesim.simulator.macro_step import DECODE_RUN_SCHEDULERS
+    from servesim.simulator.fastpath import DECODE_RUN_SCHEDULERS
 
     assert type(sched) in DECODE_RUN_SCHEDULERS
     kvm = sched.kv_cache_manager
