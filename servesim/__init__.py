@@ -53,7 +53,18 @@ class _CheckoutFinder(MetaPathFinder):
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
         parent, _, child = fullname.rpartition(".")
-        if parent != __name__ or child not in MAPPED_FOLDERS:
+        if parent != __name__:
+            # A deeper module of a mapped folder follows its parent's __path__ here, before an
+            # editable install's finder (later on sys.meta_path) maps the name to its own checkout
+            # (a subpackage that exists in both would otherwise come from the other checkout).
+            top = fullname.split(".")
+            if len(top) > 2 and top[0] == __name__ and top[1] in MAPPED_FOLDERS and path is not None:
+                spec = PathFinder.find_spec(fullname, path)
+                if spec is None:  # not in this checkout: not another checkout's either
+                    raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+                return spec
+            return None
+        if child not in MAPPED_FOLDERS:
             return None
         # FileFinder looks up the last name component, so this is root/<folder> under the
         # servesim name (module identity is by name: the top-level `scheduler` is never imported).

@@ -8,7 +8,6 @@ Without the fast path package (deleted, or not shipped) every engine is the refe
 
 from __future__ import annotations
 
-from importlib.util import find_spec
 from typing import Any
 
 from servesim.simulator.config import SimConfig
@@ -27,10 +26,14 @@ def attach_planner(engine: Engine) -> Engine:
     """Give a built engine (not started) the fast path's planner, or record why it has none."""
     if not engine.cfg.macro_steps:
         engine.set_planner(None, "macro_steps is off")
-    elif find_spec(FASTPATH) is None:
-        engine.set_planner(None, "the fast path (servesim.simulator.fastpath) is not installed")
-    else:
+        return engine
+    try:
         from servesim.simulator.fastpath import planner_for
-        choice = planner_for(engine)
-        engine.set_planner(choice.planner, choice.declined)
+    except ModuleNotFoundError as e:
+        if e.name != FASTPATH:
+            raise
+        engine.set_planner(None, f"the fast path ({FASTPATH}) is not installed")
+        return engine
+    choice = planner_for(engine)
+    engine.set_planner(choice.planner, choice.declined)
     return engine
