@@ -63,6 +63,7 @@ class EngineResult:
     prefix_queries: int
     cache: CacheConfig
     kv_capacity: KvCapacity | None
+    planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
 
 
 class Engine:
@@ -428,4 +429,4 @@ class Engine:
         if self.book.progress is not None:
             self.book.progress(self.env.now, self.book.num_done)
         return EngineResult(metrics, end, wall_time_s, self.book.num_steps, self.book.prefix_hits,
-                            self.book.prefix_queries, self.cache, self.kv_capacity)
+                            self.book.prefix_queries, self.cache, self.kv_capacity, self.planner_declined)
