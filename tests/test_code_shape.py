@@ -28,7 +28,6 @@ MAX_CHAIN_DEPTH = 2
 # Being removed by the house issue: these classes (and the mixins they inherit, and methods there)
 # are being rewritten as composed objects right now. Delete this allow-list when that lands.
 ALLOWED_CLASSES = frozenset({
-    "servesim.simulator.engine.Engine",
     "servesim.scheduler.scheduler.Scheduler",
     "servesim.scheduler.kv.manager.KVCacheManager",
     "servesim.scheduler.sglang.scheduler.SGLangScheduler",
