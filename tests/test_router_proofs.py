@@ -53,6 +53,23 @@ def test_routers_without_a_proof_get_none():
         assert proof_for(make_router(name, {}, np.random.default_rng(0))) is None
 
 
+def test_a_proof_follows_the_name_a_router_was_built_under(monkeypatch):
+    """A subclass registered under another name (even through a plain factory, which leaves it the
+    parent's class name) gets no proof: its choose() may differ from the parent's."""
+    from servesim.simulator.cluster.routers import LeastOutstanding
+
+    ROUTERS.names()  # the built-ins loaded, then a copy to add to (as tests/test_docs_examples.py keeps one)
+    monkeypatch.setattr(ROUTERS, "_entries", dict(ROUTERS._entries))
+
+    class Fussy(LeastOutstanding):
+        pass
+
+    ROUTERS.add("fussy_least_outstanding", lambda rng: Fussy(rng))
+    router = make_router("fussy_least_outstanding")
+    assert router.name == "fussy_least_outstanding" and proof_for(router) is None
+    assert proof_for(make_router("least_outstanding")) is not None
+
+
 def test_a_cluster_asks_for_proofs_only_where_replicas_run_macro_steps():
     wl = _workload(20, 10.0, seed=1)
 

@@ -41,7 +41,9 @@ class Router:
     business: the fast path keeps a proof per router name (simulator/fastpath/router_proofs.py),
     which may read the router's state. A router without one is simply never proved anything."""
 
-    name = "router"  # set by register_router: the name its proof (if any) is registered under
+    # The registry name it was built under (make_router sets it on the instance; register_router on
+    # the class): the name its proof, if any, is registered under.
+    name = "router"
 
     def choose(self, spec: RequestSpec, candidates: Sequence[Replica], now_s: float) -> Decision:
         raise NotImplementedError
@@ -73,9 +75,11 @@ def make_router(name: str, params: dict[str, Any] | None = None, rng: np.random.
     except UnknownNameError as e:
         raise InputError(e.detail, field=f"{field}.name", allowed=e.allowed) from None
     try:
-        return factory(rng=rng if rng is not None else np.random.default_rng(0), **(params or {}))
+        router = factory(rng=rng if rng is not None else np.random.default_rng(0), **(params or {}))
     except TypeError as e:
         raise InputError(f"bad parameters for router {name!r}: {e}", field=f"{field}.params") from None
+    router.name = name  # whatever class the factory built (a subclass may inherit another's name)
+    return router
 
 
 def _least(keys: Sequence[tuple]) -> int:
