@@ -14,6 +14,7 @@ import pytest
 from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
 from servesim.simulator.cluster.routers import LeastOutstanding
 from servesim.simulator.fastpath.deferred import DeferredRuns
+from servesim.simulator.fastpath.router_proofs import LeastOutstandingProof
 from servesim.traces.synthetic import make_workload
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -62,7 +63,7 @@ def test_deferred_runs_match_the_eager_path(monkeypatch):
     wl = _workload(300, 100.0, seed=4)
     deferred = Cluster(_config(True, 16), wl)
     res_deferred = deferred.run()
-    monkeypatch.setattr(LeastOutstanding, "reads_only_load", False)
+    monkeypatch.setattr(LeastOutstandingProof, "reads_only_load", False)
     eager = Cluster(_config(True, 16), wl)
     res_eager = eager.run()
     assert _deferred_counts(eager) == (0, 0) and _deferred_counts(deferred)[0] > 0
