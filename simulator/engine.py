@@ -24,8 +24,7 @@ from typing import IO, Any
 
 import simpy
 
-from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, RequestStatus, SamplingParams, TokenProvenance,
-                                TokenSegment)
+from servesim.scheduler import CacheConfig, RequestStatus, TokenProvenance
 from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -40,6 +39,7 @@ from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
+from servesim.simulator.request_factory import RequestFactory
 from servesim.simulator.run_planner import InFlight, RunPlanner
 from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
@@ -93,7 +93,7 @@ class Engine:
         # What prices a step stage by stage (pipeline_clock_for refuses any other executor with pp > 1).
         self._staged: SimExecutor | None = executor if self._pipeline is not None and isinstance(executor, SimExecutor) \
             else None
-        self._keys_from_provenance = cfg.prefix_cache_keys == "provenance"
+        self.requests_in = RequestFactory(executor, cfg.prefix_cache_keys == "provenance")
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
@@ -210,31 +210,15 @@ class Engine:
                 self._gone(spec.request_id)
                 return
             self.deadlines.push(deadline_s, spec.request_id)
-        req = Request(spec.request_id, self._prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
-                      arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
-                      job_id=spec.session_id, is_last_step=spec.is_last_turn,
-                      token_provenance=self.token_provenance(spec))  # add_request keys its blocks
+        req = self.requests_in.make(spec, now)
         sched.add_request(req, now_s=now)
         self.book.arrived_since_step.append(spec.request_id)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
 
-    @staticmethod
-    def _prompt_ids(spec: RequestSpec) -> Sequence[int] | LazyTokenIds:
-        """A trace's real ids as they are; a synthetic prompt's ids built only if something reads
-        them (the simulated engine reads their count and, with provenance keys, nothing else)."""
-        if spec.prompt_token_ids is not None:
-            return spec.token_id_array()
-        return LazyTokenIds(spec.prompt_len, spec.token_id_array)
-
     def token_provenance(self, spec: RequestSpec) -> TokenProvenance | None:
-        """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash
-        them; real ids, or prefix_cache_keys: token_ids)."""
-        runs = spec.token_segments() if self._keys_from_provenance else None
-        if runs is None:
-            return None
-        return TokenProvenance(tuple([TokenSegment(*run) for run in runs]),
-                               self.executor.output_token_source(spec.request_id))
+        """What spec's request would carry to key its KV blocks (a prefix-aware router asks)."""
+        return self.requests_in.provenance(spec)
 
     # --- the loop --------------------------------------------------------------------------------
     def _engine_loop(self) -> Generator[simpy.Event, Any, None]:

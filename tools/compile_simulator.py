@@ -52,7 +52,7 @@ from compile_scheduler import (compile_groups, mark_subclassable, native_datacla
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
 
 # The engine (the reference core's owned objects) and the fast path (simulator/fastpath/), paths under simulator/.
-COMPILED = ("step_table.py", "request_records.py", "executor.py", "step_book.py", "watchdog.py", "deadlines.py",
+COMPILED = ("step_table.py", "request_records.py", "executor.py", "request_factory.py", "step_book.py", "watchdog.py", "deadlines.py",
             "engine.py", "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
             "fastpath/planner.py")
 GROUP = "servesim.simulator._native"
