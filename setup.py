@@ -79,7 +79,13 @@ class build_native_ext(build_ext):  # noqa: N801 (a setuptools command's name)
             return  # a checkout runs make's build (build/native/), never extension modules in its folders
         native = _load_build_script()
         try:
-            self.extensions = native.wheel_extensions(HERE, Path(self.build_temp).resolve() / "native")
+            self.distribution.ext_modules = native.wheel_extensions(HERE, Path(self.build_temp).resolve() / "native")
+            # setuptools reads the extensions (and sets up each one's name and output file) in
+            # finalize_options, which ran before they existed: the options again, from their
+            # defaults (not set on this command's line: a wheel's build passes none, and an
+            # in-place build never comes here) and the build command's.
+            self.initialize_options()
+            self.finalize_options()
             print(f"servesim: compiling {len(native.listed_modules())} modules with mypyc", file=sys.stderr)
             super().run()
         except (Exception, SystemExit) as e:  # noqa: BLE001 (a failed compile never fails the install)

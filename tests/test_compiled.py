@@ -161,12 +161,6 @@ def test_a_listed_module_that_does_not_exist_stops_the_build_naming_it(tmp_path,
     assert "edit COMPILED at the top of tools/build_native.py" in err
 
 
-def test_the_build_and_the_selector_name_the_same_folder():
-    assert build_native.expected_outputs().keys() == build_native.COMPILED.keys()
-    assert all(folder in ("scheduler", "simulator") for folder in build_native.COMPILED)
-    assert (build_native.ROOT / _native.BUILD).parent == ROOT / "build"
-
-
 @pytest.mark.slow
 def test_golden_and_parity_tests_pass_on_the_other_build():
     _need_build()

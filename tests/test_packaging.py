@@ -74,10 +74,11 @@ def test_the_wheel_has_one_top_level_name_and_ships_its_data(wheel):
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["servesim"]
     for folder in MAPPED:
         assert f"servesim/{folder}/__init__.py" in names
-    # Package data travels: bundled traces, model specs and HF configs, the calibrated cost model index.
-    for tracked in subprocess.run(["git", "ls-files", "traces/data", "simulator/specs", "simulator/cost_model/calibrated"],
-                                  cwd=ROOT, capture_output=True, text=True, check=True).stdout.split():
-        assert f"servesim/{tracked}" in names, tracked
+    # Every file of the folders travels, package data included: bundled traces, model specs and HF
+    # configs, the calibrated cost model index, the cost model's collective and MoE tables.
+    tracked = subprocess.run(["git", "ls-files", *MAPPED], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert not [rel for rel in tracked if f"servesim/{rel}" not in names]
     assert not [n for n in names if "__pycache__" in n or n.startswith("servesim/tests/")]
     # SERVESIM_NO_COMPILE=1: pure Python, for any interpreter and platform
     assert wheel.name.endswith("-py3-none-any.whl") and not [n for n in names if n.endswith(".so")]
