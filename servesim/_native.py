@@ -39,7 +39,7 @@ COMPILED = "compiled (mypyc)"
 
 # Why pure Python, when it is: the checkout finder's selection, or the installed package's state
 # (servesim/__init__.py sets it before any servesim folder is imported).
-pure_reason: str = "installed without compiled modules (built where no C compiler or mypyc was found)"
+pure_reason: str = "installed from a pure-Python wheel"
 
 
 def pure_requested() -> bool:
