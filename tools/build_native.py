@@ -1,36 +1,27 @@
 """Compile servesim's hot path with mypyc: one build, build/native/ (run by `make`; `--force` rebuilds).
 
-What is compiled is COMPILED below, the one list to edit. Every listed module of every folder is
-compiled in one mypyc compilation, one shared library per folder (servesim.<folder>._native__mypyc):
-a later folder's code (the engine) reads an earlier folder's native attributes (the scheduler's
-outputs and requests) as struct fields and calls its functions as C functions, not through Python's
-attribute and call protocol. The libraries are built for each other: one is never loaded beside
-another build of the other, so the build is used whole or not at all.
+COMPILED below is the one list to edit. All listed modules are compiled in one mypyc compilation,
+one shared library per folder (servesim.<folder>._native__mypyc), linked: the engine reads the
+scheduler's native attributes as struct fields and calls its functions as C functions. The
+libraries are built for each other, so the build is used whole or not at all.
 
 Why a staging tree: mypyc names a module by its path, and the folder scheduler/ is imported as
-servesim.scheduler. So scheduler/, simulator/ and traces/ (what the compiled modules import: mypy
-reads their types; follow_imports=silent checks only the compiled modules) are copied as a
-`servesim` package into build/native.work/src/ and compiled there. The copies of the listed modules
-are transformed first, and only there (the folders themselves stay stdlib-only and plain):
-- every native class is marked `@mypyc_attr(allow_interpreted_subclasses=True)` (policies, queues,
-  the P/D schedulers and engines, test doubles subclass them from Python), the marker imported under
-  TYPE_CHECKING: mypyc reads it at compile time, so the built modules import nothing third-party;
-- each dataclass gets its `__init__` written out (native_dataclass_inits: mypyc would otherwise call
-  the interpreted one dataclasses generates, ~1 us an object);
-- a mixin method typed `self: Scheduler` (or `Engine`) is accepted (mypy's "erased type of self").
+servesim.scheduler. So STAGED_FOLDERS (whose types mypy reads; follow_imports=silent checks only the
+compiled modules) are copied as a `servesim` package into build/native.work/src/, and the copies of
+the listed modules, only they, are transformed (the folders stay stdlib-only and plain): native
+classes marked for interpreted subclasses (mark_subclassable), dataclass __init__s written out
+(native_dataclass_inits), `self: Scheduler`/`self: Engine` mixin methods accepted.
 
-Two consumers, one recipe (stage, then extensions()):
-- a checkout (`make compile`, main()): compiled in place in the staging tree, then the extension
-  modules alone are published to build/native/servesim/<folder>/ with a MANIFEST written last
-  (packages, each folder's sources digest, the interpreter's extension suffix, this script's
-  digest). servesim/_native.py::select_build uses the build only while the MANIFEST matches, and
-  servesim/__init__.py's checkout finder then searches build/native/servesim/<folder>/ ahead of
-  the folder itself: a compiled module is the extension, every other module the folder's own .py;
+Two consumers, one recipe (stage(), then extensions()):
+- a checkout (`make compile`, main()): compiled in the staging tree, then the extension modules
+  alone are published to build/native/servesim/<folder>/ with a MANIFEST written last (the folders,
+  each one's sources digest, the extension suffix, this script's digest); servesim/_native.py's
+  select_build uses it while it matches, and the checkout finder searches it ahead of each folder;
 - a wheel (`pip wheel .`, `pip install .`: setup.py's build_ext calls wheel_extensions()): setuptools
   compiles the same extensions into the wheel beside the .py files, where Python imports them first.
 
 Exit status 0 when the build is up to date or was built; 1 when a listed module is missing or mypyc
-or the C compiler failed (the Makefile then goes on with the pure-Python packages and says so).
+or the C compiler failed (the Makefile then goes on with the pure-Python modules and says so).
 """
 
 from __future__ import annotations
@@ -99,12 +90,12 @@ class BuildError(Exception):
     """The build cannot be made (a listed module is missing, mypyc or the compiler failed)."""
 
 
-def _manifest_module(root: Path) -> ModuleType:
-    """servesim/_native.py (the MANIFEST's reader: digests, names), loaded by path: importing the
-    servesim package would install its checkout finder in a build process."""
+def _manifest_module() -> ModuleType:
+    """servesim/_native.py, the MANIFEST's reader (digests, names), loaded by path: importing the
+    servesim package would install its checkout finder in the build's process."""
     name = "_servesim_native_for_build"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, root / "servesim" / "_native.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "servesim" / "_native.py")
         sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look the module up
         spec.loader.exec_module(sys.modules[name])
     return sys.modules[name]
@@ -273,7 +264,7 @@ def stage(root: Path, src: Path) -> dict[str, str]:
     """A new staging tree `src`: a servesim package of STAGED_FOLDERS' .py files, the listed modules
     transformed; the MANIFEST's digest of each compiled folder, taken from the folder itself."""
     check_listed(root)
-    native = _manifest_module(root)
+    native = _manifest_module()
     if src.exists():
         shutil.rmtree(src)
 
@@ -369,7 +360,7 @@ def _publish(src: Path, fresh: Path, live: Path, fields: dict[str, str]) -> None
 
 def build_checkout(root: Path, force: bool, jobs: int) -> int:
     """Build root's build/native/ unless its MANIFEST says it is current (then a no-op)."""
-    native = _manifest_module(root)
+    native = _manifest_module()
     live = root / native.BUILD
     try:
         check_listed(root)
