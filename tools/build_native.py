@@ -318,22 +318,25 @@ def expected_outputs() -> dict[str, set[str]]:
 
 # --- a checkout's build ----------------------------------------------------------------------
 
-def _compile_in_place(src: Path, exts: list[Extension], jobs: int) -> None:
+def _compile(exts: list[Extension], work: Path, jobs: int) -> Path:
+    """Compile `exts` into work/lib (objects in work/tmp); the folder. Both are kept between builds:
+    a C file mypyc wrote unchanged keeps its time, so its objects and extension are not rebuilt."""
     from setuptools import setup  # noqa: PLC0415
 
     cwd = os.getcwd()
-    os.chdir(src)  # --inplace writes servesim/<folder>/x.so beside the staged sources
+    os.chdir(work)  # setuptools reads a pyproject.toml in its working directory: none here
     try:
-        setup(name="servesim-native", ext_modules=exts,
-              script_args=["-q", "build_ext", "--inplace", "--build-temp", "../tmp", f"--parallel={jobs}"])
+        setup(name="servesim-native", ext_modules=exts, packages=[],
+              script_args=["-q", "build_ext", "--build-lib", "lib", "--build-temp", "tmp", f"--parallel={jobs}"])
     except SystemExit as e:  # the compiler's failure
         raise BuildError(f"the C compiler failed: {e}") from None
     finally:
         os.chdir(cwd)
+    return work / "lib"
 
 
-def _publish(src: Path, fresh: Path, live: Path, fields: dict[str, str]) -> None:
-    """Lay out `fresh` (the extension modules alone, per folder), write its MANIFEST last, and put it
+def _publish(lib: Path, fresh: Path, live: Path, fields: dict[str, str]) -> None:
+    """Lay out `fresh` (the extension modules alone, per folder, from the build's `lib`), write its MANIFEST last, and put it
     in the place of `live`: a reader finds the old build or the new one, never half of one."""
     import mypy.version  # noqa: PLC0415
 
@@ -341,13 +344,12 @@ def _publish(src: Path, fresh: Path, live: Path, fields: dict[str, str]) -> None
     if fresh.exists():
         shutil.rmtree(fresh)
     for folder, expected in expected_outputs().items():
-        built = {p.relative_to(src / "servesim" / folder): p for p in (src / "servesim" / folder).rglob(f"*{suffix}")}
-        found = {str(rel).removesuffix(suffix) for rel in built}
-        if found != expected:
-            raise BuildError(f"build incomplete in {folder}/: missing {sorted(expected - found)}")
-        for rel, path in built.items():
+        missing = [rel for rel in sorted(expected) if not (lib / "servesim" / folder / (rel + suffix)).is_file()]
+        if missing:
+            raise BuildError(f"build incomplete in {folder}/: missing {missing}")
+        for rel in expected:  # (lib may hold modules an earlier list compiled)
             (fresh / "servesim" / folder / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, fresh / "servesim" / folder / rel)
+            shutil.copy2(lib / "servesim" / folder / (rel + suffix), fresh / "servesim" / folder / (rel + suffix))
     fields = {**fields, "ext_suffix": suffix, "mypy": mypy.version.__version__}
     (fresh / "MANIFEST").write_text("".join(f"{key}={value}\n" for key, value in fields.items()))
     old = live.with_name(live.name + ".old")
@@ -376,17 +378,16 @@ def build_checkout(root: Path, force: bool, jobs: int) -> int:
     started = time.monotonic()
     print(f"compiling with mypyc ({len(listed_modules())} modules of {', '.join(COMPILED)}, {jobs} jobs) ...",
           flush=True)
-    work = live.with_name(live.name + ".work")  # staging tree, C sources, objects: kept if it fails
+    work = live.with_name(live.name + ".work")  # staging tree, C sources, objects, extensions
     try:
         digests = stage(root, work / "src")
-        _compile_in_place(work / "src", extensions(work / "src", work / "c"), jobs)
-        _publish(work / "src", live.with_name(live.name + ".new"), live,
+        lib = _compile(extensions(work / "src", work / "c"), work, jobs)
+        _publish(lib, live.with_name(live.name + ".new"), live,
                  {"packages": ",".join(COMPILED), **digests, "tool": tool_digest(),
                   "modules": ",".join(listed_modules())})
     except BuildError as e:
         print(f"compiled build: failed ({e}); the staging tree and C sources are in {work}", file=sys.stderr)
         return 1
-    shutil.rmtree(work, ignore_errors=True)
     print(f"compiled build: built in {time.monotonic() - started:.0f} s ({live})")
     return 0
 
