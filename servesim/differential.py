@@ -1,6 +1,6 @@
 """The differential harness: every shipped input runs macro-stepped and plain, outputs compared byte for byte.
 
-Macro-steps (simulator/macro_step.py) promise results identical to stepping one step at a time.
+Macro-steps (simulator/fastpath/planner.py) promise results identical to stepping one step at a time.
 This harness runs each shipped scenario (scenarios/*.yaml with their smoke settings,
 scenarios/cluster/*.yaml), each bundled trace sample (traces/data/, async and sync loops) and each
 golden workload (tests/golden/*/workload.jsonl, with the scheduler flags the engine understands)

@@ -120,7 +120,7 @@ class SimConfig:
     # SGLang-only knobs (engine: sglang); None fields inherit the shared scheduler/cache settings.
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     seed: int = 0
-    # Exact macro-steps (simulator/macro_step.py): runs of provably plain decode steps advanced in
+    # Exact macro-steps (simulator/fastpath/planner.py): runs of provably plain decode steps advanced in
     # one call; results are byte-identical to stepping. False steps one by one (for debugging).
     macro_steps: bool = True
     # How the prefix cache keys a synthetic prompt's blocks (scheduler/block_keys.py): "provenance"

@@ -63,7 +63,7 @@ class SimExecutor:
     def output_token_source(self, request_id: str) -> bytes | None:
         return self.batch.tokens.output_source(request_id)  # every output id comes from the source
 
-    # --- macro-steps (simulator/macro_step.py) ---------------------------------------------------
+    # --- macro-steps (simulator/fastpath/planner.py) ---------------------------------------------------
     def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float]:
         """GPU time of each of num_steps plain decode steps of one batch whose contexts start at
         num_context_tokens and grow by one token a step: the very floats execute() would return."""

@@ -3,13 +3,13 @@
 Why a module of their own: a macro-step prices and times every step of a run one by one (the
 floats must be the stepping loop's, so the recurrences cannot be vectorised), ~0.23 us a step
 each in CPython; on the 32-replica cluster benchmark they were a tenth of the run. Written with
-nothing but typed locals so that mypyc compiles them to C doubles and ints (tools/compile_kernels.py;
-simulator/kernel_impl.py picks the build or this module): the same IEEE operations in the same
-order, so the compiled functions return the very floats these do (tests/test_kernels.py).
+nothing but typed locals so that mypyc compiles them to C doubles and ints (tools/build_native.py,
+in the engine's library: compiled callers call them as C functions): the same IEEE operations in
+the same order, so the compiled functions return the very floats these do (tests/test_kernels.py).
 DenseRooflinePricer is the one class: the roofline's step price, its constants held as typed
 attributes so that a stepped step's price is one call (~22 us interpreted, ~3 us compiled).
 
-Stdlib only, no imports of ours: the compiled copy is loaded on its own.
+Stdlib only, no imports of ours: a pure function of numbers, whichever build runs it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a run records as it goes: each request's times (RequestRecord) and the step rows.
 
 The engine calls MetricsRecorder at every arrival, step update and macro-step run, so this module
-is compiled with the engine (tools/compile_simulator.py; the interpreted copy is the reference);
+is compiled with the engine (tools/build_native.py; the interpreted copy is the reference);
 simulator/metrics.py's MetricsCollector adds what is built from the records after the run.
 """
 

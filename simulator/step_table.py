@@ -1,7 +1,7 @@
 """The per-step rows of a run, stored by column.
 
 Why columns: an hour-long replay has ~400k steps, most of them applied in bulk by macro-steps
-(simulator/macro_step.py). One object per step cost more to create and to transpose into the
+(simulator/fastpath/planner.py). One object per step cost more to create and to transpose into the
 steps frame than the steps took to simulate; a run of steps here is one `extend` per column, and
 the frame is built from the columns as they are.
 
@@ -50,7 +50,7 @@ class StepTable:
 
     def __init__(self) -> None:
         # The rows not packed yet, one list per column (STEP_COLUMNS' names): declared one by one,
-        # so the compiled engine (tools/compile_simulator.py) reads them as native attributes.
+        # so the compiled engine (tools/build_native.py) reads them as native attributes.
         self.step: list[int] = []
         self.start_s: list[float] = []
         self.duration_s: list[float] = []

@@ -1,5 +1,5 @@
 """Macro-step runs where requests finish mid-run (a single engine's async run goes on through the
-finishes of its batch, simulator/finish_run.py; elsewhere each finish ends a run and the next one
+finishes of its batch, simulator/fastpath/through.py; elsewhere each finish ends a run and the next one
 starts from the update that finishes it): byte-identical to plain stepping at light, moderate
 and overloaded load, with a small KV pool, single engine and cluster; and the planning shortcuts
 are taken (a single engine's run priced a batch at a time, the tail step after a run taken on
@@ -70,7 +70,7 @@ def test_runs_ending_at_finishes_are_identical_to_stepping(rate, sets):
     macro = eng.run()
     _assert_same_engine(plain, macro)
     assert eng.planner.num_macro_runs > 0 and eng.planner.num_macro_steps > macro.num_steps // 3
-    assert eng.planner.num_bulk_finishes > 0  # runs went on through finishes (finish_run.py)
+    assert eng.planner.num_bulk_finishes > 0  # runs went on through finishes (fastpath/through.py)
     if rate == 12.0:
         # a single engine prices a run's first 16 steps at once, one call per batch among them
         # (a run through finishes prices each batch on its own): here 470 calls for 181 runs, tail

@@ -58,7 +58,7 @@ def test_light_load_is_mostly_macro_stepped_and_identical(async_):
     {"cost_model.cpu_overhead.per_request_s": 0.004, "cost_model.cpu_overhead.fixed_s": 0.01},
 ])
 def test_runs_end_with_an_update_past_the_arrival(sets):
-    """A run cut by an arrival applies the update due after it too (macro_step.py, _past_arrival):
+    """A run cut by an arrival applies the update due after it too (fastpath/planner.py, MacroPlanner._past_arrival):
     the arrival is added afterwards, and the results are still those of stepping."""
     wl = make_workload("poisson", {"num_requests": 120, "arrival": {"rate_per_s": 6.0},
                                    "prompt_len": {"dist": "uniform", "low": 50, "high": 600},

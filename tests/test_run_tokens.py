@@ -147,7 +147,7 @@ class _Driver:
         apply_due(self.sched, self.in_flight, self.depth, so.total_num_scheduled_tokens == 0)
 
     def bulk(self, k: int) -> None:
-        """A run of k plain decode steps through the bulk path, as simulator/macro_step.py applies it."""
+        """A run of k plain decode steps through the bulk path, as simulator/fastpath/planner.py applies it."""
         sched = self.sched
         reqs = sched.decode_run_requests()
         ids = [r.request_id for r in reqs]

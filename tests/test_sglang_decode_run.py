@@ -61,7 +61,7 @@ class Driver:
         apply_due(self.sched, self.in_flight, 1 + self.overlap, so.total_num_scheduled_tokens == 0)
 
     def bulk(self, k: int) -> None:
-        """A run of k steps through the bulk path, as simulator/macro_step.py applies it."""
+        """A run of k steps through the bulk path, as simulator/fastpath/planner.py applies it."""
         sched = self.sched
         reqs = sched.decode_run_requests()
         tokens = run_tokens(reqs, k)
@@ -79,7 +79,7 @@ class Driver:
         sched.check_invariants()
 
     def bulk_through(self, k: int) -> int:
-        """An overlap run of k steps through finishes, as simulator/macro_step.py applies it (its
+        """An overlap run of k steps through finishes, as simulator/fastpath/planner.py applies it (its
         batch shrinking: decode_run_steps, the extra forward); returns the requests it finished."""
         sched = self.sched
         reqs = sched.decode_run_requests()

@@ -75,7 +75,7 @@ def test_pressure_and_sglang_knobs_identical(sets, wl, async_):
 @pytest.mark.parametrize("router", ["least_outstanding", "round_robin", "prefix_aware"])
 @pytest.mark.parametrize("async_", [True, False])
 def test_cluster_of_sglang_replicas_identical(router, async_):
-    """least_outstanding defers the overlap loop's runs (deferred_run.py); round_robin proves
+    """least_outstanding defers the overlap loop's runs (fastpath/deferred.py); round_robin proves
     which arrivals go elsewhere (eager runs past them); prefix_aware reads each replica's radix
     tree, so every arrival ends every replica's run (the tree it reads is the stepped one)."""
     wl = _load(200, 40.0, seed=4, prefixes=True)

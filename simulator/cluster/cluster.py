@@ -218,7 +218,7 @@ class Cluster:
 
     def _first_dispatch_at(self, times: Sequence[float]) -> int:
         """Index of the first of `times` at which a request reaches the router (len(times) if
-        none): a deferred run must end before it (simulator/deferred_run.py). Exact: the clock's
+        none): a deferred run must end before it (simulator/fastpath/deferred.py). Exact: the clock's
         reading at each dispatch is known in advance (_landing_times)."""
         at = self._landing_set
         if at.isdisjoint(times):  # the usual answer, in one C loop

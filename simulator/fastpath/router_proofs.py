@@ -47,7 +47,7 @@ class RouterProof(Protocol):
     reads_all_candidates: bool
     # True: a decision reads nothing of a candidate but its num_outstanding (nor anything else
     # that a plain decode run changes), so a replica may apply its runs only when a request is
-    # routed to it (simulator/deferred_run.py). Must hold for choose() whatever the state. A
+    # routed to it (simulator/fastpath/deferred.py). Must hold for choose() whatever the state. A
     # router that reads nothing (round_robin) leaves it False: its arrivals_unread already names
     # each replica's own next arrival exactly, and deferring would only add the waiting.
     reads_only_load: bool

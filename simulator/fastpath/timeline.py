@@ -15,7 +15,7 @@ from bisect import bisect_right
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
-from servesim.simulator.kernel_impl import step_timeline
+from servesim.simulator.kernels import step_timeline
 
 Timeline = tuple[list[float], list[float], list[float]]  # (schedule times, GPU ends, update times) of a run's steps
 
