@@ -1,6 +1,8 @@
-"""The differential harness: every shipped input runs macro-stepped and plain, outputs compared byte for byte.
+"""The differential harness: every shipped input runs with and without the fast path, outputs compared byte for byte.
 
-Macro-steps (simulator/fastpath/planner.py) promise results identical to stepping one step at a time.
+The fast path (simulator/fastpath/: a planner beside the engine) promises results identical to the
+reference engine stepping one step at a time. `macro_steps: false` builds every engine without a
+planner (simulator/build.py), so the two runs below are "no planner" and "planner" by construction.
 This harness runs each shipped scenario (scenarios/*.yaml with their smoke settings,
 scenarios/cluster/*.yaml), each bundled trace sample (traces/data/, async and sync loops) and each
 golden workload (tests/golden/*/workload.jsonl, with the scheduler flags the engine understands)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 class RouterProof(Protocol):
     """Claims about a router's coming decisions, for a cluster replica's macro-steps (docs/
-    ARCHITECTURE.md, "Macro-steps"). Every claim is about the coming decisions of the arrival
+    ARCHITECTURE.md, "The fast path"). Every claim is about the coming decisions of the arrival
     sequence `upcoming` (every request in arrival order; `first` is the index of the next one to be
     routed, so the router has made `first` decisions) and must be exact: a claim that is wrong
     makes the run differ from plain stepping (or raise)."""
