@@ -20,6 +20,7 @@ import simpy
 
 from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, SamplingParams, TokenProvenance,
                                 TokenSegment)
+from servesim.scheduler.bulk import decode_runs_for
 from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -125,12 +126,16 @@ class Engine(MacroStepMixin):
         # whose request already finished is dropped when it comes due.
         self._deadlines = []
         self._num_submitted = 0
-        # Exact macro-steps (simulator/macro_step.py): None = they may apply, run by run.
+        # Exact macro-steps (simulator/macro_step.py) through the bulk decode path the scheduler
+        # declares (scheduler/bulk/), built once; reason None = they may apply, run by run.
+        self._decode_runs = decode_runs_for(self.scheduler) if cfg.macro_steps else None
         self.macro_fallback_reason = macro_fallback_reason(self)
-        self._decode_run_extra = self.scheduler.decode_run_extra_steps() if self.macro_fallback_reason is None else 0
+        if self.macro_fallback_reason is not None:
+            self._decode_runs = None
+        runs = self._decode_runs
+        self._decode_run_extra = runs.decode_run_extra_steps() if runs is not None else 0
         # a run's last update may land past an arrival (macro_step.py, _past_arrival)
-        self._commuting_arrivals = (self.macro_fallback_reason is None
-                                    and self.scheduler.arrivals_commute_with_decode_updates())
+        self._commuting_arrivals = runs is not None and runs.arrivals_commute_with_decode_updates()
         self.num_macro_steps = 0  # engine steps applied inside macro-steps
         self.num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
         self.num_runs_past_arrival = 0  # runs whose last update was due after an arrival (_past_arrival)

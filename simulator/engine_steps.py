@@ -37,6 +37,7 @@ from servesim.simulator.pipeline_clock import PipelineClock
 from servesim.traces.workload import Workload
 
 if TYPE_CHECKING:
+    from servesim.scheduler.bulk.interface import DecodeRuns
     from servesim.simulator.deferred_run import DeferredRun
     from servesim.simulator.engine import Engine, InFlight
 
@@ -90,6 +91,7 @@ class EngineState:
     _timeout_s: float | None
     _deadlines: list[tuple[float, int, str]]
     _num_submitted: int
+    _decode_runs: DecodeRuns | None
     macro_fallback_reason: str | None
     _decode_run_extra: int
     _commuting_arrivals: bool

@@ -7,10 +7,10 @@ With one step in flight and nothing waiting, the async loop's state after such a
 provably the old batch minus the finished requests: vLLM's skip-ahead passes a request over once
 its last step is scheduled, that step's update finishes it, and with nothing waiting the freed
 seat and blocks admit nobody. So the run is planned with the batch shrinking at known steps
-(Scheduler.decode_run_steps: request i takes the run's first each[i] schedules), and each
-component applies its part in bulk: the scheduler's schedule_decode_steps (steps_each) appends the
+(the bulk path's decode_run_steps, scheduler/bulk/vllm.py: request i takes the run's first each[i] schedules), and each
+component applies its part in bulk: the bulk path's schedule_decode_steps (steps_each) appends the
 last token, caches, checks the stop rule and frees the request through its own _free_request at
-that update, in update_from_output's order (the KV manager's apply_decode_run calls it back among
+that update, in update_from_output's order (KVDecodeRuns.apply_decode_run calls it back among
 its sorted events); the executor samples each request's own number of tokens; this mixin prices
 and times the run segment by segment (a segment: steps of one batch; the stepping loop's float
 arithmetic continues across them), writes the step rows (batch size and running count per step)
@@ -86,7 +86,6 @@ class FinishRunMixin(EngineRankMixin):
         = m < k) is counted running up to schedule m and finished by update m. `free_after`,
         `hits`, `queries` are schedule_decode_steps' (their index i is step i + 1)."""
         k = len(sched_t)
-        kvm = self._runs().kv_cache_manager
         running_end, waiting = self.scheduler.get_request_counts()  # the finishers are gone
         fin = sorted([m for m in each if m < k])  # running at step j: each[i] >= j (finished by update each[i])
         scheduled = self._scheduled_each(each)
@@ -102,7 +101,7 @@ class FinishRunMixin(EngineRankMixin):
         hits_ext, queries_ext = hits + [0], queries + [0]  # the last step's update is the next run's
         durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
         self.metrics.steps.extend_decode_run(first_step, sched_t[1:], durations, gpu[1:k], sizes,
-                                             kvm.usages_at(free_after), running, waiting,
+                                             self._runs().usages_at(free_after), running, waiting,
                                              hits_ext[1:], queries_ext[1:])
         self.prefix_hits += sum(hits_ext[1:])  # step 0's (hits[0]) the caller adds with its row
         self.prefix_queries += sum(queries_ext[1:])

@@ -6,7 +6,7 @@ land before the last of them is applied, the engine applies the whole run at onc
 clock then jumps once to its end. Nothing can land means: no arrival (the announced next arrival,
 strictly later than every schedule and update of the run), no client deadline before any of its
 schedules, no request in the frontend, no policy timer; the scheduler bounds the run itself
-(Scheduler.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
+(the bulk path's decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
 boundary allocation without preemption, a waiting head refused alike at every schedule: its
 prefix-cache lookups land in the run's step rows as each update takes them). An async run with
 nothing waiting (a single engine's, or a cluster replica's deferred one) goes on through finishes
@@ -14,9 +14,10 @@ instead: the batch shrinks by each request whose last step was scheduled, and th
 finishes it (finish_run.py).
 
 Each component owns its bulk operation:
-- Scheduler.decode_run_horizon / schedule_decode_steps / decode_step_output (scheduler/decode_run.py),
-  which hands the block allocations and prefix-cache insertions to
-  KVCacheManager.decode_run_fit / apply_decode_run (scheduler/kv/decode_run.py, vLLM's order);
+- the scheduler's bulk decode path, an owner object beside it (scheduler/bulk/, built once by
+  decode_runs_for from the name the scheduler declares): decode_run_horizon / schedule_decode_steps
+  / decode_step_output (scheduler/bulk/vllm.py), which hands the block allocations and prefix-cache
+  insertions to KVDecodeRuns.decode_run_fit / apply_decode_run (scheduler/bulk/kv.py, vLLM's order);
 - SimExecutor.decode_step_times_s (the cost model's floats), sample_decode_run (BatchTracker and
   TokenSource: the same tokens), decode_step_output;
 - MetricsCollector.on_decode_run / StepTable.extend_decode_run (token timestamps, step rows);
@@ -35,15 +36,15 @@ already meets the arrival) the tail is a one-step macro-step: each arrival saves
 
 A run's last update past an arrival: where the scheduler proves that add_request and an update
 that finishes nobody leave the same state in either order
-(DecodeRunScheduler.arrivals_commute_with_decode_updates), and nothing else the arrival sets off
+(DecodeRuns.arrivals_commute_with_decode_updates), and nothing else the arrival sets off
 reads or writes what that update does (a single engine: no router, no closed-loop client, no
 finish callback; the watchdog's window only moves forward), the run instead goes one step
 further: the tail step becomes its last schedule and the update after it, due after the arrival,
 is applied in bulk with the rest; the arrival is then added, before the loop resumes at that
 update's time in the state stepping reaches there (`_past_arrival`).
 
-The scheduler side is scheduler.interface.DecodeRunScheduler: vLLM's (scheduler/decode_run.py) and
-SGLang's (scheduler/sglang/decode_run.py, whose finishing request is scheduled once more: its
+The scheduler side is scheduler.bulk.interface.DecodeRuns: vLLM's (scheduler/bulk/vllm.py) and
+SGLang's (scheduler/bulk/sglang.py, whose finishing request is scheduled once more: its
 overlap's extra forward, `_scheduled_each`). Where a macro-step cannot be exact the engine steps;
 `macro_fallback_reason` says why (docs/ARCHITECTURE.md).
 """
@@ -51,36 +52,29 @@ overlap's extra forward, `_scheduled_each`). Where a macro-step cannot be exact 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from servesim.scheduler.async_scheduler import AsyncScheduler
-from servesim.scheduler.interface import DecodeRunScheduler
 from servesim.scheduler.request import Request
-from servesim.scheduler.scheduler import Scheduler
-from servesim.scheduler.sglang import SGLangScheduler
 from servesim.simulator.deferred_run import DeferredRunMixin, batch_at, exact_delays
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.finish_run import Timeline
 from servesim.simulator.kernel_impl import step_timeline
 
 if TYPE_CHECKING:
+    from servesim.scheduler.bulk.interface import DecodeRuns
     from servesim.simulator.engine import Engine, InFlight
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
 
-# The schedulers with a bulk decode path (scheduler.interface.DecodeRunScheduler), by exact type:
-# a subclass (P/D's) may change what a step does, whatever bulk methods it inherits.
-DECODE_RUN_SCHEDULERS = (Scheduler, AsyncScheduler, SGLangScheduler)
-
-
 def macro_fallback_reason(engine: Engine) -> str | None:
     """Why macro-steps can never apply to this engine (None: they may, run by run)."""
-    cfg, sched = engine.cfg, engine.scheduler
+    cfg, runs = engine.cfg, engine._decode_runs
     if not cfg.macro_steps:
         return "macro_steps is off"
-    if type(sched) not in DECODE_RUN_SCHEDULERS:
-        return f"scheduler {type(sched).__name__} has no bulk decode path (P/D and other subclasses step)"
+    if runs is None:  # declared by the scheduler (SchedulerCapabilities.decode_runs), not told by its type
+        return (f"scheduler {type(engine.scheduler).__name__} declares no bulk decode path "
+                "(P/D and other schedulers that change what a step does step)")
     if cfg.hardware.pp > 1:
         return "pipeline parallelism: a batch per stage in flight, timed stage by stage"
     if cfg.scheduler.num_spec_tokens:
@@ -89,15 +83,17 @@ def macro_fallback_reason(engine: Engine) -> str | None:
         return "the executor is not the simulated one (GPU runner: every step runs the model)"
     if engine.step_trace is not None:
         return "a step trace records every step"
-    return cast(DecodeRunScheduler, sched).decode_run_blocker()
+    return runs.decode_run_blocker()
 
 
 class MacroStepMixin(DeferredRunMixin):
     """Mixed into Engine: plans and applies one macro-step; the loop yields once to its end."""
 
-    def _runs(self: Engine) -> DecodeRunScheduler:
+    def _runs(self: Engine) -> DecodeRuns:
         """The scheduler's bulk decode path (a run is planned only on one: macro_fallback_reason)."""
-        return cast(DecodeRunScheduler, self.scheduler)
+        runs = self._decode_runs
+        assert runs is not None
+        return runs
 
     def _sim_executor(self: Engine) -> SimExecutor:
         """The simulated executor, which prices and samples runs (macro_fallback_reason)."""
@@ -127,13 +123,13 @@ class MacroStepMixin(DeferredRunMixin):
         if k < 2 or self.num_steps + 1 > self._stall_step or now > self._stall_s:
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = sched.decode_run_requests()
-        if len(reqs) < sched.get_request_counts()[0] and not self._finishes_stay_inside():
+        if len(reqs) < self.scheduler.get_request_counts()[0] and not self._finishes_stay_inside():
             return None
         each = sched.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and min(each) >= k:
             each = None  # nobody finishes inside: the fixed batch
         ctx0 = [r.num_computed_tokens for r in reqs]
-        load_change = len(reqs) - sched.get_request_counts()[0]
+        load_change = len(reqs) - self.scheduler.get_request_counts()[0]
         if deferrable and self._plan_deferred(now, reqs, ctx0, k, -load_change, each):
             return []  # deferred_run.py: applied when a request is routed here, or at its end
         if through and self._arrival_bound is not None:  # not deferred after all: the eager path's run
@@ -207,7 +203,7 @@ class MacroStepMixin(DeferredRunMixin):
     def _scheduled_each(self: Engine, each: list[int] | None) -> list[int] | None:
         """How many of a run's steps schedule each request, from how many bring it a token
         (`each`): SGLang's overlap schedules a finishing request once more (the extra forward,
-        DecodeRunScheduler.decode_run_extra_steps); vLLM's skip-ahead does not."""
+        DecodeRuns.decode_run_extra_steps); vLLM's skip-ahead does not."""
         x = self._decode_run_extra
         return each if each is None or x == 0 else [m + x for m in each]
 
@@ -232,7 +228,7 @@ class MacroStepMixin(DeferredRunMixin):
         sim = self._sim_executor()
         if gpu_s is None:
             (gpu_s,) = sim.decode_step_times_s(ctx, 1)
-        finished = sched.finished_req_ids
+        finished = sched.finished_req_ids()
         eff = sched.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
         tokens = sim.sample_decode_run(ids, ctx, 1, finished)
         row = self._decode_row(t, n, eff.free_after[0], gpu_s)
@@ -247,10 +243,9 @@ class MacroStepMixin(DeferredRunMixin):
     def _decode_row(self: Engine, t: float, n: int, num_free_blocks: int, gpu_s: float) -> int:
         """The step row of one plain decode step of n requests scheduled at t, as _on_schedule
         writes it (counts after the schedule); its update completes it. Returns the row."""
-        sched = self._runs()
-        running, waiting = sched.get_request_counts()
+        running, waiting = self.scheduler.get_request_counts()
         steps = self.metrics.steps
-        row = steps.append(self.num_steps, t, n, 0, n, sched.kv_cache_manager.usage_at(num_free_blocks),
+        row = steps.append(self.num_steps, t, n, 0, n, self._runs().usage_at(num_free_blocks),
                            running, waiting, 0)
         steps.set_gpu_time(row, gpu_s)
         self.num_steps += 1
@@ -302,10 +297,9 @@ class MacroStepMixin(DeferredRunMixin):
         and _on_update completes them: a step's prefix-cache stats are the lookups its update
         takes (hits, queries: one per row; the in-flight last step's get set at its update).
         The engine's totals add them as _on_update does."""
-        kvm = self._runs().kv_cache_manager
         running, waiting = self.scheduler.get_request_counts()
         self.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
-                                             kvm.usages_at(free_after), running, waiting, hits, queries)
+                                             self._runs().usages_at(free_after), running, waiting, hits, queries)
         self.prefix_hits += sum(hits)
         self.prefix_queries += sum(queries)
 
@@ -313,7 +307,7 @@ class MacroStepMixin(DeferredRunMixin):
                     ends: list[float], upd_t: list[float]) -> float:
         k = len(ends)
         sched, ids = self._runs(), [r.request_id for r in reqs]
-        tokens = self._sim_executor().sample_decode_run(ids, ctx0, k, sched.finished_req_ids)
+        tokens = self._sim_executor().sample_decode_run(ids, ctx0, k, sched.finished_req_ids())
         eff = sched.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
         durations = [u - t for u, t in zip(upd_t, sched_t)]
         self._macro_rows(self.num_steps, sched_t, durations, gpu[:k], eff.free_after, len(ids),
@@ -341,7 +335,7 @@ class MacroStepMixin(DeferredRunMixin):
         if each is not None and min(each) >= k:
             each = None  # the run stops before any finish (an arrival or a deadline cut it)
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
-        finished = sched.finished_req_ids
+        finished = sched.finished_req_ids()
         eff_first = sched.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
         tokens = sim.sample_decode_run(ids, ctx0, k, finished, self._scheduled_each(each))
         first = self._decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])

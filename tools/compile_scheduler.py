@@ -45,7 +45,9 @@ sys.path.insert(0, str(ROOT))
 from servesim import _native  # noqa: E402  (after the path insert: run as a script)
 
 # The modules compiled: the vLLM scheduling hot path (schedule(), update_from_output(), the KV
-# cache manager, requests, outputs, the token source). The rest stays interpreted, still copied so
+# cache manager, requests, outputs, the token source) and its bulk decode path (scheduler/bulk/:
+# in this group, as it reads the scheduler's and KV manager's native attributes; SGLang's stays
+# interpreted with SGLang, and so does the package's registry). The rest stays interpreted, still copied so
 # the package is complete: cold code (config validation, step traces, invariants, registries),
 # SGLang (typed too loosely for mypyc's runtime checks), hashing.py (its block hasher is a closure
 # carrying an attribute; sha256 dominates it anyway) and the policies (scheduler/policies/: a few
@@ -56,12 +58,12 @@ COMPILED = (
     "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
     "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
     "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
-    "kv/events.py", "decode_run.py", "kv/decode_run.py",
+    "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py",
 )
 GROUP = "servesim.scheduler._native"  # one shared library, inside the package (no top-level name)
 # Classes mypyc never makes native (nothing to mark): protocols, enums, named tuples, typed dicts.
 _NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict"}
-_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|KVCacheManager|Engine)\b[^#]*$")
+_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|Engine)\b[^#]*$")
 _MARK = "@_mypyc_attr(allow_interpreted_subclasses=True)"
 _IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
            "if _TYPE_CHECKING:\n    from mypy_extensions import mypyc_attr as _mypyc_attr\n")
