@@ -29,7 +29,7 @@ sees. The right is declared here, member by member:
   from `pool`, evicts from `tree`, appends to the block tables in `reqs`, as grow() does.
 
 Nothing in scheduler/ outside this package imports it: a scheduler works, and is complete,
-without its bulk path. Only the simulator's fast path (simulator.fastpath) builds one, through
+without its bulk path. Only the simulator's fast path (exact macro-steps) builds one, through
 `decode_runs_for`, chosen by the name the scheduler declares (`SchedulerCapabilities.decode_runs`),
 never by its type: a subclass that changes what a step does (P/D) declares none
 (tests/test_import_graph.py enforces both directions).
