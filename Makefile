@@ -1,6 +1,6 @@
 # servesim: `make run` replays the bundled trace; `make test` runs the whole suite; `make test-fast` skips the slow tests.
-# Each first compiles scheduler/, the simulator's engine and simulator/kernels.py with mypyc (`make compile`;
-# SERVESIM_PURE_PYTHON=1 runs the pure-Python ones).
+# Each first compiles the scheduler's and the engine's hot path with mypyc (`make compile`: tools/build_native.py;
+# SERVESIM_PURE_PYTHON=1 runs the pure-Python modules).
 # Any Python >= 3.11: the first of these names that exists and is new enough (override: make PY=/path/python).
 PY ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
@@ -9,7 +9,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# The compiler is pinned: the build is tested with this mypyc (tests/test_compiled.py).
+# The compiler is pinned: the build is tested with this mypyc (tests/test_compiled.py); pyproject.toml's
+# [build-system] pins the same one for `pip install .` and `pip wheel .`.
 MYPY_PIN := mypy==2.4.1
 
 .PHONY: run test test-fast parity bench clean venv compile
@@ -30,23 +31,16 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP)
 
-# The compiled engine and scheduler (tools/compile_simulator.py -> build/mypyc_sim/, used by
-# servesim/__init__.py while it matches simulator/'s and scheduler/'s sources): rebuilt when either
-# changed, a no-op otherwise (~0.1 s); the scheduler alone (tools/compile_scheduler.py -> build/mypyc/)
-# only when the engine's build failed.
+# The compiled build (tools/build_native.py -> build/native/: the listed modules of scheduler/ and
+# simulator/, the engine linked to the scheduler, in one mypyc compilation; used by servesim while its
+# MANIFEST matches the sources): rebuilt when a compiled folder changed, a no-op otherwise (~0.1 s).
 # A compiler that cannot be installed or fails never stops `make run`/`make test`: servesim then
-# runs the pure-Python scheduler (the reference: same results, slower) and this says so.
+# runs the pure-Python modules (the reference: same results, slower) and this says so.
 compile: $(STAMP)
 	@$(BIN)/python -c 'import mypyc, setuptools' 2>/dev/null || $(BIN)/python -m pip install -q '$(MYPY_PIN)' setuptools \
 		|| echo "note: could not install $(MYPY_PIN) (mypyc) and setuptools"
-	@# The engine first: it is compiled with the scheduler, linked to it (tools/compile_simulator.py);
-	@# while that build is current the scheduler-only build has nothing to do.
-	@$(BIN)/python tools/compile_simulator.py \
-		|| echo "note: the compiled engine was not built; servesim runs the pure-Python engine (same results, slower)"
-	@$(BIN)/python tools/compile_scheduler.py \
-		|| echo "note: the compiled scheduler was not built; servesim runs the pure-Python scheduler (same results, slower)"
-	@$(BIN)/python tools/compile_kernels.py \
-		|| echo "note: the compiled simulator kernels were not built; servesim runs simulator/kernels.py (same results, slower)"
+	@$(BIN)/python tools/build_native.py \
+		|| echo "note: the compiled build was not made; servesim runs the pure-Python scheduler, engine and kernels (same results, slower)"
 	@# Bytecode for what changed since set-up (a pull, an edit): otherwise every process compiles it
 	@# again where PYTHONDONTWRITEBYTECODE is set (~1.5 % of the Azure hour's process here).
 	@$(BIN)/python tools/precompile.py

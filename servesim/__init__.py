@@ -8,16 +8,15 @@ without servesim, such as the vLLM-oracle venv), the installed mapping would poi
 checkout's folders, or at nothing. So when this package sits in a checkout, a finder placed first on
 sys.meta_path resolves servesim.<folder> to *this* checkout's folder. Deeper modules then follow
 from the subpackage's __path__ as usual. Installed from a wheel the folders are real subpackages
-and no finder is added.
+and no checkout finder is added.
 
-The compiled scheduler: when `make` has built scheduler/ with mypyc (servesim/_native.py: a
-staging tree, its MANIFEST matching the current sources), servesim.scheduler is imported from that
-tree instead; SERVESIM_PURE_PYTHON=1 selects the pure-Python folder, and a stale build is never
-used (one warning line says so). The compiled engine (build/mypyc_sim/, tools/compile_simulator.py)
-is linked to the scheduler compiled with it and carries its staging tree: while current, the
-scheduler is imported from there and the engine's folder (extension modules only) goes ahead of
-simulator/ on servesim.simulator's search path; else the scheduler-only build (build/mypyc/).
-The choice is made once per process, for both (_native.select_builds).
+The compiled build (servesim/_native.py decides; tools/build_native.py makes it): in a checkout,
+while build/native/'s MANIFEST matches the sources, each compiled folder's build directory
+(extension modules only) is searched ahead of the folder itself, for the folder and each of its
+subpackages; SERVESIM_PURE_PYTHON=1, no build or a stale one (one warning line) mean the folders
+alone. The choice is made once per process, for every folder together (the libraries are linked).
+Installed from a wheel built with a compiler, the extension modules sit beside the .py files; with
+SERVESIM_PURE_PYTHON=1 a finder loads servesim's modules from the .py files instead.
 
 This module imports nothing heavy: `import servesim.scheduler` must stay stdlib-only.
 """
@@ -26,7 +25,7 @@ from __future__ import annotations
 
 import sys
 from importlib.abc import MetaPathFinder
-from importlib.machinery import ModuleSpec, PathFinder
+from importlib.machinery import SOURCE_SUFFIXES, FileFinder, ModuleSpec, PathFinder, SourceFileLoader
 from pathlib import Path
 
 from servesim import _native
@@ -36,58 +35,77 @@ _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 class _CheckoutFinder(MetaPathFinder):
-    """Finds servesim.<folder> for the MAPPED_FOLDERS in the checkout this package lives in."""
+    """Finds servesim.<folder> for the MAPPED_FOLDERS in the checkout this package lives in, and,
+    while the compiled build is in use, each compiled folder's subpackages (build directory first)."""
 
     def __init__(self, root: Path) -> None:
-        self._root = str(root)
-        self._builds: _native.Selection | None = None
+        self._root = root
+        self._build: _native.Selection | None = None
 
     def _selection(self) -> _native.Selection:
-        """Both packages' builds, decided at the first import of either (one build's engine is
-        never loaded beside another build's scheduler)."""
-        if self._builds is None:
-            sel = self._builds = _native.select_builds(Path(self._root))
-            _native.decision = ("compiled (mypyc)" if sel.scheduler else "pure Python", sel.scheduler_reason)
-            _native.sim_decision = ("compiled (mypyc)" if sel.simulator else "pure Python", sel.simulator_reason)
-        return self._builds
+        """The build, decided at the first import of a folder, for all of them."""
+        if self._build is None:
+            sel = self._build = _native.select_build(self._root)
+            _native.pure_reason = sel.reason
+            if sel.stale:  # one line on stderr (a warnings.warn would add a second, the source line)
+                print(f"servesim: warning: using the pure-Python modules: {sel.reason}", file=sys.stderr)
+        return self._build
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
-        parent, _, child = fullname.rpartition(".")
-        if parent != __name__ or child not in MAPPED_FOLDERS:
+        parts = fullname.split(".")
+        if parts[0] != __name__ or len(parts) < 2 or parts[1] not in MAPPED_FOLDERS:
             return None
-        # FileFinder looks up the last name component, so this is root/<folder> under the
-        # servesim name (module identity is by name: the top-level `scheduler` is never imported).
-        if child == "scheduler":
-            return self._scheduler_spec(fullname)
-        spec = PathFinder.find_spec(fullname, [self._root])
-        if child == "simulator" and spec is not None and spec.submodule_search_locations is not None:
-            self._add_compiled_engine(spec.submodule_search_locations)
+        if len(parts) == 2:
+            # FileFinder looks up the last name component, so this is root/<folder> under the
+            # servesim name (module identity is by name: the top-level `scheduler` is never imported).
+            spec = PathFinder.find_spec(fullname, [str(self._root)])
+        else:
+            if path is None:
+                return None
+            # A deeper module follows its parent's __path__ here, before an editable install's
+            # finder (later on sys.meta_path) could map the name to its own checkout: a subpackage
+            # that exists in both would otherwise come from the other checkout.
+            spec = PathFinder.find_spec(fullname, path)
+            if spec is None:  # not in this checkout: not another checkout's either
+                raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        if spec is not None and spec.submodule_search_locations is not None:
+            self._compiled_first(parts[1:], spec.submodule_search_locations)
         return spec
 
-    def _add_compiled_engine(self, search: list[str]) -> None:
-        """The compiled engine's folder (extension modules only) ahead of simulator/ itself."""
+    def _compiled_first(self, parts: list[str], search: list[str]) -> None:
+        """A compiled folder's package searches its build directory first, then its own folder (a
+        compiled module is found as the extension; the rest, data included, in the folder)."""
         sel = self._selection()
-        folder, reason = sel.simulator, sel.simulator_reason
-        if folder is None:
-            if reason.startswith("stale"):
-                print(f"servesim: warning: using the pure-Python engine: {reason}", file=sys.stderr)
+        if parts[0] not in sel.folders:
             return
-        search.insert(0, str(folder))
-
-    def _scheduler_spec(self, fullname: str) -> ModuleSpec | None:
-        sel = self._selection()
-        package, reason = sel.scheduler, sel.scheduler_reason
-        if package is None:
-            if reason.startswith("stale"):
-                # One line on stderr (a warnings.warn would add a second, the source line).
-                print(f"servesim: warning: using the pure-Python scheduler: {reason}", file=sys.stderr)
-            return PathFinder.find_spec(fullname, [self._root])
-        # The staging tree holds servesim/scheduler/ (extension modules beside .py copies; the
-        # extension wins in FileFinder's order), so submodules follow its __path__ as usual.
-        return PathFinder.find_spec(fullname, [str(package.parent)])
+        compiled, own = sel.root.joinpath(*parts), self._root.joinpath(*parts)
+        search[:] = [str(d) for d in (compiled, own) if d.is_dir()]
 
     def __repr__(self) -> str:
         return f"<servesim checkout finder {self._root}>"
+
+
+class _SourceFinder(MetaPathFinder):
+    """An installed servesim under SERVESIM_PURE_PYTHON: its modules from their .py files, never
+    from the compiled extension modules beside them (the wheel's)."""
+
+    def __init__(self) -> None:
+        self._finders: dict[str, FileFinder] = {}
+
+    def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
+        if not fullname.startswith(__name__ + ".") or path is None:
+            return None
+        for entry in path:
+            finder = self._finders.get(entry)
+            if finder is None:
+                finder = self._finders[entry] = FileFinder(entry, (SourceFileLoader, SOURCE_SUFFIXES))
+            spec = finder.find_spec(fullname)
+            if spec is not None and spec.loader is not None:
+                return spec
+        return None
+
+    def __repr__(self) -> str:
+        return "<servesim pure-Python finder>"
 
 
 def _in_checkout() -> bool:
@@ -95,5 +113,10 @@ def _in_checkout() -> bool:
         (_CHECKOUT / folder / "__init__.py").is_file() for folder in MAPPED_FOLDERS)
 
 
-if _in_checkout() and not any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _CheckoutFinder(_CHECKOUT))
+if _in_checkout():
+    if not any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CheckoutFinder(_CHECKOUT))
+elif _native.pure_requested():
+    _native.pure_reason = f"{_native.PURE_ENV} is set"
+    if not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFinder())

@@ -1,41 +1,49 @@
-"""Where the compiled scheduler lives in a checkout, and whether it may be used.
+"""Which build of servesim's compiled modules a process runs: the one selector, and what it reports.
 
-`make` (tools/compile_scheduler.py) compiles scheduler/ with mypyc into a staging tree,
-build/mypyc/servesim/scheduler/: a copy of every scheduler/*.py plus the extension modules, so
-module names come out as servesim.scheduler.* (mypyc names modules by path). The staging tree is
-used in place of scheduler/ only when its MANIFEST says it was built from exactly the sources the
-checkout holds now (a content hash of scheduler/**/*.py) for this interpreter's extension suffix,
-and SERVESIM_PURE_PYTHON is not set. Anything else means the pure-Python folder: the reference.
+The compiled build (tools/build_native.py) compiles listed modules of scheduler/ and simulator/ with
+mypyc, linked in one compilation. Two places hold one:
+- a checkout: build/native/servesim/<folder>/ holds the extension modules alone, and its MANIFEST
+  names the compiled folders, a digest of each folder's sources and the interpreter's extension
+  suffix. select_build() takes it only whole and only while all of these match the checkout and
+  SERVESIM_PURE_PYTHON is not set; servesim/__init__.py's checkout finder then searches each
+  compiled folder's build directory ahead of the folder (a compiled module is the extension, every
+  other module the folder's .py). No build: pure Python, silently; a stale one: pure Python, and the
+  finder prints one warning line. A build is never used in part: its libraries are linked together.
+- an installed wheel built with a compiler: each extension module sits beside its .py file and
+  Python's import system takes the extension. With SERVESIM_PURE_PYTHON set, servesim/__init__.py
+  puts a finder first that loads servesim's modules from their .py files (the pure-Python
+  reference, as in a checkout).
 
-The compiled engine (tools/compile_simulator.py, build/mypyc_sim/) is linked to the scheduler it
-was compiled with and carries that scheduler's staging tree: while it is current (simulator/'s and
-scheduler/'s sources both match), both packages come from it (select_builds), so the two libraries
-always come from one build; otherwise the scheduler-only build (build/mypyc/) if current, and the
-pure-Python engine.
+The kernels (simulator/kernels.py) are one of the engine's compiled modules: simulator/kernel_impl.py
+imports whichever the import system finds, so they follow this same selection.
 
-Stdlib only and cheap (read by servesim/__init__.py on every import of servesim.scheduler).
+What runs is read from the modules themselves (their spec's origin: an extension or a .py file), so
+the report cannot disagree with it; the reason for pure Python comes from the selection.
+
+Stdlib only and cheap (read by servesim/__init__.py on the first import of a servesim folder).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from importlib.machinery import EXTENSION_SUFFIXES
+from importlib.util import find_spec
 from pathlib import Path
-from typing import NamedTuple
 
 PURE_ENV = "SERVESIM_PURE_PYTHON"
-STAGING = Path("build") / "mypyc"  # relative to the checkout root
-MANIFEST = "MANIFEST"  # in STAGING; written last by the build, removed first
-PACKAGE = Path("servesim") / "scheduler"  # the package inside STAGING
-# The compiled engine (tools/compile_simulator.py): only its extension modules, in a folder put
-# ahead of simulator/ on servesim.simulator's search path (every other module is the folder's own).
-SIM_STAGING = Path("build") / "mypyc_sim"
-SIM_PACKAGE = Path("servesim") / "simulator"
+BUILD = Path("build") / "native"  # relative to the checkout root (tools/build_native.py writes it)
+MANIFEST = "MANIFEST"  # in BUILD; written last by the build
+COMPILED = "compiled (mypyc)"
 
-# What the checkout finder decided, for `servesim --version` and tests: (mode, reason).
-decision: tuple[str, str] = ("pure Python", "not a checkout (installed wheel)")
-sim_decision: tuple[str, str] = ("pure Python", "not a checkout (installed wheel)")
+# Why pure Python, when it is: the checkout finder's selection, or the installed package's state
+# (servesim/__init__.py sets it before any servesim folder is imported).
+pure_reason: str = "installed from a pure-Python wheel"
+
+
+def pure_requested() -> bool:
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
 
 
 def source_files(folder: Path) -> list[Path]:
@@ -52,105 +60,68 @@ def sources_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def read_manifest(staging: Path) -> dict[str, str]:
+def read_manifest(build: Path) -> dict[str, str]:
     """key=value lines; {} when there is no finished build."""
     try:
-        text = (staging / MANIFEST).read_text()
+        text = (build / MANIFEST).read_text()
     except OSError:
         return {}
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def compiled_package(checkout: Path) -> tuple[Path | None, str]:
-    """The staging package folder to import servesim.scheduler from, or None, and why.
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A checkout's compiled build, used whole or not at all."""
 
-    A build that exists but does not match the sources is never used (the reason says so and the
-    caller warns); a missing build is the normal state of a fresh clone and needs no warning.
-    """
-    return _compiled(checkout, STAGING, "scheduler", PACKAGE)
+    root: Path | None  # build/native/servesim: holds <folder>/ for each compiled folder; None: pure Python
+    folders: tuple[str, ...]  # the compiled folders (scheduler, simulator)
+    reason: str  # COMPILED, or why pure Python
 
-
-def compiled_simulator(checkout: Path) -> tuple[Path | None, str]:
-    """The folder of the compiled engine's extension modules to search before simulator/, or None,
-    and why (as compiled_package: a stale build is never used; it is stale when scheduler/ changed
-    too, since it is linked to the scheduler built with it)."""
-    return _compiled(checkout, SIM_STAGING, "simulator", SIM_PACKAGE, linked="scheduler")
+    @property
+    def stale(self) -> bool:
+        return self.reason.startswith("stale")
 
 
-class Selection(NamedTuple):
-    """Which builds a process imports: a folder (or None: pure Python) and why, for each package."""
-
-    scheduler: Path | None  # the staging package to import servesim.scheduler from
-    scheduler_reason: str
-    simulator: Path | None  # the engine's extension modules, searched before simulator/
-    simulator_reason: str
-
-
-def select_builds(checkout: Path) -> Selection:
-    """The engine build (and the scheduler staged in it) while current, else the scheduler-only
-    build if current and the pure-Python engine: decided once per process (the checkout finder
-    keeps it), so a build published meanwhile never pairs one build's engine with another's
-    scheduler."""
-    engine, reason = compiled_simulator(checkout)
-    if engine is not None:
-        return Selection(checkout / SIM_STAGING / PACKAGE, reason, engine, reason)
-    scheduler, scheduler_reason = compiled_package(checkout)
-    return Selection(scheduler, scheduler_reason, None, reason)
-
-
-def _compiled(checkout: Path, staging_rel: Path, folder: str, package: Path,
-              linked: str | None = None) -> tuple[Path | None, str]:
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        return None, f"{PURE_ENV} is set"
-    staging = checkout / staging_rel
-    manifest = read_manifest(staging)
-    if not manifest:
-        return None, "no compiled build (run make)"
+def select_build(checkout: Path) -> Selection:
+    """The checkout's build if its MANIFEST matches every compiled folder's sources and this
+    interpreter, and SERVESIM_PURE_PYTHON is not set; decided once per process by the checkout
+    finder (a build published meanwhile is never mixed with the one in use)."""
+    if pure_requested():
+        return Selection(None, (), f"{PURE_ENV} is set")
+    build = checkout / BUILD
+    manifest = read_manifest(build)
+    folders = tuple(filter(None, manifest.get("packages", "").split(",")))
+    if not folders:
+        return Selection(None, (), "no compiled build (run make)")
     if manifest.get("ext_suffix") != EXTENSION_SUFFIXES[0]:
-        return None, f"stale compiled build: built for {manifest.get('ext_suffix')}, not this Python (run make)"
-    if manifest.get("sources") != sources_digest(checkout / folder):
-        return None, f"stale compiled build: {folder}/ changed since it was built (run make)"
-    if linked is not None and manifest.get(f"{linked}_sources") != sources_digest(checkout / linked):
-        return None, f"stale compiled build: {linked}/ changed since the {folder} was built with it (run make)"
-    return staging / package, "compiled (mypyc)"
+        return Selection(None, (), f"stale compiled build: built for {manifest.get('ext_suffix')}, "
+                                   "not this Python (run make)")
+    for folder in folders:
+        if manifest.get(f"{folder}_sources") != sources_digest(checkout / folder):
+            return Selection(None, (), f"stale compiled build: {folder}/ changed since it was built (run make)")
+    return Selection(build / "servesim", folders, COMPILED)
+
+
+def module_mode(name: str) -> str:
+    """One line: whether the module `name` runs compiled, read from the module the import system
+    finds (its parent packages are imported, the module itself is not)."""
+    spec = find_spec(name)
+    origin = spec.origin if spec is not None and spec.origin else ""
+    if origin.endswith(tuple(EXTENSION_SUFFIXES)):
+        return COMPILED
+    return f"pure Python ({pure_reason})"
 
 
 def scheduler_mode() -> str:
-    """One line: which scheduler build this process runs, e.g. for `servesim --version`.
-
-    Asks the loaded module itself, so it cannot disagree with what actually runs.
-    """
-    from servesim.scheduler import scheduler as module  # noqa: PLC0415 (stdlib-only either way)
-
-    if any(str(module.__file__).endswith(suffix) for suffix in EXTENSION_SUFFIXES):
-        return "compiled (mypyc)"
-    mode, reason = decision
-    return f"pure Python ({reason})" if mode == "pure Python" else "pure Python"
+    """Which scheduler build this process runs, e.g. for `servesim --version`."""
+    return module_mode("servesim.scheduler.scheduler")
 
 
 def simulator_mode() -> str:
-    """One line: which engine build this process runs (the checkout finder's decision; reading
-    the engine itself would import its third-party packages, which --version must not)."""
-    import servesim.simulator  # noqa: F401, PLC0415 (the finder decides as it imports the package)
-
-    mode, reason = sim_decision
-    return mode if mode == "compiled (mypyc)" else f"pure Python ({reason})"
+    """Which engine build this process runs (without importing the engine's third-party packages)."""
+    return module_mode("servesim.simulator.engine")
 
 
-def publish_build(fresh: Path, live: Path, fields: dict[str, str]) -> None:
-    """Finish a mypyc build (tools/compile_scheduler.py, tools/compile_kernels.py): write its
-    MANIFEST last (`fields`, this interpreter's extension suffix, the mypy version), then put the
-    folder `fresh` in the place of `live`: a reader finds the old build or the new one, never half
-    of one, and a build without a MANIFEST is never used."""
-    import shutil  # noqa: PLC0415 (only builds need these; this module is read on every import)
-
-    import mypy.version  # noqa: PLC0415
-
-    fields = {**fields, "ext_suffix": EXTENSION_SUFFIXES[0], "mypy": mypy.version.__version__}
-    (fresh / MANIFEST).write_text("".join(f"{key}={value}\n" for key, value in fields.items()))
-    old = live.with_name(live.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if live.exists():
-        live.rename(old)
-    fresh.rename(live)
-    shutil.rmtree(old, ignore_errors=True)
+def kernels_mode() -> str:
+    """Which build of the simulator's numeric kernels this process runs."""
+    return module_mode("servesim.simulator.kernels")

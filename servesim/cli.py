@@ -51,11 +51,10 @@ def _version() -> str:
 
 
 def _version_text() -> str:
-    from servesim._native import scheduler_mode, simulator_mode
-    from servesim.simulator.kernel_impl import mode as kernels_mode  # stdlib-only, like the scheduler's
+    from servesim._native import kernels_mode, scheduler_mode, simulator_mode
 
     return (f"servesim {_version()}\nscheduler: {scheduler_mode()}\nsimulator engine: {simulator_mode()}\n"
-            f"simulator kernels: {kernels_mode}")
+            f"simulator kernels: {kernels_mode()}")
 
 
 def _show_version(value: bool) -> None:

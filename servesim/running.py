@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from servesim.simulator.collector import collector_paused, release_freed_heap
 from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.simulator.outdir import claim_output
 from servesim.simulator.outputs import build_summary, write_results
 from servesim.simulator.summary import warn_rejected
@@ -85,7 +85,7 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
 
 def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> Results:
     trace_buf = io.StringIO() if step_trace is not None else None
-    engine = Engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
+    engine = build_engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
     res = engine.run()
     summary = build_summary(engine.cfg, res, len(workload.requests))
     release_freed_heap()  # the summary's scratch arrays, before the result files' own

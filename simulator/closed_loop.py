@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from servesim.simulator.config import SimConfig
+from servesim.simulator.build import build_engine
 from servesim.simulator.engine import Engine, EngineResult
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec
@@ -84,7 +85,7 @@ def run_closed_loop(cfg: SimConfig, cl: ClosedLoopConfig, offsets: list[float] |
             yield engine.env.timeout(delay)
         engine.submit(spec_for(client, engine.env.now))
 
-    engine = Engine(cfg, None, on_finish=on_finish)
+    engine = build_engine(cfg, None, on_finish=on_finish)
     t0 = time.perf_counter()
     for c in range(cl.num_clients):
         if offsets is None:

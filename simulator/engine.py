@@ -1,15 +1,21 @@
-"""The simulated engine: vLLM's EngineCore loop on a SimPy clock.
+"""The simulated engine: vLLM's EngineCore loop on a SimPy clock (the reference core).
 
     schedule() -> executor.execute() -> env.timeout(step time) -> update_from_output()
 
 With async scheduling the loop keeps two steps in flight like vLLM's batch queue: step N+1 is
 scheduled (its CPU work overlapping step N on the GPU) before step N's output is applied. When
 nothing is waiting or running the engine sleeps until the next arrival: no busy loop.
+
+The engine owns small objects, each with its own state: the scheduler, the executor, the
+`Clients` that send the workload (simulator/client.py), the `StepBook` (rows, step-trace records,
+token times, finishes: simulator/step_book.py), the `Watchdog` (simulator/watchdog.py) and the
+`ClientDeadlines` (simulator/deadlines.py). A `RunPlanner` (simulator/run_planner.py) may plug in
+beside the loop and apply runs of steps at once; `Engine(...)` alone has none and steps every step
+(simulator/build.py attaches the fast path's).
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -18,33 +24,33 @@ from typing import IO, Any
 
 import simpy
 
-from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, SamplingParams, TokenProvenance,
-                                TokenSegment)
-from servesim.scheduler.bulk import decode_runs_for
+from servesim.scheduler import CacheConfig, RequestStatus, TokenProvenance
 from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from servesim.simulator.scheduler_kinds import make_engine_scheduler
+from servesim.scheduler.worker import TokenSource
+from servesim.simulator.client import Clients
 from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import make_cost_model
 from servesim.simulator.cost_model.pipeline import PipelineCost
+from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.executor import Executor, SimExecutor
-from servesim.simulator.client import Clients
 from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError
-from servesim.simulator.macro_step import MacroStepMixin, macro_fallback_reason
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
+from servesim.simulator.request_factory import RequestFactory
+from servesim.simulator.run_planner import InFlight, RunPlanner
 from servesim.simulator.sampling import sampler_cost_for
+from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.simulator.startup import resolve_cache, resolved
-from servesim.scheduler.worker import TokenSource
+from servesim.simulator.step_book import StepBook
+from servesim.simulator.watchdog import Watchdog
 from servesim.traces.workload import RequestSpec, Workload
 
+__all__ = ["Engine", "EngineResult", "InFlight", "StallError", "resolve_cache"]
 
-__all__ = ["Engine", "EngineResult", "StallError", "resolve_cache"]
-
-# The loop's steps in flight, oldest first: (schedule, its output, GPU end s, step-trace record, steps row)
-InFlight = deque[tuple[SchedulerOutput, ModelRunnerOutput, float, "dict | None", int]]
+NO_PLANNER = "the engine was built without a planner (Engine alone: the reference)"
 
 
 @dataclass(slots=True)
@@ -57,9 +63,10 @@ class EngineResult:
     prefix_queries: int
     cache: CacheConfig
     kv_capacity: KvCapacity | None
+    planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
 
 
-class Engine(MacroStepMixin):
+class Engine:
     def __init__(self, cfg: SimConfig, workload: Workload | None = None, executor: Executor | None = None,
                  step_trace: IO[str] | None = None, progress: Callable[[float, int], None] | None = None,
                  env: simpy.Environment | None = None, name: str = "engine0",
@@ -72,7 +79,7 @@ class Engine(MacroStepMixin):
         self.on_finish = on_finish  # (request_id, finish_reason) -> None, e.g. for a router
         self.cache, self.kv_capacity = resolve_cache(cfg)
         # A ready-made scheduler (e.g. a P/D decode scheduler) must match self.cache.
-        self.scheduler = scheduler if scheduler is not None else make_engine_scheduler(
+        self.scheduler: SchedulerInterface = scheduler if scheduler is not None else make_engine_scheduler(
             cfg.engine, cfg.scheduler, self.cache, cfg)
         hw = cfg.hardware
         if executor is None:
@@ -80,11 +87,13 @@ class Engine(MacroStepMixin):
             pipeline = PipelineCost(cost, hw.model, hw.tp, hw.pp) if hw.pp > 1 else None
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens,
                                    sampler=sampler_cost_for(cfg), pipeline=pipeline)
-        self.executor = executor
-        self._sim = executor if isinstance(executor, SimExecutor) else None  # what macro-steps price and sample with
+        self.executor: Executor = executor
         # Pipeline parallelism: a batch per stage in flight, timed stage by stage (pipeline_clock.py).
         self._pipeline = pipeline_clock_for(hw.pp, executor)
-        self._keys_from_provenance = cfg.prefix_cache_keys == "provenance"
+        # What prices a step stage by stage (pipeline_clock_for refuses any other executor with pp > 1).
+        self._staged: SimExecutor | None = executor if self._pipeline is not None and isinstance(executor, SimExecutor) \
+            else None
+        self.requests_in = RequestFactory(executor, cfg.prefix_cache_keys == "provenance")
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
@@ -93,68 +102,68 @@ class Engine(MacroStepMixin):
         # Who sends the workload's requests, when, and through which frontend (simulator/client.py).
         self.clients = Clients(self.env, self._frontend, cfg.client.max_concurrency, self.submit,
                                self.expect_next_arrival)
-        self.metrics = MetricsCollector()
-        self.step_trace = step_trace
-        self.progress = progress
-        self._wake = None  # what the idle loop waits for (an arrival, close() or notify() triggers it)
-        self._arrived_since_step = []
-        self._all_arrived = False
-        self._num_done = 0
-        self.num_steps = 0
-        self.prefix_hits = 0
-        self.prefix_queries = 0
-        self._gpu_free_at = 0.0  # when the GPU finishes the last submitted step
-        # Arrival the engine's own arrival process waits for; 0 = unknown (requests come from outside).
-        self._next_arrival_s = 0.0
-        self._arrival_bound = None  # expect_arrivals_by_load
-        self._macro_until_s = -1.0  # the last update time of the last macro-step
-        self._collides = None  # defer_runs (deferred_run.py)
-        self._deferred = None  # the planned run not yet applied
-        self._in_flight = deque()  # the loop's steps in flight (scheduled, not yet updated)
-        self.num_deferred_runs = 0  # planned
-        self.num_deferred_routed = 0  # applied at a routed arrival
-        # Watchdog: the step count and clock past which no progress means a stall (see _mark_progress).
-        self.num_preemptions = 0
-        self._max_steps_idle = cfg.liveness.max_steps_without_progress
-        self._max_s_idle = cfg.liveness.max_sim_s_without_progress
-        self._stall_step = 0  # the step count ...
-        self._stall_s = 0.0  # ... and the clock past which no progress means a stall
-        self._preemptions_at_progress = 0
-        self._mark_progress(0.0)
+        self.book = StepBook(MetricsCollector(), step_trace, progress)
+        self.watchdog = Watchdog(cfg.liveness)
+        self.deadlines = ClientDeadlines()
         self._timeout_s = cfg.client.timeout_s
-        # Client deadlines still pending: (deadline s, submission seq, request id); a heap. An entry
-        # whose request already finished is dropped when it comes due.
-        self._deadlines = []
-        self._num_submitted = 0
-        # Exact macro-steps (simulator/macro_step.py) through the bulk decode path the scheduler
-        # declares (scheduler/bulk/), built once; reason None = they may apply, run by run.
-        self._decode_runs = decode_runs_for(self.scheduler) if cfg.macro_steps else None
-        self.macro_fallback_reason = macro_fallback_reason(self)
-        if self.macro_fallback_reason is not None:
-            self._decode_runs = None
-        runs = self._decode_runs
-        self._decode_run_extra = runs.decode_run_extra_steps() if runs is not None else 0
-        # a run's last update may land past an arrival (macro_step.py, _past_arrival)
-        self._commuting_arrivals = runs is not None and runs.arrivals_commute_with_decode_updates()
-        self.num_macro_steps = 0  # engine steps applied inside macro-steps
-        self.num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
-        self.num_runs_past_arrival = 0  # runs whose last update was due after an arrival (_past_arrival)
-        self.num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
+        self._wake: simpy.Event | None = None  # what the idle loop waits for (an arrival, close(), notify())
+        self._all_arrived = False
+        self.gpu_free_at = 0.0  # when the GPU finishes the last submitted step
+        self.in_flight: InFlight = deque()  # the loop's steps in flight (scheduled, not yet updated)
+        self.planner: RunPlanner | None = None
+        self.planner_declined: str | None = NO_PLANNER  # why there is no planner (None: there is one)
 
-    # --- processes -----------------------------------------------------------------------------
+    def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
+        """Plug in a fast path (before the engine starts), or record why there is none."""
+        self.planner = planner
+        self.planner_declined = None if planner is not None else declined
+
+    # --- what the engine's owners read -----------------------------------------------------------
+    @property
+    def metrics(self) -> MetricsCollector:
+        return self.book.metrics
+
+    @property
+    def num_steps(self) -> int:
+        return self.book.num_steps
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.book.num_preemptions
+
+    @property
+    def num_outstanding(self) -> int:
+        """Requests waiting or running (a router's load signal), as stepping would show them now
+        (a planner's pending run may already have finished some: RunPlanner.load_drop)."""
+        n = self.scheduler.get_num_unfinished_requests()
+        return n if self.planner is None else n - self.planner.load_drop()
+
+    @property
+    def num_done(self) -> int:
+        """Requests finished or rejected here."""
+        return self.book.num_done
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.kv_cache_manager.usage
+
+    @property
+    def all_arrived(self) -> bool:
+        """No more requests will be submitted (close() was called)."""
+        return self._all_arrived
+
+    # --- requests in -----------------------------------------------------------------------------
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
+        assert self.workload is not None
         yield from self.clients.send_all(self.workload.requests)
-        self._next_arrival_s = float("inf")
+        self.expect_next_arrival(float("inf"))
         self.close()
 
     def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
         """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
         its client sent it (default: now), which latencies and the client timeout count from."""
-        if self._deferred is not None:  # a deferred run: apply it up to this arrival (deferred_run.py)
-            self._apply_deferred(self.env.now, self._in_flight)
-        if not self.env.now > self._macro_until_s:  # a macro-step's bound was wrong: not exact
-            raise AssertionError(f"{self.name}: a request arrived inside a macro-step (before "
-                                 f"{self._macro_until_s!r} s)")
+        if self.planner is not None:
+            self.planner.before_submit(self.env.now)
         self._add(spec, self.env.now if sent_s is None else sent_s)
         self._wake_up()
 
@@ -173,49 +182,23 @@ class Engine(MacroStepMixin):
 
     def expect_next_arrival(self, t_s: float) -> None:
         """The next request submitted from outside will not arrive before t_s, and nothing outside
-        reads this engine's state before then (a cluster's router: macro-steps apply a run's first
-        update early, which may finish requests); lets macro-steps run."""
-        self._next_arrival_s = t_s
+        reads this engine's state before then (what lets a planner's runs go on: RunPlanner)."""
+        if self.planner is not None:
+            self.planner.expect_next_arrival(t_s)
 
     def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
-        """A router's proof of when a request can next reach this engine: bound(load) is the
-        earliest such time while this engine's num_outstanding stays >= load (a cluster sets it;
-        macro-steps then run past arrivals that provably go elsewhere)."""
-        self._arrival_bound = bound
+        """A router's proof of when a request can next reach this engine (RunPlanner)."""
+        if self.planner is not None:
+            self.planner.expect_arrivals_by_load(bound)
 
-    def _idle_wait(self) -> simpy.Event:
-        """Nothing ran and nothing is in flight: sleep until an outside event, or until the
-        scheduler's own next state change (e.g. a policy releasing held KV)."""
-        self._wake = self.env.event()
-        wakes = []
-        own = self.scheduler.next_event_s()
-        if own is not None:
-            wakes.append(own)
-        if self._deadlines:  # a client giving up frees KV: that can unblock the others
-            wakes.append(self._deadlines[0][0])
-        if wakes:
-            return self.env.any_of([self._wake, self.env.timeout(max(min(wakes) - self.env.now, 0.0))])
-        return self._wake
-
-    @property
-    def num_outstanding(self) -> int:
-        """Requests waiting or running (a router's load signal), as stepping would show them now
-        (a deferred run's first update may finish some: deferred_run.py)."""
-        n = self.scheduler.get_num_unfinished_requests()
-        return n if self._deferred is None else n - self._deferred_load_drop()  # routers read it often
-
-    @property
-    def num_done(self) -> int:
-        """Requests finished or rejected here."""
-        return self._num_done
-
-    @property
-    def kv_usage(self) -> float:
-        return self.scheduler.kv_cache_manager.usage
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+        """Let a planner apply runs when a request is routed here (RunPlanner.defer_runs)."""
+        if self.planner is not None:
+            self.planner.defer_runs(collides)
 
     def _add(self, spec: RequestSpec, sent_s: float) -> None:
         sched, now = self.scheduler, self.env.now
-        self.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
+        self.book.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
         reason = self.admission.reject_reason(spec.prompt_len, spec.output_len)
         if reason is not None:  # the frontend refuses it: it never reaches the scheduler
             self._rejected(spec.request_id, reason)
@@ -224,77 +207,58 @@ class Engine(MacroStepMixin):
         if timeout_s is not None:
             deadline_s = sent_s + timeout_s
             if deadline_s <= now:  # the client gave up while the frontend still held the request
-                self.metrics.on_timeout(spec.request_id)
-                self._finished_elsewhere(spec.request_id)
+                self._gone(spec.request_id)
                 return
-            heapq.heappush(self._deadlines, (deadline_s, self._num_submitted, spec.request_id))
-        self._num_submitted += 1
-        req = Request(spec.request_id, self._prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
-                      arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
-                      job_id=spec.session_id, is_last_step=spec.is_last_turn,
-                      token_provenance=self.token_provenance(spec))  # add_request keys its blocks
+            self.deadlines.push(deadline_s, spec.request_id)
+        req = self.requests_in.make(spec, now)
         sched.add_request(req, now_s=now)
-        self._arrived_since_step.append(spec.request_id)
+        self.book.arrived_since_step.append(spec.request_id)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
 
-    @staticmethod
-    def _prompt_ids(spec: RequestSpec) -> Sequence[int] | LazyTokenIds:
-        """A trace's real ids as they are; a synthetic prompt's ids built only if something reads
-        them (the simulated engine reads their count and, with provenance keys, nothing else)."""
-        if spec.prompt_token_ids is not None:
-            return spec.token_id_array()
-        return LazyTokenIds(spec.prompt_len, spec.token_id_array)
-
     def token_provenance(self, spec: RequestSpec) -> TokenProvenance | None:
-        """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash
-        them; real ids, or prefix_cache_keys: token_ids)."""
-        runs = spec.token_segments() if self._keys_from_provenance else None
-        if runs is None:
-            return None
-        return TokenProvenance(tuple([TokenSegment(*run) for run in runs]),
-                               self.executor.output_token_source(spec.request_id))
+        """What spec's request would carry to key its KV blocks (a prefix-aware router asks)."""
+        return self.requests_in.provenance(spec)
 
+    # --- the loop --------------------------------------------------------------------------------
     def _engine_loop(self) -> Generator[simpy.Event, Any, None]:
-        env, sched = self.env, self.scheduler
+        env, sched, planner = self.env, self.scheduler, self.planner
         caps = sched.capabilities  # fixed at construction: read once, not per step
         depth, idle_is_stable = caps.max_steps_in_flight, caps.idle_is_stable
         pipe = self._pipeline
         if pipe is not None:  # vLLM's batch queue holds one batch per stage
             depth = max_concurrent_batches(self.cfg.hardware.pp, self.cfg.scheduler.async_scheduling)
         overlap_allowed = sched.overlap_allowed
-        macro = self.macro_fallback_reason is None
         in_flight: InFlight = deque()
-        self._in_flight = in_flight  # what a deferred run applied at an arrival leaves steps in
-        self._gpu_free_at = 0.0
+        self.in_flight = in_flight  # what a planner's run applied at an arrival leaves steps in
+        self.gpu_free_at = 0.0
         while True:
             if not sched.has_unfinished_requests() and not in_flight:
                 if self._all_arrived:
                     return
-                self._wake = env.event()
-                yield self._wake
-                self._mark_progress(env.now)  # idle time with nothing to do is no stall
+                yield self.wake_event()
+                self.mark_progress(env.now)  # idle time with nothing to do is no stall
                 continue
             now = env.now
-            if self._deadlines and self._deadlines[0][0] <= now:
+            if self.deadlines.is_due(now):
                 self._expire_deadlines(now)
                 continue
-            if macro and len(in_flight) == depth - 1:  # sync: none in flight; async: one
-                delays_s = self._macro_step(now, in_flight)
-                if self._deferred is not None:
-                    yield from self._await_deferred(in_flight)
+            if planner is not None and len(in_flight) == depth - 1:  # sync: none in flight; async: one
+                delays_s = planner.advance(now, in_flight)
+                if planner.has_pending_run():
+                    yield from planner.await_pending_run(in_flight)
                     continue
                 if delays_s is not None:
                     for delay_s in delays_s:
                         yield env.timeout(delay_s)
-                    if len(in_flight) == depth:  # the run ended with a tail step (macro_step.py)
+                    if len(in_flight) == depth:  # the run left a tail step in flight behind the last
                         yield from self._apply_oldest(in_flight)
                     continue
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
-            rec, row = self._on_schedule(so, now)
-            if self.num_steps > self._stall_step or now > self._stall_s:
-                self._stall(now)
+            rec, row = self.record_schedule(so, now)
+            if self.watchdog.due(self.book.num_steps, now):
+                raise self.watchdog.stall_error(self.name, sched, self.book.num_steps, now, self.book.num_preemptions)
             mro, gpu_s = self.executor.execute(so)
             cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
             # CPU preparation precedes the GPU work; with async scheduling it overlaps the previous step.
@@ -302,11 +266,13 @@ class Engine(MacroStepMixin):
             # this step then starts only after the GPU finished the previous one.
             serial = in_flight and not overlap_allowed(in_flight[-1][0], so)
             if pipe is None:
-                start = max(now, self._gpu_free_at) + cpu_s if serial else max(now + cpu_s, self._gpu_free_at)
-                self._gpu_free_at = gpu_free_at = start + gpu_s
+                start = max(now, self.gpu_free_at) + cpu_s if serial else max(now + cpu_s, self.gpu_free_at)
+                self.gpu_free_at = gpu_free_at = start + gpu_s
             else:  # stage by stage (gpu_s: the executor's sum of the stages)
-                self._gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, self._sim_executor().last_stage_times_s)
-            self.metrics.steps.set_gpu_time(row, gpu_s)
+                staged = self._staged
+                assert staged is not None
+                self.gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, staged.last_stage_times_s)
+            self.book.metrics.steps.set_gpu_time(row, gpu_s)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
                 yield from self._apply_oldest(in_flight)
@@ -314,17 +280,101 @@ class Engine(MacroStepMixin):
                     and idle_is_stable and sched.has_unfinished_requests()):
                 # Nothing ran and nothing changed: the same schedule() would decide the same nothing
                 # again at this instant.
-                yield self._idle_wait()
+                yield self.idle_event()
 
     def _apply_oldest(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         """Wait for the oldest in-flight step's GPU end, then apply its output (a generator)."""
         so, mro, end_s, rec, row = in_flight.popleft()
         if end_s > self.env.now:
             yield self.env.timeout(end_s - self.env.now)
-        self._on_update(so, mro, rec, row)
+        self.apply_output(so, mro, rec, row)
 
-    # --- bookkeeping ---------------------------------------------------------------------------
-    # --- run -----------------------------------------------------------------------------------
+    # --- one step's bookkeeping (the loop, a DP lockstep group and a planner call these alike) ----
+    def record_schedule(self, so: SchedulerOutput, now: float) -> tuple[dict | None, int]:
+        """Bookkeeping of a step just scheduled: (its step-trace record or None, its steps row)."""
+        return self.book.record_schedule(so, now, self.scheduler)
+
+    def apply_output(self, so: SchedulerOutput, mro: ModelRunnerOutput, rec: dict | None, row: int,
+                     now: float | None = None) -> None:
+        """Apply a step's output at `now` (default: the clock): update_from_output, token times,
+        finishes, progress; `row` is its steps row."""
+        if now is None:
+            now = self.env.now
+        eco = self.scheduler.update_from_output(so, mro, now_s=now)
+        outputs = eco.outputs
+        if outputs:
+            self.mark_progress(now)
+            self.book.metrics.on_step_outputs(outputs, now)  # token times first: a finish reads none of them
+            for out in outputs:
+                if out.finish_reason is not None:
+                    self.record_finish(out.request_id, now, out.finish_reason, out.num_cached_tokens)
+        self.book.record_update(row, now, mro, eco, rec)
+
+    def record_finish(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
+        """A request finished at `now` (its last token already recorded)."""
+        self.book.record_finish(request_id, now, reason, num_cached)
+        self.clients.on_done()
+        if self.on_finish is not None:
+            self.on_finish(request_id, reason)
+
+    def _rejected(self, request_id: str, reason: str) -> None:
+        self.book.record_reject(request_id, reason)
+        self.clients.on_done()
+        self.mark_progress(self.env.now)
+        if self.on_finish is not None:
+            self.on_finish(request_id, None)
+
+    def _gone(self, request_id: str) -> None:
+        """A client gave up: the request is done for the run (and that is progress)."""
+        self.book.record_gone(request_id)
+        self.clients.on_done()
+        self.mark_progress(self.env.now)
+        if self.on_finish is not None:
+            self.on_finish(request_id, "abort")
+
+    def expire_due_deadlines(self, now: float) -> None:
+        """Abort the requests whose client gave up by now (the loop does it before scheduling)."""
+        if self.deadlines.is_due(now):
+            self._expire_deadlines(now)
+
+    def _expire_deadlines(self, now: float) -> None:
+        """Clients whose deadline passed disconnect; the server aborts their requests (vLLM's
+        abort between engine steps: blocks are freed, the request never runs again)."""
+        rid = self.deadlines.pop_due(now)
+        while rid is not None:
+            if self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED, now_s=now):
+                self._gone(rid)
+            rid = self.deadlines.pop_due(now)
+
+    # --- liveness --------------------------------------------------------------------------------
+    def mark_progress(self, now: float) -> None:
+        """Something advanced (a token, a finish, a rejection): restart the watchdog's window."""
+        self.watchdog.mark(now, self.book.num_steps, self.book.num_preemptions)
+
+    def raise_stall(self, why: str, limit: str = "") -> None:
+        raise self.watchdog.error(self.name, self.scheduler, why, self.book.num_preemptions, limit)
+
+    # --- waiting ---------------------------------------------------------------------------------
+    def wake_event(self) -> simpy.Event:
+        """A fresh event the next submit, close() or notify() triggers (the loop's idle wait)."""
+        wake = self._wake = self.env.event()
+        return wake
+
+    def idle_event(self) -> simpy.Event:
+        """Nothing ran and nothing is in flight: what the loop waits for (an outside event, a
+        client deadline, or the scheduler's own next state change, e.g. a policy releasing KV)."""
+        wake = self.wake_event()
+        wakes = []
+        own = self.scheduler.next_event_s()
+        if own is not None:
+            wakes.append(own)
+        if self.deadlines:  # a client giving up frees KV: that can unblock the others
+            wakes.append(self.deadlines.next_s)
+        if wakes:
+            return self.env.any_of([wake, self.env.timeout(max(min(wakes) - self.env.now, 0.0))])
+        return wake
+
+    # --- run -------------------------------------------------------------------------------------
     def start(self) -> simpy.Process:
         """Start the engine loop in its environment (a cluster starts several, then runs the env)."""
         return self.env.process(self._engine_loop())
@@ -354,12 +404,13 @@ class Engine(MacroStepMixin):
         return self.result(time.perf_counter() - t0)
 
     def result(self, wall_time_s: float) -> EngineResult:
+        metrics = self.book.metrics
         if self._frontend is not None and not self._outputs_delayed:
             # The client sees every chunk after the return trip and SSE (once, however often asked).
-            self.metrics.delay_outputs(self._frontend.output_delay_s())
+            metrics.delay_outputs(self._frontend.output_delay_s())
             self._outputs_delayed = True
-        end = max([r.finish_s for r in self.metrics.requests.values() if r.finish_s is not None], default=0.0)
-        if self.progress is not None:
-            self.progress(self.env.now, self._num_done)
-        return EngineResult(self.metrics, end, wall_time_s, self.num_steps, self.prefix_hits,
-                            self.prefix_queries, self.cache, self.kv_capacity)
+        end = max([r.finish_s for r in metrics.requests.values() if r.finish_s is not None], default=0.0)
+        if self.book.progress is not None:
+            self.book.progress(self.env.now, self.book.num_done)
+        return EngineResult(metrics, end, wall_time_s, self.book.num_steps, self.book.prefix_hits,
+                            self.book.prefix_queries, self.cache, self.kv_capacity, self.planner_declined)

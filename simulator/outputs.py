@@ -30,6 +30,8 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
     s["num_gpu_blocks"] = res.cache.num_gpu_blocks
     s["num_gpu_blocks_source"] = res.kv_capacity.source if res.kv_capacity is not None else "configured"
     s["sim_speedup_x"] = res.sim_duration_s / res.wall_time_s if res.wall_time_s > 0 else None
+    # Whether the fast path ran beside the engine, and if not why (simulator/fastpath/planner_for).
+    s["fast_path"] = {"used": res.planner_declined is None, "declined_reason": res.planner_declined}
     return s
 
 

@@ -21,8 +21,14 @@ def _load(path):
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
-def test_cluster_scenarios_load(path):
-    _load(path)
+def test_cluster_scenarios_load_as_written(path):
+    data, _workload = load_cluster_yaml(path)
+    cfg = _load(path)
+    assert [(g.count, g.role) for g in cfg.replicas] == \
+        [(g["count"], g.get("role", "both")) for g in data["replicas"]]
+    router = data["router"]
+    assert cfg.router.name == (router if isinstance(router, str) else router["name"])
+    assert {g.sim.hardware.model for g in cfg.replicas} == {data["base"]["hardware"]["model"]}
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from servesim.scheduler.hashing import make_block_hasher
 from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.request import Request, SamplingParams
 from servesim.simulator.config import SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.simulator.summary import summarize
 from servesim.traces.bundled import load_bundled
 from servesim.traces.workload import RequestSpec, Workload
@@ -58,7 +58,7 @@ def test_result_frames_are_built_once_and_equal_a_fresh_build():
     wl = load_bundled()
     wl = dataclasses.replace(wl, requests=wl.requests[:20])
     cfg = SimConfig()
-    res = Engine(cfg, wl).run()
+    res = build_engine(cfg, wl).run()
     m = res.metrics
     summary = summarize(m, res.sim_duration_s, 1.0, cfg.slo, 20, res.prefix_hits, res.prefix_queries)
     tables = m.tables()
@@ -147,7 +147,7 @@ def test_simulated_replay_builds_synthetic_prompts_only_when_hashing_ids(keys, m
                          **([{"prefix_group": i % 3, "prefix_len": 64}, {"prefix_hash_ids": (1, 2, i), "prefix_block_len": 16}, {}][i % 3]))
              for i in range(30)]
     wl = Workload(specs, name="lazy", source="tests/test_compact_memory.py")
-    res = Engine(SimConfig(prefix_cache_keys=keys), wl).run()
+    res = build_engine(SimConfig(prefix_cache_keys=keys), wl).run()
     assert res.prefix_hits > 0
     assert res.num_steps > 0 and res.metrics.tables().requests["finish_s"].notna().all()
     if keys == "provenance":
@@ -187,7 +187,7 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
 
     from servesim.simulator import metrics as M
 
-    eng = Engine(SimConfig(), load_bundled())
+    eng = build_engine(SimConfig(), load_bundled())
     res = eng.run()
     m = res.metrics
     records = list(m.requests.values())

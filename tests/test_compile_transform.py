@@ -1,6 +1,6 @@
 """The compiled build's source transform: explicit dataclass __init__ methods equal dataclasses' own.
 
-tools/compile_scheduler.py writes an __init__ into each dataclass of a compiled module (mypyc then
+tools/build_native.py writes an __init__ into each dataclass of a compiled module (mypyc then
 compiles it instead of calling the interpreted one dataclasses generates). Each transformed class
 must construct exactly what the original does: same fields in the same order, same defaults, a
 fresh object from each default factory, __post_init__ run. A frozen dataclass gets one too: its
@@ -21,18 +21,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import compile_scheduler  # noqa: E402
+import build_native  # noqa: E402
 
-MODULES = [rel for rel in compile_scheduler.COMPILED]
+MODULES = build_native.listed_modules()  # every compiled module, e.g. 'scheduler/kv/block.py'
 
 
 def _transformed(rel: str) -> tuple[types.ModuleType, types.ModuleType]:
-    name = "servesim.scheduler." + rel.removesuffix(".py").replace("/", ".")
+    name = "servesim." + rel.removesuffix(".py").replace("/", ".")
     original = importlib.import_module(name)
-    source = (ROOT / "scheduler" / rel).read_text()
+    source = (ROOT / rel).read_text()
     module = types.ModuleType(name + "_transformed")
     module.__dict__["__name__"] = name  # dataclasses resolve string annotations through sys.modules
-    exec(compile(compile_scheduler.native_dataclass_inits(source), rel, "exec"), module.__dict__)
+    exec(compile(build_native.native_dataclass_inits(source), rel, "exec"), module.__dict__)
     return original, module
 
 
@@ -75,7 +75,7 @@ def test_only_classes_dataclasses_would_give_an_init_are_changed():
         "@dataclass(slots=True)\nclass Own:\n    a: int\n    def __init__(self) -> None:\n        self.a = 1\n"
         "@dataclass(slots=True)\nclass Plain:\n    a: int\n    b: list[int] = field(default_factory=list)\n"
     )
-    out = compile_scheduler.native_dataclass_inits(src)
+    out = build_native.native_dataclass_inits(src)
     assert out.count("def __init__") == 3 and out.count("init=False") == 2
     assert "self.a = a  # type: ignore[misc]" in out  # only the frozen class's: mypy knows it read-only
     assert out.count("type: ignore") == 1
@@ -84,3 +84,9 @@ def test_only_classes_dataclasses_would_give_an_init_are_changed():
     assert ns["Plain"](3).b == [] and ns["Plain"](3, [1]).b == [1]
     with pytest.raises(dataclasses.FrozenInstanceError):  # interpreted, still frozen
         ns["Frozen"](1)
+
+
+def test_a_compiled_module_must_defer_its_annotations():
+    # The marker is imported under TYPE_CHECKING: annotations naming it must never be evaluated.
+    with pytest.raises(build_native.BuildError, match="from __future__ import annotations"):
+        build_native.mark_subclassable("class A:\n    pass\n")

@@ -1,4 +1,4 @@
-"""The compiled scheduler and engine (mypyc, built by `make`) against the pure-Python reference.
+"""The compiled build (mypyc, tools/build_native.py, built by `make`) against the pure-Python reference.
 
 `make test` runs the whole suite on the default build (compiled when `make` could build it), and
 this file runs the golden, parity and engine tests on the other build in a subprocess, and replays
@@ -10,8 +10,10 @@ silently failed there is a failure, not a skip.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ import pytest
 from servesim import _native
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import build_native  # noqa: E402
 # The golden traces and the vLLM-parity tests, the contract and policy plug-in tests, and the
 # engine's: exact timelines, macro-steps through finishes, deferred cluster runs.
 OTHER_BUILD_TESTS = ("tests/test_sched_golden.py", "tests/test_sched_vllm_parity_fixes.py",
@@ -29,8 +33,7 @@ OTHER_BUILD_TESTS = ("tests/test_sched_golden.py", "tests/test_sched_vllm_parity
 def _fresh_build() -> bool:
     env_backup = os.environ.pop(_native.PURE_ENV, None)
     try:
-        sel = _native.select_builds(ROOT)
-        return sel.scheduler is not None and sel.simulator is not None
+        return _native.select_build(ROOT).root is not None
     finally:
         if env_backup is not None:
             os.environ[_native.PURE_ENV] = env_backup
@@ -38,8 +41,8 @@ def _fresh_build() -> bool:
 
 def _need_build() -> None:
     if not _fresh_build():
-        reason = _native.select_builds(ROOT).simulator_reason if _native.PURE_ENV not in os.environ else "no fresh build"
-        pytest.skip(f"no compiled scheduler to compare with ({reason}; `make` builds it)")
+        reason = _native.select_build(ROOT).reason if _native.PURE_ENV not in os.environ else "no fresh build"
+        pytest.skip(f"no compiled build to compare with ({reason}; `make` builds it)")
 
 
 def _env(compiled: bool) -> dict[str, str]:
@@ -51,7 +54,8 @@ def _env(compiled: bool) -> dict[str, str]:
 
 
 def _mode(compiled: bool) -> str:
-    code = "from servesim._native import scheduler_mode, simulator_mode; print(scheduler_mode(), simulator_mode())"
+    code = ("from servesim._native import kernels_mode, scheduler_mode, simulator_mode; "
+            "print(scheduler_mode(), simulator_mode(), kernels_mode(), sep='; ')")
     res = subprocess.run([sys.executable, "-c", code], env=_env(compiled), capture_output=True, text=True,
                          check=True, timeout=120)
     return res.stdout.strip()
@@ -65,84 +69,94 @@ def test_the_build_in_use_is_reported():
     assert mode.startswith("compiled") == compiled, (mode, _schedule.__file__)
     if os.environ.get(_native.PURE_ENV) == "1":
         assert mode == f"pure Python ({_native.PURE_ENV} is set)"
-    from servesim.simulator import engine
+    from servesim.simulator import engine, kernels
 
-    engine_mode = _native.simulator_mode()
-    assert engine_mode.startswith("compiled") == (not str(engine.__file__).endswith(".py")), (engine_mode, engine.__file__)
+    for module, module_mode in ((engine, _native.simulator_mode()), (kernels, _native.kernels_mode())):
+        assert module_mode.startswith("compiled") == (not str(module.__file__).endswith(".py")), module
+        assert module_mode.startswith("compiled") == compiled, module  # one build: all or none
 
 
 def test_ci_has_the_compiled_build():
     if os.environ.get("SERVESIM_REQUIRE_COMPILED") != "1":
         pytest.skip("only where SERVESIM_REQUIRE_COMPILED=1 (CI): elsewhere a missing compiler is allowed")
-    assert _fresh_build(), _native.select_builds(ROOT)
-    assert _mode(compiled=True) == "compiled (mypyc) compiled (mypyc)"
+    assert _fresh_build(), _native.select_build(ROOT)
+    assert _mode(compiled=True) == "; ".join([_native.COMPILED] * 3)
 
 
-@pytest.mark.parametrize("folder, staging, package, find", [
-    ("scheduler", _native.STAGING, _native.PACKAGE, _native.compiled_package),
-    ("simulator", _native.SIM_STAGING, _native.SIM_PACKAGE, _native.compiled_simulator),
-], ids=["scheduler", "engine"])
-def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch, folder, staging, package, find):
-    """Each build (the scheduler's, the engine's) is used only while its MANIFEST matches its own
-    folder's sources and this interpreter, and never under SERVESIM_PURE_PYTHON; the engine's,
-    linked to the scheduler compiled with it, only while scheduler/'s sources match too."""
-    from importlib.machinery import EXTENSION_SUFFIXES
+def _fake_build(root: Path, folders: tuple[str, ...], suffix: str = EXTENSION_SUFFIXES[0]) -> Path:
+    """A checkout with `folders` and a build MANIFEST matching them (no extension modules)."""
+    for name in folders:
+        (root / name).mkdir(exist_ok=True)
+        (root / name / "a.py").write_text("x = 1\n")
+    build = root / _native.BUILD
+    build.mkdir(parents=True, exist_ok=True)
+    digests = "".join(f"{name}_sources={_native.sources_digest(root / name)}\n" for name in folders)
+    (build / _native.MANIFEST).write_text(f"packages={','.join(folders)}\n{digests}ext_suffix={suffix}\n")
+    return build
 
+
+def test_a_stale_or_foreign_build_is_never_used(tmp_path, monkeypatch):
+    """The one build is used only while its MANIFEST matches every compiled folder's sources and this
+    interpreter, and never under SERVESIM_PURE_PYTHON; stale anywhere, it is used nowhere (its
+    libraries are linked: the engine's is never loaded beside another build's scheduler)."""
     monkeypatch.delenv(_native.PURE_ENV, raising=False)
-    for name in {folder, "scheduler"}:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "a.py").write_text("x = 1\n")
-    built = tmp_path / staging
-    built.mkdir(parents=True)
-    assert find(tmp_path) == (None, "no compiled build (run make)")
-    digest = _native.sources_digest(tmp_path / folder)
-    linked = f"scheduler_sources={_native.sources_digest(tmp_path / 'scheduler')}\n" if folder == "simulator" else ""
-    (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix={EXTENSION_SUFFIXES[0]}\n{linked}")
-    assert find(tmp_path) == (built / package, "compiled (mypyc)")
-    if folder == "simulator":  # the scheduler it is linked to changed: stale too
-        (tmp_path / "scheduler" / "a.py").write_text("x = 2\n")
-        assert find(tmp_path)[1] == "stale compiled build: scheduler/ changed since the simulator was built with it (run make)"
-        (tmp_path / "scheduler" / "a.py").write_text("x = 1\n")
-        assert find(tmp_path)[0] is not None
+    assert _native.select_build(tmp_path) == _native.Selection(None, (), "no compiled build (run make)")
+    build = _fake_build(tmp_path, ("scheduler", "simulator"))
+    assert _native.select_build(tmp_path) == _native.Selection(build / "servesim", ("scheduler", "simulator"),
+                                                               _native.COMPILED)
+    for folder in ("scheduler", "simulator"):
+        (tmp_path / folder / "b.py").write_text("")  # a new file counts, not only edits
+        sel = _native.select_build(tmp_path)
+        assert sel.root is None and sel.stale and sel.reason.startswith(f"stale compiled build: {folder}/ changed")
+        (tmp_path / folder / "b.py").unlink()
+        (tmp_path / folder / "a.py").write_text("x = 2\n")
+        assert _native.select_build(tmp_path).reason.startswith(f"stale compiled build: {folder}/ changed")
+        (tmp_path / folder / "a.py").write_text("x = 1\n")
+        assert _native.select_build(tmp_path).root is not None
     monkeypatch.setenv(_native.PURE_ENV, "1")
-    assert find(tmp_path)[0] is None
+    assert _native.select_build(tmp_path) == _native.Selection(None, (), f"{_native.PURE_ENV} is set")
     monkeypatch.delenv(_native.PURE_ENV)
-    (tmp_path / folder / "b.py").write_text("")  # a new file counts, not only edits
-    assert find(tmp_path)[1].startswith(f"stale compiled build: {folder}/ changed")
-    (tmp_path / folder / "b.py").unlink()
-    (tmp_path / folder / "a.py").write_text("x = 2\n")
-    assert find(tmp_path)[1].startswith(f"stale compiled build: {folder}/ changed")
-    (tmp_path / folder / "a.py").write_text("x = 1\n")
-    (built / _native.MANIFEST).write_text(f"sources={digest}\next_suffix=.cpython-399-x.so\n")
-    assert find(tmp_path)[1].startswith("stale compiled build: built for")
+    _fake_build(tmp_path, ("scheduler", "simulator"), suffix=".cpython-399-x.so")
+    assert _native.select_build(tmp_path).reason.startswith("stale compiled build: built for .cpython-399-x.so")
 
 
-def test_the_engine_build_brings_its_own_scheduler(tmp_path, monkeypatch):
-    """Both packages come from the engine's build while it is current (the engine's library is
-    linked to the scheduler's of that build, never to another's); otherwise the scheduler-only
-    build, if current, with the pure-Python engine."""
-    from importlib.machinery import EXTENSION_SUFFIXES
+def test_the_checkout_finder_searches_the_build_first_in_every_compiled_package(tmp_path):
+    """A compiled folder and each of its subpackages search the build's directory, then the folder's;
+    a stale build prints one warning line and is not searched."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import servesim.scheduler as s, servesim.scheduler.kv as kv\n"
+            "import servesim.traces as t; print(s.__path__, kv.__path__, t.__path__, sep='\\n')")
+    root = tmp_path / "checkout"
+    shutil.copytree(ROOT / "servesim", root / "servesim", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "pyproject.toml").write_text("")
+    for folder in ("scheduler", "traces"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    for folder in ("simulator", "gpu_runner"):  # not imported here; a checkout has them
+        (root / folder).mkdir()
+        (root / folder / "__init__.py").write_text("")
+    build = _fake_build(root, ("scheduler",))
+    (build / "servesim" / "scheduler" / "kv").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != _native.PURE_ENV}
+    res = subprocess.run([sys.executable, "-c", code, str(root)], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 0 and res.stderr == "", res.stderr[-3000:]
+    paths = res.stdout.split("\n")
+    assert paths[0] == str([str(build / "servesim" / "scheduler"), str(root / "scheduler")])
+    assert paths[1] == str([str(build / "servesim" / "scheduler" / "kv"), str(root / "scheduler" / "kv")])
+    assert paths[2] == str([str(root / "traces")])  # not compiled: its own folder alone
+    (root / "scheduler" / "new.py").write_text("")  # stale now
+    res = subprocess.run([sys.executable, "-c", code, str(root)], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.splitlines() == ["servesim: warning: using the pure-Python modules: stale compiled build: "
+                                       "scheduler/ changed since it was built (run make)"]
+    assert res.stdout.split("\n")[0] == str([str(root / "scheduler")])
 
-    monkeypatch.delenv(_native.PURE_ENV, raising=False)
-    for name in ("scheduler", "simulator"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "a.py").write_text("x = 1\n")
-    digests = {name: _native.sources_digest(tmp_path / name) for name in ("scheduler", "simulator")}
-    suffix = f"ext_suffix={EXTENSION_SUFFIXES[0]}\n"
-    for staging in (_native.STAGING, _native.SIM_STAGING):
-        (tmp_path / staging).mkdir(parents=True)
-    (tmp_path / _native.STAGING / _native.MANIFEST).write_text(f"sources={digests['scheduler']}\n{suffix}")
-    (tmp_path / _native.SIM_STAGING / _native.MANIFEST).write_text(
-        f"sources={digests['simulator']}\nscheduler_sources={digests['scheduler']}\n{suffix}")
-    sel = _native.select_builds(tmp_path)
-    assert (sel.scheduler, sel.simulator) == (tmp_path / _native.SIM_STAGING / _native.PACKAGE,
-                                              tmp_path / _native.SIM_STAGING / _native.SIM_PACKAGE)
-    (tmp_path / "simulator" / "a.py").write_text("x = 2\n")  # the engine's build is stale now
-    sel = _native.select_builds(tmp_path)
-    assert (sel.scheduler, sel.simulator) == (tmp_path / _native.STAGING / _native.PACKAGE, None)
-    assert sel.simulator_reason.startswith("stale compiled build: simulator/ changed")
-    (tmp_path / "scheduler" / "a.py").write_text("x = 2\n")  # and the scheduler's too
-    assert _native.select_builds(tmp_path)[0] is None
+
+def test_a_listed_module_that_does_not_exist_stops_the_build_naming_it(tmp_path, capsys):
+    assert build_native.build_checkout(tmp_path, force=False, jobs=1) == 1
+    err = capsys.readouterr().err
+    assert "listed for compiling but not found: scheduler/_schedule.py" in err
+    assert "edit COMPILED at the top of tools/build_native.py" in err
 
 
 @pytest.mark.slow
@@ -209,9 +223,9 @@ def test_an_interpreted_engine_subclass_overrides_the_compiled_engine():
     from servesim.traces.workload import Workload
 
     class Counting(Engine):
-        def _on_update(self, so, mro, rec, row, now=None):
+        def apply_output(self, so, mro, rec, row, now=None):
             self.updates += 1
-            super()._on_update(so, mro, rec, row, now)
+            super().apply_output(so, mro, rec, row, now)
 
     eng = Counting(SimConfig(macro_steps=False), Workload(load_bundled().requests[:5], "five", "test"))
     eng.updates = 0

@@ -1,4 +1,4 @@
-"""Deferred macro-steps (simulator/deferred_run.py): behind least_outstanding, a replica's run is
+"""Deferred macro-steps (simulator/fastpath/deferred.py): behind least_outstanding, a replica's run is
 applied when a request is routed to it or whole at its end. Results stay byte-identical to plain
 stepping and to the eager path, at any load, with client deadlines, and with arrivals on a grid."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import servesim.simulator.cluster.cluster as cluster_module
 from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
 from servesim.simulator.cluster.routers import LeastOutstanding
-from servesim.simulator.engine import Engine
+from servesim.simulator.fastpath.deferred import DeferredRuns
+from servesim.simulator.fastpath.router_proofs import LeastOutstandingProof
 from servesim.traces.synthetic import make_workload
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -39,8 +39,8 @@ def _assert_same(a, b) -> None:
 
 
 def _deferred_counts(cluster: Cluster) -> tuple[int, int]:
-    return (sum(r.engine.num_deferred_runs for r in cluster.replicas),
-            sum(r.engine.num_deferred_routed for r in cluster.replicas))
+    return (sum(r.engine.planner.num_deferred_runs for r in cluster.replicas),
+            sum(r.engine.planner.num_deferred_routed for r in cluster.replicas))
 
 
 @pytest.mark.parametrize("rate,replicas,seed", [(100.0, 16, 1), (40.0, 4, 2), (400.0, 8, 3)])
@@ -53,7 +53,7 @@ def test_deferred_runs_are_identical_to_plain_stepping(rate, replicas, seed):
     planned, routed = _deferred_counts(cluster)
     assert planned > 0 and routed > 0
     # most routed arrivals applied the run through the update due after them (finishing nobody)
-    assert sum(r.engine.num_runs_past_arrival for r in cluster.replicas) > routed // 3
+    assert sum(r.engine.planner.num_runs_past_arrival for r in cluster.replicas) > routed // 3
     _assert_same(run_cluster(_config(False, replicas), wl), macro)
 
 
@@ -63,7 +63,7 @@ def test_deferred_runs_match_the_eager_path(monkeypatch):
     wl = _workload(300, 100.0, seed=4)
     deferred = Cluster(_config(True, 16), wl)
     res_deferred = deferred.run()
-    monkeypatch.setattr(LeastOutstanding, "reads_only_load", False)
+    monkeypatch.setattr(LeastOutstandingProof, "reads_only_load", False)
     eager = Cluster(_config(True, 16), wl)
     res_eager = eager.run()
     assert _deferred_counts(eager) == (0, 0) and _deferred_counts(deferred)[0] > 0
@@ -138,19 +138,30 @@ def test_a_run_whose_first_update_finishes_requests_is_deferred_too(monkeypatch)
     load the router reads drops at that update's time, not when the run is applied."""
     drops = []
 
-    class Spy(Engine):  # (a subclass: the compiled engine's own methods cannot be patched)
-        def _plan_deferred(self, now, reqs, ctx0, k, load_drop, each):
+    class Spy(DeferredRuns):  # (a subclass: a compiled object's own methods cannot be patched)
+        def plan(self, now, reqs, ctx0, k, load_drop, each):
             drops.append(load_drop)
-            return super()._plan_deferred(now, reqs, ctx0, k, load_drop, each)
+            return super().plan(now, reqs, ctx0, k, load_drop, each)
 
-    monkeypatch.setattr(cluster_module, "Engine", Spy)
     wl = _workload(300, 100.0, seed=8, output_median=30)
-    macro = run_cluster(_config(True, 12), wl)
+    cluster = _with_deferred(Cluster(_config(True, 12), wl), Spy)
+    macro = cluster.run()
     assert sum(d > 0 for d in drops) > 5
     _assert_same(run_cluster(_config(False, 12), wl), macro)
 
 
 _CHOOSE = LeastOutstanding.choose
+
+
+def _with_deferred(cluster: Cluster, cls: type[DeferredRuns]) -> Cluster:
+    """The cluster, each replica's deferred runs handled by a `cls` (a test double) instead."""
+    for r in cluster.replicas:
+        p = r.engine.planner
+        if p is not None:
+            double = cls(r.engine, p.clock, p.applier, p.commuting_arrivals)
+            double.collides = p.deferred.collides
+            p.deferred = double
+    return cluster
 
 
 def _loads_seen(monkeypatch, cfg: ClusterConfig, wl):
@@ -169,12 +180,12 @@ def _loads_seen(monkeypatch, cfg: ClusterConfig, wl):
 
 @pytest.mark.parametrize("rate,replicas,seed", [(30.0, 4, 11), (120.0, 12, 12)])
 def test_deferred_runs_go_through_finishes(monkeypatch, rate, replicas, seed):
-    """A deferred run goes on past the updates that finish requests (finish_run.py): the load a
+    """A deferred run goes on past the updates that finish requests (simulator/fastpath/through.py): the load a
     router reads falls at each finishing update's time, so every decision reads the loads plain
     stepping shows, and the results are identical."""
     wl = _workload(300, rate, seed, output_median=40)
     loads_macro, cluster, macro = _loads_seen(monkeypatch, _config(True, replicas), wl)
-    assert sum(r.engine.num_bulk_finishes for r in cluster.replicas) > 50
+    assert sum(r.engine.planner.num_bulk_finishes for r in cluster.replicas) > 50
     assert _deferred_counts(cluster)[0] > 0
     loads_plain, _, plain = _loads_seen(monkeypatch, _config(False, replicas), wl)
     assert loads_macro == loads_plain
@@ -188,16 +199,15 @@ def test_a_refused_plan_falls_back_to_the_eager_run_without_finishes(monkeypatch
     plain stepping's results."""
     refused = []
 
-    class Refusing(Engine):
-        def _plan_deferred(self, now, reqs, ctx0, k, load_drop, each):
+    class Refusing(DeferredRuns):
+        def plan(self, now, reqs, ctx0, k, load_drop, each):
             refused.append(each is not None)
             return False
 
-    monkeypatch.setattr(cluster_module, "Engine", Refusing)
     wl = _workload(300, 120.0, seed=13, output_median=40)
-    cluster = Cluster(_config(True, 8), wl)
+    cluster = _with_deferred(Cluster(_config(True, 8), wl), Refusing)
     macro = cluster.run()
     assert any(refused)  # some refused plans would have gone through finishes
-    assert sum(r.engine.num_bulk_finishes for r in cluster.replicas) == 0
-    assert sum(r.engine.num_macro_runs for r in cluster.replicas) > 0
+    assert sum(r.engine.planner.num_bulk_finishes for r in cluster.replicas) == 0
+    assert sum(r.engine.planner.num_macro_runs for r in cluster.replicas) > 0
     _assert_same(run_cluster(_config(False, 8), wl), macro)

@@ -13,9 +13,9 @@ from fuzz_driver import fuzz
 @pytest.mark.parametrize("seed", [101, 202])
 @pytest.mark.slow
 def test_fuzz_bounded(seed):
-    figs = fuzz(max_steps=4000, seed=seed, max_wall_s=40.0)
+    figs = fuzz(max_steps=4000, seed=seed)  # bounded by steps, not wall time: the same run on every machine
     assert not figs.findings, figs.findings[0]
-    assert figs.steps >= 1000 and figs.completed > 0 and figs.rejected > 0
+    assert figs.steps >= 4000 and figs.completed > 0 and figs.rejected > 0
 
 
 @pytest.mark.fuzz

@@ -159,31 +159,6 @@ def test_scheduler_imports_nothing_of_ours_outside_itself():
     assert not bad, bad
 
 
-# The scheduler's friend package (scheduler/bulk/__init__.py): its owners read the schedulers'
-# private state, so only the simulator's fast path may build them, and no scheduler needs them.
-BULK = "servesim.scheduler.bulk"
-FASTPATH = "servesim.simulator.fastpath"
-# Today's callers, until the fast path moves into simulator/fastpath/: delete this allow-list then.
-BULK_CALLERS_TODAY = {"servesim.simulator.engine", "servesim.simulator.macro_step"}
-
-
-def _within(mod: str, package: str) -> bool:
-    return mod == package or mod.startswith(package + ".")
-
-
-def test_nothing_in_scheduler_outside_bulk_imports_bulk():
-    bad = _edges_into(GRAPH, lambda s: _top(s) == "scheduler" and not _within(s, BULK), lambda d: _within(d, BULK))
-    assert not bad, bad
-
-
-def test_only_the_fast_path_imports_bulk():
-    bad = _edges_into(GRAPH, lambda s: not (_within(s, BULK) or _within(s, FASTPATH) or s in BULK_CALLERS_TODAY),
-                      lambda d: _within(d, BULK))
-    assert not bad, bad
-    assert GRAPH[f"{BULK}.vllm"] and any(_within(d, BULK) for c in BULK_CALLERS_TODAY for d in GRAPH.get(c, ())), \
-        "the bulk package or its callers moved: update BULK_CALLERS_TODAY"
-
-
 def test_traces_imports_no_simulator_gpu_runner_or_servesim():
     banned = {"simulator", "gpu_runner", "servesim"}
     bad = _edges_into(GRAPH, lambda s: _top(s) == "traces", lambda d: _top(d) in banned)

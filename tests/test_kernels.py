@@ -1,39 +1,53 @@
-"""simulator/kernels.py (the reference) against its mypyc build (tools/compile_kernels.py, built
-by `make`): the same floats for every input, and a build is used only while it matches the source.
+"""simulator/kernels.py (the reference) against its mypyc build (one of the compiled build's modules,
+tools/build_native.py, built by `make`): the same floats for every input.
 
-Without a build the comparison skips, naming why; CI sets SERVESIM_REQUIRE_COMPILED=1, so a build
-that silently failed there is a failure. Whole runs on both builds: tests/test_compiled.py runs
-the golden and parity tests and replays the bundled default with SERVESIM_PURE_PYTHON=1, which
-selects the pure kernels too.
+The compiled module is the one this process imported (`servesim.simulator.kernels`, selected with the
+rest of the build by servesim/_native.py); the reference is kernels.py itself, loaded from its file
+under a private name. Without a build in use the comparison skips, naming why; CI sets
+SERVESIM_REQUIRE_COMPILED=1, so a build that silently failed there is a failure. Whole runs on both
+builds: tests/test_compiled.py runs the golden and parity tests and replays the bundled default with
+SERVESIM_PURE_PYTHON=1, which selects the pure kernels too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from servesim.simulator import kernel_impl, kernels
+from servesim import _native
+from servesim.simulator import kernel_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "simulator" / "kernels.py"
 
 
+def _reference():
+    """kernels.py as written, whatever this process imported as servesim.simulator.kernels."""
+    spec = importlib.util.spec_from_file_location("_servesim_kernels_reference", SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kernels = _reference()
+
+
 def _compiled():
-    saved = os.environ.pop(kernel_impl.PURE_ENV, None)
-    try:
-        path, reason = kernel_impl.find_build(ROOT, SOURCE)
-    finally:
-        if saved is not None:
-            os.environ[kernel_impl.PURE_ENV] = saved
-    if path is None:
-        if os.environ.get("SERVESIM_REQUIRE_COMPILED") == "1":
-            pytest.fail(f"the compiled kernels must build here: {reason}")
+    if not kernel_impl.compiled:
+        reason = _native.kernels_mode()
+        if os.environ.get("SERVESIM_REQUIRE_COMPILED") == "1" and _native.PURE_ENV not in os.environ:
+            pytest.fail(f"the compiled kernels must be in use here: {reason}")
         pytest.skip(f"no compiled kernels to compare with ({reason}; `make` builds them)")
-    return kernel_impl._load(path)
+    from servesim.simulator import kernels as native
+
+    return native
 
 
 def _timeline_cases(rng: np.random.Generator):
@@ -97,37 +111,21 @@ def test_the_compiled_roofline_pricer_is_the_reference_float_for_float():
 
 
 def test_the_engine_uses_the_selected_build():
+    from servesim.simulator import kernels as imported
+
     selected = kernel_impl.step_timeline
-    if kernel_impl.mode.startswith("compiled"):
-        assert selected is not kernels.step_timeline
+    assert selected is imported.step_timeline
+    assert kernel_impl.compiled == _native.kernels_mode().startswith("compiled")
+    if kernel_impl.compiled:
         assert type(selected).__name__ == "builtin_function_or_method"
     else:
-        assert selected is kernels.step_timeline
+        assert imported.__file__ == str(SOURCE)
 
 
-def test_the_switch_is_the_compiled_schedulers():
-    from servesim import _native
-
-    assert kernel_impl.PURE_ENV == _native.PURE_ENV
-
-
-def test_a_stale_missing_or_switched_off_build_is_not_used(tmp_path, monkeypatch):
-    source = tmp_path / "kernels.py"
-    source.write_text(SOURCE.read_text())
-    monkeypatch.delenv(kernel_impl.PURE_ENV, raising=False)
-    assert kernel_impl.find_build(tmp_path, source) == (None, "no compiled build (run make)")
-    build = tmp_path / kernel_impl.BUILD_DIR
-    build.mkdir(parents=True)
-    suffix = kernel_impl.compiled_path(tmp_path).name[len(kernel_impl.MODULE):]
-    (build / kernel_impl.MANIFEST).write_text(f"source={kernel_impl.source_digest(source)}\next_suffix={suffix}\n")
-    assert kernel_impl.find_build(tmp_path, source) == (None, "no compiled build (run make)")  # no module file
-    kernel_impl.compiled_path(tmp_path).write_bytes(b"")
-    assert kernel_impl.find_build(tmp_path, source) == (kernel_impl.compiled_path(tmp_path), "compiled (mypyc)")
-    source.write_text(SOURCE.read_text() + "\n# edited\n")
-    path, reason = kernel_impl.find_build(tmp_path, source)
-    assert path is None and reason.startswith("stale compiled build: simulator/kernels.py changed")
-    source.write_text(SOURCE.read_text())
-    (build / kernel_impl.MANIFEST).write_text(f"source={kernel_impl.source_digest(source)}\next_suffix=.other.so\n")
-    assert kernel_impl.find_build(tmp_path, source)[1].startswith("stale compiled build: built for another Python")
-    monkeypatch.setenv(kernel_impl.PURE_ENV, "1")
-    assert kernel_impl.find_build(tmp_path, source) == (None, f"{kernel_impl.PURE_ENV} is set")
+def test_the_kernels_follow_the_one_switch():
+    """SERVESIM_PURE_PYTHON=1 selects kernels.py as it selects the pure scheduler and engine."""
+    code = "from servesim.simulator import kernel_impl, kernels; print(kernel_impl.compiled, kernels.__file__)"
+    env = {**os.environ, _native.PURE_ENV: "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert res.stdout.split() == ["False", str(SOURCE)]

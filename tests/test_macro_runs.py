@@ -16,6 +16,7 @@ import pytest
 from servesim.overrides import apply_overrides
 from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
 from servesim.simulator.config import SimConfig
+from servesim.simulator.build import build_engine
 from servesim.simulator.engine import Engine
 from servesim.traces.synthetic import make_workload
 
@@ -63,19 +64,19 @@ def test_runs_ending_at_finishes_are_identical_to_stepping(rate, sets):
     wl = _workload(250, rate, seed=7)
     cfg = apply_overrides(SimConfig(), sets)  # async scheduling: vLLM 0.19's default
     assert cfg.scheduler.async_scheduling
-    plain = Engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
-    eng = Engine(dataclasses.replace(cfg, macro_steps=True), wl)
+    plain = build_engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
+    eng = build_engine(dataclasses.replace(cfg, macro_steps=True), wl)
     pricer = _CountingPricer(eng)
     macro = eng.run()
     _assert_same_engine(plain, macro)
-    assert eng.num_macro_runs > 0 and eng.num_macro_steps > macro.num_steps // 3
-    assert eng.num_bulk_finishes > 0  # runs went on through finishes (finish_run.py)
+    assert eng.planner.num_macro_runs > 0 and eng.planner.num_macro_steps > macro.num_steps // 3
+    assert eng.planner.num_bulk_finishes > 0  # runs went on through finishes (finish_run.py)
     if rate == 12.0:
         # a single engine prices a run's first 16 steps at once, one call per batch among them
         # (a run through finishes prices each batch on its own): here 470 calls for 181 runs, tail
         # steps included, 201 requests finished inside runs (322 runs before runs went on through
         # finishes)
-        assert pricer.calls < 3 * eng.num_macro_runs
+        assert pricer.calls < 3 * eng.planner.num_macro_runs
 
 
 @pytest.mark.parametrize("rate,sets", [
@@ -93,14 +94,14 @@ def test_runs_through_finishes_are_identical_to_stepping(rate, sets):
     wl = _workload(250, rate, seed=3, output_median=40)
     cfg = apply_overrides(SimConfig(), sets)
     seen: dict[bool, list] = {False: [], True: []}
-    engines = {m: Engine(dataclasses.replace(cfg, macro_steps=m), wl,
+    engines = {m: build_engine(dataclasses.replace(cfg, macro_steps=m), wl,
                          progress=lambda t, done, m=m: seen[m].append((t, done))) for m in (False, True)}
     plain, macro = engines[False].run(), engines[True].run()
     _assert_same_engine(plain, macro)
     assert seen[True] == seen[False] and len(seen[True]) > 2
     eng = engines[True]
-    assert eng.num_bulk_finishes > 0 and eng.num_macro_steps > macro.num_steps // 3
-    assert eng.num_bulk_finishes <= len(wl.requests)
+    assert eng.planner.num_bulk_finishes > 0 and eng.planner.num_macro_steps > macro.num_steps // 3
+    assert eng.planner.num_bulk_finishes <= len(wl.requests)
 
 
 def test_no_finish_inside_a_run_the_outside_hears_of():
@@ -108,11 +109,11 @@ def test_no_finish_inside_a_run_the_outside_hears_of():
     finishes as before, and the results are still stepping's."""
     wl = _workload(200, 12.0, seed=5, output_median=40)
     cfg = apply_overrides(SimConfig(), {"client.max_concurrency": 8})
-    plain = Engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
-    eng = Engine(dataclasses.replace(cfg, macro_steps=True), wl)
+    plain = build_engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
+    eng = build_engine(dataclasses.replace(cfg, macro_steps=True), wl)
     macro = eng.run()
     _assert_same_engine(plain, macro)
-    assert eng.num_macro_runs > 0 and eng.num_bulk_finishes == 0
+    assert eng.planner.num_macro_runs > 0 and eng.planner.num_bulk_finishes == 0
 
 
 def _cluster(macro: bool, router: str, replicas: int) -> ClusterConfig:
@@ -129,7 +130,7 @@ def test_cluster_runs_ending_at_finishes_are_identical_to_stepping(router, rate,
     wl = _workload(300, rate, seed=11)
     cluster = Cluster(_cluster(True, router, replicas), wl)
     macro = cluster.run()
-    assert sum(r.engine.num_macro_runs for r in cluster.replicas) > 0
+    assert sum(r.engine.planner.num_macro_runs for r in cluster.replicas) > 0
     plain = run_cluster(_cluster(False, router, replicas), wl)
     pd.testing.assert_frame_equal(plain.requests, macro.requests)
     pd.testing.assert_frame_equal(plain.steps, macro.steps)
@@ -141,15 +142,16 @@ def test_a_run_through_finishes_planned_in_two_parts_is_the_run_planned_whole(sp
     time, the GPU free at the last end): every price and time equals planning it whole."""
     import simpy
 
-    engine = Engine(SimConfig(), env=simpy.Environment(), name="e")
+    engine = build_engine(SimConfig(), env=simpy.Environment(), name="e")
+    clock = engine.planner.clock
     ctx0 = [300, 1200, 57, 800, 4000]
     each = [40, 9, 40, 23, 3]  # request i takes the run's first each[i] schedules
     k = 40
     in_flight_end = 0.2561  # the GPU finishes the step in flight when the run is planned
-    gpu, (sched_t, ends, upd_t) = engine._plan_through(0.25, ctx0, each, k, float("inf"), 0, in_flight_end)
+    gpu, (sched_t, ends, upd_t) = clock.plan_through(0.25, ctx0, each, k, float("inf"), 0, in_flight_end)
     assert len(gpu) == len(sched_t) == k
-    head_gpu, (s1, e1, u1) = engine._plan_through(0.25, ctx0, each, split, float("inf"), 0, in_flight_end)
-    tail_gpu, (s2, e2, u2) = engine._plan_through(u1[-1], ctx0, each, k, float("inf"), split, e1[-1])
+    head_gpu, (s1, e1, u1) = clock.plan_through(0.25, ctx0, each, split, float("inf"), 0, in_flight_end)
+    tail_gpu, (s2, e2, u2) = clock.plan_through(u1[-1], ctx0, each, k, float("inf"), split, e1[-1])
     assert head_gpu + tail_gpu == gpu
     assert (s1 + s2, e1 + e2, u1 + u2) == (sched_t, ends, upd_t)
     # the batch shrinks: a step's price reads only the requests still in it

@@ -14,7 +14,7 @@ from servesim.differential import cases, compare
 from servesim.overrides import apply_overrides
 from servesim.running import load_trace
 from servesim.simulator.config import SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.traces.errors import InputError
 from servesim.traces.synthetic import make_workload
 
@@ -25,8 +25,8 @@ FAST_CASES = ("golden:async_small_pool", "golden:fcfs_default", "golden:small_po
 def _pair(sets: dict, wl):
     """(plain result, macro result, macro engine) for one config."""
     cfg = apply_overrides(SimConfig(), sets)
-    plain = Engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
-    eng = Engine(dataclasses.replace(cfg, macro_steps=True), wl)
+    plain = build_engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
+    eng = build_engine(dataclasses.replace(cfg, macro_steps=True), wl)
     macro = eng.run()
     pd.testing.assert_frame_equal(plain.metrics.requests_frame(), macro.metrics.requests_frame(), check_exact=True)
     pd.testing.assert_frame_equal(plain.metrics.steps_frame(), macro.metrics.steps_frame(), check_exact=True)
@@ -45,8 +45,8 @@ def _light_load(n: int = 60):
 @pytest.mark.parametrize("async_", [True, False])
 def test_light_load_is_mostly_macro_stepped_and_identical(async_):
     _, macro, eng = _pair({"scheduler.async_scheduling": async_}, _light_load())
-    assert eng.macro_fallback_reason is None
-    assert eng.num_macro_steps > macro.num_steps // 2
+    assert eng.planner_declined is None
+    assert eng.planner.num_macro_steps > macro.num_steps // 2
 
 
 @pytest.mark.parametrize("sets", [
@@ -65,7 +65,7 @@ def test_runs_end_with_an_update_past_the_arrival(sets):
                                    "output_len": {"dist": "uniform", "low": 20, "high": 300},
                                    "priority": {"values": [0, 1]}}, np.random.default_rng(5))
     plain, macro, eng = _pair(sets, wl)
-    assert eng.num_runs_past_arrival > 20
+    assert eng.planner.num_runs_past_arrival > 20
     if "scheduler.max_model_len" in sets:
         assert (plain.metrics.requests_frame()["reject_reason"].notna()).sum() > 5
 
@@ -78,7 +78,7 @@ def test_runs_end_with_an_update_past_the_arrival(sets):
 @pytest.mark.parametrize("async_", [True, False])
 def test_bundled_sample_identical_under_pressure(sets, async_):
     _, _, eng = _pair({**sets, "scheduler.async_scheduling": async_}, load_trace(None, max_requests=80))
-    assert eng.num_macro_steps > 0
+    assert eng.planner.num_macro_steps > 0
 
 
 @pytest.mark.parametrize("name", FAST_CASES)
@@ -107,17 +107,17 @@ def test_harness_covers_every_shipped_input():
     ({"macro_steps": False}, "off"),
 ])
 def test_fallbacks_say_why(sets, reason):
-    eng = Engine(apply_overrides(SimConfig(), sets), load_trace(None, max_requests=3))
-    assert reason in eng.macro_fallback_reason
+    eng = build_engine(apply_overrides(SimConfig(), sets), load_trace(None, max_requests=3))
+    assert reason in eng.planner_declined
     eng.run()
-    assert eng.num_macro_steps == 0
+    assert eng.planner is None  # declined: the reference engine steps every step
 
 
 def test_step_trace_falls_back(tmp_path):
     import io
 
-    eng = Engine(SimConfig(), load_trace(None, max_requests=3), step_trace=io.StringIO())
-    assert "step trace" in eng.macro_fallback_reason
+    eng = build_engine(SimConfig(), load_trace(None, max_requests=3), step_trace=io.StringIO())
+    assert "step trace" in eng.planner_declined
 
 
 def test_option_is_validated_and_fast_forward_is_a_deprecated_alias():
@@ -224,7 +224,7 @@ def test_runs_pass_a_waiting_head_refused_blocks(kind, sets, async_):
     st = plain.metrics.steps_frame()
     # Steps with a request waiting below max_num_seqs: no run could include them before.
     blocked = int(((st.num_waiting > 0) & (st.num_prefill_tokens == 0)).sum())
-    assert eng.num_macro_steps + blocked - macro.num_steps > macro.num_steps // 3
+    assert eng.planner.num_macro_steps + blocked - macro.num_steps > macro.num_steps // 3
     if kind != "plain":
         assert ((st.num_waiting > 0) & (st.num_prefill_tokens == 0) & (st.prefix_hit_tokens > 0)).sum() > 100
 

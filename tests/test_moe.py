@@ -52,7 +52,7 @@ def test_balanced_table_moved_to_uniform_routing():
     s = (t(E/k) - t(1)) / (E - k), on every MoE layer (Scout: 48, E = 16, k = 1)."""
     u = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2)
     b = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2, moe_uniform_routing=False)
-    curve, _, experts, p_pick, s = u._moe_table
+    curve, _, experts, p_pick, s = u._moe.table
     assert (experts, p_pick) == (16.0, 1 / 16)
     assert s == pytest.approx((curve(16.0) - curve(1.0)) / 15, rel=1e-12)
     assert s == pytest.approx(21.148e-6, rel=1e-4)  # ~63 MB of fp8 expert weights per rank at ~3 TB/s
@@ -67,7 +67,7 @@ def test_balanced_table_moved_to_uniform_routing():
         pytest.approx(2.910e-3, rel=1e-3)
     # EP and the power-law table are used as measured
     p = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2, moe_distribution="power_law_1.01")
-    assert p._moe_table is None or p._moe_table[4] == 0.0
+    assert p._moe.table is None or p._moe.table[4] == 0.0
 
 
 def test_mla_decode_attention_from_the_measured_table():

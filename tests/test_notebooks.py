@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -57,12 +56,9 @@ def test_notebook_runs_top_to_bottom(path, kernel_name, tmp_path, monkeypatch):
 
     book = nbformat.read(path, as_version=4)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary folders land here
-    t0 = time.perf_counter()
     NotebookClient(book, timeout=180, kernel_name=kernel_name,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
-    elapsed = time.perf_counter() - t0
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("servesim")]
     assert not left, f"{path.name} left temporary folders behind: {left}"
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
-    assert elapsed < 120, f"{path.name} took {elapsed:.0f} s; keep notebooks well under a minute"

@@ -363,9 +363,7 @@ def test_interrupted_replay_says_what_was_kept_and_leaves_nothing(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    if proc.returncode == 0:
-        pytest.skip("the replay finished before the interrupt")
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, err  # (0: it finished before the interrupt; the workload is too small)
     assert "interrupted: nothing was written to runs/r/" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()  # no lock, no staging, not even the parent it created
 

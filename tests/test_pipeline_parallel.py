@@ -15,7 +15,7 @@ from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.cost_model import StepShape, make_cost_model
 from servesim.simulator.cost_model.collectives import Collectives
 from servesim.simulator.cost_model.pipeline import PipelineCost
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.kv_capacity import derive_num_gpu_blocks
 from servesim.simulator.pipeline_clock import PipelineClock
@@ -130,7 +130,7 @@ def _pp_engine(pp: int, async_scheduling: bool):
                                    "prompt_len": {"dist": "uniform", "low": 50, "high": 900},
                                    "output_len": {"dist": "uniform", "low": 5, "high": 60}},
                        np.random.default_rng(3))
-    return Engine(cfg, wl, executor=ex), ex, cfg
+    return build_engine(cfg, wl, executor=ex), ex, cfg
 
 
 @pytest.mark.parametrize("pp,async_scheduling", [(2, False), (3, True), (4, False)])
@@ -140,7 +140,7 @@ def test_engine_times_every_batch_stage_by_stage(pp, async_scheduling):
     stage occupancy by hand."""
     eng, ex, cfg = _pp_engine(pp, async_scheduling)
     res = eng.run()
-    assert eng.macro_fallback_reason.startswith("pipeline parallelism")
+    assert eng.planner_declined.startswith("pipeline parallelism")
     steps = res.metrics.steps_frame()
     assert len(steps) == len(ex.log) > 0
     cpu = cfg.cost_model.cpu_overhead

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.simulator.outputs import write_csv, write_parquet, write_requests_parquet
 from servesim.traces.bundled import load_bundled
 from servesim.traces.workload import Workload
@@ -34,7 +34,7 @@ def _reads_back_as_pandas_writes(table, tmp_path) -> pd.DataFrame:
 
 
 def _columns(workload: Workload, **cfg) -> Columns:
-    return Engine(SimConfig(**cfg), workload).run().metrics.request_columns()
+    return build_engine(SimConfig(**cfg), workload).run().metrics.request_columns()
 
 
 def test_a_completed_run_reads_back_as_its_frame(tmp_path):
@@ -70,7 +70,7 @@ def test_other_gaps_and_a_clusters_frame(tmp_path):
 
 
 def test_steps_and_timeseries_files(tmp_path):
-    res = Engine(SimConfig(), Workload(load_bundled().requests[:40], "small", "test")).run()
+    res = build_engine(SimConfig(), Workload(load_bundled().requests[:40], "small", "test")).run()
     cols = res.metrics.columns()
     write_parquet(cols.steps, tmp_path / "steps.parquet", ("num_requests",))
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), cols.steps.frame(), check_exact=True)

@@ -12,7 +12,6 @@ import servesim.commands.plot  # noqa: F401  (registers `plot` on the app)
 import servesim.commands.run  # noqa: F401  (registers `run` on the app)
 from servesim.cli import app
 from servesim.scenario.workload import SMOKE_MAX_REQUESTS
-from servesim.simulator.scheduler_kinds import available_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -21,8 +20,6 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_scenario_runs_with_smoke(path, tmp_path):
-    if "engine: [vllm, sglang]" in path.read_text() and "sglang" not in available_engines():
-        pytest.skip("the sglang engine (simulator/scheduler_kinds/sglang.py) is not in this tree yet")
     result = CliRunner().invoke(app, ["run", str(path), "--smoke", "--workers", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     table = pd.read_parquet(tmp_path / "sweep.parquet")

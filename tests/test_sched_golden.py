@@ -73,7 +73,6 @@ def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed()
 @pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority",
                                   "pp3_spec_eagle_async"])
 def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
-    pytest.importorskip("typer")
     from typer.testing import CliRunner
 
     from servesim.cli import _register, app

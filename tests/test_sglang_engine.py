@@ -11,6 +11,7 @@ from servesim.scheduler import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.api import load_trace
 from servesim.simulator.config import SimConfig
+from servesim.simulator.build import attach_planner
 from servesim.simulator.engine import Engine
 from servesim.simulator.scheduler_kinds import available_engines, make_engine_scheduler
 from servesim.simulator.scheduler_kinds.sglang import map_sglang_config
@@ -29,16 +30,33 @@ else:
 
 class CheckedEngine(Engine):
     """Checks the scheduler's invariants after every step (once its output is applied) and after
-    every run of decode steps applied in bulk (macro-steps)."""
+    every run of decode steps applied in bulk (macro-steps: its planner is wrapped)."""
 
-    def _on_update(self, *args, **kw):
-        super()._on_update(*args, **kw)
+    def apply_output(self, *args, **kw):
+        super().apply_output(*args, **kw)
         self.scheduler.check_invariants()
 
-    def _macro_step(self, now, in_flight):
-        delays = super()._macro_step(now, in_flight)
+
+class CheckedPlanner:
+    """A RunPlanner that checks the scheduler's invariants after every run it applies."""
+
+    def __init__(self, inner, scheduler):
+        self.inner, self.scheduler = inner, scheduler
+
+    def advance(self, now, in_flight):
+        delays = self.inner.advance(now, in_flight)
         self.scheduler.check_invariants()
         return delays
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def checked_engine(cfg, wl) -> CheckedEngine:
+    eng = attach_planner(CheckedEngine(cfg, wl))
+    if eng.planner is not None:
+        eng.set_planner(CheckedPlanner(eng.planner, eng.scheduler), None)
+    return eng
 
 
 @lru_cache(maxsize=1)
@@ -58,8 +76,8 @@ def cfg(engine: str, num_blocks: int = 3000, async_scheduling: bool = False, sgl
 def run(engine: str, num_blocks: int = 3000, async_scheduling: bool = False, mixed: bool = False,
         checked: bool = True):
     sglang = SGLangConfig(enable_mixed_chunk=True) if mixed else None
-    cls = CheckedEngine if checked else Engine
-    return cls(cfg(engine, num_blocks, async_scheduling, sglang), trace()).run()
+    make = checked_engine if checked else Engine
+    return make(cfg(engine, num_blocks, async_scheduling, sglang), trace()).run()
 
 
 def test_engine_registry_lists_sglang():

@@ -14,6 +14,7 @@ import pytest
 from servesim.overrides import apply_overrides
 from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, sim_config_from_dict
 from servesim.simulator.config import SimConfig
+from servesim.simulator.build import build_engine
 from servesim.simulator.engine import Engine
 from servesim.traces.errors import InputError
 from servesim.traces.synthetic import make_workload
@@ -22,8 +23,8 @@ from servesim.traces.synthetic import make_workload
 def _pair(sets: dict, wl) -> Engine:
     """Run the config stepped and macro-stepped; assert identical frames; the macro engine."""
     cfg = apply_overrides(SimConfig(), {"engine": "sglang", **sets})
-    plain = Engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
-    eng = Engine(dataclasses.replace(cfg, macro_steps=True), wl)
+    plain = build_engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
+    eng = build_engine(dataclasses.replace(cfg, macro_steps=True), wl)
     macro = eng.run()
     pd.testing.assert_frame_equal(plain.metrics.requests_frame(), macro.metrics.requests_frame(), check_exact=True)
     pd.testing.assert_frame_equal(plain.metrics.steps_frame(), macro.metrics.steps_frame(), check_exact=True)
@@ -46,8 +47,8 @@ def _load(n: int = 80, rate: float = 4.0, seed: int = 1, prefixes: bool = False,
 @pytest.mark.parametrize("async_", [True, False])
 def test_light_load_is_mostly_macro_stepped_and_identical(async_):
     eng = _pair({"scheduler.async_scheduling": async_}, _load())
-    assert eng.macro_fallback_reason is None
-    assert eng.num_macro_steps > eng.num_steps // 2
+    assert eng.planner_declined is None
+    assert eng.planner.num_macro_steps > eng.num_steps // 2
 
 
 @pytest.mark.parametrize("sets, wl", [
@@ -68,7 +69,7 @@ def test_light_load_is_mostly_macro_stepped_and_identical(async_):
 @pytest.mark.parametrize("async_", [True, False])
 def test_pressure_and_sglang_knobs_identical(sets, wl, async_):
     eng = _pair({**sets, "scheduler.async_scheduling": async_}, _load(**wl))
-    assert eng.num_macro_steps > 0
+    assert eng.planner.num_macro_steps > 0
 
 
 @pytest.mark.parametrize("router", ["least_outstanding", "round_robin", "prefix_aware"])
@@ -87,7 +88,7 @@ def test_cluster_of_sglang_replicas_identical(router, async_):
         clusters.append(cluster)
     pd.testing.assert_frame_equal(results[0].requests, results[1].requests, check_exact=True)
     pd.testing.assert_frame_equal(results[0].steps, results[1].steps, check_exact=True)
-    assert sum(r.engine.num_macro_steps for r in clusters[1].replicas) > 0
+    assert sum(r.engine.planner.num_macro_steps for r in clusters[1].replicas) > 0
 
 
 def _random_case(seed: int):

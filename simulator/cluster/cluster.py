@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -32,11 +33,15 @@ from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePre
 from servesim.simulator.cluster.routers import Decision, make_router
 from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
+from servesim.simulator.build import attach_planner
 from servesim.simulator.engine import Engine
 from servesim.simulator.specs import resolve_model
 from servesim.simulator.specs.pipeline_stages import stage_kv_bytes_per_token
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:  # the fast path's contract; imported at run time only where proofs are wanted
+    from servesim.simulator.fastpath.router_proofs import RouterProof
 
 
 @dataclass(slots=True)
@@ -102,19 +107,31 @@ class Cluster:
         self._dispatch_s = [s.arrival_time_s + latency for s in workload.requests]  # as _arrivals adds
         self._landing_s = _landing_times(self._dispatch_s)  # where SimPy's clock reads each dispatch
         self._landing_set = frozenset(self._landing_s)
-        # Per front replica, when the router reads only some replicas (_announce_next_arrival):
-        # (index of the first decision that may pick or read it, its position in front), a heap.
+        # The router's proof (None: none, or not asked for) and, when it proves that decisions read
+        # only some replicas (_announce_next_arrival), per front replica: (index of the first
+        # decision that may pick or read it, its position in front), a heap.
+        self._proof: RouterProof | None = None
         self._unread_until: list[tuple[int, int]] | None = None
-        if cfg.pd is None and not self.lockstep_groups:
-            # Plain replicas behind one router: a replica's macro-steps may run past arrivals that
-            # the router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
-            dispatch_sorted = all(a <= b for a, b in zip(self._dispatch_s, self._dispatch_s[1:]))
-            for pos, r in enumerate(self.front):
-                r.engine.expect_arrivals_by_load(partial(self._arrival_bound, pos))
-                if self.router.reads_only_load and dispatch_sorted:
-                    r.engine.defer_runs(self._first_dispatch_at)
-            if not self.router.reads_all_candidates:
-                self._unread_until = [(-1, pos) for pos in range(len(self.front))]
+        if cfg.pd is None and not self.lockstep_groups and any(r.engine.planner is not None for r in self.front):
+            # Replicas with planners behind one router, whose runs may go past arrivals that the
+            # router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
+            self._use_router_proof()
+
+    def _use_router_proof(self) -> None:
+        """Hand each front replica the router's proof of when a request can next reach it. The
+        proofs are the fast path's (simulator/fastpath/), imported only here: a cluster whose
+        replicas step one by one needs none. Without a proof for this router each replica's bound
+        is the next dispatch, whoever it goes to (still exact)."""
+        from servesim.simulator.fastpath.router_proofs import proof_for
+
+        proof = self._proof = proof_for(self.router)
+        dispatch_sorted = all(a <= b for a, b in zip(self._dispatch_s, self._dispatch_s[1:]))
+        for pos, r in enumerate(self.front):
+            r.engine.expect_arrivals_by_load(partial(self._arrival_bound, pos))
+            if proof is not None and proof.reads_only_load and dispatch_sorted:
+                r.engine.defer_runs(self._first_dispatch_at)
+        if proof is not None and not proof.reads_all_candidates:
+            self._unread_until = [(-1, pos) for pos in range(len(self.front))]
 
     def _build_replicas(self) -> list[Replica]:
         # Built with the collector paused (as run_cluster builds the whole cluster): each replica's
@@ -141,7 +158,7 @@ class Cluster:
                                           **kw)
                 else:
                     engine = Engine(group.sim, **kw)
-                out.append(Replica(idx, name, group.role, group.sim, engine))
+                out.append(Replica(idx, name, group.role, group.sim, attach_planner(engine)))
         names = [r.name for r in out]
         if len(set(names)) != len(names):
             raise InputError("replica names collide", field="replicas[].name", allowed="distinct group names")
@@ -181,9 +198,9 @@ class Cluster:
         tells its own engine. The first decision that may pick a replica or read its state bounds
         it: with a router that reads every replica that is request i's, for every replica; with
         one that reads only some, each replica's own, which stays valid until that decision is
-        made (Router.arrivals_unread), so only the replicas whose decision was made are asked again."""
-        heap = self._unread_until
-        if heap is None:
+        made (RouterProof.arrivals_unread), so only the replicas whose decision was made are asked again."""
+        heap, proof = self._unread_until, self._proof
+        if heap is None or proof is None:
             t = self._dispatch_at(i)
             for r in self.front:
                 r.engine.expect_next_arrival(t)
@@ -191,7 +208,7 @@ class Cluster:
         specs = self.workload.requests
         while heap and heap[0][0] < i:
             pos = heap[0][1]
-            until = i + self.router.arrivals_unread(pos, self.front, specs, i)
+            until = i + proof.arrivals_unread(pos, self.front, specs, i)
             heapq.heapreplace(heap, (until, pos))
             self.front[pos].engine.expect_next_arrival(self._dispatch_at(until))
 
@@ -210,9 +227,12 @@ class Cluster:
 
     def _arrival_bound(self, pos: int, load: int) -> float:
         """The earliest time a request can reach front replica `pos` while its load stays >= load:
-        the dispatch time of the first request the router cannot prove goes elsewhere."""
-        i = self._next_spec
-        return self._dispatch_at(i + self.router.arrivals_elsewhere(pos, load, self.front, self.workload.requests, i))
+        the dispatch time of the first request the router's proof cannot show goes elsewhere (the
+        next one, without a proof)."""
+        i, proof = self._next_spec, self._proof
+        if proof is None:
+            return self._dispatch_at(i)
+        return self._dispatch_at(i + proof.arrivals_elsewhere(pos, load, self.front, self.workload.requests, i))
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)

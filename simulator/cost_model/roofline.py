@@ -22,11 +22,11 @@ from .collectives import Collectives, logits_gather_bytes_per_row
 from .mla_tables import mla_decode_grid
 from .moe_comm import DEFAULT_ALL2ALL_BACKEND, check_all2all_backend
 from .moe_tables import DISTRIBUTIONS
-from .roofline_moe import RooflineMoeMixin
-from .roofline_ops import RooflineOpsMixin
-
+from .roofline_moe import RooflineMoe
 
 _ONE_NE = (1).__ne__
+_DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,13 +83,14 @@ class RooflineParams:
 
 
 @register_cost_model("roofline")
-class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
-    """Per-step roofline over the exact batch composition (see module docstring)."""
+class RooflineCostModel:
+    """Per-step roofline over the exact batch composition (see module docstring); its MoE layers
+    are priced by the `RooflineMoe` it owns (roofline_moe.py)."""
 
     __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
-                 "collectives", "_head", "_gather", "_win_frac", "_moe_table", "moe_source", "_dp", "_a2a",
+                 "collectives", "_head", "_gather", "_win_frac", "moe_source", "_dp",
                  "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
@@ -138,7 +139,7 @@ class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
                           c_lin, dense_frac))
             gemms.append((2.0 * w["down_proj"], w["down_proj"] * wb, (inter + h) * b, c_lin,
                           dense_frac))
-        self._moe = self._moe_table = self._a2a = None
+        self._moe: RooflineMoe | None = None
         self._dp = self.params.data_parallel_size
         self.moe_source = self.moe_comm_source = "none (dense)"
         if m.is_moe:
@@ -148,7 +149,8 @@ class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
                 sh = m.shared_expert_intermediate_size // tp
                 gemms.append((2.0 * w["shared_experts"], w["shared_experts"] * wb,
                               (2 * h + 3 * sh) * b, c_lin, moe_frac))
-            self._precompute_experts(c_exp, wx, moe_frac)
+            self._moe = RooflineMoe(m, g, tp, self.params, c_exp, wx, moe_frac, self._m, self._ko)
+            self.moe_source, self.moe_comm_source = self._moe.source, self._moe.comm_source
         self._gemms = tuple(gemms)
         self._precompute_attention(b)
         mlp_ew = dense_frac * m.dense_mlp_width + moe_frac * (
@@ -185,7 +187,7 @@ class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
         f = float
         return DenseRooflinePricer(
             self.model.num_layers, [(f(a), f(b), f(c), f(d), f(e)) for a, b, c, d, e in self._gemms],
-            self._m, self._ko, self._moe_table is not None or self._moe is not None,
+            self._m, self._ko, self._moe is not None,
             (f(self._attn_flops_per_pair), self._ac, self._am, self._ao, f(self._kv_bytes_per_tok),
              f(self._q_bytes_per_tok)), f(self._ew_bytes_per_tok), self._ew_kernels,
             (f(self._head[0]), f(self._head[1]), f(self._head[2]), f(self._head[3]), f(self._head[4])),
@@ -232,7 +234,7 @@ class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
                 comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
                 a2a = 0.0
                 if dense.has_moe:
-                    experts, a2a = self._moe_parts(tokens, tokens * self._dp)
+                    experts, a2a = self._moe.parts(tokens, tokens * self._dp)
                 comm = comm + a2a
         if self._gather is not None and sampled:
             gather = self._gather(sampled)
@@ -340,8 +342,9 @@ class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
         gemm = 0.0
         for flops, wbytes, abytes, c, frac in self._gemms:
             gemm += frac * (max(tokens * flops * c, (wbytes + tokens * abytes) * m) + ko)
-        if self._moe_table is not None or self._moe is not None:
-            experts, a2a = self._moe_parts(tokens, tokens * self._dp)  # balanced DP: N x own tokens
+        moe = self._moe
+        if moe is not None:
+            experts, a2a = moe.parts(tokens, tokens * self._dp)  # balanced DP: N x own tokens
             gemm += experts
         else:
             a2a = 0.0
@@ -365,3 +368,52 @@ class RooflineCostModel(RooflineMoeMixin, RooflineOpsMixin):
             lm_head += self._gather(sampled)
         sampler = sampled * sbytes * m + 2 * ko
         return embed, norm, lm_head, sampler
+
+    def wave_correction_s(self, num_tokens: int, wave_tokens: int) -> float:
+        """Seconds to add to ``step_time_s`` of a step of ``num_tokens`` tokens on one DP rank of a
+        lockstep wave whose MoE layers hold ``wave_tokens`` tokens in all (WaveCostModel):
+        step_time_s alone assumes balanced ranks, ``data_parallel_size x num_tokens``."""
+        if self._dp == 1 or self._moe is None:
+            return 0.0
+        return self.model.num_layers * self._moe.wave_delta_s(num_tokens, wave_tokens, num_tokens * self._dp)
+
+    # ---- per-op access (the `profiled` fitter fills the ops it did not measure with these) ---
+    def op_time_s(self, op: str, count: float) -> float:
+        """Seconds of one op: per layer for layer ops (``count`` = tokens), per step for
+        embedding/final_norm (tokens) and lm_head/sampler (rows), one call for allreduce
+        (``count`` = message bytes)."""
+        if op in _DENSE_GEMMS[:2] or (op in _DENSE_GEMMS and not self.model.is_moe):
+            flops, wbytes, abytes, c, _ = self._gemms[_DENSE_GEMMS.index(op)]
+            return max(count * flops * c, (wbytes + count * abytes) * self._m) + self._ko
+        if op == "moe":  # everything but the attention projections: router, experts, dense MLPs
+            gemm, _, _, _ = self._layer_parts(count, 0.0, 0)
+            return gemm - sum(self.op_time_s(g, count) for g in _DENSE_GEMMS[:2])
+        if op == "elementwise":
+            return count * self._ew_bytes_per_tok * self._m + self._ew_kernels * self._ko
+        if op == "allreduce":
+            return self._ar(count) if self.tp > 1 else 0.0
+        if op in _HEAD_OPS:
+            parts = self._head_parts(count, count) if op in ("lm_head", "sampler") else \
+                self._head_parts(count, 0)
+            return parts[_HEAD_OPS.index(op)]
+        raise KeyError(op)
+
+    def attention_coefficients(self) -> dict[str, float]:
+        """The roofline attention of one layer as coefficients (serialised by `profiled`)."""
+        return {"s_per_pair": self._attn_flops_per_pair * self._ac,
+                "s_per_kv_token": self._kv_bytes_per_tok * self._am,
+                "s_per_q_token": self._q_bytes_per_tok * self._am, "overhead_s": self._ao}
+
+    def breakdown(self, shape: StepShape) -> dict[str, float]:
+        """Seconds per component for the whole step (sums to :meth:`step_time_s`)."""
+        if self._mla_decode is not None:
+            out: dict[str, float] = {}
+            self._mla_step(shape, out)
+            return out
+        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
+        if tokens == 0:
+            return {}
+        out = {name: self.model.num_layers * v for name, v in zip(
+            ("gemm", "attention", "elementwise", "allreduce"), self._layer_parts(tokens, pairs, kv_tokens))}
+        out.update(zip(_HEAD_OPS, self._head_parts(tokens, shape.num_sampled)))
+        return out

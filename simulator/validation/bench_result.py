@@ -21,7 +21,7 @@ import numpy as np
 
 from servesim.simulator.bench_metrics import bench_serve_result
 from servesim.simulator.config import SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.traces.bench import BenchConfig, arrival_schedule
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
@@ -96,7 +96,7 @@ def validate_bench(result: BenchResult, cfg: SimConfig) -> dict:
     """Simulate the result's workload on `cfg` (with the client's concurrency cap) and compare."""
     if result.max_concurrency is not None:
         cfg = replace(cfg, client=replace(cfg.client, max_concurrency=result.max_concurrency))
-    res = Engine(cfg, result_workload(result, cfg.seed)).run()
+    res = build_engine(cfg, result_workload(result, cfg.seed)).run()
     sim = bench_serve_result(res.metrics.requests_frame(), percentiles=(50, 90, 99))
     rows = []
     keys = ["completed", "failed"] + [f"{p}_{m}_ms" for m in COMPARED_METRICS for p in COMPARED_PREFIXES]

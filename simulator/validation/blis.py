@@ -24,7 +24,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.simulator.bench_metrics import completed_mask
 from servesim.simulator.cost_model.cudagraph import default_capture_sizes
 from servesim.simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.simulator.frontend import FrontendConfig
 from servesim.simulator.sampling import SamplingConfig
 from servesim.simulator.specs import resolve_gpu, resolve_model
@@ -187,7 +187,7 @@ def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
     exp = find_experiment(path, experiment)
     wl, stage_of = blis_workload(exp)
     cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s, sampling)
-    res = Engine(cfg, wl).run()
+    res = build_engine(cfg, wl).run()
     req = res.metrics.requests_frame().set_index("request_id")
     req = req.loc[[r.request_id for r in wl.requests]]  # workload order, so stage_of lines up
     measured = pd.read_csv(Path(path) / METRICS)

@@ -23,7 +23,7 @@ import pandas as pd
 
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
-from servesim.simulator.engine import Engine
+from servesim.simulator.build import build_engine
 from servesim.simulator.frontend import FrontendConfig
 from servesim.simulator.sampling import SamplingConfig
 from servesim.simulator.specs import resolve_gpu, resolve_model, with_precision
@@ -241,7 +241,7 @@ def compare_run(run_dir: str | Path, workload: str | Path, opts: ValidateOptions
 def _simulate(cfg: SimConfig, wl, s):
     """One engine, or ``data_parallel_size`` ranks behind vLLM's DP balancer (simulator/cluster/dp.py)."""
     if s.data_parallel_size <= 1:
-        res = Engine(cfg, wl).run()
+        res = build_engine(cfg, wl).run()
         ts = to_measured_convention(res.metrics.timeseries_frame(res.sim_duration_s))
         return res, res.metrics.requests_frame(), ts, res.metrics.steps_frame()
     from servesim.simulator.cluster import run_cluster

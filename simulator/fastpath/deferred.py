@@ -1,15 +1,16 @@
-"""Deferred macro-steps: a cluster replica's run applied when a request is routed to it, not before.
+"""Deferred runs: a cluster replica's run applied when a request is routed to it, not before.
 
 Behind a router that reads nothing of a replica but its load (least_outstanding), a run of plain
 decode steps changes the load only at its first update (the in-flight step's, which finishes the
 requests the async skip-ahead passed over), so every routing decision made during the run is the
 same whatever the replica has applied of it, as long as the load it reads drops at that update's
-time (Engine.num_outstanding subtracts them once the clock is past it). A run through finishes
-(finish_run.py) lowers the load by one at each finishing update as well: the plan keeps those
-times (DeferredRun.drop_t), and the load read at any instant is what stepping shows. The eager path
-(macro_step.py) must stop each run at the first arrival the router cannot *prove* goes elsewhere;
-measured on the 32-replica benchmark, 88 % of the runs so cut stopped for an arrival that went to
-another replica, and each cut cost a tail step, a stepped update and a new run.
+time (Engine.num_outstanding subtracts them once the clock is past it: RunPlanner.load_drop). A
+run through finishes (fastpath/through.py) lowers the load by one at each finishing update as
+well: the plan keeps those times (DeferredRun.drop_t), and the load read at any instant is what
+stepping shows. The eager path (MacroPlanner.advance) must stop each run at the first arrival the
+router cannot *prove* goes elsewhere; measured on the 32-replica benchmark, 88 % of the runs so
+cut stopped for an arrival that went to another replica, and each cut cost a tail step, a stepped
+update and a new run.
 
 A deferred run is planned (steps priced, timeline computed) but not applied. The engine waits for
 its end; the run is applied then, whole, or earlier, inside Engine.submit, when the router sends
@@ -22,7 +23,6 @@ Same-instant order: the eager path stops before an update that lands exactly on 
 steps around it, keeping SimPy's event order. A deferred plan never contains an update at a
 dispatch time (it ends before one; the cluster says which times are dispatches), so no routed
 arrival can land on one of its updates and order never depends on when the plan is applied.
-Mixed into MacroStepMixin; the loop and Engine.submit call it.
 """
 
 from __future__ import annotations
@@ -31,29 +31,14 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import simpy
 
 from servesim.scheduler.request import Request
-from servesim.simulator.finish_run import FinishRunMixin
-
-if TYPE_CHECKING:
-    from servesim.simulator.engine import Engine, InFlight
-
-def exact_delays(now: float, t: float) -> list[float]:
-    """Delays whose SimPy timeouts, one after the other, bring the clock from now to exactly t (a
-    timeout lands at now + delay, rounded). One hop suffices when t <= 2 now (Sterbenz: t - now is
-    exact, so is the sum); otherwise now + (t - now) can round past t (a tie rounds to even), so
-    hop first to y ~ 0.75 t, whatever it rounds to: from y >= t / 2 the second hop is exact."""
-    d = t - now
-    if now + d == t:
-        return [d]
-    first = 0.75 * t - now
-    y = now + first  # where the first timeout lands
-    assert t / 2 <= y <= t and y + (t - y) == t
-    return [first, t - y]
-
+from servesim.simulator.engine import Engine, InFlight
+from servesim.simulator.fastpath.runs import RunApplier
+from servesim.simulator.fastpath.timeline import RunClock, batch_at, exact_delays
 
 # Steps priced when a deferred run is planned; each time the clock reaches the end of what is
 # priced, the run grows by as many again (up to the scheduler's horizon), so a run that no
@@ -63,23 +48,23 @@ FIRST_CHUNK = 16
 
 @dataclass(slots=True)
 class DeferredRun:
-    """A planned, not yet applied async run (the arguments of MacroStepMixin._macro_async)."""
+    """A planned, not yet applied async run (the arguments of RunApplier.apply_async)."""
 
     now_s: float  # the loop-top time it was planned at (one step in flight)
     reqs: list[Request]  # the batch, in scheduling order
     ctx0: list[int]  # their num_computed_tokens at now_s
     gpu_s: list[float]  # each step's GPU time, as priced for the run
-    sched_t: list[float]  # schedule, GPU end and update times of its steps (_macro_timeline)
+    sched_t: list[float]  # schedule, GPU end and update times of its steps (RunClock.timeline)
     ends: list[float]
     upd_t: list[float]
     routed: simpy.Event  # succeeds when a routed arrival applies the run early
     max_steps: int  # the scheduler's horizon: the run never grows past it
     complete: bool  # cut short (a dispatch time or a client deadline): it never grows
     load_drop: int  # requests the in-flight step's update finishes (at upd_t[0]; async skip-ahead)
-    each: list[int] | None  # through finishes (finish_run.py): reqs[i] takes the first each[i] steps
+    each: list[int] | None  # through finishes (fastpath/through.py): reqs[i] takes the first each[i] steps
     drop_t: list[float]  # ascending: the update times of the plan at which the load falls by one
     resume_at_s: float | None = None  # set when applied early: the in-flight step's update time
-    past_arrival: bool = False  # applied early with that update too (MacroStepMixin._past_arrival)
+    past_arrival: bool = False  # applied early with that update too (MacroPlanner._past_arrival)
     scheduled: list[int] | None = None  # reqs[i] is scheduled in the first scheduled[i] steps (each + extra forward)
 
     def set_drop_times(self) -> None:
@@ -95,60 +80,61 @@ class DeferredRun:
         return batch_at(self.reqs, self.scheduled, j)
 
 
-def batch_at(reqs: list[Request], scheduled: list[int] | None, j: int) -> list[Request]:
-    """The requests step j of a run schedules, reqs[i] being scheduled in its first scheduled[i]
-    steps (None: all of them in every step)."""
-    return reqs if scheduled is None else [r for r, m in zip(reqs, scheduled) if m > j]
+class DeferredRuns:
+    """Plans, waits for and applies one engine's deferred runs (the module docstring)."""
 
+    def __init__(self, engine: Engine, clock: RunClock, applier: RunApplier, commuting_arrivals: bool) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.applier = applier
+        # a routed arrival commutes with an update that finishes nobody (MacroPlanner._past_arrival)
+        self.commuting_arrivals = commuting_arrivals
+        # collides(times): index of the first of the ascending times that is a dispatch time; None: off
+        self.collides: Callable[[Sequence[float]], int] | None = None
+        self.pending: DeferredRun | None = None  # the planned run not yet applied
+        self.num_deferred_runs = 0  # planned
+        self.num_deferred_routed = 0  # applied at a routed arrival
 
-class DeferredRunMixin(FinishRunMixin):
-    """Plans, waits for and applies deferred runs (see the module docstring)."""
-
-    def defer_runs(self: Engine, collides: Callable[[Sequence[float]], int] | None) -> None:
-        """Let async runs be applied when a request is routed here (a cluster whose router reads
-        only the load sets it). collides(times) is the index of the first time in the ascending
-        `times` that is also a dispatch time (len(times) if none); None turns deferral off."""
-        self._collides = collides
-
-    def _plan_deferred(self: Engine, now: float, reqs: list[Request], ctx0: list[int], k: int, load_drop: int,
-                       each: list[int] | None) -> bool:
+    def plan(self, now: float, reqs: list[Request], ctx0: list[int], k: int, load_drop: int,
+             each: list[int] | None) -> bool:
         """Plan a deferred run of at most k steps from this loop-top state (one step in flight,
         whose update finishes load_drop requests; `each`: a run through finishes); False when it
         would be shorter than two updates."""
+        clock = self.clock
         if each is None:
-            gpu = self._sim_executor().decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
-            sched_t, ends, upd_t = self._macro_timeline(now, gpu, 1, len(reqs), math.inf)
+            gpu = clock.sim.decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
+            sched_t, ends, upd_t = clock.timeline(now, gpu, 1, len(reqs), math.inf)
         else:
-            gpu, (sched_t, ends, upd_t) = self._plan_through(now, ctx0, each, min(k, FIRST_CHUNK), math.inf)
-        assert self._collides is not None
-        n = self._collides(upd_t)  # the plan ends before an update landing on a dispatch time
+            gpu, (sched_t, ends, upd_t) = clock.plan_through(now, ctx0, each, min(k, FIRST_CHUNK), math.inf)
+        assert self.collides is not None
+        n = self.collides(upd_t)  # the plan ends before an update landing on a dispatch time
         if n < 2:
             return False
         if n < len(upd_t):
             del sched_t[n:], ends[n:], upd_t[n:]
-        plan = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.env.event(), k,
-                           len(upd_t) < len(gpu), load_drop, each, [], scheduled=self._scheduled_each(each))
+        plan = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.engine.env.event(), k,
+                           len(upd_t) < len(gpu), load_drop, each, [], scheduled=clock.scheduled_each(each))
         plan.set_drop_times()
-        self._deferred = plan
+        self.pending = plan
         self.num_deferred_runs += 1
         return True
 
-    def _grow_deferred(self: Engine, plan: DeferredRun) -> bool:
+    def _grow(self, plan: DeferredRun) -> bool:
         """Price and time the run's next chunk (as many steps again, within its horizon), from
         where it ends; False when it cannot grow."""
         m = len(plan.gpu_s)
         if plan.complete or m >= plan.max_steps:
             return False
         k = min(plan.max_steps, 2 * m)
+        clock = self.clock
         if plan.each is None:
-            gpu = self._sim_executor().decode_step_times_s([c + m for c in plan.ctx0], k - m)
-            sched_t, ends, upd_t = self._macro_timeline(plan.upd_t[-1], gpu, 1, len(plan.reqs), math.inf,
-                                                        plan.ends[-1])
+            gpu = clock.sim.decode_step_times_s([c + m for c in plan.ctx0], k - m)
+            sched_t, ends, upd_t = clock.timeline(plan.upd_t[-1], gpu, 1, len(plan.reqs), math.inf, plan.ends[-1])
         else:
-            gpu, (sched_t, ends, upd_t) = self._plan_through(plan.upd_t[-1], plan.ctx0, plan.each, k, math.inf,
+            gpu, (sched_t, ends, upd_t) = clock.plan_through(plan.upd_t[-1], plan.ctx0, plan.each, k, math.inf,
                                                              m, plan.ends[-1])
-        assert self._collides is not None
-        n = self._collides(upd_t)
+        assert self.collides is not None
+        n = self.collides(upd_t)
         plan.complete = n < k - m
         plan.gpu_s += gpu
         plan.sched_t += sched_t[:n]
@@ -158,24 +144,24 @@ class DeferredRunMixin(FinishRunMixin):
             plan.set_drop_times()
         return n > 0
 
-    def _deferred_load_drop(self: Engine) -> int:
+    def load_drop(self) -> int:
         """How far the load the router reads is below the scheduler's count now: the requests the
         pending run's updates finish (the first update's skipped-ahead ones, and through finishes
         each request at its last step's update) at the updates the clock is past (never at one: no
         dispatch lands on an update of a plan)."""
-        plan = self._deferred
+        plan = self.pending
         if plan is None or not plan.drop_t:
             return 0
-        return bisect_left(plan.drop_t, self.env.now)  # the drops strictly before now
+        return bisect_left(plan.drop_t, self.engine.env.now)  # the drops strictly before now
 
-    def _await_deferred(self: Engine, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
-        """The loop's wait through a deferred run (a generator): to its end, where it is applied
+    def await_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
+        """The loop's wait through the pending run (a generator): to its end, where it is applied
         whole, or to the update of the oldest step in flight after an arrival applied it early."""
-        plan = self._deferred
+        plan = self.pending
         assert plan is not None
-        env = self.env
-        # A routed arrival applies the run early and triggers `routed` (_apply_deferred): the run
-        # is pending while it has not. (Not `self._deferred is not None`: a compiled engine would
+        env = self.engine.env
+        # A routed arrival applies the run early and triggers `routed` (apply_at): the run is
+        # pending while it has not. (Not `self.pending is not None`: a compiled planner would
         # keep that narrowing across the yield, where the arrival sets the attribute to None.)
         routed = plan.routed
         while not routed.triggered:
@@ -183,12 +169,12 @@ class DeferredRunMixin(FinishRunMixin):
                 yield env.any_of([env.timeout(delay_s), routed])
                 if routed.triggered:
                     break
-            if not routed.triggered and not self._grow_deferred(plan):
+            if not routed.triggered and not self._grow(plan):
                 break
         if not routed.triggered:  # nothing was routed here: the whole run, as planned
-            self._deferred = None
-            self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
-                              plan.ends, plan.upd_t, each=plan.each)
+            self.pending = None
+            self.applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
+                                     plan.ends, plan.upd_t, each=plan.each)
             return
         # Applied at an arrival: two steps in flight; the older one's update lands where stepping
         # puts it (a plan holds no update at a dispatch time, so none at the arrival's instant);
@@ -199,37 +185,37 @@ class DeferredRunMixin(FinishRunMixin):
         if plan.past_arrival:
             return
         so, mro, _end, rec, row = in_flight.popleft()
-        self._on_update(so, mro, rec, row)
+        self.engine.apply_output(so, mro, rec, row)
 
-    def _apply_deferred(self: Engine, t: float, in_flight: InFlight) -> None:
+    def apply_at(self, t: float, in_flight: InFlight) -> None:
         """A request is routed here at t: apply the run as the eager path would have with t as
         its bound (updates strictly before t, then the tail step the loop schedules at the last
         of them), leaving two steps in flight."""
-        plan = self._deferred
+        plan = self.pending
         assert plan is not None
-        self._deferred = None
+        self.pending = None
         self.num_deferred_routed += 1
+        applier = self.applier
         j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)
         assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"
-        if j >= 1 and self._commuting_arrivals and (plan.each is None or j not in plan.each):
+        if j >= 1 and self.commuting_arrivals and (plan.each is None or j not in plan.each):
             # update j finishes nobody, so the load the router reads stays what stepping shows and
-            # the arrival commutes with it (MacroStepMixin._past_arrival): the run takes it too,
-            # the tail step as its last schedule, leaving one step in flight
-            self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t[:j + 1],
-                              plan.ends[:j + 1], plan.upd_t[:j + 1], each=plan.each, past_arrival=True)
+            # the arrival commutes with it (MacroPlanner._past_arrival): the run takes it too, the
+            # tail step as its last schedule, leaving one step in flight
+            applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t[:j + 1],
+                                plan.ends[:j + 1], plan.upd_t[:j + 1], each=plan.each, past_arrival=True)
             plan.past_arrival = tailed = True
         elif j >= 2:
-            resume_s = self._macro_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
-                                         plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
-            tailed = self._tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
+            resume_s = applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
+                                           plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
+            tailed = applier.tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
         else:  # the eager path: a tail-only step, then (one update before t) step, then tail
-            tailed = self._tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs)
+            tailed = applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs)
             if tailed and j == 1:
                 so, mro, _end, rec, row = in_flight.popleft()
-                self._on_update(so, mro, rec, row, now=plan.upd_t[0])
-                tailed = self._tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1], plan.step_batch(1))
+                self.engine.apply_output(so, mro, rec, row, now=plan.upd_t[0])
+                tailed = applier.tail_step(plan.upd_t[0], in_flight, plan.gpu_s[1], plan.step_batch(1))
         if not tailed:
-            raise AssertionError(f"{self.name}: a deferred run could not schedule its tail step")
+            raise AssertionError(f"{self.engine.name}: a deferred run could not schedule its tail step")
         plan.resume_at_s = plan.upd_t[j]
         plan.routed.succeed()
-

@@ -1,0 +1,60 @@
+"""The fast path: planners that apply runs of engine steps at once, exactly as stepping would.
+
+It plugs into the reference engine through one contract, simulator/run_planner.py's `RunPlanner`;
+the engine never imports this package, and an engine without a planner is the complete, slower
+simulator. `planner_for(engine)` builds the planner for an engine, or says why there is none (the
+run's summary records it): a feature with no bulk support declines here, it never answers wrong.
+
+    planner.py   MacroPlanner: proves and plans runs of plain decode steps (exact macro-steps)
+    timeline.py  RunClock: a run's prices and times, with the stepping loop's float arithmetic
+    runs.py      RunApplier: applies a planned run to the engine, the scheduler and the executor
+    through.py   runs through finishes (the batch shrinks as requests finish inside the run)
+    deferred.py  a cluster replica's runs applied when a request is routed to it
+    router_proofs.py  what each router proves about where the coming arrivals go
+
+The scheduler's side of a run is its bulk owner (the scheduler's bulk decode path), which only
+this package uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servesim.scheduler.bulk import decode_runs_for
+from servesim.simulator.engine import Engine
+from servesim.simulator.executor import SimExecutor
+from servesim.simulator.run_planner import RunPlanner
+
+@dataclass(slots=True, frozen=True)
+class PlannerChoice:
+    planner: RunPlanner | None
+    declined: str | None  # why there is no planner (None when there is one)
+
+
+def planner_for(engine: Engine) -> PlannerChoice:
+    """The fast path for `engine` (built, not started), or why it has none."""
+    cfg, sched, executor = engine.cfg, engine.scheduler, engine.executor
+    why: str | None = None
+    # the bulk decode path the scheduler declares (SchedulerCapabilities.decode_runs), not told by its type
+    runs = decode_runs_for(sched) if cfg.macro_steps else None
+    if not cfg.macro_steps:
+        why = "macro_steps is off"
+    elif runs is None:
+        why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
+               "(P/D and other schedulers that change what a step does step)")
+    elif cfg.hardware.pp > 1:
+        why = "pipeline parallelism: a batch per stage in flight, timed stage by stage"
+    elif cfg.scheduler.num_spec_tokens:
+        why = "speculative decoding: acceptance draws change the batch's token counts step by step"
+    elif not isinstance(executor, SimExecutor):
+        why = "the executor is not the simulated one (GPU runner: every step runs the model)"
+    elif engine.book.step_trace is not None:
+        why = "a step trace records every step"
+    else:
+        why = runs.decode_run_blocker()
+    if why is not None:
+        return PlannerChoice(None, why)
+    assert runs is not None
+    from servesim.simulator.fastpath.planner import MacroPlanner
+    assert isinstance(executor, SimExecutor)
+    return PlannerChoice(MacroPlanner(engine, runs, executor), None)

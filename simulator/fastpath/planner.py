@@ -1,0 +1,239 @@
+"""Exact macro-steps: runs of plain decode steps applied in one engine call (the `RunPlanner`).
+
+A plain decode step schedules one token for every running request and admits, preempts and
+finishes nobody. When the state proves the next k steps are all plain and nothing from outside can
+land before the last of them is applied, the planner applies the whole run at once; the SimPy
+clock then jumps once to its end. Nothing can land means: no arrival (the announced next arrival,
+strictly later than every schedule and update of the run), no client deadline before any of its
+schedules, no request in the frontend, no policy timer; the scheduler's bulk owner bounds the run
+itself (DecodeRuns.decode_run_horizon: no finish, no skip-ahead, no stop rule, KV blocks for every
+boundary allocation without preemption, a waiting head refused alike at every schedule: its
+prefix-cache lookups land in the run's step rows as each update takes them). An async run with
+nothing waiting (a single engine's, or a cluster replica's deferred one) goes on through finishes
+instead (fastpath/through.py).
+
+Async tail: when the next update would meet the arrival, the step the loop schedules before it
+(at the last update time, before the arrival) is still a plain decode step. The run schedules it
+too (RunApplier.tail_step) and leaves two steps in flight; the loop then applies the older one's
+update at its end, after the arrival, exactly as stepping does. Alone (the in-flight step's own
+update already meets the arrival) the tail is a one-step run: each arrival saves a schedule().
+
+A run's last update past an arrival: where the bulk owner proves that add_request and an update
+that finishes nobody leave the same state in either order (arrivals_commute_with_decode_updates),
+and nothing else the arrival sets off reads or writes what that update does (a single engine: no
+router, no closed-loop client, no finish callback; the watchdog's window only moves forward), the
+run goes one step further: the tail step becomes its last schedule and the update after it, due
+after the arrival, is applied in bulk with the rest; the arrival is then added, before the loop
+resumes at that update's time in the state stepping reaches there (`_past_arrival`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import simpy
+
+from servesim.scheduler.bulk.interface import DecodeRuns
+from servesim.simulator.engine import Engine, InFlight
+from servesim.simulator.executor import SimExecutor
+from servesim.simulator.fastpath.deferred import DeferredRuns
+from servesim.simulator.fastpath.runs import RunApplier
+from servesim.simulator.fastpath.timeline import RunClock, Timeline, batch_at, exact_delays
+
+MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
+
+
+class MacroPlanner:
+    """The fast path of one engine: plans runs (this object), prices and times them (RunClock),
+    applies them (RunApplier), defers them in a cluster (DeferredRuns)."""
+
+    def __init__(self, engine: Engine, runs: DecodeRuns, sim: SimExecutor) -> None:
+        self.engine = engine
+        self.runs = runs  # the scheduler's bulk decode path
+        self.clock = RunClock(engine, sim, runs.decode_run_extra_steps())
+        self.applier = RunApplier(engine, runs, self.clock)
+        # a run's last update may land past an arrival (_past_arrival)
+        self.commuting_arrivals = runs.arrivals_commute_with_decode_updates()
+        self.deferred = DeferredRuns(engine, self.clock, self.applier, self.commuting_arrivals)
+        # The next arrival from outside; 0 = unknown (a run then never starts).
+        self.next_arrival_s = 0.0
+        self.arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
+
+    # --- RunPlanner: what the engine calls ---------------------------------------------------------
+    def has_pending_run(self) -> bool:
+        return self.deferred.pending is not None
+
+    def await_pending_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
+        return self.deferred.await_run(in_flight)
+
+    def before_submit(self, now: float) -> None:
+        if self.deferred.pending is not None:  # apply it up to this arrival (fastpath/deferred.py)
+            self.deferred.apply_at(now, self.engine.in_flight)
+        if not now > self.applier.until_s:  # a run's bound was wrong: not exact
+            raise AssertionError(f"{self.engine.name}: a request arrived inside a macro-step (before "
+                                 f"{self.applier.until_s!r} s)")
+
+    def load_drop(self) -> int:
+        return self.deferred.load_drop()
+
+    def expect_next_arrival(self, t_s: float) -> None:
+        self.next_arrival_s = t_s
+
+    def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
+        self.arrival_bound = bound
+
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+        self.deferred.collides = collides
+
+    # --- counters (tests and benchmarks read them) ---------------------------------------------------
+    @property
+    def num_macro_steps(self) -> int:
+        return self.applier.num_macro_steps
+
+    @property
+    def num_macro_runs(self) -> int:
+        return self.applier.num_macro_runs
+
+    @property
+    def num_runs_past_arrival(self) -> int:
+        return self.applier.num_runs_past_arrival
+
+    @property
+    def num_bulk_finishes(self) -> int:
+        return self.applier.num_bulk_finishes
+
+    @property
+    def num_deferred_runs(self) -> int:
+        return self.deferred.num_deferred_runs
+
+    @property
+    def num_deferred_routed(self) -> int:
+        return self.deferred.num_deferred_routed
+
+    # --- planning ----------------------------------------------------------------------------------
+    def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
+        """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance)."""
+        engine = self.engine
+        if not now < self.next_arrival_s or engine.clients.num_in_frontend:
+            return None
+        runs, applier, clock = self.runs, self.applier, self.clock
+        num_in_flight = len(in_flight)
+        if num_in_flight and self.arrival_bound is None and not self._first_update_s(now) < self.next_arrival_s:
+            # the run's first update (the in-flight step's) would already meet the arrival
+            return [] if applier.tail_step(now, in_flight, None) else None
+        # An async run may go on through finishes (fastpath/through.py) where nobody outside hears
+        # of them before it is applied: a single engine's, or a deferred one (the router reads the
+        # load as it falls, fastpath/deferred.py); not the eager cluster path, whose proof reads a
+        # constant load.
+        deferrable = num_in_flight == 1 and self.deferred.collides is not None
+        through = (num_in_flight == 1 and (deferrable or self.arrival_bound is None)
+                   and self._finishes_stay_inside())
+        k = runs.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, through)
+        if k < 2 or engine.watchdog.due(engine.book.num_steps + 1, now):
+            return None  # too short to pay, or the watchdog fires at the next schedule: step
+        reqs = runs.decode_run_requests()
+        if len(reqs) < engine.scheduler.get_request_counts()[0] and not self._finishes_stay_inside():
+            return None
+        each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
+        if each is not None and min(each) >= k:
+            each = None  # nobody finishes inside: the fixed batch
+        ctx0 = [r.num_computed_tokens for r in reqs]
+        load_change = len(reqs) - engine.scheduler.get_request_counts()[0]
+        if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each):
+            return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
+        if through and self.arrival_bound is not None:  # not deferred after all: the eager path's run
+            k = runs.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, False)
+            if k < 2:
+                return None
+            each = None
+        later_s = self._later_arrival_s(load_change)
+        if num_in_flight and not self._first_update_s(now) < later_s:
+            # a cluster router's proof covers the first update too (its arrivals-elsewhere count
+            # decides the same whatever this replica's load); past it, only the tail step
+            return [] if applier.tail_step(now, in_flight, None) else None
+        gpu, tl = self._price(now, ctx0, each, k, num_in_flight, len(reqs), later_s)
+        if len(tl[0]) < 2:
+            return None
+        if not num_in_flight:
+            return exact_delays(now, applier.apply_sync(reqs, ctx0, gpu, *tl))
+        longer = self._past_arrival(now, gpu, tl, len(reqs), each, later_s)
+        if longer is not None:  # the tail step and the update after it, due past the arrival
+            return exact_delays(now, applier.apply_async(now, in_flight, reqs, ctx0, gpu, *longer, each=each,
+                                                         past_arrival=True))
+        resume_s = applier.apply_async(now, in_flight, reqs, ctx0, gpu, *tl, each=each)
+        j = len(tl[0])  # the step the loop schedules at resume_s, priced when the run stopped short
+        if j < len(gpu) and resume_s < clock.deadline_s():
+            applier.tail_step(resume_s, in_flight, gpu[j], batch_at(reqs, clock.scheduled_each(each), j))
+        return exact_delays(now, resume_s)
+
+    def _price(self, now: float, ctx0: list[int], each: list[int] | None, k: int, num_in_flight: int,
+               n: int, later_s: float) -> tuple[list[float], Timeline]:
+        """Price and time up to k steps of the run. In growing chunks: an arrival usually ends the
+        run long before the scheduler's own horizon. In a cluster (eager path) every replica's
+        runs stop at the cluster's next arrival, often within two steps: the first chunk is just
+        the two a run needs. A single engine's runs average ~13 steps (the Azure hour): a first
+        chunk of 16 prices most in one call (one timeline instead of two; a step priced past the
+        arrival costs ~0.25 us). A step's price does not depend on the chunking."""
+        clock = self.clock
+        if each is not None:  # the batch shrinks at finishes (fastpath/through.py)
+            return clock.plan_through(now, ctx0, each, k, later_s)
+        gpu: list[float] = []
+        first = 16 if self.arrival_bound is None and self.engine.on_finish is None else 2
+        while True:
+            m = min(k, max(16, 4 * len(gpu)) if gpu else first)
+            gpu += clock.sim.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
+            tl = clock.timeline(now, gpu, num_in_flight, n, later_s)
+            if len(tl[0]) < len(gpu) or len(gpu) == k:
+                return gpu, tl
+
+    def _past_arrival(self, now: float, gpu: list[float], tl: Timeline, n: int, each: list[int] | None,
+                      later_s: float) -> Timeline | None:
+        """The run's timeline one step longer, its last update due at or after the arrival that cut
+        it (module docstring); None where that is not proven or not the case. The run stopped at
+        j = len(tl[0]) steps with step j priced (the tail step's case); the update after step j
+        (update j, the previous step's) must finish nobody: through finishes, request i's finish
+        is update each[i] (vLLM: the scheduler that proves the commuting has no extra step). The
+        longer timeline is the same arithmetic without the arrival's bound (piece by piece where
+        the batch shrinks: plan_through with the prices it has), and must still schedule step j
+        before any client deadline. Only step j is timed: the timeline continues from update j - 1
+        and the GPU's end of step j - 1 (the floats do not depend on where a timeline is split), so
+        its first j steps are tl's own."""
+        j = len(tl[0])
+        if (not self.commuting_arrivals or self.arrival_bound is not None or self.deferred.collides is not None
+                or not self._finishes_stay_inside() or j >= len(gpu)):
+            return None
+        t, free_at = tl[2][j - 1], tl[1][j - 1]  # j >= 2: advance refuses shorter runs
+        if each is None or min(each) > j:
+            step = self.clock.timeline(t, gpu[j:j + 1], 1, n, math.inf, free_at)
+        elif j in each:
+            return None  # update j finishes a request
+        else:
+            _, step = self.clock.plan_through(t, [], each, j + 1, math.inf, first_step=j, free_at=free_at, priced=gpu)
+        if not step[0] or step[2][0] < later_s:
+            return None
+        return tl[0] + step[0], tl[1] + step[1], tl[2] + step[2]
+
+    def _finishes_stay_inside(self) -> bool:
+        """A request finishing inside the run (async: the in-flight step's update) must not set
+        off anything outside: a client slot freeing (max_concurrency: the next send, now) or a
+        router hearing of it."""
+        engine = self.engine
+        return engine.clients.max_concurrency is None and engine.on_finish is None
+
+    def _later_arrival_s(self, load_change: int) -> float:
+        """The earliest time a request can reach this engine after the run's first update (which
+        finishes -load_change skipped-ahead requests): the announced next arrival, or a later one
+        where the cluster's router proves the arrivals before it go elsewhere. This engine's
+        load is then constant through the run (no admission, no finish), so a router that reads
+        only the load sees the same value mid-run as stepping would show it."""
+        if self.arrival_bound is None:
+            return self.next_arrival_s
+        return max(self.next_arrival_s, self.arrival_bound(self.engine.num_outstanding + load_change))
+
+    def _first_update_s(self, now: float) -> float:
+        """When the async loop applies the in-flight step's update: the timeline's first update
+        time, known before any step is priced."""
+        due = self.engine.gpu_free_at
+        return now + (due - now) if due > now else now

@@ -1,0 +1,97 @@
+"""The engine's book of steps: each step's row and step-trace record, token times, finishes,
+prefix-cache totals and the progress callback.
+
+The engine (simulator/engine.py) writes a step here when it schedules it (`record_schedule`) and
+when its output is applied (`record_update`, `record_finish`); the fast path
+(simulator/fastpath/) writes the rows, token times and finishes of a whole run at once through the
+same objects (`metrics.steps.extend_decode_run`, `metrics.on_decode_run`), exactly as stepping would
+have written them one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import IO
+
+from servesim.scheduler.interface import SchedulerInterface
+from servesim.scheduler.oracle_trace import finish_record, step_record
+from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from servesim.simulator.metrics import MetricsCollector
+
+PROGRESS_EVERY_STEPS = 256  # the progress callback runs at every update whose step count is a multiple
+
+
+class StepBook:
+    def __init__(self, metrics: MetricsCollector, step_trace: IO[str] | None,
+                 progress: Callable[[float, int], None] | None) -> None:
+        self.metrics = metrics
+        self.step_trace = step_trace  # JSONL in the vLLM oracle's schema, one record per step (or None)
+        self.progress = progress  # (simulated s, requests done) -> None
+        self.num_steps = 0  # steps scheduled so far
+        self.num_preemptions = 0
+        self.prefix_hits = 0  # tokens, requests never preempted (vLLM's hit-rate definition)
+        self.prefix_queries = 0
+        self.num_done = 0  # requests finished, rejected or given up
+        self.arrived_since_step: list[str] = []  # request ids added since the last schedule (step trace)
+
+    def record_schedule(self, so: SchedulerOutput, now: float, sched: SchedulerInterface) -> tuple[dict | None, int]:
+        """Bookkeeping of a step just scheduled: (its step-trace record or None, its steps row)."""
+        m = self.metrics.requests
+        for nr in so.scheduled_new_reqs:
+            if m[nr.req_id].first_scheduled_s is None:
+                m[nr.req_id].first_scheduled_s = now
+        for rid in so.preempted_req_ids:
+            m[rid].num_preemptions += 1
+        self.num_preemptions += len(so.preempted_req_ids)
+        rec = None
+        if self.step_trace is not None:
+            rec = step_record(self.num_steps, self.arrived_since_step, so, sched)
+        self.arrived_since_step = []
+        # A step's decode tokens: one token (and its drafts) of a cached request past its prompt
+        # that was not just resumed; every other scheduled token is a prefill token.
+        num_new, spec, cached = so.num_scheduled_tokens, so.scheduled_spec_decode_tokens, so.scheduled_cached_reqs
+        requests, resumed = sched.requests, cached.resumed_req_ids
+        shape_decode = 0
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            if rid not in resumed and computed >= requests[rid].num_prompt_tokens:
+                n = num_new[rid]
+                if n - len(spec.get(rid, ())) == 1:
+                    shape_decode += n
+        shape_prefill = sum(num_new.values()) - shape_decode
+        running, waiting = sched.get_request_counts()
+        row = self.metrics.steps.append(self.num_steps, now, len(so.num_scheduled_tokens), shape_prefill,
+                                        shape_decode, sched.kv_cache_manager.usage, running, waiting,
+                                        len(so.preempted_req_ids))
+        self.num_steps += 1
+        return rec, row
+
+    def record_update(self, row: int, now: float, mro: ModelRunnerOutput, eco: EngineCoreOutputs,
+                      rec: dict | None) -> None:
+        """A step's output applied at `now` (its token times and finishes already recorded): its
+        prefix-cache stats, its row's update time, its step-trace record, the progress callback."""
+        ps = eco.scheduler_stats.prefix_cache_stats
+        self.prefix_hits += ps.hits
+        self.prefix_queries += ps.queries
+        self.metrics.steps.set_update(row, now, ps.hits, ps.queries)  # duration: schedule to output applied
+        if rec is not None:
+            assert self.step_trace is not None
+            sampled = {rid: t[0] for rid, t in zip(mro.req_ids, mro.sampled_token_ids) if t}
+            finish_record(rec, sampled, [o.request_id for o in eco.outputs if o.finish_reason is not None],
+                          eco.scheduler_stats)
+            self.step_trace.write(json.dumps(rec) + "\n")
+        if self.progress is not None and self.num_steps % PROGRESS_EVERY_STEPS == 0:
+            self.progress(now, self.num_done)
+
+    def record_finish(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
+        self.metrics.on_finish(request_id, now, reason, num_cached)
+        self.num_done += 1
+
+    def record_reject(self, request_id: str, reason: str) -> None:
+        self.metrics.on_reject(request_id, reason)
+        self.num_done += 1
+
+    def record_gone(self, request_id: str) -> None:
+        """A client gave up (its deadline passed): the request is done for the run."""
+        self.metrics.on_timeout(request_id)
+        self.num_done += 1
