@@ -45,9 +45,20 @@ if TYPE_CHECKING:
     from servesim.scheduler.bulk.interface import DecodeRuns, DecodeRunsFactory
     from servesim.scheduler.interface import SchedulerInterface
 
-# name -> owner factory; vllm.py and sglang.py register themselves (every module of this package
-# is imported on the first lookup).
-DECODE_RUNS: Registry[DecodeRunsFactory] = Registry("bulk decode path", plugins="servesim.scheduler.bulk")
+
+def _builtins() -> None:
+    """The built-in owners, registered on the first lookup. Here, not in their modules: an owner's
+    module has no import-time side effect (the build executes a compiled module's source again to
+    check it: tests/test_compile_transform.py)."""
+    from servesim.scheduler.bulk.sglang import SGLangDecodeRuns
+    from servesim.scheduler.bulk.vllm import VllmDecodeRuns
+
+    DECODE_RUNS.add("vllm", VllmDecodeRuns)
+    DECODE_RUNS.add("sglang", SGLangDecodeRuns)
+
+
+# name -> owner factory (SchedulerCapabilities.decode_runs names one)
+DECODE_RUNS: Registry[DecodeRunsFactory] = Registry("bulk decode path", loader=_builtins)
 
 
 def decode_runs_for(scheduler: SchedulerInterface) -> DecodeRuns | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk import DECODE_RUNS
 from servesim.scheduler.bulk.interface import DecodeRunEffects
 from servesim.scheduler.bulk.sglang_memory import SGLangMemoryRuns
 from servesim.scheduler.kv.manager import PrefixCacheStats
@@ -254,6 +253,3 @@ class SGLangDecodeRuns:
         sched._steps[id(so)] = (so, StepInfo(sampling=set(ids)))
         sched._recent.append((so, False))
         return so
-
-
-DECODE_RUNS.add("sglang", SGLangDecodeRuns)

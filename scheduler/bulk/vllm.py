@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk import DECODE_RUNS
 from servesim.scheduler.bulk.interface import DecodeRunEffects
 from servesim.scheduler.bulk.kv import KVDecodeRuns
 from servesim.scheduler.lazy_ids import RunTokens
@@ -288,6 +287,3 @@ class VllmDecodeRuns:
         cached = CachedRequestData(req_ids=[r.request_id for r in batch])
         return SchedulerOutput([], cached, {r.request_id: 1 for r in batch}, len(batch), {},
                                [0] * self.scheduler.kv_cache_manager.num_kv_cache_groups, set(), set())
-
-
-DECODE_RUNS.add("vllm", VllmDecodeRuns)
