@@ -32,7 +32,7 @@ Nothing in scheduler/ outside this package imports it: a scheduler works, and is
 without its bulk path. Only the simulator's fast path (exact macro-steps) builds one, through
 `decode_runs_for`, chosen by the name the scheduler declares (`SchedulerCapabilities.decode_runs`),
 never by its type: a subclass that changes what a step does (P/D) declares none
-(tests/test_import_graph.py enforces both directions).
+(tests/test_fastpath_boundary.py enforces both directions).
 """
 
 from __future__ import annotations
