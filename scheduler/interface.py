@@ -10,6 +10,9 @@ A caller never probes a scheduler for optional attributes: what differs between 
 declared once in `SchedulerCapabilities` (read it once and keep it: it never changes after
 construction) or answered by a method every scheduler has (`overlap_allowed`, `next_event_s`,
 `cached_prefix_tokens`). Anything else a caller needs becomes a member here first.
+The bulk decode path of exact macro-steps is a separate contract, served by an owner object
+beside the scheduler (scheduler/bulk/interface.py: `DecodeRuns`), which a scheduler names in
+`SchedulerCapabilities.decode_runs`.
 
 Modelled on vLLM's `vllm/v1/core/sched/interface.py` (SchedulerInterface); the members beyond it
 are what a simulator needs and an engine process does not: a clock passed in (`now_s`), the
@@ -23,11 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from servesim.scheduler.decode_run import DecodeRunEffects
     from servesim.scheduler.hashing import TokenProvenance
     from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats
     from servesim.scheduler.request import Request, RequestStatus
-    from servesim.scheduler.lazy_ids import RunTokens
 
 PREFIX_CACHE_KINDS = ("block_hash", "radix")
 
@@ -48,6 +49,10 @@ class SchedulerCapabilities:
     # How the prefix cache is keyed: "block_hash" (vLLM: chained hashes of full blocks), "radix"
     # (SGLang: a radix tree over token ids), or None when prefix caching is off.
     prefix_cache: str | None
+    # The scheduler's bulk decode path, by its name in scheduler.bulk's registry ("vllm",
+    # "sglang"), or None: exact macro-steps never apply to it. Declared by the class that defines
+    # what a step does; a subclass that changes it (P/D's) declares None, whatever it inherits.
+    decode_runs: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_steps_in_flight not in (1, 2):
@@ -150,76 +155,4 @@ class SchedulerInterface(Protocol):
 
     def make_stats(self) -> SchedulerStats:
         """Stats since the last call (prefix-cache counters are reset)."""
-        ...
-
-
-class DecodeRunKV(KVCacheUsage, Protocol):
-    def usage_at(self, num_free_blocks: int) -> float:
-        """`usage` as it reads when num_free_blocks blocks (pages) are free: the same float, for
-        step rows of a run applied in bulk (DecodeRunEffects.free_after)."""
-        ...
-
-    def usages_at(self, num_free_blocks: list[int]) -> list[float]:
-        """usage_at of each count, in order: a run's step rows in one call."""
-        ...
-
-
-class DecodeRunScheduler(SchedulerInterface, Protocol):
-    """A scheduler that can apply a run of plain decode steps at once (exact macro-steps:
-    simulator/macro_step.py drives it). A plain decode step schedules one token for every request
-    of a fixed batch and admits, preempts and (but through finishes) finishes nobody; the run's
-    effect is exactly that of its schedule() and update_from_output() calls one by one: block or
-    page ids, cache state, counters, queues and the SchedulerOutput left in flight. The vLLM
-    schedulers (scheduler/decode_run.py) and SGLang's (scheduler/sglang/decode_run.py) implement
-    it; subclasses that change what a step does (P/D) do not, whatever they inherit."""
-
-    kv_cache_manager: DecodeRunKV
-    finished_req_ids: set[str]  # finished since the previous schedule(): the next one hands them over
-
-    def decode_run_blocker(self) -> str | None:
-        """Why no run can ever apply to this scheduler as configured (a policy that changes state
-        every step, a tracer, a KV layout the bulk path does not replay); None: runs may apply,
-        each proven by decode_run_horizon."""
-        ...
-
-    def decode_run_extra_steps(self) -> int:
-        """Steps a request is still scheduled after the step that brings its last token, in a run
-        through finishes: 0 for vLLM (the async skip-ahead passes it over), 1 for SGLang (the
-        overlap schedule's extra forward, whose token is dropped)."""
-        ...
-
-    def arrivals_commute_with_decode_updates(self) -> bool:
-        """Whether add_request between a plain decode step's schedule and its update (one that
-        finishes nobody) leaves exactly the state the two leave in the other order: the engine
-        may then apply a run's last update, due after an arrival, before that arrival is added
-        (macro_step.py, "a run's last update past an arrival"). Statistics that update returns
-        and nothing records (SchedulerStats' queue lengths) may differ."""
-        ...
-
-    def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
-        """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
-        of decode_run_requests(), with num_in_flight steps scheduled and not updated (0 or 1); 0
-        when not even one. `through_finishes`: the batch may shrink as requests finish inside
-        (a scheduler that does not support it answers as if False and decode_run_steps then
-        gives every request the whole run)."""
-        ...
-
-    def decode_run_requests(self) -> list[Request]:
-        """The batch of the next plain decode step, in scheduling order."""
-        ...
-
-    def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
-        """How many of a run's num_steps schedules take each request of `batch` (through finishes)."""
-        ...
-
-    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
-                              now_s: float, steps_each: list[int] | None = None,
-                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
-        """Apply num_steps plain decode schedules of `batch` and after each the update of one step
-        (`tokens`: each request's sampled ids, as positions of their streams, appended unbuilt:
-        scheduler/lazy_ids.py; None for schedules only); see scheduler/decode_run.py."""
-        ...
-
-    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
-        """The SchedulerOutput of the run's last step, left in flight for update_from_output."""
         ...

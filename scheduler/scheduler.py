@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from servesim.scheduler.decode_run import DecodeRunMixin
+from servesim.scheduler._schedule import ScheduleMixin
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
@@ -32,11 +32,14 @@ from servesim.scheduler.policies import SchedulingPolicy, make_policy
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
 
 
-class Scheduler(DecodeRunMixin):
+class Scheduler(ScheduleMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
     # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).
     max_steps_in_flight: ClassVar[int] = 1  # ClassVar: a subclass may override it, compiled too
+    # The bulk decode path (scheduler/bulk/vllm.py) replays this class's steps; a subclass that
+    # changes what a step does declares None (simulator/cluster/pd.py).
+    decode_runs: ClassVar[str | None] = "vllm"
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  log_stats: bool = True, tracer=None) -> None:
@@ -59,7 +62,8 @@ class Scheduler(DecodeRunMixin):
         # same again until something outside changes (an arrival, a KV transfer) or a pin expires.
         self.capabilities = SchedulerCapabilities(
             max_steps_in_flight=self.max_steps_in_flight, idle_is_stable=True,
-            prefix_cache="block_hash" if cache_config.enable_prefix_caching else None)
+            prefix_cache="block_hash" if cache_config.enable_prefix_caching else None,
+            decode_runs=self.decode_runs)
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the previous schedule()

@@ -75,3 +75,12 @@ def apply_due(sched, in_flight: list, depth: int, scheduled_nothing: bool) -> No
         old, mro = in_flight.pop(0)
         sched.update_from_output(old, mro)
     sched.check_invariants()
+
+
+def runs_of(sched):
+    """The scheduler's bulk decode path (scheduler/bulk/), as the engine builds it."""
+    from servesim.scheduler.bulk import decode_runs_for
+
+    runs = decode_runs_for(sched)
+    assert runs is not None, f"{type(sched).__name__} declares no bulk decode path"
+    return runs

@@ -232,14 +232,14 @@ def test_runs_pass_a_waiting_head_refused_blocks(kind, sets, async_):
 def test_run_stops_before_the_heads_next_block_is_cached():
     """A decoding request about to cache the block the waiting head misses first ends the run
     right there: the next lookup hits one block more (stepping shows it at that very step)."""
-    from sched_helpers import make_sched, req, step
+    from sched_helpers import make_sched, req, runs_of, step
 
     sched = make_sched(num_blocks=20, block_size=4, max_num_batched_tokens=64, max_model_len=256)
     sched.add_request(req(sched, "a", list(range(1, 10)), max_tokens=60))
     step(sched)  # prefill: 9 tokens computed (3 blocks, 2 cached), a 7 sampled
     # b's prompt starts with a's tokens as they will be (samples are 7s); 19 blocks: one too many.
     sched.add_request(req(sched, "b", list(range(1, 10)) + [7] * 10 + [99] * 57))
-    k = sched.decode_run_horizon(100, 0)
+    k = runs_of(sched).decode_run_horizon(100, 0)
     assert k == 2  # a caches its block 2 (9, 7, 7, 7) at the third schedule
     hits = [step(sched)[1].scheduler_stats.prefix_cache_stats.hits for _ in range(k + 1)]
     assert hits == [8] * k + [12]

@@ -15,7 +15,7 @@ from servesim.scheduler import (CacheConfig, LazyTokenIds, Request, SamplingPara
 from servesim.scheduler.oracle_trace import oracle_token
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.worker import BatchTracker, TokenSource
-from sched_helpers import apply_due, decode_output
+from sched_helpers import apply_due, decode_output, runs_of
 
 BLOCK = 4
 
@@ -149,19 +149,20 @@ class _Driver:
     def bulk(self, k: int) -> None:
         """A run of k plain decode steps through the bulk path, as simulator/fastpath/planner.py applies it."""
         sched = self.sched
-        reqs = sched.decode_run_requests()
+        runs = runs_of(sched)
+        reqs = runs.decode_run_requests()
         ids = [r.request_id for r in reqs]
         if not self.in_flight:
             self.worker.forget(sched.finished_req_ids)
-            sched.schedule_decode_steps(reqs, k, self.worker.sample_decode_run(ids, k), 0.0)
+            runs.schedule_decode_steps(reqs, k, self.worker.sample_decode_run(ids, k), 0.0)
         else:
             self.worker.forget(sched.finished_req_ids)
-            sched.schedule_decode_steps(reqs, 1, None, 0.0)
+            runs.schedule_decode_steps(reqs, 1, None, 0.0)
             tokens = self.worker.sample_decode_run(ids, k)
             old, mro = self.in_flight.pop(0)
             sched.update_from_output(old, mro)
-            self.worker.forget(sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0).finished)
-            self.in_flight.append((sched.decode_step_output(reqs), decode_output(ids, tokens.at_step(k - 1))))
+            self.worker.forget(runs.schedule_decode_steps(reqs, k - 1, tokens, 0.0).finished)
+            self.in_flight.append((runs.decode_step_output(reqs), decode_output(ids, tokens.at_step(k - 1))))
         sched.check_invariants()
 
 
@@ -183,8 +184,8 @@ def test_bulk_runs_with_unbuilt_ids_equal_stepping(async_, seed, read_each_round
         if read_each_round:
             assert {rid: r.output_token_ids for rid, r in plain.kept.items()} == \
                    {rid: r.output_token_ids for rid, r in bulk.kept.items()}
-        k = bulk.sched.decode_run_horizon(32, len(bulk.in_flight))
-        assert plain.sched.decode_run_horizon(32, len(plain.in_flight)) == k
+        k = runs_of(bulk.sched).decode_run_horizon(32, len(bulk.in_flight))
+        assert runs_of(plain.sched).decode_run_horizon(32, len(plain.in_flight)) == k
         if k >= 2:
             for _ in range(k):
                 plain.step()

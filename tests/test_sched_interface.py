@@ -10,7 +10,9 @@ import pytest
 
 from servesim import _native
 from servesim.scheduler import AsyncScheduler, Request, SamplingParams, Scheduler
-from servesim.scheduler.interface import DecodeRunScheduler, KVCacheUsage, SchedulerCapabilities, SchedulerInterface
+from servesim.scheduler.bulk import decode_runs_for
+from servesim.scheduler.bulk.interface import DecodeRuns
+from servesim.scheduler.interface import KVCacheUsage, SchedulerCapabilities, SchedulerInterface
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
 from servesim.simulator.cluster.config import sim_config_from_dict
@@ -82,29 +84,37 @@ def assert_implements(sched, members: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize("sched", all_schedulers()[:4], ids=lambda s: type(s).__name__)
-def test_the_bulk_decode_schedulers_implement_their_contract(sched):
-    """The schedulers macro-steps drive (simulator/fastpath/: DECODE_RUN_SCHEDULERS) have every
-    member DecodeRunScheduler declares, with its parameters, and their KV managers usage_at and
-    usages_at (the same floats)."""
-    from servesim.simulator.fastpath import DECODE_RUN_SCHEDULERS
-
-    assert type(sched) in DECODE_RUN_SCHEDULERS
-    kvm = sched.kv_cache_manager
+def test_the_bulk_decode_paths_implement_their_contract(sched):
+    """The bulk decode path a scheduler declares (scheduler/bulk/: what macro-steps drive) has every
+    member DecodeRuns declares, with its parameters; usage_at and usages_at give the KV manager's
+    own `usage` floats; finished_req_ids is the scheduler's set itself."""
+    runs = decode_runs_for(sched)
+    assert runs is not None
     counts = [0, 1, 7, 100]
-    assert kvm.usages_at(counts) == [kvm.usage_at(n) for n in counts]
-    members = {n: v for n, v in protocol_members(DecodeRunScheduler).items() if n not in protocol_members(SchedulerInterface)}
-    assert {"decode_run_horizon", "schedule_decode_steps", "decode_run_extra_steps", "finished_req_ids"} <= set(members)
-    assert_implements(sched, members)
+    assert runs.usages_at(counts) == [runs.usage_at(n) for n in counts]
+    assert runs.usage_at(sched.get_num_free_blocks()) == sched.kv_cache_manager.usage
+    assert runs.finished_req_ids() is sched.finished_req_ids
+    members = protocol_members(DecodeRuns)
+    assert {"decode_run_horizon", "schedule_decode_steps", "decode_run_extra_steps", "finished_req_ids",
+            "usage_at", "usages_at"} <= set(members)
+    assert_implements(runs, members)
+
+
+def test_the_bulk_decode_path_is_declared_not_told_by_type():
+    """A scheduler names its bulk path (SchedulerCapabilities.decode_runs); the P/D schedulers,
+    subclasses of vLLM's that change what a step does, name none, and an engine on them steps."""
+    assert [s.capabilities.decode_runs for s in all_schedulers()] == ["vllm", "vllm", "sglang", "sglang", None, None]
+    assert all(decode_runs_for(s) is None for s in pd_schedulers())
 
 
 def test_capabilities_are_declared_not_probed():
-    assert make_sched().capabilities == SchedulerCapabilities(1, True, "block_hash")
+    assert make_sched().capabilities == SchedulerCapabilities(1, True, "block_hash", "vllm")
     assert make_sched(async_scheduling=True).capabilities.max_steps_in_flight == 2
     assert make_sched(enable_prefix_caching=False).capabilities.prefix_cache is None
-    assert sglang().capabilities == SchedulerCapabilities(1, False, "radix")
-    assert sglang(overlap_schedule=True, enable_radix_cache=False).capabilities == SchedulerCapabilities(2, False, None)
+    assert sglang().capabilities == SchedulerCapabilities(1, False, "radix", "sglang")
+    assert sglang(overlap_schedule=True, enable_radix_cache=False).capabilities == SchedulerCapabilities(2, False, None, "sglang")
     # P/D schedulers are vLLM's (async by default, as SimConfig's vLLM 0.19 defaults).
-    assert all(s.capabilities == SchedulerCapabilities(2, True, "block_hash") for s in pd_schedulers())
+    assert all(s.capabilities == SchedulerCapabilities(2, True, "block_hash", None) for s in pd_schedulers())
     with pytest.raises(ValueError, match="max_steps_in_flight"):
         SchedulerCapabilities(3, True, None)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -1,4 +1,4 @@
-"""SGLang's bulk decode path (scheduler/sglang/decode_run.py): a run applied at once leaves the
+"""SGLang's bulk decode path (scheduler/bulk/sglang.py): a run applied at once leaves the
 scheduler exactly as stepping schedule() and update_from_output() leaves it -- page ids and the free
 pool's order, new_token_ratio (float for float), counters, tokens, queues, batch_is_full -- and the
 horizon stops before anything a plain step cannot do (a finish, an eviction, a prefill, a merge)."""
@@ -10,9 +10,10 @@ import random
 import pytest
 
 from servesim.scheduler import ModelRunnerOutput, Request, SamplingParams
+from servesim.scheduler.bulk.sglang_memory import SGLangMemoryRuns
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
-from sched_helpers import apply_due, decode_output
+from sched_helpers import apply_due, decode_output, runs_of
 
 BASE = dict(max_running_requests=16, chunked_prefill_size=256, enable_chunked_prefill=True, page_size=4,
             max_total_tokens=4000, enable_radix_cache=True, overlap_schedule=False, seed=0)
@@ -63,17 +64,18 @@ class Driver:
     def bulk(self, k: int) -> None:
         """A run of k steps through the bulk path, as simulator/fastpath/planner.py applies it."""
         sched = self.sched
-        reqs = sched.decode_run_requests()
+        runs = runs_of(sched)
+        reqs = runs.decode_run_requests()
         tokens = run_tokens(reqs, k)
         if not self.overlap:
-            sched.schedule_decode_steps(reqs, k, tokens, 0.0)
+            runs.schedule_decode_steps(reqs, k, tokens, 0.0)
         else:
-            sched.schedule_decode_steps(reqs, 1, None, 0.0)
+            runs.schedule_decode_steps(reqs, 1, None, 0.0)
             old, mro = self.in_flight.pop(0)
             sched.update_from_output(old, mro)
             # the run's first update is the in-flight step's; its own tokens start one later
-            sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0)
-            so = sched.decode_step_output(reqs)
+            runs.schedule_decode_steps(reqs, k - 1, tokens, 0.0)
+            so = runs.decode_step_output(reqs)
             ids = [r.request_id for r in reqs]
             self.in_flight.append((so, decode_output(ids, tokens.at_step(k - 1))))
         sched.check_invariants()
@@ -82,17 +84,18 @@ class Driver:
         """An overlap run of k steps through finishes, as simulator/fastpath/planner.py applies it (its
         batch shrinking: decode_run_steps, the extra forward); returns the requests it finished."""
         sched = self.sched
-        reqs = sched.decode_run_requests()
-        each = sched.decode_run_steps(reqs, k)
+        runs = runs_of(sched)
+        reqs = runs.decode_run_requests()
+        each = runs.decode_run_steps(reqs, k)
         tokens = run_tokens(reqs, k)
-        sched.schedule_decode_steps(reqs, 1, None, 0.0)
+        runs.schedule_decode_steps(reqs, 1, None, 0.0)
         old, mro = self.in_flight.pop(0)
         sched.update_from_output(old, mro)
         before = len(sched.requests)
-        sched.schedule_decode_steps(reqs, k - 1, tokens, 0.0, [min(m, k) - 1 for m in each], [0.0] * (k - 1))
+        runs.schedule_decode_steps(reqs, k - 1, tokens, 0.0, [min(m, k) - 1 for m in each], [0.0] * (k - 1))
         kept = [i for i, m in enumerate(each) if m + 1 >= k]  # the last step: the extra forwards too
         ids = [reqs[i].request_id for i in kept]
-        so = sched.decode_step_output([reqs[i] for i in kept])
+        so = runs.decode_step_output([reqs[i] for i in kept])
         self.in_flight.append((so, decode_output(ids, tokens.at_step(k - 1, kept))))
         sched.check_invariants()
         return before - len(sched.requests)
@@ -137,8 +140,8 @@ def drive_both(plain: Driver, bulk: Driver, through: bool, rounds: int) -> int:
     done = 0
     for _ in range(rounds):
         assert snapshot(plain.sched) == snapshot(bulk.sched)
-        k = bulk.sched.decode_run_horizon(64, len(bulk.in_flight), through_finishes=through)
-        assert plain.sched.decode_run_horizon(64, len(plain.in_flight), through_finishes=through) == k
+        k = runs_of(bulk.sched).decode_run_horizon(64, len(bulk.in_flight), through_finishes=through)
+        assert runs_of(plain.sched).decode_run_horizon(64, len(plain.in_flight), through_finishes=through) == k
         if k >= 2:
             for _ in range(k):
                 plain.step()
@@ -179,7 +182,7 @@ def test_horizon_stops_before_the_update_that_finishes_a_request():
     for overlap in (False, True):
         _, d = setup(overlap, 3)
         sched = d.sched
-        k = sched.decode_run_horizon(10_000, len(d.in_flight))
+        k = runs_of(sched).decode_run_horizon(10_000, len(d.in_flight))
         left = min(r.max_tokens - r.num_output_tokens - 1 for r in sched.running)
         assert 1 <= k <= left
 
@@ -189,12 +192,13 @@ def test_horizon_stops_before_a_step_that_would_retract():
     replays it); the run ends before the step whose memory check would have to retract."""
     plain, bulk = setup(False, 5, max_total_tokens=400)
     mem = bulk.sched.kv_cache_manager
+    pages = SGLangMemoryRuns(mem)
     running = bulk.sched.running
-    k = bulk.sched.decode_run_horizon(10_000, 0)
+    k = runs_of(bulk.sched).decode_run_horizon(10_000, 0)
     room = len(mem.pool.free_pages) + mem.tree.evictable_size() // mem.page_size
     bound = min(r.max_tokens - r.num_output_tokens - 1 for r in running)
-    assert k == bound or mem._run_pages(mem.first_alloc_steps(running), k + 1) > room  # one more would not fit
-    assert mem._run_pages(mem.first_alloc_steps(running), k) <= room
+    assert k == bound or pages.run_pages(pages.first_alloc_steps(running), k + 1) > room  # one more would not fit
+    assert pages.run_pages(pages.first_alloc_steps(running), k) <= room
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -244,10 +248,10 @@ def test_waiting_request_needs_a_full_batch_and_no_ghost():
     plain, bulk = setup(False, 1, max_running_requests=2)
     sched = bulk.sched
     if sched.waiting and sched.batch_is_full and not sched.ghosts:
-        assert sched.decode_run_horizon(64, 0) >= 1
+        assert runs_of(sched).decode_run_horizon(64, 0) >= 1
     sched.batch_is_full = False
     if sched.waiting:
-        assert sched.decode_run_horizon(64, 0) == 0  # the next schedule tries a prefill
+        assert runs_of(sched).decode_run_horizon(64, 0) == 0  # the next schedule tries a prefill
 
 
 def test_a_run_merges_the_last_prefill_batch_and_a_chunked_request_stops_runs():
@@ -262,8 +266,8 @@ def test_a_run_merges_the_last_prefill_batch_and_a_chunked_request_stops_runs():
         plain, bulk = drivers
         sched = bulk.sched
         assert sched.last_batch.is_extend and not sched.running
-        assert [r.request_id for r in sched.decode_run_requests()] == ["a"]
-        k = sched.decode_run_horizon(64, len(bulk.in_flight))
+        assert [r.request_id for r in runs_of(sched).decode_run_requests()] == ["a"]
+        k = runs_of(sched).decode_run_horizon(64, len(bulk.in_flight))
         assert k == 50 - 1 - (0 if overlap else 1)  # sync: the prefill's token is already applied
         for _ in range(k):
             plain.step()
@@ -272,4 +276,4 @@ def test_a_run_merges_the_last_prefill_batch_and_a_chunked_request_stops_runs():
     sched2 = make_sched(chunked_prefill_size=8)
     sched2.add_request(Request("b", list(range(1, 30)), SamplingParams(max_tokens=50, ignore_eos=True)))
     Driver(sched2, False).step()
-    assert sched2.chunked_req is not None and sched2.decode_run_horizon(64, 0) == 0
+    assert sched2.chunked_req is not None and runs_of(sched2).decode_run_horizon(64, 0) == 0

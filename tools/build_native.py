@@ -51,7 +51,9 @@ if TYPE_CHECKING:
 # module that does not exist stops the build with an error naming it.
 # ---------------------------------------------------------------------------------------------
 COMPILED: dict[str, tuple[str, ...]] = {
-    # The vLLM scheduling hot path. Interpreted on purpose: cold code (config validation, step
+    # The vLLM scheduling hot path and its bulk decode path (scheduler/bulk/: it reads the
+    # scheduler's and the KV manager's native attributes, so it is compiled with them; SGLang's
+    # stays interpreted with SGLang). Interpreted on purpose: cold code (config validation, step
     # traces, invariants, registries), SGLang (typed too loosely for mypyc's run-time checks),
     # hashing.py (its block hasher is a closure carrying an attribute) and the policies (registered
     # by a class decorator, which keeps mypyc from making them native classes; a native class
@@ -60,7 +62,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
         "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
-        "kv/events.py", "decode_run.py", "kv/decode_run.py",
+        "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py",
     ),
     # The engine (the reference core and the objects it owns) around every scheduler call, what it
     # calls at every step (step table, request records, the simulated executor), the fast path's
@@ -78,7 +80,7 @@ STAGED_FOLDERS = ("scheduler", "simulator", "traces")
 
 ROOT = Path(__file__).resolve().parent.parent
 _NOT_NATIVE_BASES = {"Protocol", "Enum", "IntEnum", "StrEnum", "NamedTuple", "TypedDict"}
-_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|KVCacheManager|Engine)\b[^#]*$")
+_MIXIN_SELF = re.compile(r"^\s*def \w+\(self: (Scheduler|SGLangScheduler|Engine)\b[^#]*$")
 _MARK = "@_mypyc_attr(allow_interpreted_subclasses=True)"
 _IMPORT = ("from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
            "if _TYPE_CHECKING:\n    from mypy_extensions import mypyc_attr as _mypyc_attr\n")

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.coordinator import make_coordinator
-from servesim.scheduler.kv.decode_run import DecodeRunMixin
 from servesim.scheduler.kv.single_type import KVCacheGroupSpec, cdiv
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ def group_specs_from_config(cache_config: CacheConfig) -> list[KVCacheGroupSpec]
     return [KVCacheGroupSpec("full", bs), KVCacheGroupSpec("sliding_window", bs, cache_config.sliding_window)]
 
 
-class KVCacheManager(DecodeRunMixin):
+class KVCacheManager:
     def __init__(self, cache_config: CacheConfig, max_model_len: int, use_eagle: bool = False,
                  log_stats: bool = True):
         self.max_model_len = max_model_len
@@ -108,6 +107,15 @@ class KVCacheManager(DecodeRunMixin):
         if self.log_stats:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
         return blocks, num_hit_tokens
+
+    def peek_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest prefix-cache hit get_computed_blocks returns, without recording the lookup
+        in the prefix-cache stats."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        # capped at num_tokens - 1: the last token is recomputed (its logits are needed)
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        return self._blocks(blocks), num_hit_tokens
 
     def can_fit_full_sequence(self, request: Request, num_new_computed_tokens: int = 0,
                               new_computed_blocks: KVCacheBlocks | None = None,

@@ -27,14 +27,13 @@ from servesim.scheduler.output import (
 from servesim.scheduler.request import Request, RequestStatus, append_until_stop
 from servesim.scheduler.sglang.batching import Batch, BatchingMixin
 from servesim.scheduler.sglang.config import SGLangConfig
-from servesim.scheduler.sglang.decode_run import DecodeRunMixin
 from servesim.scheduler.sglang.memory import SGLangMemory
 from servesim.scheduler.sglang.output import StepInfo, build_output
 
 MAX_INPUT_MARGIN = 5  # SGLang: max_req_input_len = max_req_len - 5
 
 
-class SGLangScheduler(DecodeRunMixin, BatchingMixin):
+class SGLangScheduler(BatchingMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
     def __init__(self, config: SGLangConfig, max_model_len: int, log_stats: bool = True) -> None:
@@ -51,7 +50,7 @@ class SGLangScheduler(DecodeRunMixin, BatchingMixin):
         # schedule() is not declared stable: SGLang's own loop steps again at once.
         self.capabilities = SchedulerCapabilities(
             max_steps_in_flight=2 if config.overlap_schedule else 1, idle_is_stable=False,
-            prefix_cache="radix" if config.enable_radix_cache else None)
+            prefix_cache="radix" if config.enable_radix_cache else None, decode_runs="sglang")
         pool_tokens = config.num_pages * config.page_size
         self.max_req_len = min(max_model_len - 1, pool_tokens - 1)  # tokens per request at most
         self.requests: dict[str, Request] = {}  # unfinished requests

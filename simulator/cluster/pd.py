@@ -16,6 +16,7 @@ implement scheduler.connector.KVConnector; the scheduler consults them where vLL
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 from servesim.scheduler import AsyncScheduler, Scheduler
 from servesim.scheduler.kv.manager import KVCacheBlocks
@@ -82,6 +83,9 @@ class StallAwareMixin:
     """
 
     _stalled = False
+    # A P/D step does what the vLLM bulk decode path does not replay (KV transfers, delayed
+    # frees, stalls): macro-steps never apply (SchedulerCapabilities.decode_runs).
+    decode_runs: ClassVar[str | None] = None
 
     def schedule(self, now_s: float | None = None):
         out = super().schedule(now_s)

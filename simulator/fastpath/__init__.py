@@ -19,20 +19,11 @@ this package uses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
-from servesim.scheduler.async_scheduler import AsyncScheduler
-from servesim.scheduler.interface import DecodeRunScheduler
-from servesim.scheduler.scheduler import Scheduler
-from servesim.scheduler.sglang import SGLangScheduler
+from servesim.scheduler.bulk import decode_runs_for
 from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.run_planner import RunPlanner
-
-# The schedulers with a bulk decode path, by exact type: a subclass (P/D's) may change what a step
-# does, whatever bulk methods it inherits.
-DECODE_RUN_SCHEDULERS = (Scheduler, AsyncScheduler, SGLangScheduler)
-
 
 @dataclass(slots=True, frozen=True)
 class PlannerChoice:
@@ -44,10 +35,13 @@ def planner_for(engine: Engine) -> PlannerChoice:
     """The fast path for `engine` (built, not started), or why it has none."""
     cfg, sched, executor = engine.cfg, engine.scheduler, engine.executor
     why: str | None = None
+    # the bulk decode path the scheduler declares (SchedulerCapabilities.decode_runs), not told by its type
+    runs = decode_runs_for(sched) if cfg.macro_steps else None
     if not cfg.macro_steps:
         why = "macro_steps is off"
-    elif type(sched) not in DECODE_RUN_SCHEDULERS:
-        why = f"scheduler {type(sched).__name__} has no bulk decode path (P/D and other subclasses step)"
+    elif runs is None:
+        why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
+               "(P/D and other schedulers that change what a step does step)")
     elif cfg.hardware.pp > 1:
         why = "pipeline parallelism: a batch per stage in flight, timed stage by stage"
     elif cfg.scheduler.num_spec_tokens:
@@ -57,9 +51,10 @@ def planner_for(engine: Engine) -> PlannerChoice:
     elif engine.book.step_trace is not None:
         why = "a step trace records every step"
     else:
-        why = cast(DecodeRunScheduler, sched).decode_run_blocker()
+        why = runs.decode_run_blocker()
     if why is not None:
         return PlannerChoice(None, why)
+    assert runs is not None
     from servesim.simulator.fastpath.planner import MacroPlanner
     assert isinstance(executor, SimExecutor)
-    return PlannerChoice(MacroPlanner(engine, cast(DecodeRunScheduler, sched), executor), None)
+    return PlannerChoice(MacroPlanner(engine, runs, executor), None)

@@ -35,7 +35,7 @@ from typing import Any
 
 import simpy
 
-from servesim.scheduler.interface import DecodeRunScheduler
+from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.fastpath.deferred import DeferredRuns
@@ -49,7 +49,7 @@ class MacroPlanner:
     """The fast path of one engine: plans runs (this object), prices and times them (RunClock),
     applies them (RunApplier), defers them in a cluster (DeferredRuns)."""
 
-    def __init__(self, engine: Engine, runs: DecodeRunScheduler, sim: SimExecutor) -> None:
+    def __init__(self, engine: Engine, runs: DecodeRuns, sim: SimExecutor) -> None:
         self.engine = engine
         self.runs = runs  # the scheduler's bulk decode path
         self.clock = RunClock(engine, sim, runs.decode_run_extra_steps())
@@ -134,13 +134,13 @@ class MacroPlanner:
         if k < 2 or engine.watchdog.due(engine.book.num_steps + 1, now):
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = runs.decode_run_requests()
-        if len(reqs) < runs.get_request_counts()[0] and not self._finishes_stay_inside():
+        if len(reqs) < engine.scheduler.get_request_counts()[0] and not self._finishes_stay_inside():
             return None
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and min(each) >= k:
             each = None  # nobody finishes inside: the fixed batch
         ctx0 = [r.num_computed_tokens for r in reqs]
-        load_change = len(reqs) - runs.get_request_counts()[0]
+        load_change = len(reqs) - engine.scheduler.get_request_counts()[0]
         if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each):
             return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
         if through and self.arrival_bound is not None:  # not deferred after all: the eager path's run

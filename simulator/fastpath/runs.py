@@ -14,7 +14,7 @@ left in flight behind the one already there.
 
 from __future__ import annotations
 
-from servesim.scheduler.interface import DecodeRunScheduler
+from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.fastpath.through import progress_through, through_metrics, through_rows
@@ -23,7 +23,7 @@ from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
 
 
 class RunApplier:
-    def __init__(self, engine: Engine, runs: DecodeRunScheduler, clock: RunClock) -> None:
+    def __init__(self, engine: Engine, runs: DecodeRuns, clock: RunClock) -> None:
         self.engine = engine
         self.runs = runs  # the scheduler's bulk decode path
         self.clock = clock
@@ -52,7 +52,7 @@ class RunApplier:
         sim = self.clock.sim
         if gpu_s is None:
             (gpu_s,) = sim.decode_step_times_s(ctx, 1)
-        finished = runs.finished_req_ids
+        finished = runs.finished_req_ids()
         eff = runs.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
         tokens = sim.sample_decode_run(ids, ctx, 1, finished)
         row = self.decode_row(t, n, eff.free_after[0], gpu_s)
@@ -68,9 +68,9 @@ class RunApplier:
         """The step row of one plain decode step of n requests scheduled at t, as the book writes
         it when stepping (counts after the schedule); its update completes it. Returns the row."""
         runs, book = self.runs, self.engine.book
-        running, waiting = runs.get_request_counts()
+        running, waiting = self.engine.scheduler.get_request_counts()
         steps = book.metrics.steps
-        row = steps.append(book.num_steps, t, n, 0, n, runs.kv_cache_manager.usage_at(num_free_blocks),
+        row = steps.append(book.num_steps, t, n, 0, n, runs.usage_at(num_free_blocks),
                            running, waiting, 0)
         steps.set_gpu_time(row, gpu_s)
         book.num_steps += 1
@@ -83,9 +83,9 @@ class RunApplier:
         schedule), completed as each update would: a step's prefix-cache stats are the lookups
         its update takes (hits, queries: one per row). The book's totals add them likewise."""
         runs, book = self.runs, self.engine.book
-        running, waiting = runs.get_request_counts()
+        running, waiting = self.engine.scheduler.get_request_counts()
         book.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
-                                             runs.kv_cache_manager.usages_at(free_after), running, waiting,
+                                             runs.usages_at(free_after), running, waiting,
                                              hits, queries)
         book.prefix_hits += sum(hits)
         book.prefix_queries += sum(queries)
@@ -96,7 +96,7 @@ class RunApplier:
         engine, runs, book = self.engine, self.runs, self.engine.book
         k = len(ends)
         ids = [r.request_id for r in reqs]
-        tokens = self.clock.sim.sample_decode_run(ids, ctx0, k, runs.finished_req_ids)
+        tokens = self.clock.sim.sample_decode_run(ids, ctx0, k, runs.finished_req_ids())
         eff = runs.schedule_decode_steps(reqs, k, tokens, upd_t[-1])
         durations = [u - t for u, t in zip(upd_t, sched_t)]
         self.rows(book.num_steps, sched_t, durations, gpu[:k], eff.free_after, len(ids), eff.prefix_hits,
@@ -126,7 +126,7 @@ class RunApplier:
         if each is not None and min(each) >= k:
             each = None  # the run stops before any finish (an arrival or a deadline cut it)
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
-        finished = runs.finished_req_ids
+        finished = runs.finished_req_ids()
         eff_first = runs.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
         tokens = sim.sample_decode_run(ids, ctx0, k, finished, self.clock.scheduled_each(each))
         first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])

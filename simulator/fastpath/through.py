@@ -45,7 +45,7 @@ def through_rows(applier: RunApplier, first_step: int, each: list[int], schedule
     schedule's (their index i is step i + 1)."""
     k = len(sched_t)
     runs, book = applier.runs, applier.engine.book
-    running_end, waiting = runs.get_request_counts()  # the finishers are gone
+    running_end, waiting = applier.engine.scheduler.get_request_counts()  # the finishers are gone
     fin = sorted([m for m in each if m < k])  # running at step j: each[i] >= j (finished by update each[i])
     sched = sorted([m for m in scheduled if m < k])  # step j's batch: scheduled[i] > j
     cuts = sorted({c for m in fin + sched for c in (m, m + 1) if 1 < c < k} | {1, k})
@@ -58,7 +58,7 @@ def through_rows(applier: RunApplier, first_step: int, each: list[int], schedule
     hits_ext, queries_ext = hits + [0], queries + [0]  # the last step's update is the next run's
     durations = [upd_t[j + 1] - sched_t[j] for j in range(1, k - 1)]
     book.metrics.steps.extend_decode_run(first_step, sched_t[1:], durations, gpu[1:k], sizes,
-                                         runs.kv_cache_manager.usages_at(free_after), running, waiting,
+                                         runs.usages_at(free_after), running, waiting,
                                          hits_ext[1:], queries_ext[1:])
     book.prefix_hits += sum(hits_ext[1:])  # step 0's (hits[0]) the caller adds with its row
     book.prefix_queries += sum(queries_ext[1:])

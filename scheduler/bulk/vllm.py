@@ -1,27 +1,28 @@
-"""Runs of plain decode steps applied in bulk (macro-steps; the engine side is simulator/macro_step.py).
+"""The vLLM scheduler's bulk decode path: runs of plain decode steps proven and applied at once.
 
 A plain decode step schedules exactly one token for every running request, in `running` order,
 admits nobody, preempts nobody and finishes nobody. When the scheduler's state proves the next k
 steps are all plain, their effect is fixed: each request's num_computed_tokens grows by k, the KV
-manager allocates and caches blocks at the block boundaries (scheduler/kv/decode_run.py, in
-vLLM's order), and each update appends the sampled token. A waiting request may be there: each
-schedule then looks it up in the prefix cache and stops at it, which a run repeats as long as its
-admission provably fails alike (_refused_head_hit). Mixed into Scheduler.
+manager allocates and caches blocks at the block boundaries (scheduler/bulk/kv.py, in vLLM's
+order), and each update appends the sampled token. A waiting request may be there: each schedule
+then looks it up in the prefix cache and stops at it, which a run repeats as long as its
+admission provably fails alike (_refused_head_hit).
 
-DecodeRunMixin extends ScheduleMixin instead of sitting beside it as a second base: mypyc compiles
-single inheritance only (Scheduler -> DecodeRunMixin -> ScheduleMixin; no method names overlap).
+`VllmDecodeRuns` is the owner of these operations for one Scheduler or AsyncScheduler (a friend
+of theirs: scheduler/bulk/__init__.py); it owns the KV manager's bulk path (`KVDecodeRuns`) and
+holds no state of its own besides the two references.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servesim.scheduler._schedule import ScheduleMixin
+from servesim.scheduler.bulk.interface import DecodeRunEffects
+from servesim.scheduler.bulk.kv import KVDecodeRuns
+from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
-from servesim.scheduler.lazy_ids import RunTokens
 
 if TYPE_CHECKING:
     from servesim.scheduler.kv.manager import KVCacheBlocks
@@ -33,32 +34,29 @@ _HEAD_POLICIES = ("fcfs", "priority")  # waiting queues whose head a plain run p
 _ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
-@dataclass(slots=True)
-class DecodeRunEffects:
-    """What schedule_decode_steps did, for the engine's step rows."""
+class VllmDecodeRuns:
+    """Implements scheduler.bulk.interface.DecodeRuns for the vLLM schedulers."""
 
-    free_after: list[int]  # free blocks after each schedule (the step's kv usage)
-    finished: set[str]  # finished since the previous schedule: the first step hands them to the worker
-    prefix_hits: list[int]  # per update (empty without updates): the prefix-cache stats it took
-    prefix_queries: list[int]
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.kv = KVDecodeRuns(scheduler.kv_cache_manager)
 
-
-class DecodeRunMixin(ScheduleMixin):
-    def decode_run_blocker(self: Scheduler) -> str | None:
+    def decode_run_blocker(self) -> str | None:
         """Why no run can ever apply to this scheduler as configured; None: runs may apply."""
-        if not self.policy.fast_forward_safe:
-            return f"policy {self.scheduler_config.policy!r} changes state every step (e.g. continuum's pins)"
-        if self.tracer is not None:
+        sched = self.scheduler
+        if not sched.policy.fast_forward_safe:
+            return f"policy {sched.scheduler_config.policy!r} changes state every step (e.g. continuum's pins)"
+        if sched.tracer is not None:
             return "the scheduler tracer records every step"
-        if not self.kv_cache_manager.supports_decode_runs():
+        if not self.kv.supports_decode_runs():
             return "KV layout with sliding-window or hybrid groups, or KV cache events on"
         return None
 
-    def decode_run_extra_steps(self: Scheduler) -> int:
+    def decode_run_extra_steps(self) -> int:
         """Steps a request is still scheduled after the step of its last token: none (skip-ahead)."""
         return 0
 
-    def arrivals_commute_with_decode_updates(self: Scheduler) -> bool:
+    def arrivals_commute_with_decode_updates(self) -> bool:
         """True: add_request queues the request (its key root may publish private blocks, which
         an update only adds to) and calls the policy's on_arrival; an update that finishes nobody
         appends tokens and caches blocks, calling no policy hook and reading no waiting request.
@@ -66,8 +64,16 @@ class DecodeRunMixin(ScheduleMixin):
         schedule, which follows both)."""
         return True
 
-    def decode_run_horizon(self: Scheduler, max_steps: int, num_in_flight: int,
-                           through_finishes: bool = False) -> int:
+    def finished_req_ids(self) -> set[str]:
+        return self.scheduler.finished_req_ids
+
+    def usage_at(self, num_free_blocks: int) -> float:
+        return self.kv.usage_at(num_free_blocks)
+
+    def usages_at(self, num_free_blocks: list[int]) -> list[float]:
+        return self.kv.usages_at(num_free_blocks)
+
+    def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
         """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
         of one fixed batch (decode_run_requests()), none of whose updates finishes a request of
         that batch; 0 if not even one.
@@ -85,14 +91,15 @@ class DecodeRunMixin(ScheduleMixin):
         batch, the rest stays fixed (not while a request waits: the freed seat and blocks may
         admit it). A waiting request schedule() reaches must stay refused through the run
         (_refused_head_hit). Conservative: any state not recognised answers 0."""
-        if (self.connector is not None or self.num_spec_tokens or self.num_lookahead_tokens
-                or self.tracer is not None or self.policy.next_event_s() is not None):
+        sched = self.scheduler
+        if (sched.connector is not None or sched.num_spec_tokens or sched.num_lookahead_tokens
+                or sched.tracer is not None or sched.policy.next_event_s() is not None):
             return 0
-        running = self.running
+        running = sched.running
         n = len(running)
         if n == 0:
             return 0
-        threshold = self.scheduler_config.long_prefill_token_threshold
+        threshold = sched.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < 1:
             return 0
         # First (cheap, and most often the answer when a request waits): does the head get in?
@@ -104,10 +111,11 @@ class DecodeRunMixin(ScheduleMixin):
             if head_hit is None:
                 return 0
         k = max_steps
-        max_len = self.max_model_len
+        max_len = sched.max_model_len
         ph = num_in_flight
         num_batch = 0
-        through = through_finishes and ph == 1 and not (self.waiting or self.skipped_waiting)
+        anyone_waits = bool(sched.waiting or sched.skipped_waiting)
+        through = through_finishes and ph == 1 and not anyone_waits
         caps: list[int] = []  # through: each request's steps before its last (decode_run_steps)
         for r in running:
             ntok = r.num_tokens
@@ -133,65 +141,65 @@ class DecodeRunMixin(ScheduleMixin):
                 k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
             if k < 1:
                 return 0
-        if num_batch == 0 or num_batch > self.max_num_scheduled_tokens:
+        if num_batch == 0 or num_batch > sched.max_num_scheduled_tokens:
             return 0
-        if num_batch < n and (self.waiting or self.skipped_waiting):
+        if num_batch < n and anyone_waits:
             return 0  # the finish frees a seat (and blocks): the next schedule may admit a waiting request
         if through:
             k = min(k, max(caps))  # the run's last step keeps a batch (someone's last step, at least)
-        return self.kv_cache_manager.decode_run_fit(self.decode_run_requests(), k, head, head_hit,
-                                                    caps if through else None)
+        return self.kv.decode_run_fit(self.decode_run_requests(), k, head, head_hit, caps if through else None)
 
-    def decode_run_steps(self: Scheduler, batch: Sequence[Request], num_steps: int) -> list[int]:
+    def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps schedules (one step in flight when it starts) take each
         request of `batch`: all of them, or fewer when its last step (the one that reaches
         max_tokens) comes earlier; skip-ahead passes it over after that."""
         return [min(r.max_tokens - r.num_output_tokens - 1, num_steps) for r in batch]
 
-    def _waiting_head(self: Scheduler, num_batch: int) -> Request | None:
+    def _waiting_head(self, num_batch: int) -> Request | None:
         """The waiting request each schedule() of a plain run of num_batch decodes looks at, or
         None when none does: nothing waits, the batch is at max_num_seqs, or the decodes spend
         the whole token budget (_schedule_waiting's loop conditions)."""
-        if (not (self.waiting or self.skipped_waiting) or len(self.running) >= self.max_num_running_reqs
-                or self.max_num_scheduled_tokens <= num_batch):
+        sched = self.scheduler
+        if (not (sched.waiting or sched.skipped_waiting) or len(sched.running) >= sched.max_num_running_reqs
+                or sched.max_num_scheduled_tokens <= num_batch):
             return None
-        return self._select_waiting_queue(self.waiting, self.skipped_waiting).peek_request()
+        return sched._select_waiting_queue(sched.waiting, sched.skipped_waiting).peek_request()
 
-    def _refused_head_hit(self: Scheduler, head: Request, num_batch: int) -> KVCacheBlocks | None:
+    def _refused_head_hit(self, head: Request, num_batch: int) -> KVCacheBlocks | None:
         """The head's prefix-cache hit now if the next plain schedule of num_batch decodes stops at
         the waiting `head` and every later one provably will, as long as the hit stays the same
         (decode_run_fit then bounds the run so); None if not proven. Each schedule looks the head
         up, then stops (chunked prefill off and its tokens over the budget) or its admission fails
-        for lack of blocks (KVCacheManager.admission_fails). Through a run the token budget is
+        for lack of blocks (KVDecodeRuns.admission_fails). Through a run the token budget is
         constant (the batch is), free blocks only fall (no request finishes: decode_run_horizon)
         and so does nothing else the decision reads. Only the fcfs and priority queues (whose
         head changes only by arrivals and admissions), a head with no LoRA slot to check, and
         no request skipped in an earlier step."""
-        cfg = self.scheduler_config
-        if (self.skipped_waiting or cfg.policy not in _HEAD_POLICIES or head.status not in _ADMITTABLE
-                or head.num_computed_tokens or (self.max_loras is not None and head.lora_id is not None)
+        sched = self.scheduler
+        cfg = sched.scheduler_config
+        if (sched.skipped_waiting or cfg.policy not in _HEAD_POLICIES or head.status not in _ADMITTABLE
+                or head.num_computed_tokens or (sched.max_loras is not None and head.lora_id is not None)
                 or cfg.use_eagle):
             return None
-        kvm = self.kv_cache_manager
-        hit, num_hit = kvm.peek_computed_blocks(head)
-        budget = self.max_num_scheduled_tokens - num_batch
+        hit, num_hit = sched.kv_cache_manager.peek_computed_blocks(head)
+        budget = sched.max_num_scheduled_tokens - num_batch
         num_new = head.num_tokens - num_hit
         threshold = cfg.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
-        if (cfg.enable_chunked_prefill or num_new <= budget) and not kvm.admission_fails(
+        if (cfg.enable_chunked_prefill or num_new <= budget) and not self.kv.admission_fails(
                 head, min(num_new, budget), hit, num_hit, cfg.scheduler_reserve_full_isl):
             return None
         return hit
 
-    def decode_run_requests(self: Scheduler) -> list[Request]:
+    def decode_run_requests(self) -> list[Request]:
         """The batch of the next plain decode step, in scheduling order: the running requests but
         those the async skip-ahead rule passes over (their in-flight step reaches max_tokens)."""
-        return [r for r in self.running
+        return [r for r in self.scheduler.running
                 if not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
 
-    def schedule_decode_steps(self: Scheduler, batch: Sequence[Request], num_steps: int,
-                              tokens: RunTokens | None, now_s: float, steps_each: list[int] | None = None,
+    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
+                              now_s: float, steps_each: list[int] | None = None,
                               update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` (decode_run_requests() when the run was
         planned) and, after each, the update of one step (its tokens: the first num_steps that
@@ -208,7 +216,8 @@ class DecodeRunMixin(ScheduleMixin):
         (at update_times_s[steps_each[i]]) applies its last token and finishes it, as
         update_from_output does (stop rule, _free_request, `running`); the schedule after it
         hands the id over (in the returned `finished`), or the next one after the run does."""
-        self.now_s = now_s
+        sched = self.scheduler
+        sched.now_s = now_s
         t0 = [r.num_tokens for r in batch]
         with_updates = tokens is not None
         if tokens is not None:
@@ -218,31 +227,41 @@ class DecodeRunMixin(ScheduleMixin):
                 if counts[i] < m:
                     raise ValueError(f"{r.request_id}: a run of {m} updates given {counts[i]} of its tokens")
                 r.append_output_tokens_from(source, first[i], m)
-        kvm = self.kv_cache_manager
-        finished = self.finished_req_ids  # handed over by the first schedule
+        finished = sched.finished_req_ids  # handed over by the first schedule
         none_finished: set[str] = set()
-        self.finished_req_ids = none_finished
+        sched.finished_req_ids = none_finished
         stopped: list[Request] = []
 
         def finish(i: int) -> None:  # the update of batch[i]'s last step: after its cache_blocks
             r = batch[i]
-            self.now_s = update_times_s[steps_each[i]] if steps_each is not None else now_s
-            if not check_stop(r, self.max_model_len):  # sets the status: max_tokens reached
+            sched.now_s = update_times_s[steps_each[i]] if steps_each is not None else now_s
+            if not check_stop(r, sched.max_model_len):  # sets the status: max_tokens reached
                 raise AssertionError(f"{r.request_id}: a run's last step did not finish it")
-            self._free_request(r)
+            sched._free_request(r)
             stopped.append(r)
 
-        free_after = kvm.apply_decode_run(batch, num_steps, t0, steps_each, finish if steps_each is not None else None)
-        self.now_s = now_s
-        hits, queries = kvm.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)
+        free_after = self.kv.apply_decode_run(batch, num_steps, t0, steps_each,
+                                              finish if steps_each is not None else None)
+        sched.now_s = now_s
+        hits, queries = self.kv.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)
         if steps_each is None:
             for r in batch:  # spec_token_ids stay empty (no drafts: decode_run_horizon checked)
                 r.num_computed_tokens += num_steps
                 r.is_prefill_chunk = False
                 if not with_updates:
                     r.num_output_placeholders += num_steps
-            self.prev_step_scheduled_req_ids = {r.request_id for r in batch}
+            sched.prev_step_scheduled_req_ids = {r.request_id for r in batch}
             return DecodeRunEffects(free_after, finished, hits, queries)
+        finished = self._advance_through(batch, num_steps, steps_each, stopped, finished)
+        return DecodeRunEffects(free_after, finished, hits, queries)
+
+    def _advance_through(self, batch: Sequence[Request], num_steps: int, steps_each: list[int],
+                         stopped: list[Request], finished: set[str]) -> set[str]:
+        """The counters and queues after a run through finishes (schedule_decode_steps'
+        steps_each; `stopped`: the requests its updates finished). Returns the finished ids the
+        run's first schedule hands over: `finished`, plus those finished before the run's last
+        update (a later schedule of the run hands them over)."""
+        sched = self.scheduler
         last: set[str] = set()  # the run's last schedule: those still scheduled at every step
         for r, m in zip(batch, steps_each):
             r.num_computed_tokens += m
@@ -251,20 +270,20 @@ class DecodeRunMixin(ScheduleMixin):
                 r.num_output_placeholders -= 1  # m schedules, m + 1 updates
             else:
                 last.add(r.request_id)
-        self.prev_step_scheduled_req_ids = last
+        sched.prev_step_scheduled_req_ids = last
         if stopped:
             gone = set(stopped)
-            self.running = [r for r in self.running if r not in gone]
+            sched.running = [r for r in sched.running if r not in gone]
             handed = {r.request_id for r, m in zip(batch, steps_each) if m < num_steps - 1}
-            if handed:  # finished before the run's last update: a later schedule of the run hands them over
+            if handed:
                 finished = finished | handed
-                self.finished_req_ids = {rid for rid in self.finished_req_ids if rid not in handed}
-        return DecodeRunEffects(free_after, finished, hits, queries)
+                sched.finished_req_ids = {rid for rid in sched.finished_req_ids if rid not in handed}
+        return finished
 
-    def decode_step_output(self: Scheduler, batch: Sequence[Request]) -> SchedulerOutput:
+    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
         """The SchedulerOutput of the last plain decode step of `batch` scheduled by
         schedule_decode_steps, as update_from_output reads it (one token per request, in order; no
         drafts). Block ids are not repeated: no executor reads an output after its step ran."""
         cached = CachedRequestData(req_ids=[r.request_id for r in batch])
         return SchedulerOutput([], cached, {r.request_id: 1 for r in batch}, len(batch), {},
-                               [0] * self.kv_cache_manager.num_kv_cache_groups, set(), set())
+                               [0] * self.scheduler.kv_cache_manager.num_kv_cache_groups, set(), set())

@@ -1,0 +1,104 @@
+"""The bulk decode contract: what the engine's fast path (exact macro-steps) asks of a scheduler's
+bulk decode path, an owner object beside the scheduler (scheduler/bulk/__init__.py says whose
+state it may read and why).
+
+A plain decode step schedules one token for every request of a fixed batch and admits, preempts
+and (but through finishes) finishes nobody. A run of them applied by a `DecodeRuns` owner leaves
+exactly the state their schedule() and update_from_output() calls leave one by one: block or page
+ids, cache state, counters, queues and the SchedulerOutput left in flight. The engine needs
+nothing else from the scheduler beyond `SchedulerInterface`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from servesim.scheduler.lazy_ids import RunTokens
+    from servesim.scheduler.output import SchedulerOutput
+    from servesim.scheduler.request import Request
+
+
+@dataclass(slots=True)
+class DecodeRunEffects:
+    """What schedule_decode_steps did, for the engine's step rows."""
+
+    free_after: list[int]  # free blocks (pages) after each schedule (the step's kv usage)
+    finished: set[str]  # finished since the previous schedule: the first step hands them to the worker
+    prefix_hits: list[int]  # per update (empty without updates): the prefix-cache stats it took
+    prefix_queries: list[int]
+
+
+class DecodeRuns(Protocol):
+    """A scheduler's bulk decode path: proves how many of the next steps are plain decode steps and
+    applies them at once. vLLM's (scheduler/bulk/vllm.py) and SGLang's (scheduler/bulk/sglang.py);
+    a scheduler names its own in `SchedulerCapabilities.decode_runs` and `decode_runs_for` builds
+    it. Schedulers that change what a step does (P/D) declare none, whatever they inherit."""
+
+    def decode_run_blocker(self) -> str | None:
+        """Why no run can ever apply to this scheduler as configured (a policy that changes state
+        every step, a tracer, a KV layout the bulk path does not replay); None: runs may apply,
+        each proven by decode_run_horizon."""
+        ...
+
+    def decode_run_extra_steps(self) -> int:
+        """Steps a request is still scheduled after the step that brings its last token, in a run
+        through finishes: 0 for vLLM (the async skip-ahead passes it over), 1 for SGLang (the
+        overlap schedule's extra forward, whose token is dropped)."""
+        ...
+
+    def arrivals_commute_with_decode_updates(self) -> bool:
+        """Whether add_request between a plain decode step's schedule and its update (one that
+        finishes nobody) leaves exactly the state the two leave in the other order: the engine
+        may then apply a run's last update, due after an arrival, before that arrival is added
+        (macro_step.py, "a run's last update past an arrival"). Statistics that update returns
+        and nothing records (SchedulerStats' queue lengths) may differ."""
+        ...
+
+    def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
+        """How many of the next schedule() calls (at most max_steps) are provably plain decode steps
+        of decode_run_requests(), with num_in_flight steps scheduled and not updated (0 or 1); 0
+        when not even one. `through_finishes`: the batch may shrink as requests finish inside
+        (a path that does not support it answers as if False and decode_run_steps then gives
+        every request the whole run)."""
+        ...
+
+    def decode_run_requests(self) -> list[Request]:
+        """The batch of the next plain decode step, in scheduling order."""
+        ...
+
+    def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
+        """How many of a run's num_steps schedules take each request of `batch` (through finishes)."""
+        ...
+
+    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
+                              now_s: float, steps_each: list[int] | None = None,
+                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
+        """Apply num_steps plain decode schedules of `batch` and after each the update of one step
+        (`tokens`: each request's sampled ids, as positions of their streams, appended unbuilt:
+        scheduler/lazy_ids.py; None for schedules only); see scheduler/bulk/vllm.py."""
+        ...
+
+    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
+        """The SchedulerOutput of the run's last step, left in flight for update_from_output."""
+        ...
+
+    def finished_req_ids(self) -> set[str]:
+        """The scheduler's requests finished since its previous schedule(): the next schedule (a
+        run's first) hands them to the worker. The scheduler's own set, not a copy."""
+        ...
+
+    def usage_at(self, num_free_blocks: int) -> float:
+        """The KV manager's `usage` as it reads when num_free_blocks blocks (pages) are free: the
+        same float, for step rows of a run applied in bulk (DecodeRunEffects.free_after)."""
+        ...
+
+    def usages_at(self, num_free_blocks: list[int]) -> list[float]:
+        """usage_at of each count, in order: a run's step rows in one call."""
+        ...
+
+
+# A registered bulk path: built from the scheduler that names it (SchedulerCapabilities.decode_runs).
+DecodeRunsFactory = Callable[[Any], DecodeRuns]
