@@ -182,7 +182,8 @@ def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollect
         "requests_per_replica": {rr.name: rr.num_routed for rr in reps},
     }
     s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp, "pp": rr.cfg.hardware.pp,
-                      "num_routed": rr.num_routed, **_replica_brief(rr)} for rr in reps]
+                      "num_routed": rr.num_routed, "fast_path_declined": rr.result.planner_declined,
+                      **_replica_brief(rr)} for rr in reps]
     return s
 
 

@@ -25,6 +25,7 @@ from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.run_planner import RunPlanner
 
+
 @dataclass(slots=True, frozen=True)
 class PlannerChoice:
     planner: RunPlanner | None
