@@ -13,8 +13,8 @@ from servesim.simulator.cluster.routers import ROUTERS, PowerOfTwo, SessionAffin
 from servesim.simulator.fastpath.router_proofs import (
     ROUTER_PROOFS, PowerOfTwoProof, RouterProof, SessionAffinityProof, proof_for,
 )
-from servesim.traces.synthetic import make_workload
 from servesim.traces.workload import RequestSpec
+from test_cluster_macro_steps import _workload
 
 
 class Stub:
@@ -22,14 +22,6 @@ class Stub:
 
     def __init__(self, load: int) -> None:
         self.engine = type("E", (), {"num_outstanding": load})()
-
-
-def _workload(n: int, rate: float, seed: int):
-    return make_workload("poisson", {
-        "num_requests": n, "arrival": {"rate_per_s": rate},
-        "prompt_len": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max_value": 2000},
-        "output_len": {"dist": "lognormal", "median": 60, "sigma": 0.6, "max_value": 300},
-    }, np.random.default_rng(seed))
 
 
 def test_every_proof_names_a_registered_router():
