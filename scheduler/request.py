@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from servesim.scheduler.block_keys import BlockKeyPlan
 from servesim.scheduler.hashing import TokenProvenance, extra_keys_bytes
@@ -80,7 +81,13 @@ class SamplingParams:
         self.stop_token_ids = tuple(self.stop_token_ids)
 
 
-BlockHasher = Callable[["Request"], list[bytes]]
+class BlockHasher(Protocol):
+    """request -> hashes of its newly completed full blocks (hashing.make_block_hasher builds one)."""
+
+    block_size: int  # tokens per hashed block: a request skips the call until a block completes
+
+    def __call__(self, request: Request, /) -> list[bytes]:
+        ...
 
 
 class Request:
@@ -159,7 +166,7 @@ class Request:
         self._block_hasher = block_hasher
         # Tokens per hashed block: no hashing work until another full block exists (1 = always ask).
         # make_block_hasher's hashers carry it; None never raises AttributeError (costly per arrival).
-        self._hash_block_size: int = 1 if block_hasher is None else getattr(block_hasher, "block_size", 1)
+        self._hash_block_size: int = 1 if block_hasher is None else block_hasher.block_size
         self.skip_reading_prefix_cache = False
         # Prefix-cache keys from the ids' provenance (block_keys.py) while it declares them.
         self._key_plan: BlockKeyPlan | None = None
