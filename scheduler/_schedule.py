@@ -1,4 +1,8 @@
-"""schedule(), split into its phases. Mixed into Scheduler (scheduler.py).
+"""schedule(), split into its phases: functions of the Scheduler (scheduler.py) they run for.
+
+Scheduler.schedule() calls schedule_step(self); each phase reads and writes that scheduler's
+queues, KV cache manager and policy as vLLM's one schedule() method does (the parameter keeps
+vLLM's name, `self`, so the code reads as vLLM's). Nothing else calls these functions.
 
 The algorithm has no prefill or decode phase: each request's num_computed_tokens chases its
 num_tokens_with_spec, and one token budget is spent first on RUNNING requests (in order), then,
@@ -34,268 +38,262 @@ class _StepState:
     prefix_events: list[dict] = field(default_factory=list)  # only filled when tracing
 
 
-class ScheduleMixin:
-    def schedule(self: Scheduler, now_s: float | None = None) -> SchedulerOutput:
-        if now_s is not None:
-            self.now_s = now_s
-        self._policy_on_step(self.now_s)  # timed policy state (e.g. held KV expiring) first
-        if self.tracer is not None:
-            self.tracer.snapshot(self)
-        st = _StepState(token_budget=self.max_num_scheduled_tokens)
-        self._schedule_running(st)
-        if self.max_loras is not None:
-            st.scheduled_loras = {r.lora_id for r in st.running_reqs if r.lora_id is not None}
-        if not st.preempted_reqs:
-            self._schedule_waiting(st)
-        out = self._build_output(st)
-        self._update_after_schedule(out)
-        if self.tracer is not None:
-            self.tracer.decision(self, st, out)
-        return out
+def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutput:
+    if now_s is not None:
+        self.now_s = now_s
+    self._policy_on_step(self.now_s)  # timed policy state (e.g. held KV expiring) first
+    if self.tracer is not None:
+        self.tracer.snapshot(self)
+    st = _StepState(token_budget=self.max_num_scheduled_tokens)
+    _schedule_running(self, st)
+    if self.max_loras is not None:
+        st.scheduled_loras = {r.lora_id for r in st.running_reqs if r.lora_id is not None}
+    if not st.preempted_reqs:
+        _schedule_waiting(self, st)
+    out = _build_output(self, st)
+    self._update_after_schedule(out)
+    if self.tracer is not None:
+        self.tracer.decision(self, st, out)
+    return out
 
-    # --- phase 1: RUNNING ----------------------------------------------------------------------
-    def _schedule_running(self: Scheduler, st: _StepState) -> None:
-        cfg = self.scheduler_config
-        threshold = cfg.long_prefill_token_threshold
-        lookahead = self.num_lookahead_tokens
-        req_index = 0
-        while req_index < len(self.running) and st.token_budget > 0:
-            request = self.running[req_index]
-            # Async skip-ahead: the in-flight step already reaches max_tokens even if every draft
-            # is rejected, so scheduling another step would only produce a discarded token.
-            if (
-                request.num_output_placeholders > 0
-                and request.num_computed_tokens + 2 - request.num_output_placeholders
-                >= request.num_prompt_tokens + request.max_tokens
-            ):
-                req_index += 1
-                continue
-            num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
-            if 0 < threshold < num_new:
-                num_new = threshold
-            num_new = min(num_new, st.token_budget)
-            # Keep the input position below max_model_len (matters with spec decode).
-            num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
-            if num_new <= 0:
-                req_index += 1  # `continue`, not `break`: later requests may still fit
-                continue
-            new_blocks, num_rolled_back = self._allocate_or_preempt(st, request, num_new, lookahead)
-            # Each rolled-back victim sat before this request in `running` (as in vLLM, victims
-            # that were skipped earlier in the step do not shift the index).
-            req_index -= num_rolled_back
-            if new_blocks is None:
-                break
-            st.running_reqs.append(request)
-            rid = request.request_id
-            st.req_to_new_blocks[rid] = new_blocks
-            st.num_scheduled_tokens[rid] = num_new
-            st.token_budget -= num_new
+# --- phase 1: RUNNING ----------------------------------------------------------------------
+def _schedule_running(self: Scheduler, st: _StepState) -> None:
+    cfg = self.scheduler_config
+    threshold = cfg.long_prefill_token_threshold
+    lookahead = self.num_lookahead_tokens
+    req_index = 0
+    while req_index < len(self.running) and st.token_budget > 0:
+        request = self.running[req_index]
+        # Async skip-ahead: the in-flight step already reaches max_tokens even if every draft
+        # is rejected, so scheduling another step would only produce a discarded token.
+        if (
+            request.num_output_placeholders > 0
+            and request.num_computed_tokens + 2 - request.num_output_placeholders
+            >= request.num_prompt_tokens + request.max_tokens
+        ):
             req_index += 1
-            if request.spec_token_ids:
-                num_spec = num_new + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
-                if num_spec > 0:
-                    st.spec_decode_tokens[rid] = request.spec_token_ids[:num_spec]
-                request.spec_token_ids = []  # new drafts arrive via update_draft_token_ids
-
-    def _allocate_or_preempt(self: Scheduler, st: _StepState, request: Request, num_new: int,
-                             lookahead: int) -> tuple[KVCacheBlocks | None, int]:
-        """allocate_slots, preempting victims until it succeeds or the request itself is evicted.
-
-        Returns the new blocks (None if the request was evicted) and how many victims had been
-        scheduled earlier in this step and were rolled back."""
-        rolled_back = 0
-        while True:
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
-            if new_blocks is not None:
-                return new_blocks, rolled_back
-            victim = self.policy.pick_victim(self.running)
-            self.running.remove(victim)
-            if victim in st.running_reqs:
-                # A policy may pick a victim scheduled earlier in this step: roll back what it got.
-                vid = victim.request_id
-                st.running_reqs.remove(victim)
-                st.token_budget += st.num_scheduled_tokens.pop(vid)
-                st.req_to_new_blocks.pop(vid)
-                st.spec_decode_tokens.pop(vid, None)
-                rolled_back += 1
-            self._preempt_request(victim)
-            st.preempted_reqs.append(victim)
-            if victim is request:
-                return None, rolled_back
-
-    def _preempt_request(self: Scheduler, request: Request) -> None:
-        """Free the victim's KV and send it back to the front of the waiting queue (recompute)."""
-        assert request.status == RequestStatus.RUNNING
-        self.kv_cache_manager.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        if request.spec_token_ids:
-            request.spec_token_ids = []
-        request.num_preemptions += 1
-        self.num_preemptions_total += 1
-        self.waiting.prepend_request(request)
-
-    # --- phase 2: WAITING ----------------------------------------------------------------------
-    def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
-        cfg = self.scheduler_config
-        threshold = cfg.long_prefill_token_threshold
-        kvm = self.kv_cache_manager
-        step_skipped = self._make_skipped_queue()
-        select_queue = self._select_waiting_queue
-        while (self.waiting or self.skipped_waiting) and st.token_budget > 0:
-            if len(self.running) == self.max_num_running_reqs:
-                break
-            queue = select_queue(self.waiting, self.skipped_waiting)
-            request = queue.peek_request()
-            if request.status in BLOCKED_WAITING_STATES and not self._try_promote_blocked(request):
-                queue.pop_request()
-                step_skipped.prepend_request(request)
-                continue
-            if (
-                self.max_loras is not None
-                and request.lora_id is not None
-                and len(st.scheduled_loras) == self.max_loras
-                and request.lora_id not in st.scheduled_loras
-            ):
-                queue.pop_request()
-                step_skipped.prepend_request(request)
-                continue
-            num_external, load_async = 0, False
-            if request.num_computed_tokens == 0:
-                new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
-                if self.connector is not None:  # P/D: tokens whose KV lives on another instance
-                    num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
-                    request.num_external_computed_tokens = num_external
-                num_computed = num_new_local + num_external
-            else:  # came back from a remote KV transfer with its tokens already in place
-                new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
-                num_computed = request.num_computed_tokens
-            if load_async:  # reserve blocks for the remote KV; no work this step
-                num_new = 0
-            else:
-                # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
-                num_new = request.num_tokens - num_computed
-                if 0 < threshold < num_new:
-                    num_new = threshold
-                if not cfg.enable_chunked_prefill and num_new > st.token_budget:
-                    break
-                num_new = min(num_new, st.token_budget)
-            lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
-            if self.tracer is not None:
-                st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
-                                         "local_hit_tokens": num_new_local,
-                                         "num_prompt_tokens": request.num_prompt_tokens,
-                                         "num_tokens": request.num_tokens})
-            if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
-                request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
-                num_external_computed_tokens=num_external,
-            ):
-                break
-            new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
-                                            new_computed_blocks=new_computed_blocks,
-                                            num_lookahead_tokens=lookahead,
-                                            num_external_computed_tokens=num_external,
-                                            delay_cache_blocks=load_async)
-            if new_blocks is None:
-                break
-            if self.connector is not None:  # every admission, not only remote loads (as vLLM)
-                self.connector.update_state_after_alloc(request, kvm.get_blocks(request.request_id), num_external)
-            if load_async:  # park it in WAITING_FOR_REMOTE_KVS until the load is reported (vLLM)
-                queue.pop_request()
-                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-                # Counts the tokens being loaded; promotion caches them and, on a full prompt
-                # hit, steps back one token so the last one is recomputed to sample.
-                request.num_computed_tokens = num_computed
-                step_skipped.prepend_request(request)
-                continue
-            self._admit(st, queue.pop_request(), num_new, num_computed)
-        if step_skipped:
-            self.skipped_waiting.prepend_requests(step_skipped)
-
-    def _admit(self: Scheduler, st: _StepState, request: Request, num_new: int, num_computed: int) -> None:
-        self.running.append(request)
-        if request.status == RequestStatus.WAITING:
-            st.new_reqs.append(request)
-        elif request.status == RequestStatus.PREEMPTED:
-            st.resumed_reqs.append(request)
-        else:
-            raise RuntimeError(f"invalid status {request.status} for admission of {request.request_id}")
-        if self.max_loras is not None and request.lora_id is not None:
-            st.scheduled_loras.add(request.lora_id)
+            continue
+        num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+        if 0 < threshold < num_new:
+            num_new = threshold
+        num_new = min(num_new, st.token_budget)
+        # Keep the input position below max_model_len (matters with spec decode).
+        num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
+        if num_new <= 0:
+            req_index += 1  # `continue`, not `break`: later requests may still fit
+            continue
+        new_blocks, num_rolled_back = _allocate_or_preempt(self, st, request, num_new, lookahead)
+        # Each rolled-back victim sat before this request in `running` (as in vLLM, victims
+        # that were skipped earlier in the step do not shift the index).
+        req_index -= num_rolled_back
+        if new_blocks is None:
+            break
+        st.running_reqs.append(request)
         rid = request.request_id
-        st.req_to_new_blocks[rid] = self.kv_cache_manager.get_blocks(rid)
+        st.req_to_new_blocks[rid] = new_blocks
         st.num_scheduled_tokens[rid] = num_new
         st.token_budget -= num_new
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_computed
+        req_index += 1
+        if request.spec_token_ids:
+            num_spec = num_new + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
+            if num_spec > 0:
+                st.spec_decode_tokens[rid] = request.spec_token_ids[:num_spec]
+            request.spec_token_ids = []  # new drafts arrive via update_draft_token_ids
+
+
+def _allocate_or_preempt(self: Scheduler, st: _StepState, request: Request, num_new: int,
+                         lookahead: int) -> tuple[KVCacheBlocks | None, int]:
+    """allocate_slots, preempting victims until it succeeds or the request itself is evicted.
+
+    Returns the new blocks (None if the request was evicted) and how many victims had been
+    scheduled earlier in this step and were rolled back."""
+    rolled_back = 0
+    while True:
+        new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_lookahead_tokens=lookahead)
+        if new_blocks is not None:
+            return new_blocks, rolled_back
+        victim = self.policy.pick_victim(self.running)
+        self.running.remove(victim)
+        if victim in st.running_reqs:
+            # A policy may pick a victim scheduled earlier in this step: roll back what it got.
+            vid = victim.request_id
+            st.running_reqs.remove(victim)
+            st.token_budget += st.num_scheduled_tokens.pop(vid)
+            st.req_to_new_blocks.pop(vid)
+            st.spec_decode_tokens.pop(vid, None)
+            rolled_back += 1
+        _preempt_request(self, victim)
+        st.preempted_reqs.append(victim)
+        if victim is request:
+            return None, rolled_back
+
+
+def _preempt_request(self: Scheduler, request: Request) -> None:
+    """Free the victim's KV and send it back to the front of the waiting queue (recompute)."""
+    assert request.status == RequestStatus.RUNNING
+    self.kv_cache_manager.free(request)
+    request.status = RequestStatus.PREEMPTED
+    request.num_computed_tokens = 0
+    if request.spec_token_ids:
+        request.spec_token_ids = []
+    request.num_preemptions += 1
+    self.num_preemptions_total += 1
+    self.waiting.prepend_request(request)
+
+# --- phase 2: WAITING ----------------------------------------------------------------------
+def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
+    cfg = self.scheduler_config
+    threshold = cfg.long_prefill_token_threshold
+    kvm = self.kv_cache_manager
+    step_skipped = self._make_skipped_queue()
+    select_queue = self._select_waiting_queue
+    while (self.waiting or self.skipped_waiting) and st.token_budget > 0:
+        if len(self.running) == self.max_num_running_reqs:
+            break
+        queue = select_queue(self.waiting, self.skipped_waiting)
+        request = queue.peek_request()
+        if request.status in BLOCKED_WAITING_STATES and not _try_promote_blocked(self, request):
+            queue.pop_request()
+            step_skipped.prepend_request(request)
+            continue
+        if (
+            self.max_loras is not None
+            and request.lora_id is not None
+            and len(st.scheduled_loras) == self.max_loras
+            and request.lora_id not in st.scheduled_loras
+        ):
+            queue.pop_request()
+            step_skipped.prepend_request(request)
+            continue
+        num_external, load_async = 0, False
+        if request.num_computed_tokens == 0:
+            new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
+            if self.connector is not None:  # P/D: tokens whose KV lives on another instance
+                num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
+                request.num_external_computed_tokens = num_external
+            num_computed = num_new_local + num_external
+        else:  # came back from a remote KV transfer with its tokens already in place
+            new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
+            num_computed = request.num_computed_tokens
+        if load_async:  # reserve blocks for the remote KV; no work this step
+            num_new = 0
+        else:
+            # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
+            num_new = request.num_tokens - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not cfg.enable_chunked_prefill and num_new > st.token_budget:
+                break
+            num_new = min(num_new, st.token_budget)
+        lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
+        if self.tracer is not None:
+            st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
+                                     "local_hit_tokens": num_new_local,
+                                     "num_prompt_tokens": request.num_prompt_tokens,
+                                     "num_tokens": request.num_tokens})
+        if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
+            request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
+            num_external_computed_tokens=num_external,
+        ):
+            break
+        new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
+                                        new_computed_blocks=new_computed_blocks,
+                                        num_lookahead_tokens=lookahead,
+                                        num_external_computed_tokens=num_external,
+                                        delay_cache_blocks=load_async)
+        if new_blocks is None:
+            break
+        if self.connector is not None:  # every admission, not only remote loads (as vLLM)
+            self.connector.update_state_after_alloc(request, kvm.get_blocks(request.request_id), num_external)
+        if load_async:  # park it in WAITING_FOR_REMOTE_KVS until the load is reported (vLLM)
+            queue.pop_request()
+            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            # Counts the tokens being loaded; promotion caches them and, on a full prompt
+            # hit, steps back one token so the last one is recomputed to sample.
+            request.num_computed_tokens = num_computed
+            step_skipped.prepend_request(request)
+            continue
+        _admit(self, st, queue.pop_request(), num_new, num_computed)
+    if step_skipped:
+        self.skipped_waiting.prepend_requests(step_skipped)
+
+
+def _admit(self: Scheduler, st: _StepState, request: Request, num_new: int, num_computed: int) -> None:
+    self.running.append(request)
+    if request.status == RequestStatus.WAITING:
+        st.new_reqs.append(request)
+    elif request.status == RequestStatus.PREEMPTED:
+        st.resumed_reqs.append(request)
+    else:
+        raise RuntimeError(f"invalid status {request.status} for admission of {request.request_id}")
+    if self.max_loras is not None and request.lora_id is not None:
+        st.scheduled_loras.add(request.lora_id)
+    rid = request.request_id
+    st.req_to_new_blocks[rid] = self.kv_cache_manager.get_blocks(rid)
+    st.num_scheduled_tokens[rid] = num_new
+    st.token_budget -= num_new
+    request.status = RequestStatus.RUNNING
+    request.num_computed_tokens = num_computed
+    if request.num_cached_tokens is None:
+        request.num_cached_tokens = num_computed
+
+
+def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
+    if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+        if request.request_id not in self.finished_recving_kv_req_ids:
+            return False
+        self.finished_recving_kv_req_ids.discard(request.request_id)
+        # The transferred blocks are now valid: enter them in the prefix cache.
+        self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1  # recompute the last token
         if request.num_cached_tokens is None:
-            request.num_cached_tokens = num_computed
+            request.num_cached_tokens = request.num_computed_tokens
+        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        return True
+    return False  # grammar / streaming states are never promoted in this model
 
-    def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
-        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            if request.request_id not in self.finished_recving_kv_req_ids:
-                return False
-            self.finished_recving_kv_req_ids.discard(request.request_id)
-            # The transferred blocks are now valid: enter them in the prefix cache.
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-            if request.num_computed_tokens == request.num_tokens:
-                request.num_computed_tokens = request.num_tokens - 1  # recompute the last token
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = request.num_computed_tokens
-            request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
-            return True
-        return False  # grammar / streaming states are never promoted in this model
+# --- output --------------------------------------------------------------------------------
+def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
+    total = sum(st.num_scheduled_tokens.values())
+    assert total <= self.max_num_scheduled_tokens and st.token_budget >= 0
+    assert len(self.running) <= self.max_num_running_reqs
+    num_common = [0] * self.kv_cache_manager.num_kv_cache_groups
+    if self.running:
+        num_common = self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
+    new_data = [
+        NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
+                       st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id)
+        for r in st.new_reqs
+    ]
+    cached = _make_cached_request_data(self, st)
+    self.prev_step_scheduled_req_ids = set(st.num_scheduled_tokens)
+    return SchedulerOutput(
+        scheduled_new_reqs=new_data,
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=st.num_scheduled_tokens,
+        total_num_scheduled_tokens=total,
+        scheduled_spec_decode_tokens=st.spec_decode_tokens,
+        num_common_prefix_blocks=num_common,
+        finished_req_ids=self.finished_req_ids,
+        preempted_req_ids={r.request_id for r in st.preempted_reqs},
+    )
 
-    # --- output --------------------------------------------------------------------------------
-    def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
-        total = sum(st.num_scheduled_tokens.values())
-        assert total <= self.max_num_scheduled_tokens and st.token_budget >= 0
-        assert len(self.running) <= self.max_num_running_reqs
-        num_common = [0] * self.kv_cache_manager.num_kv_cache_groups
-        if self.running:
-            num_common = self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
-        new_data = [
-            NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
-                           st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id)
-            for r in st.new_reqs
-        ]
-        cached = self._make_cached_request_data(st)
-        self.prev_step_scheduled_req_ids = set(st.num_scheduled_tokens)
-        return SchedulerOutput(
-            scheduled_new_reqs=new_data,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=st.num_scheduled_tokens,
-            total_num_scheduled_tokens=total,
-            scheduled_spec_decode_tokens=st.spec_decode_tokens,
-            num_common_prefix_blocks=num_common,
-            finished_req_ids=self.finished_req_ids,
-            preempted_req_ids={r.request_id for r in st.preempted_reqs},
-        )
 
-    def _make_cached_request_data(self: Scheduler, st: _StepState):
-        from servesim.scheduler.output import CachedRequestData
+def _make_cached_request_data(self: Scheduler, st: _StepState):
+    from servesim.scheduler.output import CachedRequestData
 
-        data = CachedRequestData()
-        prev = self.prev_step_scheduled_req_ids
-        num_running = len(st.running_reqs)
-        for idx, req in enumerate(st.running_reqs + st.resumed_reqs):
-            rid = req.request_id
-            data.req_ids.append(rid)
-            if idx >= num_running:
-                data.resumed_req_ids.add(rid)
-            if rid not in prev:
-                data.all_token_ids[rid] = req.all_token_ids[:]  # vLLM: all_token_ids.copy()
-            data.new_block_ids.append(st.req_to_new_blocks[rid].get_block_ids_or_none())
-            data.num_computed_tokens.append(req.num_computed_tokens)
-            data.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)
-        return data
-
-    def _update_after_schedule(self: Scheduler, out: SchedulerOutput) -> None:
-        """Advance num_computed_tokens right away so the next schedule() can continue a chunked
-        prefill without waiting for this step's output (rejections are clawed back later)."""
-        requests = self.requests
-        for rid, n in out.num_scheduled_tokens.items():
-            request = requests[rid]
-            request.num_computed_tokens += n
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
-        self.finished_req_ids: set[str] = set()
+    data = CachedRequestData()
+    prev = self.prev_step_scheduled_req_ids
+    num_running = len(st.running_reqs)
+    for idx, req in enumerate(st.running_reqs + st.resumed_reqs):
+        rid = req.request_id
+        data.req_ids.append(rid)
+        if idx >= num_running:
+            data.resumed_req_ids.add(rid)
+        if rid not in prev:
+            data.all_token_ids[rid] = req.all_token_ids[:]  # vLLM: all_token_ids.copy()
+        data.new_block_ids.append(st.req_to_new_blocks[rid].get_block_ids_or_none())
+        data.num_computed_tokens.append(req.num_computed_tokens)
+        data.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)
+    return data

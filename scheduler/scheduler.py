@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from servesim.scheduler._schedule import ScheduleMixin
+from servesim.scheduler._schedule import schedule_step
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
@@ -32,7 +32,7 @@ from servesim.scheduler.policies import SchedulingPolicy, make_policy
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
 
 
-class Scheduler(ScheduleMixin):
+class Scheduler:
     """Implements scheduler.interface.SchedulerInterface."""
 
     # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).
@@ -89,6 +89,20 @@ class Scheduler(ScheduleMixin):
         self._max_request_blocks = cache_config.num_gpu_blocks - 1
 
     # --- requests in -----------------------------------------------------------------------------
+    def schedule(self, now_s: float | None = None) -> SchedulerOutput:
+        """Decide the next step (scheduler/_schedule.py: running requests first, then waiting ones)."""
+        return schedule_step(self, now_s)
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        """Advance num_computed_tokens right away so the next schedule() can continue a chunked
+        prefill without waiting for this step's output (rejections are clawed back later)."""
+        requests = self.requests
+        for rid, n in out.num_scheduled_tokens.items():
+            request = requests[rid]
+            request.num_computed_tokens += n
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+        self.finished_req_ids = set()
+
     def make_request(self, request_id: str, prompt_token_ids: list[int], sampling_params, **kw) -> Request:
         """Build a Request whose block hashes match this scheduler's cache settings."""
         return Request(request_id, prompt_token_ids, sampling_params, block_hasher=self.block_hasher, **kw)

@@ -25,13 +25,8 @@ MAX_FUNCTION_LINES = 80
 MAX_CLASS_FILES = 2
 MAX_CHAIN_DEPTH = 2
 
-# Being removed by the house issue: these classes (and the mixins they inherit, and methods there)
-# are being rewritten as composed objects right now. Delete this allow-list when that lands.
-# (Scheduler: schedule() still lives in ScheduleMixin, _schedule.py, so AsyncScheduler spans three
-# files; the bulk decode mixins are gone: scheduler/bulk/.)
-ALLOWED_CLASSES = frozenset({
-    "servesim.scheduler.scheduler.Scheduler",
-})
+# Classes exempt from the rules, each with its reason: none.
+ALLOWED_CLASSES: frozenset[str] = frozenset()
 
 _PROTOCOLS = frozenset({"typing.Protocol", "typing_extensions.Protocol", "abc.ABC"})
 
