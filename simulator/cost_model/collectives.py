@@ -93,7 +93,7 @@ def custom_allreduce_rule(host: HostSpec | GpuSpec | str, num_gpus: int,
     if disabled:
         return 0, "off: disable_custom_all_reduce"
     if num_gpus not in _CUSTOM_AR_WORLD_SIZES:
-        return 0, f"off: {num_gpus} GPUs (vLLM runs it on 2, 4, 6 or 8)"
+        return 0, f"off: a group of {num_gpus} (vLLM runs it on 2, 4, 6 or 8 GPUs)"
     if not h.p2p:
         return 0, f"off: no GPU P2P on host {h.name}"
     if num_gpus > 2 and not h.nvlink_fully_connected:
