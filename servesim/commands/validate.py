@@ -78,6 +78,11 @@ def validate(
                            sampling=given_sampling, host=host, sets=tuple(sets))
     with staged_output(out, "validate", overwrite=overwrite) as tmp:
         rep = validate_run(run_dir, workload, opts, out_dir=tmp)
+    _print_report(rep, out, plots)
+
+
+def _print_report(rep: dict, out: Path, plots: bool) -> None:
+    """The summary `validate` prints: pairing, the host's collectives (TP > 1), the errors."""
     pr, ag = rep["per_request"], rep["aggregate"]
     typer.echo(f"{rep['run']['name']}: {rep['pairing']['num_paired']} requests paired "
                f"({rep['pairing']['method']}); cost model {rep['cost_model']['name']}; "
