@@ -176,7 +176,7 @@ def apply_validate_sets(cfg: SimConfig, info: dict, sets: tuple[str, ...]) -> Si
     """``--set`` items on top of the config built from the run (replay's keys and checks); each key
     is recorded in the report's settings (a settings entry of the same name takes the value) and
     provenance as "given (--set)"."""
-    from servesim.overrides import apply_overrides, split_set_items
+    from servesim.simulator.config_values import apply_overrides, split_set_items
 
     pairs = split_set_items(list(sets))
     cfg = apply_overrides(cfg, pairs)
