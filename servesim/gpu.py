@@ -104,7 +104,6 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
                          allowed=f"a smaller pool, e.g. --set cache.num_gpu_blocks=1024 (limit {CPU_KV_LIMIT_GIB} GiB)")
     model = LlamaModel.random(mcfg, seed=cfg.seed, dtype=torch_dtype, device=dev,
                               backend=backend or ("triton" if dev.type == "cuda" else "torch"))
-    hw = cfg.hardware
     # Always attached: every step pairs the predicted with the measured time.
     cost = run_cost_model(cfg)
     # The requests' sampler path: measured on the real logits, priced as the simulator prices it.

@@ -208,7 +208,6 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
     from servesim.simulator.cost_model import available_cost_models, run_cost_model
     from servesim.simulator.scheduler_kinds import available_engines
 
-    hw = cfg.hardware
     if cfg.engine not in available_engines():
         guess = did_you_mean(cfg.engine, available_engines())
         raise marks.error(f"engine {cfg.engine!r} is not available here" + (f"; did you mean {guess!r}?" if guess else ""),

@@ -118,7 +118,6 @@ def request_cycle_s(cfg: SimConfig, isl: int, osl: int, concurrency: int) -> flo
     """Cost-model estimate of one request's latency at this concurrency (for client offsets)."""
     from servesim.simulator.cost_model import StepShape, run_cost_model
 
-    hw = cfg.hardware
     cm = run_cost_model(cfg)
     cpu = cfg.cost_model.cpu_overhead
     budget = cfg.scheduler.max_num_batched_tokens
