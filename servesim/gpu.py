@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from servesim.simulator.config import SimConfig
-from servesim.simulator.cost_model import make_cost_model
+from servesim.simulator.cost_model import run_cost_model
 from servesim.simulator.engine import resolve_cache
 from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.startup import resolve_max_model_len
@@ -104,9 +104,8 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
                          allowed=f"a smaller pool, e.g. --set cache.num_gpu_blocks=1024 (limit {CPU_KV_LIMIT_GIB} GiB)")
     model = LlamaModel.random(mcfg, seed=cfg.seed, dtype=torch_dtype, device=dev,
                               backend=backend or ("triton" if dev.type == "cuda" else "torch"))
-    hw = cfg.hardware
     # Always attached: every step pairs the predicted with the measured time.
-    cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+    cost = run_cost_model(cfg)
     # The requests' sampler path: measured on the real logits, priced as the simulator prices it.
     sampler = sampler_cost_for(cfg)
     top_p = cfg.sampling.top_p if cfg.sampling.path == "sort" else 1.0

@@ -26,6 +26,12 @@ class HardwareConfig:
     pp: int = 1  # pipeline-parallel degree (vLLM --pipeline-parallel-size): stages of tp GPUs each
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory vLLM may use (weights + KV + activations)
     activation_reserve_gib: float = 2.0  # per GPU: activations, CUDA graphs, allocator slack
+    # The machine the GPUs sit in (simulator/specs/hosts.yaml: link, P2P, measured collectives);
+    # None: the GPU's default host.
+    host: str | None = None
+    # vLLM --disable-custom-all-reduce (ParallelConfig.disable_custom_all_reduce): NCCL for every
+    # all-reduce, as when vLLM turns its custom all-reduce off itself (no P2P, > 2 PCIe GPUs, ...).
+    disable_custom_all_reduce: bool = False
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -36,6 +42,23 @@ class HardwareConfig:
             raise InputError("must be in (0, 1]", field="hardware.gpu_memory_utilization")
         if self.activation_reserve_gib < 0:
             raise InputError("must be >= 0", field="hardware.activation_reserve_gib")
+        if not isinstance(self.disable_custom_all_reduce, bool):
+            raise InputError(f"expected true or false, got {self.disable_custom_all_reduce!r}",
+                             field="hardware.disable_custom_all_reduce")
+        if self.host is not None:
+            self._check_host()
+
+    def _check_host(self) -> None:
+        """The host exists and holds this GPU (an unknown GPU is check_startup's to report)."""
+        from servesim.simulator.specs import find_gpu, host_for, resolve_host  # specs import config's users
+
+        if not isinstance(self.host, str):
+            raise InputError(f"expected a host id, got {self.host!r}", field="hardware.host")
+        try:
+            gpu = find_gpu(self.gpu)
+            host_for(gpu, self.host) if gpu is not None else resolve_host(self.host)
+        except InputError as exc:
+            raise InputError(exc.detail, field="hardware.host", allowed=exc.allowed) from None
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.worker import TokenSource
 from servesim.simulator.client import Clients
 from servesim.simulator.config import SimConfig
-from servesim.simulator.cost_model import make_cost_model
+from servesim.simulator.cost_model import run_cost_model
 from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.executor import Executor, SimExecutor
@@ -83,7 +83,7 @@ class Engine:
             cfg.engine, cfg.scheduler, self.cache, cfg)
         hw = cfg.hardware
         if executor is None:
-            cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+            cost = run_cost_model(cfg)
             pipeline = PipelineCost(cost, hw.model, hw.tp, hw.pp) if hw.pp > 1 else None
             executor = SimExecutor(cost, TokenSource(cfg.seed, cfg.spec_decode.acceptance), cfg.scheduler.num_spec_tokens,
                                    sampler=sampler_cost_for(cfg), pipeline=pipeline)

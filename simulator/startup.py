@@ -89,10 +89,10 @@ def _check_pipeline(cfg: SimConfig) -> None:
     if cfg.engine != "vllm":
         raise InputError(f"pipeline parallelism is modelled for the vllm engine only, not {cfg.engine!r}",
                          field="hardware.pp", allowed="1 with engine: " + cfg.engine)
-    from servesim.simulator.cost_model import make_cost_model
+    from servesim.simulator.cost_model import run_cost_model
     from servesim.simulator.cost_model.pipeline import PipelineCost
 
-    cost = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+    cost = run_cost_model(cfg)
     PipelineCost(cost, hw.model, hw.tp, hw.pp)  # refuses a model that cannot split a step over stages
 
 

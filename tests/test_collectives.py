@@ -6,7 +6,7 @@ import pytest
 
 from servesim.simulator.cost_model import make_cost_model, prefill_shape
 from servesim.simulator.cost_model.collectives import Collectives, custom_allreduce_max_bytes
-from servesim.simulator.specs import resolve_gpu
+from servesim.simulator.specs import default_host, resolve_gpu
 from servesim.traces.errors import InputError
 
 MIB = 2**20
@@ -15,11 +15,12 @@ MIB = 2**20
 @pytest.mark.parametrize("gpu", ["a100-80gb", "a100-pcie", "h100", "h100-pcie", "h200", "b200", "l40s",
                                  "rtx4090", "rtx-pro-6000"])
 def test_required_gpus_have_interconnect_specs(gpu):
-    g = resolve_gpu(gpu)
-    assert g.interconnect in ("nvlink", "pcie")
-    assert g.pcie_gb_s > 0
-    if g.interconnect == "pcie":
-        assert g.interconnect_gb_s == pytest.approx(g.pcie_gb_s, rel=0.05)
+    h = default_host(gpu)  # the link belongs to the GPU's host
+    assert h.gpu == resolve_gpu(gpu).name
+    assert h.interconnect in ("nvlink", "pcie")
+    assert h.pcie_gb_s > 0
+    if h.interconnect == "pcie":
+        assert h.interconnect_gb_s == pytest.approx(h.pcie_gb_s, rel=0.05)
 
 
 def test_vllm_custom_allreduce_rule():
@@ -148,7 +149,7 @@ def test_interconnect_efficiency_is_the_measured_bus_bandwidth(gpu):
     big = rows[rows.message_size == rows.message_size.max()].iloc[0]
     # bus bandwidth = 2 (n - 1) / n x bytes / time, which is bytes / time at n = 2; fp16: 2 bytes each
     bus_gb_s = big.message_size * 2 / (big.latency * 1e-3) / 1e9
-    spec = resolve_gpu(gpu)
+    spec = default_host(gpu)
     assert spec.interconnect_efficiency == pytest.approx(bus_gb_s / spec.interconnect_gb_s, abs=0.006)
 
 

@@ -14,7 +14,7 @@ from servesim.simulator.cost_model import StepShape, make_cost_model
 from servesim.simulator.cost_model.calibrated import load_calibrated
 from servesim.simulator.cost_model.collectives import Collectives, logits_gather_bytes_per_row
 from servesim.simulator.cost_model.fitted import FittedCostModel
-from servesim.simulator.specs import resolve_gpu
+from servesim.simulator.specs import default_host, resolve_gpu
 
 LLAMA3_ROW_BYTES = 128256 * 2  # Llama-3 vocab (a multiple of 64) x bf16 logits
 # 10 sampled rows: 2,565,120 bytes gathered, between the 2 MiB and 4 MiB rows of the table
@@ -32,7 +32,7 @@ def test_row_bytes_follow_vllm_padding_and_the_activation_dtype():
 
 def test_measured_all_gather_is_the_table_interpolated():
     c = Collectives("h100", 4)
-    assert c.source.allgather == "measured (NCCL all_gather)"
+    assert c.source.allgather == "measured (NCCL all_gather, host h100-hgx)"
     assert c.allgather_s(2 * 2**20) == pytest.approx(1.913e-5, rel=1e-12)
     assert c.allgather_s(10 * LLAMA3_ROW_BYTES) == pytest.approx(TEN_ROWS_S, rel=1e-12)
     assert c.logits_gather_curve(LLAMA3_ROW_BYTES)(10) == pytest.approx(TEN_ROWS_S, rel=1e-12)
@@ -43,13 +43,14 @@ def test_without_a_table_the_ring_link_model():
     g = resolve_gpu("h100-pcie")  # no shipped collective table
     c = Collectives(g, 2)
     assert c.source.allgather.startswith("model: ring")
-    link = g.link_bytes_per_s * g.interconnect_efficiency
-    assert c.allgather_s(2**24) == pytest.approx(g.collective_latency_s + 0.5 * 2**24 / link, rel=1e-12)
+    h = default_host(g)
+    link = h.link_bytes_per_s * h.interconnect_efficiency
+    assert c.allgather_s(2**24) == pytest.approx(h.collective_latency_s + 0.5 * 2**24 / link, rel=1e-12)
 
 
 def test_calibrated_tp4_adds_the_measured_gather_per_sampled_row():
     cm = make_cost_model("calibrated", model="llama-3.1-70b", gpu="h100", tp=4)
-    assert cm.logits_gather_source == "measured (NCCL all_gather)"
+    assert cm.logits_gather_source == "measured (NCCL all_gather, host h100-hgx)"
     data = copy.deepcopy(load_calibrated("llama-3.1-70b", "h100", 4).data)
     data["metadata"]["fit_error"]["lm_head"]["origin"] = "measured"  # as if the gather were in it
     without = FittedCostModel(data)
@@ -74,6 +75,6 @@ def test_roofline_prices_the_gather_from_the_same_table_or_its_link_model():
     assert tabled._gather(10) == pytest.approx(TEN_ROWS_S, rel=1e-12)
     explicit = make_cost_model("roofline", model="llama-3.1-70b", gpu="h100", tp=4,
                                interconnect_efficiency=0.5, collective_latency_s=1e-5)
-    link = resolve_gpu("h100").link_bytes_per_s * 0.5
+    link = default_host("h100").link_bytes_per_s * 0.5
     assert explicit._gather(10) == pytest.approx(1e-5 + 0.75 * 10 * LLAMA3_ROW_BYTES / link, rel=1e-12)
     assert make_cost_model("roofline", model="llama-3.1-70b", gpu="h100", tp=1)._gather is None

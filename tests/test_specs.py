@@ -134,10 +134,10 @@ def test_gpu_spec_validation():
     with pytest.raises(InputError):
         GpuSpec(**{**fields, "memory_efficiency": 1.5})
     with pytest.raises(InputError):
-        GpuSpec(**{**fields, "interconnect": "infiniband"})
+        GpuSpec(**{**fields, "bf16_dense_tflops": 0})
 
 
-@pytest.mark.parametrize("name", ["gpus.yaml", "models.yaml"])
+@pytest.mark.parametrize("name", ["gpus.yaml", "hosts.yaml", "models.yaml"])
 def test_spec_files_read_with_libyaml_give_safe_loads_values(name):
     """The shipped spec files are parsed by libyaml when PyYAML has it (start-up time); the
     values are yaml.safe_load's, types included (ints stay ints, 1e15-style floats floats)."""

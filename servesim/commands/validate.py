@@ -27,6 +27,9 @@ def validate(
     cost_model: str = typer.Option("calibrated", "--cost-model",
                                    help="calibrated (shipped fit for model/GPU/TP), roofline, or a fitted .json"),
     gpu: str = typer.Option(None, "--gpu", help="GPU, when the run does not record its device"),
+    host: str = typer.Option(None, "--host", help="the machine the GPUs sit in (simulator/specs/hosts.yaml: link, "
+                                                  "P2P, measured collectives); default: the run's, else the "
+                                                  "GPU's default host"),
     model: str = typer.Option(None, "--model", help="model id, alias or config.json path (default: the run's)"),
     num_gpu_blocks: int = typer.Option(None, "--num-gpu-blocks", help="KV blocks, when the run does not record them"),
     cpu_overhead: str = typer.Option("calibrated", "--cpu-overhead", help="calibrated | default | zero"),
@@ -46,6 +49,8 @@ def validate(
                                        help="the requests' sampling parameters instead of the run's rule "
                                             "(a sampling: field, repeatable): --sampling top_p=0.9 "
                                             "--sampling temperature=0.6"),
+    sets: list[str] = typer.Option([], "--set", help="override a config field on top of the run's settings (as "
+                                                     "replay's --set, repeatable): --set hardware.disable_custom_all_reduce=true"),
 ) -> None:
     """Replay RUN_DIR with its recorded engine settings; write validation.json, CSVs and index.html."""
     from servesim.simulator.outdir import check_output, staged_output
@@ -55,6 +60,11 @@ def validate(
     check_output(out, overwrite=overwrite)
     given_sampling = _sampling_option(sampling)
     if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
+        if host is not None or sets:
+            from servesim.traces.errors import InputError
+
+            raise InputError("applies to per-request run folders, not a blis_h100_trainval folder",
+                             field="--host" if host is not None else "--set")
         _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out, frontend is not False, client_timeout_s,
                        given_sampling)
         return
@@ -65,14 +75,23 @@ def validate(
                            cpu_overhead=cpu_overhead, frontend=frontend,
                            async_scheduling=async_scheduling, run_format=run_format,
                            workload_format=workload_format, plots=plots, skew_alpha=skew_alpha,
-                           sampling=given_sampling)
+                           sampling=given_sampling, host=host, sets=tuple(sets))
     with staged_output(out, "validate", overwrite=overwrite) as tmp:
         rep = validate_run(run_dir, workload, opts, out_dir=tmp)
+    _print_report(rep, out, plots)
+
+
+def _print_report(rep: dict, out: Path, plots: bool) -> None:
+    """The summary `validate` prints: pairing, the host's collectives (TP > 1), the errors."""
     pr, ag = rep["per_request"], rep["aggregate"]
     typer.echo(f"{rep['run']['name']}: {rep['pairing']['num_paired']} requests paired "
                f"({rep['pairing']['method']}); cost model {rep['cost_model']['name']}; "
                f"KV {rep['kv_cache']['num_gpu_blocks']} blocks ({rep['kv_cache']['source']}); "
                f"sampler path {rep['sampling']['path']} ({rep['sampling']['source']})")
+    col = rep["collectives"]
+    if rep["settings"]["tp"] > 1:
+        typer.echo(f"host {col['host']} ({rep['settings']['provenance'].get('host', '')}); "
+                   f"custom all-reduce {col['custom_allreduce']}; all-reduce {col['allreduce']}")
     typer.echo(f"{'metric':<9}{'median APE':>11}{'MAPE':>8}{'mean meas':>11}{'mean sim':>10}{'p90 err':>9}")
     for m in ("ttft", "tpot", "e2e"):
         typer.echo(f"{m:<9}{100 * pr[m]['median_ape']:>10.1f}%{100 * pr[m]['mape']:>7.1f}%"

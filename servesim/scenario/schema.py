@@ -205,10 +205,9 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
     """What only a scenario can name by line: engine and cost model availability. vLLM's start-up
     refusals (pool, budget, max_model_len, ...) already ran when SimConfig was built
     (simulator/startup.py), the same checks `--set` and the Python API get."""
-    from servesim.simulator.cost_model import available_cost_models, make_cost_model
+    from servesim.simulator.cost_model import available_cost_models, run_cost_model
     from servesim.simulator.scheduler_kinds import available_engines
 
-    hw = cfg.hardware
     if cfg.engine not in available_engines():
         guess = did_you_mean(cfg.engine, available_engines())
         raise marks.error(f"engine {cfg.engine!r} is not available here" + (f"; did you mean {guess!r}?" if guess else ""),
@@ -219,6 +218,6 @@ def check_feasible(cfg: SimConfig, marks: Marks) -> None:
                           ("cost_model", "name"),
                           allowed=", ".join(available_cost_models()))
     try:
-        make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+        run_cost_model(cfg)
     except InputError as exc:
         raise marks.error(exc.detail, ("cost_model",), allowed=exc.allowed) from None

@@ -15,6 +15,7 @@ from .base import (
     make_cost_model,
     prefill_shape,
     register_cost_model,
+    run_cost_model,
 )
 from .cpu_overhead import CpuOverheadConfig, cpu_overhead_s
 from .roofline import RooflineCostModel, RooflineParams
@@ -34,5 +35,5 @@ __all__ = [
     "CostModel", "CpuOverheadConfig", "FittedCostModel", "RooflineCostModel", "RooflineParams",
     "StepShape", "available_cost_models", "available_importers", "cpu_overhead_s", "decode_shape",
     "fit", "fit_main", "format_fit_report", "import_profile", "load_profiles", "make_cost_model",
-    "prefill_shape", "register_cost_model",
+    "prefill_shape", "register_cost_model", "run_cost_model",
 ]

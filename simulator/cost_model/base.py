@@ -121,7 +121,9 @@ COST_MODELS: Registry[CostModelFactory] = Registry("cost model", plugins="serves
 
 
 def register_cost_model(name: str) -> Callable[[CostModelFactory], CostModelFactory]:
-    """Class/function decorator: make ``factory(model=, gpu=, tp=, **params)`` available by name."""
+    """Class/function decorator: make ``factory(model=, gpu=, tp=, **params)`` available by name.
+    A model that prices collectives also takes ``host=`` (a host id or spec, specs/hosts.py) and
+    ``disable_custom_all_reduce=``; they are passed only when a run sets them."""
     return COST_MODELS.register(name)
 
 
@@ -130,10 +132,22 @@ def available_cost_models() -> list[str]:
 
 
 def make_cost_model(name: str, *, model: Any = None, gpu: Any = None, tp: int | None = None,
-                    **params: Any) -> CostModel:
+                    host: Any = None, disable_custom_all_reduce: bool = False, **params: Any) -> CostModel:
     """Build a registered cost model. ``model``/``gpu`` are ids, aliases or specs; ``tp=None``
-    means 1 for analytic models and "whatever the file was fitted for" for ``profiled``."""
-    return COST_MODELS.get(name)(model=model, gpu=gpu, tp=tp, **params)
+    means 1 for analytic models and "whatever the file was fitted for" for ``profiled``;
+    ``host`` (default: the GPU's default host) and ``disable_custom_all_reduce`` (vLLM's flag)
+    say how its collectives run. Those two reach the factory only when set, so a model that
+    prices no collective need not take them."""
+    given = {k: v for k, v in (("host", host), ("disable_custom_all_reduce", disable_custom_all_reduce)) if v}
+    return COST_MODELS.get(name)(model=model, gpu=gpu, tp=tp, **given, **params)
+
+
+def run_cost_model(cfg: Any) -> CostModel:
+    """The cost model a SimConfig names, on its hardware (model, GPU, TP, host, vLLM's
+    ``disable_custom_all_reduce``): the one place a run's config becomes its cost model."""
+    hw = cfg.hardware
+    return make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, host=hw.host,
+                           disable_custom_all_reduce=hw.disable_custom_all_reduce, **cfg.cost_model.params)
 
 
 def check_params(model_name: str, params: dict[str, Any], allowed: set[str]) -> None:

@@ -1,18 +1,24 @@
 """Collective communication cost for one parallel group: TP all-reduce and logits all-gather, EP
 all-to-all, the all-gather / reduce-scatter of MoE dispatch and combine, PP send/recv.
 
-Measured tables first (``data/collectives.json``: aiconfigurator's NCCL and vLLM custom all-reduce
-measurements, rebuilt by ``tools/build_collective_tables.py``), a bus-bandwidth model per
-interconnect class otherwise. The all-reduce follows vLLM's own choice of implementation by message
-size (``vllm/distributed/device_communicators/cuda_communicator.py`` and ``custom_all_reduce.py``):
+Collectives are a property of the host (specs/hosts.py: the link, GPU peer-to-peer, and what was
+measured there), not of the GPU. Per op, the host's own measured tables first (hosts.yaml
+``measured``, or its entry of ``data/collectives.json``: aiconfigurator's NCCL and vLLM custom
+all-reduce measurements, rebuilt by ``tools/build_collective_tables.py``), else the ring model at
+the host's bus bandwidth and fixed latency. The all-reduce follows vLLM's own path on that host
+(``vllm/distributed/device_communicators/cuda_communicator.py`` and ``custom_all_reduce.py``):
 
 * vLLM's custom all-reduce (one-/two-shot over CUDA IPC buffers) runs when the group has 2, 4, 6 or
-  8 GPUs, the GPUs have peer-to-peer access, the group is a pair or fully NVLink-connected (vLLM:
-  "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs"), and
-  the message is smaller than its buffer: 8 MiB, lowered on sm90/sm100 (where torch symmetric-memory
-  all-reduce is on) to ``CUSTOM_ALL_REDUCE_MAX_SIZES`` of ``all_reduce_utils.py``;
-* otherwise NCCL (symmetric-memory all-reduce on NVLink sm90/sm100 parts is costed with the NCCL
-  table: no measurement of it is available here).
+  8 GPUs, ``disable_custom_all_reduce`` is not set, the GPUs have peer-to-peer access
+  (``gpu_p2p_access_check``: "Custom allreduce is disabled because your platform lacks GPU P2P
+  capability or P2P test failed"), the group is a pair or fully NVLink-connected ("not supported
+  on more than two PCIe-only GPUs"), and the message is smaller than its buffer: 8 MiB, lowered on
+  sm90/sm100 (where torch symmetric-memory all-reduce is on) to ``CUSTOM_ALL_REDUCE_MAX_SIZES`` of
+  ``all_reduce_utils.py``; it is priced from the host's custom all-reduce table (none measured:
+  NCCL's figures, and the source says so);
+* otherwise NCCL for every size (symmetric-memory all-reduce on NVLink sm90/sm100 parts is costed
+  with the NCCL table: no measurement of it is available here). Without P2P, NCCL's transport
+  between two GPUs of a node is SHM (host memory): the host's measured figures carry that.
 
 The all-gather is NCCL's (vLLM gathers the vocab-parallel logits outside the CUDA graph with
 ``torch.distributed.all_gather_into_tensor``); see :func:`logits_gather_bytes_per_row`. The
@@ -34,7 +40,7 @@ from typing import Any
 
 from servesim.traces.errors import InputError
 
-from ..specs import GpuSpec, resolve_gpu
+from ..specs import GpuSpec, HostSpec, host_for, resolve_gpu
 from .interp import Curve
 
 _TABLES = Path(__file__).with_name("data") / "collectives.json"
@@ -54,11 +60,13 @@ _GRID = tuple(2.0**i for i in range(8, 31))
 class CollectiveSource:
     """Where one group's collective costs come from (shown in reports and docs)."""
 
-    allreduce: str  # e.g. "measured: custom < 8 MiB, NCCL above" or "model: ..."
+    allreduce: str  # which path (custom / NCCL) and which figure: "measured ..." or "model: ..."
     alltoall: str
-    custom_allreduce_max_bytes: int  # 0: vLLM's custom all-reduce is disabled for this group
+    custom_allreduce_max_bytes: int  # 0: vLLM's custom all-reduce is off for this group
     allgather: str
     reducescatter: str
+    host: str = ""  # the host (specs/hosts.yaml) whose figures these are
+    custom_allreduce: str = ""  # vLLM's custom all-reduce: "on below N B", or "off: <vLLM's reason>"
 
 
 def logits_gather_bytes_per_row(vocab_size: int, dtype_bytes: int) -> int:
@@ -75,16 +83,35 @@ def logits_gather_bytes_per_row(vocab_size: int, dtype_bytes: int) -> int:
     return -(-vocab_size // _VOCAB_PADDING) * _VOCAB_PADDING * dtype_bytes
 
 
-def custom_allreduce_max_bytes(gpu: GpuSpec, num_gpus: int) -> int:
-    """Largest message (exclusive) vLLM sends through its custom all-reduce; 0 when disabled."""
-    if num_gpus not in _CUSTOM_AR_WORLD_SIZES or not gpu.p2p:
-        return 0
-    if num_gpus > 2 and not gpu.nvlink_fully_connected:
-        return 0
-    if gpu.interconnect == "nvlink" and gpu.compute_capability in _CUSTOM_AR_MAX_WITH_SYMM:
-        return min(_DEFAULT_CUSTOM_AR_MAX_BYTES,
-                   _CUSTOM_AR_MAX_WITH_SYMM[gpu.compute_capability][num_gpus])
-    return _DEFAULT_CUSTOM_AR_MAX_BYTES
+def custom_allreduce_rule(host: HostSpec | GpuSpec | str, num_gpus: int,
+                          disabled: bool = False) -> tuple[int, str]:
+    """(largest message, exclusive, vLLM sends through its custom all-reduce; why): 0 and vLLM's
+    reason when it is off for this group (custom_all_reduce.py: world size not 2/4/6/8,
+    ``disable_custom_all_reduce``, no GPU P2P, more than two PCIe-only GPUs). A GPU stands for
+    its default host."""
+    h = _host(host)
+    if disabled:
+        return 0, "off: disable_custom_all_reduce"
+    if num_gpus not in _CUSTOM_AR_WORLD_SIZES:
+        return 0, f"off: a group of {num_gpus} (vLLM runs it on 2, 4, 6 or 8 GPUs)"
+    if not h.p2p:
+        return 0, f"off: no GPU P2P on host {h.name}"
+    if num_gpus > 2 and not h.nvlink_fully_connected:
+        return 0, "off: more than two PCIe-only GPUs"
+    cc = h.gpu_spec.compute_capability
+    limit = _DEFAULT_CUSTOM_AR_MAX_BYTES
+    if h.interconnect == "nvlink" and cc in _CUSTOM_AR_MAX_WITH_SYMM:
+        limit = min(limit, _CUSTOM_AR_MAX_WITH_SYMM[cc][num_gpus])
+    return limit, f"on below {limit} B"
+
+
+def custom_allreduce_max_bytes(host: HostSpec | GpuSpec | str, num_gpus: int, disabled: bool = False) -> int:
+    """Largest message (exclusive) vLLM sends through its custom all-reduce; 0 when it is off."""
+    return custom_allreduce_rule(host, num_gpus, disabled)[0]
+
+
+def _host(host: HostSpec | GpuSpec | str) -> HostSpec:
+    return host if isinstance(host, HostSpec) else host_for(host)
 
 
 @cache
@@ -95,24 +122,43 @@ def _tables() -> dict[str, Any]:
         raise InputError(f"cannot read collective tables ({exc!r})", path=str(_TABLES)) from None
 
 
-def measured_tables(gpu: GpuSpec, num_gpus: int) -> dict[str, list] | None:
-    """The shipped (bytes, seconds) tables for this GPU and group size, or None."""
-    entry = _tables().get(gpu.name)
-    return None if entry is None else entry["num_gpus"].get(str(num_gpus))
+def _table_entry(host: HostSpec) -> dict[str, Any]:
+    if host.collective_tables is None:
+        return {}
+    entry = _tables().get(host.collective_tables)
+    if entry is None:
+        raise InputError(f"host {host.name!r} names collective tables {host.collective_tables!r}, which "
+                         "collectives.json does not hold", path=str(_TABLES), field="collective_tables",
+                         allowed=", ".join(sorted(_tables())))
+    return entry
 
 
-def table_sources(gpu: GpuSpec) -> list[str]:
-    entry = _tables().get(gpu.name)
-    return [] if entry is None else list(entry["sources"])
+def measured_tables(host: HostSpec | GpuSpec | str, num_gpus: int) -> dict[str, list] | None:
+    """The host's measured (bytes, seconds) tables for this group size: its own (hosts.yaml
+    ``measured``), else its shipped collectives.json entry; None when it has neither."""
+    h = _host(host)
+    own = h.measured_tables(num_gpus)
+    if own is not None:
+        return own
+    return _table_entry(h).get("num_gpus", {}).get(str(num_gpus))
+
+
+def table_sources(host: HostSpec | GpuSpec | str) -> list[str]:
+    h = _host(host)
+    if h.measured:  # cited in full by the host spec (HostSpec.sources)
+        return [f"simulator/specs/hosts.yaml {h.name}.measured"]
+    return list(_table_entry(h).get("sources", []))
 
 
 class Collectives:
-    """Seconds per call of the collectives of a ``num_gpus`` group of ``gpu``."""
+    """Seconds per call of the collectives of a ``num_gpus`` group of ``gpu`` on ``host`` (default:
+    the GPU's default host), following vLLM's choice of all-reduce there."""
 
-    __slots__ = ("gpu", "num_gpus", "source", "allreduce_curve", "alltoall_curve",
-                 "allgather_curve", "reducescatter_curve", "_link", "_lat", "_send_recv")
+    __slots__ = ("gpu", "host", "num_gpus", "source", "allreduce_curve", "alltoall_curve",
+                 "allgather_curve", "reducescatter_curve", "_link", "_lat", "_send_recv", "_car")
 
-    def __init__(self, gpu: Any, num_gpus: int, *, interconnect_efficiency: float | None = None,
+    def __init__(self, gpu: Any, num_gpus: int, *, host: HostSpec | str | None = None,
+                 disable_custom_all_reduce: bool = False, interconnect_efficiency: float | None = None,
                  latency_s: float | None = None, use_tables: bool = True,
                  allreduce_profile: str | Path | None = None,
                  collectives_profile: str | Path | None = None) -> None:
@@ -120,62 +166,71 @@ class Collectives:
             raise InputError(f"group size must be a positive integer, got {num_gpus!r}",
                              field="num_gpus")
         self.gpu: GpuSpec = resolve_gpu(gpu)
+        self.host: HostSpec = host_for(self.gpu, host)
         self.num_gpus = num_gpus
-        eff = self.gpu.interconnect_efficiency if interconnect_efficiency is None \
-            else interconnect_efficiency
-        self._link = self.gpu.link_bytes_per_s * eff  # achievable bytes/s per GPU, one direction
-        self._lat = self.gpu.collective_latency_s if latency_s is None else latency_s
-        entry = _tables().get(self.gpu.name) or {}
+        h = self.host
+        # achievable bytes/s per GPU and direction: an explicit efficiency scales the host's link,
+        # else the host's measured bus bandwidth (or its link x efficiency)
+        self._link = h.bus_bytes_per_s if interconnect_efficiency is None \
+            else h.link_bytes_per_s * interconnect_efficiency
+        self._lat = h.collective_latency_s if latency_s is None else latency_s
+        entry = _table_entry(h)
         self._send_recv = _curve(entry["send_recv"]) if use_tables and entry.get("send_recv") else None
-        car_max = custom_allreduce_max_bytes(self.gpu, num_gpus)
-        tables = measured_tables(self.gpu, num_gpus) if use_tables and num_gpus > 1 else None
+        self._car = custom_allreduce_rule(h, num_gpus, disable_custom_all_reduce)
+        tables = measured_tables(h, num_gpus) if use_tables and num_gpus > 1 else None
         if num_gpus == 1:
             zero = Curve([1.0], [0.0], tail_slope=0.0)
             self.allreduce_curve = self.alltoall_curve = self.allgather_curve = zero
             self.reducescatter_curve = zero
             none = "none (one GPU)"
-            self.source = CollectiveSource(none, none, 0, none, none)
+            self.source = CollectiveSource(none, none, 0, none, none, h.name, self._car[1])
             if collectives_profile is not None:  # a pipeline hand-off still leaves the GPU
-                self._use_host(collectives_profile, None, 0)
+                self._use_host(collectives_profile, None)
             return
-        if allreduce_profile is not None:  # this host's measurement (nccl-tests output, a profile)
-            host = host_allreduce_table(allreduce_profile, num_gpus)
-            shipped = tables if tables and tables["custom_allreduce"] else None
-            merged = {"nccl_allreduce": host,
-                      "custom_allreduce": shipped["custom_allreduce"] if shipped else []}
-            self.allreduce_curve = self._measured_allreduce(merged, car_max)
-            ar_src = (f"measured on this host ({Path(allreduce_profile).name}, {num_gpus} GPUs)"
-                      + (f"; vLLM custom all-reduce below {car_max} B from the shipped tables"
-                         if shipped and car_max else ""))
-        elif tables and tables["nccl_allreduce"]:
-            self.allreduce_curve = self._measured_allreduce(tables, car_max)
-            ar_src = f"measured ({', '.join(table_sources(self.gpu))})"
-        else:
-            self.allreduce_curve = self._model_curve(2.0 * (num_gpus - 1) / num_gpus)
-            ar_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU ({self.gpu.interconnect})"
-        if tables and tables["nccl_alltoall"]:
-            self.alltoall_curve = _curve(tables["nccl_alltoall"])
-            a2a_src = "measured (NCCL alltoall)"
-        else:
-            self.alltoall_curve = self._model_curve((num_gpus - 1) / num_gpus)
-            a2a_src = f"model: pairwise, {self._link / 1e9:.1f} GB/s per GPU"
-        if tables and tables.get("nccl_allgather"):
-            self.allgather_curve = _curve(tables["nccl_allgather"])
-            ag_src = "measured (NCCL all_gather)"
-        else:  # ring all-gather: (n-1)/n of the gathered buffer reaches each GPU over its link
-            self.allgather_curve = self._model_curve((num_gpus - 1) / num_gpus)
-            ag_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU"
-        if tables and tables.get("nccl_reducescatter"):
-            self.reducescatter_curve = _curve(tables["nccl_reducescatter"])
-            rs_src = "measured (NCCL reduce_scatter)"
-        else:  # ring reduce-scatter: (n-1)/n of the input leaves each GPU over its link
-            self.reducescatter_curve = self._model_curve((num_gpus - 1) / num_gpus)
-            rs_src = f"model: ring, {self._link / 1e9:.1f} GB/s per GPU"
-        self.source = CollectiveSource(ar_src, a2a_src, car_max, ag_src, rs_src)
+        ar_src = self._set_allreduce(tables, allreduce_profile)
+        a2a_src = self._set_group_op("alltoall_curve", tables, "nccl_alltoall", "NCCL alltoall", "pairwise")
+        ag_src = self._set_group_op("allgather_curve", tables, "nccl_allgather", "NCCL all_gather", "ring")
+        rs_src = self._set_group_op("reducescatter_curve", tables, "nccl_reducescatter",
+                                    "NCCL reduce_scatter", "ring")
+        self.source = CollectiveSource(ar_src, a2a_src, self._car[0], ag_src, rs_src, h.name, self._car[1])
         if collectives_profile is not None:
-            self._use_host(collectives_profile, tables, car_max)
+            self._use_host(collectives_profile, tables)
 
-    def _use_host(self, path: str | Path, tables: dict | None, car_max: int) -> None:
+    def _set_allreduce(self, tables: dict | None, allreduce_profile: str | Path | None) -> str:
+        """The all-reduce curve on vLLM's path, and what it is: custom all-reduce below its buffer
+        where vLLM runs it and a measurement of it exists, NCCL (measured, else the ring model)
+        for every other size."""
+        n, (car_max, car_why), h = self.num_gpus, self._car, self.host
+        path = f"vLLM custom all-reduce below {car_max} B, NCCL above" if car_max \
+            else f"NCCL only (custom all-reduce {car_why})"
+        if allreduce_profile is not None:  # this host's measurement (nccl-tests output, a profile)
+            merged = {"nccl_allreduce": host_allreduce_table(allreduce_profile, n),
+                      "custom_allreduce": (tables or {}).get("custom_allreduce") or []}
+            self.allreduce_curve = self._measured_allreduce(merged, car_max)
+            return (f"measured on this host ({Path(allreduce_profile).name}, {n} GPUs)"
+                    + (f"; vLLM custom all-reduce below {car_max} B from host {h.name}'s tables"
+                       if merged["custom_allreduce"] and car_max else ""))
+        if tables and tables.get("nccl_allreduce"):
+            self.allreduce_curve = self._measured_allreduce(tables, car_max)
+            if car_max and not tables.get("custom_allreduce"):
+                path = f"NCCL (vLLM's custom all-reduce would run below {car_max} B; host {h.name} has no " \
+                       "measurement of it)"
+            return f"measured on host {h.name}: {path} ({', '.join(table_sources(h))})"
+        self.allreduce_curve = self._model_curve(2.0 * (n - 1) / n)
+        return (f"model: ring, {self._link / 1e9:.2f} GB/s bus bandwidth, {self._lat * 1e6:.1f} us per call "
+                f"(host {h.name}, {h.interconnect}); {path}")
+
+    def _set_group_op(self, attr: str, tables: dict | None, key: str, label: str, model: str) -> str:
+        """A measured NCCL table of this op where the host has one, else the link model: each GPU
+        moves (n-1)/n of the op's bytes over its link (ring all-gather / reduce-scatter, pairwise
+        all-to-all)."""
+        if tables and tables.get(key):
+            setattr(self, attr, _curve(tables[key]))
+            return f"measured ({label}, host {self.host.name})"
+        setattr(self, attr, self._model_curve((self.num_gpus - 1) / self.num_gpus))
+        return f"model: {model}, {self._link / 1e9:.2f} GB/s per GPU (host {self.host.name})"
+
+    def _use_host(self, path: str | Path, tables: dict | None) -> None:
         """This host's measurements (host_collectives.py) in place of every curve the file covers."""
         from dataclasses import replace
 
@@ -189,10 +244,9 @@ class Collectives:
         if self.num_gpus == 1:
             return
         if "allreduce" in host:
-            shipped = tables if tables and tables["custom_allreduce"] else None
             merged = {"nccl_allreduce": host["allreduce"],
-                      "custom_allreduce": shipped["custom_allreduce"] if shipped else []}
-            self.allreduce_curve = self._measured_allreduce(merged, car_max)
+                      "custom_allreduce": (tables or {}).get("custom_allreduce") or []}
+            self.allreduce_curve = self._measured_allreduce(merged, self._car[0])
             src["allreduce"] = f"measured on this host ({name}, {self.num_gpus} GPUs)"
         for op, attr in (("allgather", "allgather_curve"), ("reducescatter", "reducescatter_curve"),
                          ("alltoall", "alltoall_curve")):
@@ -210,7 +264,7 @@ class Collectives:
     @staticmethod
     def _measured_allreduce(tables: dict, car_max: int) -> Curve:
         nccl = _curve(tables["nccl_allreduce"])
-        custom = _curve(tables["custom_allreduce"]) if tables["custom_allreduce"] else None
+        custom = _curve(tables["custom_allreduce"]) if tables.get("custom_allreduce") else None
         if custom is None or car_max == 0:
             return nccl
         # Below the custom all-reduce buffer: custom; from it on: NCCL (a step at car_max).

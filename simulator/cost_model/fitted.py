@@ -19,7 +19,7 @@ from typing import Any
 
 from servesim.traces.errors import InputError
 
-from ..specs import resolve_gpu, resolve_model
+from ..specs import default_host, host_for, resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row
 from .cudagraph import check_capture_sizes, padded_tokens
@@ -43,9 +43,14 @@ class FittedCostModel:
 
     __slots__ = ("name", "data", "model", "gpu", "tp", "_layers", "_dense", "_tok", "_rows",
                  "_ar", "_ar_bytes_per_tok", "_attn_kind", "_attn", "_attn_decode", "_prefix_axis",
-                 "_coef", "_skew_alpha", "_graph_sizes", "logits_gather_source")
+                 "_coef", "_skew_alpha", "_graph_sizes", "logits_gather_source", "allreduce_source",
+                 "host")
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], *, host: Any = None, disable_custom_all_reduce: bool = False,
+                 collectives_profile: str | Path | None = None) -> None:
+        """``host`` (default: the GPU's default host), ``disable_custom_all_reduce`` and
+        ``collectives_profile`` (this host's measured collectives) price the TP collectives the
+        fit did not measure on the run's host (:func:`_allreduce_curve`)."""
         if data.get("format") != FORMAT or data.get("version") != VERSION:
             raise InputError(f"not a {FORMAT} v{VERSION} file", field="format")
         self.name = "profiled"
@@ -57,10 +62,15 @@ class FittedCostModel:
         self._dense = self._combine(ops, "layer")
         self._tok = self._combine(ops, "tokens")
         self._rows = self._combine(ops, "rows")
-        gather, self.logits_gather_source = _logits_gather_rows(data)
+        self.host = host_for(data["gpu"], host).name
+        group = Collectives(data["gpu"], self.tp, host=host, disable_custom_all_reduce=disable_custom_all_reduce,
+                            collectives_profile=collectives_profile) if self.tp > 1 else None
+        gather, self.logits_gather_source = _logits_gather_rows(data, group)
         if gather is not None:  # folded into the rows curve: still one lookup per step
             self._rows = gather if self._rows is None else Curve.combine([self._rows, gather], [1, 1])
-        self._ar = Curve.from_dict(data["allreduce"]["curve"]) if data.get("allreduce") else None
+        own_figures = group is not None and (disable_custom_all_reduce or collectives_profile is not None
+                                             or self.host != default_host(data["gpu"]).name)
+        self._ar, self.allreduce_source = _allreduce_curve(data, group if own_figures else None)
         self._coef = data.get("step_regression")
         self._graph_sizes: tuple[int, ...] = ()  # vLLM CUDA-graph capture sizes; () = no padding
         self._load_attention(data.get("attention") or {"kind": "none"})
@@ -226,46 +236,68 @@ class FittedCostModel:
             raise
 
     @classmethod
-    def load(cls, path: str | Path) -> "FittedCostModel":
+    def load(cls, path: str | Path, **host: Any) -> "FittedCostModel":
+        """The fitted file at ``path``; ``host`` keywords as the constructor takes them."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise InputError(f"cannot read fitted cost model: {exc}", path=str(path)) from None
         try:
-            return cls(data)
+            return cls(data, **host)
         except InputError as exc:
-            raise InputError(exc.detail, path=str(path), field=exc.field) from None
+            if exc.path is not None:  # another file's error (a collectives_profile): as it was
+                raise
+            raise InputError(exc.detail, path=str(path), field=exc.field, allowed=exc.allowed) from None
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed fitted cost model ({exc!r})", path=str(path)) from None
 
 
-def _logits_gather_rows(data: dict[str, Any]) -> tuple[Curve | None, str]:
+def _logits_gather_rows(data: dict[str, Any], group: Collectives | None) -> tuple[Curve | None, str]:
     """(seconds of the TP logits all-gather by sampled rows, or None; where it comes from).
 
-    Priced at load time from the shipped collective tables (collectives.py), so fitted files need
-    no refit. Added only where the fitted lm_head is a GEMM-kernel lookup (origin "gemm kernels",
-    aiconfigurator): a roofline-filled lm_head already holds the roofline's gather, and a measured
-    one (LLMServingSim's vLLM profiler times vLLM's LogitsProcessor module) the real gather."""
-    tp = int(data["tp"])
+    Priced at load time from the host's collectives (``group``, collectives.py), so fitted files
+    need no refit. Added only where the fitted lm_head is a GEMM-kernel lookup (origin "gemm
+    kernels", aiconfigurator): a roofline-filled lm_head already holds the roofline's gather, and a
+    measured one (LLMServingSim's vLLM profiler times vLLM's LogitsProcessor module) the real gather."""
     origin = data.get("metadata", {}).get("fit_error", {}).get("lm_head", {}).get("origin", "")
-    if tp == 1 or not origin.startswith("gemm kernels"):
-        return None, "none" if tp == 1 else f"in the lm_head ({origin or 'no lm_head op'})"
+    if group is None or not origin.startswith("gemm kernels"):
+        return None, "none" if group is None else f"in the lm_head ({origin or 'no lm_head op'})"
     vocab = data.get("vocab_size") or resolve_model(data["model"]).vocab_size
-    group = Collectives(data["gpu"], tp)
     curve = group.logits_gather_curve(logits_gather_bytes_per_row(int(vocab), int(data["dtype_bytes"])))
     return curve, group.source.allgather
 
 
+def _allreduce_curve(data: dict[str, Any], group: Collectives | None) -> tuple[Curve | None, str]:
+    """(the TP all-reduce per call by bytes, or None at TP 1; where it comes from).
+
+    The fitted file's curve (measured, or filled from the GPU's default host's tables when the
+    profile had no all-reduce rows: ``fit_error.allreduce``) holds for runs on that host with
+    vLLM's custom all-reduce as it was measured. ``group`` is given when the run differs (another
+    host, ``disable_custom_all_reduce``, a ``collectives_profile``): its all-reduce, on vLLM's path
+    there, replaces the file's."""
+    if not data.get("allreduce"):
+        return None, "none (one GPU)"
+    if group is not None:
+        return group.allreduce_curve, group.source.allreduce
+    err = data.get("metadata", {}).get("fit_error", {}).get("allreduce", {})
+    origin = err.get("origin", "measured")
+    return Curve.from_dict(data["allreduce"]["curve"]), \
+        f"fitted file ({origin}" + (f": {err['source']})" if err.get("source") else ")")
+
+
 @register_cost_model("profiled")
 def make_profiled(model: Any = None, gpu: Any = None, tp: int | None = None,
-                  path: str | Path | None = None, **params: Any) -> FittedCostModel:
-    """Load a fitted file; model/gpu/tp, when given, must match what it was fitted for."""
-    check_params("profiled", params, {"skew_alpha", "cudagraph_capture_sizes"})
+                  path: str | Path | None = None, host: Any = None, disable_custom_all_reduce: bool = False,
+                  **params: Any) -> FittedCostModel:
+    """Load a fitted file; model/gpu/tp, when given, must match what it was fitted for.
+    ``collectives_profile=`` (this host's measured collectives) prices its TP collectives."""
+    check_params("profiled", params, {"skew_alpha", "cudagraph_capture_sizes", "collectives_profile"})
     if path is None:
         raise InputError("the profiled cost model needs path=<fitted .json from `servesim fit`>",
                          field="path")
-    fitted = FittedCostModel.load(path)
+    fitted = FittedCostModel.load(path, host=host, disable_custom_all_reduce=disable_custom_all_reduce,
+                                  collectives_profile=params.get("collectives_profile"))
     wanted = {"model": model and resolve_model(model).name, "gpu": gpu and resolve_gpu(gpu).name,
               "tp": tp}
     for key, value in wanted.items():

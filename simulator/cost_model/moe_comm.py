@@ -45,7 +45,7 @@ from pathlib import Path
 from servesim.scheduler.errors import field_error
 from servesim.scheduler.registry import Registry
 
-from ..specs import GpuSpec, ModelSpec
+from ..specs import GpuSpec, HostSpec, ModelSpec
 from .collectives import Collectives
 from .host_collectives import measured_group_sizes
 from .interp import Curve
@@ -67,6 +67,7 @@ class MoeDeployment:
     tp: int
     ep: int
     dp: int
+    host: HostSpec | None = None  # the machine (specs/hosts.py); None: the GPU's default host
     interconnect_efficiency: float | None = None
     latency_s: float | None = None
     use_tables: bool = True
@@ -78,7 +79,7 @@ class MoeDeployment:
         host = self.collectives_profile
         if host is not None and num_gpus not in measured_group_sizes(host):
             host = None
-        return Collectives(self.gpu, num_gpus, interconnect_efficiency=self.interconnect_efficiency,
+        return Collectives(self.gpu, num_gpus, host=self.host, interconnect_efficiency=self.interconnect_efficiency,
                            latency_s=self.latency_s, use_tables=self.use_tables, collectives_profile=host)
 
     @property

@@ -15,7 +15,7 @@ from typing import Any
 from servesim.traces.errors import InputError
 
 from ..kernel_impl import DenseRooflinePricer, decode_step_prices
-from ..specs import GpuSpec, ModelSpec, layer_weight_elems, resolve_gpu, resolve_model
+from ..specs import GpuSpec, HostSpec, ModelSpec, host_for, layer_weight_elems, resolve_gpu, resolve_model
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row
@@ -87,14 +87,14 @@ class RooflineCostModel:
     """Per-step roofline over the exact batch composition (see module docstring); its MoE layers
     are priced by the `RooflineMoe` it owns (roofline_moe.py)."""
 
-    __slots__ = ("name", "model", "gpu", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
+    __slots__ = ("name", "model", "gpu", "host", "disable_custom_all_reduce", "tp", "params", "_c", "_ac", "_m", "_am", "_ko", "_ao",
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "moe_source", "_dp",
                  "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense")
 
-    def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1,
-                 **params: Any) -> None:
+    def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1, host: Any = None,
+                 disable_custom_all_reduce: bool = False, **params: Any) -> None:
         if model is None or gpu is None:
             raise InputError("the roofline cost model needs both a model and a gpu",
                              field="model" if model is None else "gpu")
@@ -102,6 +102,9 @@ class RooflineCostModel:
         self.name = "roofline"
         self.model: ModelSpec = resolve_model(model)
         self.gpu: GpuSpec = resolve_gpu(gpu)
+        # the machine its collectives run on (None: the GPU's default host), and vLLM's switch
+        self.host: HostSpec = host_for(self.gpu, host)
+        self.disable_custom_all_reduce = disable_custom_all_reduce
         self.tp = 1 if tp is None else tp
         self.params = RooflineParams(**params)
         layer_weight_elems(self.model, self.tp)  # validates tp against the head count
@@ -149,7 +152,7 @@ class RooflineCostModel:
                 sh = m.shared_expert_intermediate_size // tp
                 gemms.append((2.0 * w["shared_experts"], w["shared_experts"] * wb,
                               (2 * h + 3 * sh) * b, c_lin, moe_frac))
-            self._moe = RooflineMoe(m, g, tp, self.params, c_exp, wx, moe_frac, self._m, self._ko)
+            self._moe = RooflineMoe(m, g, tp, self.params, c_exp, wx, moe_frac, self._m, self._ko, self.host)
             self.moe_source, self.moe_comm_source = self._moe.source, self._moe.comm_source
         self._gemms = tuple(gemms)
         self._precompute_attention(b)
@@ -210,11 +213,13 @@ class RooflineCostModel:
             "MLA decode: measured (aiconfigurator generation_mla, vLLM 0.14); prefill: roofline"
 
     def _precompute_collectives(self, b: int) -> None:
-        """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
-        interconnect's bus-bandwidth model (simulator/cost_model/collectives.py). Setting
+        """TP all-reduce per call on the host: its measured tables on vLLM's custom-vs-NCCL path,
+        or its bus-bandwidth model (simulator/cost_model/collectives.py). Setting
         interconnect_efficiency or collective_latency_s asks for the model explicitly."""
         lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
-        self.collectives = Collectives(self.gpu, self.tp, interconnect_efficiency=eff,
+        self.collectives = Collectives(self.gpu, self.tp, host=self.host,
+                                       disable_custom_all_reduce=self.disable_custom_all_reduce,
+                                       interconnect_efficiency=eff,
                                        latency_s=lat, use_tables=lat is None and eff is None,
                                        allreduce_profile=self.params.allreduce_profile,
                                        collectives_profile=self.params.collectives_profile)

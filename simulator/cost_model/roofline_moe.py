@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable
 
 from servesim.traces.errors import InputError
 
-from ..specs import GpuSpec, ModelSpec
+from ..specs import GpuSpec, HostSpec, ModelSpec
 from .moe_comm import MoeDeployment, moe_comm
 from .moe_tables import moe_curve
 
@@ -27,7 +27,8 @@ class RooflineMoe:
     __slots__ = ("table", "roofline", "_a2a", "_m", "_ko", "source", "comm_source")
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, params: RooflineParams, s_per_flop: float,
-                 bytes_per_weight: float, moe_frac: float, s_per_byte: float, kernel_overhead_s: float) -> None:
+                 bytes_per_weight: float, moe_frac: float, s_per_byte: float, kernel_overhead_s: float,
+                 host: HostSpec | None = None) -> None:
         """``params``: the model's RooflineParams; ``s_per_flop``/``bytes_per_weight``: the expert
         GEMMs' format; ``moe_frac``: the MoE layers' share of the layers; ``s_per_byte`` and
         ``kernel_overhead_s``: the GEMM memory rate and overhead the dense GEMMs use."""
@@ -47,7 +48,7 @@ class RooflineMoe:
         # dispatch + combine of the DP ranks' tokens, per MoE layer (vLLM --all2all-backend)
         lat, eff = params.collective_latency_s, params.interconnect_efficiency
         self._a2a = moe_comm(params.all2all_backend, MoeDeployment(
-            m, gpu, tp, ep, dp, interconnect_efficiency=eff, latency_s=lat,
+            m, gpu, tp, ep, dp, host=host, interconnect_efficiency=eff, latency_s=lat,
             use_tables=lat is None and eff is None, collectives_profile=params.collectives_profile))
         self.comm_source = "none (one DP rank)" if self._a2a is None else self._a2a.source
         self.source = "roofline" if curve is None else \

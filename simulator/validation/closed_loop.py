@@ -116,10 +116,9 @@ def row_config(row: pd.Series, opts: ClosedLoopOptions) -> tuple[SimConfig, dict
 
 def request_cycle_s(cfg: SimConfig, isl: int, osl: int, concurrency: int) -> float:
     """Cost-model estimate of one request's latency at this concurrency (for client offsets)."""
-    from servesim.simulator.cost_model import StepShape, make_cost_model
+    from servesim.simulator.cost_model import StepShape, run_cost_model
 
-    hw = cfg.hardware
-    cm = make_cost_model(cfg.cost_model.name, model=hw.model, gpu=hw.gpu, tp=hw.tp, **cfg.cost_model.params)
+    cm = run_cost_model(cfg)
     cpu = cfg.cost_model.cpu_overhead
     budget = cfg.scheduler.max_num_batched_tokens
     prefill = 0.0

@@ -26,7 +26,7 @@ from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.frontend import FrontendConfig
 from servesim.simulator.sampling import SamplingConfig
-from servesim.simulator.specs import resolve_gpu, resolve_model, with_precision
+from servesim.simulator.specs import default_host, host_for, resolve_gpu, resolve_model, with_precision
 from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
 
@@ -57,6 +57,9 @@ class ValidateOptions:
     # neutral parameters (no path priced; a temperature-0 client such as `vllm bench serve`
     # samples greedily, which prices the same).
     sampling: SamplingConfig | None = None
+    host: str | None = None  # the machine (specs/hosts.yaml) instead of the run's / the GPU's default
+    # `--set KEY=VALUE` items applied on top of the config built from the run (replay's keys)
+    sets: tuple[str, ...] = ()
 
 
 def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
@@ -127,7 +130,9 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     cache = CacheConfig(block_size=s.block_size, num_gpu_blocks=kv.num_gpu_blocks,
                         enable_prefix_caching=s.enable_prefix_caching)
     cfg = SimConfig(hardware=HardwareConfig(model=spec.name, gpu=gpu, tp=s.tp, pp=s.pp,
-                                            gpu_memory_utilization=s.gpu_memory_utilization),
+                                            gpu_memory_utilization=s.gpu_memory_utilization,
+                                            host=opts.host or s.host,
+                                            disable_custom_all_reduce=s.disable_custom_all_reduce),
                     scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
                     frontend=FrontendConfig(enabled=_frontend_on(run, opts)),
                     sampling=opts.sampling or SamplingConfig())
@@ -137,6 +142,9 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
         prov["async_scheduling"] = "given (--async-scheduling/--no-async-scheduling)"
     prov["num_gpu_blocks"] = {"recorded": "recorded by the run", "given": "given (--num-gpu-blocks)",
                               "derived": "derived from GPU memory (see kv_cache)"}[kv.source]
+    prov["host"] = "given (--host)" if opts.host else \
+        prov.get("host", f"default: the GPU's default host ({default_host(gpu).name})")
+    prov.setdefault("disable_custom_all_reduce", f"default: vLLM {s.engine_version or '?'} default (false)")
     info = {
         "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "pp": s.pp, "weight_dtype": spec.weight_dtype,
                      "kv_cache_dtype": spec.kv_cache_dtype, "max_num_seqs": s.max_num_seqs,
@@ -145,7 +153,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                      "enable_prefix_caching": s.enable_prefix_caching,
                      "enable_chunked_prefill": s.enable_chunked_prefill, "async_scheduling": async_on,
                      "gpu_memory_utilization": s.gpu_memory_utilization, "engine_version": s.engine_version,
-                     "provenance": prov},
+                     "host": host_for(gpu, cfg.hardware.host).name,
+                     "disable_custom_all_reduce": s.disable_custom_all_reduce, "provenance": prov},
         "kv_cache": kv.to_dict(),
         "frontend": {"enabled": _frontend_on(run, opts),
                      "why": "given (--frontend/--no-frontend)" if opts.frontend is not None
@@ -157,7 +166,55 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
         "cpu_overhead": {"preset": opts.cpu_overhead, **asdict(cpu),
                          **({"source": CALIBRATION_NOTE} if opts.cpu_overhead == "calibrated" else {})},
     }
+    if opts.sets:
+        cfg = apply_validate_sets(cfg, info, opts.sets)
+    info["collectives"] = collectives_info(cfg)
     return cfg, info
+
+
+def apply_validate_sets(cfg: SimConfig, info: dict, sets: tuple[str, ...]) -> SimConfig:
+    """``--set`` items on top of the config built from the run (replay's keys and checks); each key
+    is recorded in the report's settings (a settings entry of the same name takes the value) and
+    provenance as "given (--set)"."""
+    from servesim.simulator.config_values import apply_overrides, split_set_items
+
+    pairs = split_set_items(list(sets))
+    cfg = apply_overrides(cfg, pairs)
+    settings, prov = info["settings"], info["settings"]["provenance"]
+    settings["overrides"] = dict(pairs)
+    for key in pairs:
+        value = cfg
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else getattr(value, part)
+        prov[key] = "given (--set)"
+        name = key.rsplit(".", 1)[-1]
+        if name in settings and name not in ("provenance", "overrides"):
+            settings[name], prov[name] = value, "given (--set)"
+    if any(k.startswith("hardware.") for k in pairs):  # the host follows the GPU / host given
+        settings["host"] = host_for(cfg.hardware.gpu, cfg.hardware.host).name
+    return cfg
+
+
+def collectives_info(cfg: SimConfig) -> dict:
+    """The host the TP collectives run on, vLLM's all-reduce path there, and what priced the
+    all-reduce in the cost model the replay runs (validation.json)."""
+    from servesim.simulator.cost_model import RooflineCostModel, run_cost_model
+    from servesim.simulator.cost_model.collectives import custom_allreduce_rule
+    from servesim.simulator.cost_model.fitted import FittedCostModel
+
+    hw = cfg.hardware
+    host = host_for(hw.gpu, hw.host)
+    cm = run_cost_model(cfg)
+    if isinstance(cm, FittedCostModel):
+        used = cm.allreduce_source
+    elif isinstance(cm, RooflineCostModel):
+        used = cm.collectives.source.allreduce
+    else:
+        used = f"not reported by the {cm.name!r} cost model"
+    return {"host": host.name, "p2p": host.p2p, "interconnect": host.interconnect,
+            "disable_custom_all_reduce": hw.disable_custom_all_reduce,
+            "custom_allreduce": custom_allreduce_rule(host, hw.tp, hw.disable_custom_all_reduce)[1],
+            "allreduce": used, "host_sources": list(host.sources)}
 
 
 def _frontend_on(run: MeasuredRun, opts: ValidateOptions) -> bool:

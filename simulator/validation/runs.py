@@ -60,6 +60,8 @@ class EngineSettings:
     pp: int = 1  # vLLM --pipeline-parallel-size
     enable_expert_parallel: bool = False
     all2all_backend: str = "allgather_reducescatter"  # vLLM --all2all-backend (0.19.1 default)
+    host: str | None = None  # the machine (simulator/specs/hosts.yaml); None: the GPU's default host
+    disable_custom_all_reduce: bool = False  # vLLM --disable-custom-all-reduce (its default: off)
     provenance: dict[str, str] = field(default_factory=dict)  # field -> "recorded" | "default: ..."
 
 
@@ -156,7 +158,8 @@ def _settings_from_kwargs(model: str, version: str | None, kw: dict, recorded_by
                "gpu_memory_utilization": "gpu_memory_utilization", "num_gpu_blocks": "num_gpu_blocks",
                "dtype": "dtype", "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype",
                "data_parallel_size": "data_parallel_size", "pipeline_parallel_size": "pp",
-               "enable_expert_parallel": "enable_expert_parallel", "all2all_backend": "all2all_backend"}
+               "enable_expert_parallel": "enable_expert_parallel", "all2all_backend": "all2all_backend",
+               "disable_custom_all_reduce": "disable_custom_all_reduce"}
     for key, attr in mapping.items():
         if kw.get(key) is not None:
             setattr(s, attr, kw[key])
@@ -188,6 +191,45 @@ def _gpu_from_folder(name: str) -> str | None:
         return None
 
 
+# vLLM ParallelConfig fields a newer harness records under resolved_config.parallel_config
+_PARALLEL_KEYS = ("disable_custom_all_reduce", "tensor_parallel_size", "data_parallel_size",
+                  "enable_expert_parallel", "all2all_backend")
+# LLMServingSim's bench machine for a GPU: (without P2P, with P2P). Its RTX PRO 6000 pair had no
+# usable peer-to-peer in the April 2026 runs (ACS on): NCCL over host memory, measured at
+# 16.37 GB/s and 16.1 us (configs/cluster/README.md); re-measured with ACS/IOMMU off on 2026-10-02
+# (profiler/perf/RTXPRO6000/hardware.yaml). Both are hosts of simulator/specs/hosts.yaml.
+_BENCH_HOSTS = {"rtx-pro-6000": ("rtx-pro-6000-workstation", "rtx-pro-6000-pcie-acs-off")}
+_BENCH_HOST_WHY = "default: LLMServingSim's bench host, measured NCCL figures, configs/cluster/README.md"
+
+
+def _llmservingsim_host(settings: EngineSettings, hw: dict) -> list[str]:
+    """The host the run's collectives ran on (settings.host, with provenance); notes for the report.
+
+    meta.json ``hardware.host`` (a host id) wins; else, for a GPU of LLMServingSim's bench
+    machine, ``hardware.p2p`` picks its configuration, and without either the run's own era is
+    assumed: no usable P2P (the harness records no host or P2P information)."""
+    from servesim.simulator.specs import find_gpu
+
+    prov = settings.provenance
+    notes = []
+    env = hw.get("all_reduce_environment")
+    if env:
+        notes.append(f"meta.json hardware.all_reduce_environment: {env}")
+    if isinstance(hw.get("host"), str):
+        settings.host, prov["host"] = hw["host"], "recorded (meta.json hardware.host)"
+        return notes
+    gpu = find_gpu(settings.gpu) if settings.gpu else None
+    if gpu is None or gpu.name not in _BENCH_HOSTS:
+        return notes
+    no_p2p, with_p2p = _BENCH_HOSTS[gpu.name]
+    if isinstance(hw.get("p2p"), bool):
+        settings.host = with_p2p if hw["p2p"] else no_p2p
+        prov["host"] = f"recorded (meta.json hardware.p2p: {str(hw['p2p']).lower()})"
+    else:
+        settings.host, prov["host"] = no_p2p, _BENCH_HOST_WHY
+    return notes
+
+
 @register_run_format("llmservingsim", _is_llmservingsim)
 def load_llmservingsim_run(path: Path) -> MeasuredRun:
     """LLMServingSim's vLLM benchmark folder.
@@ -203,6 +245,10 @@ def load_llmservingsim_run(path: Path) -> MeasuredRun:
     for key in ("kv_cache", "cache_config"):  # newer harness versions: {"num_gpu_blocks": ..}
         if isinstance(meta.get(key), dict):
             kw.update({k: v for k, v in meta[key].items() if k in ("num_gpu_blocks", "block_size")})
+    resolved = meta.get("resolved_config")
+    parallel = resolved.get("parallel_config") if isinstance(resolved, dict) else None
+    if isinstance(parallel, dict):  # newer harness versions: vLLM's resolved ParallelConfig
+        kw.update({k: v for k, v in parallel.items() if k in _PARALLEL_KEYS and kw.get(k) is None})
     settings = _settings_from_kwargs(str(meta.get("model") or kw.get("model")), meta.get("vllm_version"),
                                      kw, "meta.json")
     hw = meta.get("hardware") or {}
@@ -215,6 +261,7 @@ def load_llmservingsim_run(path: Path) -> MeasuredRun:
         if guess is not None:
             settings.gpu = guess
             settings.provenance["gpu"] = f"folder name {path.name!r} (meta.json records no device)"
+    notes = _llmservingsim_host(settings, hw if isinstance(hw, dict) else {})
     rows = [json.loads(x) for x in (path / "requests.jsonl").read_text().splitlines() if x.strip()]
     if not rows:
         raise InputError("no requests", path=str(path / "requests.jsonl"))
@@ -236,7 +283,6 @@ def load_llmservingsim_run(path: Path) -> MeasuredRun:
                            / (df["output_toks"] - 1).clip(lower=1), np.nan),
         "e2e_s": df["last_token_ts"] - df["queued_ts"],
     })
-    notes = []
     ts = None
     if (path / "timeseries.csv").is_file():
         raw = pd.read_csv(path / "timeseries.csv")
@@ -275,9 +321,11 @@ def load_servesim_run(path: Path) -> MeasuredRun:
                        enable_chunked_prefill=bool(sc.get("enable_chunked_prefill", True)),
                        async_scheduling=bool(sc.get("async_scheduling", False)),
                        gpu_memory_utilization=float(hw.get("gpu_memory_utilization", 0.9)),
-                       engine=str(cfg.get("engine", "vllm")), engine_version="servesim")
+                       engine=str(cfg.get("engine", "vllm")), engine_version="servesim",
+                       host=hw.get("host"), disable_custom_all_reduce=bool(hw.get("disable_custom_all_reduce", False)))
     s.provenance = {k: "recorded (config.yaml)" for k in ("model", "gpu", "tp", "pp", "max_num_seqs",
-                                                           "max_num_batched_tokens", "num_gpu_blocks")}
+                                                           "max_num_batched_tokens", "num_gpu_blocks", "host",
+                                                           "disable_custom_all_reduce")}
     req = pd.read_parquet(path / "requests.parquet")
     out = pd.DataFrame({
         "request_id": req["request_id"].astype(str),

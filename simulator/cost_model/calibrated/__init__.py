@@ -69,8 +69,9 @@ def read_fitted_data(path: str | Path) -> dict:
     return json.loads(raw)
 
 
-def load_calibrated(model: Any, gpu: Any, tp: int = 1):
-    """The FittedCostModel shipped for (model, gpu, tp); InputError listing what exists if none."""
+def load_calibrated(model: Any, gpu: Any, tp: int = 1, **host: Any):
+    """The FittedCostModel shipped for (model, gpu, tp); InputError listing what exists if none.
+    ``host`` keywords (host, disable_custom_all_reduce, collectives_profile) as FittedCostModel's."""
     from ..fitted import FittedCostModel
 
     path = find_calibrated(model, gpu, tp)
@@ -80,21 +81,31 @@ def load_calibrated(model: Any, gpu: Any, tp: int = 1):
         raise InputError(f"no calibrated cost model for model={m} gpu={g} tp={tp}",
                          field="cost_model", allowed=have)
     try:
-        return FittedCostModel(read_fitted_data(path))
+        data = read_fitted_data(path)
     except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"cannot read calibrated cost model ({exc!r})", path=str(path)) from None
+    try:
+        return FittedCostModel(data, **host)
+    except InputError:
+        raise
+    except (ValueError, KeyError) as exc:
         raise InputError(f"cannot read calibrated cost model ({exc!r})", path=str(path)) from None
 
 
 @register_cost_model("calibrated")
-def make_calibrated(model: Any = None, gpu: Any = None, tp: int | None = None,
-                    **params: Any):
+def make_calibrated(model: Any = None, gpu: Any = None, tp: int | None = None, host: Any = None,
+                    disable_custom_all_reduce: bool = False, **params: Any):
     """The shipped profiled fit for the run's (model, gpu, tp); ``skew_alpha=`` overrides the
     measured decode-skew factor (0 turns the correction off); ``cudagraph_capture_sizes=`` pads
-    each step to vLLM's next CUDA-graph size (cost_model/cudagraph.py; default: no padding)."""
-    check_params("calibrated", params, {"skew_alpha", "cudagraph_capture_sizes"})
+    each step to vLLM's next CUDA-graph size (cost_model/cudagraph.py; default: no padding);
+    ``host`` / ``disable_custom_all_reduce`` / ``collectives_profile=`` (this host's measured
+    collectives) price the TP collectives the fit did not measure on this host."""
+    check_params("calibrated", params, {"skew_alpha", "cudagraph_capture_sizes", "collectives_profile"})
     if model is None or gpu is None:
         raise InputError("the calibrated cost model needs model= and gpu=", field="cost_model")
-    fitted = load_calibrated(model, gpu, 1 if tp is None else tp)
+    fitted = load_calibrated(model, gpu, 1 if tp is None else tp, host=host,
+                             disable_custom_all_reduce=disable_custom_all_reduce,
+                             collectives_profile=params.get("collectives_profile"))
     if params.get("skew_alpha") is not None:
         fitted.set_skew_alpha(params["skew_alpha"])
     fitted.set_cudagraph_sizes(params.get("cudagraph_capture_sizes"))
