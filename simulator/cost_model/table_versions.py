@@ -44,13 +44,25 @@ def table_engine_version(file_name: str, gpu_name: str) -> str | None:
     return _engine_versions(file_name).get(gpu_name)
 
 
+_ENGINE_FOLDER = re.compile(r"(?:^|/)(vllm|sglang|trtllm)_([0-9][0-9.]*[0-9])")
+
+
+def path_engine_versions(paths: list[str]) -> list[str]:
+    """The engine versions named by profile or source paths, in order and once each
+    (``aiconfigurator/h100_sxm/vllm_0.14.0`` -> "vllm 0.14.0", ``llmservingsim/vllm_0.19_profiler/...``
+    -> "vllm 0.19"); communication-library folders (``nccl_2.29.2``) name no engine."""
+    out: list[str] = []
+    for path in paths:
+        m = _ENGINE_FOLDER.search(path)
+        if m and f"{m[1]} {m[2]}" not in out:
+            out.append(f"{m[1]} {m[2]}")
+    return out
+
+
 def sources_engine_version(sources: list[str]) -> str | None:
     """The engine version named by aiconfigurator source paths (``.../vllm_0.14.0/x.csv.gz``), or None."""
-    for src in sources:
-        m = re.search(r"/(vllm|sglang|trtllm)_([0-9][^/]*)/", src)
-        if m:
-            return f"{m[1]} {m[2]}"
-    return None
+    found = path_engine_versions(sources)
+    return found[0] if found else None
 
 
 def _version_key(version: str) -> tuple[int, ...]:

@@ -27,7 +27,8 @@ from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.frontend import FrontendConfig
 from servesim.simulator.sampling import SamplingConfig
-from servesim.simulator.cost_model.table_versions import DEFAULT_ENGINE_VERSION, MeasuredTable, version_warnings
+from servesim.simulator.cost_model.table_versions import (DEFAULT_ENGINE_VERSION, MeasuredTable, path_engine_versions,
+                                                          version_warnings)
 from servesim.simulator.specs import resolve_gpu, resolve_model, with_precision
 from servesim.simulator.specs.models import resolve_model_id
 from servesim.traces.errors import InputError
@@ -164,7 +165,10 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                     engine_version=s.engine_version or DEFAULT_ENGINE_VERSION)
     resolution = resolve_model_id(opts.model or s.model)
     warnings = [w for w in (fallback_warning(cm_info), resolution.caveat) if w]
-    warnings += engine_version_warnings(cfg, cm_info, s)
+    version_notes, moe_source = priced_by(cfg, cm_info, s)
+    warnings += version_notes
+    if moe_source is not None:
+        cm_info = {**cm_info, "moe_experts": moe_source}  # which path priced the routed experts
     prov = dict(s.provenance)
     prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
     if opts.async_scheduling is not None:
@@ -196,27 +200,27 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     return cfg, info
 
 
-def engine_version_warnings(cfg: SimConfig, cm_info: dict, s) -> list[str]:
-    """The measured tables pricing this replay whose engine version differs from the run's
-    (cost_model/table_versions.py): the calibrated fit's profile, or the roofline's kernel tables
-    as one DP rank builds them."""
+def priced_by(cfg: SimConfig, cm_info: dict, s) -> tuple[list[str], str | None]:
+    """(warnings for the measured tables pricing this replay whose engine version differs from the
+    run's, cost_model/table_versions.py; what priced the MoE experts, or None): the calibrated
+    fit's profile, or the roofline's kernel tables as one DP rank builds them."""
     if cfg.cost_model.name == "calibrated":
-        tables = [MeasuredTable(f"calibrated fit {cm_info['file']}", f.rsplit(" eager", 1)[0])
-                  for f in cm_info.get("frameworks", ())]
-    elif cfg.cost_model.name == "roofline":
-        from servesim.simulator.cost_model import make_cost_model
+        tables = [MeasuredTable(f"calibrated fit {cm_info['file']}", v)
+                  for v in path_engine_versions(cm_info.get("profiles", []))]
+        return version_warnings(tables, s.engine, s.engine_version), None
+    if cfg.cost_model.name != "roofline":
+        return [], None
+    from servesim.simulator.cost_model import make_cost_model
 
-        rank = cfg
-        if s.data_parallel_size > 1 and resolve_model(cfg.hardware.model).is_moe:
-            from servesim.simulator.cluster.dp import dp_cluster_config
+    rank = cfg
+    if s.data_parallel_size > 1 and resolve_model(cfg.hardware.model).is_moe:
+        from servesim.simulator.cluster.dp import dp_cluster_config
 
-            rank = dp_cluster_config(cfg, s.data_parallel_size, expert_parallel=s.enable_expert_parallel).replicas[0].sim
-        hw = rank.hardware
-        tables = make_cost_model("roofline", model=hw.model, gpu=hw.gpu, tp=hw.tp,
-                                 **rank.cost_model.params).measured_tables()
-    else:
-        return []
-    return version_warnings(tables, s.engine, s.engine_version)
+        rank = dp_cluster_config(cfg, s.data_parallel_size, expert_parallel=s.enable_expert_parallel).replicas[0].sim
+    hw = rank.hardware
+    cm = make_cost_model("roofline", model=hw.model, gpu=hw.gpu, tp=hw.tp, **rank.cost_model.params)
+    moe = cm.moe_source if cm.model.is_moe else None
+    return version_warnings(cm.measured_tables(), s.engine, s.engine_version), moe
 
 
 def _frontend_on(run: MeasuredRun, opts: ValidateOptions) -> bool:
