@@ -71,7 +71,7 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 def version_warnings(tables: list[MeasuredTable], engine: str, engine_version: str | None) -> list[str]:
     """One line per measured table whose engine or (major, minor) version differs from the run's."""
-    if not engine_version:
+    if not engine_version or not _version_key(engine_version):  # unrecorded, or no release ("servesim")
         return []
     out = []
     for t in tables:

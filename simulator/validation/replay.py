@@ -38,7 +38,7 @@ from .compare import aggregate_errors, makespan, pair_requests, per_request_erro
 from .cpu import CALIBRATION_NOTE, cpu_overhead_preset
 from .kv import choose_kv_blocks
 from .match import check_workload_matches
-from .runs import MeasuredRun, load_run, to_measured_convention
+from .runs import MeasuredRun, load_run, parse_version, to_measured_convention
 
 TARGETS = {"e2e_median_ape": 0.05, "ttft_median_ape": 0.10}
 
@@ -162,7 +162,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                     scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
                     frontend=FrontendConfig(enabled=_frontend_on(run, opts)),
                     sampling=opts.sampling or SamplingConfig(),
-                    engine_version=s.engine_version or DEFAULT_ENGINE_VERSION)
+                    engine_version=s.engine_version if parse_version(s.engine_version) else DEFAULT_ENGINE_VERSION)
     resolution = resolve_model_id(opts.model or s.model)
     warnings = [w for w in (fallback_warning(cm_info), resolution.caveat) if w]
     version_notes, moe_source = priced_by(cfg, cm_info, s)
