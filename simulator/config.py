@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +141,9 @@ class SimConfig:
     spec_decode: SpecDecodeConfig = field(default_factory=SpecDecodeConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     engine: str = "vllm"  # scheduler engine (simulator/scheduler_kinds/): vllm | sglang
+    # The engine release simulated (a run's recorded version in validate): measured kernel tables
+    # from another (major, minor) release are warned about, never re-priced (cost_model/table_versions.py).
+    engine_version: str = "0.19.1"
     # SGLang-only knobs (engine: sglang); None fields inherit the shared scheduler/cache settings.
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     seed: int = 0
@@ -161,6 +165,9 @@ class SimConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.engine_version, str) or not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", self.engine_version):
+            raise InputError(f"got {self.engine_version!r}", field="engine_version",
+                             allowed="a release number such as 0.19.1")
         if self.spec_decode.acceptance and self.scheduler.num_spec_tokens != len(self.spec_decode.acceptance):
             raise InputError(
                 f"spec_decode.acceptance has {len(self.spec_decode.acceptance)} entries but "

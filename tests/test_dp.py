@@ -130,9 +130,9 @@ _RTX_RUN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ben
 
 
 @pytest.mark.skipif(not _RTX_RUN.is_dir(), reason="shared vLLM run not present")
-def test_validate_prices_expert_parallelism_or_refuses_it():
+def test_validate_prices_expert_parallelism_with_the_roofline():
     """A run with expert parallelism on an MoE model: the roofline splits the experts over the TP
-    ranks; a cost model that cannot price it is refused, not silently run without it."""
+    ranks; a cost model that cannot price it falls back to the roofline, not run without it."""
     import dataclasses
 
     from servesim.simulator.validation.replay import ValidateOptions, build_config
@@ -142,9 +142,9 @@ def test_validate_prices_expert_parallelism_or_refuses_it():
     ep = dataclasses.replace(run, settings=dataclasses.replace(run.settings, enable_expert_parallel=True, tp=2))
     cfg, _ = build_config(ep, ValidateOptions(model="qwen3-30b-a3b", cost_model="roofline"))
     assert cfg.cost_model.params["expert_parallel_size"] == 2
-    with pytest.raises(InputError) as e:
-        build_config(ep, ValidateOptions(model="qwen3-30b-a3b", cost_model="fitted"))
-    assert e.value.field == "--cost-model" and e.value.allowed == "roofline"
+    cfg, info = build_config(ep, ValidateOptions(model="qwen3-30b-a3b", cost_model="calibrated"))
+    assert cfg.cost_model.name == "roofline" and cfg.cost_model.params["expert_parallel_size"] == 2
+    assert info["cost_model"]["fallback"]["from"] == "calibrated"
     cfg, _ = build_config(ep, ValidateOptions(cost_model="roofline"))  # a dense model: vLLM ignores the flag
     assert "expert_parallel_size" not in cfg.cost_model.params
     # data parallelism: the run's --all2all-backend reaches the ranks' cost model

@@ -12,18 +12,19 @@ SCOUT = "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic"
 
 def test_measured_table_covers_scout_fp8_on_h100_tp2():
     spec, h100 = resolve_model(SCOUT), resolve_gpu("h100")
-    curve = moe_curve(spec, h100, moe_tp=2, moe_ep=1)
-    assert curve is not None
+    measured = moe_curve(spec, h100, moe_tp=2, moe_ep=1)
+    assert measured is not None and measured.engine_version == "vllm 0.24.0"
+    curve = measured.curve
     # aiconfigurator H100 vLLM 0.24 fp8 Triton MoE, (5120, 8192, 16 experts, top-1), moe_tp 2:
     # ~0.4 ms from 16 to 512 tokens (every expert's weights read once), growing past 2k tokens.
     assert 0.2e-3 < curve(64) < 0.8e-3
     assert curve(8192) > 3 * curve(64)
     cm = make_cost_model("roofline", model=SCOUT, gpu="h100", tp=2)
-    assert cm.moe_source.startswith("measured")
+    assert cm.moe_source.startswith("measured table h100 vllm 0.24.0")
 
 
 def test_roofline_fallback_and_expected_active_experts():
-    cm = make_cost_model("roofline", model="qwen3-30b-a3b", gpu="l40s", tp=1)  # no L40S table
+    cm = make_cost_model("roofline", model="qwen3-30b-a3b", gpu="l40s", tp=1, moe_table=False)
     assert cm.moe_source == "roofline"
     # uniform top-k: E[active] = E (1 - (1 - k/E)^T): 1 token reads 8 of 128 experts, 1k tokens all
     one, many = cm.breakdown(decode_shape(1, 100))["gemm"], cm.breakdown(decode_shape(1024, 100))["gemm"]

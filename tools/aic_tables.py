@@ -23,3 +23,14 @@ def write_tables_main(description: str, build: Callable[[Path], dict], out: Path
     data = build(args.profiles)
     out.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), compresslevel=9, mtime=0))
     print(f"wrote {out} ({out.stat().st_size} bytes, {len(data['tables'])} {unit})")
+
+
+def engine_versions(sources: dict[str, str]) -> dict[str, str]:
+    """GPU -> "<engine> <version>" the tables of that GPU were measured under, from the source folder's
+    ``<framework>_<version>`` name (aiconfigurator's layout: ``h100_sxm/vllm_0.24.0``): written into
+    every table file so a run on another engine version can be told (simulator/cost_model/table_versions.py)."""
+    out = {}
+    for gpu, folder in sources.items():
+        framework, _, version = folder.rsplit("/", 1)[-1].partition("_")
+        out[gpu] = f"{framework} {version}"
+    return out

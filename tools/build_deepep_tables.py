@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from aic_tables import AIC_ATTRIBUTION, write_tables_main  # tools/ is on sys.path when run as a script
+from aic_tables import AIC_ATTRIBUTION, engine_versions, write_tables_main  # tools/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "simulator" / "cost_model" / "data" / "deepep_tables.json.gz"
@@ -50,6 +50,7 @@ def build(profiles: Path) -> dict:
             "key": "gpu|mode (ll, ht)|hidden|topk|experts|ep",
             "units": {"x": "tokens per EP rank", "y": "seconds of dispatch + combine, one MoE layer"},
             "sources": {g: [f"aiconfigurator/{f}/{n}" for n, _ in MODES.values()] for g, f in SOURCES.items()},
+            "engine_versions": engine_versions(SOURCES),
             "attribution": AIC_ATTRIBUTION + "; file commit f678dbe3b6eca72fe6cfa24a2f94160896f2a809",
             "tables": tables}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from aic_tables import AIC_ATTRIBUTION, write_tables_main  # tools/ is on sys.path when run as a script
+from aic_tables import AIC_ATTRIBUTION, engine_versions, write_tables_main  # tools/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "simulator" / "cost_model" / "data" / "mla_tables.json.gz"
@@ -50,7 +50,7 @@ def build(profiles: Path) -> dict:
     return {"format": "servesim-mla-tables", "version": 1, "key": "gpu|kv_cache_dtype|heads_per_gpu",
             "units": {"x": "(decode requests, mean context tokens)", "y": "seconds per layer"},
             "sources": {g: f"aiconfigurator/{f}/generation_mla_perf.csv.gz" for g, f in SOURCES.items()},
-            "attribution": AIC_ATTRIBUTION,
+            "engine_versions": engine_versions(SOURCES), "attribution": AIC_ATTRIBUTION,
             "kernels": kernels, "tables": tables}
 
 

@@ -18,11 +18,12 @@ from ..kernel_impl import DenseRooflinePricer, decode_step_prices
 from ..specs import GpuSpec, HostSpec, ModelSpec, host_for, layer_weight_elems, resolve_gpu, resolve_model
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
-from .collectives import Collectives, logits_gather_bytes_per_row
+from .collectives import Collectives, logits_gather_bytes_per_row, table_sources
 from .mla_tables import mla_decode_grid
 from .moe_comm import DEFAULT_ALL2ALL_BACKEND, check_all2all_backend
 from .moe_tables import DISTRIBUTIONS
-from .roofline_moe import RooflineMoe
+from .roofline_moe import RooflineMoe, expert_gemm_rates
+from .table_versions import MeasuredTable, sources_engine_version, table_engine_version
 
 _ONE_NE = (1).__ne__
 _DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -46,7 +47,9 @@ class RooflineParams:
     data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
     # vLLM --all2all-backend: how a DP deployment's MoE layers dispatch and combine (moe_comm.py)
     all2all_backend: str = DEFAULT_ALL2ALL_BACKEND
-    moe_table: bool = True  # use the measured MoE tables (moe_tables.py) where they cover the shape
+    # the measured MoE tables (moe_tables.py) where they cover the shape, else the roofline scaled by a
+    # measured efficiency curve; False: the bare roofline
+    moe_table: bool = True
     moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
     # Route tokens independently (uniform top-k): a step of T tokens touches E(1-(1-k/E)^T) of the
     # E experts, fewer than the balanced table's min(T k, E); False keeps the table as measured.
@@ -120,7 +123,6 @@ class RooflineCostModel:
         # GEMMs run at the tensor-core rate of their weight format (specs/precision.py).
         e_c = self._eff("compute_efficiency")
         c_lin = 1.0 / (gemm_peak_tflops(g, m.weight_dtype) * 1e12 * gemm_efficiency(g, m.weight_dtype, e_c))
-        c_exp = 1.0 / (gemm_peak_tflops(g, m.experts_dtype) * 1e12 * gemm_efficiency(g, m.experts_dtype, e_c))
         self._c = 1.0 / (g.peak_flops * e_c)  # activation-dtype GEMMs (lm_head, router)
         self._ac = 1.0 / (g.peak_flops * self._eff("attention_compute_efficiency"))
         self._m = 1.0 / (g.peak_mem_bytes_per_s * self._eff("memory_efficiency"))
@@ -128,7 +130,8 @@ class RooflineCostModel:
         self._ko = self.params.kernel_overhead_s
         self._ao = self.params.attention_overhead_s
         h, w = m.hidden_size, layer_weight_elems(m, tp)
-        wb, wx = bytes_per_element(m.weight_dtype), bytes_per_element(m.experts_dtype)
+        wb = bytes_per_element(m.weight_dtype)
+        c_exp, wx = expert_gemm_rates(g, m.experts_dtype, e_c)
         qkv_out = w["qkv_proj"] // h
         layers = m.num_layers
         dense_frac, moe_frac = m.dense_mlp_layers / layers, m.num_moe_layers / layers
@@ -381,6 +384,23 @@ class RooflineCostModel:
         if self._dp == 1 or self._moe is None:
             return 0.0
         return self.model.num_layers * self._moe.wave_delta_s(num_tokens, wave_tokens, num_tokens * self._dp)
+
+    def measured_tables(self) -> list[MeasuredTable]:
+        """The measured tables this model prices with, each with the engine version it was
+        measured on (table_versions.py): MoE kernels, MLA decode, DeepEP, TP collectives."""
+        out = []
+        if self._moe is not None and self._moe.engine_version is not None:
+            out.append(MeasuredTable(f"MoE experts ({self.moe_source})", self._moe.engine_version))
+        if self._mla_decode is not None:
+            out.append(MeasuredTable("MLA decode attention (aiconfigurator generation_mla)",
+                                     table_engine_version("mla_tables.json.gz", self.gpu.name) or "unknown"))
+        if ": measured (aiconfigurator" in self.moe_comm_source:  # moe_comm's DeepEP table source
+            out.append(MeasuredTable(f"MoE dispatch/combine ({self.moe_comm_source})",
+                                     table_engine_version("deepep_tables.json.gz", self.gpu.name) or "unknown"))
+        version = sources_engine_version(table_sources(self.gpu))
+        if self.tp > 1 and self.collectives.source.custom_allreduce_max_bytes and version is not None:
+            out.append(MeasuredTable(f"vLLM custom all-reduce ({self.gpu.name} tables)", version))
+        return out
 
     # ---- per-op access (the `profiled` fitter fills the ops it did not measure with these) ---
     def op_time_s(self, op: str, count: float) -> float:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
 
-from servesim.scheduler.registry import unknown_name_message
+from servesim.scheduler.registry import did_you_mean
 from servesim.traces.errors import InputError
 
-from ._names import alias_keys, candidates
+from ._names import alias_keys, is_release_tag, model_id_candidates, quantization_of
 from ._yaml import load_spec_file
 from .model_spec import MlaSpec, ModelSpec  # noqa: F401 (MlaSpec: part of this module's public names)
 from .precision import bytes_per_element, canonical_dtype, kv_cache_dtype
@@ -194,25 +194,87 @@ def available_models() -> list[str]:
 
 
 def resolve_model(name: str | ModelSpec) -> ModelSpec:
-    """Spec for a short id, an alias (case-insensitive, HF ids with or without org), or a path to
-    a Hugging Face config.json (or a folder holding one); path-built specs are registered under
-    their name (:func:`register_model`)."""
+    """Spec for a short id, an alias (case-insensitive, HF ids with or without org), a checkpoint id
+    with known suffixes (:func:`resolve_model_id`), or a path to a Hugging Face config.json (or a
+    folder holding one); path-built specs are registered under their name (:func:`register_model`)."""
     if isinstance(name, ModelSpec):
         return name
+    return resolve_model_id(name).spec
+
+
+@dataclass(slots=True, frozen=True)
+class ModelResolution:
+    """A model id resolved: the spec and, for the report, how the id reached it."""
+
+    spec: ModelSpec
+    how: str  # e.g. "Qwen/Qwen3-30B-A3B-Instruct-2507 -> qwen3-30b-a3b (suffix -instruct-2507: ...)"
+    # what the resolution could not carry over (a dated re-release's own context length); "" = nothing
+    caveat: str = ""
+
+
+def resolve_model_id(name: str) -> ModelResolution:
+    """Resolve ``name`` and say how. Checkpoint ids resolve by architecture: the org prefix or
+    local folder is dropped and known suffix tokens are taken off the end one at a time
+    (simulator/specs/_names.py: fine-tunes -Instruct/-Chat/-Base/-hf/-it/-Thinking, release tags
+    -Instruct-2507, quantizations -FP8/-AWQ/-GPTQ-Int4/-W8A8/...) until a registry id or alias
+    matches; a quantization suffix then selects that weight format (:func:`with_precision`), and a
+    registered spec with exactly the resulting fields is returned in its place. Conflicting
+    quantization suffixes and unknown ids raise an InputError (the latter with a did-you-mean)."""
     path = Path(str(name))
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.suffix == ".json" and path.is_file():  # a path is read, never matched by its folder name
-        return register_model(model_from_hf_config(path))
+        spec = register_model(model_from_hf_config(path))
+        return ModelResolution(spec, f"{name} -> {spec.name} (read from the config.json)")
     specs, lookup = _registry()
-    for key in candidates(str(name)):
-        if key in lookup:
-            return specs[lookup[key]]
+    cands = model_id_candidates(str(name))
+    for cand in cands:
+        if cand.key in lookup:
+            return _from_candidate(str(name), specs[lookup[cand.key]], cand.suffixes, cand.prefix)
     variant = _PRECISION_NAME.fullmatch(str(name).strip())
     if variant:  # "<model>@<weights>-kv<kv>", the name with_precision gives its specs
-        return with_precision(variant["base"], variant["weights"], variant["kv"])
-    raise InputError(unknown_name_message("model", str(name), available_models()), field="model",
+        spec = with_precision(variant["base"], variant["weights"], variant["kv"])
+        return ModelResolution(spec, f"{name} -> {spec.name} (precision variant)")
+    # the suggestion is made for the id without its org and suffixes (what the registry spells)
+    guess = did_you_mean(cands[-1].key, available_models()) or did_you_mean(str(name), available_models())
+    raise InputError(f"unknown model {str(name)!r}" + (f"; did you mean {guess!r}?" if guess else ""), field="model",
                      allowed=", ".join(available_models()) + ", or a path to a Hugging Face config.json")
+
+
+def _from_candidate(name: str, spec: ModelSpec, suffixes: tuple[str, ...], prefix: str) -> ModelResolution:
+    if not suffixes:
+        how = "registry id" if name == spec.name else "alias" + (f", {prefix} dropped" if prefix else "")
+        return ModelResolution(spec, f"{name} -> {spec.name} ({how})")
+    formats = {s: quantization_of(s) for s in suffixes if quantization_of(s)}
+    if len(set(formats.values())) > 1:
+        raise InputError(f"model {name!r}: the suffixes {', '.join(formats)} name different weight formats "
+                         f"({', '.join(sorted(set(formats.values())))}); ambiguous", field="model",
+                         allowed="one quantization suffix, or a path to the checkpoint's config.json")
+    notes, caveat = [], ""
+    for s in suffixes:
+        if s in formats:
+            notes.append(f"suffix {s}: {formats[s]} weights")
+        else:
+            notes.append(f"suffix {s}: same architecture and config")
+        if is_release_tag(s):
+            caveat = (f"{name} is a dated re-release of {spec.hf_id}: same architecture, but its config may "
+                      f"differ in context length (max_position_embeddings {spec.max_position_embeddings} here); "
+                      f"give its config.json (--model) where max_model_len matters")
+    if formats:
+        spec = _registered_twin(with_precision(spec, next(iter(formats.values()))))
+    dropped = f"{prefix} dropped; " if prefix else ""
+    return ModelResolution(spec, f"{name} -> {spec.name} ({dropped}{'; '.join(notes)})", caveat)
+
+
+def _registered_twin(spec: ModelSpec) -> ModelSpec:
+    """A shipped spec with every field of ``spec`` but its names (the catalogue's own FP8
+    checkpoint entry, say), else ``spec``."""
+    bare = replace(spec, name="", hf_id="", aliases=())
+    for name in available_models():
+        other = _registry()[0][name]
+        if replace(other, name="", hf_id="", aliases=()) == bare:
+            return other
+    return spec
 
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:

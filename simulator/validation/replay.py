@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +27,10 @@ from servesim.simulator.config import CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.frontend import FrontendConfig
 from servesim.simulator.sampling import SamplingConfig
+from servesim.simulator.cost_model.table_versions import (DEFAULT_ENGINE_VERSION, MeasuredTable, path_engine_versions,
+                                                          version_warnings)
 from servesim.simulator.specs import default_host, host_for, resolve_gpu, resolve_model, with_precision
+from servesim.simulator.specs.models import resolve_model_id
 from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
 
@@ -34,7 +38,7 @@ from .compare import aggregate_errors, makespan, pair_requests, per_request_erro
 from .cpu import CALIBRATION_NOTE, cpu_overhead_preset
 from .kv import choose_kv_blocks
 from .match import check_workload_matches
-from .runs import MeasuredRun, load_run, to_measured_convention
+from .runs import MeasuredRun, load_run, parse_version, to_measured_convention
 
 TARGETS = {"e2e_median_ape": 0.05, "ttft_median_ape": 0.10}
 
@@ -64,7 +68,11 @@ class ValidateOptions:
 
 def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
                       skew_alpha: float | None = None) -> tuple[CostModelConfig, dict]:
-    """The cost-model section for a replay, and what it is (file, fit error) for the report."""
+    """The cost-model section for a replay, and what it is (file, fit error) for the report.
+
+    ``calibrated`` without a shipped fit for (model, gpu, tp) falls back to the roofline, given or
+    defaulted alike: the report's ``fallback`` says from what, to what and why (print it with
+    :func:`fallback_warning`). A fitted ``.json`` that is not there is an error."""
     skew = {} if skew_alpha is None else {"skew_alpha": skew_alpha}
     if skew and name != "calibrated" and not name.endswith(".json"):
         raise InputError(f"--skew-alpha applies to the calibrated or a fitted cost model, not {name!r}",
@@ -74,9 +82,12 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
 
         path = find_calibrated(model, gpu, tp)
         if path is None:
-            have = "; ".join(f"{e['model']} {e['gpu']} tp={e['tp']}" for e in available_calibrated())
-            raise InputError(f"no calibrated cost model for {model} on {gpu} tp={tp}",
-                             field="--cost-model", allowed=f"roofline, a fitted .json, or one of: {have}")
+            have = "; ".join(f"{e['model']} {e['gpu']} tp={e['tp']}" for e in available_calibrated()
+                             if e["model"] == model or e["gpu"] == gpu) or "none for this model or GPU"
+            reason = f"no calibrated fit for {model} on {gpu} tp={tp} (fits: {have})" + \
+                ("; --skew-alpha dropped (the roofline has no decode-skew factor)" if skew else "")
+            return fallback_to_roofline(CostModelConfig(name="calibrated", cpu_overhead=cpu), {"name": "calibrated"},
+                                        reason)
         entry = next(e for e in available_calibrated() if e["file"] == path.name)
         info = {"name": "calibrated", "file": f"simulator/cost_model/calibrated/{path.name}",
                 "profiles": entry["profiles"], "frameworks": entry["frameworks"],
@@ -87,9 +98,27 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
                 ("measured (profile skew_fit)" if entry.get("skew_alpha") is not None else "not measured: none")}
         return CostModelConfig(name="calibrated", params=skew, cpu_overhead=cpu), info
     if name.endswith(".json"):
+        if not Path(name).is_file():
+            raise InputError("fitted cost model file not found", path=name, field="--cost-model",
+                             allowed="calibrated, roofline, or an existing fitted .json (servesim fit)")
         return CostModelConfig(name="profiled", params={"path": name, **skew}, cpu_overhead=cpu), \
             {"name": "profiled", "file": name, **skew}
     return CostModelConfig(name=name, cpu_overhead=cpu), {"name": name}
+
+
+def fallback_to_roofline(cm: CostModelConfig, info: dict, reason: str) -> tuple[CostModelConfig, dict]:
+    """The roofline in place of ``cm`` (its CPU overhead kept), with the report's ``fallback``:
+    ``{from, to, reason}``. A roofline stays as it is."""
+    if cm.name == "roofline":
+        return cm, info
+    return CostModelConfig(name="roofline", cpu_overhead=cm.cpu_overhead), \
+        {"name": "roofline", "fallback": {"from": info.get("name", cm.name), "to": "roofline", "reason": reason}}
+
+
+def fallback_warning(info: dict) -> str | None:
+    """The one-line warning for a cost-model fallback (``info``: the report's cost_model), or None."""
+    fb = info.get("fallback")
+    return None if fb is None else f"cost model {fb['from']} -> {fb['to']}: {fb['reason']}"
 
 
 def run_model_spec(s, model: str | None = None):
@@ -116,11 +145,13 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     async_on = s.async_scheduling if opts.async_scheduling is None else opts.async_scheduling
     cpu = cpu_overhead_preset(opts.cpu_overhead)
     cm, cm_info = cost_model_config(opts.cost_model, spec.name, gpu, s.tp, cpu, opts.skew_alpha)
+    if spec.is_moe and (s.enable_expert_parallel or s.data_parallel_size > 1):
+        # priced nowhere else (dp_cluster_config costs DP MoE ranks with the roofline too): the
+        # roofline, with the reason, rather than drop the run's setting
+        cm, cm_info = fallback_to_roofline(cm, cm_info, (
+            f"the run used {'expert' if s.enable_expert_parallel else 'data'} parallelism ({spec.name}, TP {s.tp}, "
+            f"DP {s.data_parallel_size}), which only the roofline cost model prices (its MoE kernels and all-to-all)"))
     if s.enable_expert_parallel and spec.is_moe and s.data_parallel_size <= 1:
-        if cm.name != "roofline":  # priced nowhere else: refuse rather than drop the run's setting
-            raise InputError(f"the run used expert parallelism ({spec.name}, TP {s.tp}), which only the roofline "
-                             f"cost model prices (its MoE tables and all-to-all); got --cost-model {cm.name}",
-                             field="--cost-model", allowed="roofline")
         cm.params["expert_parallel_size"] = s.tp  # experts split over the TP ranks
     if s.data_parallel_size > 1 and spec.is_moe and cm.name == "roofline":
         cm.params["all2all_backend"] = s.all2all_backend  # the DP ranks' dispatch/combine (moe_comm.py)
@@ -135,7 +166,14 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                                             disable_custom_all_reduce=s.disable_custom_all_reduce),
                     scheduler=sched, cache=cache, derive_num_gpu_blocks=False, cost_model=cm, seed=opts.seed,
                     frontend=FrontendConfig(enabled=_frontend_on(run, opts)),
-                    sampling=opts.sampling or SamplingConfig())
+                    sampling=opts.sampling or SamplingConfig(),
+                    engine_version=s.engine_version if parse_version(s.engine_version) else DEFAULT_ENGINE_VERSION)
+    resolution = resolve_model_id(opts.model or s.model)
+    warnings = [w for w in (fallback_warning(cm_info), resolution.caveat) if w]
+    version_notes, moe_source = priced_by(cfg, cm_info, s)
+    warnings += version_notes
+    if moe_source is not None:
+        cm_info = {**cm_info, "moe_experts": moe_source}  # which path priced the routed experts
     prov = dict(s.provenance)
     prov["gpu"] = prov.get("gpu", "given (--gpu)") if not opts.gpu else "given (--gpu)"
     if opts.async_scheduling is not None:
@@ -146,7 +184,8 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
         prov.get("host", f"default: the GPU's default host ({default_host(gpu).name})")
     prov.setdefault("disable_custom_all_reduce", f"default: vLLM {s.engine_version or '?'} default (false)")
     info = {
-        "settings": {"model": spec.name, "gpu": gpu, "tp": s.tp, "pp": s.pp, "weight_dtype": spec.weight_dtype,
+        "settings": {"model": spec.name, "model_id": opts.model or s.model, "model_resolution": resolution.how,
+                     "gpu": gpu, "tp": s.tp, "pp": s.pp, "weight_dtype": spec.weight_dtype,
                      "kv_cache_dtype": spec.kv_cache_dtype, "max_num_seqs": s.max_num_seqs,
                      "max_num_batched_tokens": s.max_num_batched_tokens, "max_model_len": max_model_len,
                      "block_size": s.block_size, "num_gpu_blocks": kv.num_gpu_blocks,
@@ -165,6 +204,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
                      else "vLLM's neutral parameters (the run records none)"},
         "cpu_overhead": {"preset": opts.cpu_overhead, **asdict(cpu),
                          **({"source": CALIBRATION_NOTE} if opts.cpu_overhead == "calibrated" else {})},
+        "warnings": warnings,
     }
     if opts.sets:
         cfg = apply_validate_sets(cfg, info, opts.sets)
@@ -215,6 +255,28 @@ def collectives_info(cfg: SimConfig) -> dict:
             "disable_custom_all_reduce": hw.disable_custom_all_reduce,
             "custom_allreduce": custom_allreduce_rule(host, hw.tp, hw.disable_custom_all_reduce)[1],
             "allreduce": used, "host_sources": list(host.sources)}
+
+
+def priced_by(cfg: SimConfig, cm_info: dict, s) -> tuple[list[str], str | None]:
+    """(warnings for the measured tables pricing this replay whose engine version differs from the
+    run's, cost_model/table_versions.py; what priced the MoE experts, or None): the calibrated
+    fit's profile, or the roofline's kernel tables as one DP rank builds them."""
+    if cfg.cost_model.name == "calibrated":
+        tables = [MeasuredTable(f"calibrated fit {cm_info['file']}", v)
+                  for v in path_engine_versions(cm_info.get("profiles", []))]
+        return version_warnings(tables, s.engine, s.engine_version), None
+    if cfg.cost_model.name != "roofline":
+        return [], None
+    from servesim.simulator.cost_model import run_cost_model
+
+    rank = cfg
+    if s.data_parallel_size > 1 and resolve_model(cfg.hardware.model).is_moe:
+        from servesim.simulator.cluster.dp import dp_cluster_config
+
+        rank = dp_cluster_config(cfg, s.data_parallel_size, expert_parallel=s.enable_expert_parallel).replicas[0].sim
+    cm = run_cost_model(rank)
+    moe = cm.moe_source if cm.model.is_moe else None
+    return version_warnings(cm.measured_tables(), s.engine, s.engine_version), moe
 
 
 def _frontend_on(run: MeasuredRun, opts: ValidateOptions) -> bool:
@@ -268,6 +330,8 @@ def compare_run(run_dir: str | Path, workload: str | Path, opts: ValidateOptions
     wl = load_workload(workload, opts.workload_format)
     check_workload_matches(run, wl, str(workload))
     cfg, info = build_config(run, opts)
+    for line in info["warnings"]:  # once per run, on stderr (and in validation.json "warnings")
+        print(f"warning: {line}", file=sys.stderr)
     res, sim_req, sim_ts, steps = _simulate(cfg, wl, run.settings)
     paired, pairing = pair_requests(run.requests, sim_req, [r.request_id for r in wl.requests])
     if pairing["num_paired"] == 0:
