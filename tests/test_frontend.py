@@ -16,7 +16,7 @@ from frontend_stub import StubCosts, StubServer
 from servesim.traces.errors import InputError
 
 
-@pytest.mark.parametrize("field", ["http_s", "chunk_s", "tokenize_s_per_token"])
+@pytest.mark.parametrize("field", ["http_s", "output_per_request_s", "output_step_s", "tokenize_s_per_token"])
 def test_frontend_config_refuses_negative_costs(field):
     with pytest.raises(InputError, match=f"frontend.{field}"):
         FrontendConfig(**{field: -1.0})
