@@ -1,27 +1,34 @@
 """Measure an OpenAI-compatible server's frontend costs (`servesim calibrate-frontend`).
 
-Three bounded probes, each separating one cost of `simulator.frontend.FrontendConfig`:
+Bounded probes, each separating costs of `simulator.frontend.FrontendConfig`:
 
 1. `GET /v1/models`: a round trip that does no model work -> `http_s`.
 2. `POST /tokenize` with prompts of growing length: time = a + b * tokens, least squares ->
    `tokenize_s_per_token` = b, `tokenize_base_s` = max(a - http_s, 0).
-3. The same completion streamed and not streamed: streaming adds one detokenize + SSE write per
-   chunk, so `chunk_s` = (E2E_stream - E2E_plain) / chunks, floored at 0. The time to the
-   first chunk of a 1-token request, minus HTTP, tokenization and one engine step
-   (`engine_step_s`, from the cost model or 0), is two hops: `engine_hop_s` is half of it. With
-   `engine_step_s` = 0 the hop is an upper bound (the step is folded into it).
+3. Per stream: with N streaming completions held open (N = 0, 8, 32, ... as --max-requests
+   allows), the time to the first chunk of a 1-token streamed request. The API server's one
+   event loop works through every running request's chunk of the step that carries that first
+   token, so the time grows by one per-request output cost per open stream: least squares of it
+   on N -> `output_per_request_s` = the slope. The intercept, minus HTTP, tokenization, one
+   engine step (`engine_step_s`, from the cost model or 0), the step's fixed output pass and one
+   request's output, is two hops: `engine_hop_s` is half of it (an upper bound with
+   `engine_step_s` = 0: the step is folded into it). `output_step_s` cannot be told apart from
+   the hops from outside the server: it stays at its default. On a real server the decode step
+   also grows a little with the batch, which the slope takes in: an upper bound as well.
 
-Every request has a timeout, the number of requests is capped and the probe stops at a deadline:
-it never floods a server. It talks only to the base URL it is given. Each figure is the fastest of
-`repeats` tries: noise on a busy client or server only ever adds time, so the minimum is the least
-disturbed observation of a fixed cost.
+Every request has a timeout, the number of requests (background streams included) is capped and
+checked up front, and the probe stops at a deadline: it never floods a server. It talks only to
+the base URL it is given. Each figure is the fastest of `repeats` tries: noise on a busy client or
+server only ever adds time, so the minimum is the least disturbed observation of a fixed cost.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -30,15 +37,19 @@ from servesim.simulator.frontend import FrontendConfig
 from servesim.traces.errors import InputError
 
 WORD = "hello "  # a word most BPE tokenizers map to one token
+PROBE_PROMPT_TOKENS = 8  # the streamed probes' prompt: WORD x 8
+# Background streams open while a 1-token request's first chunk is timed (the per-stream probe);
+# those that fit --max-requests beside the other probes are used.
+STREAM_COUNTS = (0, 8, 32, 64, 128)
+BACKGROUND_TOKENS = 4096  # each background stream's max_tokens: outlasts the probe; closed after it
 
 
 @dataclass(slots=True)
 class ProbeLimits:
-    max_requests: int = 60  # HTTP requests in all
+    max_requests: int = 100  # HTTP requests in all (background streams count one each)
     request_timeout_s: float = 30.0
     deadline_s: float = 120.0  # whole probe
     prompt_words: tuple[int, ...] = (16, 256, 1024, 2048)  # tokenize probe sizes
-    output_tokens: int = 32  # streamed vs plain completion length
     repeats: int = 3
 
     def __post_init__(self) -> None:
@@ -68,7 +79,7 @@ class _Client:
         self.count = 0
         self.stop_at = time.monotonic() + limits.deadline_s
 
-    def _conn(self) -> http.client.HTTPConnection:
+    def connection(self) -> http.client.HTTPConnection:
         if self.count >= self.limits.max_requests:
             raise InputError(f"the probe needs more than {self.limits.max_requests} requests",
                              field="--max-requests", allowed="a larger cap")
@@ -80,7 +91,7 @@ class _Client:
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[float, list[tuple[float, bytes]]]:
         """Send one request; (seconds to the full response, [(seconds, line)] for each body line)."""
-        conn = self._conn()
+        conn = self.connection()
         try:
             t0 = time.perf_counter()
             payload = json.dumps(body).encode() if body is not None else None
@@ -123,44 +134,139 @@ def _tokenize_probe(client: _Client, model: str, limits: ProbeLimits) -> tuple[l
     return counts, times
 
 
-def _completion(client: _Client, model: str, stream: bool, max_tokens: int) -> tuple[float, list[float]]:
+def _completion(client: _Client, model: str, max_tokens: int) -> tuple[float, list[float]]:
+    """A streamed completion: (seconds to the full response, seconds to each data chunk)."""
     body = {"model": model, "prompt": WORD * 8, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0.0, "stream": stream}
+            "temperature": 0.0, "stream": True}
     total, lines = client.request("POST", "/v1/completions", body)
     chunks = [t for t, line in lines if line.startswith(b"data:") and line != b"data: [DONE]"]
     return total, chunks
+
+
+class _Background:
+    """N streaming completions held open (each read on its own thread, so the server never blocks
+    on a full socket) until closed; the server aborts them when their connections close."""
+
+    def __init__(self, client: _Client, model: str, num_streams: int, max_tokens: int):
+        self._conns: list[http.client.HTTPConnection] = []
+        # Each connection's socket, held here: http.client hands it to the response (the connection
+        # forgets it), and shutting it down is what wakes a reader blocked on the stream.
+        self._socks: list[socket.socket] = []
+        self._started = [threading.Event() for _ in range(num_streams)]
+        self._threads = []
+        body = json.dumps({"model": model, "prompt": WORD * 8, "max_tokens": max_tokens, "ignore_eos": True,
+                           "temperature": 0.0, "stream": True}).encode()
+        for started in self._started:
+            conn = client.connection()
+            try:
+                conn.connect()
+            except OSError as exc:
+                self.close()
+                raise InputError(f"a background stream: {exc}", field="--base-url",
+                                 allowed="a reachable OpenAI-compatible server") from None
+            self._conns.append(conn)
+            self._socks.append(conn.sock)
+            thread = threading.Thread(target=self._read, args=(conn, client.prefix, body, started), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    @staticmethod
+    def _read(conn: http.client.HTTPConnection, prefix: str, body: bytes, started: threading.Event) -> None:
+        try:
+            conn.request("POST", prefix + "/v1/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            for line in resp:
+                if line.startswith(b"data:"):
+                    started.set()
+        except (OSError, http.client.HTTPException, ValueError):
+            pass  # closed by close(), or the server ended the stream
+        finally:
+            started.set()
+
+    def wait_streaming(self, timeout_s: float) -> bool:
+        """Every stream has its first chunk (they are running in the engine) within timeout_s."""
+        stop = time.monotonic() + timeout_s
+        return all(ev.wait(max(stop - time.monotonic(), 0.0)) for ev in self._started)
+
+    def close(self) -> None:
+        for sock in self._socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for conn in self._conns:
+            conn.close()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+
+def stream_counts(limits: ProbeLimits) -> tuple[int, ...]:
+    """The background stream counts the per-stream probe uses: STREAM_COUNTS' leading ones that fit
+    the request cap beside the other probes (at least two, or the cap is refused up front)."""
+    budget = limits.max_requests - limits.repeats * (1 + len(limits.prompt_words))
+    counts: list[int] = []
+    for n in STREAM_COUNTS:
+        cost = n + limits.repeats
+        if cost > budget:
+            break
+        counts.append(n)
+        budget -= cost
+    if len(counts) < 2:
+        need = limits.max_requests - budget + sum(n + limits.repeats for n in STREAM_COUNTS[len(counts):2])
+        raise InputError(f"the probe needs at least {need} requests with these settings",
+                         field="--max-requests", allowed=f"an integer >= {need}")
+    return tuple(counts)
+
+
+def _per_stream_probe(client: _Client, model: str, limits: ProbeLimits) -> tuple[list[float], list[float]]:
+    """(open background streams, fastest first-chunk time of a 1-token streamed request) per count."""
+    counts, firsts = [], []
+    for n in stream_counts(limits):
+        background = _Background(client, model, n, BACKGROUND_TOKENS) if n else None
+        try:
+            if background is not None and not background.wait_streaming(limits.request_timeout_s):
+                raise InputError(f"{n} background streams did not all start within {limits.request_timeout_s:g} s",
+                                 field="--timeout-s", allowed="a longer timeout, or a server with room for them")
+            best = float("inf")
+            for _ in range(limits.repeats):
+                _, chunks = _completion(client, model, 1)
+                if chunks:
+                    best = min(best, chunks[0])
+        finally:
+            if background is not None:
+                background.close()
+        if best < float("inf"):
+            counts.append(float(n))
+            firsts.append(best)
+    return counts, firsts
 
 
 def probe_frontend(base_url: str, model: str, limits: ProbeLimits | None = None,
                    engine_step_s: float = 0.0) -> FrontendMeasurement:
     """Measure the frontend of the server at base_url (bounded; see the module docstring)."""
     limits = limits or ProbeLimits()
+    stream_counts(limits)  # refuse a cap too small for the whole probe before sending anything
     client = _Client(base_url, limits)
     rtt = [client.request("GET", "/v1/models")[0] for _ in range(limits.repeats)]
     http_s = min(rtt)
     counts, tok_times = _tokenize_probe(client, model, limits)
     base, per_token = _fit_line(counts, tok_times)
-    plain, streamed, first, num_chunks = [], [], [], 1
-    for _ in range(limits.repeats):
-        plain.append(_completion(client, model, False, limits.output_tokens)[0])
-        total, chunks = _completion(client, model, True, limits.output_tokens)
-        streamed.append(total)
-        num_chunks = max(len(chunks), 1)
-        _, one = _completion(client, model, True, 1)
-        if one:
-            first.append(one[0])
-    chunk_costs = [max(min(streamed) - min(plain), 0.0) / num_chunks]
+    per_token = max(per_token, 0.0)
     tokenize_base_s = max(base - http_s, 0.0)
-    tiny_tokens = 8.0
-    chunk_s = chunk_costs[0]
-    # first chunk = http + tokenize + hop + engine step + hop + chunk: what is left is two hops.
-    residual = 0.0
-    if first:
-        residual = (min(first) - http_s - tokenize_base_s - max(per_token, 0.0) * tiny_tokens
-                    - engine_step_s - chunk_s)
-    cfg = FrontendConfig(enabled=True, http_s=http_s, tokenize_base_s=tokenize_base_s,
-                         tokenize_s_per_token=max(per_token, 0.0), engine_hop_s=max(residual, 0.0) / 2,
-                         chunk_s=chunk_s)
+    open_streams, first = _per_stream_probe(client, model, limits)
+    if len(open_streams) < 2:
+        raise InputError("the streamed completions returned no chunks", field="--base-url",
+                         allowed="a server that streams /v1/completions (stream: true)")
+    # first chunk(N) = http + tokenize + hop + engine step + hop + the step's output pass over N + 1
+    # requests: the slope on N is the per-request output cost; what the intercept leaves is two hops.
+    alone_s, per_request = _fit_line(open_streams, first)
+    per_request = max(per_request, 0.0)
+    step_out_s = FrontendConfig().output_step_s  # not separable from the hops from a client: the default
+    residual = (alone_s - http_s - tokenize_base_s - per_token * PROBE_PROMPT_TOKENS - engine_step_s
+                - step_out_s - per_request)
+    cfg = FrontendConfig(enabled=True, http_s=http_s, tokenize_base_s=tokenize_base_s, tokenize_s_per_token=per_token,
+                         engine_hop_s=max(residual, 0.0) / 2, output_step_s=step_out_s,
+                         output_per_request_s=per_request)
     return FrontendMeasurement(cfg, client.count, {"models_rtt_s": rtt, "tokenize_s": tok_times,
-                                                   "tokenize_tokens": counts, "plain_s": plain,
-                                                   "streamed_s": streamed, "first_chunk_s": first})
+                                                   "tokenize_tokens": counts, "open_streams": open_streams,
+                                                   "first_chunk_s": first})

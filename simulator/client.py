@@ -5,31 +5,37 @@ reaches the engine.
   (vllm bench's `--max-concurrency`) a client waits for a free slot first; a slot frees when a
   request's last chunk reaches the client, or when its client gives up.
 - With the frontend on (simulator/frontend.py) a sent request is handled by the API server's
-  event loop (one FIFO server when `serial`) and then hops to the engine; without it the request
-  reaches the engine the instant it is sent.
+  event loop and then hops to the engine; without it the request reaches the engine the instant it
+  is sent. With `serial` the same loop (ApiServerLoop) also carries every engine step's outputs to
+  the clients (`on_step_outputs`), so the token times the client sees are each step's delivery.
 
 Latencies and client timeouts count from the send time, which `submit(spec, sent_s)` passes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import simpy
 
-from servesim.simulator.frontend import FrontendConfig
+from servesim.scheduler.output import RequestOutput
+from servesim.simulator.frontend import ApiServerLoop, FrontendConfig, StepDelivery, step_delivery
+from servesim.simulator.request_records import MetricsRecorder
 from servesim.traces.workload import RequestSpec
 
 
 class Clients:
     def __init__(self, env: simpy.Environment, frontend: FrontendConfig | None, max_concurrency: int | None,
-                 submit: Callable[[RequestSpec, float], None], expect_next: Callable[[float], None]):
+                 submit: Callable[[RequestSpec, float], None], expect_next: Callable[[float], None],
+                 metrics: MetricsRecorder):
         self.env = env
         self.frontend = frontend
         self.max_concurrency = max_concurrency
         self._submit = submit
         self._expect_next = expect_next  # tells the engine the earliest next arrival (fast-forward bound)
-        self._loop = simpy.Resource(env, capacity=1) if frontend is not None and frontend.serial else None
+        self._metrics = metrics  # whose token times the frontend moves to when the client has them
+        self.loop = ApiServerLoop(self._delivered) if frontend is not None and frontend.serial else None
+        self._outputs_delayed = False  # serial: false: the constant output delay applied (once)
         self._num_open = 0  # requests sent whose answer the client still waits for
         self._slot_freed: simpy.Event | None = None
         self._num_in_frontend = 0
@@ -59,12 +65,11 @@ class Clients:
     def _through_frontend(self, spec: RequestSpec, sent_s: float):
         fe, env = self.frontend, self.env
         service_s = fe.request_service_s(spec.prompt_len)
-        if self._loop is not None:
-            with self._loop.request() as turn:  # one event loop: FIFO, one request at a time
-                yield turn
-                yield env.timeout(service_s)
-        else:
-            yield env.timeout(service_s)
+        if self.loop is not None:  # one event loop: behind every job that arrived before it
+            start_s = self.loop.intake(env.now, service_s)
+            if start_s > env.now:
+                yield env.timeout(start_s - env.now)
+        yield env.timeout(service_s)
         yield env.timeout(fe.engine_hop_s)
         self._submit(spec, sent_s)
         self._num_in_frontend -= 1
@@ -78,12 +83,46 @@ class Clients:
         next-arrival time does not bound)."""
         return self._num_in_frontend
 
-    def on_done(self) -> None:
-        """A request left the client (completed, or its client gave up): its slot frees once the
-        client has its last chunk."""
+    # --- outputs back to the clients ---------------------------------------------------------------
+    def on_step_outputs(self, outputs: Sequence[RequestOutput], now: float) -> None:
+        """The engine applied a step at `now` and recorded its outputs (token times, finishes, at
+        engine time): with the serial loop, queue the step's output job, which moves them to when
+        the clients have them."""
+        loop, fe = self.loop, self.frontend
+        if loop is None or not outputs:
+            return
+        assert fe is not None
+        job = step_delivery(outputs, self._metrics.requests, now + fe.engine_hop_s, fe.output_service_s(len(outputs)))
+        loop.drain(now)  # what arrived by now is served: the queue stays a hop long
+        loop.post(job)
+        if self.max_concurrency is not None and job.num_finished:
+            # A finished request's slot frees when its client has the last chunk: read the loop as
+            # the job arrives (its delivery time is known then) rather than at the next intake.
+            self.env.timeout(job.arrival_s - now).callbacks.append(lambda _event: loop.drain(self.env.now))
+
+    def _delivered(self, job: StepDelivery, done_s: float) -> None:
         if self.max_concurrency is None:
             return
-        delay_s = self.frontend.output_delay_s() if self.frontend is not None else 0.0
+        for _ in range(job.num_finished):
+            self._release_after(done_s - self.env.now)
+
+    def deliver_all(self) -> None:
+        """The run is over: every output reaches its client (once, however often asked)."""
+        if self.loop is not None:
+            self.loop.drain(float("inf"))
+        elif self.frontend is not None and not self._outputs_delayed:
+            self._metrics.delay_outputs(self.frontend.output_delay_s())
+            self._outputs_delayed = True
+
+    def on_done(self, finished: bool = False) -> None:
+        """A request left the client (`finished`: its last output was applied; otherwise rejected,
+        or its client gave up): its slot frees once the client has its last chunk (a finish on the
+        serial loop: when the step's output job delivers it, `_delivered`)."""
+        if self.max_concurrency is None or (finished and self.loop is not None):
+            return
+        self._release_after(self.frontend.output_delay_s() if self.frontend is not None else 0.0)
+
+    def _release_after(self, delay_s: float) -> None:
         if delay_s > 0:
             self.env.timeout(delay_s).callbacks.append(lambda _event: self._release())
         else:

@@ -97,12 +97,11 @@ class Engine:
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
-        self._frontend = cfg.frontend if cfg.frontend.enabled else None
-        self._outputs_delayed = False
-        # Who sends the workload's requests, when, and through which frontend (simulator/client.py).
-        self.clients = Clients(self.env, self._frontend, cfg.client.max_concurrency, self.submit,
-                               self.expect_next_arrival)
         self.book = StepBook(MetricsCollector(), step_trace, progress)
+        # Who sends the workload's requests, when, through which frontend, and when each output
+        # reaches them (simulator/client.py).
+        self.clients = Clients(self.env, cfg.frontend if cfg.frontend.enabled else None, cfg.client.max_concurrency,
+                               self.submit, self.expect_next_arrival, self.book.metrics)
         self.watchdog = Watchdog(cfg.liveness)
         self.deadlines = ClientDeadlines()
         self._timeout_s = cfg.client.timeout_s
@@ -308,12 +307,13 @@ class Engine:
             for out in outputs:
                 if out.finish_reason is not None:
                     self.record_finish(out.request_id, now, out.finish_reason, out.num_cached_tokens)
+            self.clients.on_step_outputs(outputs, now)  # the API server carries them to the clients
         self.book.record_update(row, now, mro, eco, rec)
 
     def record_finish(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
         """A request finished at `now` (its last token already recorded)."""
         self.book.record_finish(request_id, now, reason, num_cached)
-        self.clients.on_done()
+        self.clients.on_done(finished=True)
         if self.on_finish is not None:
             self.on_finish(request_id, reason)
 
@@ -405,10 +405,7 @@ class Engine:
 
     def result(self, wall_time_s: float) -> EngineResult:
         metrics = self.book.metrics
-        if self._frontend is not None and not self._outputs_delayed:
-            # The client sees every chunk after the return trip and SSE (once, however often asked).
-            metrics.delay_outputs(self._frontend.output_delay_s())
-            self._outputs_delayed = True
+        self.clients.deliver_all()  # token times as the clients see them
         end = max([r.finish_s for r in metrics.requests.values() if r.finish_s is not None], default=0.0)
         if self.book.progress is not None:
             self.book.progress(self.env.now, self.book.num_done)

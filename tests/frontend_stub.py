@@ -3,6 +3,12 @@
 It answers `/v1/models`, `/tokenize` (one token per whitespace word) and `/v1/completions`
 (streamed as SSE or not), sleeping the configured seconds so a probe can recover them. It stops by
 itself after `max_requests` requests or `lifetime_s` seconds, whichever comes first.
+
+Streams share one "event loop" (a lock), as vLLM's API server does: every chunk holds it for
+`per_stream_s`, and a stream's first chunk waits for the loop to work through one chunk of every
+open stream (itself included) -- the step that carries a new request's first token carries every
+running request's next token too. So the first chunk of a request sent while N others stream comes
+`per_stream_s` x N later than alone: what the probe's per-stream fit recovers.
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ class StubCosts:
     http_s: float = 0.004
     tokenize_s_per_token: float = 20e-6
     step_s: float = 0.002  # one engine step (one output token)
-    chunk_s: float = 0.003  # extra per streamed chunk
+    per_stream_s: float = 0.001  # the loop's output work per open stream per step
 
 
 class StubServer:
     def __init__(self, costs: StubCosts, max_requests: int = 200, lifetime_s: float = 60.0):
         self.costs, self.max_requests = costs, max_requests
         self.num_requests = 0
+        self.loop = threading.Lock()  # the API server's one event loop
+        self.num_streams = 0  # streams open now
+        self._count_lock = threading.Lock()
         handler = _make_handler(self)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
@@ -55,7 +64,8 @@ def _make_handler(server: StubServer):
             pass
 
         def _count(self) -> bool:
-            server.num_requests += 1
+            with server._count_lock:
+                server.num_requests += 1
             if server.num_requests > server.max_requests:
                 self.send_error(429, "stub request cap reached")
                 return False
@@ -89,10 +99,23 @@ def _make_handler(server: StubServer):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for _ in range(n):
-                time.sleep(costs.step_s + costs.chunk_s)
-                self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
-                self.wfile.flush()
+            with server._count_lock:
+                server.num_streams += 1
+            try:
+                self._stream(n)
+            except OSError:
+                pass  # the client closed the stream (the server aborts the request)
+            finally:
+                with server._count_lock:
+                    server.num_streams -= 1
+
+        def _stream(self, n: int) -> None:
+            for i in range(n):
+                time.sleep(costs.step_s)
+                with server.loop:  # the step's output work: every open stream's chunk for the first
+                    time.sleep(costs.per_stream_s * (server.num_streams if i == 0 else 1))
+                    self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+                    self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
 
     return Handler

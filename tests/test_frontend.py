@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result, inference_perf_stages
 from servesim.simulator.frontend import FrontendConfig
-from servesim.frontend_probe import ProbeLimits, probe_frontend
+from servesim.frontend_probe import ProbeLimits, probe_frontend, stream_counts
 from frontend_stub import StubCosts, StubServer
 from servesim.traces.errors import InputError
 
 
-@pytest.mark.parametrize("field", ["http_s", "chunk_s", "tokenize_s_per_token"])
+@pytest.mark.parametrize("field", ["http_s", "output_per_request_s", "output_step_s", "tokenize_s_per_token"])
 def test_frontend_config_refuses_negative_costs(field):
     with pytest.raises(InputError, match=f"frontend.{field}"):
         FrontendConfig(**{field: -1.0})
@@ -48,26 +48,36 @@ def test_bench_serve_rules_by_hand():
 
 @pytest.mark.slow
 def test_probe_recovers_injected_costs_from_a_loopback_server():
-    # Costs large enough that scheduling noise on a busy 2-core machine stays small beside them.
-    costs = StubCosts(http_s=0.020, tokenize_s_per_token=50e-6, step_s=0.002, chunk_s=0.010)
-    limits = ProbeLimits(max_requests=60, request_timeout_s=10.0, deadline_s=60.0,
-                         prompt_words=(16, 512, 1024, 2048), output_tokens=8, repeats=3)
-    with StubServer(costs, max_requests=80, lifetime_s=90.0) as stub:
+    # Costs large enough that scheduling noise on a busy 2-core machine stays small beside them; the
+    # background streams keep the stub's loop under a third busy (32 x 1 ms per 101 ms step).
+    costs = StubCosts(http_s=0.020, tokenize_s_per_token=50e-6, step_s=0.100, per_stream_s=0.001)
+    limits = ProbeLimits(max_requests=100, request_timeout_s=10.0, deadline_s=90.0,
+                         prompt_words=(16, 512, 1024, 2048), repeats=3)
+    with StubServer(costs, max_requests=120, lifetime_s=120.0) as stub:
         measured = probe_frontend(stub.base_url, "stub", limits)
         assert stub.num_requests == measured.num_requests <= limits.max_requests
+    assert measured.samples["open_streams"] == [0.0, 8.0, 32.0]
     cfg = measured.config
     assert cfg.tokenize_s_per_token == pytest.approx(50e-6, rel=0.3), measured.samples
     assert 0.018 <= cfg.http_s <= 0.04, measured.samples  # noise only ever adds time
-    assert 0.007 <= cfg.chunk_s <= 0.02, measured.samples
+    assert cfg.output_per_request_s == pytest.approx(0.001, rel=0.3), measured.samples
 
 
 def test_probe_is_bounded_and_refuses_a_bad_url():
     with pytest.raises(InputError, match="--base-url"):
         probe_frontend("ftp://example", "m")
     with StubServer(StubCosts(), max_requests=200, lifetime_s=30.0) as stub:
-        with pytest.raises(InputError, match="--max-requests"):
-            probe_frontend(stub.base_url, "stub", ProbeLimits(max_requests=10, prompt_words=(8, 16)))
-        assert stub.num_requests == 10
+        with pytest.raises(InputError, match="--max-requests"):  # refused before any request
+            probe_frontend(stub.base_url, "stub", ProbeLimits(max_requests=20, prompt_words=(8, 16)))
+        assert stub.num_requests == 0
+
+
+def test_stream_counts_fit_the_request_cap():
+    # 3 model round trips + 2 x 3 tokenize calls leave 91 of 100: N = 0 (3 probes), 8 (11), 32 (35); 64 (67) does not fit.
+    assert stream_counts(ProbeLimits(max_requests=100, prompt_words=(8, 16))) == (0, 8, 32)
+    assert stream_counts(ProbeLimits(max_requests=23, prompt_words=(8, 16))) == (0, 8)
+    with pytest.raises(InputError, match="at least 23 requests"):
+        stream_counts(ProbeLimits(max_requests=22, prompt_words=(8, 16)))
 
 
 @pytest.mark.slow
@@ -76,7 +86,7 @@ def test_calibrate_frontend_command_writes_a_usable_file(tmp_path):
 
     _register()
     out = tmp_path / "frontend.yaml"
-    with StubServer(StubCosts(tokenize_s_per_token=10e-6), max_requests=80, lifetime_s=90.0) as stub:
+    with StubServer(StubCosts(tokenize_s_per_token=10e-6, step_s=0.05), max_requests=120, lifetime_s=90.0) as stub:
         result = CliRunner().invoke(app, ["calibrate-frontend", "--base-url", stub.base_url, "--model", "stub",
                                           "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -77,12 +77,12 @@ def test_config_timeout_applies_to_every_request_and_summary_counts_failures():
 
 def test_frontend_shifts_one_request_by_exactly_its_costs():
     fe = FrontendConfig(enabled=True, http_s=0.002, tokenize_base_s=0.001, tokenize_s_per_token=0.0001,
-                        engine_hop_s=0.0005, chunk_s=0.0003)
+                        engine_hop_s=0.0005, output_step_s=0.0001, output_per_request_s=0.0003)
     r = RequestSpec("a", 1.0, prompt_len=10, output_len=3)
     plain = Engine(cfg(), wl(r)).run().metrics.requests["a"]
     front = Engine(cfg(frontend=fe), wl(r)).run().metrics.requests["a"]
     before = 0.002 + 0.001 + 0.0001 * 10 + 0.0005  # handling + tokenize + hop to the engine
-    after = 0.0005 + 0.0003  # hop back + detokenize/SSE
+    after = 0.0005 + 0.0001 + 0.0003  # hop back + the step's output pass + its one chunk (an idle loop)
     assert front.arrival_s == plain.arrival_s == 1.0  # latencies count from the client's send
     assert front.first_token_s == pytest.approx(plain.first_token_s + before + after)
     assert front.token_times_s == pytest.approx([t + before + after for t in plain.token_times_s])
@@ -90,7 +90,7 @@ def test_frontend_shifts_one_request_by_exactly_its_costs():
 
 def test_serial_frontend_queues_a_burst():
     fe = FrontendConfig(enabled=True, http_s=0.010, tokenize_base_s=0.0, tokenize_s_per_token=0.0,
-                        engine_hop_s=0.0, chunk_s=0.0)
+                        engine_hop_s=0.0, output_step_s=0.0, output_per_request_s=0.0)
     specs = [RequestSpec(f"r{i}", 0.0, prompt_len=4, output_len=1) for i in range(3)]
     cfg3 = cfg(frontend=fe)
     cfg3.scheduler = dataclasses.replace(cfg3.scheduler, max_num_seqs=8)

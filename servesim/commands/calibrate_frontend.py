@@ -1,5 +1,6 @@
 """`servesim calibrate-frontend --base-url URL --model NAME --out FRONTEND.yaml`: measure a server's
-OpenAI frontend (HTTP, tokenization, engine hop, per-chunk SSE) with a bounded number of requests."""
+OpenAI frontend (HTTP, tokenization, engine hop, the per-request output cost of each engine step, learned
+with background streams open) with a bounded number of requests."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ def calibrate_frontend(
     base_url: str = typer.Option(..., "--base-url", help="the server, e.g. http://127.0.0.1:8000"),
     model: str = typer.Option(..., "--model", help="model name the server serves"),
     out: Path = typer.Option(..., "--out", help="frontend parameters to write (.yaml)"),
-    max_requests: int = typer.Option(60, "--max-requests", help="cap on HTTP requests sent"),
+    max_requests: int = typer.Option(100, "--max-requests",
+                                     help="cap on HTTP requests sent (each background stream counts one); "
+                                          "it decides how many streams the per-stream probe holds open"),
     timeout_s: float = typer.Option(30.0, "--timeout-s", help="per-request timeout (s)"),
     deadline_s: float = typer.Option(120.0, "--deadline-s", help="the whole probe stops after this (s)"),
     engine_step_ms: float = typer.Option(0.0, "--engine-step-ms",
@@ -30,7 +33,7 @@ def calibrate_frontend(
 
     limits = ProbeLimits(max_requests=max_requests, request_timeout_s=timeout_s, deadline_s=deadline_s)
     measured = probe_frontend(base_url, model, limits, engine_step_s=engine_step_ms / 1e3)
-    values = dataclasses.asdict(measured.config)
+    values = {k: v for k, v in dataclasses.asdict(measured.config).items() if v is not None}  # no deprecated keys
     tmp = out.with_name(out.name + ".partial")
     tmp.write_text(yaml.safe_dump({"frontend": values, "measured": {"base_url": base_url, "model": model,
                                                                    "num_requests": measured.num_requests,

@@ -26,6 +26,13 @@ from servesim.simulator.executor import SimExecutor
 from servesim.simulator.run_planner import RunPlanner
 
 
+# The API server's one event loop (simulator/frontend.py) delivers each step's tokens when it has
+# worked through every job queued before them, intakes included: a run applied at once cannot
+# prove those delivery times (nor the client slots they free), so such runs step.
+FRONTEND_LOOP_DECLINED = ("the frontend's serial event loop: each step's delivery time depends on the loop's "
+                          "queue of intakes and earlier steps' outputs")
+
+
 @dataclass(slots=True, frozen=True)
 class PlannerChoice:
     planner: RunPlanner | None
@@ -51,6 +58,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
         why = "the executor is not the simulated one (GPU runner: every step runs the model)"
     elif engine.book.step_trace is not None:
         why = "a step trace records every step"
+    elif engine.clients.loop is not None:
+        why = FRONTEND_LOOP_DECLINED
     else:
         why = runs.decode_run_blocker()
     if why is not None:
