@@ -35,6 +35,10 @@ class Clients:
         self._expect_next = expect_next  # tells the engine the earliest next arrival (fast-forward bound)
         self._metrics = metrics  # whose token times the frontend moves to when the client has them
         self.loop = ApiServerLoop(self._delivered) if frontend is not None and frontend.serial else None
+        # vLLM's one tokenizer thread (FIFO across requests, off the event loop): when it is free.
+        # Its jobs arrive as the loop finishes intakes, in nondecreasing time, so the analytic
+        # FIFO is exact as the loop's is.
+        self._tokenizer_free_s = 0.0
         self._outputs_delayed = False  # serial: false: the constant output delay applied (once)
         self._num_open = 0  # requests sent whose answer the client still waits for
         self._slot_freed: simpy.Event | None = None
@@ -64,13 +68,13 @@ class Clients:
 
     def _through_frontend(self, spec: RequestSpec, sent_s: float):
         fe, env = self.frontend, self.env
-        service_s = fe.request_service_s(spec.prompt_len)
-        if self.loop is not None:  # one event loop: behind every job that arrived before it
-            start_s = self.loop.intake(env.now, service_s)
-            if start_s > env.now:
-                yield env.timeout(start_s - env.now)
-        yield env.timeout(service_s)
-        yield env.timeout(fe.engine_hop_s)
+        if self.loop is None:  # every request has the loop and the tokenizer to itself
+            yield env.timeout(fe.request_service_s(spec.prompt_len) + fe.engine_hop_s)
+        else:  # the event loop, behind every job that arrived before it, then the tokenizer thread
+            parsed_s = self.loop.intake(env.now, fe.http_s) + fe.http_s
+            start_s = max(parsed_s, self._tokenizer_free_s)
+            self._tokenizer_free_s = start_s + fe.tokenize_s(spec.prompt_len)
+            yield env.timeout(self._tokenizer_free_s + fe.engine_hop_s - env.now)
         self._submit(spec, sent_s)
         self._num_in_frontend -= 1
         if self._num_in_frontend == 0 and self._frontend_drained is not None:

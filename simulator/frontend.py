@@ -2,13 +2,15 @@
 
 vLLM's API server is one process running one asyncio event loop. Two kinds of work share it:
 
-- intake, per request: HTTP parse and validation, tokenization, then the hop to EngineCore;
+- intake, per request: HTTP parse and validation (the loop), then tokenization, which vLLM runs
+  off the loop on one tokenizer thread (``AsyncMicrobatchTokenizer``: a single-thread executor "so
+  the event loop stays responsive"), then the hop to EngineCore;
 - output, per engine step that produced outputs: AsyncLLM's output_handler pulls the step's
   EngineCoreOutputs, OutputProcessor.process_outputs detokenizes each request's new tokens and
   builds its RequestOutput, and each request's streaming generator serializes an SSE chunk and
   writes it (one chunk per request per step: stream_interval 1).
 
-    client send --> [loop: http_s + tokenize] --(engine_hop_s)--> EngineCore.add_request
+    client send --> [loop: http_s] --> [tokenizer thread: tokenize] --(engine_hop_s)--> EngineCore.add_request
     EngineCore step output --(engine_hop_s)--> [loop: output_step_s + output_per_request_s x n] --> client
 
 With `serial: true` (the default) `ApiServerLoop` serves both kinds as one FIFO queue in arrival
@@ -68,8 +70,12 @@ class FrontendConfig:
             _check_cost(name, getattr(self, name))
 
     def request_service_s(self, prompt_len: int) -> float:
-        """Event-loop time one request's intake takes before it hops to the engine (s)."""
-        return self.http_s + self.tokenize_base_s + self.tokenize_s_per_token * prompt_len
+        """One request's whole intake before it hops to the engine, with nothing queued (s)."""
+        return self.http_s + self.tokenize_s(prompt_len)
+
+    def tokenize_s(self, prompt_len: int) -> float:
+        """The tokenizer thread's time for one prompt (s)."""
+        return self.tokenize_base_s + self.tokenize_s_per_token * prompt_len
 
     def output_service_s(self, num_requests: int) -> float:
         """Event-loop time of one engine step's outputs for `num_requests` requests (s)."""

@@ -146,6 +146,16 @@ def test_a_burst_of_intakes_is_served_as_before_when_no_outputs_are_pending():
     assert res.metrics.requests["r0"].first_token_s == pytest.approx(0.030 + 0.001 + 0.002)
 
 
+def test_tokenization_runs_on_its_own_thread_beside_the_loop():
+    # vLLM tokenizes on one thread off the event loop: three requests sent at 0 with 10 ms of HTTP
+    # handling (the loop) and 20 ms of tokenization (the thread) pipeline: parsed at 10, 20, 30 ms,
+    # tokenized at 30, 50, 70 ms (the thread is the bottleneck; one loop doing both: 30, 60, 90).
+    # Each reaches an idle engine (its one-token step ends ~11 ms later) and is scheduled at once.
+    specs = [RequestSpec(f"r{i}", 0.0, prompt_len=10, output_len=1) for i in range(3)]
+    res = Engine(cfg(fe(http_s=0.010, tokenize_base_s=0.020)), Workload(specs, name="t", source="test")).run()
+    assert [res.metrics.requests[f"r{i}"].first_scheduled_s for i in range(3)] == pytest.approx([0.030, 0.050, 0.070])
+
+
 def test_a_client_slot_frees_when_the_last_chunk_is_delivered():
     # --max-concurrency 1: r1 is sent the instant r0's last chunk reaches its client.
     specs = [RequestSpec(f"r{i}", 0.0, prompt_len=4, output_len=3) for i in range(2)]
