@@ -36,3 +36,22 @@ def test_workload_follows_the_stage_spec():
     assert r.prompt_len == e.system_prompt_len + e.question_len + 25 and r.prefix_len == e.system_prompt_len
     assert {q.prefix_group for q in wl.requests} == set(range(e.num_system_prompts))
     assert wl.requests[1500].arrival_time_s == pytest.approx(600.0)
+
+
+def test_host_and_sets_apply_on_top_of_the_rebuilt_config():
+    from servesim.simulator.validation.blis import _with_overrides
+    from servesim.traces.errors import InputError
+
+    e = find_experiment(BLIS, "60")  # Llama-3.1-70B TP 4
+    cfg, info = blis_config(e)
+    same, same_info = _with_overrides(cfg, info, None, ())
+    assert same is cfg and "overrides" not in same_info
+    cfg2, info2 = _with_overrides(cfg, info, "h100-hgx", ("hardware.disable_custom_all_reduce=true",))
+    assert cfg2.hardware.host == "h100-hgx" and cfg2.hardware.disable_custom_all_reduce is True
+    assert info2["overrides"] == {"hardware.host": "h100-hgx", "hardware.disable_custom_all_reduce": "true"}
+    assert info2["host"] == "h100-hgx"
+    with pytest.raises(InputError) as err:  # another GPU's host
+        _with_overrides(cfg, info, "rtx-pro-6000-workstation", ())
+    assert "hardware.host" in str(err.value)
+    with pytest.raises(InputError):
+        _with_overrides(cfg, info, None, ("hardware.no_such_key=1",))

@@ -60,13 +60,8 @@ def validate(
     check_output(out, overwrite=overwrite)
     given_sampling = _sampling_option(sampling)
     if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
-        if host is not None or sets:
-            from servesim.traces.errors import InputError
-
-            raise InputError("applies to per-request run folders, not a blis_h100_trainval folder",
-                             field="--host" if host is not None else "--set")
         _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out, frontend is not False, client_timeout_s,
-                       given_sampling)
+                       given_sampling, host, tuple(sets))
         return
     if workload is None:
         raise typer.BadParameter("--workload is required for this run layout", param_hint="--workload")
@@ -133,7 +128,8 @@ def _sampling_option(items: list[str]):
 
 
 def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
-                   out: Path, frontend: bool, client_timeout_s: float | None, sampling=None) -> None:
+                   out: Path, frontend: bool, client_timeout_s: float | None, sampling=None,
+                   host: str | None = None, sets: tuple[str, ...] = ()) -> None:
     from servesim.simulator.validation.blis import format_blis_report, load_experiments, validate_blis
     from servesim.simulator.validation.replay import write_json_atomic
 
@@ -141,7 +137,7 @@ def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_o
         ids = ", ".join(e.id for e in load_experiments(run_dir))
         raise typer.BadParameter(f"pick a run: {ids}", param_hint="--experiment")
     rep = validate_blis(run_dir, experiment, "auto" if cost_model == "calibrated" else cost_model,
-                        cpu_overhead, frontend, client_timeout_s, sampling=sampling)
+                        cpu_overhead, frontend, client_timeout_s, sampling=sampling, host=host, sets=sets)
     write_json_atomic(out / "validation.json", rep)
     typer.echo(format_blis_report(rep))
     typer.echo(f"wrote {out / 'validation.json'}")

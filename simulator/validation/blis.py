@@ -169,6 +169,20 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
                  "sampling": {"path": sampling.path, "source": sampling_source}}
 
 
+def _with_overrides(cfg: SimConfig, info: dict, host: str | None,
+                    sets: tuple[str, ...]) -> tuple[SimConfig, dict]:
+    from servesim.simulator.config_values import apply_overrides, split_set_items
+    from servesim.simulator.specs import host_for
+
+    pairs = ({"hardware.host": host} if host is not None else {}) | split_set_items(list(sets))
+    if not pairs:
+        return cfg, info
+    cfg = apply_overrides(cfg, pairs)
+    info = {**info, "overrides": pairs,
+            "host": host_for(cfg.hardware.gpu, cfg.hardware.host).name}
+    return cfg, info
+
+
 def _stats(req: pd.DataFrame) -> dict[str, float]:
     """The measured file's statistics over completed requests (failures carry no latencies)."""
     req = req[completed_mask(req)]
@@ -182,11 +196,15 @@ def _stats(req: pd.DataFrame) -> dict[str, float]:
 
 def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
                   cpu_overhead: str = "calibrated", frontend: bool = True,
-                  client_timeout_s: float | None = None, sampling: SamplingConfig | None = None) -> dict:
-    """Simulate one BLIS run and compare every measured stage (and the summary row)."""
+                  client_timeout_s: float | None = None, sampling: SamplingConfig | None = None,
+                  host: str | None = None, sets: tuple[str, ...] = ()) -> dict:
+    """Simulate one BLIS run and compare every measured stage (and the summary row). ``host``
+    and ``sets`` (``--host``, ``--set KEY=VALUE``) apply on top of the config rebuilt from the run,
+    with replay's keys and checks; the report lists them under ``settings.overrides``."""
     exp = find_experiment(path, experiment)
     wl, stage_of = blis_workload(exp)
     cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s, sampling)
+    cfg, info = _with_overrides(cfg, info, host, sets)
     res = build_engine(cfg, wl).run()
     req = res.metrics.requests_frame().set_index("request_id")
     req = req.loc[[r.request_id for r in wl.requests]]  # workload order, so stage_of lines up
