@@ -225,6 +225,11 @@ class RooflineCostModel:
         else:
             self._skew_alpha, self.skew_alpha_source = CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE
 
+    @property
+    def skew_alpha(self) -> float:
+        """The decodes' imbalance factor in use (cost_model/decode_skew.py; skew_alpha_source: whence)."""
+        return self._skew_alpha
+
     def _precompute_collectives(self, b: int) -> None:
         """TP all-reduce per call: measured tables with vLLM's custom-vs-NCCL choice, or the
         interconnect's bus-bandwidth model (simulator/cost_model/collectives.py). Setting
