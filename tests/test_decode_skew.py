@@ -124,6 +124,23 @@ def test_roofline_attention_gets_the_carried_term_in_every_path():
         assert bulk == [on.step_time_s(StepShape((1,) * n, tuple(c + j for c in ctx), n)) for j in range(5)]
 
 
+def test_fitted_bulk_decode_prices_are_step_time_s_float_for_float():
+    """A run of plain decode steps is priced from the first step's sums and longest context (each
+    grows by one a step): the very floats step_time_s gives on each step's shape."""
+    rng = np.random.default_rng(3)
+    fits = [make_cost_model("calibrated", model="llama-3.1-8b", gpu="rtx-pro-6000", tp=1),  # mixed, measured
+            make_cost_model("calibrated", model="llama-3.1-70b", gpu="h100", tp=4),  # split, carried
+            make_cost_model("calibrated", model="qwen2.5-7b", gpu="h100", tp=1),  # roofline coefficients
+            make_cost_model("calibrated", model="llama-3.1-70b", gpu="h100", tp=4, skew_alpha=0)]
+    fits[1].set_cudagraph_sizes([1, 2, 4, 8, 16, 32, 64, 128, 256])
+    for cm in fits:
+        for n in (1, 2, 37, 256):
+            ctx = [int(c) for c in rng.integers(0, 9000, n)]
+            bulk = cm.decode_step_times_s(ctx, 6)
+            assert bulk == [cm.step_time_s(StepShape((1,) * n, tuple(c + j for c in ctx), n)) for j in range(6)]
+    assert fits[0].decode_step_times_s([], 3) is None
+
+
 def test_roofline_mla_has_no_carried_alpha_but_takes_a_given_one():
     mla = make_cost_model("roofline", model="deepseek-v3", gpu="h200", tp=8)
     assert mla.skew_alpha_source.startswith("none: MLA")

@@ -125,16 +125,38 @@ class FittedCostModel:
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
-        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
-                                                                shape.num_context_tokens)
+        new, ctx = shape.num_new_tokens, shape.num_context_tokens
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(new, ctx)
         if tokens == 0:
             return 0.0
+        # the longest decode's context, for the imbalance term (0: no term this step)
+        kmax = max_decode_context(new, ctx, npf) if self._skew_alpha and nd > 1 else 0
+        return self._price_s(tokens, ctx_sum, nd, kd, npf, ptok, pc, cc, kmax, shape.num_sampled)
+
+    def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None:
+        """A run of plain decode steps (DecodeRunCostModel): every context grows by one a step,
+        so the step's sums and its longest context follow from the first step's without building
+        a shape; the same _price_s call as step_time_s, hence the same floats."""
+        n = len(num_context_tokens)
+        if not n:
+            return None
+        ctx_sum = sum(num_context_tokens)
+        skew = bool(self._skew_alpha) and n > 1
+        kmax = max(num_context_tokens) if skew else 0
+        price = self._price_s
+        return [price(n, ctx_sum + n * j, n, ctx_sum + n * j, 0, 0, 0, 0, kmax + j if skew else 0, n)
+                for j in range(num_steps)]
+
+    def _price_s(self, tokens: int, ctx_sum: int, nd: int, kd: int, npf: int, ptok: int, pc: int, cc: int,
+                 kmax: int, num_sampled: int) -> float:
+        """Seconds of a step from batch_sums' statistics, the longest decode context (0: no
+        imbalance term) and the sampled rows."""
         if self._coef is not None:
             return self._step_regression(npf, ptok, pc, cc, nd, kd)
         if self._attn_kind == "mixed":
-            layer = self._mixed_attention_s(shape, npf, pc, cc, nd, kd)
+            layer = self._mixed_attention_s(npf, pc, cc, nd, kd, kmax)
         else:
-            layer = self._attention_s(shape, npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
+            layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum, kmax)
         # GEMMs, norms, activation and all-reduce run on the graph's padded batch; attention and
         # the sampled rows only on the real requests.
         graph = padded_tokens(self._graph_sizes, tokens) if self._graph_sizes else tokens
@@ -145,17 +167,16 @@ class FittedCostModel:
         total = self._layers * layer
         if self._tok is not None:
             total += self._tok(graph)
-        if shape.num_sampled and self._rows is not None:
-            total += self._rows(shape.num_sampled)
+        if num_sampled and self._rows is not None:
+            total += self._rows(num_sampled)
         return total
 
-    def _attention_s(self, shape: StepShape, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int,
-                     tokens: int, ctx_sum: int) -> float:
+    def _attention_s(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int,
+                     tokens: int, ctx_sum: int, kmax: int) -> float:
         """Attention on a split table or the roofline coefficients; the decodes' imbalance term
         (cost_model/decode_skew.py) is alpha of the way from the decodes at their mean context
-        to the decodes all at the longest decode's context."""
+        to the decodes all at the longest decode's context, kmax (0: no term)."""
         kind = self._attn_kind
-        alpha = self._skew_alpha if nd > 1 else 0.0
         if kind == "split":
             t = 0.0
             if npf and self._attn is not None:
@@ -167,10 +188,9 @@ class FittedCostModel:
                     t += self._attn(npf, math.sqrt(2.0 * work / npf), 0)
             if nd and self._attn_decode is not None:
                 mean = kd / nd
-                kmax = max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf) if alpha else 0
                 if kmax > mean:  # unequal contexts (all equal: the table point itself)
                     t_mean, t_max = self._attn_decode.pair(nd, mean, kmax)
-                    t += t_mean + alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+                    t += t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
                 else:
                     t += self._attn_decode(nd, mean)
             return t
@@ -179,16 +199,14 @@ class FittedCostModel:
             pairs = pc + 0.5 * (cc + ptok) + kd + nd
             kv = ctx_sum + tokens
             t = max(pairs * spp, kv * spk + tokens * spq) + overhead
-            if alpha:  # the decodes at the longest decode's context add nd * kmax - kd KV tokens
-                extra = nd * max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf) - kd
-                if extra > 0:
-                    t_max = max((pairs + extra) * spp, (kv + extra) * spk + tokens * spq) + overhead
-                    t += alpha * (t_max - t)
+            extra = nd * kmax - kd  # the decodes at the longest decode's context read more
+            if kmax and extra > 0:
+                t_max = max((pairs + extra) * spp, (kv + extra) * spk + tokens * spq) + overhead
+                t += self._skew_alpha * (t_max - t)
             return t
         return 0.0
 
-    def _mixed_attention_s(self, shape: StepShape, npf: int, pc: int, cc: int, nd: int,
-                           kd: int) -> float:
+    def _mixed_attention_s(self, npf: int, pc: int, cc: int, nd: int, kd: int, kmax: int) -> float:
         """Attention on the mixed table, with the decode-skew term (cost_model/decode_skew.py).
 
         All prefill-like requests become one equivalent chunk that keeps the quadratic work
@@ -202,11 +220,9 @@ class FittedCostModel:
         chunk = math.sqrt(cc) if npf else 0.0
         prefix = pc / chunk if npf else 0.0
         mean = kd / nd if nd else 0.0
-        if self._skew_alpha and nd > 1:
-            kmax = max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf)
-            if kmax > mean:  # unequal contexts (all equal: the table point itself)
-                t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
-                return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+        if kmax > mean:  # unequal contexts (kmax 0: no term; all equal: the table point itself)
+            t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
+            return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
         return self._attn(chunk, prefix, nd, mean)
 
     def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:
