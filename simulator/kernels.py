@@ -50,11 +50,13 @@ def step_timeline(now: float, gpu_s: list[float], num_in_flight: int, cpu_s: flo
 def decode_step_prices(ctx_sum: int, n: int, num_steps: int, num_layers: int, gemm_s: float,
                        elementwise_s: float, comm_s: float, head_s: float, flops_per_pair: float,
                        attn_c: float, attn_m: float, attn_o: float, kv_bytes_per_tok: float,
-                       q_bytes: float) -> list[float]:
+                       q_bytes: float, skew_alpha: float, skew_kv: int) -> list[float]:
     """The roofline's GPU time of num_steps all-decode steps of n requests whose contexts sum to
     ctx_sum at the first and grow by n a step (RooflineCostModel.decode_step_times_s, which
     prices a batch's fixed parts once): per layer, attention is the larger of its compute and
-    memory times plus its overhead; a step adds ((gemm + attention) + elementwise) + comm per
+    memory times plus its overhead, moved skew_alpha of the way to the attention with skew_kv more
+    KV tokens (the decodes' imbalance term: skew_kv = n x the longest context - their sum, fixed
+    along the run; 0 = no term); a step adds ((gemm + attention) + elementwise) + comm per
     layer, then the head, in the order step_time_s sums them."""
     out: list[float] = []
     for _ in range(num_steps):
@@ -62,6 +64,11 @@ def decode_step_prices(ctx_sum: int, n: int, num_steps: int, num_layers: int, ge
         compute = (kv_tokens + 0.0) * flops_per_pair * attn_c
         memory = (kv_tokens * kv_bytes_per_tok + q_bytes) * attn_m
         attn = (memory if memory > compute else compute) + attn_o
+        if skew_kv:
+            kv_max = kv_tokens + skew_kv
+            compute = (kv_max + 0.0) * flops_per_pair * attn_c
+            memory = (kv_max * kv_bytes_per_tok + q_bytes) * attn_m
+            attn += skew_alpha * ((memory if memory > compute else compute) + attn_o - attn)
         out.append(num_layers * (gemm_s + attn + elementwise_s + comm_s) + head_s)
         ctx_sum += n
     return out
@@ -81,12 +88,12 @@ class DenseRooflinePricer:
 
     def __init__(self, num_layers: int, gemms: list[tuple[float, float, float, float, float]],
                  s_per_byte: float, kernel_overhead_s: float, has_moe: bool,
-                 attn: tuple[float, float, float, float, float, float], ew_bytes_per_tok: float,
+                 attn: tuple[float, float, float, float, float, float, float], ew_bytes_per_tok: float,
                  ew_kernels: int, head: tuple[float, float, float, float, float], head_s_per_flop: float,
                  has_gather: bool) -> None:
         """gemms: (FLOPs per token, weight bytes, activation bytes per token, s/FLOP, fraction of
         layers) each; attn: (FLOPs per query-key pair, s/FLOP, s/byte, overhead s, KV bytes per
-        token, Q+O bytes per token); head: (lm_head FLOPs per row, lm_head weight bytes, its
+        token, Q+O bytes per token, the decodes' skew alpha (0: no imbalance term)); head: (lm_head FLOPs per row, lm_head weight bytes, its
         activation bytes per row, sampler bytes per row, embedding / norm bytes per token)."""
         self.num_layers = num_layers
         self.gemm_flops = [g[0] for g in gemms]
@@ -97,7 +104,8 @@ class DenseRooflinePricer:
         self.m = s_per_byte
         self.ko = kernel_overhead_s
         self.has_moe = has_moe
-        self.flops_per_pair, self.attn_c, self.attn_m, self.attn_o, self.kv_bytes, self.q_bytes = attn
+        self.flops_per_pair, self.attn_c, self.attn_m, self.attn_o, self.kv_bytes, self.q_bytes, \
+            self.skew_alpha = attn
         self.ew_bytes = ew_bytes_per_tok
         self.ew_kernels = ew_kernels
         self.head_flops, self.head_wbytes, self.head_rbytes, self.sampler_bytes, self.tok_bytes = head
@@ -115,6 +123,7 @@ class DenseRooflinePricer:
         cp = 0
         cc = 0
         pctx = 0
+        kmax = 0  # the longest decode's context (cost_model.decode_skew.max_decode_context)
         for i in range(len(new)):  # cost_model.base.batch_sums' integers
             n = new[i]
             c = ctx[i]
@@ -122,6 +131,8 @@ class DenseRooflinePricer:
             ctx_sum += c
             if n == 1:
                 n_decode += 1
+                if c > kmax:
+                    kmax = c
             else:
                 cp += n * c
                 cc += n * n
@@ -143,6 +154,12 @@ class DenseRooflinePricer:
         compute = pairs * self.flops_per_pair * self.attn_c
         memory = (kv_tokens * self.kv_bytes + tokens * self.q_bytes) * self.attn_m
         attn = (memory if memory > compute else compute) + self.attn_o
+        if n_decode > 1 and self.skew_alpha:  # the decodes' imbalance, as roofline._layer_parts
+            skew_kv = n_decode * kmax - (ctx_sum - pctx)
+            if skew_kv:
+                compute = (pairs + skew_kv) * self.flops_per_pair * self.attn_c
+                memory = ((kv_tokens + skew_kv) * self.kv_bytes + tokens * self.q_bytes) * self.attn_m
+                attn += self.skew_alpha * ((memory if memory > compute else compute) + self.attn_o - attn)
         elementwise = tokens * self.ew_bytes * m + self.ew_kernels * ko
         layer = gemm + attn + elementwise + comm_s
         embed = tokens * self.tok_bytes * m + ko

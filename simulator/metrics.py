@@ -143,30 +143,60 @@ class RunTables:
 
 
 TIMESERIES_COLUMNS = ["t_s", "running", "waiting", "kv_cache_pct", "prefill_tokens_per_s", "decode_tokens_per_s"]
+# A group's series (steps with a `replica` column) adds these per replica: `running_rank<i>`, ...
+RANK_COLUMNS = ("running", "waiting", "kv_cache_pct")
+_STEP_SERIES = ("num_prefill_tokens", "num_decode_tokens", "num_running", "num_waiting", "kv_usage")
 
 
 def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
-    """1-second ticks from the steps: state at the last step that started at or before each tick."""
+    """1-second ticks from the steps: state at the last step that started at or before each tick,
+    tokens per second over [t, t + 1).
+
+    Steps of several replicas, each in its own step order, with a `replica` column (a cluster's:
+    the ranks of a data-parallel deployment, simulator/cluster/) give the group's series: each
+    replica's own series, then the counts (running, waiting, tokens per second) summed over the
+    replicas and KV usage their mean (each replica has its own pool; DP ranks' pools are equal,
+    so the mean is the group's usage), with each replica's running, waiting and KV usage beside
+    (`running_rank<i>`, `waiting_rank<i>`, `kv_cache_pct_rank<i>`, i its `replica` value)."""
     ticks = np.arange(0.0, math.floor(max(end_s, 0.0)) + 1.0)
-    n = len(ticks)
     if steps.empty:
+        return Columns({"t_s": ticks, **_series(None, [], len(ticks))}, TIMESERIES_COLUMNS)
+    if "replica" not in steps:
+        return Columns({"t_s": ticks, **_series(steps["start_s"], [steps[c] for c in _STEP_SERIES], len(ticks))},
+                       TIMESERIES_COLUMNS)
+    rep = steps["replica"]
+    order = np.argsort(rep, kind="stable") if np.any(rep[1:] < rep[:-1]) else None  # a cluster's: in order
+    sorted_rep = rep if order is None else rep[order]
+    bounds = [0, *(np.flatnonzero(np.diff(sorted_rep)) + 1).tolist(), len(rep)]
+    per: dict[int, dict[str, np.ndarray]] = {}
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        rows = slice(a, b) if order is None else order[a:b]
+        per[int(sorted_rep[a])] = _series(steps["start_s"][rows], [steps[c][rows] for c in _STEP_SERIES], len(ticks))
+    data = {"t_s": ticks}
+    for col in TIMESERIES_COLUMNS[1:]:
+        stacked = np.stack([p[col] for p in per.values()])
+        data[col] = stacked.mean(axis=0) if col == "kv_cache_pct" else stacked.sum(axis=0)
+    for i, p in per.items():
+        data.update({f"{col}_rank{i}": p[col] for col in RANK_COLUMNS})
+    return Columns(data)
+
+
+def _series(start: np.ndarray | None, values: list, n: int) -> dict[str, np.ndarray]:
+    """One engine's series over n ticks (TIMESERIES_COLUMNS but t_s) from its steps' start times
+    and _STEP_SERIES columns, in step order; start None: no steps."""
+    if start is None:
         zeros_i, zeros_f = np.zeros(n, dtype=np.int64), np.zeros(n)
-        return Columns({"t_s": ticks, "running": zeros_i, "waiting": zeros_i, "kv_cache_pct": zeros_f,
-                        "prefill_tokens_per_s": zeros_f, "decode_tokens_per_s": zeros_f}, TIMESERIES_COLUMNS)
-    start = steps["start_s"]
-    idx = np.searchsorted(start, ticks, side="right") - 1
+        return {"running": zeros_i, "waiting": zeros_i, "kv_cache_pct": zeros_f,
+                "prefill_tokens_per_s": zeros_f, "decode_tokens_per_s": zeros_f}
+    prefill, decode, running, waiting, kv_usage = values
+    idx = np.searchsorted(start, np.arange(0.0, float(n)), side="right") - 1
     valid = idx >= 0
     take = np.where(valid, idx, 0)
     sec = np.floor(start).astype(int)
-    pre = np.bincount(sec, weights=steps["num_prefill_tokens"], minlength=n)[:n]
-    dec = np.bincount(sec, weights=steps["num_decode_tokens"], minlength=n)[:n]
-    return Columns({
-        "t_s": ticks,
-        "running": np.where(valid, steps["num_running"][take], 0),
-        "waiting": np.where(valid, steps["num_waiting"][take], 0),
-        "kv_cache_pct": np.where(valid, 100.0 * steps["kv_usage"][take], 0.0),
-        "prefill_tokens_per_s": pre, "decode_tokens_per_s": dec,
-    }, TIMESERIES_COLUMNS)
+    return {"running": np.where(valid, running[take], 0), "waiting": np.where(valid, waiting[take], 0),
+            "kv_cache_pct": np.where(valid, 100.0 * kv_usage[take], 0.0),
+            "prefill_tokens_per_s": np.bincount(sec, weights=prefill, minlength=n)[:n],
+            "decode_tokens_per_s": np.bincount(sec, weights=decode, minlength=n)[:n]}
 
 
 def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:

@@ -172,7 +172,8 @@ def test_macro_steps_stay_exact_in_a_cluster(async_):
 def test_cluster_steps_are_one_frame_each_replica_viewing_its_rows():
     """build_result copies every step once: the cluster frame is built from the replicas' step
     columns, each replica's frame is a view of its rows (equal to a fresh build of its own
-    table), and the merged collector's steps_frame() has no replica column."""
+    table), and the merged collector's steps_frame() is the cluster's, replica column included
+    (its time series is the group's: metrics.timeseries_from_steps)."""
     import numpy as np
 
     res = run_cluster(cluster(3, "round_robin"), small_workload(30))
@@ -187,8 +188,7 @@ def test_cluster_steps_are_one_frame_each_replica_viewing_its_rows():
         start += len(fresh)
     assert start == len(res.steps)
     merged = res.metrics.steps_frame()
-    assert "replica" not in merged.columns
-    pd.testing.assert_frame_equal(merged, res.steps.drop(columns=["replica"]))
+    pd.testing.assert_frame_equal(merged, res.steps)
 
 
 def test_cluster_requests_frame_reuses_the_replicas_gaps():

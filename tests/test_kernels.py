@@ -77,7 +77,9 @@ def test_the_compiled_decode_prices_are_the_reference_float_for_float():
         args = (int(rng.integers(n, 4_000_000)), n, int(rng.integers(0, 300)), int(rng.integers(1, 128)),
                 *rng.uniform(1e-6, 1e-3, 3).tolist(), float(rng.uniform(0, 1e-3)),
                 float(rng.uniform(1e3, 1e6)), 1 / float(rng.uniform(1e14, 2e15)), 1 / float(rng.uniform(1e12, 8e12)),
-                float(rng.uniform(0, 1e-5)), int(rng.integers(1024, 400_000)), int(rng.integers(0, 10**7)))
+                float(rng.uniform(0, 1e-5)), int(rng.integers(1024, 400_000)), int(rng.integers(0, 10**7)),
+                float(rng.choice([0.0, 0.06095, float(rng.uniform(0, 1))])),  # the decodes' skew alpha
+                int(rng.integers(0, 2)) * int(rng.integers(0, 200 * n)))  # and their skew KV tokens
         assert native.decode_step_prices(*args) == kernels.decode_step_prices(*args)
 
 
@@ -88,7 +90,8 @@ def _pricer_args(rng: np.random.Generator):
               1 / float(rng.uniform(1e14, 2e15)), float(rng.choice([1.0, 0.5, 0.25]))) for _ in range(int(rng.integers(2, 7)))]
     m = 1 / float(rng.uniform(1e12, 8e12))
     attn = (float(rng.uniform(1e3, 1e5)), 1 / float(rng.uniform(1e14, 2e15)), m, float(rng.uniform(0, 1e-5)),
-            float(rng.integers(256, 400_000)), float(rng.integers(256, 100_000)))
+            float(rng.integers(256, 400_000)), float(rng.integers(256, 100_000)),
+            float(rng.choice([0.0, 0.06095, float(rng.uniform(0, 1))])))  # the decodes' skew alpha
     head = (float(rng.uniform(1e8, 2e9)), float(rng.integers(1e8, 4e9)), float(rng.integers(1e3, 1e6)),
             float(rng.integers(1e5, 1e7)), float(rng.integers(1e3, 4e4)))
     return (int(rng.integers(1, 128)), gemms, m, float(rng.uniform(0, 1e-5)), bool(rng.integers(0, 2)), attn,

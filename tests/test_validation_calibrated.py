@@ -55,8 +55,11 @@ def test_skew_alpha_comes_from_the_profiles_that_measured_it():
     assert measured.step_time_s(skewed) > off.step_time_s(skewed)
     uniform = StepShape((1,) * 64, (2000,) * 64, 64)
     assert measured.step_time_s(uniform) == off.step_time_s(uniform)
-    with pytest.raises(InputError):  # a split (aiconfigurator) table has nothing to blend
-        make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1, skew_alpha=0.1)
+    # A split (aiconfigurator) table carries the FlashAttention profiles' alpha (decode_skew.py);
+    # skew_alpha= overrides it there too.
+    carried = make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1)
+    assert carried.skew_alpha == 0.06095 and carried.skew_alpha_source.startswith("carried from")
+    assert make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", tp=1, skew_alpha=0.1).skew_alpha == 0.1
     with pytest.raises(InputError):
         make_cost_model("calibrated", model="llama-3.1-8b", gpu="rtx-pro-6000", tp=1, skew_alpha=2)
 

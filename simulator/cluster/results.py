@@ -75,6 +75,10 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     steps = StepTable.move_to_frame(tables, release_freed_heap)
     for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
         r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
+    # The merged frame (not the replicas' views, taken above) says whose each step is: its time
+    # series is then the group's, summed over the replicas (metrics.timeseries_from_steps).
+    steps.insert(0, "replica", np.repeat(np.array([r.index for r in cluster.replicas], dtype=np.int64),
+                                         np.diff(bounds)))
     reps = []
     for r in cluster.replicas:
         res = r.engine.result(wall_time_s)
@@ -91,7 +95,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     warn_rejected(requests)
     if cluster.cfg.pd is not None:
         summary["pd"] = _pd_summary(cluster, requests)
-    return ClusterResult(cluster.cfg, reps, merged, requests, _steps_frame(reps, merged), summary, wall_time_s)
+    return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s)
 
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
@@ -109,25 +113,6 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
                          num_preemptions=front.num_preemptions + back.num_preemptions,
                          num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason,
                          reject_reason=back.reject_reason)
-
-
-def _steps_frame(reps: list[ReplicaResult], merged: MetricsCollector) -> pd.DataFrame:
-    """Every replica's steps, in replica order, with a leading replica column: the merged
-    collector's steps frame (tables(): build_result's one frame of every step) with the column
-    inserted in place, so the cluster's frame and the merged one are a single frame, not two
-    copies of every step (a cluster hour has ~17 M)."""
-    if not reps:
-        return pd.DataFrame()
-    steps = merged.tables().steps
-    steps.insert(0, "replica", np.repeat(np.array([rr.index for rr in reps], dtype=np.int64),
-                                         [len(rr.result.metrics.steps) for rr in reps]))
-    return steps
-
-
-def _with_replica(frame: pd.DataFrame, rr: ReplicaResult) -> pd.DataFrame:
-    frame = frame.copy()
-    frame.insert(0, "replica", rr.index)
-    return frame
 
 
 def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
@@ -206,12 +191,11 @@ def _replica_brief(rr: ReplicaResult) -> dict:
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
                           overwrite: bool = False) -> Path:
-    """requests.parquet, steps.parquet, timeseries.csv (per replica), summary.json, config.yaml,
-    through the replay's atomic writer."""
-    end = res.summary["sim_duration_s"]
-    ts = [_with_replica(rr.result.metrics.tables().timeseries(end), rr) for rr in res.replicas]
+    """requests.parquet, steps.parquet, timeseries.csv (the group's 1-s series: counts summed over
+    the replicas, KV usage their mean, each replica's running / waiting / KV usage beside;
+    metrics.timeseries_from_steps), summary.json, config.yaml, through the replay's atomic writer."""
     resolved = cluster_config_to_dict(res.config)
     resolved["workload"] = workload_meta
     return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps,
-                               timeseries=pd.concat(ts, ignore_index=True), config=resolved,
+                               timeseries=res.metrics.tables().timeseries(res.summary["sim_duration_s"]), config=resolved,
                                summary=res.summary, overwrite=overwrite)

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import tempfile
-from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,11 @@ from ..specs import default_host, host_for, resolve_gpu, resolve_model
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row
 from .cudagraph import check_capture_sizes, padded_tokens
+from .decode_skew import (CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE, GIVEN_SKEW_SOURCE, MEASURED_SKEW_SOURCE,
+                          NO_SKEW_SOURCE, check_skew_alpha, max_decode_context)
 from .interp import Curve, NestedGrid
 
-_ONE_EQ = (1).__eq__
 FORMAT = "servesim-profiled-cost-model"
-
-
-def _max_decode_context(new: tuple[int, ...], ctx: tuple[int, ...], npf: int) -> int:
-    """The largest context among the decodes (requests computing one token) of a step."""
-    top = max(ctx)
-    if not npf or new[ctx.index(top)] == 1:  # usual case: found without a Python-level loop
-        return top
-    return max(compress(ctx, map(_ONE_EQ, new)))
 VERSION = 1
 
 
@@ -44,7 +36,7 @@ class FittedCostModel:
     __slots__ = ("name", "data", "model", "gpu", "tp", "_layers", "_dense", "_tok", "_rows",
                  "_ar", "_ar_bytes_per_tok", "_attn_kind", "_attn", "_attn_decode", "_prefix_axis",
                  "_coef", "_skew_alpha", "_graph_sizes", "logits_gather_source", "allreduce_source",
-                 "host")
+                 "host", "skew_alpha_source")
 
     def __init__(self, data: dict[str, Any], *, host: Any = None, disable_custom_all_reduce: bool = False,
                  collectives_profile: str | Path | None = None) -> None:
@@ -87,10 +79,6 @@ class FittedCostModel:
         self._attn_kind = attn["kind"]
         self._attn = self._attn_decode = None
         self._prefix_axis = False
-        # Decode-skew factor measured with a mixed table (0 = none measured, no correction).
-        self._skew_alpha = 0.0
-        if attn["kind"] == "mixed":
-            self.set_skew_alpha(attn.get("skew_alpha") or 0.0)
         if self._attn_kind == "mixed":
             self._attn = NestedGrid.from_dict(attn["grid"])
         elif self._attn_kind == "split":
@@ -104,25 +92,37 @@ class FittedCostModel:
             self._attn = (c["s_per_pair"], c["s_per_kv_token"], c["s_per_q_token"], c["overhead_s"])
         elif self._attn_kind != "none":
             raise InputError(f"unknown attention kind {self._attn_kind!r}", field="attention")
+        self._skew_alpha, self.skew_alpha_source = self._default_skew_alpha(attn.get("skew_alpha"))
+
+    def _prices_decode_attention(self) -> bool:
+        return self._coef is None and (self._attn_kind in ("mixed", "roofline") or self._attn_decode is not None)
+
+    def _default_skew_alpha(self, measured: Any) -> tuple[float, str]:
+        """The decode-skew factor and its source (cost_model/decode_skew.py): the profile's own
+        measurement (a mixed table whose profiler ran the skew sweep), else the one carried from the
+        vLLM FlashAttention profiles where this fit's attention is vLLM's, else none."""
+        if not self._prices_decode_attention():
+            return 0.0, "none: this fit prices no decode attention"
+        if measured is not None and self._attn_kind == "mixed":
+            return check_skew_alpha(measured), MEASURED_SKEW_SOURCE
+        if any(str(f).startswith("vllm") for f in self.metadata.get("frameworks", ())):
+            return CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE
+        return 0.0, NO_SKEW_SOURCE
 
     @property
     def skew_alpha(self) -> float:
         return self._skew_alpha
 
     def set_skew_alpha(self, alpha: float) -> None:
-        """Override the decode-skew factor (0 disables the correction); mixed tables only."""
-        try:
-            alpha = float(alpha)
-        except (TypeError, ValueError):
-            raise InputError(f"skew_alpha must be a number, got {alpha!r}",
-                             field="skew_alpha") from None
-        if not 0.0 <= alpha <= 1.0:
-            raise InputError(f"skew_alpha {alpha} is outside [0, 1]", field="skew_alpha",
-                             allowed="0 .. 1")
-        if alpha and self._attn_kind != "mixed":
-            raise InputError("skew_alpha applies to a mixed prefill+decode attention table only; "
-                             f"this model's attention is '{self._attn_kind}'", field="skew_alpha")
-        self._skew_alpha = alpha
+        """Override the decode-skew factor (0 disables the term); a fit that prices decode
+        attention only (a mixed table, a split table with decode rows, roofline attention)."""
+        value = check_skew_alpha(alpha)
+        if value and not self._prices_decode_attention():
+            raise InputError("skew_alpha applies to a fit that prices decode attention (a mixed table, a "
+                             "split table with decode rows, or roofline attention); this model's attention "
+                             f"is '{self._attn_kind}'" + (" without decode rows" if self._attn_kind == "split" else ""),
+                             field="skew_alpha")
+        self._skew_alpha, self.skew_alpha_source = value, GIVEN_SKEW_SOURCE
 
     @property
     def cudagraph_capture_sizes(self) -> tuple[int, ...]:
@@ -135,16 +135,38 @@ class FittedCostModel:
 
     # ---- hot path -------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
-        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(shape.num_new_tokens,
-                                                                shape.num_context_tokens)
+        new, ctx = shape.num_new_tokens, shape.num_context_tokens
+        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(new, ctx)
         if tokens == 0:
             return 0.0
+        # the longest decode's context, for the imbalance term (0: no term this step)
+        kmax = max_decode_context(new, ctx, npf) if self._skew_alpha and nd > 1 else 0
+        return self._price_s(tokens, ctx_sum, nd, kd, npf, ptok, pc, cc, kmax, shape.num_sampled)
+
+    def decode_step_times_s(self, num_context_tokens: list[int], num_steps: int) -> list[float] | None:
+        """A run of plain decode steps (DecodeRunCostModel): every context grows by one a step,
+        so the step's sums and its longest context follow from the first step's without building
+        a shape; the same _price_s call as step_time_s, hence the same floats."""
+        n = len(num_context_tokens)
+        if not n:
+            return None
+        ctx_sum = sum(num_context_tokens)
+        skew = bool(self._skew_alpha) and n > 1
+        kmax = max(num_context_tokens) if skew else 0
+        price = self._price_s
+        return [price(n, ctx_sum + n * j, n, ctx_sum + n * j, 0, 0, 0, 0, kmax + j if skew else 0, n)
+                for j in range(num_steps)]
+
+    def _price_s(self, tokens: int, ctx_sum: int, nd: int, kd: int, npf: int, ptok: int, pc: int, cc: int,
+                 kmax: int, num_sampled: int) -> float:
+        """Seconds of a step from batch_sums' statistics, the longest decode context (0: no
+        imbalance term) and the sampled rows."""
         if self._coef is not None:
             return self._step_regression(npf, ptok, pc, cc, nd, kd)
         if self._attn_kind == "mixed":
-            layer = self._mixed_attention_s(shape, npf, pc, cc, nd, kd)
+            layer = self._mixed_attention_s(npf, pc, cc, nd, kd, kmax)
         else:
-            layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum)
+            layer = self._attention_s(npf, ptok, pc, cc, nd, kd, tokens, ctx_sum, kmax)
         # GEMMs, norms, activation and all-reduce run on the graph's padded batch; attention and
         # the sampled rows only on the real requests.
         graph = padded_tokens(self._graph_sizes, tokens) if self._graph_sizes else tokens
@@ -155,12 +177,15 @@ class FittedCostModel:
         total = self._layers * layer
         if self._tok is not None:
             total += self._tok(graph)
-        if shape.num_sampled and self._rows is not None:
-            total += self._rows(shape.num_sampled)
+        if num_sampled and self._rows is not None:
+            total += self._rows(num_sampled)
         return total
 
     def _attention_s(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int,
-                     tokens: int, ctx_sum: int) -> float:
+                     tokens: int, ctx_sum: int, kmax: int) -> float:
+        """Attention on a split table or the roofline coefficients; the decodes' imbalance term
+        (cost_model/decode_skew.py) is alpha of the way from the decodes at their mean context
+        to the decodes all at the longest decode's context, kmax (0: no term)."""
         kind = self._attn_kind
         if kind == "split":
             t = 0.0
@@ -172,33 +197,42 @@ class FittedCostModel:
                     work = pc + 0.5 * (cc + ptok)
                     t += self._attn(npf, math.sqrt(2.0 * work / npf), 0)
             if nd and self._attn_decode is not None:
-                t += self._attn_decode(nd, kd / nd)
+                mean = kd / nd
+                if kmax > mean:  # unequal contexts (all equal: the table point itself)
+                    t_mean, t_max = self._attn_decode.pair(nd, mean, kmax)
+                    t += t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+                else:
+                    t += self._attn_decode(nd, mean)
             return t
         if kind == "roofline":
             spp, spk, spq, overhead = self._attn
             pairs = pc + 0.5 * (cc + ptok) + kd + nd
-            return max(pairs * spp, (ctx_sum + tokens) * spk + tokens * spq) + overhead
+            kv = ctx_sum + tokens
+            t = max(pairs * spp, kv * spk + tokens * spq) + overhead
+            extra = nd * kmax - kd  # the decodes at the longest decode's context read more
+            if kmax and extra > 0:
+                t_max = max((pairs + extra) * spp, (kv + extra) * spk + tokens * spq) + overhead
+                t += self._skew_alpha * (t_max - t)
+            return t
         return 0.0
 
-    def _mixed_attention_s(self, shape: StepShape, npf: int, pc: int, cc: int, nd: int,
-                           kd: int) -> float:
-        """Attention on the mixed table, with the decode-skew correction when it was measured.
+    def _mixed_attention_s(self, npf: int, pc: int, cc: int, nd: int, kd: int, kmax: int) -> float:
+        """Attention on the mixed table, with the decode-skew term (cost_model/decode_skew.py).
 
         All prefill-like requests become one equivalent chunk that keeps the quadratic work
         (chunk^2 summed) and the chunk x prefix work of the real batch; the decodes are looked up
         at their mean context, which keeps the total KV read. The table holds decodes of one
         shared context; a real batch of unequal contexts runs longer (tile padding, SMs waiting
-        for the longest sequence), and the profile's skew sweep measured how far the time moves
-        from the mean-context point toward the max-context point: alpha of the way.
+        for the longest sequence), and a profile's skew sweep measured how far the time moves
+        from the mean-context point toward the max-context point: alpha of the way (this
+        profile's own alpha where it ran the sweep, else the carried one).
         """
         chunk = math.sqrt(cc) if npf else 0.0
         prefix = pc / chunk if npf else 0.0
         mean = kd / nd if nd else 0.0
-        if self._skew_alpha and nd > 1:
-            kmax = _max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf)
-            if kmax > mean:  # unequal contexts (all equal: the table point itself)
-                t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
-                return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+        if kmax > mean:  # unequal contexts (kmax 0: no term; all equal: the table point itself)
+            t_mean, t_max = self._attn.pair(chunk, prefix, nd, mean, kmax)
+            return t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
         return self._attn(chunk, prefix, nd, mean)
 
     def _step_regression(self, npf: int, ptok: int, pc: int, cc: int, nd: int, kd: int) -> float:

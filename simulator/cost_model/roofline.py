@@ -19,6 +19,8 @@ from ..specs import GpuSpec, HostSpec, ModelSpec, host_for, layer_weight_elems, 
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row, table_sources
+from .decode_skew import (CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE, GIVEN_SKEW_SOURCE, check_skew_alpha,
+                          max_decode_context)
 from .mla_tables import mla_decode_grid
 from .moe_comm import DEFAULT_ALL2ALL_BACKEND, check_all2all_backend
 from .moe_tables import DISTRIBUTIONS
@@ -63,8 +65,13 @@ class RooflineParams:
     # MLA decode attention from the measured tables (mla_tables.py) where they cover the deployment;
     # off by default: their small-batch floor (~0.12-0.16 ms per layer) looks like eager-mode overhead.
     mla_table: bool = False
+    # Decode-attention imbalance factor (cost_model/decode_skew.py): None = the one carried from the
+    # vLLM FlashAttention profiles for standard attention, none for MLA; 0 turns the term off.
+    skew_alpha: float | None = None
 
     def __post_init__(self) -> None:
+        if self.skew_alpha is not None:
+            object.__setattr__(self, "skew_alpha", check_skew_alpha(self.skew_alpha))
         if self.moe_distribution not in DISTRIBUTIONS:
             raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
                              field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
@@ -94,7 +101,8 @@ class RooflineCostModel:
                  "_gemms", "_moe", "_attn_flops_per_pair", "_kv_bytes_per_tok", "_q_bytes_per_tok",
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "moe_source", "_dp",
-                 "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense")
+                 "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense",
+                 "_skew_alpha", "skew_alpha_source")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1, host: Any = None,
                  disable_custom_all_reduce: bool = False, **params: Any) -> None:
@@ -195,7 +203,7 @@ class RooflineCostModel:
             self.model.num_layers, [(f(a), f(b), f(c), f(d), f(e)) for a, b, c, d, e in self._gemms],
             self._m, self._ko, self._moe is not None,
             (f(self._attn_flops_per_pair), self._ac, self._am, self._ao, f(self._kv_bytes_per_tok),
-             f(self._q_bytes_per_tok)), f(self._ew_bytes_per_tok), self._ew_kernels,
+             f(self._q_bytes_per_tok), self._skew_alpha), f(self._ew_bytes_per_tok), self._ew_kernels,
             (f(self._head[0]), f(self._head[1]), f(self._head[2]), f(self._head[3]), f(self._head[4])),
             self._c, self._gather is not None)
 
@@ -214,6 +222,19 @@ class RooflineCostModel:
             if self.params.mla_table and m.mla is not None and not self._win_frac else None
         self.attention_source = "roofline" if self._mla_decode is None else \
             "MLA decode: measured (aiconfigurator generation_mla, vLLM 0.14); prefill: roofline"
+        # The decodes' imbalance (cost_model/decode_skew.py): the FlashAttention profiles' alpha for
+        # standard attention (vLLM's FLASH_ATTN backend); MLA runs other kernels nothing measured.
+        if self.params.skew_alpha is not None:
+            self._skew_alpha, self.skew_alpha_source = self.params.skew_alpha, GIVEN_SKEW_SOURCE
+        elif m.mla is not None:
+            self._skew_alpha, self.skew_alpha_source = 0.0, "none: MLA attention, no skew measurement"
+        else:
+            self._skew_alpha, self.skew_alpha_source = CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE
+
+    @property
+    def skew_alpha(self) -> float:
+        """The decodes' imbalance factor in use (cost_model/decode_skew.py; skew_alpha_source: whence)."""
+        return self._skew_alpha
 
     def _precompute_collectives(self, b: int) -> None:
         """TP all-reduce per call on the host: its measured tables on vLLM's custom-vs-NCCL path,
@@ -254,10 +275,10 @@ class RooflineCostModel:
         rounding, which would part these floats from the bulk prices' (decode_step_times_s)."""
         if self._mla_decode is not None:
             return self._mla_step(shape, None)
-        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
+        tokens, pairs, kv_tokens, skew_kv = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return 0.0
-        gemm, attn, elementwise, comm = self._layer_parts(tokens, pairs, kv_tokens)
+        gemm, attn, elementwise, comm = self._layer_parts(tokens, pairs, kv_tokens, skew_kv)
         embed, norm, lm_head, sampler = self._head_parts(tokens, shape.num_sampled)
         return self.model.num_layers * (gemm + attn + elementwise + comm) + (embed + norm + lm_head + sampler)
 
@@ -273,7 +294,14 @@ class RooflineCostModel:
         if not npf:
             attn = 0.0
         if nd:
-            attn += self._mla_decode(nd, kd / nd)
+            mean = kd / nd
+            kmax = max_decode_context(shape.num_new_tokens, shape.num_context_tokens, npf) \
+                if self._skew_alpha and nd > 1 else 0
+            if kmax > mean:  # the decodes' imbalance on the table (cost_model/decode_skew.py)
+                t_mean, t_max = self._mla_decode.pair(nd, mean, kmax)
+                attn += t_mean + self._skew_alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+            else:
+                attn += self._mla_decode(nd, mean)
         layers = self.model.num_layers
         head = self._head_parts(tokens, shape.num_sampled)
         if out is not None:
@@ -304,22 +332,29 @@ class RooflineCostModel:
         gemm, elementwise, comm, head = fixed
         # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
         # and the rest 0, i.e. the int ctx_sum + n as a float; then _layer_parts' max, written out
-        # (max(a, b) is a unless b > a): the loop is kernels.decode_step_prices (compiled by make)
+        # (max(a, b) is a unless b > a): the loop is kernels.decode_step_prices (compiled by make).
+        # The skew term's extra KV tokens, n * max - sum, stay fixed: every context grows by one.
+        skew_kv = n * max(num_context_tokens) - ctx_sum if self._skew_alpha and n > 1 else 0
         return decode_step_prices(int(ctx_sum), n, num_steps, int(num_layers), gemm, elementwise, comm, head,
                                   self._attn_flops_per_pair, self._ac, self._am, self._ao,
-                                  self._kv_bytes_per_tok, n * self._q_bytes_per_tok)
+                                  self._kv_bytes_per_tok, n * self._q_bytes_per_tok, self._skew_alpha,
+                                  int(skew_kv))
 
-    def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float]:
-        """(tokens, query-key pairs, KV tokens read) of an average layer: full-attention layers
-        and sliding-window layers blended by their share of the model's layers."""
+    def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float, float]:
+        """(tokens, query-key pairs, KV tokens read, skew KV tokens) of an average layer:
+        full-attention layers and sliding-window layers blended by their share of the model's
+        layers. Skew KV tokens: how many more the decodes would read all at the longest decode's
+        context (the imbalance term, cost_model/decode_skew.py; 0 when it is off)."""
         tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(new, ctx)
         # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
         pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
+        skew_kv = nd * max_decode_context(new, ctx, npf) - kd if self._skew_alpha and nd > 1 else 0
         f = self._win_frac
         if f:
             wpairs, wkv = self._windowed_work(new, ctx, (pairs, kv_tokens), ctx_sum, tokens, npf)
             pairs, kv_tokens = f * wpairs + (1.0 - f) * pairs, f * wkv + (1.0 - f) * kv_tokens
-        return tokens, pairs, kv_tokens
+            skew_kv = (1.0 - f) * skew_kv  # full-attention layers only: windowed ones cap every context
+        return tokens, pairs, kv_tokens, skew_kv
 
     def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...], full: tuple[float, int],
                        ctx_sum: int, tokens: int, n_prefill: int) -> tuple[float, int]:
@@ -343,9 +378,11 @@ class RooflineCostModel:
                 pairs += f * c + 0.5 * f * (f + 1) + (n - f) * window
         return pairs, kv
 
-    def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int
+    def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int, skew_kv: float = 0
                      ) -> tuple[float, float, float, float]:
-        """Seconds of one layer: (GEMMs, attention, elementwise, all-reduce)."""
+        """Seconds of one layer: (GEMMs, attention, elementwise, all-reduce). Attention includes
+        the decodes' imbalance: alpha of the way to the same attention with skew_kv more query-key
+        pairs and KV tokens (the decodes all at the longest decode's context; decode_skew.py)."""
         m, ko = self._m, self._ko
         gemm = 0.0
         for flops, wbytes, abytes, c, frac in self._gemms:
@@ -359,6 +396,11 @@ class RooflineCostModel:
         attn = max(pairs * self._attn_flops_per_pair * self._ac,
                    (kv_tokens * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok) * self._am)
         attn += self._ao
+        if skew_kv:
+            t_max = max((pairs + skew_kv) * self._attn_flops_per_pair * self._ac,
+                        ((kv_tokens + skew_kv) * self._kv_bytes_per_tok + tokens * self._q_bytes_per_tok)
+                        * self._am) + self._ao
+            attn += self._skew_alpha * (t_max - attn)
         elementwise = tokens * self._ew_bytes_per_tok * m + self._ew_kernels * ko
         comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
         return gemm, attn, elementwise, comm + a2a
@@ -435,10 +477,11 @@ class RooflineCostModel:
             out: dict[str, float] = {}
             self._mla_step(shape, out)
             return out
-        tokens, pairs, kv_tokens = self._work(shape.num_new_tokens, shape.num_context_tokens)
+        tokens, pairs, kv_tokens, skew_kv = self._work(shape.num_new_tokens, shape.num_context_tokens)
         if tokens == 0:
             return {}
         out = {name: self.model.num_layers * v for name, v in zip(
-            ("gemm", "attention", "elementwise", "allreduce"), self._layer_parts(tokens, pairs, kv_tokens))}
+            ("gemm", "attention", "elementwise", "allreduce"),
+            self._layer_parts(tokens, pairs, kv_tokens, skew_kv))}
         out.update(zip(_HEAD_OPS, self._head_parts(tokens, shape.num_sampled)))
         return out

@@ -96,7 +96,8 @@ def load_calibrated(model: Any, gpu: Any, tp: int = 1, **host: Any):
 def make_calibrated(model: Any = None, gpu: Any = None, tp: int | None = None, host: Any = None,
                     disable_custom_all_reduce: bool = False, **params: Any):
     """The shipped profiled fit for the run's (model, gpu, tp); ``skew_alpha=`` overrides the
-    measured decode-skew factor (0 turns the correction off); ``cudagraph_capture_sizes=`` pads
+    decode-skew factor (cost_model/decode_skew.py: the profile's measured one, else the one carried
+    from the vLLM FlashAttention profiles; 0 turns the term off); ``cudagraph_capture_sizes=`` pads
     each step to vLLM's next CUDA-graph size (cost_model/cudagraph.py; default: no padding);
     ``host`` / ``disable_custom_all_reduce`` / ``collectives_profile=`` (this host's measured
     collectives) price the TP collectives the fit did not measure on this host."""
