@@ -58,7 +58,7 @@ def test_values_are_sane(report):
     assert rep["timeseries"]["kv_cache_pct"]["measured_valid"] is False  # the run logged 0 % throughout
     assert "median APE" in output
     assert rep["cost_model"]["skew_alpha"] == 0.0543  # the profile's measured skew fit
-    assert rep["cost_model"]["skew_alpha_source"] == "measured (profile skew_fit)"
+    assert rep["cost_model"]["skew_alpha_source"] == "measured (the profile's skew sweep, skew_fit alpha_default)"
 
 
 def test_meets_the_fidelity_targets(report):
@@ -74,9 +74,13 @@ def test_skew_alpha_override(tmp_path):
 
     off = validate_run(RUN, WORKLOAD, ValidateOptions(skew_alpha=0.0, plots=False), out_dir=tmp_path / "off")
     assert off["cost_model"]["skew_alpha"] == 0.0
-    assert off["cost_model"]["skew_alpha_source"] == "given (--skew-alpha)"
+    assert off["cost_model"]["skew_alpha_source"] == "given (skew_alpha)"  # --skew-alpha is the parameter
     # Without the correction decode steps are cheaper, so the simulated run finishes sooner.
     assert off["aggregate"]["e2e"]["mean"]["simulated"] < 0.97 * off["aggregate"]["e2e"]["mean"]["measured"]
+    # the roofline prices the decodes' imbalance too: the factor is taken, and reported
+    roof = validate_run(RUN, WORKLOAD, ValidateOptions(cost_model="roofline", skew_alpha=0.1, plots=False),
+                        out_dir=tmp_path / "roof")
+    assert roof["cost_model"]["skew_alpha"] == 0.1
     with pytest.raises(InputError):
-        validate_run(RUN, WORKLOAD, ValidateOptions(cost_model="roofline", skew_alpha=0.1, plots=False),
+        validate_run(RUN, WORKLOAD, ValidateOptions(cost_model="roofline", skew_alpha=1.5, plots=False),
                      out_dir=tmp_path / "bad")

@@ -74,8 +74,8 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
     defaulted alike: the report's ``fallback`` says from what, to what and why (print it with
     :func:`fallback_warning`). A fitted ``.json`` that is not there is an error."""
     skew = {} if skew_alpha is None else {"skew_alpha": skew_alpha}
-    if skew and name != "calibrated" and not name.endswith(".json"):
-        raise InputError(f"--skew-alpha applies to the calibrated or a fitted cost model, not {name!r}",
+    if skew and name not in ("calibrated", "roofline") and not name.endswith(".json"):
+        raise InputError(f"--skew-alpha applies to the calibrated, roofline or a fitted cost model, not {name!r}",
                          field="--skew-alpha")
     if name == "calibrated":
         from servesim.simulator.cost_model.calibrated import available_calibrated, find_calibrated
@@ -84,18 +84,14 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
         if path is None:
             have = "; ".join(f"{e['model']} {e['gpu']} tp={e['tp']}" for e in available_calibrated()
                              if e["model"] == model or e["gpu"] == gpu) or "none for this model or GPU"
-            reason = f"no calibrated fit for {model} on {gpu} tp={tp} (fits: {have})" + \
-                ("; --skew-alpha dropped (the roofline has no decode-skew factor)" if skew else "")
-            return fallback_to_roofline(CostModelConfig(name="calibrated", cpu_overhead=cpu), {"name": "calibrated"},
-                                        reason)
+            reason = f"no calibrated fit for {model} on {gpu} tp={tp} (fits: {have})"
+            return fallback_to_roofline(CostModelConfig(name="calibrated", params=skew, cpu_overhead=cpu),
+                                        {"name": "calibrated"}, reason)
         entry = next(e for e in available_calibrated() if e["file"] == path.name)
         info = {"name": "calibrated", "file": f"simulator/cost_model/calibrated/{path.name}",
                 "profiles": entry["profiles"], "frameworks": entry["frameworks"],
                 "fit_error_holdout": {op: e["mape_holdout"] for op, e in entry["fit_error"].items()},
-                "roofline_filled_ops": [op for op, e in entry["fit_error"].items() if e["origin"] == "roofline"],
-                "skew_alpha": skew_alpha if skew else entry.get("skew_alpha"),
-                "skew_alpha_source": "given (--skew-alpha)" if skew else
-                ("measured (profile skew_fit)" if entry.get("skew_alpha") is not None else "not measured: none")}
+                "roofline_filled_ops": [op for op, e in entry["fit_error"].items() if e["origin"] == "roofline"]}
         return CostModelConfig(name="calibrated", params=skew, cpu_overhead=cpu), info
     if name.endswith(".json"):
         if not Path(name).is_file():
@@ -103,15 +99,17 @@ def cost_model_config(name: str, model: str, gpu: str, tp: int, cpu,
                              allowed="calibrated, roofline, or an existing fitted .json (servesim fit)")
         return CostModelConfig(name="profiled", params={"path": name, **skew}, cpu_overhead=cpu), \
             {"name": "profiled", "file": name, **skew}
-    return CostModelConfig(name=name, cpu_overhead=cpu), {"name": name}
+    return CostModelConfig(name=name, params=skew, cpu_overhead=cpu), {"name": name}
 
 
 def fallback_to_roofline(cm: CostModelConfig, info: dict, reason: str) -> tuple[CostModelConfig, dict]:
     """The roofline in place of ``cm`` (its CPU overhead kept), with the report's ``fallback``:
-    ``{from, to, reason}``. A roofline stays as it is."""
+    ``{from, to, reason}``. A roofline stays as it is; a given ``skew_alpha`` goes with it (the
+    roofline prices the decodes' imbalance too), no other parameter does."""
     if cm.name == "roofline":
         return cm, info
-    return CostModelConfig(name="roofline", cpu_overhead=cm.cpu_overhead), \
+    skew = {k: v for k, v in cm.params.items() if k == "skew_alpha"}
+    return CostModelConfig(name="roofline", params=skew, cpu_overhead=cm.cpu_overhead), \
         {"name": "roofline", "fallback": {"from": info.get("name", cm.name), "to": "roofline", "reason": reason}}
 
 
@@ -208,7 +206,7 @@ def build_config(run: MeasuredRun, opts: ValidateOptions) -> tuple[SimConfig, di
     }
     if opts.sets:
         cfg = apply_validate_sets(cfg, info, opts.sets)
-    info["collectives"] = collectives_info(cfg)
+    info["collectives"] = collectives_info(cfg, info)
     return cfg, info
 
 
@@ -235,9 +233,10 @@ def apply_validate_sets(cfg: SimConfig, info: dict, sets: tuple[str, ...]) -> Si
     return cfg
 
 
-def collectives_info(cfg: SimConfig) -> dict:
+def collectives_info(cfg: SimConfig, info_of: dict) -> dict:
     """The host the TP collectives run on, vLLM's all-reduce path there, and what priced the
-    all-reduce in the cost model the replay runs (validation.json)."""
+    all-reduce in the cost model the replay runs (validation.json). The decode-skew factor the
+    model uses (cost_model/decode_skew.py) goes into ``info_of["cost_model"]`` on the way."""
     from servesim.simulator.cost_model import RooflineCostModel, run_cost_model
     from servesim.simulator.cost_model.collectives import custom_allreduce_rule
     from servesim.simulator.cost_model.fitted import FittedCostModel
@@ -245,6 +244,9 @@ def collectives_info(cfg: SimConfig) -> dict:
     hw = cfg.hardware
     host = host_for(hw.gpu, hw.host)
     cm = run_cost_model(cfg)
+    if isinstance(cm, (FittedCostModel, RooflineCostModel)):  # the decodes' imbalance factor in use
+        cm_info = info_of["cost_model"]
+        cm_info["skew_alpha"], cm_info["skew_alpha_source"] = cm.skew_alpha, cm.skew_alpha_source
     if isinstance(cm, FittedCostModel):
         used = cm.allreduce_source
     elif isinstance(cm, RooflineCostModel):
