@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from servesim.simulator.config import SimConfig
 from servesim.simulator.build import build_engine
-from servesim.simulator.engine import Engine, EngineResult
+from servesim.simulator.engine import Engine
+from servesim.simulator.engine_result import EngineResult
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec
 

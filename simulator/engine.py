@@ -11,7 +11,8 @@ The engine owns small objects, each with its own state: the scheduler, the execu
 token times, finishes: simulator/step_book.py), the `Watchdog` (simulator/watchdog.py) and the
 `ClientDeadlines` (simulator/deadlines.py). A `RunPlanner` (simulator/run_planner.py) may plug in
 beside the loop and apply runs of steps at once; `Engine(...)` alone has none and steps every step
-(simulator/build.py attaches the fast path's).
+(simulator/build.py attaches the fast path's). What a run hands back, `EngineResult`, is assembled
+from the book by simulator/engine_result.py.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from typing import IO, Any
 
 import simpy
 
-from servesim.scheduler import CacheConfig, RequestStatus, TokenProvenance
+from servesim.scheduler import RequestStatus, TokenProvenance
 from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -34,8 +34,8 @@ from servesim.simulator.config import SimConfig
 from servesim.simulator.cost_model import run_cost_model
 from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
+from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
-from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
@@ -48,22 +48,9 @@ from servesim.simulator.step_book import StepBook
 from servesim.simulator.watchdog import Watchdog
 from servesim.traces.workload import RequestSpec, Workload
 
-__all__ = ["Engine", "EngineResult", "InFlight", "StallError", "resolve_cache"]
+__all__ = ["Engine", "InFlight", "StallError", "resolve_cache"]
 
 NO_PLANNER = "the engine was built without a planner (Engine alone: the reference)"
-
-
-@dataclass(slots=True)
-class EngineResult:
-    metrics: MetricsCollector
-    sim_duration_s: float  # from the first arrival (t=0) to the last finish
-    wall_time_s: float
-    num_steps: int
-    prefix_hits: int  # tokens, requests never preempted (vLLM's hit-rate definition)
-    prefix_queries: int
-    cache: CacheConfig
-    kv_capacity: KvCapacity | None
-    planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
 
 
 class Engine:
@@ -404,10 +391,7 @@ class Engine:
         return self.result(time.perf_counter() - t0)
 
     def result(self, wall_time_s: float) -> EngineResult:
-        metrics = self.book.metrics
+        """The run's result, once its environment stopped (a cluster asks each replica)."""
         self.clients.deliver_all()  # token times as the clients see them
-        end = max([r.finish_s for r in metrics.requests.values() if r.finish_s is not None], default=0.0)
-        if self.book.progress is not None:
-            self.book.progress(self.env.now, self.book.num_done)
-        return EngineResult(metrics, end, wall_time_s, self.book.num_steps, self.book.prefix_hits,
-                            self.book.prefix_queries, self.cache, self.kv_capacity, self.planner_declined)
+        return engine_result(self.book, self.env.now, wall_time_s, self.cache, self.kv_capacity,
+                             self.planner_declined)

@@ -19,7 +19,7 @@ import yaml
 
 from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig, to_dict
-from servesim.simulator.engine import EngineResult
+from servesim.simulator.engine_result import EngineResult
 from servesim.simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
 from servesim.simulator.summary import summarize
 

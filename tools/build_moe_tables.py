@@ -69,7 +69,7 @@ def kernel_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def roofline_s(gpu, row) -> float:
     """The roofline of one measured call (the balanced kernel touches min(T·k, E) experts)."""
-    from servesim.simulator.cost_model.roofline import RooflineParams
+    from servesim.simulator.cost_model.roofline_params import RooflineParams
     from servesim.simulator.cost_model.roofline_moe import expert_gemm_rates, expert_roofline, expert_roofline_s
     from servesim.simulator.specs import ModelSpec
 

@@ -24,7 +24,7 @@ import pandas as pd
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
-from servesim.simulator.engine import EngineResult
+from servesim.simulator.engine_result import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats
 from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder

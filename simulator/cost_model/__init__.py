@@ -18,7 +18,8 @@ from .base import (
     run_cost_model,
 )
 from .cpu_overhead import CpuOverheadConfig, cpu_overhead_s
-from .roofline import RooflineCostModel, RooflineParams
+from .roofline import RooflineCostModel
+from .roofline_params import RooflineParams
 
 _LAZY = {"fit": ".fit", "fit_main": ".fit", "load_profiles": ".fit", "format_fit_report": ".fit",
          "import_profile": ".importers", "available_importers": ".importers",

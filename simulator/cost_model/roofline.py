@@ -8,8 +8,7 @@ docs/COST_MODELS.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from itertools import compress
+from dataclasses import fields
 from typing import Any
 
 from servesim.traces.errors import InputError
@@ -19,77 +18,15 @@ from ..specs import GpuSpec, HostSpec, ModelSpec, host_for, layer_weight_elems, 
 from ..specs.precision import bytes_per_element, gemm_efficiency, gemm_peak_tflops
 from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row, table_sources
-from .decode_skew import (CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE, GIVEN_SKEW_SOURCE, check_skew_alpha,
-                          max_decode_context)
+from .decode_skew import CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE, GIVEN_SKEW_SOURCE, max_decode_context
 from .mla_tables import mla_decode_grid
-from .moe_comm import DEFAULT_ALL2ALL_BACKEND, check_all2all_backend
-from .moe_tables import DISTRIBUTIONS
 from .roofline_moe import RooflineMoe, expert_gemm_rates
+from .roofline_params import RooflineParams
+from .roofline_work import layer_work
 from .table_versions import MeasuredTable, sources_engine_version, table_engine_version
 
-_ONE_NE = (1).__ne__
 _DENSE_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _HEAD_OPS = ("embedding", "final_norm", "lm_head", "sampler")
-
-
-@dataclass(slots=True, frozen=True)
-class RooflineParams:
-    """Tunable knobs; an efficiency left as None takes the GPU spec's calibrated value."""
-
-    compute_efficiency: float | None = None  # fraction of peak bf16 FLOP/s reached by GEMMs
-    memory_efficiency: float | None = None  # fraction of peak DRAM bandwidth reached by GEMMs
-    attention_compute_efficiency: float | None = None  # same for flash-attention prefill
-    attention_memory_efficiency: float | None = None  # same for decode attention (KV reads)
-    interconnect_efficiency: float | None = None  # fraction of link bandwidth an all-reduce gets
-    collective_latency_s: float | None = None  # fixed cost per all-reduce, seconds
-    kernel_overhead_s: float = 4e-6  # per GEMM / elementwise kernel: launch gap + tail, seconds
-    attention_overhead_s: float = 1e-5  # per attention call (split-KV combine, metadata), seconds
-    elementwise_kernels_per_layer: int = 5  # 2 norms, rotary, activation, KV-cache write
-    expert_parallel_size: int = 1  # vLLM --enable-expert-parallel: experts split over this many ranks
-    data_parallel_size: int = 1  # DP ranks whose tokens meet in every MoE layer (vLLM DP + EP)
-    # vLLM --all2all-backend: how a DP deployment's MoE layers dispatch and combine (moe_comm.py)
-    all2all_backend: str = DEFAULT_ALL2ALL_BACKEND
-    # the measured MoE tables (moe_tables.py) where they cover the shape, else the roofline scaled by a
-    # measured efficiency curve; False: the bare roofline
-    moe_table: bool = True
-    moe_distribution: str = "balanced"  # their routing: balanced (uniform) or power_law_1.01
-    # Route tokens independently (uniform top-k): a step of T tokens touches E(1-(1-k/E)^T) of the
-    # E experts, fewer than the balanced table's min(T k, E); False keeps the table as measured.
-    moe_uniform_routing: bool = True
-    # This host's all-reduce (nccl-tests all_reduce_perf output, or a profile with allreduce rows)
-    # instead of the shipped tables / link model for the TP group (collectives.py).
-    allreduce_profile: str | None = None
-    # This host's collectives (calibrate --collectives output, or nccl-tests output): every op the
-    # file holds replaces the shipped table / link model (host_collectives.py); the PP hand-off too.
-    collectives_profile: str | None = None
-    # MLA decode attention from the measured tables (mla_tables.py) where they cover the deployment;
-    # off by default: their small-batch floor (~0.12-0.16 ms per layer) looks like eager-mode overhead.
-    mla_table: bool = False
-    # Decode-attention imbalance factor (cost_model/decode_skew.py): None = the one carried from the
-    # vLLM FlashAttention profiles for standard attention, none for MLA; 0 turns the term off.
-    skew_alpha: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.skew_alpha is not None:
-            object.__setattr__(self, "skew_alpha", check_skew_alpha(self.skew_alpha))
-        if self.moe_distribution not in DISTRIBUTIONS:
-            raise InputError(f"roofline: unknown moe_distribution {self.moe_distribution!r}",
-                             field="moe_distribution", allowed=", ".join(DISTRIBUTIONS))
-        check_all2all_backend(self.all2all_backend)
-        if self.allreduce_profile is not None and self.collectives_profile is not None:
-            raise InputError("give one host profile: collectives_profile reads the all-reduce rows too",
-                             field="collectives_profile", allowed="collectives_profile alone")
-        for f in ("expert_parallel_size", "data_parallel_size"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
-                raise InputError(f"roofline: {f} must be a positive integer", field=f)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None or isinstance(value, (str, bool)):
-                continue
-            if f.name.endswith("efficiency") and not 0 < value <= 1:
-                raise InputError(f"roofline: {f.name} must be in (0, 1], got {value!r}", field=f.name)
-            if value < 0:
-                raise InputError(f"roofline: {f.name} must be >= 0, got {value!r}", field=f.name)
 
 
 @register_cost_model("roofline")
@@ -275,7 +212,7 @@ class RooflineCostModel:
         rounding, which would part these floats from the bulk prices' (decode_step_times_s)."""
         if self._mla_decode is not None:
             return self._mla_step(shape, None)
-        tokens, pairs, kv_tokens, skew_kv = self._work(shape.num_new_tokens, shape.num_context_tokens)
+        tokens, pairs, kv_tokens, skew_kv = self._work(shape)
         if tokens == 0:
             return 0.0
         gemm, attn, elementwise, comm = self._layer_parts(tokens, pairs, kv_tokens, skew_kv)
@@ -330,7 +267,7 @@ class RooflineCostModel:
             embed, norm, lm_head, sampler = self._head_parts(n, n)
             fixed = self._decode_fixed[n] = (gemm, elementwise, comm, embed + norm + lm_head + sampler)
         gemm, elementwise, comm, head = fixed
-        # _work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
+        # layer_work for all decodes: pairs = kd + nd + pc + 0.5 * (cc + ptok) with kd = ctx_sum, nd = n
         # and the rest 0, i.e. the int ctx_sum + n as a float; then _layer_parts' max, written out
         # (max(a, b) is a unless b > a): the loop is kernels.decode_step_prices (compiled by make).
         # The skew term's extra KV tokens, n * max - sum, stay fixed: every context grows by one.
@@ -340,43 +277,10 @@ class RooflineCostModel:
                                   self._kv_bytes_per_tok, n * self._q_bytes_per_tok, self._skew_alpha,
                                   int(skew_kv))
 
-    def _work(self, new: tuple[int, ...], ctx: tuple[int, ...]) -> tuple[int, float, float, float]:
-        """(tokens, query-key pairs, KV tokens read, skew KV tokens) of an average layer:
-        full-attention layers and sliding-window layers blended by their share of the model's
-        layers. Skew KV tokens: how many more the decodes would read all at the longest decode's
-        context (the imbalance term, cost_model/decode_skew.py; 0 when it is off)."""
-        tokens, ctx_sum, nd, kd, npf, ptok, pc, cc = batch_sums(new, ctx)
-        # causal query-key pairs: decodes see context + 1, chunks c * cached + c(c+1)/2
-        pairs, kv_tokens = kd + nd + pc + 0.5 * (cc + ptok), ctx_sum + tokens
-        skew_kv = nd * max_decode_context(new, ctx, npf) - kd if self._skew_alpha and nd > 1 else 0
-        f = self._win_frac
-        if f:
-            wpairs, wkv = self._windowed_work(new, ctx, (pairs, kv_tokens), ctx_sum, tokens, npf)
-            pairs, kv_tokens = f * wpairs + (1.0 - f) * pairs, f * wkv + (1.0 - f) * kv_tokens
-            skew_kv = (1.0 - f) * skew_kv  # full-attention layers only: windowed ones cap every context
-        return tokens, pairs, kv_tokens, skew_kv
-
-    def _windowed_work(self, new: tuple[int, ...], ctx: tuple[int, ...], full: tuple[float, int],
-                       ctx_sum: int, tokens: int, n_prefill: int) -> tuple[float, int]:
-        """(query-key pairs, KV tokens read) with a sliding attention window; ``full`` is the
-        unwindowed work, returned as is when no request reaches past the window."""
-        window = self.model.sliding_window
-        if not ctx or max(ctx) + (tokens if n_prefill else 1) <= window:  # (an empty batch too)
-            return full
-        # Every request reads min(c, window) cached tokens plus its n new ones; a decode (n = 1)
-        # sees min(c + 1, window) keys. min(c, t) summed = sum(c) - the excess over t, which
-        # only the long contexts have: found by a C-level filter, not a Python loop.
-        long = list(filter((window - 1).__lt__, ctx))  # contexts >= window
-        excess = sum(long) - (window - 1) * len(long)  # over window - 1; over window: - len(long)
-        kv = ctx_sum - (excess - len(long)) + tokens
-        pairs = float(ctx_sum - excess + len(new))
-        if n_prefill:  # prefill-like requests: swap in the exact form
-            for i in compress(range(len(new)), map(_ONE_NE, new)):
-                n, c = new[i], ctx[i]
-                pairs -= min(c, window - 1) + 1
-                f = min(max(window - c, 0), n)  # queries that still see their whole prefix
-                pairs += f * c + 0.5 * f * (f + 1) + (n - f) * window
-        return pairs, kv
+    def _work(self, shape: StepShape) -> tuple[int, float, float, float]:
+        """(tokens, query-key pairs, KV tokens read, skew KV tokens) of an average layer (roofline_work.py)."""
+        return layer_work(shape.num_new_tokens, shape.num_context_tokens, self._skew_alpha, self._win_frac,
+                          self.model.sliding_window)
 
     def _layer_parts(self, tokens: int, pairs: float, kv_tokens: int, skew_kv: float = 0
                      ) -> tuple[float, float, float, float]:
@@ -477,7 +381,7 @@ class RooflineCostModel:
             out: dict[str, float] = {}
             self._mla_step(shape, out)
             return out
-        tokens, pairs, kv_tokens, skew_kv = self._work(shape.num_new_tokens, shape.num_context_tokens)
+        tokens, pairs, kv_tokens, skew_kv = self._work(shape)
         if tokens == 0:
             return {}
         out = {name: self.model.num_layers * v for name, v in zip(

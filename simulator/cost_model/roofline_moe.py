@@ -20,7 +20,7 @@ from .moe_comm import MoeDeployment, moe_comm
 from .moe_tables import moe_curve, moe_efficiency
 
 if TYPE_CHECKING:  # roofline.py imports this module
-    from .roofline import RooflineParams
+    from .roofline_params import RooflineParams
 
 
 def expert_gemm_rates(gpu: GpuSpec, fmt: str, compute_efficiency: float) -> tuple[float, float]:

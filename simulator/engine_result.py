@@ -1,0 +1,37 @@
+"""What an engine's run hands back (`EngineResult`), assembled from its `StepBook` once the run
+ended (simulator/step_book.py holds the steps, token times and finishes it reads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servesim.scheduler import CacheConfig
+from servesim.simulator.kv_capacity import KvCapacity
+from servesim.simulator.metrics import MetricsCollector
+from servesim.simulator.step_book import StepBook
+
+
+@dataclass(slots=True)
+class EngineResult:
+    metrics: MetricsCollector
+    sim_duration_s: float  # from the first arrival (t=0) to the last finish
+    wall_time_s: float
+    num_steps: int
+    prefix_hits: int  # tokens, requests never preempted (vLLM's hit-rate definition)
+    prefix_queries: int
+    cache: CacheConfig
+    kv_capacity: KvCapacity | None
+    planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
+
+
+def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: CacheConfig,
+                  kv_capacity: KvCapacity | None, planner_declined: str | None) -> EngineResult:
+    """The result of a run whose clock stands at `now_s`: its book's last progress report made, the
+    duration up to the last finish (the clients' token times already delivered: Engine.result)."""
+    metrics = book.metrics
+    end = max([r.finish_s for r in metrics.requests.values() if r.finish_s is not None], default=0.0)
+    if book.progress is not None:
+        book.progress(now_s, book.num_done)
+    return EngineResult(metrics, end, wall_time_s, book.num_steps, book.prefix_hits, book.prefix_queries, cache,
+                        kv_capacity, planner_declined)
