@@ -39,6 +39,20 @@ def candidates(name: str) -> list[str]:
     return out
 
 
+def lookup_spec(kind: str, name: str, specs: dict, lookup: dict[str, str]):
+    """The spec ``name`` (an id or alias, any spelling ``candidates`` tries) names in a registry
+    (``specs``: id -> spec; ``lookup``: key -> id); unknown: an InputError on field ``kind`` listing
+    the ids with a did-you-mean."""
+    from servesim.scheduler.registry import unknown_name_message
+    from servesim.traces.errors import InputError
+
+    for key in candidates(str(name)):
+        if key in lookup:
+            return specs[lookup[key]]
+    raise InputError(unknown_name_message(kind, str(name), sorted(specs)), field=kind,
+                     allowed=", ".join(sorted(specs)))
+
+
 def alias_keys(alias: str) -> list[str]:
     """Keys under which one declared alias is registered (with and without its org prefix)."""
     full = normalise(alias)

@@ -6,10 +6,9 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 
-from ._names import alias_keys, candidates
+from ._names import alias_keys, lookup_spec
 from ._yaml import load_spec_file
 
 _SPEC_FILE = Path(__file__).with_name("gpus.yaml")
@@ -96,11 +95,7 @@ def resolve_gpu(name: str | GpuSpec) -> GpuSpec:
     if isinstance(name, GpuSpec):
         return name
     specs, lookup = _registry()
-    for key in candidates(str(name)):
-        if key in lookup:
-            return specs[lookup[key]]
-    raise InputError(unknown_name_message("gpu", str(name), available_gpus()), field="gpu",
-                     allowed=", ".join(available_gpus()))
+    return lookup_spec("gpu", name, specs, lookup)
 
 
 def find_gpu(name: str) -> GpuSpec | None:

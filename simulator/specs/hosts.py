@@ -20,10 +20,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 
-from ._names import alias_keys, candidates
+from ._names import alias_keys, lookup_spec
 from ._yaml import load_spec_file
 from .gpus import GpuSpec, resolve_gpu
 
@@ -177,11 +176,7 @@ def resolve_host(name: str | HostSpec) -> HostSpec:
     if isinstance(name, HostSpec):
         return name
     specs, lookup = _registry()
-    for key in candidates(str(name)):
-        if key in lookup:
-            return specs[lookup[key]]
-    raise InputError(unknown_name_message("host", str(name), available_hosts()), field="host",
-                     allowed=", ".join(available_hosts()))
+    return lookup_spec("host", name, specs, lookup)
 
 
 def default_host(gpu: str | GpuSpec) -> HostSpec:
