@@ -32,7 +32,19 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
     s["sim_speedup_x"] = res.sim_duration_s / res.wall_time_s if res.wall_time_s > 0 else None
     # Whether the fast path ran beside the engine, and if not why (simulator/fastpath/planner_for).
     s["fast_path"] = {"used": res.planner_declined is None, "declined_reason": res.planner_declined}
+    if res.hicache is not None:
+        s["hicache"] = hicache_summary(res.hicache, res.prefix_hits)
     return s
+
+
+def hicache_summary(hc, prefix_hits: int) -> dict:
+    """SGLang HiCache's host tier beside the prefix-cache figures: prefix_cache_hit_tokens counts
+    every cached prefix token (device hits and tokens loaded from host); host_hit_tokens is the
+    part loaded from host, device_hit_tokens the rest (both of requests never preempted, as the
+    prefix-cache figures)."""
+    return {"host_hit_tokens": hc.host_hit_tokens, "device_hit_tokens": max(prefix_hits - hc.host_hit_tokens, 0),
+            "load_bytes": hc.load_bytes, "write_bytes": hc.write_bytes,
+            "num_loads": hc.num_loads, "num_writes": hc.num_writes}
 
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,

@@ -108,7 +108,7 @@ class BatchingMixin:
             if not a.continuing:
                 if mem.cache_enabled:
                     self.prefix_cache_stats.record(req.num_tokens, a.prefix_len, req.num_preemptions > 0)
-                    mem.take_host_hit(req.request_id, a.prefix_len)
+                    mem.take_host_hit(req.request_id, a.prefix_len, req.num_preemptions > 0)
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = a.prefix_len
                 if req.num_cached_tokens is None:

@@ -213,8 +213,15 @@ class HiRadixCache(RadixCache):
         for child in list(node.children.values()):
             self._drop_host_subtree(child)
         self.ctl.host_pool.free(node.host_value)
-        del node.parent.children[self._child_key(node.extra, node.key)]
+        self._unlink(node)
+
+    def _unlink(self, node: TreeNode) -> None:
+        """Take a host-only node out of the tree (it holds no device tokens: sizes are unchanged)."""
+        parent = node.parent
+        del parent.children[self._child_key(node.extra, node.key)]
         self._leaves.discard(node)
+        if parent is not self.root and not parent.children:
+            self._leaves.add(parent)
 
     def evict_host(self, num_tokens: int) -> int:
         """Free host copies of evicted leaves, least recently used first (evict_host)."""
@@ -226,8 +233,7 @@ class HiRadixCache(RadixCache):
             self.ctl.host_pool.free(x.host_value)
             freed += len(x.key)
             parent = x.parent
-            del parent.children[self._child_key(x.extra, x.key)]
-            self._leaves.discard(x)
+            self._unlink(x)
             if parent is not self.root and parent.evicted and not parent.children:
                 heapq.heappush(leaves, parent)
         return freed

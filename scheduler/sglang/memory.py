@@ -112,10 +112,11 @@ class SGLangMemory:
         for rid in [r for r, node in self.loading.items() if id(node) in done]:
             del self.loading[rid]
 
-    def take_host_hit(self, rid: str, prefix_len: int) -> None:
-        """On admission: the loaded tokens the request's prefix still covers are host hits."""
+    def take_host_hit(self, rid: str, prefix_len: int, preempted: bool) -> None:
+        """On admission: the loaded tokens the request's prefix still covers are host hits
+        (counted like prefix-cache hits: requests never preempted, vLLM's hit-rate definition)."""
         loaded = self.loaded_tokens.pop(rid, 0)
-        if loaded and self.hicache is not None:
+        if loaded and self.hicache is not None and not preempted:
             self.hicache.add_host_hit(min(loaded, prefix_len))
 
     def forget(self, rid: str) -> None:

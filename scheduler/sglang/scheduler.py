@@ -52,13 +52,13 @@ class SGLangScheduler(BatchingMixin):
         self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache,
                                              self.hicache, hc.hicache_write_policy)
         # Two steps in flight with SGLang's overlap schedule (event_loop_overlap). An idle
-        # schedule() is not declared stable: SGLang's own loop steps again at once. The bulk
-        # decode path assumes nothing changes between decode steps but tokens; host copies
-        # completing on their own clock break that, so it is declined with HiCache on.
+        # schedule() is not declared stable: SGLang's own loop steps again at once. With HiCache
+        # it is: schedule() itself steps again while an idle round changed the state (_idle_rounds),
+        # and the engine then sleeps until a copy ends (next_event_s) instead of spinning at one
+        # instant. (With HiCache the bulk decode path declines: scheduler/bulk/sglang.py.)
         self.capabilities = SchedulerCapabilities(
-            max_steps_in_flight=2 if config.overlap_schedule else 1, idle_is_stable=False,
-            prefix_cache="radix" if config.enable_radix_cache else None,
-            decode_runs="sglang" if self.hicache is None else None)
+            max_steps_in_flight=2 if config.overlap_schedule else 1, idle_is_stable=self.hicache is not None,
+            prefix_cache="radix" if config.enable_radix_cache else None, decode_runs="sglang")
         pool_tokens = config.num_pages * config.page_size
         self.max_req_len = min(max_model_len - 1, pool_tokens - 1)  # tokens per request at most
         self.requests: dict[str, Request] = {}  # unfinished requests
@@ -131,11 +131,29 @@ class SGLangScheduler(BatchingMixin):
         self._set_now(now_s)
         preempted: list[Request] = []
         batch = self._get_next_batch_to_run(preempted)
+        if batch is None and self.hicache is not None and not preempted:
+            batch = self._idle_rounds(preempted)
         self.last_batch = batch
         so, info = build_output(self, batch, preempted)
         self._steps[id(so)] = (so, info)
         self._recent.append((so, batch is not None and batch.is_extend))
         return so
+
+    def _idle_state(self) -> tuple:
+        return (len(self.ghosts), self.batch_is_full, len(self.running), len(self.waiting),
+                self.chunked_req is not None, len(self.kv_cache_manager.loading))
+
+    def _idle_rounds(self, preempted: list[Request]) -> Batch | None:
+        """HiCache: SGLang's loop runs an idle round again at once; do those rounds here while one
+        changed the state (a filtered batch, a cleared batch_is_full), so an idle schedule() is
+        stable. Bounded: each round that changes anything shrinks ghosts or flips a flag."""
+        for _ in range(4):
+            before = self._idle_state()
+            self.last_batch = None
+            batch = self._get_next_batch_to_run(preempted)
+            if batch is not None or preempted or self._idle_state() == before:
+                return batch
+        return None
 
     def _get_next_batch_to_run(self, preempted: list[Request]) -> Batch | None:
         if self.chunked_req is not None:
