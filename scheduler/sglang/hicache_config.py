@@ -62,7 +62,7 @@ class HiCacheConfig:
 
     def host_num_pages(self, device_tokens: int, page_size: int) -> int:
         """Host pool pages, as MHATokenToKVPoolHost sizes it: hicache_size GB / bytes per token, else
-        device pool tokens x ratio; whole pages; refused when smaller than the device pool."""
+        device pool tokens x ratio; whole pages; refused unless larger than the device pool."""
         if self.hicache_size_gb > 0:
             if self.kv_bytes_per_token is None:
                 raise ValueError("hicache_size_gb needs kv_bytes_per_token (resolved from the model)")
@@ -70,9 +70,9 @@ class HiCacheConfig:
         else:
             tokens = int(device_tokens * self.hicache_ratio)
         tokens -= tokens % page_size
-        if tokens < device_tokens:
-            # SGLang's HostKVCache.__init__ refuses this the same way.
-            raise ValueError(f"hicache: the host pool ({tokens} tokens) must be at least the device pool "
+        if tokens <= device_tokens:
+            # SGLang's HostKVCache.__init__ asserts size > device_pool.size, with these words.
+            raise ValueError(f"hicache: the host pool ({tokens} tokens) must be larger than the device pool "
                              f"({device_tokens} tokens): SGLang: 'The host memory should be larger than the "
                              "device memory with the current protocol'")
         return tokens // page_size
