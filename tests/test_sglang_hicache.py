@@ -242,3 +242,14 @@ def test_engine_multi_turn_run_hits_the_host_tier_deterministically():
     again = _run(HiCacheConfig(True, hicache_ratio=10))
     drop = ("wall_time_s", "sim_speedup_x")
     assert {k: v for k, v in on.items() if k not in drop} == {k: v for k, v in again.items() if k not in drop}
+
+
+def test_a_load_keeps_its_host_copy_when_its_own_eviction_needs_host_room():
+    t, pool, ctl = tree("write_back", device_pages=4, ratio=1.5)  # host: 6 pages
+    insert_new(t, pool, list(range(12)))
+    t.evict(12)  # A: written back (3 host pages), host only
+    a = t.nodes()[0]
+    insert_new(t, pool, list(range(100, 116)))  # B fills the device, no host copy yet
+    assert t.load_back(a) == 12  # B cannot be written back (host is short, A is pinned): deleted
+    assert not a.evicted and a.host_value == [1, 2, 3] and a.parent is t.root
+    assert [n.key[0] for n in t.nodes()] == [0] and len(ctl.host_pool.free_pages) == 3

@@ -44,6 +44,9 @@ class HiRadixCache(RadixCache):
         self.ctl = controller
         self.write_back = write_policy == "write_back"
         self.write_through_threshold = WRITE_THROUGH_THRESHOLD.get(write_policy, 0)
+        # Host-only nodes a load is being set up for: evict_host (reached from a write-back
+        # eviction that load_back's own evict may trigger) must not delete them under it.
+        self._pinned: set[TreeNode] = set()
 
     # --- lookup ----------------------------------------------------------------------------------
     def match_prefix_host(self, tokens: Sequence[int], extra: Hashable = None
@@ -148,7 +151,9 @@ class HiRadixCache(RadixCache):
             return 0
         self.inc_lock_ref(ancestor)  # its own prefix is not evicted to make room
         if self.pool.available_size() < num_tokens:
+            self._pinned.update(chain)
             self.evict(num_tokens)
+            self._pinned.clear()
         pages = self.pool.alloc(num_tokens // self.page_size)
         self.dec_lock_ref(ancestor)
         if pages is None:
@@ -225,7 +230,7 @@ class HiRadixCache(RadixCache):
 
     def evict_host(self, num_tokens: int) -> int:
         """Free host copies of evicted leaves, least recently used first (evict_host)."""
-        leaves = [n for n in self.nodes() if n.evicted and not n.children]
+        leaves = [n for n in self.nodes() if n.evicted and not n.children and n not in self._pinned]
         heapq.heapify(leaves)
         freed = 0
         while freed < num_tokens and leaves:
@@ -234,7 +239,7 @@ class HiRadixCache(RadixCache):
             freed += len(x.key)
             parent = x.parent
             self._unlink(x)
-            if parent is not self.root and parent.evicted and not parent.children:
+            if parent is not self.root and parent.evicted and not parent.children and parent not in self._pinned:
                 heapq.heappush(leaves, parent)
         return freed
 
