@@ -25,6 +25,7 @@ class EngineResult:
     kv_capacity: KvCapacity | None
     planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
     hicache: HiCacheStats | None = None  # SGLang HiCache's host tier over the run (None: no host tier)
+    hicache_rows: list | None = None  # its steps: (update s, host hit tokens, bytes in, bytes out)
 
 
 def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: CacheConfig,
@@ -36,4 +37,4 @@ def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: Cache
     if book.progress is not None:
         book.progress(now_s, book.num_done)
     return EngineResult(metrics, end, wall_time_s, book.num_steps, book.prefix_hits, book.prefix_queries, cache,
-                        kv_capacity, planner_declined, book.hicache)
+                        kv_capacity, planner_declined, book.hicache, book.hicache_rows)

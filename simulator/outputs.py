@@ -47,14 +47,37 @@ def hicache_summary(hc, prefix_hits: int) -> dict:
             "num_loads": hc.num_loads, "num_writes": hc.num_writes}
 
 
+HICACHE_SERIES = ("hicache_host_hit_tokens", "hicache_load_bytes", "hicache_write_bytes")
+
+
+def with_hicache_series(ts: Columns, rows: list[tuple[float, int, int, int]]) -> Columns:
+    """The 1-second series plus SGLang HiCache's per-second figures beside the others: host-tier
+    hit tokens, bytes loaded and written in [t, t + 1), by the time each step's output was applied."""
+    ticks = np.asarray(ts["t_s"])
+    data = {name: ts.raw(name) for name in ts.columns}
+    if rows:
+        at = np.asarray([r[0] for r in rows])
+        # per step, the tick it belongs to (steps after the last tick count in the last one)
+        idx = np.clip(np.searchsorted(ticks, at, side="right") - 1, 0, len(ticks) - 1)
+    for i, name in enumerate(HICACHE_SERIES, start=1):
+        col = np.zeros(len(ticks), dtype=np.int64)
+        if rows:
+            np.add.at(col, idx, np.asarray([r[i] for r in rows], dtype=np.int64))
+        data[name] = col
+    return Columns(data, [*ts.columns, *HICACHE_SERIES])
+
+
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
                   step_trace_tmp: str | None = None, overwrite: bool = False) -> Path:
     cols = res.metrics.columns()  # the columns the summary was built from, not new ones
     resolved = to_dict(cfg)
     resolved["cache"] = to_dict(res.cache)
     resolved["workload"] = workload_meta
+    timeseries = cols.timeseries(summary["sim_duration_s"])
+    if res.hicache is not None:
+        timeseries = with_hicache_series(timeseries, res.hicache_rows or [])
     return write_result_folder(out_dir, "replay", requests=cols.requests, steps=cols.steps,
-                               timeseries=cols.timeseries(summary["sim_duration_s"]), config=resolved,
+                               timeseries=timeseries, config=resolved,
                                summary=summary, overwrite=overwrite)
 
 

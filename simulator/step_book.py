@@ -34,6 +34,9 @@ class StepBook:
         self.prefix_hits = 0  # tokens, requests never preempted (vLLM's hit-rate definition)
         self.prefix_queries = 0
         self.hicache: HiCacheStats | None = None  # SGLang HiCache totals (None: no host tier)
+        # SGLang HiCache per step with any copy or host hit: (update time s, host hit tokens, bytes
+        # loaded, bytes written); the time series bins them by second (outputs.py).
+        self.hicache_rows: list[tuple[float, int, int, int]] = []
         self.num_done = 0  # requests finished, rejected or given up
         self.arrived_since_step: list[str] = []  # request ids added since the last schedule (step trace)
 
@@ -80,6 +83,8 @@ class StepBook:
             if self.hicache is None:
                 self.hicache = HiCacheStats()
             self.hicache.add(hs)
+            if hs.host_hit_tokens or hs.load_bytes or hs.write_bytes:
+                self.hicache_rows.append((now, hs.host_hit_tokens, hs.load_bytes, hs.write_bytes))
         self.metrics.steps.set_update(row, now, ps.hits, ps.queries)  # duration: schedule to output applied
         if rec is not None:
             assert self.step_trace is not None

@@ -253,3 +253,22 @@ def test_a_load_keeps_its_host_copy_when_its_own_eviction_needs_host_room():
     assert t.load_back(a) == 12  # B cannot be written back (host is short, A is pinned): deleted
     assert not a.evicted and a.host_value == [1, 2, 3] and a.parent is t.root
     assert [n.key[0] for n in t.nodes()] == [0] and len(ctl.host_pool.free_pages) == 3
+
+
+def test_hicache_off_changes_nothing_whatever_its_other_settings():
+    plain = _run(HiCacheConfig())
+    off = _run(HiCacheConfig(False, hicache_ratio=7, hicache_write_policy="write_back"))
+    drop = ("wall_time_s", "sim_speedup_x")
+    assert {k: v for k, v in plain.items() if k not in drop} == {k: v for k, v in off.items() if k not in drop}
+
+
+def test_time_series_bins_hicache_figures_by_second():
+    from servesim.simulator.columns import Columns
+    from servesim.simulator.outputs import with_hicache_series
+
+    ts = Columns({"t_s": np.arange(3.0), "running": np.zeros(3, dtype=np.int64)})
+    out = with_hicache_series(ts, [(0.5, 16, 100, 7), (0.9, 0, 0, 5), (2.0, 32, 200, 0), (9.0, 0, 0, 1)])
+    assert out.columns == ["t_s", "running", "hicache_host_hit_tokens", "hicache_load_bytes", "hicache_write_bytes"]
+    assert out["hicache_host_hit_tokens"].tolist() == [16, 0, 32]
+    assert out["hicache_load_bytes"].tolist() == [100, 0, 200]
+    assert out["hicache_write_bytes"].tolist() == [12, 0, 1]  # past the last tick: in the last one
