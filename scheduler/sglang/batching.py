@@ -39,7 +39,9 @@ class BatchingMixin:
 
     def _get_new_batch_prefill(self: SGLangScheduler, preempted: list[Request]) -> Batch | None:
         cfg = self.config
-        self.kv_cache_manager.check_hicache_events()  # finished copies release nodes and requests
+        # _get_new_batch_prefill_raw (v0.5 line) checks HiCache events first, before its early returns:
+        # finished copies unlock their nodes and release the requests that waited for a load.
+        self.kv_cache_manager.check_hicache_events()
         try_preemption = cfg.enable_priority_scheduling
         if try_preemption:
             self.batch_is_full = False  # give preemption a chance
