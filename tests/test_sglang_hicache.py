@@ -272,3 +272,26 @@ def test_time_series_bins_hicache_figures_by_second():
     assert out["hicache_host_hit_tokens"].tolist() == [16, 0, 32]
     assert out["hicache_load_bytes"].tolist() == [100, 0, 200]
     assert out["hicache_write_bytes"].tolist() == [12, 0, 1]  # past the last tick: in the last one
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_invariants_hold_every_step_under_pressure_with_client_timeouts(policy, async_scheduling):
+    """A tight pool, a host pool 1.5x the device one (host evictions), clients giving up (aborts of
+    waiting and loading requests): tree, pages, host pages and copy locks checked after each step."""
+    from servesim.simulator.config import ClientConfig
+
+    wl = make_workload("sessions", {
+        "num_requests": 50, "arrival": {"rate_per_s": 12.0},
+        "prompt_len": {"dist": "lognormal", "median": 300, "sigma": 0.6, "max_value": 1500},
+        "output_len": {"dist": "lognormal", "median": 30, "sigma": 0.6, "max_value": 200},
+        "sessions": {"num_turns": {"dist": "uniform", "low": 2, "high": 5},
+                     "think_time_s": {"dist": "exponential", "mean": 2.0}}}, np.random.default_rng(2))
+    cfg = SimConfig(engine="sglang", scheduler=SchedulerConfig(max_model_len=3000, async_scheduling=async_scheduling),
+                    cache=CacheConfig(block_size=16, num_gpu_blocks=200), derive_num_gpu_blocks=False,
+                    sglang=SGLangConfig(hicache=HiCacheConfig(True, hicache_write_policy=policy, hicache_ratio=1.5)),
+                    client=ClientConfig(timeout_s=0.5))
+    res = CheckedEngine(cfg, wl).run()
+    status = list(res.metrics.columns().requests["status"])
+    assert "timed_out" in status and "completed" in status
+    assert res.hicache.num_loads > 0 and res.hicache.write_bytes > 0
