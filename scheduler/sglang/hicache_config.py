@@ -17,11 +17,12 @@ from servesim.scheduler.registry import unknown_name_message
 
 # SGLang's --hicache-write-policy choices (cache_controller.py / hiradix_cache.py):
 #   write_through            back a node up to host when it is inserted (hit_count >= 1)
-#   write_through_selective  back it up after 3 hits (HiRadixCache.write_through_threshold)
+#   write_through_selective  back it up after 2 hits (HiRadixCache.write_through_threshold)
 #   write_back               back it up only when it is evicted from the device
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-# HiRadixCache.write_through_threshold: 1 for write_through, else 3 (hiradix_cache.py __init__).
-WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 3}
+# HiRadixCache.write_through_threshold: 1 for write_through, else 2 (hiradix_cache.py __init__, v0.5
+# line; releases before the storage tier used 3).
+WRITE_THROUGH_THRESHOLD = {"write_through": 1, "write_through_selective": 2}
 # HiRadixCache.load_back_threshold: a host hit shorter than this many tokens is not loaded back.
 LOAD_BACK_THRESHOLD_TOKENS = 10
 

@@ -9,7 +9,7 @@ device-resident up to some node and host-only after it; a match returns both par
 
 Write policies (HiRadixCache.inc_hit_count / _insert_helper / evict): write_through and
 write_through_selective count hits on matched and inserted nodes and back a node up once its
-count reaches the threshold (1 or 3); the node is locked until its copy is acknowledged
+count reaches the threshold (1 or 2); the node is locked until its copy is acknowledged
 (writing_check). write_back counts nothing and backs a node up when it is evicted (SGLang blocks
 on that copy: the pages are freed at once here and the copy is counted, not waited for).
 
