@@ -5,10 +5,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.request import SamplingParams
+
+if TYPE_CHECKING:
+    from servesim.scheduler.sglang.hicache import HiCacheStats
 
 
 @dataclass(slots=True)
@@ -110,6 +114,9 @@ class SchedulerStats:
     prefix_cache_stats: PrefixCacheStats
     spec_decoding_stats: SpecDecodingStats | None = None
     num_pinned_reqs: int = 0  # Continuum
+    # SGLang's HiCache (scheduler/sglang/hicache.py HiCacheStats): host-tier hits and bytes copied
+    # since the previous stats; None for schedulers without a host tier.
+    hicache_stats: HiCacheStats | None = None
 
 
 @dataclass(slots=True)

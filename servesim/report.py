@@ -88,6 +88,11 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
         f"preemptions {s['num_preemptions']}, prefix-cache hit rate {100 * s['prefix_cache_hit_rate']:.1f} %, "
         f"KV usage mean {100 * s['kv_usage_mean']:.1f} % of {s['num_gpu_blocks']} blocks ({s['num_gpu_blocks_source']})"
     )
+    hc = s.get("hicache")
+    if hc is not None:  # SGLang HiCache: the host tier's share of the hits and the bytes copied
+        console.print(f"HiCache host tier: {hc['host_hit_tokens']} of {s['prefix_cache_hit_tokens']} hit tokens loaded "
+                      f"from host ({hc['num_loads']} loads, {hc['load_bytes'] / 1e9:.2f} GB in, "
+                      f"{hc['write_bytes'] / 1e9:.2f} GB written)")
     if out is not None:
         console.print(f"results in {out}/")
 

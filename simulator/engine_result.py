@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servesim.scheduler import CacheConfig
+from servesim.scheduler.sglang.hicache import HiCacheStats
 from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.step_book import StepBook
@@ -23,6 +24,8 @@ class EngineResult:
     cache: CacheConfig
     kv_capacity: KvCapacity | None
     planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
+    hicache: HiCacheStats | None = None  # SGLang HiCache's host tier over the run (None: no host tier)
+    hicache_rows: list | None = None  # its steps: (update s, host hit tokens, bytes in, bytes out)
 
 
 def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: CacheConfig,
@@ -34,4 +37,4 @@ def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: Cache
     if book.progress is not None:
         book.progress(now_s, book.num_done)
     return EngineResult(metrics, end, wall_time_s, book.num_steps, book.prefix_hits, book.prefix_queries, cache,
-                        kv_capacity, planner_declined)
+                        kv_capacity, planner_declined, book.hicache, book.hicache_rows)

@@ -32,7 +32,39 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
     s["sim_speedup_x"] = res.sim_duration_s / res.wall_time_s if res.wall_time_s > 0 else None
     # Whether the fast path ran beside the engine, and if not why (simulator/fastpath/planner_for).
     s["fast_path"] = {"used": res.planner_declined is None, "declined_reason": res.planner_declined}
+    if res.hicache is not None:
+        s["hicache"] = hicache_summary(res.hicache, res.prefix_hits)
     return s
+
+
+def hicache_summary(hc, prefix_hits: int) -> dict:
+    """SGLang HiCache's host tier beside the prefix-cache figures: prefix_cache_hit_tokens counts
+    every cached prefix token (device hits and tokens loaded from host); host_hit_tokens is the
+    part loaded from host, device_hit_tokens the rest (both of requests never preempted, as the
+    prefix-cache figures)."""
+    return {"host_hit_tokens": hc.host_hit_tokens, "device_hit_tokens": max(prefix_hits - hc.host_hit_tokens, 0),
+            "load_bytes": hc.load_bytes, "write_bytes": hc.write_bytes,
+            "num_loads": hc.num_loads, "num_writes": hc.num_writes}
+
+
+HICACHE_SERIES = ("hicache_host_hit_tokens", "hicache_load_bytes", "hicache_write_bytes")
+
+
+def with_hicache_series(ts: Columns, rows: list[tuple[float, int, int, int]]) -> Columns:
+    """The 1-second series plus SGLang HiCache's per-second figures beside the others: host-tier
+    hit tokens, bytes loaded and written in [t, t + 1), by the time each step's output was applied."""
+    ticks = np.asarray(ts["t_s"])
+    data = {name: ts.raw(name) for name in ts.columns}
+    if rows:
+        at = np.asarray([r[0] for r in rows])
+        # per step, the tick it belongs to (steps after the last tick count in the last one)
+        idx = np.clip(np.searchsorted(ticks, at, side="right") - 1, 0, len(ticks) - 1)
+    for i, name in enumerate(HICACHE_SERIES, start=1):
+        col = np.zeros(len(ticks), dtype=np.int64)
+        if rows:
+            np.add.at(col, idx, np.asarray([r[i] for r in rows], dtype=np.int64))
+        data[name] = col
+    return Columns(data, [*ts.columns, *HICACHE_SERIES])
 
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
@@ -41,8 +73,11 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
     resolved = to_dict(cfg)
     resolved["cache"] = to_dict(res.cache)
     resolved["workload"] = workload_meta
+    timeseries = cols.timeseries(summary["sim_duration_s"])
+    if res.hicache is not None:
+        timeseries = with_hicache_series(timeseries, res.hicache_rows or [])
     return write_result_folder(out_dir, "replay", requests=cols.requests, steps=cols.steps,
-                               timeseries=cols.timeseries(summary["sim_duration_s"]), config=resolved,
+                               timeseries=timeseries, config=resolved,
                                summary=summary, overwrite=overwrite)
 
 

@@ -160,3 +160,20 @@ def _check_sglang(cfg: SimConfig, cache: CacheConfig) -> None:
         raise InputError(
             f"SGLang's prefill budget ({chunk} tokens) is below one KV page ({page} tokens): prefill chunks "
             "are whole pages, so no prompt could ever be admitted", field=field, allowed=f">= {page}")
+    radix = sg.enable_radix_cache if sg.enable_radix_cache is not None else cache.enable_prefix_caching
+    if sg.hicache.enable_hierarchical_cache and not radix:
+        raise InputError(
+            "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot "
+            "be used at the same time (SGLang's ServerArgs check): HiCache is a tier of the radix cache",
+            field="sglang.hicache.enable_hierarchical_cache",
+            allowed="false, or cache.enable_prefix_caching / sglang.enable_radix_cache true")
+    if sg.hicache.enable_hierarchical_cache:
+        from servesim.simulator.scheduler_kinds.sglang import resolve_hicache
+
+        tokens = sg.max_total_tokens if sg.max_total_tokens is not None else (cache.num_gpu_blocks - 1) * cache.block_size
+        try:
+            resolve_hicache(sg, cfg.hardware).hicache.host_num_pages(tokens // page * page, page)
+        except ValueError as exc:
+            field = "hicache_size_gb" if sg.hicache.hicache_size_gb > 0 else "hicache_ratio"
+            raise InputError(str(exc), field=f"sglang.hicache.{field}",
+                             allowed="a host pool larger than the device pool (hicache_ratio > 1, or more GB)") from None

@@ -17,6 +17,7 @@ from typing import IO
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.sglang.hicache import HiCacheStats
 from servesim.simulator.metrics import MetricsCollector
 
 PROGRESS_EVERY_STEPS = 256  # the progress callback runs at every update whose step count is a multiple
@@ -32,6 +33,10 @@ class StepBook:
         self.num_preemptions = 0
         self.prefix_hits = 0  # tokens, requests never preempted (vLLM's hit-rate definition)
         self.prefix_queries = 0
+        self.hicache: HiCacheStats | None = None  # SGLang HiCache totals (None: no host tier)
+        # SGLang HiCache per step with any copy or host hit: (update time s, host hit tokens, bytes
+        # loaded, bytes written); the time series bins them by second (outputs.py).
+        self.hicache_rows: list[tuple[float, int, int, int]] = []
         self.num_done = 0  # requests finished, rejected or given up
         self.arrived_since_step: list[str] = []  # request ids added since the last schedule (step trace)
 
@@ -73,6 +78,13 @@ class StepBook:
         ps = eco.scheduler_stats.prefix_cache_stats
         self.prefix_hits += ps.hits
         self.prefix_queries += ps.queries
+        hs = eco.scheduler_stats.hicache_stats
+        if hs is not None:
+            if self.hicache is None:
+                self.hicache = HiCacheStats()
+            self.hicache.add(hs)
+            if hs.host_hit_tokens or hs.load_bytes or hs.write_bytes:
+                self.hicache_rows.append((now, hs.host_hit_tokens, hs.load_bytes, hs.write_bytes))
         self.metrics.steps.set_update(row, now, ps.hits, ps.queries)  # duration: schedule to output applied
         if rec is not None:
             assert self.step_trace is not None

@@ -50,7 +50,11 @@ class SGLangDecodeRuns:
         self.memory = SGLangMemoryRuns(scheduler.kv_cache_manager)
 
     def decode_run_blocker(self) -> str | None:
-        """Why no run of decode steps can ever apply to this scheduler (None: they may)."""
+        """Why no run of decode steps can ever apply to this scheduler (None: they may). HiCache:
+        host copies end on their own clock (releasing locks and waiting requests between decode
+        steps) and the tree evicts to host, which the bulk memory model does not follow."""
+        if self.scheduler.hicache is not None:
+            return "SGLang HiCache: host<->device copies change the cache between decode steps"
         return None
 
     def arrivals_commute_with_decode_updates(self) -> bool:

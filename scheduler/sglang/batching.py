@@ -34,11 +34,14 @@ class BatchingMixin:
     # --- prefill ---------------------------------------------------------------------------------
     def _round_input(self: SGLangScheduler, req: Request) -> RoundInput:
         """init_next_round_input: match the cache, keeping at least one token to compute."""
-        pages, node, n = self.kv_cache_manager.match(req, req.num_tokens - 1)
-        return RoundInput(pages, node, n, req.num_tokens - n)
+        pages, node, n, host_node, host_len = self.kv_cache_manager.match_with_host(req, req.num_tokens - 1)
+        return RoundInput(pages, node, n, req.num_tokens - n, host_node, host_len)
 
     def _get_new_batch_prefill(self: SGLangScheduler, preempted: list[Request]) -> Batch | None:
         cfg = self.config
+        # _get_new_batch_prefill_raw (v0.5 line) checks HiCache events first, before its early returns:
+        # finished copies unlock their nodes and release the requests that waited for a load.
+        self.kv_cache_manager.check_hicache_events()
         try_preemption = cfg.enable_priority_scheduling
         if try_preemption:
             self.batch_is_full = False  # give preemption a chance
@@ -68,7 +71,10 @@ class BatchingMixin:
 
     def _fill_from_waiting(self: SGLangScheduler, adder: PrefillAdder, try_preemption: bool) -> None:
         cfg = self.config
+        mem = self.kv_cache_manager
         for req in list(self.waiting):
+            if mem.loading and mem.is_loading(req.request_id):
+                continue  # HiCache: waits for its load from host (keeps its place in the queue)
             running_bs = len(self.running) + len(self.ghosts)
             if len(adder.can_run_list) >= cfg.max_running_requests - running_bs:
                 self.batch_is_full = True
@@ -78,7 +84,10 @@ class BatchingMixin:
             res = adder.add_one_req(req, self._round_input(req))
             if res != AddReqResult.CONTINUE:
                 if res == AddReqResult.NO_TOKEN:
-                    self.batch_is_full = True
+                    # With HiCache SGLang sets batch_is_full only when something can be served
+                    # (_get_new_batch_prefill_raw), so a stalled load-back cannot block prefill.
+                    self.batch_is_full = (mem.hicache is None or bool(adder.can_run_list)
+                                          or bool(self.running))
                 break
         if self.batch_is_full and not (adder.can_run_list or self.running or self.ghosts or self.chunked_req):
             # A priority preemption emptied the batch and admitted nothing in its place: the batch
@@ -101,6 +110,7 @@ class BatchingMixin:
             if not a.continuing:
                 if mem.cache_enabled:
                     self.prefix_cache_stats.record(req.num_tokens, a.prefix_len, req.num_preemptions > 0)
+                    mem.take_host_hit(req.request_id, a.prefix_len, req.num_preemptions > 0)
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = a.prefix_len
                 if req.num_cached_tokens is None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servesim.scheduler.registry import Registry, unknown_name_message
+from servesim.scheduler.sglang.hicache_config import HiCacheConfig
 
 # Queue orderings (SchedulePolicy.calc_priority) by name: `ordering(waiting, QueueContext)`. The
 # built-ins register themselves in policy.py (named here as a string: policy.py imports this
@@ -64,6 +65,8 @@ class SGLangConfig:
     in_batch_prefix_check_threshold: int = 32  # tokens: LPM in-batch dedup looks below this hit
     in_batch_prefix_deprioritize_threshold: int = 32  # tokens shared with an earlier waiter
     lpm_fallback_queue_len: int = 128  # LPM sorts only queues up to this length (else FCFS)
+    # SGLang's hierarchical cache (--enable-hierarchical-cache and the --hicache-* flags).
+    hicache: HiCacheConfig = field(default_factory=HiCacheConfig)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ORDERINGS:
@@ -93,6 +96,17 @@ class SGLangConfig:
         if self.page_size is not None and self.max_total_tokens is not None:
             _require(self.max_total_tokens >= self.page_size,
                      f"max_total_tokens ({self.max_total_tokens}) must hold one page ({self.page_size})")
+        if isinstance(self.hicache, dict):  # a mapping from YAML / --set
+            self.hicache = HiCacheConfig(**self.hicache)
+        if self.hicache.enable_hierarchical_cache:
+            # SGLang's ServerArgs check, its own words.
+            _require(self.enable_radix_cache is not False,
+                     "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive "
+                     "and cannot be used at the same time. Please use only one of them "
+                     "(sglang.hicache.enable_hierarchical_cache needs the radix cache: "
+                     "cache.enable_prefix_caching / sglang.enable_radix_cache)")
+            if self.page_size is not None and self.max_total_tokens is not None:
+                self.hicache.host_num_pages(self.num_pages * self.page_size, self.page_size)
 
     # --- derived ---------------------------------------------------------------------------------
     @property

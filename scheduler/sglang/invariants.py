@@ -26,8 +26,13 @@ def check_tree(tree: RadixCache, lockers: list | None = None) -> list:
     for node in nodes:
         if node.lock_ref < 0:
             _fail(f"{node!r} has a negative lock count")
-        if len(node.key) == 0 or len(node.key) % ps or len(node.value) * ps != len(node.key):
-            _fail(f"{node!r}: {len(node.key)} tokens but {len(node.value)} pages of {ps}")
+        pages = node.host_value if node.evicted else node.value
+        if len(node.key) == 0 or len(node.key) % ps or pages is None or len(pages) * ps != len(node.key):
+            _fail(f"{node!r}: {len(node.key)} tokens but {pages} pages of {ps}")
+        if node.evicted:  # HiCache: host only, below device nodes, never locked
+            if node.value or node.lock_ref or any(not c.evicted for c in node.children.values()):
+                _fail(f"{node!r}: evicted but holds device pages, a lock or a device child")
+            continue
         if node.parent.children.get(tree._child_key(node.extra, node.key)) is not node:
             _fail(f"{node!r} is not its parent's child under its own key")
         if node.lock_ref > 0:
@@ -51,9 +56,28 @@ def check_tree(tree: RadixCache, lockers: list | None = None) -> list:
     return nodes
 
 
+def _host_lockers(mem) -> list:
+    """Nodes HiCache copies in flight hold locked (a write-through's node, a load's last node)."""
+    if mem.hicache is None:
+        return []
+    writes = [node for _, _, node in mem.hicache.ongoing_writes]
+    return writes + [last for _, _, (_, last) in mem.hicache.ongoing_loads]
+
+
+def _check_host_pages(mem, nodes: list) -> None:
+    host = [p for node in nodes if node.host_value is not None for p in node.host_value]
+    everything = host + list(mem.hicache.host_pool.free_pages)
+    if len(everything) != len(set(everything)) or len(everything) != mem.hicache.host_pool.num_pages:
+        _fail(f"host pages: {len(everything)} accounted for ({len(set(everything))} distinct), "
+              f"host pool has {mem.hicache.host_pool.num_pages}")
+
+
 def check_invariants(sched: SGLangScheduler) -> None:
     mem = sched.kv_cache_manager
-    nodes = check_tree(mem.tree, [kv.last_node for kv in mem.reqs.values() if kv.last_node is not None])
+    lockers = [kv.last_node for kv in mem.reqs.values() if kv.last_node is not None]
+    nodes = check_tree(mem.tree, lockers + _host_lockers(mem))
+    if mem.hicache is not None:
+        _check_host_pages(mem, nodes)
     tree_pages = [p for node in nodes for p in node.value]
     private = [p for kv in mem.reqs.values() for p in kv.private]
     free = list(mem.pool.free_pages)

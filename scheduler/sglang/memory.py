@@ -16,6 +16,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from servesim.scheduler.sglang.hicache import HiCacheController
+from servesim.scheduler.sglang.hiradix_cache import HiRadixCache
 from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
 
 if TYPE_CHECKING:
@@ -41,12 +43,19 @@ def extra_key(request: Request) -> Hashable:
 
 
 class SGLangMemory:
-    def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool) -> None:
+    def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool,
+                 hicache: HiCacheController | None = None, write_policy: str = "write_through") -> None:
         self.page_size = page_size
         self.pool = TokenToKVPool(num_pages, page_size)
-        self.tree = RadixCache(page_size, self.pool)
+        self.hicache = hicache
+        self.tree = RadixCache(page_size, self.pool) if hicache is None else \
+            HiRadixCache(page_size, self.pool, hicache, write_policy)
         self.cache_enabled = enable_radix_cache
         self.reqs: dict[str, ReqKV] = {}
+        # HiCache: waiting requests whose load from host is in flight (request id -> its last node),
+        # and host tokens loaded for a request not yet admitted (counted as host hits on admission).
+        self.loading: dict[str, TreeNode] = {}
+        self.loaded_tokens: dict[str, int] = {}
 
     # --- engine-facing -----------------------------------------------------------------------------
     @property
@@ -69,6 +78,52 @@ class SGLangMemory:
             return [], None, 0
         node, n = self.tree.match_prefix(request.all_token_ids[:limit], extra_key(request))
         return self.tree.path_pages(node), node, n
+
+    def match_with_host(self, request: Request, limit: int
+                        ) -> tuple[list[int], TreeNode | None, int, TreeNode | None, int]:
+        """`match` plus, with HiCache, the host-only part beyond it: (pages, node, tokens, last host
+        node, host-only tokens); one match (SGLang's MatchResult), so hits are counted once."""
+        if self.hicache is None or not self.cache_enabled:
+            return (*self.match(request, limit), None, 0)
+        dev, n, host_node, host_len = self.tree.match_prefix_host(request.all_token_ids[:limit], extra_key(request))
+        return self.tree.path_pages(dev), dev, n, host_node, host_len
+
+    # --- HiCache load back ---------------------------------------------------------------------------
+    def start_load_back(self, rid: str, host_node: TreeNode) -> bool:
+        """init_load_back: start loading the request's host-tier prefix; True when a load was
+        issued (the request then waits for it: is_loading)."""
+        num_tokens = self.tree.load_back(host_node)
+        if num_tokens == 0:
+            return False
+        self.loading[rid] = host_node
+        self.loaded_tokens[rid] = self.loaded_tokens.get(rid, 0) + num_tokens
+        return True
+
+    def is_loading(self, rid: str) -> bool:
+        return rid in self.loading
+
+    def check_hicache_events(self) -> None:
+        """check_hicache_events: acknowledge finished writes (unlocking their nodes) and loads
+        (their requests may be scheduled now)."""
+        if self.hicache is None:
+            return
+        self.tree.writing_check()
+        done = set(map(id, self.tree.loading_check()))
+        for rid in [r for r, node in self.loading.items() if id(node) in done]:
+            del self.loading[rid]
+
+    def take_host_hit(self, rid: str, prefix_len: int, preempted: bool) -> None:
+        """On admission: the loaded tokens the request's prefix still covers are host hits
+        (counted like prefix-cache hits: requests never preempted, vLLM's hit-rate definition)."""
+        loaded = self.loaded_tokens.pop(rid, 0)
+        if loaded and self.hicache is not None and not preempted:
+            self.hicache.add_host_hit(min(loaded, prefix_len))
+
+    def forget(self, rid: str) -> None:
+        """A request left the scheduler: drop its HiCache bookkeeping (a load in flight completes
+        into the tree regardless)."""
+        self.loading.pop(rid, None)
+        self.loaded_tokens.pop(rid, None)
 
     def peek(self, token_ids: Sequence[int], lora_id: Hashable = None) -> int:
         """Tokens `match` would find for a prompt (whole pages), changing nothing."""

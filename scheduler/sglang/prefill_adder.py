@@ -42,6 +42,8 @@ class RoundInput:
     node: TreeNode | None  # end of the cached prefix (locked while it runs)
     prefix_len: int  # tokens already in KV before this round
     extend_len: int  # tokens left to compute
+    host_node: TreeNode | None = None  # HiCache: end of the host-only part of the match
+    host_hit_len: int = 0  # HiCache: host-only tokens beyond prefix_len (SGLang's host_hit_length)
 
 
 @dataclass(slots=True)
@@ -142,6 +144,11 @@ class PrefillAdder:
         try:
             if total >= self.rem_total_tokens:
                 return AddReqResult.NO_TOKEN
+            if rnd.host_hit_len > 0 and self.memory.start_load_back(req.request_id, rnd.host_node):
+                # SGLang's add_one_req calls init_load_back here and runs the request in this batch,
+                # its forward waiting on the load stream layer by layer; here it waits for the
+                # load and is scheduled once loading_check acknowledges it (docs/SGLANG_MODEL.md).
+                return self.budget_state()
             if self.rem_chunk_tokens is None or input_tokens <= self.rem_chunk_tokens:
                 self._admit(req, rnd, rnd.extend_len)
                 self._update_prefill_budget(rnd.prefix_len, input_tokens, min(req.max_tokens, self.clip))

@@ -50,7 +50,8 @@ class TokenToKVPool:
 
 
 class TreeNode:
-    __slots__ = ("id", "key", "value", "children", "parent", "lock_ref", "last_access", "extra")
+    __slots__ = ("id", "key", "value", "children", "parent", "lock_ref", "last_access", "extra",
+                 "host_value", "hit_count", "loading", "evicted")
 
     def __init__(self, node_id: int, key: Sequence[int] = (), value: list[int] | None = None,
                  parent: TreeNode | None = None, extra: Hashable = None) -> None:
@@ -62,6 +63,13 @@ class TreeNode:
         self.lock_ref = 0  # requests whose matched path runs through this node
         self.last_access = 0  # logical clock (no wall clock in scheduler/): LRU order
         self.extra = extra
+        # HiCache (hiradix_cache.py) only: the host copy's pages (None: not backed up), the hits
+        # counted toward a selective write-through, a load from host in flight, and whether the
+        # device copy is gone (value is then empty; the node lives on host only).
+        self.host_value: list[int] | None = None
+        self.hit_count = 0
+        self.loading = False
+        self.evicted = False
 
     def __lt__(self, other: TreeNode) -> bool:  # heap tie-break: older access, then creation
         return (self.last_access, self.id) < (other.last_access, other.id)

@@ -27,6 +27,7 @@ from servesim.scheduler.output import (
 from servesim.scheduler.request import Request, RequestStatus, append_until_stop
 from servesim.scheduler.sglang.batching import Batch, BatchingMixin
 from servesim.scheduler.sglang.config import SGLangConfig
+from servesim.scheduler.sglang.hicache import HiCacheController
 from servesim.scheduler.sglang.memory import SGLangMemory
 from servesim.scheduler.sglang.output import StepInfo, build_output
 
@@ -45,11 +46,18 @@ class SGLangScheduler(BatchingMixin):
         self.max_model_len = max_model_len
         self.log_stats = log_stats
         self.page_size = config.page_size
-        self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache)
+        hc = config.hicache
+        self.hicache = HiCacheController(hc, config.page_size, config.num_pages * config.page_size) \
+            if hc.enable_hierarchical_cache else None
+        self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache,
+                                             self.hicache, hc.hicache_write_policy)
         # Two steps in flight with SGLang's overlap schedule (event_loop_overlap). An idle
-        # schedule() is not declared stable: SGLang's own loop steps again at once.
+        # schedule() is not declared stable: SGLang's own loop steps again at once. With HiCache
+        # it is: schedule() itself steps again while an idle round changed the state (_idle_rounds),
+        # and the engine then sleeps until a copy ends (next_event_s) instead of spinning at one
+        # instant. (With HiCache the bulk decode path declines: scheduler/bulk/sglang.py.)
         self.capabilities = SchedulerCapabilities(
-            max_steps_in_flight=2 if config.overlap_schedule else 1, idle_is_stable=False,
+            max_steps_in_flight=2 if config.overlap_schedule else 1, idle_is_stable=self.hicache is not None,
             prefix_cache="radix" if config.enable_radix_cache else None, decode_runs="sglang")
         pool_tokens = config.num_pages * config.page_size
         self.max_req_len = min(max_model_len - 1, pool_tokens - 1)  # tokens per request at most
@@ -75,10 +83,15 @@ class SGLangScheduler(BatchingMixin):
         self._steps: dict[int, tuple[SchedulerOutput, StepInfo]] = {}  # id(so) -> step, until applied
         self._recent: deque[tuple[SchedulerOutput, bool]] = deque(maxlen=8)  # (so, is_extend)
 
-    # --- requests in -----------------------------------------------------------------------------
-    def add_request(self, request: Request, now_s: float | None = None) -> None:
+    def _set_now(self, now_s: float | None) -> None:
         if now_s is not None:
             self.now_s = now_s
+            if self.hicache is not None:
+                self.hicache.now_s = now_s
+
+    # --- requests in -----------------------------------------------------------------------------
+    def add_request(self, request: Request, now_s: float | None = None) -> None:
+        self._set_now(now_s)
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
@@ -115,15 +128,32 @@ class SGLangScheduler(BatchingMixin):
 
     # --- one step ----------------------------------------------------------------------------------
     def schedule(self, now_s: float | None = None) -> SchedulerOutput:
-        if now_s is not None:
-            self.now_s = now_s
+        self._set_now(now_s)
         preempted: list[Request] = []
         batch = self._get_next_batch_to_run(preempted)
+        if batch is None and self.hicache is not None and not preempted:
+            batch = self._idle_rounds(preempted)
         self.last_batch = batch
         so, info = build_output(self, batch, preempted)
         self._steps[id(so)] = (so, info)
         self._recent.append((so, batch is not None and batch.is_extend))
         return so
+
+    def _idle_state(self) -> tuple:
+        return (len(self.ghosts), self.batch_is_full, len(self.running), len(self.waiting),
+                self.chunked_req is not None, len(self.kv_cache_manager.loading))
+
+    def _idle_rounds(self, preempted: list[Request]) -> Batch | None:
+        """HiCache: SGLang's loop runs an idle round again at once; do those rounds here while one
+        changed the state (a filtered batch, a cleared batch_is_full), so an idle schedule() is
+        stable. Bounded: each round that changes anything shrinks ghosts or flips a flag."""
+        for _ in range(4):
+            before = self._idle_state()
+            self.last_batch = None
+            batch = self._get_next_batch_to_run(preempted)
+            if batch is not None or preempted or self._idle_state() == before:
+                return batch
+        return None
 
     def _get_next_batch_to_run(self, preempted: list[Request]) -> Batch | None:
         if self.chunked_req is not None:
@@ -164,15 +194,10 @@ class SGLangScheduler(BatchingMixin):
                 return is_extend
         return False
 
-    def next_event_s(self) -> float | None:
-        """Nothing here changes by itself (no timers): the engine waits for outside events."""
-        return None
-
     # --- results in --------------------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput,
                            now_s: float | None = None) -> EngineCoreOutputs:
-        if now_s is not None:
-            self.now_s = now_s
+        self._set_now(now_s)
         outputs = self.take_ignored_outputs()
         finished = [o.request_id for o in outputs]
         _, info = self._steps.pop(id(scheduler_output), (None, StepInfo()))
@@ -218,8 +243,7 @@ class SGLangScheduler(BatchingMixin):
         request leaves the queue; one holding KV (decoding, or the chunked prefill) caches what it
         computed in the radix tree and frees the rest, as a finished request does. A step already
         in flight drops its output. Returns the ids that were still unfinished."""
-        if now_s is not None:
-            self.now_s = now_s
+        self._set_now(now_s)
         done = []
         for rid in dict.fromkeys((request_ids,) if isinstance(request_ids, str) else request_ids):
             request = self.requests.get(rid)
@@ -244,6 +268,7 @@ class SGLangScheduler(BatchingMixin):
     def _drop(self, request: Request) -> None:
         self.finished_req_ids.add(request.request_id)
         self.entry_seq.pop(request.request_id, None)
+        self.kv_cache_manager.forget(request.request_id)
         del self.requests[request.request_id]
 
     # --- state queries -----------------------------------------------------------------------------
@@ -258,8 +283,9 @@ class SGLangScheduler(BatchingMixin):
         return len(self.requests) - len(self.waiting), len(self.waiting)
 
     def next_event_s(self) -> float | None:
-        """None: nothing in this scheduler changes by itself (only arrivals and outputs move it)."""
-        return None
+        """When a HiCache copy in flight ends (it may release a waiting request or KV); None
+        otherwise: nothing else here changes by itself (only arrivals and outputs move it)."""
+        return self.hicache.next_done_s() if self.hicache is not None else None
 
     def get_queue_lengths(self) -> tuple[int, int]:
         """(decoding batch, waiting queue): SGLang has no blocked queue."""
@@ -277,7 +303,8 @@ class SGLangScheduler(BatchingMixin):
     def make_stats(self) -> SchedulerStats:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         running, waiting = self.get_request_counts()
-        return SchedulerStats(running, waiting, self.kv_cache_manager.usage, stats)
+        return SchedulerStats(running, waiting, self.kv_cache_manager.usage, stats,
+                              hicache_stats=self.hicache.take_stats() if self.hicache is not None else None)
 
     def check_invariants(self) -> None:
         from servesim.scheduler.sglang.invariants import check_invariants

@@ -8,6 +8,8 @@ scheduler.max_num_seqs=...` means the same for both engines.
 
 from __future__ import annotations
 
+import dataclasses
+
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
 from servesim.simulator.scheduler_kinds import register_engine
@@ -36,9 +38,27 @@ def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConf
     )
 
 
+def resolve_hicache(sglang: SGLangConfig, hardware) -> SGLangConfig:
+    """HiCache's hardware figures, where unset: the model's KV bytes per token on one GPU (tp
+    shards it) and the host link (the host's PCIe generation x lanes, one direction)."""
+    hc = sglang.hicache
+    if not hc.enable_hierarchical_cache or hardware is None:
+        return sglang
+    from servesim.simulator.specs import host_for, kv_bytes_per_token, resolve_model
+
+    fill = {}
+    if hc.kv_bytes_per_token is None:
+        fill["kv_bytes_per_token"] = kv_bytes_per_token(resolve_model(hardware.model), hardware.tp)
+    if hc.host_link_bytes_per_s is None:
+        fill["host_link_bytes_per_s"] = host_for(hardware.gpu, hardware.host).pcie_gb_s * 1e9
+    return dataclasses.replace(sglang, hicache=dataclasses.replace(hc, **fill)) if fill else sglang
+
+
 @register_engine("sglang")
 def _sglang(scheduler_config, cache_config, sim_config=None):
     sglang = getattr(sim_config, "sglang", None)
     seed = getattr(sim_config, "seed", 0)
+    if sglang is not None:
+        sglang = resolve_hicache(sglang, getattr(sim_config, "hardware", None))
     cfg = map_sglang_config(scheduler_config, cache_config, sglang, seed)
     return SGLangScheduler(cfg, scheduler_config.max_model_len)
