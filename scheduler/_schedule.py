@@ -51,6 +51,8 @@ def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutpu
     if not st.preempted_reqs:
         _schedule_waiting(self, st)
     out = _build_output(self, st)
+    if self.connector is not None:  # plans from the tokens computed before this step (vLLM's order)
+        out.kv_connector_metadata = self.connector.build_connector_meta(out)
     self._update_after_schedule(out)
     if self.tracer is not None:
         self.tracer.decision(self, st, out)
@@ -168,9 +170,13 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
         num_external, load_async = 0, False
         if request.num_computed_tokens == 0:
             new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
-            if self.connector is not None:  # P/D: tokens whose KV lives on another instance
-                num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
-                request.num_external_computed_tokens = num_external
+            if self.connector is not None:  # tokens whose KV lives elsewhere (another instance, CPU)
+                ext_tokens, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
+                if ext_tokens is None:  # the connector cannot tell yet: ask again next step (vLLM)
+                    queue.pop_request()
+                    step_skipped.prepend_request(request)
+                    continue
+                num_external = request.num_external_computed_tokens = ext_tokens
             num_computed = num_new_local + num_external
         else:  # came back from a remote KV transfer with its tokens already in place
             new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0

@@ -55,6 +55,8 @@ class SchedulerOutput:
     finished_req_ids: set[str]  # finished since the previous schedule(): the worker frees them
     preempted_req_ids: set[str]
     num_invalid_spec_tokens: dict[str, int] | None = None
+    # The connector's plan for the worker (build_connector_meta), None without a connector.
+    kv_connector_metadata: object | None = None
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

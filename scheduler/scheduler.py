@@ -279,6 +279,8 @@ class Scheduler:
     def _update_from_kv_xfer_finished(self, kv_output: KVConnectorOutput) -> None:
         """Loads that landed make their requests schedulable (or free an aborted one's blocks);
         sends that completed free the finished request's blocks. Both in vLLM's set order."""
+        if self.connector is not None:
+            self.connector.update_connector_output(kv_output)
         for rid in set_order(kv_output.finished_recving):
             request = self.requests.get(rid)
             if request is None:

@@ -1,20 +1,21 @@
 """Drive the real vLLM 0.19.1 scheduler with the real OffloadingConnector (CPU KV tier) as an oracle.
 
     HF_HUB_OFFLINE=1 PYTHONHASHSEED=0 /tmp/vllm-oracle-venv/bin/python tools/offload_oracle.py \
-        --oracle-dir ../shared/tools/vllm_oracle --cpu-blocks 64 --offload-block-size 32 \
-        --eviction-policy lru --load-steps 2 --store-steps 2 -- \
+        --oracle-dir ../shared/tools/vllm_oracle --offload-cpu-blocks 64 --offload-block-size 32 \
+        --offload-eviction-policy lru --offload-load-steps 2 --offload-store-steps 2 -- \
         --num-blocks 120 --num-requests 150 --out trace.jsonl --workload-out workload.jsonl
+    /tmp/vllm-oracle-venv/bin/python tools/offload_oracle.py --record tests/golden [ORACLE_DIR]
 
 Everything after `--` goes to the shared oracle driver (drive.py: workload, fake model runner, trace
 schema), imported, not copied. This file changes three things around it:
 
 - the scheduler is built with `KVTransferConfig(kv_connector="OffloadingConnector")` and the extra
   config vLLM's `--kv-offloading-size` produces (`cpu_bytes_to_use`), plus `block_size` (offload
-  block size) and `eviction_policy`; `cpu_bytes_to_use` is set to exactly `--cpu-blocks` offload
+  block size) and `eviction_policy`; `cpu_bytes_to_use` is set to exactly `--offload-cpu-blocks` offload
   blocks (CPUOffloadingSpec: num_blocks = cpu_bytes_to_use // (page_size_bytes * num_kv_tensors *
   world_size * block_size_factor)); the KV cache config gets one KV tensor so that size is not 0;
-- a fake worker plays OffloadingConnectorWorker (vllm/distributed/kv_transfer/kv_connector/v1/
-  offloading/worker.py) with transfers that take a set number of engine steps (`FakeOffloadWorker`);
+- a fake worker plays OffloadingConnectorWorker with transfers that take a set number of engine steps
+  (scheduler/kv_offload/fake_worker.py, the same one the replay uses);
 - each trace line gets the connector's decisions of its schedule() and the worker's report of its
   execution: `offload_load` / `offload_store` {req_id: {"gpu": [...], "cpu": [...]}} (the
   OffloadingConnectorMetadata's reqs_to_load / reqs_to_store as GPU and CPU block ids),
@@ -29,7 +30,7 @@ import contextlib
 import json
 import os
 import sys
-from collections import defaultdict
+import importlib.util
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -39,69 +40,13 @@ def page_size_bytes(block_size: int) -> int:
     return 2 * block_size * 1 * 1 * 4
 
 
-class FakeOffloadWorker:
-    """OffloadingConnectorWorker's job bookkeeping with timed transfers: a load submitted in
-    execution n completes in execution n + load_steps (seen by that execution's get_finished);
-    a store prepared in execution n (wait_for_save, submitted at the start of n + 1) completes in
-    execution n + store_steps; handle_preemptions waits for every store of a flushed request, so
-    those complete in the execution that flushes them. finished_sending names a request only once it
-    finished and has no store job left (as the real worker)."""
-
-    def __init__(self, load_steps: int, store_steps: int):
-        self.load_steps, self.store_steps = load_steps, store_steps
-        self.exec_idx = -1
-        self.job_counter = 0
-        self.jobs: dict[int, tuple[str, bool, int]] = {}  # job -> (req, is_store, done execution)
-        self.load_job: dict[str, int] = {}
-        self.store_jobs: dict[str, set[int]] = defaultdict(set)
-        self.finished_waiting_for_store: set[str] = set()
-
-    def _new_job(self, req_id: str, store: bool, done: int) -> int:
-        job = self.job_counter
-        self.job_counter += 1
-        self.jobs[job] = (req_id, store, done)
-        return job
-
-    def execute(self, so) -> tuple[set[str], set[str]]:
-        self.exec_idx += 1
-        n = self.exec_idx
-        meta = so.kv_connector_metadata
-        for rid in meta.reqs_to_flush or ():  # handle_preemptions: wait for the request's stores
-            for job in self.store_jobs.get(rid, ()):
-                r, s, _ = self.jobs[job]
-                self.jobs[job] = (r, s, n)
-        for rid in meta.reqs_to_load:  # start_kv_transfers
-            assert rid not in self.load_job
-            self.load_job[rid] = self._new_job(rid, False, n + self.load_steps)
-        if so.total_num_scheduled_tokens > 0:  # wait_for_save -> prepare_store_kv (forward only)
-            for rid in meta.reqs_to_store:
-                self.store_jobs[rid].add(self._new_job(rid, True, n + self.store_steps))
-        return self._get_finished(so.finished_req_ids)
-
-    def _get_finished(self, finished_req_ids) -> tuple[set[str], set[str]]:
-        sending, recving = set(), set()
-        for job in sorted(j for j, (_, _, done) in self.jobs.items() if done <= self.exec_idx):
-            rid, store, _ = self.jobs.pop(job)
-            if store:
-                req_jobs = self.store_jobs[rid]
-                req_jobs.remove(job)
-                if req_jobs:
-                    continue
-                if rid in self.finished_waiting_for_store:
-                    self.finished_waiting_for_store.remove(rid)
-                    sending.add(rid)
-                    del self.store_jobs[rid]
-            else:
-                assert self.load_job.pop(rid) == job
-                recving.add(rid)
-        for rid in finished_req_ids:
-            pending = self.store_jobs.get(rid)
-            if pending:
-                self.finished_waiting_for_store.add(rid)
-            elif pending is not None:
-                sending.add(rid)
-                del self.store_jobs[rid]
-        return sending, recving
+def _fake_worker_module():
+    """scheduler/kv_offload/fake_worker.py, the one fake worker (imports nothing, so by path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scheduler", "kv_offload", "fake_worker.py")
+    spec = importlib.util.spec_from_file_location("servesim_fake_offload_worker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def spec_record(specs: dict, gpu_first: bool) -> dict:
@@ -116,7 +61,7 @@ def spec_record(specs: dict, gpu_first: bool) -> dict:
 class OffloadScheduler:
     """The real scheduler with the fake worker between schedule() and update_from_output()."""
 
-    def __init__(self, sched, worker: FakeOffloadWorker):
+    def __init__(self, sched, worker):
         self._sched, self._worker = sched, worker
         self.records: list[dict] = []  # one per schedule(), in order (= the trace's line order)
         self._pending: list[dict] = []
@@ -142,8 +87,8 @@ class OffloadScheduler:
         rec["offload_finished_sending"] = sorted(sending)
         rec["offload_finished_recving"] = sorted(recving)
         if sending or recving:
-            mro.kv_connector_output = KVConnectorOutput(finished_sending=sending or None,
-                                                        finished_recving=recving or None)
+            mro.kv_connector_output = KVConnectorOutput(finished_sending=set(sending) or None,
+                                                        finished_recving=set(recving) or None)
         return self._sched.update_from_output(so, mro)
 
 
@@ -158,11 +103,11 @@ def offloading_configs(args):
 
     real_vllm, real_kvc = vc.VllmConfig, kci.KVCacheConfig
     factor = args.offload_block_size // args.gpu_block_size
-    cpu_bytes = args.cpu_blocks * page_size_bytes(args.gpu_block_size) * factor
+    cpu_bytes = args.offload_cpu_blocks * page_size_bytes(args.gpu_block_size) * factor
 
     def vllm_config(**kw):
         extra = {"cpu_bytes_to_use": cpu_bytes, "block_size": args.offload_block_size,
-                 "eviction_policy": args.eviction_policy}
+                 "eviction_policy": args.offload_eviction_policy}
         kw["kv_transfer_config"] = vc.KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                                        kv_connector_extra_config=extra)
         return real_vllm(**kw)
@@ -182,19 +127,19 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--oracle-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared",
                                                         "tools", "vllm_oracle"))
-    p.add_argument("--cpu-blocks", type=int, required=True, help="CPU tier size in offload blocks")
+    p.add_argument("--offload-cpu-blocks", type=int, required=True, help="CPU tier size in offload blocks")
     p.add_argument("--offload-block-size", type=int, default=0, help="tokens; 0 = the GPU block size")
-    p.add_argument("--eviction-policy", choices=["lru", "arc"], default="lru")
-    p.add_argument("--load-steps", type=int, default=2)
-    p.add_argument("--store-steps", type=int, default=2)
+    p.add_argument("--offload-eviction-policy", choices=["lru", "arc"], default="lru")
+    p.add_argument("--offload-load-steps", type=int, default=2)
+    p.add_argument("--offload-store-steps", type=int, default=2)
     if "--" in argv:
         i = argv.index("--")
         own, rest = argv[:i], argv[i + 1:]
     else:
         own, rest = argv, []
     args = p.parse_args(own)
-    if args.load_steps < 0 or args.store_steps < 1:
-        p.error("--load-steps must be >= 0 and --store-steps >= 1")
+    if args.offload_load_steps < 0 or args.offload_store_steps < 1:
+        p.error("--offload-load-steps must be >= 0 and --offload-store-steps >= 1")
     return args, rest
 
 
@@ -212,7 +157,8 @@ def run(args, drive_argv: list[str]) -> int:
     def build(dargs_):
         with offloading_configs(args):
             sched, cfg = real_build(dargs_)
-        holder.append(OffloadScheduler(sched, FakeOffloadWorker(args.load_steps, args.store_steps)))
+        worker = _fake_worker_module().FakeOffloadWorker(args.offload_load_steps, args.offload_store_steps)
+        holder.append(OffloadScheduler(sched, worker))
         return holder[0], cfg
 
     drive.build_scheduler = build
@@ -232,49 +178,56 @@ def run(args, drive_argv: list[str]) -> int:
 
 
 # Golden configs (tests/golden/offload_*/): a GPU pool small enough that prefixes leave it and
-# come back through the CPU tier, and a CPU tier small enough to evict.
-_BASE = ["--num-requests", "150", "--num-prefixes", "6", "--arrival-spread", "120", "--num-blocks", "120"]
+# come back through the CPU tier, and a CPU tier small enough to evict. Flags by StepTraceConfig name.
+_BASE = {"num_requests": 150, "num_prefixes": 6, "arrival_spread": 120, "num_blocks": 120}
 GOLDEN = {
-    "offload_lru": (["--cpu-blocks", "48", "--offload-block-size", "32", "--eviction-policy", "lru"], _BASE),
-    "offload_arc": (["--cpu-blocks", "48", "--offload-block-size", "32", "--eviction-policy", "arc"], _BASE),
-    "offload_lru_async": (["--cpu-blocks", "64", "--offload-block-size", "32", "--eviction-policy", "lru",
-                           "--load-steps", "3", "--store-steps", "1"], _BASE + ["--async-scheduling"]),
-    "offload_arc_async_aborts": (["--cpu-blocks", "40", "--offload-block-size", "48", "--eviction-policy", "arc",
-                                  "--load-steps", "4", "--store-steps", "2"],
-                                 _BASE + ["--async-scheduling", "--abort-rate", "0.2", "--abort-window", "40",
-                                          "--abort-preempted-rate", "0.3"]),
-    "offload_block16_lru_aborts": (["--cpu-blocks", "100", "--eviction-policy", "lru", "--load-steps", "0",
-                                    "--store-steps", "3"],
-                                   _BASE + ["--abort-rate", "0.25", "--abort-window", "30", "--seed", "1"]),
+    "offload_lru": {"offload_cpu_blocks": 48, "offload_block_size": 32, **_BASE},
+    "offload_arc": {"offload_cpu_blocks": 48, "offload_block_size": 32, "offload_eviction_policy": "arc", **_BASE},
+    "offload_lru_async": {"offload_cpu_blocks": 64, "offload_block_size": 32, "offload_load_steps": 3,
+                          "offload_store_steps": 1, "async_scheduling": True, **_BASE},
+    "offload_arc_async_aborts": {"offload_cpu_blocks": 40, "offload_block_size": 48, "offload_eviction_policy": "arc",
+                                 "offload_load_steps": 4, "offload_store_steps": 2, "async_scheduling": True,
+                                 "abort_rate": 0.2, "abort_window": 40, "abort_preempted_rate": 0.3, **_BASE},
+    "offload_block16_lru_aborts": {"offload_cpu_blocks": 100, "offload_load_steps": 0, "offload_store_steps": 3,
+                                   "abort_rate": 0.25, "abort_window": 30, **_BASE, "seed": 1},
 }
 
 
 def record(out_dir: str, oracle_dir: str) -> int:
-    """Write OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json} for every GOLDEN config."""
+    """Write OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json} for every GOLDEN config;
+    config.json's trace_flags are StepTraceConfig's arguments for the replay."""
     import gzip
     import shutil
 
-    for name, (own, drive_argv) in GOLDEN.items():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from golden_configs import TRACE_FLAGS
+    from record_golden import argv_for
+
+    for name, flags in GOLDEN.items():
         d = os.path.join(out_dir, name)
         os.makedirs(d, exist_ok=True)
         trace = os.path.join(d, "trace.jsonl")
-        argv = ["--oracle-dir", oracle_dir, *own, "--", *drive_argv, "--out", trace,
+        own = {k: v for k, v in flags.items() if k.startswith("offload_")}
+        drive_flags = {k: v for k, v in flags.items() if not k.startswith("offload_")}
+        argv = ["--oracle-dir", oracle_dir, *argv_for(own), "--", *argv_for(drive_flags), "--out", trace,
                 "--workload-out", os.path.join(d, "workload.jsonl")]
         args, rest = parse_args(argv)
         run(args, rest)
         with open(trace, "rb") as fi, gzip.GzipFile(trace + ".gz", "wb", mtime=0) as fo:
             shutil.copyfileobj(fi, fo)
         os.remove(trace)
+        trace_flags = {**own, **{k: v for k, v in drive_flags.items() if k in TRACE_FLAGS}}
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({"oracle": "vllm 0.19.1 OffloadingConnector (tools/offload_oracle.py)",
-                       "offload_flags": own, "drive_flags": drive_argv}, f, indent=1)
+                       "trace_flags": dict(sorted(trace_flags.items())),
+                       "workload_flags": dict(sorted(drive_flags.items()))}, f, indent=1)
     return 0
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--record":  # --record OUT_DIR [ORACLE_DIR]
-        return record(argv[1], argv[2] if len(argv) > 2 else parse_args(["--cpu-blocks", "1"])[0].oracle_dir)
+        return record(argv[1], argv[2] if len(argv) > 2 else parse_args(["--offload-cpu-blocks", "1"])[0].oracle_dir)
     args, rest = parse_args(argv)
     return run(args, rest)
 
