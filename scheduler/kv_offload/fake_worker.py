@@ -36,9 +36,11 @@ class FakeOffloadWorker:
         self.jobs[job] = (req_id, store, done)
         return job
 
-    def execute(self, so) -> tuple[list[str], list[str]]:
+    def execute(self, so, set_iter=iter) -> tuple[list[str], list[str]]:
         """Run one engine step's transfers: (finished_sending, finished_recving) of its get_finished,
-        each in the order the real worker adds them to its sets (their iteration order follows)."""
+        each in the order the real worker adds them to its sets (their iteration order follows).
+        set_iter(so.finished_req_ids): that set's iteration order in the real engine (the oracle runs
+        with PYTHONHASHSEED=0; a replay in another process passes scheduler/pyset.py's set_order)."""
         self.exec_idx += 1
         n = self.exec_idx
         meta = so.kv_connector_metadata
@@ -52,7 +54,7 @@ class FakeOffloadWorker:
         if so.total_num_scheduled_tokens > 0:  # wait_for_save -> prepare_store_kv (forward only)
             for rid in meta.reqs_to_store:
                 self.store_jobs[rid].add(self._new_job(rid, True, n + self.store_steps))
-        return self._get_finished(so.finished_req_ids)
+        return self._get_finished(set_iter(so.finished_req_ids))
 
     def _get_finished(self, finished_req_ids) -> tuple[list[str], list[str]]:
         sending: dict[str, None] = {}  # ordered sets
