@@ -136,3 +136,13 @@ def test_a_small_run_reloads_prefixes_from_the_cpu_tier():
     # r2 then hits the GPU prefix cache again (the loaded blocks are cached): no load.
     assert [(n["req_id"], n["num_computed_tokens"]) for n in trace[24]["new"]] == [("r2", 96)]
     assert not any(rec["offload_load"] for step, rec in trace.items() if step > 13)
+
+
+def test_connectors_and_policies_registered_by_name():
+    from servesim.scheduler.kv_offload import KV_CONNECTORS
+    from servesim.scheduler.registry import UnknownNameError
+
+    c = KV_CONNECTORS.get("OffloadingConnector")(OffloadConfig(num_cpu_blocks=3, eviction_policy="arc"), 16, True)
+    assert c.offloaded_block_size == 16 and c.manager.num_free_blocks() == 3
+    with pytest.raises(UnknownNameError, match="did you mean 'OffloadingConnector'"):
+        KV_CONNECTORS.get("OffloadConnector")

@@ -113,7 +113,7 @@ def test_arc_ghost_lists_trimmed_to_capacity():
 
 
 def test_unknown_policy_suggests_a_name():
-    with pytest.raises(ValueError, match="did you mean 'arc'"):
+    with pytest.raises(ValueError, match="unknown offload eviction policy 'arcc'; did you mean 'arc'"):
         CPUOffloadingManager(block_size=16, num_blocks=1, cache_policy="arcc")
 
 

@@ -18,11 +18,15 @@ names offload blocks by those hashes, so we refuse it rather than offload nothin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from servesim.scheduler.kv_offload.connector import OffloadingConnectorScheduler
 from servesim.scheduler.kv_offload.manager import CPUOffloadingManager
 from servesim.scheduler.kv_offload.policies import CACHE_POLICIES
-from servesim.scheduler.registry import unknown_name_message
+from servesim.scheduler.registry import Registry, unknown_name_message
+
+if TYPE_CHECKING:
+    from servesim.scheduler.connector import KVConnector
 
 GIB_BYTES = 1 << 30  # vLLM: cpu_bytes_to_use = kv_offloading_size * (1 << 30)
 
@@ -53,7 +57,7 @@ class OffloadConfig:
                  f"offload: block_size must be >= 1 tokens, got {self.block_size}")
         _require(self.eviction_policy in CACHE_POLICIES,
                  "offload: " + unknown_name_message("eviction_policy", self.eviction_policy, CACHE_POLICIES)
-                 + f" (valid: {', '.join(CACHE_POLICIES)})")
+                 + f" (valid: {', '.join(CACHE_POLICIES.names())})")
 
     def block_size_factor(self, gpu_block_size: int) -> int:
         size = gpu_block_size if self.block_size is None else self.block_size
@@ -87,3 +91,16 @@ def make_offloading_connector(cfg: OffloadConfig, gpu_block_size: int, enable_pr
     manager = CPUOffloadingManager(gpu_block_size * factor, cfg.num_blocks(gpu_block_size, kv_bytes_per_gpu_block),
                                    cfg.eviction_policy, enable_events)
     return OffloadingConnectorScheduler(gpu_block_size, factor, manager, enable_prefix_caching)
+
+
+class KVConnectorFactory(Protocol):
+    def __call__(self, cfg: OffloadConfig, gpu_block_size: int, enable_prefix_caching: bool,
+                 kv_bytes_per_gpu_block: int | None = None, enable_events: bool = False) -> KVConnector:
+        """A connector with a KV tier, from its settings and the GPU KV cache's (vLLM's
+        KVConnectorFactory.create_connector for the scheduler role)."""
+        ...
+
+
+# Connectors chosen by vLLM's kv_transfer_config.kv_connector name (P/D's are built by the cluster).
+KV_CONNECTORS: Registry[KVConnectorFactory] = Registry("KV connector")
+KV_CONNECTORS.add("OffloadingConnector", make_offloading_connector)

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from servesim.scheduler.kv_offload.policies import CACHE_POLICIES, BlockStatus
-from servesim.scheduler.registry import unknown_name_message
 
 CPU_MEDIUM = "CPU"  # vLLM's CPULoadStoreSpec.medium()
 
@@ -44,9 +43,7 @@ class CPUOffloadingManager:
 
     def __init__(self, block_size: int, num_blocks: int, cache_policy: str = "lru",
                  enable_events: bool = False) -> None:
-        policy_cls = CACHE_POLICIES.get(cache_policy)
-        if policy_cls is None:
-            raise ValueError(unknown_name_message("cache policy", cache_policy, CACHE_POLICIES))
+        policy_cls = CACHE_POLICIES.get(cache_policy)  # unknown: UnknownNameError with a did-you-mean
         self.block_size = block_size
         self.medium = CPU_MEDIUM
         self._num_blocks = num_blocks

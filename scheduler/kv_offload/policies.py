@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from servesim.scheduler.registry import Registry
+
 
 @dataclass(slots=True)
 class BlockStatus:
@@ -180,4 +182,7 @@ class ARCCachePolicy:
         return victims
 
 
-CACHE_POLICIES: dict[str, type] = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
+# vLLM's kv_connector_extra_config["eviction_policy"] names (cpu/manager.py::_CACHE_POLICIES).
+CACHE_POLICIES: Registry[type] = Registry("offload eviction policy")
+CACHE_POLICIES.add("lru", LRUCachePolicy)
+CACHE_POLICIES.add("arc", ARCCachePolicy)
