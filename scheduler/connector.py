@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
     from servesim.scheduler.kv.manager import KVCacheBlocks
+    from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
     from servesim.scheduler.request import Request
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
     from servesim.scheduler.kv.manager import KVCacheBlocks
+    from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
     from servesim.scheduler.request import Request
 
 EOS_TOKEN_ID = 2  # OPT's EOS, the oracle model's
