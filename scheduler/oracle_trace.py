@@ -122,6 +122,17 @@ class StepTraceConfig:
                          attention=attention, sliding_window=self.sliding_window or None)
         return sc, cc
 
+    def offload_config(self) -> OffloadConfig | None:
+        """The CPU tier's settings (validated: OffloadConfig's refusals), None when offload is off."""
+        if self.offload_cpu_blocks <= 0:
+            return None
+        cfg = OffloadConfig(num_cpu_blocks=self.offload_cpu_blocks, block_size=self.offload_block_size or None,
+                            eviction_policy=self.offload_eviction_policy)
+        cfg.block_size_factor(self.block_size)
+        if self.no_prefix_caching:
+            raise ValueError("offload needs prefix caching on (offload blocks are named by prefix-cache block hashes)")
+        return cfg
+
     def model(self) -> OracleModel:
         return OracleModel(eos_rate=self.eos_rate, stop_token_ids=self.stop_token_ids, stop_rate=self.stop_rate,
                            num_spec_tokens=self.num_spec_tokens, spec_method=self.spec_method,
@@ -207,9 +218,8 @@ class OracleDriver:
             self.connector = OracleConnector({w["req_id"] for w in workload if w.get("remote_prefill")})
             self.sched.connector = self.connector
         self.offload: OffloadReplay | None = None
-        if cfg.offload_cpu_blocks > 0:
-            offload = OffloadConfig(num_cpu_blocks=cfg.offload_cpu_blocks, block_size=cfg.offload_block_size or None,
-                                    eviction_policy=cfg.offload_eviction_policy)
+        offload = cfg.offload_config()
+        if offload is not None:
             self.offload = OffloadReplay(self.sched, offload, cfg.offload_load_steps, cfg.offload_store_steps)
         self.pending = sorted(workload, key=lambda w: w["arrival_step"])  # stable on ties
         self.prompt_len = {w["req_id"]: len(w["prompt_token_ids"]) for w in workload}

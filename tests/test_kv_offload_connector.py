@@ -146,3 +146,42 @@ def test_connectors_and_policies_registered_by_name():
     assert c.offloaded_block_size == 16 and c.manager.num_free_blocks() == 3
     with pytest.raises(UnknownNameError, match="did you mean 'OffloadingConnector'"):
         KV_CONNECTORS.get("OffloadConnector")
+
+
+def test_step_trace_cli_reproduces_an_offload_golden_byte_for_byte(tmp_path):
+    """`servesim step-trace` with the offload flags writes the oracle's trace text. The golden pool
+    (120 blocks) is below the CLI's start-up check for max_model_len 2048, so the CLI runs with 1920
+    (no request there is longer than 972 tokens: the decisions do not change)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+
+    _register()
+    d = Path(__file__).parent / "golden" / "offload_arc_async_aborts"
+    argv = ["step-trace", str(d / "workload.jsonl"), "--out", str(tmp_path / "t.jsonl"), "--max-model-len", "1920"]
+    for k, v in json.loads((d / "config.json").read_text())["trace_flags"].items():
+        argv += ["--" + k.replace("_", "-")] + ([] if v is True else [str(v)])
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    with gzip.open(d / "trace.jsonl.gz", "rt") as f:
+        assert (tmp_path / "t.jsonl").read_text() == f.read()
+
+
+def test_step_trace_cli_refuses_bad_offload_settings(tmp_path):
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+
+    _register()
+    w = tmp_path / "w.jsonl"
+    w.write_text('{"req_id": "a", "prompt_token_ids": [1, 2], "max_tokens": 3, "arrival_step": 0}\n')
+    base = ["step-trace", str(w), "--out", str(tmp_path / "t.jsonl"), "--offload-cpu-blocks", "4"]
+    for extra, match in [(["--offload-block-size", "24"], "not a multiple of the GPU block size 16"),
+                         (["--no-prefix-caching"], "needs prefix caching on"),
+                         (["--offload-eviction-policy", "lur"], "did you mean 'lru'")]:
+        res = CliRunner().invoke(app, base + extra)
+        assert res.exit_code != 0 and match in res.output, res.output
