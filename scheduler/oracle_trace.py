@@ -367,6 +367,11 @@ class OracleDriver:
             rec["stop_reasons"] = {o.request_id: o.stop_reason for o in finished}
         if offload_fields is not None:
             rec.update(offload_fields)
+            ps = eco.scheduler_stats.connector_prefix_cache_stats
+            rec["offload_prefix_cache_stats"] = {
+                "requests": ps.requests, "queries": ps.queries, "hits": ps.hits,
+                "preempted_requests": ps.preempted_requests, "preempted_queries": ps.preempted_queries,
+                "preempted_hits": ps.preempted_hits}
         return rec
 
     def _draft(self, req_ids: list[str], sampled: list[list[int]]) -> None:

@@ -112,6 +112,7 @@ class SchedulerStats:
     prefix_cache_stats: PrefixCacheStats
     spec_decoding_stats: SpecDecodingStats | None = None
     num_pinned_reqs: int = 0  # Continuum
+    connector_prefix_cache_stats: PrefixCacheStats | None = None  # with a KV connector only
 
 
 @dataclass(slots=True)

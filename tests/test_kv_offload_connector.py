@@ -136,6 +136,11 @@ def test_a_small_run_reloads_prefixes_from_the_cpu_tier():
     # r2 then hits the GPU prefix cache again (the loaded blocks are cached): no load.
     assert [(n["req_id"], n["num_computed_tokens"]) for n in trace[24]["new"]] == [("r2", 96)]
     assert not any(rec["offload_load"] for step, rec in trace.items() if step > 13)
+    # The connector's hit stats (vLLM's connector_prefix_cache_stats): r1 asked for the 81 tokens its
+    # GPU hit lacked and got 80 from the tier; r2 lacked 1 token (the last, always recomputed).
+    stats = {step: (rec["offload_prefix_cache_stats"]["queries"], rec["offload_prefix_cache_stats"]["hits"])
+             for step, rec in trace.items() if rec["offload_prefix_cache_stats"]["requests"]}
+    assert stats == {0: (97, 0), 8: (160, 0), 13: (81, 80), 24: (1, 0), 36: (1, 0)}
 
 
 def test_connectors_and_policies_registered_by_name():

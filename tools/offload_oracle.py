@@ -20,7 +20,8 @@ schema), imported, not copied. This file changes three things around it:
   execution: `offload_load` / `offload_store` {req_id: {"gpu": [...], "cpu": [...]}} (the
   OffloadingConnectorMetadata's reqs_to_load / reqs_to_store as GPU and CPU block ids),
   `offload_flush` (reqs_to_flush, sorted), `offload_finished_sending` / `offload_finished_recving`
-  (sorted ids in this step's KVConnectorOutput).
+  (sorted ids in this step's KVConnectorOutput), and `offload_prefix_cache_stats` (the scheduler's
+  connector_prefix_cache_stats of this update: the CPU tier's lookups and hits, in tokens).
 """
 
 from __future__ import annotations
@@ -89,7 +90,14 @@ class OffloadScheduler:
         if sending or recving:
             mro.kv_connector_output = KVConnectorOutput(finished_sending=set(sending) or None,
                                                         finished_recving=set(recving) or None)
-        return self._sched.update_from_output(so, mro)
+        eco = self._sched.update_from_output(so, mro)
+        stats = [outs.scheduler_stats for outs in eco.values() if outs.scheduler_stats is not None]
+        ps = stats[0].connector_prefix_cache_stats if stats else None
+        rec["offload_prefix_cache_stats"] = None if ps is None else {
+            "requests": ps.requests, "queries": ps.queries, "hits": ps.hits,
+            "preempted_requests": ps.preempted_requests, "preempted_queries": ps.preempted_queries,
+            "preempted_hits": ps.preempted_hits}
+        return eco
 
 
 @contextlib.contextmanager
