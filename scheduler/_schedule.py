@@ -51,6 +51,8 @@ def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutpu
     if not st.preempted_reqs:
         _schedule_waiting(self, st)
     out = _build_output(self, st)
+    if self.connector is not None:  # plans from the tokens computed before this step (vLLM's order)
+        out.kv_connector_metadata = self.connector.build_connector_meta(out)
     self._update_after_schedule(out)
     if self.tracer is not None:
         self.tracer.decision(self, st, out)
@@ -153,8 +155,7 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
         queue = select_queue(self.waiting, self.skipped_waiting)
         request = queue.peek_request()
         if request.status in BLOCKED_WAITING_STATES and not _try_promote_blocked(self, request):
-            queue.pop_request()
-            step_skipped.prepend_request(request)
+            step_skipped.prepend_request(queue.pop_request())
             continue
         if (
             self.max_loras is not None
@@ -162,15 +163,18 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
             and len(st.scheduled_loras) == self.max_loras
             and request.lora_id not in st.scheduled_loras
         ):
-            queue.pop_request()
-            step_skipped.prepend_request(request)
+            step_skipped.prepend_request(queue.pop_request())
             continue
-        num_external, load_async = 0, False
+        num_external, load_async, connector_queries = 0, False, 0
         if request.num_computed_tokens == 0:
             new_computed_blocks, num_new_local = kvm.get_computed_blocks(request)
-            if self.connector is not None:  # P/D: tokens whose KV lives on another instance
-                num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
-                request.num_external_computed_tokens = num_external
+            if self.connector is not None:  # tokens whose KV lives elsewhere (another instance, CPU)
+                ext_tokens, load_async = self.connector.get_num_new_matched_tokens(request, num_new_local)
+                if ext_tokens is None:  # the connector cannot tell yet: ask again next step (vLLM)
+                    step_skipped.prepend_request(queue.pop_request())
+                    continue
+                num_external = request.num_external_computed_tokens = ext_tokens
+                connector_queries = request.num_tokens - num_new_local
             num_computed = num_new_local + num_external
         else:  # came back from a remote KV transfer with its tokens already in place
             new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
@@ -205,6 +209,8 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
             break
         if self.connector is not None:  # every admission, not only remote loads (as vLLM)
             self.connector.update_state_after_alloc(request, kvm.get_blocks(request.request_id), num_external)
+            if connector_queries:  # the connector's hits among the tokens the GPU cache lacked (vLLM)
+                self.connector_prefix_cache_stats.record(connector_queries, num_external, request.num_preemptions > 0)
         if load_async:  # park it in WAITING_FOR_REMOTE_KVS until the load is reported (vLLM)
             queue.pop_request()
             request.status = RequestStatus.WAITING_FOR_REMOTE_KVS

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servesim.scheduler.kv.manager import KVCacheBlocks
+    from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
     from servesim.scheduler.request import Request
 
 EOS_TOKEN_ID = 2  # OPT's EOS, the oracle model's
@@ -113,6 +114,15 @@ class OracleConnector:
 
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
         return False, None
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
+        return None  # the transfer is driven outside the step (no per-step worker metadata)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        pass
+
+    def take_events(self) -> tuple[()]:
+        return ()
 
     def take_started_loads(self) -> dict[str, int]:
         out, self.started = self.started, {}

@@ -6,7 +6,7 @@ scheduled request whose tokens reach the end of its known tokens samples (one to
 1000 + crc32(f"{req_id}:{k}") % 40000, or more with speculative decoding). `StepTraceConfig` takes
 every flag of the oracle's drive.py (same names and defaults); the opt-in extensions (speculative
 decoding, stop rules, aborts, sliding window / hybrid groups, LoRA, cache salt, KV connector, block
-tables) use the oracle's fake worker and connector rules (scheduler/oracle_model.py) and add the
+tables, the OffloadingConnector's CPU tier of tools/offload_oracle.py) use the oracle's fake worker and connector rules (scheduler/oracle_model.py) and add the
 oracle's extra trace fields, in its order. The records are field-for-field comparable to the
 oracle's trace lines (docs/PARITY.md). `step_record` is shared with the simulator's --step-trace
 writer.
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from servesim.scheduler.async_scheduler import make_scheduler
 from servesim.scheduler.config import CacheConfig, SchedulerConfig, max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
+from servesim.scheduler.kv_offload.config import OffloadConfig
+from servesim.scheduler.kv_offload.replay import OffloadReplay
 from servesim.scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
 from servesim.scheduler.policies.base import DEFAULT_POLICY
@@ -70,6 +72,12 @@ class StepTraceConfig:
     kv_connector_rate: float = 0.0  # > 0: the decode-side fake connector is on
     kv_load_steps: int = 3
     trace_block_tables: bool = False
+    # OffloadingConnector (tools/offload_oracle.py): a CPU tier of this many offload blocks (0: off).
+    offload_cpu_blocks: int = 0
+    offload_block_size: int = 0  # tokens; 0: the GPU block size
+    offload_eviction_policy: str = "lru"
+    offload_load_steps: int = 2  # a load completes this many executions after the one starting it
+    offload_store_steps: int = 2  # a store, after the one preparing it
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
@@ -81,6 +89,10 @@ class StepTraceConfig:
             raise ValueError("the KV connector supports one KV cache group (not hybrid)")
         if self.kv_load_steps < 1:
             raise ValueError("kv_load_steps must be >= 1")
+        if self.offload_cpu_blocks > 0 and (self.kv_connector_rate > 0 or self.hybrid):
+            raise ValueError("the offload oracle runs alone, with one KV cache group (no P/D connector, not hybrid)")
+        if self.offload_load_steps < 0 or self.offload_store_steps < 1:
+            raise ValueError("offload_load_steps must be >= 0 and offload_store_steps >= 1")
         if self.pipeline_parallel_size < 1:
             raise ValueError("pipeline_parallel_size must be >= 1")
         if self.async_scheduling and self.num_spec_tokens > 0 and self.spec_method == "ngram":
@@ -109,6 +121,17 @@ class StepTraceConfig:
                          enable_prefix_caching=not self.no_prefix_caching, hash_algo=self.hash_algo,
                          attention=attention, sliding_window=self.sliding_window or None)
         return sc, cc
+
+    def offload_config(self) -> OffloadConfig | None:
+        """The CPU tier's settings (validated: OffloadConfig's refusals), None when offload is off."""
+        if self.offload_cpu_blocks <= 0:
+            return None
+        cfg = OffloadConfig(num_cpu_blocks=self.offload_cpu_blocks, block_size=self.offload_block_size or None,
+                            eviction_policy=self.offload_eviction_policy)
+        cfg.block_size_factor(self.block_size)
+        if self.no_prefix_caching:
+            raise ValueError("offload needs prefix caching on (offload blocks are named by prefix-cache block hashes)")
+        return cfg
 
     def model(self) -> OracleModel:
         return OracleModel(eos_rate=self.eos_rate, stop_token_ids=self.stop_token_ids, stop_rate=self.stop_rate,
@@ -194,6 +217,10 @@ class OracleDriver:
         if cfg.kv_connector_rate > 0:
             self.connector = OracleConnector({w["req_id"] for w in workload if w.get("remote_prefill")})
             self.sched.connector = self.connector
+        self.offload: OffloadReplay | None = None
+        offload = cfg.offload_config()
+        if offload is not None:
+            self.offload = OffloadReplay(self.sched, offload, cfg.offload_load_steps, cfg.offload_store_steps)
         self.pending = sorted(workload, key=lambda w: w["arrival_step"])  # stable on ties
         self.prompt_len = {w["req_id"]: len(w["prompt_token_ids"]) for w in workload}
         self.lora_of = {w["req_id"]: w.get("lora_id") for w in workload}
@@ -311,8 +338,12 @@ class OracleDriver:
         sampled_all = {rid: list(t) for rid, t in zip(req_ids, sampled) if t}
         kv_done = [rid for due in sorted(k for k in self.kv_done_at if k <= rec["step"])
                    for rid in self.kv_done_at.pop(due)]
+        kv_output = KVConnectorOutput(finished_recving=tuple(kv_done)) if kv_done else None
+        offload_fields = None
+        if self.offload is not None:
+            kv_output, offload_fields = self.offload.execute(out)
         mro = ModelRunnerOutput(req_ids, {rid: i for i, rid in enumerate(req_ids)}, sampled,
-                                kv_connector_output=KVConnectorOutput(finished_recving=tuple(kv_done)) if kv_done else None)
+                                kv_connector_output=kv_output)
         eco = sched.update_from_output(out, mro)
         if self.spec and out.total_num_scheduled_tokens > 0:
             self._draft(req_ids, sampled)
@@ -334,6 +365,13 @@ class OracleDriver:
         if cfg.stop_rules or cfg.aborts:
             rec["finish_reasons"] = {o.request_id: o.finish_reason for o in finished}
             rec["stop_reasons"] = {o.request_id: o.stop_reason for o in finished}
+        if offload_fields is not None:
+            rec.update(offload_fields)
+            ps = eco.scheduler_stats.connector_prefix_cache_stats
+            rec["offload_prefix_cache_stats"] = {
+                "requests": ps.requests, "queries": ps.queries, "hits": ps.hits,
+                "preempted_requests": ps.preempted_requests, "preempted_queries": ps.preempted_queries,
+                "preempted_hits": ps.preempted_hits}
         return rec
 
     def _draft(self, req_ids: list[str], sampled: list[list[int]]) -> None:

@@ -59,6 +59,8 @@ class SchedulerOutput:
     finished_req_ids: set[str]  # finished since the previous schedule(): the worker frees them
     preempted_req_ids: set[str]
     num_invalid_spec_tokens: dict[str, int] | None = None
+    # The connector's plan for the worker (build_connector_meta), None without a connector.
+    kv_connector_metadata: object | None = None
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:
@@ -117,6 +119,7 @@ class SchedulerStats:
     # SGLang's HiCache (scheduler/sglang/hicache.py HiCacheStats): host-tier hits and bytes copied
     # since the previous stats; None for schedulers without a host tier.
     hicache_stats: HiCacheStats | None = None
+    connector_prefix_cache_stats: PrefixCacheStats | None = None  # with a KV connector only
 
 
 @dataclass(slots=True)

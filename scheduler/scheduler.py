@@ -22,7 +22,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities
-from servesim.scheduler.kv.manager import KVCacheManager
+from servesim.scheduler.kv.manager import KVCacheManager, PrefixCacheStats
 from servesim.scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
     SchedulerStats, SpecDecodingStats,
@@ -71,6 +71,9 @@ class Scheduler:
         self.finished_recving_kv_req_ids: set[str] = set()  # P/D: KV transfers that completed
         # P/D: the scheduler side of a KV connector (scheduler/connector.py), or None.
         self.connector: KVConnector | None = None
+        # Lookups the connector answered (tokens the GPU prefix cache lacked, tokens it supplied),
+        # reported in SchedulerStats while a connector is set (vLLM's connector_prefix_cache_stats).
+        self.connector_prefix_cache_stats = PrefixCacheStats()
         self.kv_cache_manager = KVCacheManager(
             cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
         )
@@ -279,6 +282,8 @@ class Scheduler:
     def _update_from_kv_xfer_finished(self, kv_output: KVConnectorOutput) -> None:
         """Loads that landed make their requests schedulable (or free an aborted one's blocks);
         sends that completed free the finished request's blocks. Both in vLLM's set order."""
+        if self.connector is not None:
+            self.connector.update_connector_output(kv_output)
         for rid in set_order(kv_output.finished_recving):
             request = self.requests.get(rid)
             if request is None:
@@ -374,7 +379,14 @@ class Scheduler:
             prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
             spec_decoding_stats=spec_stats,
             num_pinned_reqs=self.policy.num_held_requests(),
+            connector_prefix_cache_stats=self._take_connector_prefix_cache_stats(),
         )
+
+    def _take_connector_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if self.connector is None:
+            return None
+        stats, self.connector_prefix_cache_stats = self.connector_prefix_cache_stats, PrefixCacheStats()
+        return stats
 
     def check_invariants(self) -> None:
         from servesim.scheduler.invariants import check_invariants

@@ -58,6 +58,8 @@ FEATURE_FLAGS = {
     "cache_salt": lambda f: f.get("cache_salt", 0) > 0,
     "kv_connector": lambda f: f.get("kv_connector_rate", 0) > 0,
     "pipeline_parallel": lambda f: f.get("pipeline_parallel_size", 1) > 1,
+    "offload_lru": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy", "lru") == "lru",
+    "offload_arc": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy") == "arc",
 }
 
 

@@ -37,6 +37,15 @@ class RecordingConnector:
         self.finished.append((request.request_id, list(block_ids[0])))
         return request.request_id in self.delay_free, None
 
+    def build_connector_meta(self, scheduler_output):
+        return None
+
+    def update_connector_output(self, connector_output):
+        pass
+
+    def take_events(self):
+        return ()
+
 
 def _output(out, sampled: dict[str, list[int]], kv: KVConnectorOutput | None = None) -> ModelRunnerOutput:
     ids = list(out.num_scheduled_tokens)

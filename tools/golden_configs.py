@@ -86,4 +86,6 @@ TRACE_FLAGS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_se
                "async_scheduling", "hash_algo", "num_spec_tokens", "spec_method", "eos_rate", "stop_token_ids",
                "stop_rate", "min_tokens", "abort_rate", "abort_window", "abort_after", "abort_preempted_rate",
                "sliding_window", "hybrid", "num_loras", "max_loras", "cache_salt", "kv_connector_rate",
-               "kv_load_steps", "trace_block_tables", "max_steps", "pipeline_parallel_size")
+               "kv_load_steps", "trace_block_tables", "max_steps", "pipeline_parallel_size",
+               "offload_cpu_blocks", "offload_block_size", "offload_eviction_policy", "offload_load_steps",
+               "offload_store_steps")

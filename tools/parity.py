@@ -2,7 +2,8 @@
 
 Every config draws a base (pool, budget, policy, caching, chunking, async, arrivals) and one entry
 of the feature matrix (FEATURES: speculative decoding by method, stop rules, aborts of every kind,
-sliding window, hybrid groups, LoRA, cache salt, the KV connector, and combinations) with random
+sliding window, hybrid groups, LoRA, cache salt, the KV connector, the OffloadingConnector's CPU
+tier (tools/offload_oracle.py), and combinations) with random
 parameters; configs cycle through the matrix, so `--configs 2 * len(FEATURES)` covers each
 feature twice. The oracle runs with PYTHONHASHSEED=0, the seed our set-order replay assumes
 (scheduler/pyset.py).
@@ -56,6 +57,12 @@ def _kv(rng: random.Random) -> dict:
     return {"kv_connector_rate": rng.choice([0.3, 0.7, 1.0]), "kv_load_steps": rng.choice([1, 3, 8])}
 
 
+def _offload(rng: random.Random) -> dict:
+    # offload_block_size is set from the drawn GPU block size in random_config
+    return {"offload_cpu_blocks": rng.choice([4, 16, 48, 200]), "offload_eviction_policy": rng.choice(["lru", "arc"]),
+            "offload_load_steps": rng.choice([0, 1, 3, 6]), "offload_store_steps": rng.choice([1, 2, 5])}
+
+
 # feature name -> parameters drawn for it (merged over the base config)
 FEATURES = {
     "base": lambda rng: {},
@@ -78,6 +85,9 @@ FEATURES = {
     "kv_connector_aborts": lambda rng: dict(_kv(rng), abort_rate=rng.choice([0.3, 0.6]), abort_after=rng.choice([0, 1, 4]),
                                             abort_window=rng.choice([1, 4, 20])),
     "kv_connector_sliding": lambda rng: dict(_kv(rng), sliding_window=rng.choice([32, 128])),
+    "offload": _offload,
+    "offload_aborts": lambda rng: dict(_offload(rng), abort_rate=rng.choice([0.2, 0.5]), abort_window=rng.choice([5, 50]),
+                                       abort_preempted_rate=rng.choice([0.0, 0.5])),
     "everything": lambda rng: dict(_stop(rng), **_aborts(rng), **_spec("eagle")(rng), num_loras=3, max_loras=2,
                                    cache_salt=2, abort_preempted_rate=0.3),
 }
@@ -109,6 +119,9 @@ def random_config(rng: random.Random, feature: str = "base") -> dict:
         cfg["async_scheduling"] = False  # vLLM refuses async scheduling with ngram
     if cfg.get("kv_connector_rate"):
         cfg.pop("hybrid", None)  # the connector supports one KV cache group
+    if cfg.get("offload_cpu_blocks"):  # needs prefix caching (config.py); offload blocks of 1-3 GPU blocks
+        cfg["no_prefix_caching"] = False
+        cfg["offload_block_size"] = cfg["block_size"] * rng.choice([1, 2, 3])
     if cfg.get("spec_method") == "draft_model" and cfg.get("num_spec_tokens"):
         cfg["no_chunked_prefill"] = False  # the budget loses max_num_seqs: prompts must chunk
         cfg["max_num_batched_tokens"] = max(cfg["max_num_batched_tokens"], cfg["max_num_seqs"] + 256)

@@ -73,8 +73,16 @@ def main() -> int:
         tmp_trace = os.path.join(d, "trace.jsonl")
         pp = flags.get("pipeline_parallel_size", 1)
         run = drive.main if pp == 1 else pp_driver(oracle_dir, pp)
-        drive_flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size"}
-        run(argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace])
+        drive_flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size" and not k.startswith("offload_")}
+        argv = argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace]
+        offload = {k: v for k, v in flags.items() if k.startswith("offload_")}
+        if offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
+            import offload_oracle
+
+            own, _ = offload_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(offload)])
+            offload_oracle.run(own, argv)
+        else:
+            run(argv)
         with open(tmp_trace, "rb") as src, open(tmp_trace + ".gz", "wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:  # mtime 0: reproducible bytes
                 shutil.copyfileobj(src, dst)

@@ -66,6 +66,11 @@ def step_trace(
     kv_connector_rate: float = typer.Option(0.0, help="> 0: decode-side KV connector (requests with remote_prefill)"),
     kv_load_steps: int = typer.Option(3, help="a remote KV load is reported finished this many steps later"),
     trace_block_tables: bool = typer.Option(False, "--trace-block-tables", help="add every running request's block tables"),
+    offload_cpu_blocks: int = typer.Option(0, help="N > 0: vLLM's OffloadingConnector with a CPU tier of N offload blocks"),
+    offload_block_size: int = typer.Option(0, help="offload block size in tokens (a multiple of --block-size; 0: equal)"),
+    offload_eviction_policy: str = typer.Option("lru", help="the CPU tier's eviction policy: lru | arc"),
+    offload_load_steps: int = typer.Option(2, help="a CPU->GPU load is reported finished this many steps later"),
+    offload_store_steps: int = typer.Option(2, help="a GPU->CPU store completes this many steps later"),
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
@@ -93,8 +98,11 @@ def step_trace(
             abort_window=abort_window, abort_after=abort_after, abort_preempted_rate=abort_preempted_rate,
             sliding_window=sliding_window, hybrid=hybrid, num_loras=num_loras, max_loras=max_loras,
             cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
-            trace_block_tables=trace_block_tables)
+            trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
+            offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
+            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps)
         sc, cc = cfg.configs()
+        cfg.offload_config()
     except ValueError as e:
         raise InputError(str(e), field="options") from None
     _check_start_up(sc, cc)

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 from servesim.scheduler import AsyncScheduler, Scheduler
 from servesim.scheduler.kv.manager import KVCacheBlocks
+from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
 from servesim.scheduler.request import Request, RequestStatus
 from servesim.simulator.engine import Engine, resolve_cache
 from servesim.simulator.startup import resolved
@@ -54,6 +55,15 @@ class RemotePrefillConnector:
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
         return False, None  # decode side: nothing to send, free now
 
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
+        return None  # the transfer is driven outside the step (no per-step worker metadata)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        pass
+
+    def take_events(self) -> tuple[()]:
+        return ()
+
 
 class RemoteDecodeConnector:
     """The prefill instance's side (NixlConnector, kv_producer): a prompt that finished by length
@@ -68,6 +78,15 @@ class RemoteDecodeConnector:
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
         # Aborted or ignored prompts are never read: free them at once.
         return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and any(block_ids), None
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
+        return None  # the transfer is driven outside the step (no per-step worker metadata)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        pass
+
+    def take_events(self) -> tuple[()]:
+        return ()
 
 
 class StallAwareMixin:
