@@ -36,6 +36,7 @@ from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
+from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
@@ -68,6 +69,8 @@ class Engine:
         # A ready-made scheduler (e.g. a P/D decode scheduler) must match self.cache.
         self.scheduler: SchedulerInterface = scheduler if scheduler is not None else make_engine_scheduler(
             cfg.engine, cfg.scheduler, self.cache, cfg)
+        # The CPU KV tier: its connector on the scheduler, its timed worker here (None: offload off).
+        self.kv_offload = attach_kv_offload(cfg, self.scheduler, self.cache)
         hw = cfg.hardware
         if executor is None:
             cost = run_cost_model(cfg)
@@ -259,6 +262,8 @@ class Engine:
                 assert staged is not None
                 self.gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, staged.last_stage_times_s)
             self.book.metrics.steps.set_gpu_time(row, gpu_s)
+            if self.kv_offload is not None:  # the worker's copies this step, reported in its output
+                mro.kv_connector_output = self.kv_offload.execute(so, gpu_free_at - gpu_s, gpu_free_at)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
                 yield from self._apply_oldest(in_flight)
@@ -352,9 +357,10 @@ class Engine:
         client deadline, or the scheduler's own next state change, e.g. a policy releasing KV)."""
         wake = self.wake_event()
         wakes = []
-        own = self.scheduler.next_event_s()
-        if own is not None:
-            wakes.append(own)
+        for own in (self.scheduler.next_event_s(),
+                    self.kv_offload.next_event_s(self.env.now) if self.kv_offload is not None else None):
+            if own is not None:
+                wakes.append(own)
         if self.deadlines:  # a client giving up frees KV: that can unblock the others
             wakes.append(self.deadlines.next_s)
         if wakes:
