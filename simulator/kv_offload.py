@@ -73,6 +73,8 @@ class KvOffloadConfig:
         if self.num_cpu_blocks is not None and (isinstance(self.num_cpu_blocks, bool)
                                                 or not isinstance(self.num_cpu_blocks, int)):
             raise ValueError(f"num_cpu_blocks must be an integer, got {self.num_cpu_blocks!r}")
+        if size is not None and self.num_cpu_blocks is not None:
+            raise ValueError("give the CPU tier's size as kv_offloading_size (GiB) or num_cpu_blocks, not both")
         if self.kv_offloading_backend not in OFFLOADING_BACKENDS:
             raise ValueError(f"kv_offloading_backend {self.kv_offloading_backend!r} is not modelled "
                              f"(valid: {', '.join(OFFLOADING_BACKENDS)})")
