@@ -400,4 +400,4 @@ class Engine:
         """The run's result, once its environment stopped (a cluster asks each replica)."""
         self.clients.deliver_all()  # token times as the clients see them
         return engine_result(self.book, self.env.now, wall_time_s, self.cache, self.kv_capacity,
-                             self.planner_declined)
+                             self.planner_declined, self.kv_offload)

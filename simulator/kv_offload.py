@@ -156,6 +156,8 @@ class TimedOffloadWorker:
         self.load_stream = TransferStream()  # CPU -> GPU
         self.store_stream = TransferStream()  # GPU -> CPU
         self.totals = OffloadTransferStats()
+        # Steps that started copies: (step end s, bytes loaded, bytes stored); the series bins them.
+        self.copy_rows: list[tuple[float, int, int]] = []
         self._load_started_s: dict[str, float] = {}
         self._reported = False  # the last step reported transfers (the scheduler acts at its next schedule())
 
@@ -166,6 +168,7 @@ class TimedOffloadWorker:
         """One step's transfers (the step's GPU work runs start_s .. end_s): its report, or None."""
         meta = so.kv_connector_metadata
         book, totals = self.book, self.totals
+        loaded_before, stored_before = totals.bytes_loaded, totals.bytes_stored
         for rid in meta.reqs_to_flush:  # handle_preemptions waits for them before the step
             book.flush(rid, start_s)
         for rid, t in meta.reqs_to_load.items():
@@ -180,6 +183,8 @@ class TimedOffloadWorker:
                 book.add_store(rid, self.store_stream.submit(end_s, self.copy_s(n)))
                 totals.num_stores += 1
                 totals.bytes_stored += n * self.bytes_per_gpu_block
+        if totals.bytes_loaded != loaded_before or totals.bytes_stored != stored_before:
+            self.copy_rows.append((end_s, totals.bytes_loaded - loaded_before, totals.bytes_stored - stored_before))
         # Sorted: a Python set's order of str ids varies between processes (determinism).
         sending, recving = book.get_finished(end_s, sorted(so.finished_req_ids))
         for rid in recving:

@@ -190,3 +190,31 @@ def test_offload_runs_decline_the_fast_path_and_are_deterministic():
         runs = [_run(_cfg(True, async_scheduling))[1] for _ in range(2)]
         frames = [r.metrics.requests_frame().to_csv() + r.metrics.steps_frame().to_csv() for r in runs]
         assert frames[0] == frames[1]
+
+
+def test_summary_and_series_report_the_tier_only_when_on(tmp_path):
+    from servesim.simulator.outputs import build_summary, write_results
+
+    cfg_on = _cfg(True)
+    _, on = _run(cfg_on)
+    s = build_summary(cfg_on, on, 3)
+    ko = s["kv_offload"]
+    # lookups past the GPU hit: a 20 tokens, b 40, c 16 (4 on the GPU); c's 12 came from the CPU tier.
+    assert (ko["cpu_query_tokens"], ko["cpu_hit_tokens"], ko["preempted_cpu_hit_tokens"]) == (76, 12, 0)
+    assert (ko["num_loads"], ko["bytes_loaded_per_gpu"]) == (1, 3 * GPU_BLOCK_BYTES)
+    assert ko["load_wait_s_mean"] == pytest.approx(0.003)
+    write_results(tmp_path / "on", cfg_on, on, s, {})
+    ts = (tmp_path / "on" / "timeseries.csv").read_text().splitlines()
+    header = ts[0].split(",")
+    assert header[-3:] == ["offload_cpu_hit_tokens", "offload_load_bytes", "offload_store_bytes"]
+    col = {name: [int(float(line.split(",")[i])) for line in ts[1:]] for i, name in enumerate(header)
+           if name.startswith("offload_")}
+    assert sum(col["offload_cpu_hit_tokens"]) == 12 and col["offload_cpu_hit_tokens"][10] == 12
+    assert sum(col["offload_store_bytes"]) == 16 * GPU_BLOCK_BYTES
+
+    cfg_off = _cfg(False)
+    _, off = _run(cfg_off)
+    s_off = build_summary(cfg_off, off, 3)
+    assert "kv_offload" not in s_off and off.kv_offload is None
+    write_results(tmp_path / "off", cfg_off, off, s_off, {})
+    assert "offload" not in (tmp_path / "off" / "timeseries.csv").read_text()
