@@ -69,8 +69,7 @@ class Engine:
         # A ready-made scheduler (e.g. a P/D decode scheduler) must match self.cache.
         self.scheduler: SchedulerInterface = scheduler if scheduler is not None else make_engine_scheduler(
             cfg.engine, cfg.scheduler, self.cache, cfg)
-        # The CPU KV tier: its connector on the scheduler, its timed worker here (None: offload off).
-        self.kv_offload = attach_kv_offload(cfg, self.scheduler, self.cache)
+        self.kv_offload = attach_kv_offload(cfg, self.scheduler, self.cache)  # the CPU KV tier's worker, or None
         hw = cfg.hardware
         if executor is None:
             cost = run_cost_model(cfg)
@@ -354,11 +353,11 @@ class Engine:
 
     def idle_event(self) -> simpy.Event:
         """Nothing ran and nothing is in flight: what the loop waits for (an outside event, a
-        client deadline, or the scheduler's own next state change, e.g. a policy releasing KV)."""
+        client deadline, the scheduler's own next state change, e.g. a policy releasing KV, or a copy
+        of the CPU KV tier landing)."""
         wake = self.wake_event()
         wakes = []
-        for own in (self.scheduler.next_event_s(),
-                    self.kv_offload.next_event_s(self.env.now) if self.kv_offload is not None else None):
+        for own in (self.scheduler.next_event_s(), self.kv_offload and self.kv_offload.next_event_s(self.env.now)):
             if own is not None:
                 wakes.append(own)
         if self.deadlines:  # a client giving up frees KV: that can unblock the others

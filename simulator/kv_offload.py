@@ -200,6 +200,13 @@ class TimedOffloadWorker:
         return now_s if self._reported else self.book.next_done()
 
 
+def refuse_kv_offload(cfg: SimConfig, why: str) -> None:
+    """An engine that cannot host the CPU tier (one connector per engine is modelled) refuses it."""
+    if cfg.kv_offload.enabled:
+        raise InputError(f"the CPU KV tier is not modelled here: {why}", field="kv_offload",
+                         allowed="no kv_offload for this engine")
+
+
 def attach_kv_offload(cfg: SimConfig, scheduler, cache: CacheConfig) -> TimedOffloadWorker | None:
     """With kv_offload on: the OffloadingConnector set on the scheduler, and its timed worker."""
     num_blocks = check_kv_offload(cfg, cache)

@@ -218,3 +218,10 @@ def test_summary_and_series_report_the_tier_only_when_on(tmp_path):
     assert "kv_offload" not in s_off and off.kv_offload is None
     write_results(tmp_path / "off", cfg_off, off, s_off, {})
     assert "offload" not in (tmp_path / "off" / "timeseries.csv").read_text()
+
+
+def test_pd_engines_refuse_the_tier():
+    from servesim.simulator.cluster.pd import PrefillEngine
+
+    with pytest.raises(InputError, match="P/D prefill engine"):
+        PrefillEngine(_cfg(True))
