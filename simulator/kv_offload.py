@@ -107,10 +107,10 @@ def _hardware_figures(cfg: SimConfig) -> tuple[int, float]:
     return kv_bytes_per_token(resolve_model(hw.model), hw.tp), link
 
 
-def check_kv_offload(cfg: SimConfig, cache: CacheConfig) -> int | None:
-    """Start-up checks of an offload run; the tier's offload blocks (None: offload off)."""
-    ko = cfg.kv_offload
-    if not ko.enabled:
+def check_kv_offload(cfg: SimConfig, cache: CacheConfig, data_parallel_size: int = 1) -> int | None:
+    """Start-up checks of an offload run (simulator/startup.py runs them with every SimConfig); the
+    tier's offload blocks (None: offload off)."""
+    if not cfg.kv_offload.enabled:
         return None
     if cfg.engine != "vllm":
         raise InputError("the OffloadingConnector is vLLM's (SGLang's host tier is sglang.hicache)",
@@ -118,15 +118,19 @@ def check_kv_offload(cfg: SimConfig, cache: CacheConfig) -> int | None:
     if cfg.hardware.pp > 1:
         raise InputError("the CPU tier with pipeline parallelism is not modelled", field="kv_offload",
                          allowed="hardware.pp 1")
-    from servesim.simulator.startup import data_parallel_size
-
-    if data_parallel_size(cfg) > 1:  # the DP group's lockstep loop (cluster/dp.py) runs no worker
+    if data_parallel_size > 1:  # the DP group's lockstep loop (cluster/dp.py) runs no worker
         raise InputError("the CPU tier with data parallelism is not modelled", field="kv_offload",
                          allowed="no data parallelism")
     if not cache.enable_prefix_caching:
         raise InputError("offload blocks are named by prefix-cache block hashes, which servesim computes "
                          "only with prefix caching", field="cache.enable_prefix_caching",
                          allowed="true with kv_offload")
+    return tier_num_blocks(cfg, cache)
+
+
+def tier_num_blocks(cfg: SimConfig, cache: CacheConfig) -> int:
+    """The CPU tier's offload blocks (vLLM's CPUOffloadingSpec arithmetic: module doc)."""
+    ko = cfg.kv_offload
     per_token, _ = _hardware_figures(cfg)
     try:
         return ko.offload_config().num_blocks(cache.block_size, per_token * cache.block_size * cfg.hardware.tp)
@@ -208,10 +212,11 @@ def refuse_kv_offload(cfg: SimConfig, why: str) -> None:
 
 
 def attach_kv_offload(cfg: SimConfig, scheduler, cache: CacheConfig) -> TimedOffloadWorker | None:
-    """With kv_offload on: the OffloadingConnector set on the scheduler, and its timed worker."""
-    num_blocks = check_kv_offload(cfg, cache)
-    if num_blocks is None:
+    """With kv_offload on: the OffloadingConnector set on the scheduler, and its timed worker (the
+    config passed check_kv_offload when it was built)."""
+    if not cfg.kv_offload.enabled:
         return None
+    num_blocks = tier_num_blocks(cfg, cache)
     if scheduler.connector is not None:
         raise InputError("the scheduler already has a KV connector (P/D); one connector per engine is modelled",
                          field="kv_offload")

@@ -129,7 +129,7 @@ def check_startup(cfg: SimConfig) -> None:
         _check_sglang(cfg, cache)
     from servesim.simulator.kv_offload import check_kv_offload  # it imports the specs and the scheduler
 
-    check_kv_offload(cfg, cache)
+    check_kv_offload(cfg, cache, data_parallel_size(cfg))
 
 
 def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml: int) -> None:
