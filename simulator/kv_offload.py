@@ -121,6 +121,9 @@ def check_kv_offload(cfg: SimConfig, cache: CacheConfig, data_parallel_size: int
     if data_parallel_size > 1:  # the DP group's lockstep loop (cluster/dp.py) runs no worker
         raise InputError("the CPU tier with data parallelism is not modelled", field="kv_offload",
                          allowed="no data parallelism")
+    if cache.attention != "full":  # vLLM's OffloadingConnector asserts a single KV cache group
+        raise InputError(f"the CPU tier with attention layout {cache.attention!r} (more than one KV cache group, "
+                         "or a sliding window) is not modelled", field="cache.attention", allowed="full")
     if not cache.enable_prefix_caching:
         raise InputError("offload blocks are named by prefix-cache block hashes, which servesim computes "
                          "only with prefix caching", field="cache.enable_prefix_caching",

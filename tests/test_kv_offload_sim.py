@@ -225,3 +225,9 @@ def test_pd_engines_refuse_the_tier():
 
     with pytest.raises(InputError, match="P/D prefill engine"):
         PrefillEngine(_cfg(True))
+
+
+def test_a_layout_other_than_full_attention_is_refused():
+    with pytest.raises(InputError, match="attention layout 'sliding_window'") as exc:
+        apply_overrides(SimConfig(), {"kv_offload.num_cpu_blocks": "64", "cache.sliding_window": "128"})
+    assert exc.value.field == "cache.attention"
