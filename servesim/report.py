@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from servesim.simulator.kv_offload_report import summary_line as offload_summary_line
+
 LOG_EVERY_S = 10.0  # progress lines without a terminal (override: SERVESIM_PROGRESS_EVERY_S)
 PIPE_WIDTH = 1000  # tables without a terminal: wide enough that no column is ever dropped
 
@@ -93,6 +95,9 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
         console.print(f"HiCache host tier: {hc['host_hit_tokens']} of {s['prefix_cache_hit_tokens']} hit tokens loaded "
                       f"from host ({hc['num_loads']} loads, {hc['load_bytes'] / 1e9:.2f} GB in, "
                       f"{hc['write_bytes'] / 1e9:.2f} GB written)")
+    offload = offload_summary_line(s)
+    if offload is not None:
+        console.print(offload)
     if out is not None:
         console.print(f"results in {out}/")
 

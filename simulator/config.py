@@ -12,6 +12,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig
 from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.kv_offload import KvOffloadConfig
 from servesim.simulator.sampling import SamplingConfig
 from servesim.traces.errors import InputError
 
@@ -163,6 +164,8 @@ class SimConfig:
     # The sampling parameters the requests run with (client's over the server's generation config):
     # top-p sends vLLM's sampler down its sort path, priced per sampled row (simulator/sampling.py).
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # The CPU KV tier (vLLM's --kv-offloading-size: the OffloadingConnector), off by default.
+    kv_offload: KvOffloadConfig = field(default_factory=KvOffloadConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine_version, str) or not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", self.engine_version):

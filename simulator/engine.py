@@ -36,6 +36,7 @@ from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
+from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
@@ -68,6 +69,7 @@ class Engine:
         # A ready-made scheduler (e.g. a P/D decode scheduler) must match self.cache.
         self.scheduler: SchedulerInterface = scheduler if scheduler is not None else make_engine_scheduler(
             cfg.engine, cfg.scheduler, self.cache, cfg)
+        self.kv_offload = attach_kv_offload(cfg, self.scheduler, self.cache)  # the CPU KV tier's worker, or None
         hw = cfg.hardware
         if executor is None:
             cost = run_cost_model(cfg)
@@ -259,6 +261,8 @@ class Engine:
                 assert staged is not None
                 self.gpu_free_at = gpu_free_at = pipe.submit(now, cpu_s, staged.last_stage_times_s)
             self.book.metrics.steps.set_gpu_time(row, gpu_s)
+            if self.kv_offload is not None:  # the worker's copies this step, reported in its output
+                mro.kv_connector_output = self.kv_offload.execute(so, gpu_free_at - gpu_s, gpu_free_at)
             in_flight.append((so, mro, gpu_free_at, rec, row))
             while in_flight and (len(in_flight) >= depth or so.total_num_scheduled_tokens == 0):
                 yield from self._apply_oldest(in_flight)
@@ -349,12 +353,13 @@ class Engine:
 
     def idle_event(self) -> simpy.Event:
         """Nothing ran and nothing is in flight: what the loop waits for (an outside event, a
-        client deadline, or the scheduler's own next state change, e.g. a policy releasing KV)."""
+        client deadline, the scheduler's own next state change, e.g. a policy releasing KV, or a copy
+        of the CPU KV tier landing)."""
         wake = self.wake_event()
         wakes = []
-        own = self.scheduler.next_event_s()
-        if own is not None:
-            wakes.append(own)
+        for own in (self.scheduler.next_event_s(), self.kv_offload and self.kv_offload.next_event_s(self.env.now)):
+            if own is not None:
+                wakes.append(own)
         if self.deadlines:  # a client giving up frees KV: that can unblock the others
             wakes.append(self.deadlines.next_s)
         if wakes:
@@ -394,4 +399,4 @@ class Engine:
         """The run's result, once its environment stopped (a cluster asks each replica)."""
         self.clients.deliver_all()  # token times as the clients see them
         return engine_result(self.book, self.env.now, wall_time_s, self.cache, self.kv_capacity,
-                             self.planner_declined)
+                             self.planner_declined, self.kv_offload)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from servesim.scheduler import CacheConfig
 from servesim.scheduler.sglang.hicache import HiCacheStats
 from servesim.simulator.kv_capacity import KvCapacity
+from servesim.simulator.kv_offload import TimedOffloadWorker
+from servesim.simulator.kv_offload_report import KvOffloadReport
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.step_book import StepBook
 
@@ -26,10 +28,12 @@ class EngineResult:
     planner_declined: str | None  # why the run stepped every step (None: a fast-path planner ran beside it)
     hicache: HiCacheStats | None = None  # SGLang HiCache's host tier over the run (None: no host tier)
     hicache_rows: list | None = None  # its steps: (update s, host hit tokens, bytes in, bytes out)
+    kv_offload: KvOffloadReport | None = None  # vLLM's CPU KV tier over the run (None: offload off)
 
 
 def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: CacheConfig,
-                  kv_capacity: KvCapacity | None, planner_declined: str | None) -> EngineResult:
+                  kv_capacity: KvCapacity | None, planner_declined: str | None,
+                  kv_offload: TimedOffloadWorker | None = None) -> EngineResult:
     """The result of a run whose clock stands at `now_s`: its book's last progress report made, the
     duration up to the last finish (the clients' token times already delivered: Engine.result)."""
     metrics = book.metrics
@@ -37,4 +41,5 @@ def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: Cache
     if book.progress is not None:
         book.progress(now_s, book.num_done)
     return EngineResult(metrics, end, wall_time_s, book.num_steps, book.prefix_hits, book.prefix_queries, cache,
-                        kv_capacity, planner_declined, book.hicache, book.hicache_rows)
+                        kv_capacity, planner_declined, book.hicache, book.hicache_rows,
+                        KvOffloadReport.of(kv_offload, book) if kv_offload is not None else None)

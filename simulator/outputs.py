@@ -34,6 +34,8 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
     s["fast_path"] = {"used": res.planner_declined is None, "declined_reason": res.planner_declined}
     if res.hicache is not None:
         s["hicache"] = hicache_summary(res.hicache, res.prefix_hits)
+    if res.kv_offload is not None:
+        s["kv_offload"] = res.kv_offload.summary()
     return s
 
 
@@ -53,18 +55,24 @@ HICACHE_SERIES = ("hicache_host_hit_tokens", "hicache_load_bytes", "hicache_writ
 def with_hicache_series(ts: Columns, rows: list[tuple[float, int, int, int]]) -> Columns:
     """The 1-second series plus SGLang HiCache's per-second figures beside the others: host-tier
     hit tokens, bytes loaded and written in [t, t + 1), by the time each step's output was applied."""
+    return with_step_series(ts, rows, HICACHE_SERIES)
+
+
+def with_step_series(ts: Columns, rows: list[tuple], names: tuple[str, ...]) -> Columns:
+    """The 1-second series plus per-second sums of per-step figures: rows are (time s, one integer
+    per name), each counted in the second [t, t + 1) holding its time."""
     ticks = np.asarray(ts["t_s"])
     data = {name: ts.raw(name) for name in ts.columns}
     if rows:
         at = np.asarray([r[0] for r in rows])
         # per step, the tick it belongs to (steps after the last tick count in the last one)
         idx = np.clip(np.searchsorted(ticks, at, side="right") - 1, 0, len(ticks) - 1)
-    for i, name in enumerate(HICACHE_SERIES, start=1):
+    for i, name in enumerate(names, start=1):
         col = np.zeros(len(ticks), dtype=np.int64)
         if rows:
             np.add.at(col, idx, np.asarray([r[i] for r in rows], dtype=np.int64))
         data[name] = col
-    return Columns(data, [*ts.columns, *HICACHE_SERIES])
+    return Columns(data, [*ts.columns, *names])
 
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
@@ -76,6 +84,8 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
     timeseries = cols.timeseries(summary["sim_duration_s"])
     if res.hicache is not None:
         timeseries = with_hicache_series(timeseries, res.hicache_rows or [])
+    if res.kv_offload is not None:
+        timeseries = res.kv_offload.with_series(timeseries, with_step_series)
     return write_result_folder(out_dir, "replay", requests=cols.requests, steps=cols.steps,
                                timeseries=timeseries, config=resolved,
                                summary=summary, overwrite=overwrite)

@@ -9,7 +9,9 @@ API all build one) and again when an Engine is built from it, so every path sees
 - without chunked prefill, `max_num_batched_tokens >= max_model_len` (vLLM's SchedulerConfig);
 - the KV pool holds one request of `max_model_len` tokens (vLLM's check_enough_kv_cache_memory:
   "To serve at least one request with the models's max seq len ...");
-- SGLang: a prefill budget of at least one page (chunks are whole pages).
+- SGLang: a prefill budget of at least one page (chunks are whole pages);
+- the CPU KV tier (kv_offload): vLLM's engine, prefix caching on, a tier of at least one offload
+  block (simulator/kv_offload.py).
 
 `resolve_max_model_len` / `resolve_cache` give what an engine runs with: the model's context
 length when `scheduler.max_model_len` is None (vLLM derives it from max_position_embeddings), and
@@ -125,6 +127,9 @@ def check_startup(cfg: SimConfig) -> None:
     _check_pool(cfg, cache, cap, mml)
     if cfg.engine == "sglang":
         _check_sglang(cfg, cache)
+    from servesim.simulator.kv_offload import check_kv_offload  # it imports the specs and the scheduler
+
+    check_kv_offload(cfg, cache, data_parallel_size(cfg))
 
 
 def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml: int) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import IO
 
 from servesim.scheduler.interface import SchedulerInterface
+from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.sglang.hicache import HiCacheStats
@@ -37,6 +38,11 @@ class StepBook:
         # SGLang HiCache per step with any copy or host hit: (update time s, host hit tokens, bytes
         # loaded, bytes written); the time series bins them by second (outputs.py).
         self.hicache_rows: list[tuple[float, int, int, int]] = []
+        # A KV connector's lookups (vLLM's connector_prefix_cache_stats) summed: tokens the GPU prefix
+        # cache lacked at admission, those the connector supplied (preempted requests apart), and the
+        # steps with any hit: (update s, hit tokens, preempted requests' included).
+        self.connector_stats = PrefixCacheStats()
+        self.connector_hit_rows: list[tuple[float, int]] = []
         self.num_done = 0  # requests finished, rejected or given up
         self.arrived_since_step: list[str] = []  # request ids added since the last schedule (step trace)
 
@@ -85,6 +91,17 @@ class StepBook:
             self.hicache.add(hs)
             if hs.host_hit_tokens or hs.load_bytes or hs.write_bytes:
                 self.hicache_rows.append((now, hs.host_hit_tokens, hs.load_bytes, hs.write_bytes))
+        cs = eco.scheduler_stats.connector_prefix_cache_stats
+        if cs is not None:
+            total = self.connector_stats
+            total.requests += cs.requests
+            total.queries += cs.queries
+            total.hits += cs.hits
+            total.preempted_requests += cs.preempted_requests
+            total.preempted_queries += cs.preempted_queries
+            total.preempted_hits += cs.preempted_hits
+            if cs.hits or cs.preempted_hits:
+                self.connector_hit_rows.append((now, cs.hits + cs.preempted_hits))
         self.metrics.steps.set_update(row, now, ps.hits, ps.queries)  # duration: schedule to output applied
         if rec is not None:
             assert self.step_trace is not None

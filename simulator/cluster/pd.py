@@ -23,6 +23,7 @@ from servesim.scheduler.kv.manager import KVCacheBlocks
 from servesim.scheduler.output import KVConnectorOutput, SchedulerOutput
 from servesim.scheduler.request import Request, RequestStatus
 from servesim.simulator.engine import Engine, resolve_cache
+from servesim.simulator.kv_offload import refuse_kv_offload
 from servesim.simulator.startup import resolved
 
 
@@ -155,6 +156,7 @@ class PrefillEngine(Engine):
     """An Engine whose scheduler holds finished requests' KV until `kv_sent`."""
 
     def __init__(self, cfg, **kwargs) -> None:
+        refuse_kv_offload(cfg, "a P/D prefill engine's connector is the P/D one")
         super().__init__(cfg, scheduler=_pd_scheduler(PrefillSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
         self.scheduler.connector = RemoteDecodeConnector()
 
@@ -168,6 +170,7 @@ class DecodeEngine(Engine):
     `kv_received` when a transfer lands."""
 
     def __init__(self, cfg, connector: RemotePrefillConnector, **kwargs) -> None:
+        refuse_kv_offload(cfg, "a P/D decode engine's connector is the P/D one")
         super().__init__(cfg, scheduler=_pd_scheduler(DecodeSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
         self.scheduler.connector = connector
         self.connector = connector

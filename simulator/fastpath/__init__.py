@@ -50,6 +50,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
     elif runs is None:
         why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
                "(P/D and other schedulers that change what a step does step)")
+    elif engine.kv_offload is not None:
+        why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"
     elif cfg.hardware.pp > 1:
         why = "pipeline parallelism: a batch per stage in flight, timed stage by stage"
     elif cfg.scheduler.num_spec_tokens:
