@@ -356,8 +356,9 @@ class Engine:
         client deadline, the scheduler's own next state change, e.g. a policy releasing KV, or a copy
         of the CPU KV tier landing)."""
         wake = self.wake_event()
-        wakes = []
-        for own in (self.scheduler.next_event_s(), self.kv_offload and self.kv_offload.next_event_s(self.env.now)):
+        wakes: list[float] = []
+        copy_s = None if self.kv_offload is None else self.kv_offload.next_event_s(self.env.now)
+        for own in (self.scheduler.next_event_s(), copy_s):
             if own is not None:
                 wakes.append(own)
         if self.deadlines:  # a client giving up frees KV: that can unblock the others
