@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from servesim.scheduler.kv_offload.config import OffloadConfig, make_offloading_connector
 from servesim.scheduler.kv_offload.fake_worker import OffloadJobs
 from servesim.scheduler.output import KVConnectorOutput
-from servesim.scheduler.sglang.hicache import TransferStream
+from servesim.scheduler.copy_stream import TransferStream
 from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:

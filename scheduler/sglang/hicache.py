@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servesim.scheduler.copy_stream import TransferStream
 from servesim.scheduler.sglang.hicache_config import HiCacheConfig
 
 
@@ -55,20 +56,6 @@ class HostKVPool:
 
     def free(self, pages: Sequence[int]) -> None:
         self.free_pages.extend(pages)
-
-
-class TransferStream:
-    """One CUDA copy stream: copies run one after another."""
-
-    __slots__ = ("free_at_s",)
-
-    def __init__(self) -> None:
-        self.free_at_s = 0.0
-
-    def submit(self, now_s: float, duration_s: float) -> float:
-        """End time of a copy issued at now_s."""
-        self.free_at_s = max(now_s, self.free_at_s) + duration_s
-        return self.free_at_s
 
 
 class HiCacheController:
