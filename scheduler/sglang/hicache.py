@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from servesim.scheduler.copy_stream import TransferStream
+from servesim.scheduler.sglang.radix_cache import TokenToKVPool
 from servesim.scheduler.sglang.hicache_config import HiCacheConfig
 
 
@@ -42,22 +41,6 @@ class HiCacheStats:
         self.num_writes += other.num_writes
 
 
-class HostKVPool:
-    """Free host KV pages (MHATokenToKVPoolHost's allocator at page granularity); ids 1..num_pages."""
-
-    def __init__(self, num_pages: int) -> None:
-        self.num_pages = num_pages
-        self.free_pages: deque[int] = deque(range(1, num_pages + 1))
-
-    def alloc(self, num_pages: int) -> list[int] | None:
-        if num_pages > len(self.free_pages):
-            return None
-        return [self.free_pages.popleft() for _ in range(num_pages)]
-
-    def free(self, pages: Sequence[int]) -> None:
-        self.free_pages.extend(pages)
-
-
 class HiCacheController:
     def __init__(self, cfg: HiCacheConfig, page_size: int, device_tokens: int) -> None:
         if cfg.kv_bytes_per_token is None or cfg.host_link_bytes_per_s is None:
@@ -66,7 +49,8 @@ class HiCacheController:
         self.cfg = cfg
         self.page_size = page_size
         self.bytes_per_token = cfg.kv_bytes_per_token
-        self.host_pool = HostKVPool(cfg.host_num_pages(device_tokens, page_size))
+        # the host pool pages like the device pool (SGLang's MHATokenToKVPoolHost, page granularity)
+        self.host_pool = TokenToKVPool(cfg.host_num_pages(device_tokens, page_size), page_size)
         self.write_stream = TransferStream()
         self.load_stream = TransferStream()
         self.now_s = 0.0
