@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servesim.scheduler.kv.single_type import KVCacheGroupSpec
 from servesim.scheduler.policies.base import DEFAULT_POLICY, SCHEDULING_POLICIES
 
 # Policy names: the registry of scheduler/policies/ (iterable, supports `in`).
 POLICIES = SCHEDULING_POLICIES
 SPEC_METHODS = ("ngram", "eagle", "draft_model")
-ATTENTION_LAYOUTS = ("full", "sliding_window", "hybrid")
+ATTENTION_LAYOUTS = ("full", "sliding_window", "hybrid", "groups")
+MAMBA_CACHE_MODES = ("none", "align", "all")  # vLLM 0.19.1's CacheConfig.mamba_cache_mode
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -107,6 +109,17 @@ class SchedulerConfig:
         return self.spec_method == "eagle" and self.num_spec_tokens > 0
 
 
+def _group_spec(value: object) -> KVCacheGroupSpec:
+    if isinstance(value, KVCacheGroupSpec):
+        return value
+    _require(isinstance(value, dict), f"each of kv_cache_groups is a mapping of KVCacheGroupSpec fields, got {value!r}")
+    assert isinstance(value, dict)
+    try:
+        return KVCacheGroupSpec(**value)
+    except TypeError as e:
+        raise ValueError(f"kv_cache_groups: {e}") from None
+
+
 @dataclass(slots=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
@@ -114,10 +127,17 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     sliding_window: int | None = None  # tokens; required by the sliding_window/hybrid layouts
     # "full": one full-attention group; "sliding_window": one sliding-window group;
-    # "hybrid": a full-attention group and a sliding-window group sharing the pool.
+    # "hybrid": a full-attention group and a sliding-window group sharing the pool;
+    # "groups": the groups listed in kv_cache_groups (a model's layers, any kinds) share the pool.
     attention: str = "full"
     hash_algo: str = "sha256"  # block hash function: sha256 | blake2b
     enable_kv_cache_events: bool = False
+    # The KV cache groups when attention == "groups", in vLLM's group order (KVCacheGroupSpec,
+    # scheduler/kv/single_type.py); empty otherwise.
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
+    # How Mamba / linear-attention state is cached for prefix reuse (vLLM's --mamba-cache-mode):
+    # "none" keeps one state per request, "align" caches it at block boundaries, "all" every block.
+    mamba_cache_mode: str = "none"
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
@@ -131,7 +151,13 @@ class CacheConfig:
         )
         if self.sliding_window is not None and self.attention == "full":
             self.attention = "sliding_window"  # a window given alone means every layer uses it
-        if self.attention != "full":
+        _require(self.mamba_cache_mode in MAMBA_CACHE_MODES,
+                 f"unknown mamba_cache_mode {self.mamba_cache_mode!r} (valid: {', '.join(MAMBA_CACHE_MODES)})")
+        # YAML and --set give each group as a mapping of KVCacheGroupSpec's fields.
+        self.kv_cache_groups = tuple(_group_spec(g) for g in self.kv_cache_groups)
+        _require((self.attention == "groups") == bool(self.kv_cache_groups),
+                 "kv_cache_groups is given exactly when attention='groups'")
+        if self.attention not in ("full", "groups"):
             _require(
                 self.sliding_window is not None and self.sliding_window >= 1,
                 f"attention={self.attention!r} needs sliding_window >= 1 tokens",

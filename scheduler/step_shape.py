@@ -18,6 +18,9 @@ class StepShape:
     num_new_tokens: tuple[int, ...]  # tokens computed this step: prefill chunk, 1 for decode, 1+k spec
     num_context_tokens: tuple[int, ...]  # tokens already in the KV cache before this step
     num_sampled: int  # requests that sample a token this step (rows through lm_head + sampler)
+    # Encoder tokens of each multimodal item encoded this step (the step output's
+    # scheduled_encoder_inputs, in request order); empty for text-only steps.
+    num_encoder_tokens: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -37,6 +40,9 @@ class StepShape:
                              field="num_new_tokens")
         if any(c < 0 for c in self.num_context_tokens):
             raise InputError("StepShape: context tokens cannot be negative", field="num_context_tokens")
+        if any(n <= 0 for n in self.num_encoder_tokens):
+            raise InputError("StepShape: every encoded multimodal item has at least one token",
+                             field="num_encoder_tokens")
         if not 0 <= self.num_sampled <= len(self.num_new_tokens):
             raise InputError("StepShape: num_sampled must be between 0 and the number of requests",
                              field="num_sampled")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,9 +236,12 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 
 def dataclass_in(hint: Any) -> type | None:
-    """The dataclass inside `X` or `X | None`, else None."""
+    """The dataclass inside `X` or `X | None`, else None (a tuple of dataclasses is a list value:
+    its items are built by the dataclass that holds it)."""
     if dataclasses.is_dataclass(hint):
         return hint
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return None
     for arg in typing.get_args(hint):
         if dataclasses.is_dataclass(arg):
             return arg

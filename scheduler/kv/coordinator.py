@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.block_pool import BlockPool
-from servesim.scheduler.kv.single_type import MANAGERS, KVCacheGroupSpec, SingleTypeKVCacheManager
+from servesim.scheduler.kv.kinds import MANAGERS
+from servesim.scheduler.kv.single_type import KVCacheGroupSpec, SingleTypeKVCacheManager
 
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request

@@ -56,6 +56,8 @@ class PrefixCacheStats:
 
 def group_specs_from_config(cache_config: CacheConfig) -> list[KVCacheGroupSpec]:
     bs = cache_config.block_size
+    if cache_config.attention == "groups":
+        return list(cache_config.kv_cache_groups)
     if cache_config.attention == "full":
         return [KVCacheGroupSpec("full", bs)]
     if cache_config.attention == "sliding_window":

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.block_pool import BlockPool
-from servesim.scheduler.registry import Registry
 
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request
@@ -25,9 +24,19 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(slots=True, frozen=True)
 class KVCacheGroupSpec:
-    kind: str  # "full" | "sliding_window"
+    """One KV cache group: the layers that share a block table (vLLM's KVCacheGroupSpec with its
+    layer spec folded in). ``kind`` names the group's manager in ``MANAGERS``
+    (scheduler/kv/kinds.py); each kind reads only its own fields below."""
+
+    kind: str  # a name in MANAGERS: "full", "sliding_window", ...
     block_size: int  # tokens per block
     sliding_window: int | None = None  # tokens, for kind == "sliding_window"
+    attention_chunk_size: int | None = None  # tokens, for kind == "chunked_local"
+    sink_len: int | None = None  # tokens, for kind == "sink_full"
+    # For kind == "mamba": vLLM's CacheConfig.mamba_cache_mode ("none" | "align" | "all") and the
+    # extra state blocks kept for speculative decoding (MambaSpec.num_speculative_blocks).
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
 
 
 class SingleTypeKVCacheManager:
@@ -225,9 +234,3 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0  # prefix blocks are null here; cascade attention does not apply
 
-
-# KV cache group kind (KVCacheGroupSpec.kind) -> its manager. Added after the classes, not by a
-# class decorator: a decorated class would not compile to a native class under mypyc.
-MANAGERS: Registry[type[SingleTypeKVCacheManager]] = Registry("KV cache group kind")
-MANAGERS.add("full", FullAttentionManager)
-MANAGERS.add("sliding_window", SlidingWindowManager)
