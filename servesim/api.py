@@ -51,11 +51,12 @@ def load_sweep(folder: str | Path):
     return _load(folder)
 
 
-def plot_results(folder: str | Path, out_dir: str | Path | None = None):
-    """PNG figures and a self-contained report.html for a run or sweep folder: (pngs, report path)."""
+def plot_results(folder: str | Path, out_dir: str | Path | None = None, overwrite: bool = False):
+    """PNG figures and a self-contained report.html for a run or sweep folder: (pngs, report path).
+    An existing out_dir must be an earlier plot folder, replaced only with overwrite."""
     from servesim.plots import plot_results as _plot
 
-    return _plot(folder, out_dir)
+    return _plot(folder, out_dir, overwrite=overwrite)
 
 
 __all__ = ["Results", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plot_results", "replay",

@@ -75,7 +75,12 @@ def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | 
 def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, step_trace: str | Path | None = None,
         progress=None, executor=None, overwrite: bool = False) -> Results:
     """Simulate; with out_dir, write the result folder (checked and locked before simulating: an
-    existing folder servesim did not write is refused, an earlier result replaced only with overwrite)."""
+    existing folder servesim did not write is refused, an earlier result replaced only with overwrite).
+    The step trace file follows the same rule, checked before simulating too."""
+    if step_trace is not None:
+        from servesim.simulator.outfile import check_output_file
+
+        step_trace = check_output_file(step_trace, overwrite=overwrite, flag="step_trace")
     with collector_paused():  # simulator/collector.py: a run leaves next to no cyclic garbage
         if out_dir is None:
             return _run(cfg, workload, None, step_trace, progress, executor, overwrite)

@@ -85,6 +85,17 @@ def _prepare(work: Path, prep: str | None) -> None:
         (work / "out" / MARKER).write_text("replay\n")
         (work / "out" / "summary.json").write_text("{}")
         (work / "out" / "config.yaml").write_text("{}")
+    elif prep == "thesis":  # a user's folder holding files with our names, no marker
+        (work / "out").mkdir()
+        for name in ("summary.json", "config.yaml", "chapter1.tex"):
+            (work / "out" / name).write_text("{}")
+    elif prep == "result+foreign":
+        _prepare(work, "result")
+        (work / "mine").mkdir()
+        (work / "mine" / "report.html").write_text("my own page")
+    elif prep == "lock-link":
+        (work / "victim.txt").write_text("someone else's file")
+        (work / ".out.lock").symlink_to(work / "victim.txt")
     elif prep == "locked":
         import fcntl
 
@@ -151,6 +162,20 @@ CLI_CASES = [
     ("fit-out-folder", "fit {in}/five.jsonl --out {in} --model llama-3.1-8b --gpu h100", None, 2, ["is a folder"]),
     ("step-trace-exists", "replay --max-requests 2 --out new --step-trace {in}/five.jsonl", None, 2,
      ["--step-trace", "will not replace it"]),
+    ("step-trace-unwritable", "replay --max-requests 2 --out new --step-trace /proc/servesim/t.jsonl", None, 2,
+     ["--step-trace", "cannot write results"]),
+    ("overwrite-not-ours", "replay --max-requests 2 --out out --overwrite", "thesis", 2,
+     ["not a servesim result", "chapter1.tex"]),
+    ("lock-through-symlink", "replay --max-requests 2 --out out", "lock-link", 2, ["symbolic link"]),
+    ("step-trace-cmd-exists", "step-trace {in}/five.jsonl --out {in}/five.jsonl", None, 2,
+     ["five.jsonl already exists", "--overwrite"]),
+    ("calibrate-frontend-exists",
+     "calibrate-frontend --base-url http://127.0.0.1:9 --model m --out {in}/five.jsonl", None, 2,
+     ["five.jsonl already exists", "--overwrite"]),
+    ("plot-out-foreign", "plot out --out mine", "result+foreign", 2, ["not a servesim result", "report.html"]),
+    ("plot-out-dot", "plot out --out .", "result", 2, ["current folder"]),
+    ("validate-bench-out-foreign", "validate-bench {in}/five.jsonl --model llama-3.1-8b --gpu h100 --out out",
+     "foreign", 2, ["not a servesim result"]),
     # --- YAML ----------------------------------------------------------------------------------
     ("scenario-missing", "run {in}/nope.yaml", None, 2, ["nope.yaml"]),
     ("scenario-unknown-key", "run {in}/scen_unknown_key.yaml", None, 2,

@@ -11,6 +11,7 @@ from servesim.scheduler.registry import unknown_name_message
 from servesim.scheduler.oracle_trace import StepTraceConfig, run_step_trace
 from servesim.cli import app
 from servesim.oracle_io import read_oracle_workload, write_jsonl_atomic
+from servesim.simulator.outfile import check_output_file
 from servesim.traces.errors import InputError
 
 
@@ -34,6 +35,7 @@ def _check_start_up(sc, cc) -> None:
 def step_trace(
     workload: Path = typer.Argument(..., help="workload JSONL in the vLLM oracle's format"),
     out: Path = typer.Option(..., "--out", help="trace JSONL to write (oracle schema)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     num_blocks: int = typer.Option(1000, help="KV blocks, null block included"),
     block_size: int = typer.Option(16),
     max_num_batched_tokens: int = typer.Option(2048),
@@ -78,6 +80,7 @@ def step_trace(
     marked "workload generation" only shape the workload there (it is read from WORKLOAD here) and
     switch the matching trace fields on.
     """
+    out = check_output_file(out, overwrite=overwrite)  # before any work
     if policy not in POLICIES:
         raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
                          allowed=", ".join(POLICIES.names()))
