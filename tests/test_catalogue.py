@@ -38,6 +38,12 @@ def _write_inputs(d: Path) -> None:
     (d / "unknown_keys.jsonl").write_text('{"foo": 1, "bar": 2}\n')
     (d / "bad_row.jsonl").write_text('{"request_id": "a", "arrival_time_s": 0, "prompt_len": 10, "output_len": 5}\n'
                                      '{"request_id": "b", "arrival_time_s": 1, "prompt_len": 10, "output_len": -3}\n')
+    (d / "far.jsonl").write_text('{"request_id": "a", "arrival_time_s": 0, "prompt_len": 10, "output_len": 5}\n'
+                                 '{"request_id": "b", "arrival_time_s": 1e300, "prompt_len": 10, "output_len": 5}\n')
+    bomb = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    (d / "scen_bomb.yaml").write_text("workload: {generator: poisson, num_requests: 4}\n" + bomb)
+    (d / "cluster_bomb.yaml").write_text(bomb)
     (d / "scen_unknown_key.yaml").write_text("workload: {generator: poisson, num_requests: 4}\n"
                                              "scheduler: {max_num_seq: 4}\n")
     (d / "scen_escape.yaml").write_text("name: ../../escape\nworkload: {generator: poisson, num_requests: 4}\n")
@@ -126,6 +132,7 @@ CLI_CASES = [
     ("mooncake-on-sharegpt", "replay {in}/five.jsonl --format mooncake", None, 2, ["line 1", "timestamp"]),
     ("format-typo", "replay {in}/five.jsonl --format mooncak", None, 2, ["did you mean 'mooncake'?"]),
     ("bad-row", "replay {in}/bad_row.jsonl", None, 2, ["bad_row.jsonl, line 2", "output_len"]),
+    ("arrival-1e300", "replay {in}/far.jsonl", None, 2, ["far.jsonl", "request 'b' arrives at 1e+300 s"]),
     # --- flags ---------------------------------------------------------------------------------
     ("model-typo", "replay --model llama-3.1-8c", None, 2, ["--model: unknown model", "did you mean 'llama-3.1-8b'?"]),
     ("gpu-typo", "replay --gpu h10O", None, 2, ["--gpu: unknown gpu", "did you mean 'h100'?"]),
@@ -178,6 +185,8 @@ CLI_CASES = [
      "foreign", 2, ["not a servesim result"]),
     # --- YAML ----------------------------------------------------------------------------------
     ("scenario-missing", "run {in}/nope.yaml", None, 2, ["nope.yaml"]),
+    ("scenario-alias-bomb", "run {in}/scen_bomb.yaml", None, 2, ["scen_bomb.yaml", "expands to 4.9e+08 values"]),
+    ("cluster-alias-bomb", "cluster {in}/cluster_bomb.yaml", None, 2, ["cluster_bomb.yaml", "expands to"]),
     ("scenario-unknown-key", "run {in}/scen_unknown_key.yaml", None, 2,
      ["scen_unknown_key.yaml, line 2", "did you mean max_num_seqs"]),
     ("scenario-name-escapes", "run {in}/scen_escape.yaml", None, 2, ["cannot be a folder name inside runs/"]),

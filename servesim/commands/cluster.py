@@ -12,12 +12,13 @@ from servesim.traces.errors import InputError
 
 def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
     """(cluster config dict, workload section) from a YAML file; `workload:` is optional."""
-    import yaml
+    from servesim.simulator.yaml_input import safe_load_bounded
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(f"cannot read cluster config: {e}", path=str(path)) from None
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InputError(f"cannot read cluster config: {e.strerror}", path=str(path)) from None
+    data = safe_load_bounded(text, str(path))
     if not isinstance(data, dict):
         raise InputError("a cluster config must be a mapping", path=str(path))
     workload = data.pop("workload", None) or {}
