@@ -143,6 +143,8 @@ CLI_CASES = [
     ("sampling", "replay --sampling random", None, 2, ["--sampling"]),
     ("tp-zero", "replay --tp 0", None, 2, ["--tp"]),
     ("max-requests-negative", "replay --max-requests -1", None, 2, ["--max-requests"]),
+    ("max-requests-zero", "replay --max-requests 0", None, 2, ["--max-requests", "an integer >= 1"]),
+    ("workers-negative", "run {in}/scen_ok.yaml --workers -3", None, 2, ["--workers", "an integer >= 1"]),
     ("rate-scale-zero", "replay --rate-scale 0", None, 2, ["--rate-scale", "> 0"]),
     ("set-no-equals", "replay --set foo", None, 2, ["--set: expects key=value, got 'foo'"]),
     ("set-unknown-key", "replay --set scheduler.max_num_seq=3", None, 2,
@@ -260,8 +262,9 @@ def _api_sweep_foreign(work: Path):
 
 
 def _api_cases():
-    from servesim.api import load_trace, replay, run_scenario
+    from servesim.api import load_trace, replay, run, run_scenario
     from servesim.simulator.cluster.routers import make_router
+    from servesim.simulator.config import SimConfig
     from servesim.simulator.cost_model import make_cost_model
     from servesim.traces.formats import load_workload
 
@@ -278,6 +281,14 @@ def _api_cases():
                                                      out_dir=w / "o"), "cannot be a folder name"),
         ("api-scenario-out-foreign", _api_sweep_foreign, "not a servesim result"),
         ("api-replay-foreign", _api_replay_foreign, "not a servesim result"),
+        ("api-replay-int-trace", lambda w: replay(123), "field 'trace': got 123"),
+        ("api-run-no-workload", lambda w: run(SimConfig(), None), "field 'workload': got None"),
+        ("api-run-list-workload", lambda w: run(SimConfig(), [1, 2]), "a Workload"),
+        ("api-run-no-config", lambda w: run(None, load_trace(None, max_requests=2)), "field 'cfg'"),
+        ("api-replay-tp", lambda w: replay(tp=0), "field 'tp'"),
+        ("api-out-dir-type", lambda w: run(SimConfig(), load_trace(None, max_requests=2), out_dir=3), "out_dir"),
+        ("api-sweep-workers", lambda w: run_scenario({"name": "x", "workload": {"generator": "poisson"}},
+                                                     out_dir=w / "o", workers=-3), "--workers"),
     ]
 
 

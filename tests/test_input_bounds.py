@@ -88,3 +88,16 @@ def test_plain_yaml_with_aliases_still_loads():
     import yaml
 
     assert expanded_size(yaml.compose("x: &x [1, 2]\ny: *x\n")) == 9  # map, 2 keys, the list (3) twice
+
+
+def test_draft_model_budget_without_chunking_is_refused_at_start_up():
+    """A draft model keeps max_num_seqs slots of the budget; with chunked prefill off a prompt
+    between the two budgets would wait forever (vLLM checks only max_num_batched_tokens)."""
+    from servesim.scheduler.config import SchedulerConfig
+
+    common = dict(max_num_batched_tokens=2048, max_num_seqs=64, enable_chunked_prefill=False,
+                  num_spec_tokens=3, spec_method="draft_model")
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens - max_num_seqs \(1984\) must be >= max_model_len \(2048\)"):
+        SchedulerConfig(max_model_len=2048, **common)
+    assert SchedulerConfig(max_model_len=1984, **common).max_num_scheduled_tokens == 1984
+    assert SchedulerConfig(max_model_len=2048, **dict(common, spec_method="eagle")).max_num_scheduled_tokens == 2048

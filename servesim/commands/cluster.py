@@ -60,7 +60,7 @@ def cluster_command(
     on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
                  "run the same command again to start over", unless_published=out)
     freeze_startup_objects()
-    with claim_output(out, overwrite=overwrite):
+    with claim_output(out, overwrite=overwrite) as out:  # out: ~ expanded
         res = run_cluster(cfg, wl)
         meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),
                 "attribution": wl.attribution}
