@@ -89,6 +89,9 @@ def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | 
         wl = rate_scale(wl, rate_scale_factor)
     if max_requests is not None:
         wl = request_limit(wl, max_requests)
+    wl.spec = {"trace": DEFAULT_TRACE if trace is None else str(Path(trace).resolve()), "format": fmt,
+               **({"rate_scale": rate_scale_factor} if rate_scale_factor not in (None, 1.0) else {}),
+               **({"max_requests": max_requests} if max_requests is not None else {})}
     return wl
 
 
@@ -121,7 +124,7 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     summary = build_summary(engine.cfg, res, len(workload.requests))
     release_freed_heap()  # the summary's scratch arrays, before the result files' own
     meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
-            "attribution": workload.attribution}
+            "attribution": workload.attribution, "spec": workload.spec}
     if step_trace is not None:
         from servesim.oracle_io import write_jsonl_atomic
         import json
@@ -129,7 +132,11 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
         write_jsonl_atomic(step_trace, (json.loads(x) for x in trace_buf.getvalue().splitlines()))
     written = None
     if out_dir is not None:  # claimed by run(): replacing an earlier result was allowed there
-        written = write_results(out_dir, engine.cfg, res, summary, meta, overwrite=True)
+        from servesim.identity import run_identity
+
+        trace = (workload.spec or {}).get("trace")
+        identity = run_identity(cfg.seed, [trace] if trace else [])
+        written = write_results(out_dir, engine.cfg, res, summary, meta, overwrite=True, identity=identity)
     cols = res.metrics.columns()  # built once: the summary, the result files and Results share them
     warn_rejected(cols.requests)
     return Results(summary, cols.requests, cols.steps, cols.timeseries(summary["sim_duration_s"]), written)

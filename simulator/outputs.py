@@ -76,11 +76,20 @@ def with_step_series(ts: Columns, rows: list[tuple], names: tuple[str, ...]) -> 
 
 
 def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summary: dict, workload_meta: dict,
-                  step_trace_tmp: str | None = None, overwrite: bool = False) -> Path:
+                  step_trace_tmp: str | None = None, overwrite: bool = False, identity: dict | None = None) -> Path:
+    """config.yaml is the run's settings as resolved, re-runnable as a scenario (`servesim run
+    RUN/config.yaml`): the KV pool the run derived from GPU memory is written as its size, and the
+    workload as the `workload:` section that rebuilt it (workload_meta["spec"]; a workload built
+    by hand has none and is described instead)."""
     cols = res.metrics.columns()  # the columns the summary was built from, not new ones
     resolved = to_dict(cfg)
     resolved["cache"] = to_dict(res.cache)
-    resolved["workload"] = workload_meta
+    if resolved.get("derive_num_gpu_blocks"):
+        resolved["derive_num_gpu_blocks"] = False  # cache.num_gpu_blocks holds what was derived
+    spec = workload_meta.get("spec")
+    resolved["workload"] = spec if spec is not None else {k: v for k, v in workload_meta.items() if k != "spec"}
+    identity = {**(identity or {}), "workload": {k: v for k, v in workload_meta.items() if k != "spec"},
+                "num_gpu_blocks_derived": bool(cfg.derive_num_gpu_blocks)}
     timeseries = cols.timeseries(summary["sim_duration_s"])
     if res.hicache is not None:
         timeseries = with_hicache_series(timeseries, res.hicache_rows or [])
@@ -88,7 +97,7 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
         timeseries = res.kv_offload.with_series(timeseries, with_step_series)
     return write_result_folder(out_dir, "replay", requests=cols.requests, steps=cols.steps,
                                timeseries=timeseries, config=resolved,
-                               summary=summary, overwrite=overwrite)
+                               summary=summary, overwrite=overwrite, identity=identity)
 
 
 def _columns(table) -> Columns:
@@ -210,9 +219,9 @@ def write_csv(table, path: Path) -> None:
 
 
 def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, timeseries, config: dict, summary: dict,
-                        overwrite: bool = False) -> Path:
+                        overwrite: bool = False, identity: dict | None = None) -> Path:
     """The one atomic result writer (replay and cluster runs): requests.parquet, steps.parquet,
-    timeseries.csv, config.yaml, summary.json, written into a staging folder renamed at the end (a
+    timeseries.csv, config.yaml, summary.json (and run.json, the run's identity, when given), written into a staging folder renamed at the end (a
     killed run leaves no complete-looking folder); `kind` goes into the folder's marker. The
     tables are Columns or pandas DataFrames."""
     out_dir = check_output(out_dir, overwrite=overwrite)
@@ -224,6 +233,8 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
         write_csv(timeseries, tmp / "timeseries.csv")
         (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
+        if identity is not None:  # servesim/identity.py: what produced the folder
+            (tmp / "run.json").write_text(json.dumps(identity, indent=1, default=str) + "\n")
         publish_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

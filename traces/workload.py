@@ -199,6 +199,10 @@ class Workload:
     name: str
     source: str  # file path or generator description
     attribution: str | None = None
+    # The scenario `workload:` mapping that rebuilds exactly these requests (trace path, format,
+    # max_requests, ... or a generator with its parameters and seed), written into a result's
+    # config.yaml; None for a workload built by hand, which a result cannot rebuild.
+    spec: dict | None = None
 
     def __post_init__(self) -> None:
         times = [r.arrival_time_s for r in self.requests]

@@ -64,7 +64,10 @@ def cluster_command(
         res = run_cluster(cfg, wl)
         meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),
                 "attribution": wl.attribution}
-        write_cluster_results(out, res, meta, overwrite=overwrite)
+        from servesim.identity import run_identity
+
+        inputs = [str(config)] + ([str(trace)] if trace is not None else [])
+        write_cluster_results(out, res, meta, overwrite=overwrite, identity=run_identity(cfg.seed, inputs))
     console = make_console()
     print_cluster_summary(console, res.summary, wl.name)
     print_replicas(console, res)

@@ -166,4 +166,5 @@ def build_workload(spec: WorkloadSpec):
         wl = time_limit(wl, spec.time_limit_s)
     if spec.max_requests is not None:
         wl = request_limit(wl, spec.max_requests)
+    wl.spec = spec.to_scenario()
     return wl

@@ -190,7 +190,7 @@ def _replica_brief(rr: ReplicaResult) -> dict:
 
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
-                          overwrite: bool = False) -> Path:
+                          overwrite: bool = False, identity: dict | None = None) -> Path:
     """requests.parquet, steps.parquet, timeseries.csv (the group's 1-s series: counts summed over
     the replicas, KV usage their mean, each replica's running / waiting / KV usage beside;
     metrics.timeseries_from_steps), summary.json, config.yaml, through the replay's atomic writer."""
@@ -198,4 +198,4 @@ def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta
     resolved["workload"] = workload_meta
     return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps,
                                timeseries=res.metrics.tables().timeseries(res.summary["sim_duration_s"]), config=resolved,
-                               summary=res.summary, overwrite=overwrite)
+                               summary=res.summary, overwrite=overwrite, identity=identity)
