@@ -64,5 +64,19 @@ def plot_results(folder: str | Path, out_dir: str | Path | None = None, overwrit
     return _plot(folder, out_dir, overwrite=overwrite)
 
 
-__all__ = ["Results", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plot_results", "replay",
+def compare(runs: list[str | Path], out_dir: str | Path | None = None, overwrite: bool = False):
+    """Runs side by side (the first is the baseline): a Comparison with the settings that differ
+    and each metric per run; with out_dir, also a report.html there (a new result folder)."""
+    from servesim.compare import compare_runs, write_compare_report
+    from servesim.simulator.outdir import check_output
+
+    if out_dir is not None:
+        check_output(out_dir, overwrite=overwrite)
+    cmp = compare_runs(list(runs))
+    if out_dir is not None:
+        write_compare_report(cmp, Path(out_dir).expanduser(), overwrite)
+    return cmp
+
+
+__all__ = ["Results", "compare", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plot_results", "replay",
            "run", "run_scenario"]

@@ -46,3 +46,33 @@ def test_a_workload_built_by_hand_is_described_not_replayable(tmp_path):
     config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
     assert config["workload"]["name"] == "handmade" and "trace" not in config["workload"]
     assert json.loads((tmp_path / "r" / "run.json").read_text())["inputs"] == []
+
+
+def test_compare_lists_the_settings_that_differ_and_each_metric_against_the_first(tmp_path):
+    import pytest
+    from typer.testing import CliRunner
+
+    from servesim.api import compare
+    from servesim.cli import _register, app
+    from servesim.compare import delta_text
+    from servesim.traces.errors import InputError
+
+    a, b = SimConfig(), SimConfig()
+    b.scheduler.max_num_seqs = 4
+    run(a, load_trace(None, max_requests=20), out_dir=tmp_path / "a")
+    run(b, load_trace(None, max_requests=20), out_dir=tmp_path / "b")
+    cmp = compare([tmp_path / "a", tmp_path / "b"])
+    assert cmp.names == ["a", "b"] and cmp.settings == {"scheduler.max_num_seqs": [256, 4]}
+    ttft = dict((m[0], m[3]) for m in cmp.metrics)["TTFT p50"]
+    assert ttft[0] == pytest.approx(1e3 * cmp.summaries[0]["ttft_s"]["p50"]) and ttft[1] > ttft[0]
+    assert delta_text(12.0, 10.0, 1) == "+2.0 (+20.0 %)" and delta_text(3.0, 0.0, 0) == "+3"
+    _register()
+    result = CliRunner().invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "scheduler.max_num_seqs" in result.output and "TTFT p50" in result.output
+    page = (tmp_path / "c" / "report.html").read_text()
+    assert "data:image/png;base64," in page and "scheduler.max_num_seqs" in page
+    with pytest.raises(InputError, match="two or more"):
+        compare([tmp_path / "a"])
+    with pytest.raises(InputError, match="no summary.json"):
+        compare([tmp_path / "a", tmp_path])
