@@ -65,24 +65,63 @@ def _ms(x) -> str:
     return "-" if x is None else f"{1e3 * x:.1f}"
 
 
+def time_unit(values) -> tuple[str, float]:
+    """(unit, seconds per unit) that keeps these durations readable: ms below 10 s, s below 10
+    minutes, then min (a 19-minute TTFT is not 1,139,782 ms)."""
+    top = max((v for v in values if v is not None), default=0.0)
+    if top < 10.0:
+        return "ms", 1e-3
+    if top < 600.0:
+        return "s", 1.0
+    return "min", 60.0
+
+
+def _in(x, per_unit: float) -> str:
+    if x is None:
+        return "-"
+    v = x / per_unit
+    return f"{v:.1f}" if abs(v) >= 10 or per_unit == 1e-3 else f"{v:.2f}"
+
+
+def load_lines(s: dict) -> list[str]:
+    """The offered load against what was served, and a loud warning for an overloaded run."""
+    ld = (s.get("metrics") or {}).get("load")
+    if not ld:
+        return []
+    lines = [f"load: offered {ld['offered_requests_per_s']:.2f} req/s over {ld['arrival_span_s']:.1f} s, "
+             f"engine busy {100 * (ld['busy_fraction'] or 0):.0f} % of the run, backlog drained in {ld['drain_s']:.1f} s"]
+    if ld["overloaded"]:
+        lines.append(
+            f"[bold yellow]WARNING: overloaded about {ld['overload_factor']:.1f}x: requests arrived at "
+            f"{ld['offered_requests_per_s']:.2f} req/s and were served at about {ld['served_requests_per_s']:.2f} req/s; "
+            f"each second of trace added {ld['queueing_growth']:.1f} s of queueing, which is "
+            f"{100 * ld['queueing_share_of_ttft']:.0f} % of the mean TTFT. Latencies measure the backlog, not the "
+            f"engine: try --rate-scale {1 / ld['overload_factor']:.2g}, more replicas or a larger GPU.[/]")
+    return lines
+
+
 def print_summary(console: Console, s: dict, workload, out: Path | None) -> None:
     t = Table(title=f"servesim replay: {workload.name} ({s['num_requests']} requests)")
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
-    for key, label in (("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"), ("itl_s", "ITL (ms)"), ("e2e_s", "E2E (ms)"),
-                       ("queueing_s", "queueing (ms)")):
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queueing_s", "queueing")):
         st = s[key]
-        t.add_row(label, *(_ms(st[c]) for c in ("mean", "p50", "p90", "p99")))
+        values = [st[c] for c in ("mean", "p50", "p90", "p99")]
+        unit, per = time_unit(values)
+        t.add_row(f"{label} ({unit})", *(_in(v, per) for v in values))
     console.print(t)
     print_rejected(console, s)
+    for line in load_lines(s):
+        console.print(line)
     tp = s["throughput"]
     console.print(
         f"finished {s['num_finished']}/{s['num_requests']}, rejected {s.get('num_rejected', 0)}"
         + (f", {s['num_timed_out']} timed out (failed: clients gave up; excluded from latencies)"
            if s.get("num_timed_out") else "")
         + f" in {s['sim_duration_s']:.1f} s simulated "
-        f"({s['wall_time_s']:.2f} s wall, {s['sim_speedup_x'] or 0:.0f}x real time), {s['num_steps']} steps\n"
+        f"({s['wall_time_s']:.2f} s wall{_speed(s)}), {s['num_steps']} steps\n"
         f"throughput {tp['requests_per_s']:.2f} req/s, {tp['output_tokens_per_s']:.0f} output tok/s, "
         f"{tp['total_tokens_per_s']:.0f} total tok/s; goodput {s['goodput']['requests_per_s']:.2f} req/s "
         f"({100 * s['goodput']['fraction_meeting_slo']:.0f} % meet TTFT<={s['goodput']['slo_ttft_s']}s, "
@@ -100,6 +139,11 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
         console.print(offload)
     if out is not None:
         console.print(f"results in {out}/")
+
+
+def _speed(s: dict) -> str:
+    """", 950x real time"; nothing where no simulated clock ran (a GPU runner on its own clock)."""
+    return f", {s['sim_speedup_x']:.0f}x real time" if s.get("sim_speedup_x") else ""
 
 
 def print_rejected(console: Console, s: dict) -> None:
