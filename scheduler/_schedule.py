@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from servesim.scheduler.kv.mamba import mamba_block_aligned_split
 from servesim.scheduler.kv.manager import KVCacheBlocks
 from servesim.scheduler.output import NewRequestData, SchedulerOutput
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
@@ -45,6 +46,7 @@ def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutpu
     if self.tracer is not None:
         self.tracer.snapshot(self)
     st = _StepState(token_budget=self.max_num_scheduled_tokens)
+    self.kv_cache_manager.new_step_starts()
     _schedule_running(self, st)
     if self.max_loras is not None:
         st.scheduled_loras = {r.lora_id for r in st.running_reqs if r.lora_id is not None}
@@ -81,6 +83,8 @@ def _schedule_running(self: Scheduler, st: _StepState) -> None:
         num_new = min(num_new, st.token_budget)
         # Keep the input position below max_model_len (matters with spec decode).
         num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
+        if self.need_mamba_block_aligned_split:
+            num_new = mamba_block_aligned_split(request, num_new, self.block_size, self.use_eagle)
         if num_new <= 0:
             req_index += 1  # `continue`, not `break`: later requests may still fit
             continue
@@ -189,6 +193,11 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
             if not cfg.enable_chunked_prefill and num_new > st.token_budget:
                 break
             num_new = min(num_new, st.token_budget)
+        if self.need_mamba_block_aligned_split:
+            num_new = mamba_block_aligned_split(request, num_new, self.block_size, self.use_eagle, num_new_local,
+                                                num_external)
+            if num_new == 0:
+                break
         lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
         if self.tracer is not None:
             st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,

@@ -22,6 +22,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.kv.mamba import check_mamba_configs, has_mamba_groups
 from servesim.scheduler.kv.manager import KVCacheManager, PrefixCacheStats
 from servesim.scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
@@ -90,6 +91,11 @@ class Scheduler:
         self.num_preemptions_total = 0
         self._ignored: list[RequestOutput] = []
         self._max_request_blocks = cache_config.num_gpu_blocks - 1
+        # Mamba align mode: prefill chunks cut to block multiples (scheduler/kv/mamba.py).
+        check_mamba_configs(scheduler_config, cache_config)
+        self.need_mamba_block_aligned_split = (
+            has_mamba_groups(cache_config) and cache_config.mamba_cache_mode == "align")
+        self.use_eagle = scheduler_config.use_eagle
 
     # --- requests in -----------------------------------------------------------------------------
     def schedule(self, now_s: float | None = None) -> SchedulerOutput:
