@@ -10,7 +10,7 @@ from __future__ import annotations
 from servesim.scheduler.kv.local_attention import ChunkedLocalAttentionManager
 from servesim.scheduler.kv.mamba import MambaManager
 from servesim.scheduler.kv.single_type import (
-    FullAttentionManager, KVCacheGroupSpec, SingleTypeKVCacheManager, SlidingWindowManager,
+    FullAttentionManager, KVCacheGroupSpec, SingleTypeKVCacheManager, SlidingWindowManager, cdiv,
 )
 from servesim.scheduler.kv.sink_full import SinkFullAttentionManager
 from servesim.scheduler.registry import Registry
@@ -83,3 +83,20 @@ def group_specs_from_text(text: str, block_size: int, mamba_cache_mode: str,
             extra = {"mamba_cache_mode": mamba_cache_mode, "num_speculative_blocks": num_speculative_blocks}
         out.append(KVCacheGroupSpec(kind, block_size, **extra))
     return tuple(out)
+
+
+def max_blocks_per_request(group: KVCacheGroupSpec, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """Blocks of one group a request of max_model_len tokens needs at most: each spec's
+    max_memory_usage_bytes in pages (vllm/v1/kv_cache_interface.py), for vLLM's start-up check."""
+    bs = group.block_size
+    if group.kind == "sliding_window":
+        assert group.sliding_window is not None
+        return cdiv(min(group.sliding_window - 1 + max_num_batched_tokens, max_model_len), bs) + 1
+    if group.kind == "chunked_local":
+        assert group.attention_chunk_size is not None
+        return cdiv(min(group.attention_chunk_size + max_num_batched_tokens, max_model_len), bs)
+    if group.kind == "mamba":
+        if group.mamba_cache_mode == "all":
+            return cdiv(max_model_len, bs)
+        return (2 if group.mamba_cache_mode == "align" else 1) + group.num_speculative_blocks
+    return cdiv(max_model_len, bs)  # full attention (sink_full too: its sink blocks are not counted)
