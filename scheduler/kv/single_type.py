@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.block_pool import BlockPool
@@ -42,7 +42,7 @@ class KVCacheGroupSpec:
 class SingleTypeKVCacheManager:
     # vLLM's isinstance(spec, FullAttentionSpec): the hybrid coordinator searches these groups
     # first and shrinks their hit in place (a full-attention hit holds every shorter prefix).
-    is_full_attention = False
+    is_full_attention: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheGroupSpec, block_pool: BlockPool, enable_caching: bool, group_id: int):
         self.spec = spec
@@ -162,7 +162,7 @@ class SingleTypeKVCacheManager:
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
-    is_full_attention = True
+    is_full_attention: ClassVar[bool] = True
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, block_pool, spec, use_eagle, alignment_tokens):
