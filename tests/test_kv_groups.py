@@ -278,3 +278,40 @@ def test_hybrid_search_puts_full_and_sink_attention_first():
                                       G("chunked_local", 4, attention_chunk_size=8)], 50, True, False, False)
     assert [s.kind for s, _ in coord.attention_groups] == ["sink_full", "mamba", "chunked_local"]
     assert set(MANAGERS.names()) >= {"full", "sliding_window", "chunked_local", "mamba", "sink_full"}
+
+
+# --- simulated runs and YAML ------------------------------------------------------------------------------
+def test_yaml_takes_groups_with_the_same_validation():
+    from servesim.simulator.cluster.config import sim_config_from_dict
+    from servesim.traces.errors import InputError
+
+    base = {"scheduler": {"max_model_len": 4096}}
+    groups = [{"kind": "full", "block_size": 16}, {"kind": "mamba", "block_size": 16, "mamba_cache_mode": "align"}]
+    cfg = sim_config_from_dict({**base, "cache": {"attention": "groups", "mamba_cache_mode": "align",
+                                                  "num_gpu_blocks": 500, "kv_cache_groups": groups}})
+    assert cfg.cache.kv_cache_groups[1] == G("mamba", 16, mamba_cache_mode="align")
+    with pytest.raises(InputError, match="did you mean 'mamba'"):
+        sim_config_from_dict({**base, "cache": {"attention": "groups", "num_gpu_blocks": 500,
+                                                "kv_cache_groups": [{"kind": "mambo", "block_size": 16}]}})
+
+
+def test_a_simulated_run_with_mamba_groups_finishes_and_the_fast_path_declines():
+    import numpy as np
+
+    from servesim.simulator.build import attach_planner
+    from servesim.simulator.config import SimConfig
+    from servesim.simulator.engine import Engine
+    from servesim.simulator.outputs import build_summary
+    from servesim.traces.synthetic import make_workload
+
+    wl = make_workload("sessions", {
+        "num_requests": 24, "arrival": {"rate_per_s": 8.0}, "prompt_len": {"dist": "fixed", "value": 300},
+        "output_len": {"dist": "fixed", "value": 12},
+        "sessions": {"num_turns": {"dist": "fixed", "value": 3}, "think_time_s": {"dist": "fixed", "value": 1.0}}},
+        np.random.default_rng(0))
+    cc = _cc((G("full", 16), G("mamba", 16, mamba_cache_mode="all")), mamba_cache_mode="all", num_gpu_blocks=400)
+    cfg = SimConfig(scheduler=SchedulerConfig(max_model_len=2048), cache=cc, derive_num_gpu_blocks=False)
+    summary = build_summary(cfg, attach_planner(Engine(cfg, wl)).run(), 24)
+    assert summary["num_finished"] == 24
+    assert summary["prefix_cache_hit_tokens"] > 0  # later turns hit their earlier turns' Mamba states
+    assert not summary["fast_path"]["used"] and "Mamba" in summary["fast_path"]["declined_reason"]
