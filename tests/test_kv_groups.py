@@ -172,19 +172,19 @@ def _req(num_prompt: int, num_computed: int = 0) -> Request:
     (100, 99, 1, False, 1),  # the last prompt token
 ])
 def test_mamba_block_aligned_split(prompt, computed, new, eagle, want):
-    assert mamba_block_aligned_split(_req(prompt, computed), new, 16, eagle) == want
+    assert mamba_block_aligned_split(_req(prompt, computed), new, block_size=16, use_eagle=eagle) == want
 
 
 def test_mamba_block_aligned_split_leaves_decode_alone():
     r = _req(32, 32)
     r.append_output_token_ids([5, 6])
     r.num_computed_tokens = r.num_tokens - 1
-    assert mamba_block_aligned_split(r, 1, 16, False) == 1
+    assert mamba_block_aligned_split(r, 1, block_size=16, use_eagle=False) == 1
 
 
 def test_mamba_block_aligned_split_refuses_external_tokens():
     with pytest.raises(ValueError, match="KV connector"):
-        mamba_block_aligned_split(_req(64), 16, 16, False, 0, 16)
+        mamba_block_aligned_split(_req(64), 16, 0, 16, block_size=16, use_eagle=False)
 
 
 # --- configuration: vLLM's refusals ----------------------------------------------------------------------

@@ -107,6 +107,7 @@ def admission_shape(groups: tuple[KVCacheGroupSpec, ...], max_model_len: int,
     """(groups that hold a block per block_size tokens of the whole sequence, the most blocks each
     other group holds): how the never-fits admission rule (simulator/liveness.py) counts groups.
     Mamba 'all' asks for the whole sequence at admission (its blocks are freed only as it runs)."""
-    whole = [g for g in groups if g.kind in ("full", "sink_full") or (g.kind == "mamba" and g.mamba_cache_mode == "all")]
+    whole = [g for g in groups
+             if g.kind in ("full", "sink_full") or (g.kind == "mamba" and g.mamba_cache_mode == "all")]
     bounded = tuple(max_blocks_per_request(g, max_model_len, max_num_batched_tokens) for g in groups if g not in whole)
     return len(whole), bounded

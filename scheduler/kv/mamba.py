@@ -20,8 +20,9 @@ blocks than the pool has, so the request waits for the next step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
@@ -160,8 +161,8 @@ class MambaManager(SingleTypeKVCacheManager):
         return cdiv(num_tokens, self.block_size) + self.num_speculative_blocks
 
 
-def mamba_block_aligned_split(request: Request, num_new_tokens: int, block_size: int, use_eagle: bool,
-                              num_new_local_computed_tokens: int = 0, num_external_computed_tokens: int = 0) -> int:
+def mamba_block_aligned_split(request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+                              num_external_computed_tokens: int = 0, *, block_size: int, use_eagle: bool) -> int:
     """vLLM's Scheduler._mamba_block_aligned_split (align mode): cut a prefill chunk to a multiple
     of block_size so the state written at the step's end lands on a block boundary, and end a
     chunk exactly at the last block boundary of the prompt so that state is cached too. Decode
@@ -182,6 +183,16 @@ def mamba_block_aligned_split(request: Request, num_new_tokens: int, block_size:
         elif num_computed < last_cache_position < after:
             num_new_tokens = last_cache_position - num_computed
     return num_new_tokens
+
+
+def make_mamba_split(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> Callable[..., int] | None:
+    """The scheduler's split (block_size: the cache's, as vLLM's cache_config.block_size) when Mamba
+    groups run in align mode (vLLM's need_mamba_block_aligned_split), else None; raises what vLLM
+    refuses of the configs first."""
+    check_mamba_configs(scheduler_config, cache_config)
+    if not has_mamba_groups(cache_config) or cache_config.mamba_cache_mode != "align":
+        return None
+    return partial(mamba_block_aligned_split, block_size=cache_config.block_size, use_eagle=scheduler_config.use_eagle)
 
 
 def has_mamba_groups(cache_config: CacheConfig) -> bool:

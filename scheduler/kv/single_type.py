@@ -166,34 +166,44 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, block_pool, spec, use_eagle, alignment_tokens):
-        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
-        block_size = spec.block_size
-        max_num_blocks = max_length // block_size
-        # by index, not over a slice: a lookup usually misses at its first block, and a slice
-        # copied the request's whole key list first (vLLM iterates an islice)
-        for i in range(min(len(block_hashes), max_num_blocks)):
-            cached = block_pool.get_cached_block(block_hashes[i], group_ids)
-            if cached is None:
-                break  # hashes are chained: nothing after a miss can hit
-            for lst, blk in zip(computed, cached):
-                lst.append(blk)
-        if use_eagle and computed[0]:
-            for lst in computed:
-                lst.pop()  # eagle needs the last block's hidden states recomputed
-        while block_size != alignment_tokens and len(computed[0]) * block_size % alignment_tokens:
-            for lst in computed:
-                lst.pop()
-        return computed
+        return full_attention_hit(block_hashes, max_length, group_ids, block_pool, spec, use_eagle, alignment_tokens)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        # A block is common when every request holding KV references it.
-        n = len(self.req_to_blocks)
-        count = 0
-        for block in self.req_to_blocks[running_request_id]:
-            if block.ref_cnt != n:
-                break
-            count += 1
-        return count
+        return num_common_prefix_blocks(self.req_to_blocks, running_request_id)
+
+
+def full_attention_hit(block_hashes: Sequence[bytes], max_length: int, group_ids: list[int], block_pool: BlockPool,
+                       spec: KVCacheGroupSpec, use_eagle: bool, alignment_tokens: int) -> tuple[list[KVCacheBlock], ...]:
+    """Full attention's cache hit (every full-attention kind's): the cached prefix, left to right."""
+    computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
+    block_size = spec.block_size
+    max_num_blocks = max_length // block_size
+    # by index, not over a slice: a lookup usually misses at its first block, and a slice
+    # copied the request's whole key list first (vLLM iterates an islice)
+    for i in range(min(len(block_hashes), max_num_blocks)):
+        cached = block_pool.get_cached_block(block_hashes[i], group_ids)
+        if cached is None:
+            break  # hashes are chained: nothing after a miss can hit
+        for lst, blk in zip(computed, cached):
+            lst.append(blk)
+    if use_eagle and computed[0]:
+        for lst in computed:
+            lst.pop()  # eagle needs the last block's hidden states recomputed
+    while block_size != alignment_tokens and len(computed[0]) * block_size % alignment_tokens:
+        for lst in computed:
+            lst.pop()
+    return computed
+
+
+def num_common_prefix_blocks(req_to_blocks: dict[str, list[KVCacheBlock]], running_request_id: str) -> int:
+    """Leading blocks every request holding KV references (cascade attention's common prefix)."""
+    n = len(req_to_blocks)
+    count = 0
+    for block in req_to_blocks[running_request_id]:
+        if block.ref_cnt != n:
+            break
+        count += 1
+    return count
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):

@@ -76,10 +76,9 @@ def step_trace(
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
-    Every flag of the oracle's drive.py is accepted, with its name, default and worker rules; flags
-    marked "workload generation" only shape the workload there (it is read from WORKLOAD here) and
-    switch the matching trace fields on.
-    """
+    Every flag of the oracle's drives (drive.py, tools/offload_oracle.py, tools/kv_groups_oracle.py) is
+    accepted, with its name, default and worker rules; flags marked "workload generation" only shape
+    the workload there (it is read from WORKLOAD here) and switch the matching trace fields on."""
     if policy not in POLICIES:
         raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
                          allowed=", ".join(POLICIES.names()))
