@@ -146,6 +146,11 @@ def test_mamba_align_mode_moves_the_state_forward_and_frees_the_block_of_two_ste
     assert "a" not in m.last_state_block_idx and "a" not in m._allocated_block_reqs
 
 
+def test_a_mamba_group_may_have_another_block_size_without_prefix_caching():
+    cc = _cc((G("full", 16), G("mamba", 2048)), enable_prefix_caching=False)
+    assert cc.kv_cache_groups[1].block_size == 2048
+
+
 def test_mamba_group_holds_one_block_with_prefix_caching_off():
     cc = CacheConfig(attention="groups", enable_prefix_caching=False, num_gpu_blocks=10,
                      kv_cache_groups=(G("full", 4), G("mamba", 4)), block_size=4)
@@ -199,6 +204,7 @@ def _cc(groups, **kw):
     ({"kv_cache_groups": (G("full", 16), G("mamba", 16, mamba_cache_mode="all")), "mamba_cache_mode": "align"},
      "differs from the cache's"),
     ({"kv_cache_groups": (G("full", 16), G("chunked_local", 32, attention_chunk_size=64))}, "block_size 32"),
+    ({"kv_cache_groups": (G("full", 32),), "enable_prefix_caching": False}, "block_size 32"),
     ({"kv_cache_groups": (G("sink_full", 16, sink_len=20),)}, "sink_len"),
     ({"kv_cache_groups": (G("chunked_local", 16),)}, "attention_chunk_size"),
     ({"kv_cache_groups": (G("mambaa", 16),)}, "mamba"),  # did-you-mean

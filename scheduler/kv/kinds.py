@@ -26,9 +26,10 @@ MANAGERS.add("sink_full", SinkFullAttentionManager)
 def validate_kv_cache_groups(groups: tuple[KVCacheGroupSpec, ...], block_size: int, enable_prefix_caching: bool,
                              mamba_cache_mode: str) -> None:
     """CacheConfig's checks of attention='groups' (ValueError naming the group): known kinds, each
-    kind's own fields, and vLLM 0.19.1's rules for Mamba groups (MambaModelConfig,
+    kind's own fields, one block size (cache.block_size; a Mamba group's is max_model_len without
+    prefix caching), and vLLM 0.19.1's rules for Mamba groups (MambaModelConfig,
     vllm/model_executor/models/config.py: prefix caching on means mode 'all' or 'align', off means
-    'none'; with it on every group shares the block hash size, cache.block_size)."""
+    'none')."""
     for i, g in enumerate(groups):
         where = f"kv_cache_groups[{i}] (kind {g.kind!r})"
         MANAGERS.get(g.kind)  # unknown kind: a ValueError with a did-you-mean
@@ -46,9 +47,11 @@ def validate_kv_cache_groups(groups: tuple[KVCacheGroupSpec, ...], block_size: i
         if g.kind == "mamba" and g.mamba_cache_mode != mamba_cache_mode:
             raise ValueError(f"{where}: mamba_cache_mode {g.mamba_cache_mode!r} differs from the cache's "
                              f"mamba_cache_mode {mamba_cache_mode!r} (vLLM has one mode for every Mamba layer)")
-        if enable_prefix_caching and g.block_size != block_size:
-            raise ValueError(f"{where}: block_size {g.block_size} differs from cache.block_size {block_size}; "
-                             "with prefix caching on every group hashes blocks of cache.block_size tokens")
+        if g.block_size != block_size and (enable_prefix_caching or g.kind != "mamba"):
+            # vLLM: attention groups have cache_config.block_size; a Mamba group too with prefix
+            # caching on (mamba_block_size = block_size), max_model_len without (kv/mamba.py)
+            raise ValueError(f"{where}: block_size {g.block_size} differs from cache.block_size {block_size} "
+                             "(the attention block size, and the block hash size with prefix caching on)")
     if not any(g.kind == "mamba" for g in groups):
         return
     if enable_prefix_caching and mamba_cache_mode == "none":
