@@ -103,6 +103,8 @@ class StepTraceConfig:
             raise ValueError("pipeline_parallel_size must be >= 1")
         if self.groups and (self.sliding_window or self.hybrid):
             raise ValueError("give a sliding window as a group (groups='full,sliding_window:W'), not with groups")
+        if self.groups and (self.kv_connector_rate > 0 or self.offload_cpu_blocks > 0):
+            raise ValueError("groups run without a KV connector (the oracle's connectors take one full-attention group)")
         if self.async_scheduling and self.num_spec_tokens > 0 and self.spec_method == "ngram":
             raise ValueError("vLLM refuses async scheduling with ngram speculation")
 

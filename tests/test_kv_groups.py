@@ -321,3 +321,19 @@ def test_a_simulated_run_with_mamba_groups_finishes_and_the_fast_path_declines()
     assert summary["num_finished"] == 24
     assert summary["prefix_cache_hit_tokens"] > 0  # later turns hit their earlier turns' Mamba states
     assert not summary["fast_path"]["used"] and "Mamba" in summary["fast_path"]["declined_reason"]
+
+
+def test_step_trace_refuses_bad_groups_with_a_clear_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+    from servesim.scheduler.oracle_trace import StepTraceConfig
+
+    _register()
+    w = tmp_path / "w.jsonl"
+    w.write_text('{"req_id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2, "arrival_step": 0}\n')
+    res = CliRunner().invoke(app, ["step-trace", str(w), "--out", str(tmp_path / "t.jsonl"), "--groups", "full,mamab",
+                                   "--mamba-cache-mode", "align"])
+    assert res.exit_code != 0 and "did you mean 'mamba'" in res.output
+    with pytest.raises(ValueError, match="without a KV connector"):
+        StepTraceConfig(groups="full,mamba", mamba_cache_mode="align", kv_connector_rate=0.5)

@@ -3,7 +3,8 @@
 Every config draws a base (pool, budget, policy, caching, chunking, async, arrivals) and one entry
 of the feature matrix (FEATURES: speculative decoding by method, stop rules, aborts of every kind,
 sliding window, hybrid groups, LoRA, cache salt, the KV connector, the OffloadingConnector's CPU
-tier (tools/offload_oracle.py), and combinations) with random
+tier (tools/offload_oracle.py), Mamba / chunked-local / sink groups (tools/kv_groups_oracle.py), and
+combinations) with random
 parameters; configs cycle through the matrix, so `--configs 2 * len(FEATURES)` covers each
 feature twice. The oracle runs with PYTHONHASHSEED=0, the seed our set-order replay assumes
 (scheduler/pyset.py).
