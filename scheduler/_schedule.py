@@ -45,6 +45,7 @@ def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutpu
     if self.tracer is not None:
         self.tracer.snapshot(self)
     st = _StepState(token_budget=self.max_num_scheduled_tokens)
+    self.kv_cache_manager.new_step_starts()
     _schedule_running(self, st)
     if self.max_loras is not None:
         st.scheduled_loras = {r.lora_id for r in st.running_reqs if r.lora_id is not None}
@@ -81,6 +82,8 @@ def _schedule_running(self: Scheduler, st: _StepState) -> None:
         num_new = min(num_new, st.token_budget)
         # Keep the input position below max_model_len (matters with spec decode).
         num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
+        if self.mamba_split is not None:  # Mamba align mode: whole blocks (scheduler/kv/mamba.py)
+            num_new = self.mamba_split(request, num_new)
         if num_new <= 0:
             req_index += 1  # `continue`, not `break`: later requests may still fit
             continue
@@ -189,12 +192,13 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
             if not cfg.enable_chunked_prefill and num_new > st.token_budget:
                 break
             num_new = min(num_new, st.token_budget)
+        if self.mamba_split is not None:  # Mamba align mode: whole blocks; none fit: stop here (vLLM)
+            if not (num_new := self.mamba_split(request, num_new, num_new_local, num_external)):
+                break
         lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
         if self.tracer is not None:
-            st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
-                                     "local_hit_tokens": num_new_local,
-                                     "num_prompt_tokens": request.num_prompt_tokens,
-                                     "num_tokens": request.num_tokens})
+            st.prefix_events.append(dict(req_id=request.request_id, job_id=request.job_id, local_hit_tokens=num_new_local,
+                                         num_prompt_tokens=request.num_prompt_tokens, num_tokens=request.num_tokens))
         if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
             request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
             num_external_computed_tokens=num_external,

@@ -166,6 +166,11 @@ class CacheConfig:
         self.kv_cache_groups = tuple(_group_spec(g) for g in self.kv_cache_groups)
         _require((self.attention == "groups") == bool(self.kv_cache_groups),
                  "kv_cache_groups is given exactly when attention='groups'")
+        if self.kv_cache_groups:
+            from servesim.scheduler.kv.kinds import validate_kv_cache_groups
+
+            validate_kv_cache_groups(self.kv_cache_groups, self.block_size, self.enable_prefix_caching,
+                                     self.mamba_cache_mode)
         if self.attention not in ("full", "groups"):
             _require(
                 self.sliding_window is not None and self.sliding_window >= 1,

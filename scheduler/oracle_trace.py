@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from servesim.scheduler.async_scheduler import make_scheduler
 from servesim.scheduler.config import CacheConfig, SchedulerConfig, max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
+from servesim.scheduler.kv.kinds import group_specs_from_text
+from servesim.scheduler.kv.single_type import KVCacheGroupSpec
 from servesim.scheduler.kv_offload.config import OffloadConfig
 from servesim.scheduler.kv_offload.replay import OffloadReplay
 from servesim.scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
@@ -78,6 +80,10 @@ class StepTraceConfig:
     offload_eviction_policy: str = "lru"
     offload_load_steps: int = 2  # a load completes this many executions after the one starting it
     offload_store_steps: int = 2  # a store, after the one preparing it
+    # KV cache groups of any kinds (tools/kv_groups_oracle.py): e.g. "full,mamba", "full,chunked_local:64"
+    # ("" : the layout of sliding_window / hybrid above), and vLLM's --mamba-cache-mode.
+    groups: str = ""
+    mamba_cache_mode: str = "none"
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
@@ -95,6 +101,10 @@ class StepTraceConfig:
             raise ValueError("offload_load_steps must be >= 0 and offload_store_steps >= 1")
         if self.pipeline_parallel_size < 1:
             raise ValueError("pipeline_parallel_size must be >= 1")
+        if self.groups and (self.sliding_window or self.hybrid):
+            raise ValueError("give a sliding window as a group (groups='full,sliding_window:W'), not with groups")
+        if self.groups and (self.kv_connector_rate > 0 or self.offload_cpu_blocks > 0):
+            raise ValueError("groups run without a KV connector (the oracle's connectors take one full-attention group)")
         if self.async_scheduling and self.num_spec_tokens > 0 and self.spec_method == "ngram":
             raise ValueError("vLLM refuses async scheduling with ngram speculation")
 
@@ -117,9 +127,14 @@ class StepTraceConfig:
         attention = "full"
         if self.sliding_window > 0:
             attention = "hybrid" if self.hybrid else "sliding_window"
+        groups: tuple[KVCacheGroupSpec, ...] = ()
+        if self.groups:
+            attention = "groups"
+            groups = group_specs_from_text(self.groups, self.block_size, self.mamba_cache_mode, self.num_spec_tokens)
         cc = CacheConfig(block_size=self.block_size, num_gpu_blocks=self.num_blocks,
                          enable_prefix_caching=not self.no_prefix_caching, hash_algo=self.hash_algo,
-                         attention=attention, sliding_window=self.sliding_window or None)
+                         attention=attention, sliding_window=self.sliding_window or None,
+                         kv_cache_groups=groups, mamba_cache_mode=self.mamba_cache_mode)
         return sc, cc
 
     def offload_config(self) -> OffloadConfig | None:

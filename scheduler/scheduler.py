@@ -22,6 +22,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.kv.mamba import make_mamba_split
 from servesim.scheduler.kv.manager import KVCacheManager, PrefixCacheStats
 from servesim.scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
@@ -90,6 +91,9 @@ class Scheduler:
         self.num_preemptions_total = 0
         self._ignored: list[RequestOutput] = []
         self._max_request_blocks = cache_config.num_gpu_blocks - 1
+        # vLLM's _mamba_block_aligned_split when it applies (need_mamba_block_aligned_split: Mamba
+        # groups in align mode), else None; refuses what vLLM refuses of Mamba groups.
+        self.mamba_split = make_mamba_split(scheduler_config, cache_config)
 
     # --- requests in -----------------------------------------------------------------------------
     def schedule(self, now_s: float | None = None) -> SchedulerOutput:

@@ -51,11 +51,21 @@ class Admission:
     full_groups: int = 1  # full-attention KV groups (1, or 0 for a sliding-window-only layout)
     window_blocks: int | None = None  # a sliding-window group's most blocks (window + one step's chunk)
     pool_rule: bool = True  # False: the scheduler bounds requests by the pool itself (SGLang)
+    # attention='groups': the most blocks of each group that does not grow with the sequence
+    # (windows, chunks, Mamba state: scheduler/kv/kinds.py admission_shape)
+    bounded_groups: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, sched: SchedulerConfig, cache: CacheConfig, pool_rule: bool = True) -> Admission:
         """pool_rule False: the scheduler bounds requests by the pool itself (SGLang clamps
         max_new_tokens to what fits, and refuses prompts that cannot)."""
+        if cache.attention == "groups":
+            from servesim.scheduler.kv.kinds import admission_shape
+
+            num_whole, bounded = admission_shape(cache.kv_cache_groups, sched.max_model_len,
+                                                 sched.max_num_batched_tokens)
+            return cls(sched.max_model_len, cache.block_size, cache.num_gpu_blocks - 1,
+                       sched.num_spec_tokens + sched.num_lookahead_tokens, num_whole, None, pool_rule, bounded)
         window = None
         if cache.attention != "full":  # as simulator/startup.py sizes the window group
             window = -(-(cache.sliding_window - 1 + sched.max_num_batched_tokens) // cache.block_size) + 1
@@ -66,7 +76,8 @@ class Admission:
     def blocks_needed(self, num_tokens: int) -> int:
         """KV blocks a request holding num_tokens slots needs at most, over all its groups."""
         blocks = -(-num_tokens // self.block_size)
-        return self.full_groups * blocks + (min(self.window_blocks, blocks) if self.window_blocks is not None else 0)
+        return (self.full_groups * blocks + (min(self.window_blocks, blocks) if self.window_blocks is not None else 0)
+                + sum(min(b, blocks) for b in self.bounded_groups))
 
     def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
         """Why a request can never run, or None when it can."""

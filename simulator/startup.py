@@ -72,6 +72,10 @@ def resolved(cfg: SimConfig) -> SimConfig:
 def blocks_for_max_model_len(cache: CacheConfig, max_model_len: int, max_num_batched_tokens: int) -> int:
     """KV blocks one request of max_model_len tokens needs, summed over the attention groups
     (a sliding-window group keeps only its window plus one step's chunk, as vLLM sizes it)."""
+    if cache.attention == "groups":
+        from servesim.scheduler.kv.kinds import max_blocks_per_request
+
+        return sum(max_blocks_per_request(g, max_model_len, max_num_batched_tokens) for g in cache.kv_cache_groups)
     full = _cdiv(max_model_len, cache.block_size)
     if cache.attention == "full":
         return full

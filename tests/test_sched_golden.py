@@ -60,6 +60,12 @@ FEATURE_FLAGS = {
     "pipeline_parallel": lambda f: f.get("pipeline_parallel_size", 1) > 1,
     "offload_lru": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy", "lru") == "lru",
     "offload_arc": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy") == "arc",
+    # KV cache groups of the other kinds (tools/kv_groups_oracle.py)
+    "mamba_none": lambda f: "mamba" in f.get("groups", "") and f.get("mamba_cache_mode", "none") == "none",
+    "mamba_align": lambda f: "mamba" in f.get("groups", "") and f.get("mamba_cache_mode") == "align",
+    "mamba_all": lambda f: "mamba" in f.get("groups", "") and f.get("mamba_cache_mode") == "all",
+    "chunked_local": lambda f: "chunked_local" in f.get("groups", ""),
+    "sink_full": lambda f: "sink_full" in f.get("groups", ""),
 }
 
 
@@ -73,7 +79,7 @@ def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed()
 
 
 @pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority",
-                                  "pp3_spec_eagle_async"])
+                                  "pp3_spec_eagle_async", "mamba_align_eagle"])
 def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     from typer.testing import CliRunner
 

@@ -3,7 +3,8 @@
 Every config draws a base (pool, budget, policy, caching, chunking, async, arrivals) and one entry
 of the feature matrix (FEATURES: speculative decoding by method, stop rules, aborts of every kind,
 sliding window, hybrid groups, LoRA, cache salt, the KV connector, the OffloadingConnector's CPU
-tier (tools/offload_oracle.py), and combinations) with random
+tier (tools/offload_oracle.py), Mamba / chunked-local / sink groups (tools/kv_groups_oracle.py), and
+combinations) with random
 parameters; configs cycle through the matrix, so `--configs 2 * len(FEATURES)` covers each
 feature twice. The oracle runs with PYTHONHASHSEED=0, the seed our set-order replay assumes
 (scheduler/pyset.py).
@@ -63,6 +64,23 @@ def _offload(rng: random.Random) -> dict:
             "offload_load_steps": rng.choice([0, 1, 3, 6]), "offload_store_steps": rng.choice([1, 2, 5])}
 
 
+def _mamba(rng: random.Random) -> dict:
+    # the mode decides prefix caching (vLLM: 'none' exactly when it is off); random_config fixes
+    # what align mode refuses (chunked prefill off, a threshold below the block size)
+    mode = rng.choice(["none", "align", "all"])
+    groups = rng.choice(["full,mamba", "mamba,full", "full,mamba,mamba", "mamba", "full,sliding_window:64,mamba"])
+    return {"groups": groups, "mamba_cache_mode": mode, "no_prefix_caching": mode == "none"}
+
+
+def _chunked_local(rng: random.Random) -> dict:
+    return {"groups": rng.choice(["full,chunked_local:64", "chunked_local:128,full", "chunked_local:32",
+                                  "full,chunked_local:64,sliding_window:48"])}
+
+
+def _sink(rng: random.Random) -> dict:
+    return {"groups": rng.choice(["sink_full:32", "sink_full:64,sliding_window:64", "full,sink_full:32"])}
+
+
 # feature name -> parameters drawn for it (merged over the base config)
 FEATURES = {
     "base": lambda rng: {},
@@ -88,6 +106,10 @@ FEATURES = {
     "offload": _offload,
     "offload_aborts": lambda rng: dict(_offload(rng), abort_rate=rng.choice([0.2, 0.5]), abort_window=rng.choice([5, 50]),
                                        abort_preempted_rate=rng.choice([0.0, 0.5])),
+    "mamba": _mamba,
+    "mamba_spec": lambda rng: dict(_mamba(rng), **_spec(rng.choice(["eagle", "draft_model"]))(rng)),
+    "chunked_local": _chunked_local,
+    "sink_full": _sink,
     "everything": lambda rng: dict(_stop(rng), **_aborts(rng), **_spec("eagle")(rng), num_loras=3, max_loras=2,
                                    cache_salt=2, abort_preempted_rate=0.3),
 }
@@ -125,10 +147,18 @@ def random_config(rng: random.Random, feature: str = "base") -> dict:
     if cfg.get("spec_method") == "draft_model" and cfg.get("num_spec_tokens"):
         cfg["no_chunked_prefill"] = False  # the budget loses max_num_seqs: prompts must chunk
         cfg["max_num_batched_tokens"] = max(cfg["max_num_batched_tokens"], cfg["max_num_seqs"] + 256)
+    if cfg.get("mamba_cache_mode") == "align":  # vLLM's align-mode refusals
+        cfg["no_chunked_prefill"] = False
+        if 0 < cfg["long_prefill_token_threshold"] < cfg["block_size"]:
+            cfg["long_prefill_token_threshold"] = 0
+    if cfg.get("groups") and "chunked_local" in cfg["groups"] and cfg.get("spec_method") == "eagle":
+        cfg["no_prefix_caching"] = True  # vLLM asserts on eagle with chunked local attention's lookups
     if cfg["no_chunked_prefill"]:
         cfg["max_num_batched_tokens"] = 2048  # must cover max_model_len
     # Every request (<= 812 prompt + 160 output tokens + drafts) must fit in the pool, per group.
     groups = 2 if cfg.get("hybrid") else 1
+    if cfg.get("groups"):
+        groups = cfg["groups"].count(",") + 1 + 1  # (+1: sink blocks)
     cfg["num_blocks"] = max(cfg["num_blocks"], groups * (1010 // cfg["block_size"] + 2))
     return cfg
 

@@ -73,7 +73,8 @@ def main() -> int:
         tmp_trace = os.path.join(d, "trace.jsonl")
         pp = flags.get("pipeline_parallel_size", 1)
         run = drive.main if pp == 1 else pp_driver(oracle_dir, pp)
-        drive_flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size" and not k.startswith("offload_")}
+        own_keys = ("pipeline_parallel_size", "groups", "mamba_cache_mode")
+        drive_flags = {k: v for k, v in flags.items() if k not in own_keys and not k.startswith("offload_")}
         argv = argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace]
         offload = {k: v for k, v in flags.items() if k.startswith("offload_")}
         if offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
@@ -81,6 +82,12 @@ def main() -> int:
 
             own, _ = offload_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(offload)])
             offload_oracle.run(own, argv)
+        elif flags.get("groups"):  # KV cache groups of any kinds (tools/kv_groups_oracle.py)
+            import kv_groups_oracle
+
+            own, _ = kv_groups_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(
+                {k: flags[k] for k in ("groups", "mamba_cache_mode") if k in flags})])
+            kv_groups_oracle.run(own, argv)
         else:
             run(argv)
         with open(tmp_trace, "rb") as src, open(tmp_trace + ".gz", "wb") as raw:

@@ -136,7 +136,7 @@ class KVDecodeRuns:
             return True
         local = request.num_computed_tokens + num_hit_tokens
         need_slot = min(min(local, kvm.max_model_len) + num_new_tokens, kvm.max_model_len)
-        need = kvm.coordinator.get_num_blocks_to_allocate(rid, need_slot, hit.blocks, local)
+        need = kvm.coordinator.get_num_blocks_to_allocate(rid, need_slot, hit.blocks, local, need_slot)
         return need > kvm.block_pool.get_num_free_blocks()
 
     def decode_run_lookups(self, head: Request | None, num_steps: int, with_updates: bool) -> tuple[list[int], list[int]]:

@@ -49,7 +49,8 @@ class VllmDecodeRuns:
         if sched.tracer is not None:
             return "the scheduler tracer records every step"
         if not self.kv.supports_decode_runs():
-            return "KV layout with sliding-window or hybrid groups, or KV cache events on"
+            return ("KV layout other than one full-attention group (sliding-window, chunked-local, sink or Mamba "
+                    "groups: their block tables are not replayed in bulk), or KV cache events on")
         return None
 
     def decode_run_extra_steps(self) -> int:

@@ -34,14 +34,19 @@ class KVCacheCoordinator:
         # search below reuses the classes.
         self._manager_types: dict[str, type[SingleTypeKVCacheManager]] = {
             g.kind: MANAGERS.get(g.kind) for g in self.groups}
+        if enable_caching and use_eagle and "chunked_local" in self._manager_types:
+            # vLLM asserts this in ChunkedLocalAttentionManager.find_longest_cache_hit
+            raise ValueError("eagle speculative decoding with a chunked_local KV cache group and prefix caching: "
+                             "vLLM 0.19.1 does not support it")
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             self._manager_types[g.kind](g, self.block_pool, enable_caching, i) for i, g in enumerate(self.groups)
         )
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: BlocksByGroup, total_computed_tokens: int) -> int:
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: BlocksByGroup,
+                                   total_computed_tokens: int, num_tokens_main_model: int) -> int:
         return sum(
-            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i], total_computed_tokens)
+            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
+                                         num_tokens_main_model)
             for i, m in enumerate(self.managers)
         )
 
@@ -52,8 +57,12 @@ class KVCacheCoordinator:
                 request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
             )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> BlocksByGroup:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.managers)
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> BlocksByGroup:
+        return tuple(m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.managers)
+
+    def new_step_starts(self) -> None:
+        for m in self.managers:
+            m.new_step_starts()
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         for m in self.managers:
@@ -105,7 +114,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     def __init__(self, groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events):
         super().__init__(groups, num_blocks, enable_caching, use_eagle, enable_kv_cache_events)
-        # Merge identical specs into one lookup; full attention first (it is cheapest to shrink).
+        # Merge identical specs into one lookup; full attention first (vLLM: its left-to-right
+        # scan gives the tightest first bound). sorted() is stable: group order otherwise.
         merged: list[tuple[KVCacheGroupSpec, list[int]]] = []
         for i, spec in enumerate(self.groups):
             for existing, ids in merged:
@@ -116,26 +126,30 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 merged.append((spec, [i]))
         if len(merged) < 2:
             raise ValueError("a hybrid KV cache needs at least two different attention groups")
-        self.attention_groups = sorted(merged, key=lambda x: x[0].kind != "full")
+        self.attention_groups = sorted(merged, key=lambda x: not self._manager_types[x[0].kind].is_full_attention)
         self.lcm_block_size = lcm(*(spec.block_size for spec, _ in merged))
-        # Our hashes are at the common block size; groups with other block sizes are not supported.
+        # Block hashes are computed at the scheduler's block size; vLLM re-chunks them for groups
+        # with a larger block size (BlockHashListWithBlockSize). Not ported: with prefix caching on
+        # vLLM gives hybrid Mamba models one block size (mamba_block_size = block_size).
         if len({spec.block_size for spec, _ in merged}) != 1:
-            raise ValueError("hybrid groups must share one block_size")
+            raise ValueError("with prefix caching on, every KV cache group must have the same block_size "
+                             f"(got {sorted({spec.block_size for spec, _ in merged})})")
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         """Shrink the candidate length until every attention type accepts it (a fixed point)."""
         hit_by_group: list[list[KVCacheBlock] | None] = [None] * len(self.groups)
         hit_length = max_cache_hit_length
-        simple = len(self.attention_groups) == 2 and self.attention_groups[0][0].kind == "full"
+        types = self._manager_types
+        simple = len(self.attention_groups) == 2 and types[self.attention_groups[0][0].kind].is_full_attention
         while True:
             curr = hit_length
             for spec, ids in self.attention_groups:
                 cached = hit_by_group[ids[0]]
-                if spec.kind == "full" and cached is not None:
+                if types[spec.kind].is_full_attention and cached is not None:
                     # A full-attention hit of length L contains every shorter prefix.
                     curr = curr // spec.block_size * spec.block_size
                     continue
-                hit = self._manager_types[spec.kind].find_longest_cache_hit(
+                hit = types[spec.kind].find_longest_cache_hit(
                     block_hashes, curr, ids, self.block_pool, spec, self.use_eagle, self.lcm_block_size
                 )
                 curr = len(hit[0]) * spec.block_size
@@ -147,7 +161,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if simple:
                 break
         spec, ids = self.attention_groups[0]
-        if spec.kind == "full":
+        if types[spec.kind].is_full_attention:
             n = hit_length // spec.block_size
             for gid in ids:
                 if hit_by_group[gid] is not None:

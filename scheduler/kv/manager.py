@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.coordinator import make_coordinator
-from servesim.scheduler.kv.single_type import KVCacheGroupSpec, cdiv
+from servesim.scheduler.kv.mamba import groups_for_run
+from servesim.scheduler.kv.single_type import KVCacheGroupSpec
 
 if TYPE_CHECKING:
     from servesim.scheduler.config import CacheConfig
@@ -73,8 +74,9 @@ class KVCacheManager:
         self.block_size = cache_config.block_size
         self.log_stats = log_stats
         self.prefix_cache_stats = PrefixCacheStats()
+        groups = groups_for_run(group_specs_from_config(cache_config), self.enable_caching, max_model_len)
         self.coordinator = make_coordinator(
-            group_specs_from_config(cache_config), cache_config.num_gpu_blocks, self.enable_caching,
+            groups, cache_config.num_gpu_blocks, self.enable_caching,
             use_eagle, cache_config.enable_kv_cache_events,
         )
         self.num_kv_cache_groups = len(self.coordinator.managers)
@@ -127,7 +129,7 @@ class KVCacheManager:
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
-        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, ncb, total_computed)
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, ncb, total_computed, full)
         return need <= self.block_pool.get_num_free_blocks()
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -180,13 +182,13 @@ class KVCacheManager:
         rid = request.request_id
         self.coordinator.remove_skipped_blocks(rid, total_computed)
         need = self.coordinator.get_num_blocks_to_allocate(
-            rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens
+            rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens, num_tokens_main
         )
         if need > self.block_pool.get_num_free_blocks():
             return None
         if ncb is not self.empty_kv_cache_blocks.blocks or num_external_computed_tokens > 0:
             self.coordinator.allocate_new_computed_blocks(rid, ncb, local, num_external_computed_tokens)
-        new_blocks = self.coordinator.allocate_new_blocks(rid, num_tokens_need_slot)
+        new_blocks = self.coordinator.allocate_new_blocks(rid, num_tokens_need_slot, num_tokens_main)
         if self.enable_caching and not delay_cache_blocks:
             self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return self._blocks(new_blocks)
@@ -261,9 +263,14 @@ class KVCacheManager:
     def take_events(self):
         return self.block_pool.take_events()
 
+    def new_step_starts(self) -> None:
+        """schedule() begins (vLLM calls it first thing): Mamba forgets the blocks cached last step."""
+        self.coordinator.new_step_starts()
+
     def blocks_needed(self, num_tokens: int) -> int:
-        """Blocks a request of num_tokens needs per group (the never-fits check uses it)."""
-        return cdiv(min(num_tokens, self.max_model_len), self.block_size) * self.num_kv_cache_groups
+        """Blocks a request of num_tokens holds at most, over every group (the never-fits check)."""
+        n = min(num_tokens, self.max_model_len)
+        return sum(m.num_blocks_for_tokens(n) for m in self.coordinator.managers)
 
     def _blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

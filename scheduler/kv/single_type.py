@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.block_pool import BlockPool
@@ -40,6 +40,10 @@ class KVCacheGroupSpec:
 
 
 class SingleTypeKVCacheManager:
+    # vLLM's isinstance(spec, FullAttentionSpec): the hybrid coordinator searches these groups
+    # first and shrinks their hit in place (a full-attention hit holds every shorter prefix).
+    is_full_attention: ClassVar[bool] = False
+
     def __init__(self, spec: KVCacheGroupSpec, block_pool: BlockPool, enable_caching: bool, group_id: int):
         self.spec = spec
         self.block_size = spec.block_size
@@ -55,10 +59,11 @@ class SingleTypeKVCacheManager:
     # --- sizing ------------------------------------------------------------------------------
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
-        total_computed_tokens: int,
+        total_computed_tokens: int, num_tokens_main_model: int,
     ) -> int:
         """Blocks the request still needs for num_tokens slots, counting hits that must leave the
-        free queue (they reduce free capacity just like new blocks)."""
+        free queue (they reduce free capacity just like new blocks). num_tokens_main_model is
+        num_tokens without the drafter's lookahead slots (only Mamba's align mode reads it)."""
         num_required = cdiv(num_tokens, self.block_size)
         num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
@@ -95,7 +100,7 @@ class SingleTypeKVCacheManager:
         if num_external_computed_tokens > 0:
             req_blocks.extend(self.block_pool.get_new_blocks(cdiv(total, self.block_size) - len(req_blocks)))
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks[request_id]
         num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new <= 0:
@@ -138,6 +143,13 @@ class SingleTypeKVCacheManager:
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0
 
+    def new_step_starts(self) -> None:
+        """A schedule() begins (only Mamba keeps per-step state)."""
+
+    def num_blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks a request of num_tokens tokens holds at most in this group (the never-fits check)."""
+        return cdiv(num_tokens, self.block_size)
+
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         raise NotImplementedError
 
@@ -150,36 +162,48 @@ class SingleTypeKVCacheManager:
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
+    is_full_attention: ClassVar[bool] = True
+
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, group_ids, block_pool, spec, use_eagle, alignment_tokens):
-        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
-        block_size = spec.block_size
-        max_num_blocks = max_length // block_size
-        # by index, not over a slice: a lookup usually misses at its first block, and a slice
-        # copied the request's whole key list first (vLLM iterates an islice)
-        for i in range(min(len(block_hashes), max_num_blocks)):
-            cached = block_pool.get_cached_block(block_hashes[i], group_ids)
-            if cached is None:
-                break  # hashes are chained: nothing after a miss can hit
-            for lst, blk in zip(computed, cached):
-                lst.append(blk)
-        if use_eagle and computed[0]:
-            for lst in computed:
-                lst.pop()  # eagle needs the last block's hidden states recomputed
-        while block_size != alignment_tokens and len(computed[0]) * block_size % alignment_tokens:
-            for lst in computed:
-                lst.pop()
-        return computed
+        return full_attention_hit(block_hashes, max_length, group_ids, block_pool, spec, use_eagle, alignment_tokens)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        # A block is common when every request holding KV references it.
-        n = len(self.req_to_blocks)
-        count = 0
-        for block in self.req_to_blocks[running_request_id]:
-            if block.ref_cnt != n:
-                break
-            count += 1
-        return count
+        return num_common_prefix_blocks(self.req_to_blocks, running_request_id)
+
+
+def full_attention_hit(block_hashes: Sequence[bytes], max_length: int, group_ids: list[int], block_pool: BlockPool,
+                       spec: KVCacheGroupSpec, use_eagle: bool, alignment_tokens: int) -> tuple[list[KVCacheBlock], ...]:
+    """Full attention's cache hit (every full-attention kind's): the cached prefix, left to right."""
+    computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
+    block_size = spec.block_size
+    max_num_blocks = max_length // block_size
+    # by index, not over a slice: a lookup usually misses at its first block, and a slice
+    # copied the request's whole key list first (vLLM iterates an islice)
+    for i in range(min(len(block_hashes), max_num_blocks)):
+        cached = block_pool.get_cached_block(block_hashes[i], group_ids)
+        if cached is None:
+            break  # hashes are chained: nothing after a miss can hit
+        for lst, blk in zip(computed, cached):
+            lst.append(blk)
+    if use_eagle and computed[0]:
+        for lst in computed:
+            lst.pop()  # eagle needs the last block's hidden states recomputed
+    while block_size != alignment_tokens and len(computed[0]) * block_size % alignment_tokens:
+        for lst in computed:
+            lst.pop()
+    return computed
+
+
+def num_common_prefix_blocks(req_to_blocks: dict[str, list[KVCacheBlock]], running_request_id: str) -> int:
+    """Leading blocks every request holding KV references (cascade attention's common prefix)."""
+    n = len(req_to_blocks)
+    count = 0
+    for block in req_to_blocks[running_request_id]:
+        if block.ref_cnt != n:
+            break
+        count += 1
+    return count
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):

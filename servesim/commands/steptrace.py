@@ -73,13 +73,14 @@ def step_trace(
     offload_eviction_policy: str = typer.Option("lru", help="the CPU tier's eviction policy: lru | arc"),
     offload_load_steps: int = typer.Option(2, help="a CPU->GPU load is reported finished this many steps later"),
     offload_store_steps: int = typer.Option(2, help="a GPU->CPU store completes this many steps later"),
+    groups: str = typer.Option("", help="KV cache groups, e.g. full,mamba | full,chunked_local:64 | sink_full:32"),
+    mamba_cache_mode: str = typer.Option("none", help="vLLM's --mamba-cache-mode: none | align | all"),
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
-    Every flag of the oracle's drive.py is accepted, with its name, default and worker rules; flags
-    marked "workload generation" only shape the workload there (it is read from WORKLOAD here) and
-    switch the matching trace fields on.
-    """
+    Every flag of the oracle's drives (drive.py, tools/offload_oracle.py, tools/kv_groups_oracle.py) is
+    accepted, with its name, default and worker rules; flags marked "workload generation" only shape
+    the workload there (it is read from WORKLOAD here) and switch the matching trace fields on."""
     out = check_output_file(out, overwrite=overwrite)  # before any work
     if policy not in POLICIES:
         raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
@@ -103,7 +104,8 @@ def step_trace(
             cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
             trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
             offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
-            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps)
+            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps, groups=groups,
+            mamba_cache_mode=mamba_cache_mode)
         sc, cc = cfg.configs()
         cfg.offload_config()
     except ValueError as e:
