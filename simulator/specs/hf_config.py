@@ -46,24 +46,25 @@ def _flatten(cfg: dict) -> dict:
     return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
 
 
-def _sliding(cfg: dict, layers: int) -> tuple[int | None, int]:
-    """(window tokens, number of windowed layers)."""
+def _sliding(cfg: dict, layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """(window tokens, each layer's kind) of a windowed model; (None, ()) without a window."""
     if cfg.get("use_sliding_window") is False:
-        return None, 0
+        return None, ()
     if cfg.get("attention_chunk_size"):  # Llama 4: chunked local attention, not a window (kinds_from_hf)
-        return None, 0
+        return None, ()
     window = cfg.get("sliding_window")
     if not window:
-        return None, 0
+        return None, ()
     types = cfg.get("layer_types")
     if types:
-        return int(window), sum(1 for t in types if t == "sliding_attention")
-    pattern = cfg.get("sliding_window_pattern")
-    if pattern:
-        return int(window), sum(1 for i in range(layers) if (i + 1) % int(pattern))
-    if str(cfg.get("model_type", "")).startswith("gemma2"):
-        return int(window), (layers + 1) // 2
-    return int(window), layers
+        windowed = [t == "sliding_attention" for t in types]
+    elif cfg.get("sliding_window_pattern"):  # Gemma 3: every P-th layer global
+        windowed = [bool((i + 1) % int(cfg["sliding_window_pattern"])) for i in range(layers)]
+    elif str(cfg.get("model_type", "")).startswith("gemma2"):  # Gemma 2: even layers local
+        windowed = [i % 2 == 0 for i in range(layers)]
+    else:  # a bare window: every layer
+        windowed = [True] * layers
+    return int(window), tuple("sliding_window" if w else "full" for w in windowed)
 
 
 def _moe(cfg: dict, layers: int) -> dict:
@@ -141,11 +142,12 @@ def spec_from_hf_dict(raw: dict, name: str, hf_id: str, aliases: tuple[str, ...]
                       v_head_dim=int(cfg["v_head_dim"]),
                       q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None)
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    window, sliding_layers = _sliding(cfg, layers)
-    kinds = kinds_from_hf(cfg, layers)
-    if kinds and sliding_layers:  # a window given with explicit kinds: the kinds name its layers
-        kinds = tuple("sliding_window" if t == "sliding_attention" else k
-                      for k, t in zip(kinds, cfg.get("layer_types") or ["full"] * layers))
+    window, windowed = _sliding(cfg, layers)
+    kinds = kinds_from_hf(cfg, layers) or windowed
+    if windowed and kinds is not windowed:  # a window beside linear / chunked layers
+        raise InputError("sliding-window layers beside linear-attention or chunked layers are not modelled",
+                         field="sliding_window", allowed="a model with one of the two")
+    sliding_layers = kinds.count("sliding_window")
     chunk = int(cfg["attention_chunk_size"]) if "chunked_local" in kinds else None
     linear = linear_from_hf(cfg) if "mamba" in kinds else None
     weight_fmt, expert_fmt = _quantization(raw) if raw.get("quantization_config") else \
