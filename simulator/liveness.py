@@ -51,11 +51,15 @@ class Admission:
     full_groups: int = 1  # full-attention KV groups (1, or 0 for a sliding-window-only layout)
     window_blocks: int | None = None  # a sliding-window group's most blocks (window + one step's chunk)
     pool_rule: bool = True  # False: the scheduler bounds requests by the pool itself (SGLang)
+    window_groups: int = 1  # sliding-window groups, each of at most window_blocks
+    fixed_blocks: int = 0  # chunked-local and Mamba groups: their most blocks, whatever the length
 
     @classmethod
     def of(cls, sched: SchedulerConfig, cache: CacheConfig, pool_rule: bool = True) -> Admission:
         """pool_rule False: the scheduler bounds requests by the pool itself (SGLang clamps
         max_new_tokens to what fits, and refuses prompts that cannot)."""
+        if cache.attention == "groups":
+            return cls._of_groups(sched, cache, pool_rule)
         window = None
         if cache.attention != "full":  # as simulator/startup.py sizes the window group
             window = -(-(cache.sliding_window - 1 + sched.max_num_batched_tokens) // cache.block_size) + 1
@@ -63,10 +67,28 @@ class Admission:
                    sched.num_spec_tokens + sched.num_lookahead_tokens, 0 if cache.attention == "sliding_window" else 1,
                    window, pool_rule)
 
+    @classmethod
+    def _of_groups(cls, sched: SchedulerConfig, cache: CacheConfig, pool_rule: bool) -> Admission:
+        """A layout of groups (a hybrid model, simulator/kv_groups.py): full groups grow with the
+        request, windowed ones up to their window, chunked and Mamba ones at most their bound."""
+        from servesim.simulator.kv_groups import group_max_blocks
+
+        assert sched.max_model_len is not None
+        kinds = [g.kind for g in cache.kv_cache_groups]
+        windows = [g for g in cache.kv_cache_groups if g.kind == "sliding_window"]
+        window = -(-(windows[0].sliding_window - 1 + sched.max_num_batched_tokens) // cache.block_size) + 1 \
+            if windows and windows[0].sliding_window is not None else None
+        fixed = sum(group_max_blocks(g, sched.max_model_len, sched.max_num_batched_tokens)
+                    for g in cache.kv_cache_groups if g.kind in ("chunked_local", "mamba"))
+        return cls(sched.max_model_len, cache.block_size, cache.num_gpu_blocks - 1,
+                   sched.num_spec_tokens + sched.num_lookahead_tokens, kinds.count("full"), window, pool_rule,
+                   len(windows), fixed)
+
     def blocks_needed(self, num_tokens: int) -> int:
         """KV blocks a request holding num_tokens slots needs at most, over all its groups."""
         blocks = -(-num_tokens // self.block_size)
-        return self.full_groups * blocks + (min(self.window_blocks, blocks) if self.window_blocks is not None else 0)
+        windowed = self.window_groups * min(self.window_blocks, blocks) if self.window_blocks is not None else 0
+        return self.full_groups * blocks + windowed + self.fixed_blocks
 
     def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
         """Why a request can never run, or None when it can."""
