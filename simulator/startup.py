@@ -155,12 +155,24 @@ def check_startup(cfg: SimConfig) -> None:
             "with chunked prefill off: longer prompts could never be scheduled",
             field="scheduler.max_num_batched_tokens", allowed=f">= {mml}, or scheduler.enable_chunked_prefill")
     cache, cap = resolve_cache(cfg)
+    _check_group_kinds(cfg, cache)
     _check_pool(cfg, cache, cap, mml)
     if cfg.engine == "sglang":
         _check_sglang(cfg, cache)
     from servesim.simulator.kv_offload import check_kv_offload  # it imports the specs and the scheduler
 
     check_kv_offload(cfg, cache, data_parallel_size(cfg))
+
+
+def _check_group_kinds(cfg: SimConfig, cache: CacheConfig) -> None:
+    """Every group kind the model needs has a manager in the scheduler (scheduler/kv/kinds.py)."""
+    from servesim.scheduler.kv.kinds import MANAGERS
+
+    missing = sorted({g.kind for g in cache.kv_cache_groups} - set(MANAGERS.names()))
+    if missing:
+        raise InputError(f"{cfg.hardware.model} needs KV cache group kind(s) {missing}, which this scheduler "
+                         "has no manager for", field="hardware.model",
+                         allowed="a model whose layers are " + " / ".join(MANAGERS.names()))
 
 
 def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml: int) -> None:
