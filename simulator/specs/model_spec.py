@@ -142,12 +142,6 @@ class ModelSpec:
         return sum(self.count_layers(k) for k in ("full", "sliding_window", "chunked_local"))
 
     @property
-    def is_hybrid(self) -> bool:
-        """More than one KV cache group kind: vLLM's hybrid KV cache manager lays out the pool."""
-        return len({k for k in self.layer_kinds if k != "mlp"}) > 1 or \
-            0 < self.num_sliding_layers < self.num_layers
-
-    @property
     def kv_bytes_per_elem(self) -> float:
         if self.kv_cache_dtype == "auto":
             return float(self.dtype_bytes)
