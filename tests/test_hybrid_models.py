@@ -121,9 +121,20 @@ def test_a_hybrid_model_runs_with_vllms_groups_and_pool():
     assert blocks_for_max_model_len(cache, 131072, 2048) == 8192 + 6 * (-(-(1023 + 2048) // 16) + 1)
 
 
+@pytest.mark.skipif("chunked_local" in MANAGERS.names(), reason="the scheduler has a chunked-local manager now")
+def test_chunked_layers_run_as_full_attention_until_the_scheduler_has_their_manager():
+    cache, cap = resolve_cache(_cfg("llama-4-scout-17b-16e", 4))
+    assert cache.attention == "full" and not cache.kv_cache_groups
+    layout = kv_layout(resolve_model("llama-4-scout-17b-16e"), 4, 16, max_model_len=4096,
+                       disable_hybrid_kv_cache_manager=True)  # vLLM with its hybrid manager off
+    assert cap.num_gpu_blocks == layout.num_blocks(cap.free_bytes)
+
+
 def test_kv_events_turn_the_hybrid_manager_off_as_in_vllm():
-    cache, _ = resolve_cache(_cfg("llama-4-scout-17b-16e", 4, enable_kv_cache_events=True))
+    cache, _ = resolve_cache(_cfg("gemma-3-27b", 2, enable_kv_cache_events=True))
     assert [g.kind for g in cache.kv_cache_groups] == ["full"]
+    with pytest.raises(InputError, match="failed to convert"):
+        resolve_cache(_cfg("nemotron-h-8b", 1, enable_kv_cache_events=True))
 
 
 def test_mamba_cache_mode_and_block_size_come_out_as_vllm_resolves_them():

@@ -64,6 +64,8 @@ def _sliding(cfg: dict, layers: int) -> tuple[int | None, tuple[str, ...]]:
         windowed = [i % 2 == 0 for i in range(layers)]
     else:  # a bare window: every layer
         windowed = [True] * layers
+    if not any(windowed):  # a window no layer uses
+        return None, ()
     return int(window), tuple("sliding_window" if w else "full" for w in windowed)
 
 
