@@ -213,3 +213,14 @@ def stage_ranges(num_layers: int, pp: int) -> tuple[range, ...]:
         out.append(range(first, first + n))
         first += n
     return tuple(out)
+
+
+def kv_cache_report(groups: tuple[KVCacheGroupSpec, ...], num_blocks: int, max_model_len: int,
+                    max_num_batched_tokens: int) -> dict:
+    """What vLLM logs for a pool of groups at start-up (_report_kv_cache_config): "GPU KV cache
+    size: N tokens" and "Maximum concurrency for max_model_len tokens per request", with the
+    groups' kinds and block sizes (a run's summary carries it)."""
+    per_request = sum(group_max_blocks(g, max_model_len, max_num_batched_tokens) for g in groups)
+    return {"groups": [f"{g.kind}:{g.block_size}" for g in groups],
+            "gpu_kv_cache_size_tokens": num_blocks // len(groups) * min(g.block_size for g in groups),
+            "max_concurrency": num_blocks / per_request}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servesim.simulator.kv_groups import kv_layout, resolve_mamba_cache_mode, stage_ranges
+from servesim.simulator.kv_groups import kv_cache_report, kv_layout, resolve_mamba_cache_mode, stage_ranges
 from servesim.simulator.specs import resolve_model
 from servesim.traces.errors import InputError
 
@@ -55,6 +55,9 @@ def test_groups_and_num_blocks_equal_vllms(case):
     if want["max_concurrency"] is not None:
         assert layout.max_concurrency(num_blocks, case["max_model_len"], case["max_num_batched_tokens"]) == \
             pytest.approx(want["max_concurrency"], rel=1e-12)
+        report = kv_cache_report(layout.groups, num_blocks, case["max_model_len"], case["max_num_batched_tokens"])
+        assert report["max_concurrency"] == pytest.approx(want["max_concurrency"], rel=1e-12)
+        assert report["gpu_kv_cache_size_tokens"] == want["kv_cache_size_tokens"]
 
 
 def test_a_pool_too_small_for_one_request_estimates_vllms_max_model_len():
