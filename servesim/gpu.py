@@ -43,6 +43,7 @@ def runner_model(model: str, field: str = "--model"):
     unsupported = [why for cond, why in (
         (spec.is_moe, "Mixture-of-Experts layers"), (spec.mla is not None, "MLA attention"),
         (spec.sliding_window is not None, "sliding-window layers"),
+        (bool(set(spec.layer_kinds) - {"full", "sliding_window"}), "chunked, linear-attention or MLP-only layers"),
         (spec.weight_dtype not in ("bf16", "fp16"), f"{spec.weight_dtype} weights")) if cond]
     if unsupported:
         raise InputError(f"model {spec.name!r}: the GPU runner runs dense Llama-style decoders in bf16/fp16, "

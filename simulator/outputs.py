@@ -29,6 +29,13 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
                   res.prefix_queries)
     s["num_gpu_blocks"] = res.cache.num_gpu_blocks
     s["num_gpu_blocks_source"] = res.kv_capacity.source if res.kv_capacity is not None else "configured"
+    if res.cache.attention == "groups":  # a hybrid model's pool, as vLLM logs it (simulator/kv_groups.py)
+        from servesim.simulator.kv_groups import kv_cache_report
+        from servesim.simulator.startup import resolve_max_model_len
+
+        s["kv_cache_groups"] = {**kv_cache_report(res.cache.kv_cache_groups, res.cache.num_gpu_blocks,
+                                                  resolve_max_model_len(cfg), cfg.scheduler.max_num_batched_tokens),
+                                "mamba_cache_mode": res.cache.mamba_cache_mode}
     s["sim_speedup_x"] = res.sim_duration_s / res.wall_time_s if res.wall_time_s > 0 else None
     # Whether the fast path ran beside the engine, and if not why (simulator/fastpath/planner_for).
     s["fast_path"] = {"used": res.planner_declined is None, "declined_reason": res.planner_declined}

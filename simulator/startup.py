@@ -14,7 +14,9 @@ API all build one) and again when an Engine is built from it, so every path sees
   block (simulator/kv_offload.py).
 
 `resolve_max_model_len` / `resolve_cache` give what an engine runs with: the model's context
-length when `scheduler.max_model_len` is None (vLLM derives it from max_position_embeddings), and
+length when `scheduler.max_model_len` is None (vLLM derives it from max_position_embeddings), the
+KV cache groups of a hybrid model (sliding-window, chunked local or Mamba layers: vLLM's hybrid
+manager, simulator/kv_groups.py, with its raised block size and resolved mamba_cache_mode), and
 the KV pool derived from GPU memory unless `cache.num_gpu_blocks` was set.
 """
 
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 from servesim.scheduler.config import CacheConfig
 from servesim.scheduler.sglang import SGLangConfig
 from servesim.simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
+from servesim.simulator.kv_groups import KvLayout, kv_layout, layer_kinds
 from servesim.simulator.specs import resolve_gpu, resolve_model
 from servesim.traces.errors import InputError
 
@@ -51,14 +54,40 @@ def data_parallel_size(cfg: SimConfig) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
 
 
+def model_kv_layout(cfg: SimConfig) -> KvLayout | None:
+    """The KV cache groups vLLM's hybrid manager builds for the run's model (simulator/kv_groups.py),
+    or None where the cache config is run as given: a model whose layers are all full attention,
+    groups or a windowed layout set explicitly, or the SGLang engine. vLLM turns its hybrid manager
+    off for KV events and for a KV connector (the CPU tier's), and for chunked attention with EAGLE;
+    windowed and chunked layers then hold every token as full attention does."""
+    model = resolve_model(cfg.hardware.model)
+    kinds = set(layer_kinds(model)) - {"full", "mlp"}
+    if cfg.engine != "vllm" or not kinds or cfg.cache.attention != "full" or cfg.cache.kv_cache_groups:
+        return None
+    sched = cfg.scheduler
+    disable = cfg.cache.enable_kv_cache_events or cfg.kv_offload.enabled or \
+        ("chunked_local" in kinds and sched.use_eagle)
+    layout = kv_layout(model, cfg.hardware.tp, cfg.cache.block_size, mamba_cache_mode=cfg.cache.mamba_cache_mode,
+                       enable_prefix_caching=cfg.cache.enable_prefix_caching,
+                       max_model_len=resolve_max_model_len(cfg), num_spec_tokens=sched.num_spec_tokens,
+                       disable_hybrid_kv_cache_manager=disable)
+    return layout
+
+
 def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
-    """The cache config to run with: as configured, or with num_gpu_blocks derived from memory."""
+    """The cache config to run with: as configured, or with num_gpu_blocks derived from memory;
+    a hybrid model's groups, block size and mamba_cache_mode as vLLM lays them out."""
     hw = cfg.hardware
+    layout = model_kv_layout(cfg)
+    cache = cfg.cache if layout is None else replace(
+        cfg.cache, attention="groups", kv_cache_groups=layout.groups, block_size=layout.block_size,
+        mamba_cache_mode=layout.mamba_cache_mode)
     if not cfg.derive_num_gpu_blocks:
-        return cfg.cache, None
-    cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cfg.cache.block_size, hw.gpu_memory_utilization,
-                                hw.activation_reserve_gib, pp=hw.pp, data_parallel_size=data_parallel_size(cfg))
-    return replace(cfg.cache, num_gpu_blocks=cap.num_gpu_blocks), cap
+        return cache, None
+    cap = derive_num_gpu_blocks(hw.model, hw.gpu, hw.tp, cache.block_size, hw.gpu_memory_utilization,
+                                hw.activation_reserve_gib, pp=hw.pp, data_parallel_size=data_parallel_size(cfg),
+                                layout=layout)
+    return replace(cache, num_gpu_blocks=cap.num_gpu_blocks), cap
 
 
 def resolved(cfg: SimConfig) -> SimConfig:
@@ -128,6 +157,7 @@ def check_startup(cfg: SimConfig) -> None:
             "with chunked prefill off: longer prompts could never be scheduled",
             field="scheduler.max_num_batched_tokens", allowed=f">= {mml}, or scheduler.enable_chunked_prefill")
     cache, cap = resolve_cache(cfg)
+    _check_group_kinds(cfg, cache)
     _check_pool(cfg, cache, cap, mml)
     if cfg.engine == "sglang":
         _check_sglang(cfg, cache)
@@ -136,12 +166,23 @@ def check_startup(cfg: SimConfig) -> None:
     check_kv_offload(cfg, cache, data_parallel_size(cfg))
 
 
+def _check_group_kinds(cfg: SimConfig, cache: CacheConfig) -> None:
+    """Every group kind the model needs has a manager in the scheduler (scheduler/kv/kinds.py)."""
+    from servesim.scheduler.kv.kinds import MANAGERS
+
+    missing = sorted({g.kind for g in cache.kv_cache_groups} - set(MANAGERS.names()))
+    if missing:
+        raise InputError(f"{cfg.hardware.model} needs KV cache group kind(s) {missing}, which this scheduler "
+                         "has no manager for", field="hardware.model",
+                         allowed="a model whose layers are " + " / ".join(MANAGERS.names()))
+
+
 def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml: int) -> None:
     need = blocks_for_max_model_len(cache, mml, cfg.scheduler.max_num_batched_tokens)
     have = cache.num_gpu_blocks
     if need <= have:
         return
-    fit = have * cache.block_size  # full attention: the longest request the pool could hold
+    fit = _longest_fit(cache, have, mml, cfg.scheduler.max_num_batched_tokens)
     if cap is not None:
         gib = cap.kv_bytes_per_block / 2**30
         raise InputError(
@@ -155,6 +196,21 @@ def _check_pool(cfg: SimConfig, cache: CacheConfig, cap: KvCapacity | None, mml:
         f"{cache.block_size} tokens are needed, more than the pool's {have} (vLLM's start-up check; "
         f"the estimated maximum model length is {fit})",
         field="cache.num_gpu_blocks", allowed=f">= {need}, or scheduler.max_model_len <= {fit}")
+
+
+def _longest_fit(cache: CacheConfig, num_blocks: int, mml: int, max_num_batched_tokens: int) -> int:
+    """The longest request the pool holds: vLLM's binary search over max_model_len for a layout of
+    groups (_estimate_max_model_len_from_groups), num_blocks x block_size for full attention."""
+    if cache.attention != "groups":
+        return num_blocks * cache.block_size
+    lo, hi, best = 1, mml, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if blocks_for_max_model_len(cache, mid, max_num_batched_tokens) <= num_blocks:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def _check_sglang(cfg: SimConfig, cache: CacheConfig) -> None:

@@ -20,8 +20,10 @@ from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row, table_sources
 from .decode_skew import CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE, GIVEN_SKEW_SOURCE, max_decode_context
 from .mla_tables import mla_decode_grid
+from .roofline_hybrid import HybridLayers
 from .roofline_moe import RooflineMoe, expert_gemm_rates
 from .roofline_params import RooflineParams
+from .roofline_vision import VisionCost
 from .roofline_work import layer_work
 from .table_versions import MeasuredTable, sources_engine_version, table_engine_version
 
@@ -39,7 +41,7 @@ class RooflineCostModel:
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "moe_source", "_dp",
                  "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense",
-                 "_skew_alpha", "skew_alpha_source")
+                 "_skew_alpha", "skew_alpha_source", "_hybrid", "_vision")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1, host: Any = None,
                  disable_custom_all_reduce: bool = False, **params: Any) -> None:
@@ -80,10 +82,16 @@ class RooflineCostModel:
         qkv_out = w["qkv_proj"] // h
         layers = m.num_layers
         dense_frac, moe_frac = m.dense_mlp_layers / layers, m.num_moe_layers / layers
+        # recurrent mixers, chunked attention, MLP-only layers (roofline_hybrid.py); None: all attention
+        self._hybrid = HybridLayers(m, tp, self._ac, self._am, self._ko) \
+            if {"mamba", "chunked_local", "mlp"} & set(m.layer_kinds) else None
+        attn_frac = 1.0 if self._hybrid is None else self._hybrid.attn_frac
         # GEMMs as (FLOPs per token, weight bytes, activation bytes per token, s/FLOP, fraction
         # of layers that run it): the step costs num_layers x the layer-average.
-        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * wb, (h + qkv_out) * b, c_lin, 1.0),
-                 (2.0 * w["o_proj"], w["o_proj"] * wb, (m.q_size // tp + h) * b, c_lin, 1.0)]
+        gemms = [(2.0 * w["qkv_proj"], w["qkv_proj"] * wb, (h + qkv_out) * b, c_lin, attn_frac),
+                 (2.0 * w["o_proj"], w["o_proj"] * wb, (m.q_size // tp + h) * b, c_lin, attn_frac)]
+        if self._hybrid is not None:
+            gemms += self._hybrid.gemms(h, c_lin, wb)
         if dense_frac:
             inter = m.dense_mlp_width // tp
             gemms.append((2.0 * w["gate_up_proj"], w["gate_up_proj"] * wb, (h + 2 * inter) * b,
@@ -104,6 +112,8 @@ class RooflineCostModel:
             self.moe_source, self.moe_comm_source = self._moe.source, self._moe.comm_source
         self._gemms = tuple(gemms)
         self._precompute_attention(b)
+        self._vision = None if m.vision is None else VisionCost(  # a step's images (roofline_vision.py)
+            m.vision, tp, (c_lin, self._m, self._ac, self._am, self._ko, self._ao), b)
         mlp_ew = dense_frac * m.dense_mlp_width + moe_frac * (
             m.experts_per_token * m.intermediate_size + m.shared_expert_intermediate_size)
         # Elementwise traffic per token: 2 RMSNorms (read+write h), rotary on q,k, SiLU*mul
@@ -119,10 +129,8 @@ class RooflineCostModel:
             3 * 4 * m.vocab_size,  # sampler: ~3 passes over fp32 logits per row
             2 * h * b,  # embedding gather / final norm bytes per token (read + write)
         )
-        # All-gather of the vocab-parallel logits, seconds by sampled rows: the measured NCCL
-        # all_gather table of this GPU and group size where one ships, else the ring link model
-        # (collectives.py; the model also when interconnect_efficiency / collective_latency_s ask
-        # for it).
+        # All-gather of the vocab-parallel logits, seconds by sampled rows: the measured NCCL table of this
+        # GPU and group size where one ships, else the ring link model (collectives.py)
         self._gather = self.collectives.logits_gather_curve(
             logits_gather_bytes_per_row(m.vocab_size, b)) if tp > 1 else None
         # batch size -> (gemm, elementwise, comm, head) of an all-decode step: every field above
@@ -133,7 +141,7 @@ class RooflineCostModel:
     def _dense_pricer(self) -> DenseRooflinePricer | None:
         """step_time_s as one compiled call (kernels.DenseRooflinePricer: the reference path's
         floats), or None where the reference path runs: sliding-window layers, an MLA decode table."""
-        if self._win_frac or self._mla_decode is not None:
+        if self._win_frac or self._mla_decode is not None or self._hybrid is not None:
             return None
         f = float
         return DenseRooflinePricer(
@@ -174,9 +182,8 @@ class RooflineCostModel:
         return self._skew_alpha
 
     def _precompute_collectives(self, b: int) -> None:
-        """TP all-reduce per call on the host: its measured tables on vLLM's custom-vs-NCCL path,
-        or its bus-bandwidth model (simulator/cost_model/collectives.py). Setting
-        interconnect_efficiency or collective_latency_s asks for the model explicitly."""
+        """TP all-reduce per call on the host: its measured tables on vLLM's custom-vs-NCCL path, or its
+        bus-bandwidth model (collectives.py; interconnect_efficiency / collective_latency_s ask for it)."""
         lat, eff = self.params.collective_latency_s, self.params.interconnect_efficiency
         self.collectives = Collectives(self.gpu, self.tp, host=self.host,
                                        disable_custom_all_reduce=self.disable_custom_all_reduce,
@@ -204,7 +211,8 @@ class RooflineCostModel:
                 comm = comm + a2a
         if self._gather is not None and sampled:
             gather = self._gather(sampled)
-        return dense.step_s(new, shape.num_context_tokens, sampled, experts, comm, gather)
+        t = dense.step_s(new, shape.num_context_tokens, sampled, experts, comm, gather)
+        return t + self._vision.step_s(shape.num_encoder_tokens) if shape.num_encoder_tokens and self._vision else t
 
     def reference_step_time_s(self, shape: StepShape) -> float:
         """step_time_s in plain Python, every case (the compiled pricer is tested against it).
@@ -216,8 +224,11 @@ class RooflineCostModel:
         if tokens == 0:
             return 0.0
         gemm, attn, elementwise, comm = self._layer_parts(tokens, pairs, kv_tokens, skew_kv)
+        if self._hybrid is not None:
+            attn = self._hybrid.layer_attention_s(attn, shape.num_new_tokens, shape.num_context_tokens)
         embed, norm, lm_head, sampler = self._head_parts(tokens, shape.num_sampled)
-        return self.model.num_layers * (gemm + attn + elementwise + comm) + (embed + norm + lm_head + sampler)
+        t = self.model.num_layers * (gemm + attn + elementwise + comm) + (embed + norm + lm_head + sampler)
+        return t + self._vision.step_s(shape.num_encoder_tokens) if shape.num_encoder_tokens and self._vision else t
 
     def _mla_step(self, shape: StepShape, out: dict | None) -> float:
         """An MLA model with a measured decode table: the decodes' attention is the table's
@@ -252,8 +263,8 @@ class RooflineCostModel:
         """A run of plain decode steps (DecodeRunCostModel): with full attention only, an
         all-decode step's work depends on the batch size and the context sum alone, so each step
         costs O(1); the same expressions as step_time_s, hence the same floats."""
-        if self._win_frac or self._mla_decode is not None or not num_context_tokens:
-            return None  # windowed work, or an MLA decode table: step by step
+        if self._win_frac or self._mla_decode is not None or self._hybrid is not None or not num_context_tokens:
+            return None  # windowed or hybrid work, or an MLA decode table: step by step
         n = len(num_context_tokens)
         ctx_sum = sum(num_context_tokens)
         num_layers = self.model.num_layers
@@ -278,7 +289,10 @@ class RooflineCostModel:
                                   int(skew_kv))
 
     def _work(self, shape: StepShape) -> tuple[int, float, float, float]:
-        """(tokens, query-key pairs, KV tokens read, skew KV tokens) of an average layer (roofline_work.py)."""
+        """(tokens, query-key pairs, KV tokens read, skew KV tokens) of an average layer (roofline_work.py;
+        a hybrid model's: of an attention layer, roofline_hybrid.py)."""
+        if self._hybrid is not None:
+            return self._hybrid.work(shape.num_new_tokens, shape.num_context_tokens, self._skew_alpha)
         return layer_work(shape.num_new_tokens, shape.num_context_tokens, self._skew_alpha, self._win_frac,
                           self.model.sliding_window)
 
@@ -384,8 +398,12 @@ class RooflineCostModel:
         tokens, pairs, kv_tokens, skew_kv = self._work(shape)
         if tokens == 0:
             return {}
+        gemm, attn, ew, comm = self._layer_parts(tokens, pairs, kv_tokens, skew_kv)
+        if self._hybrid is not None:
+            attn = self._hybrid.layer_attention_s(attn, shape.num_new_tokens, shape.num_context_tokens)
         out = {name: self.model.num_layers * v for name, v in zip(
-            ("gemm", "attention", "elementwise", "allreduce"),
-            self._layer_parts(tokens, pairs, kv_tokens, skew_kv))}
+            ("gemm", "attention", "elementwise", "allreduce"), (gemm, attn, ew, comm))}
         out.update(zip(_HEAD_OPS, self._head_parts(tokens, shape.num_sampled)))
+        if shape.num_encoder_tokens and self._vision:
+            out["vision_encoder"] = self._vision.step_s(shape.num_encoder_tokens)
         return out

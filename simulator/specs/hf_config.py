@@ -7,14 +7,19 @@ Understood layouts (keys as the published configs spell them):
   hidden / heads), ``intermediate_size``, ``vocab_size``, ``tie_word_embeddings``;
 * multimodal wrappers (Llama 4, Gemma 3): the language model's keys under ``text_config``;
 * sliding windows: ``layer_types`` (count of ``sliding_attention``), Gemma 3's
-  ``sliding_window_pattern`` (every P-th layer global), Gemma 2 (even layers local), Llama 4's
-  chunked attention (``attention_chunk_size`` on the RoPE layers, ``no_rope_layers``), a bare
+  ``sliding_window_pattern`` (every P-th layer global), Gemma 2 (even layers local), a bare
   ``sliding_window`` (every layer, Mistral-7B-v0.1); ``use_sliding_window: false`` (Qwen) disables it;
+* hybrid layers (specs/layer_kinds.py): Llama 4's chunked local attention (``attention_chunk_size``
+  on the RoPE layers of ``no_rope_layers``), Gated DeltaNet (Qwen3-Next: ``linear_*`` keys, every
+  4th layer full; Qwen3.5: ``layer_types``), Mamba2 (Nemotron-H: ``hybrid_override_pattern``),
+  Mamba1 (Jamba: ``attn_layer_period`` / ``attn_layer_offset``, ``mamba_d_state``), and a vision
+  tower (``vision_config``: Qwen2.5-VL, Gemma 3, Llama 4);
 * MoE: experts (``num_local_experts`` / ``num_experts`` / ``n_routed_experts``), top-k
   (``num_experts_per_tok`` / ``experts_per_token``), expert width (``moe_intermediate_size``, else
   ``intermediate_size``), shared experts (``n_shared_experts`` x expert width,
   ``shared_expert_intermediate_size``, Llama 4's one shared expert), dense layers
-  (``first_k_dense_replace``, ``mlp_only_layers`` / ``decoder_sparse_step``,
+  (``first_k_dense_replace``, ``mlp_only_layers`` / ``decoder_sparse_step``, Jamba's
+  ``expert_layer_period`` / ``expert_layer_offset``,
   ``interleave_moe_layer_step`` / ``moe_layers`` with ``intermediate_size_mlp``);
 * MLA: ``kv_lora_rank``, ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``;
 * precision: ``torch_dtype`` and ``quantization_config`` (fp8 / fp8 block, compressed-tensors,
@@ -29,6 +34,7 @@ from pathlib import Path
 
 from servesim.traces.errors import InputError
 
+from .layer_kinds import kinds_from_hf, linear_from_hf, vision_from_hf
 from .model_spec import MlaSpec, ModelSpec
 
 CATALOGUE_DIR = Path(__file__).with_name("hf_configs")
@@ -40,26 +46,27 @@ def _flatten(cfg: dict) -> dict:
     return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
 
 
-def _sliding(cfg: dict, layers: int) -> tuple[int | None, int]:
-    """(window tokens, number of windowed layers)."""
+def _sliding(cfg: dict, layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """(window tokens, each layer's kind) of a windowed model; (None, ()) without a window."""
     if cfg.get("use_sliding_window") is False:
-        return None, 0
-    chunk = cfg.get("attention_chunk_size")
-    if chunk:  # Llama 4: chunked local attention on RoPE layers, every 4th layer global (NoPE)
-        rope = cfg.get("no_rope_layers") or []
-        return int(chunk), (sum(1 for x in rope if x) if rope else layers - layers // 4)
+        return None, ()
+    if cfg.get("attention_chunk_size"):  # Llama 4: chunked local attention, not a window (kinds_from_hf)
+        return None, ()
     window = cfg.get("sliding_window")
     if not window:
-        return None, 0
+        return None, ()
     types = cfg.get("layer_types")
     if types:
-        return int(window), sum(1 for t in types if t == "sliding_attention")
-    pattern = cfg.get("sliding_window_pattern")
-    if pattern:
-        return int(window), sum(1 for i in range(layers) if (i + 1) % int(pattern))
-    if str(cfg.get("model_type", "")).startswith("gemma2"):
-        return int(window), (layers + 1) // 2
-    return int(window), layers
+        windowed = [t == "sliding_attention" for t in types]
+    elif cfg.get("sliding_window_pattern"):  # Gemma 3: every P-th layer global
+        windowed = [bool((i + 1) % int(cfg["sliding_window_pattern"])) for i in range(layers)]
+    elif str(cfg.get("model_type", "")).startswith("gemma2"):  # Gemma 2: even layers local
+        windowed = [i % 2 == 0 for i in range(layers)]
+    else:  # a bare window: every layer
+        windowed = [True] * layers
+    if not any(windowed):  # a window no layer uses
+        return None, ()
+    return int(window), tuple("sliding_window" if w else "full" for w in windowed)
 
 
 def _moe(cfg: dict, layers: int) -> dict:
@@ -72,7 +79,10 @@ def _moe(cfg: dict, layers: int) -> dict:
     shared = int(cfg.get("shared_expert_intermediate_size") or 0)
     shared += int(cfg.get("n_shared_experts") or 0) * width
     dense_width = int(cfg.get("intermediate_size") or 0)
-    if "first_k_dense_replace" in cfg:  # DeepSeek
+    if "expert_layer_period" in cfg:  # Jamba: MoE every expert_layer_period from expert_layer_offset
+        period, offset = int(cfg["expert_layer_period"]), int(cfg.get("expert_layer_offset") or 0)
+        dense = sum(1 for i in range(layers) if i % period != offset)
+    elif "first_k_dense_replace" in cfg:  # DeepSeek
         dense = int(cfg["first_k_dense_replace"])
     elif "interleave_moe_layer_step" in cfg or "moe_layers" in cfg:  # Llama 4
         moe_layers = cfg.get("moe_layers")
@@ -134,7 +144,14 @@ def spec_from_hf_dict(raw: dict, name: str, hf_id: str, aliases: tuple[str, ...]
                       v_head_dim=int(cfg["v_head_dim"]),
                       q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None)
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    window, sliding_layers = _sliding(cfg, layers)
+    window, windowed = _sliding(cfg, layers)
+    kinds = kinds_from_hf(cfg, layers) or windowed
+    if windowed and kinds is not windowed:  # a window beside linear / chunked layers
+        raise InputError("sliding-window layers beside linear-attention or chunked layers are not modelled",
+                         field="sliding_window", allowed="a model with one of the two")
+    sliding_layers = kinds.count("sliding_window")
+    chunk = int(cfg["attention_chunk_size"]) if "chunked_local" in kinds else None
+    linear = linear_from_hf(cfg) if "mamba" in kinds else None
     weight_fmt, expert_fmt = _quantization(raw) if raw.get("quantization_config") else \
         _quantization(cfg)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or "bfloat16")
@@ -147,7 +164,11 @@ def spec_from_hf_dict(raw: dict, name: str, hf_id: str, aliases: tuple[str, ...]
         dtype_bytes=2,  # vLLM dtype "auto" serves float32 checkpoints (Gemma 2) in bf16 too
         tied_embeddings=bool(raw.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
         sliding_window=window, num_sliding_layers=sliding_layers, mla=mla,
-        weight_dtype=weight_fmt, expert_weight_dtype=expert_fmt, **_moe(cfg, layers))
+        weight_dtype=weight_fmt, expert_weight_dtype=expert_fmt, layer_kinds=kinds,
+        attention_chunk_size=chunk, linear_attention=linear, vision=vision_from_hf(raw),
+        gated_mlp=str(cfg.get("mlp_hidden_act") or "silu") != "relu2",  # Nemotron-H: up, relu^2, down
+        attention_output_gate=bool(cfg.get("attn_output_gate", "linear_num_value_heads" in cfg)),
+        **_moe(cfg, layers))
 
 
 def _read(path: Path) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from servesim.traces.errors import InputError
 
+from .layer_kinds import LAYER_KINDS, LinearAttentionSpec, VisionSpec
 from .precision import bytes_per_element, canonical_dtype, kv_cache_dtype
 
 
@@ -60,6 +61,14 @@ class ModelSpec:
     expert_weight_dtype: str = ""  # MoE experts; "" = same as weight_dtype
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: auto = the activation dtype, or fp8
     aliases: tuple[str, ...] = ()
+    # Hybrid models (specs/layer_kinds.py): each layer's KV cache group kind; () = every layer full
+    # attention but the num_sliding_layers windowed ones (which layers does not matter then).
+    layer_kinds: tuple[str, ...] = ()
+    attention_chunk_size: int | None = None  # tokens, for chunked_local layers (Llama 4)
+    linear_attention: LinearAttentionSpec | None = None  # the mixer of the mamba layers
+    attention_output_gate: bool = False  # Qwen3-Next / Qwen3.5 gated attention: q_proj doubled
+    vision: VisionSpec | None = None  # the vision tower of a multimodal model
+    gated_mlp: bool = True  # gate, up, down (SwiGLU); False: up, down (Nemotron-H's squared ReLU)
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -87,10 +96,50 @@ class ModelSpec:
                 (self.num_dense_layers and not (self.is_moe and self.dense_intermediate_size > 0)):
             raise InputError(f"model '{self.name}': num_dense_layers needs an MoE model and a "
                              "dense_intermediate_size", field="num_dense_layers")
+        self._check_layer_kinds()
         canonical_dtype(self.weight_dtype, field="weight_dtype")
         if self.expert_weight_dtype:
             canonical_dtype(self.expert_weight_dtype, field="expert_weight_dtype")
         kv_cache_dtype(self.kv_cache_dtype, "bf16")
+
+    def _check_layer_kinds(self) -> None:
+        kinds = self.layer_kinds
+        if not kinds:
+            if self.linear_attention is not None or self.attention_chunk_size is not None:
+                raise InputError(f"model '{self.name}': linear attention or chunked layers need layer_kinds",
+                                 field="layer_kinds")
+            return
+        unknown = sorted(set(kinds) - set(LAYER_KINDS))
+        if unknown or len(kinds) != self.num_layers:
+            raise InputError(f"model '{self.name}': layer_kinds must name each of the {self.num_layers} layers "
+                             f"(got {len(kinds)}{', unknown ' + str(unknown) if unknown else ''})",
+                             field="layer_kinds", allowed=", ".join(LAYER_KINDS))
+        if kinds.count("sliding_window") != self.num_sliding_layers:
+            raise InputError(f"model '{self.name}': {kinds.count('sliding_window')} sliding_window layers "
+                             f"but num_sliding_layers={self.num_sliding_layers}", field="num_sliding_layers")
+        for kind, present, what in (("mamba", self.linear_attention is not None, "linear_attention"),
+                                    ("chunked_local", self.attention_chunk_size is not None, "attention_chunk_size")):
+            if (kind in kinds) != present:
+                raise InputError(f"model '{self.name}': {kind} layers and {what} go together",
+                                 field=what)
+        if self.attention_chunk_size is not None and self.attention_chunk_size <= 0:
+            raise InputError(f"model '{self.name}': attention_chunk_size must be positive",
+                             field="attention_chunk_size")
+        if not self.num_attention_layers:
+            raise InputError(f"model '{self.name}': no attention layer (attention-free models are not modelled)",
+                             field="layer_kinds")
+
+    def count_layers(self, kind: str) -> int:
+        """Layers of one kind (full: every layer of a model without layer_kinds but the windowed ones)."""
+        if self.layer_kinds:
+            return self.layer_kinds.count(kind)
+        return {"full": self.num_layers - self.num_sliding_layers,
+                "sliding_window": self.num_sliding_layers}.get(kind, 0)
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that hold a per-token KV cache (full, sliding-window and chunked attention)."""
+        return sum(self.count_layers(k) for k in ("full", "sliding_window", "chunked_local"))
 
     @property
     def kv_bytes_per_elem(self) -> float:
@@ -108,7 +157,10 @@ class ModelSpec:
 
     @property
     def dense_mlp_layers(self) -> int:
-        """Layers whose MLP is a plain gated MLP (all of them in a dense model)."""
+        """Layers whose MLP is a plain gated MLP (all of them in a dense model; Nemotron-H: its
+        MLP-only layers, the mixer layers having none)."""
+        if "mlp" in self.layer_kinds:
+            return self.layer_kinds.count("mlp")
         return self.num_dense_layers if self.is_moe else self.num_layers
 
     @property

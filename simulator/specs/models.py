@@ -34,11 +34,12 @@ def _check_tp(model: ModelSpec, tp: int) -> None:
 def kv_bytes_per_token(model: ModelSpec, tp: int = 1, kv_dtype_bytes: float | None = None) -> int:
     """KV-cache bytes one token occupies on ONE GPU, over all layers (K and V, or the MLA latent).
 
-    Sliding-window layers are counted in full: vLLM's block pool gives every layer a page per
-    block, and the pool size (num_gpu_blocks) is what this feeds."""
+    Sliding-window and chunked layers are counted in full (one page per block each, as a pool
+    without the hybrid manager holds them); Mamba and MLP-only layers hold no per-token KV.
+    Hybrid layouts are sized by simulator/kv_groups.py instead."""
     _check_tp(model, tp)
     elem = model.kv_bytes_per_elem if kv_dtype_bytes is None else kv_dtype_bytes
-    return int(model.num_layers * model.kv_elems_per_token_layer(tp) * elem)
+    return int(model.num_attention_layers * model.kv_elems_per_token_layer(tp) * elem)
 
 
 def attention_weight_elems(model: ModelSpec, tp: int) -> dict[str, int]:
@@ -47,7 +48,8 @@ def attention_weight_elems(model: ModelSpec, tp: int) -> dict[str, int]:
     mla = model.mla
     if mla is None:
         kv_out = model.kv_heads_per_gpu(tp) * model.head_dim
-        return {"qkv_proj": h * (model.q_size // tp + 2 * kv_out), "o_proj": model.q_size // tp * h}
+        q_out = model.q_size // tp * (2 if model.attention_output_gate else 1)  # + the output gate
+        return {"qkv_proj": h * (q_out + 2 * kv_out), "o_proj": model.q_size // tp * h}
     qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     # q_a / kv_a projections are replicated on every rank; q_b, kv_b and o are head-sharded.
     q = h * heads * qk if mla.q_lora_rank is None else \
@@ -66,7 +68,7 @@ def layer_weight_elems(model: ModelSpec, tp: int) -> dict[str, int]:
     dense_one = h * model.dense_mlp_width // tp if model.dense_mlp_layers else 0
     return {
         **attention_weight_elems(model, tp),
-        "gate_up_proj": 2 * dense_one,
+        "gate_up_proj": (2 if model.gated_mlp else 1) * dense_one,
         "down_proj": dense_one,
         "experts": 3 * h * model.intermediate_size // tp * model.num_experts if model.is_moe else 0,
         "shared_experts": 3 * h * model.shared_expert_intermediate_size // tp,
@@ -83,6 +85,8 @@ def weight_bytes(model: ModelSpec, tp: int = 1, moe_shards: int | None = None) -
     per_layer, dense, moe, embed, lm_head = weight_parts(model, tp, moe_shards)
     total = model.num_layers * per_layer + model.dense_mlp_layers * dense + model.num_moe_layers * moe \
         + (embed + (0 if model.tied_embeddings else lm_head) + model.hidden_size) * model.dtype_bytes  # + final norm
+    if model.vision is not None:  # the vision tower, in the activation dtype, sharded over TP (vLLM's default)
+        total += model.vision.weight_elems() // tp * model.dtype_bytes
     return int(total)
 
 
@@ -97,7 +101,15 @@ def weight_parts(model: ModelSpec, tp: int, moe_shards: int | None = None) -> tu
                              allowed="a multiple of tp")
         w = {**w, "experts": 3 * model.hidden_size * model.intermediate_size * model.num_experts // moe_shards}
     lin = bytes_per_element(model.weight_dtype)
-    per_layer = (w["qkv_proj"] + w["o_proj"]) * lin + w["norm"] * model.dtype_bytes
+    # the layer average: attention projections in the attention layers, the recurrent mixer's
+    # in the mamba layers (a plain model: every layer)
+    attn = (w["qkv_proj"] + w["o_proj"]) * lin
+    if model.num_attention_layers != model.num_layers:
+        attn = attn * model.num_attention_layers / model.num_layers
+    if model.linear_attention is not None:
+        proj_in, proj_out, small = model.linear_attention.weight_elems(model.hidden_size, tp)
+        attn += ((proj_in + proj_out) * lin + small * model.dtype_bytes) * model.count_layers("mamba") / model.num_layers
+    per_layer = attn + w["norm"] * model.dtype_bytes
     dense = (w["gate_up_proj"] + w["down_proj"]) * lin
     moe = w["experts"] * bytes_per_element(model.experts_dtype) + w["shared_experts"] * lin + \
         w["router"] * model.dtype_bytes
