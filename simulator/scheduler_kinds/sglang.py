@@ -12,6 +12,7 @@ import dataclasses
 
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.scheduler.sglang.hybrid_config import resolve_pools
 from servesim.simulator.scheduler_kinds import register_engine
 
 
@@ -23,10 +24,21 @@ def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConf
     enable_chunked_prefill -> enable_chunked_prefill, block_size -> page_size (so page ids mean
     what block ids mean to the executors), (num_gpu_blocks - 1) * block_size -> max_total_tokens
     (the same usable KV as vLLM), enable_prefix_caching -> enable_radix_cache,
-    async_scheduling -> overlap_schedule, SimConfig.seed -> seed.
+    async_scheduling -> overlap_schedule, SimConfig.seed -> seed, num_spec_tokens ->
+    speculative_num_steps (EAGLE / MTP chain drafts; the acceptance model is the run's
+    spec_decode.acceptance, which the executor draws from). Then the pools are sized as SGLang's
+    model runner sizes them (hybrid_config.resolve_pools: Mamba states, running-request cap,
+    speculative KV headroom).
     """
     base = sglang if sglang is not None else SGLangConfig()
-    return base.resolved(
+    steps = scheduler_config.num_spec_tokens
+    if base.speculative_num_steps and base.speculative_num_steps != steps:
+        raise ValueError(f"sglang.speculative_num_steps ({base.speculative_num_steps}) differs from "
+                         f"scheduler.num_spec_tokens ({steps}): set scheduler.num_spec_tokens (and "
+                         "spec_decode.acceptance), which both engines and the executor read")
+    if steps and not base.speculative_num_steps:
+        base = dataclasses.replace(base, speculative_num_steps=steps)
+    return resolve_pools(base.resolved(
         max_running_requests=scheduler_config.max_num_seqs,
         chunked_prefill_size=scheduler_config.max_num_batched_tokens,
         enable_chunked_prefill=scheduler_config.enable_chunked_prefill,
@@ -35,7 +47,7 @@ def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConf
         enable_radix_cache=cache_config.enable_prefix_caching,
         overlap_schedule=scheduler_config.async_scheduling,
         seed=seed,
-    )
+    ))
 
 
 def resolve_hicache(sglang: SGLangConfig, hardware) -> SGLangConfig:
