@@ -97,7 +97,9 @@ class MambaRadixCache(RadixCache):
 
     def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
         key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
-        node, matched, _, _ = self._walk(key, extra, None)
+        node, matched, partial, n = self._walk(key, extra, None)
+        if partial is not None:
+            matched -= n  # a part of a node: a split would leave it without a state
         return self._best(node, matched)[1]
 
     # --- insert ----------------------------------------------------------------------------------

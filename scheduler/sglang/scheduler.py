@@ -208,8 +208,8 @@ class SGLangScheduler(BatchingMixin):
         _, info = self._steps.pop(id(scheduler_output), (None, StepInfo()))
         sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
         spec = scheduler_output.scheduled_spec_decode_tokens
-        spec_stats = SpecDecodingStats(self.config.speculative_num_steps,
-                                       [0] * self.config.speculative_num_steps) if spec else None
+        k = self.config.speculative_num_steps
+        spec_stats = SpecDecodingStats(k, num_accepted_tokens_per_pos=[0] * k) if spec else None
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
             if rid in info.sampling and request is not None:
