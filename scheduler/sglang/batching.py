@@ -161,7 +161,6 @@ class BatchingMixin:
         Victim: fewest output tokens, then longest prompt (SGLang sorts by (len(output_ids),
         -len(origin_input_ids)) descending and pops the tail). Returns the victims and the new
         new_token_ratio, estimated from how far the survivors actually decode."""
-        mem = self.kv_cache_manager
         order = sorted(self.running, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
         retracted: list[Request] = []
         first = True
