@@ -320,3 +320,19 @@ def test_bad_hybrid_config_is_refused_with_reasons():
         MambaCacheConfig(mamba_full_memory_ratio=0)
     with pytest.raises(TypeError, match="num_mamba_layer"):
         SGLangConfig(mamba={"num_mamba_layer": 1})
+
+
+def test_overrides_reach_the_nested_mamba_config_with_the_same_checks():
+    from servesim.simulator.config import SimConfig
+    from servesim.simulator.config_values import apply_overrides
+    from servesim.traces.errors import InputError
+
+    cfg = apply_overrides(SimConfig(engine="sglang"), {"sglang.mamba.num_mamba_layers": "36",
+                                                       "sglang.mamba.max_mamba_cache_size": "96"})
+    assert (cfg.sglang.mamba.num_mamba_layers, cfg.sglang.mamba.max_mamba_cache_size) == (36, 96)
+    with pytest.raises(InputError, match="did you mean num_mamba_layers"):
+        apply_overrides(SimConfig(engine="sglang"), {"sglang.mamba.num_mamba_layer": "36"})
+    with pytest.raises(InputError, match="sglang.mamba.mamba_full_memory_ratio"):
+        apply_overrides(SimConfig(engine="sglang"), {"sglang.mamba.mamba_full_memory_ratio": "-1"})
+    with pytest.raises(InputError, match="sglang.speculative_eagle_topk"):
+        apply_overrides(SimConfig(engine="sglang"), {"sglang.speculative_eagle_topk": "4"})
