@@ -143,3 +143,57 @@ def test_engine_runs_a_hybrid_model_and_declines_the_fast_path():
     assert hybrid["num_finished"] == 24 and hybrid["prefix_cache_hit_tokens"] > 0
     assert not hybrid["fast_path"]["used"]
     assert "SGLang hybrid (Mamba)" in hybrid["fast_path"]["declined_reason"]
+
+
+# --- randomized: hybrid cache x MTP x overlap under memory pressure ------------------------------------
+@pytest.mark.parametrize("seed", range(12))
+def test_random_multi_turn_runs_keep_every_invariant(seed):
+    """Tight KV and few states (KV and state evictions, retractions), follow-up turns that resume
+    from cached states, random acceptance, overlap on odd seeds: the scheduler's invariants (KV
+    pages and state slots conserved, locks, no locked state freed) hold after every call."""
+    import random
+
+    rng = random.Random(seed)
+    k = 2 if seed % 3 else 0
+    slots = 9 if seed < 6 else 15  # few states: state evictions; more requests: retractions
+    mamba = MambaCacheConfig(num_mamba_layers=2, max_mamba_cache_size=slots)
+    sched = SGLangScheduler(SGLangConfig(**{**BASE, "max_total_tokens": 200, "max_running_requests": slots // 3,
+                                            "chunked_prefill_size": 32, "overlap_schedule": bool(seed % 2)},
+                                         new_token_ratio_decay_steps=1, speculative_num_steps=k, mamba=mamba), 4096)
+    made = 0
+    live: list[Request] = []
+
+    def add(prompt: list[int]) -> None:
+        nonlocal made
+        r = Request(f"r{made}", prompt, SamplingParams(max_tokens=rng.randint(1, 80), ignore_eos=True))
+        made += 1
+        live.append(r)
+        sched.add_request(r)
+
+    for _ in range(4):
+        add([rng.randint(1, 3) for _ in range(rng.randint(5, 40))])
+    in_flight: list = []
+    for _ in range(3000):
+        if sched.has_unfinished_requests():
+            in_flight.append(sched.schedule())
+            sched.check_invariants()
+            if len(in_flight) < sched.capabilities.max_steps_in_flight:
+                continue
+        elif not in_flight:
+            break
+        so = in_flight.pop(0)
+        info = sched._steps[id(so)][1]
+        ids = list(so.num_scheduled_tokens)
+        toks = [[5] * (1 + (rng.randint(0, k) if r in so.scheduled_spec_decode_tokens else 0))
+                if r in info.sampling else [] for r in ids]
+        sched.update_from_output(so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, toks))
+        sched.check_invariants()
+        for r in [r for r in live if r.is_finished()]:
+            live.remove(r)
+            if made < 40 and rng.random() < 0.8:  # the next turn extends this conversation
+                add(list(r.all_token_ids) + [rng.randint(1, 3) for _ in range(rng.randint(1, 20))])
+    else:
+        raise AssertionError("did not finish")
+    assert made >= 4 and not sched.requests
+    mem = sched.kv_cache_manager
+    assert mem.mamba_pool.available_size() + len(mem.mamba_tree.mamba_nodes) == slots
