@@ -336,3 +336,20 @@ def test_overrides_reach_the_nested_mamba_config_with_the_same_checks():
         apply_overrides(SimConfig(engine="sglang"), {"sglang.mamba.mamba_full_memory_ratio": "-1"})
     with pytest.raises(InputError, match="sglang.speculative_eagle_topk"):
         apply_overrides(SimConfig(engine="sglang"), {"sglang.speculative_eagle_topk": "4"})
+
+
+def test_the_engine_fills_kv_bytes_from_the_model_and_splits_the_memory():
+    from servesim.scheduler import CacheConfig, SchedulerConfig
+    from servesim.simulator.config import SimConfig
+    from servesim.simulator.scheduler_kinds import make_engine_scheduler
+
+    mamba = MambaCacheConfig(num_mamba_layers=36, mamba_cache_per_req_bytes=131072 * 1000)
+    cfg = SimConfig(engine="sglang", scheduler=SchedulerConfig(max_num_seqs=64),
+                    cache=CacheConfig(block_size=16, num_gpu_blocks=1001), derive_num_gpu_blocks=False,
+                    sglang=SGLangConfig(page_size=1, mamba=mamba))
+    sched = make_engine_scheduler("sglang", cfg.scheduler, cfg.cache, cfg)
+    # llama-3.1-8b: 131072 B of KV per token, so a state is 1000 tokens' worth; 16000 tokens of
+    # memory: 16000 * 0.9 / 1.9 = 7578.9 -> 7 states, 9000 KV tokens, 7 // 3 = 2 running requests
+    c = sched.config
+    assert (c.mamba.kv_bytes_per_token, c.mamba.max_mamba_cache_size, c.max_total_tokens,
+            c.max_running_requests) == (131072, 7, 9000, 2)

@@ -66,11 +66,27 @@ def resolve_hicache(sglang: SGLangConfig, hardware) -> SGLangConfig:
     return dataclasses.replace(sglang, hicache=dataclasses.replace(hc, **fill)) if fill else sglang
 
 
+def resolve_mamba(sglang: SGLangConfig, hardware) -> SGLangConfig:
+    """The hybrid model's figures from the hardware, where unset: KV bytes per token on one GPU
+    (the spec's kv_bytes_per_token: its attention layers), needed once a state size per request
+    is given to split the memory (hybrid_config.resolve_pools). The model seam: once model specs
+    carry linear-attention layers and their state bytes, num_mamba_layers and
+    mamba_cache_per_req_bytes are filled in here too."""
+    m = sglang.mamba
+    if not m.enabled or m.mamba_cache_per_req_bytes is None or m.kv_bytes_per_token is not None or hardware is None:
+        return sglang
+    from servesim.simulator.specs import kv_bytes_per_token, resolve_model
+
+    kv = kv_bytes_per_token(resolve_model(hardware.model), hardware.tp)
+    return dataclasses.replace(sglang, mamba=dataclasses.replace(m, kv_bytes_per_token=kv))
+
+
 @register_engine("sglang")
 def _sglang(scheduler_config, cache_config, sim_config=None):
     sglang = getattr(sim_config, "sglang", None)
     seed = getattr(sim_config, "seed", 0)
     if sglang is not None:
-        sglang = resolve_hicache(sglang, getattr(sim_config, "hardware", None))
+        hardware = getattr(sim_config, "hardware", None)
+        sglang = resolve_mamba(resolve_hicache(sglang, hardware), hardware)
     cfg = map_sglang_config(scheduler_config, cache_config, sglang, seed)
     return SGLangScheduler(cfg, scheduler_config.max_model_len)
