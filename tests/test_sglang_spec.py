@@ -62,7 +62,7 @@ def test_a_verify_step_schedules_one_plus_k_tokens_and_rolls_back_rejected_draft
 
 
 def test_overlap_schedules_the_next_verify_before_the_acceptance_is_known():
-    sched = make_sched(overlap_schedule=True)
+    sched = make_sched(overlap_schedule=True, enable_spec_v2=True)
     sched.add_request(req("a", 10))
     update(sched, sched.schedule(), {"a": [5]})
     s1 = sched.schedule()
@@ -109,6 +109,13 @@ def test_speculative_config_is_checked_and_inherited():
     m = map_sglang_config(SchedulerConfig(max_num_seqs=4, num_spec_tokens=3), cc)
     # num_spec_tokens -> speculative_num_steps; the pool gains draft + verify headroom
     assert (m.speculative_num_steps, m.max_total_tokens) == (3, 1600 + 4 * (3 + 4) + 100)  # 108 pages
+    # Without spec v2 SGLang turns the overlap schedule off for EAGLE / MTP; with it, it stays on.
+    async_sc = SchedulerConfig(max_num_seqs=4, num_spec_tokens=3, async_scheduling=True)
+    assert not map_sglang_config(async_sc, cc).overlap_schedule
+    assert not map_sglang_config(async_sc, cc, SGLangConfig(overlap_schedule=True)).overlap_schedule
+    assert map_sglang_config(async_sc, cc, SGLangConfig(enable_spec_v2=True)).overlap_schedule
+    with pytest.raises(ValueError, match="needs enable_spec_v2"):
+        SGLangConfig(speculative_num_steps=2, overlap_schedule=True)
     with pytest.raises(ValueError, match="differs from scheduler.num_spec_tokens"):
         map_sglang_config(SchedulerConfig(num_spec_tokens=2), cc, SGLangConfig(speculative_num_steps=3))
 
@@ -159,7 +166,8 @@ def test_random_multi_turn_runs_keep_every_invariant(seed):
     mamba = MambaCacheConfig(num_mamba_layers=2, max_mamba_cache_size=slots)
     sched = SGLangScheduler(SGLangConfig(**{**BASE, "max_total_tokens": 200, "max_running_requests": slots // 3,
                                             "chunked_prefill_size": 32, "overlap_schedule": bool(seed % 2)},
-                                         new_token_ratio_decay_steps=1, speculative_num_steps=k, mamba=mamba), 4096)
+                                         new_token_ratio_decay_steps=1, speculative_num_steps=k, enable_spec_v2=True,
+                                         mamba=mamba), 4096)
     made = 0
     live: list[Request] = []
 

@@ -74,6 +74,9 @@ class SGLangConfig:
     speculative_num_steps: int = 0  # --speculative-num-steps (0: off)
     speculative_eagle_topk: int = 1  # --speculative-eagle-topk: only 1 is modelled
     speculative_num_draft_tokens: int | None = None  # --speculative-num-draft-tokens; None: steps + 1
+    # SGLANG_ENABLE_SPEC_V2: the overlap-capable speculative worker. Without it SGLang turns the
+    # overlap schedule off for EAGLE / MTP (server_args._handle_speculative_decoding).
+    enable_spec_v2: bool = False
     # Hybrid (Mamba / linear-attention) models: the state pool and MambaRadixCache.
     mamba: MambaCacheConfig = field(default_factory=MambaCacheConfig)
 

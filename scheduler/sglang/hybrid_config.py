@@ -84,6 +84,9 @@ def check_hybrid(cfg: SGLangConfig) -> None:
     if cfg.speculative_num_steps:
         _require(not cfg.enable_mixed_chunk, "enable_mixed_chunk is not supported with speculative decoding "
                                              "(SGLang turns mixed chunk off for EAGLE / MTP)")
+        _require(not cfg.overlap_schedule or cfg.enable_spec_v2,
+                 "the overlap schedule with speculative decoding needs enable_spec_v2 (SGLANG_ENABLE_SPEC_V2; "
+                 "without it SGLang turns the overlap schedule off)")
     if cfg.mamba.enabled:
         _require(not cfg.hicache.enable_hierarchical_cache,
                  "sglang.hicache with a hybrid (Mamba) model is not modelled: the host tier of "

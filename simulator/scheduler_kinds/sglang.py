@@ -36,7 +36,11 @@ def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConf
         raise ValueError(f"sglang.speculative_num_steps ({base.speculative_num_steps}) differs from "
                          f"scheduler.num_spec_tokens ({steps}): set scheduler.num_spec_tokens (and "
                          "spec_decode.acceptance), which both engines and the executor read")
+    # SGLang turns the overlap schedule off for EAGLE / MTP unless spec v2 is on.
+    overlap = scheduler_config.async_scheduling and (not steps or base.enable_spec_v2)
     if steps and not base.speculative_num_steps:
+        if not overlap and base.overlap_schedule:
+            base = dataclasses.replace(base, overlap_schedule=False)
         base = dataclasses.replace(base, speculative_num_steps=steps)
     return resolve_pools(base.resolved(
         max_running_requests=scheduler_config.max_num_seqs,
@@ -45,7 +49,7 @@ def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConf
         page_size=cache_config.block_size,
         max_total_tokens=(cache_config.num_gpu_blocks - 1) * cache_config.block_size,
         enable_radix_cache=cache_config.enable_prefix_caching,
-        overlap_schedule=scheduler_config.async_scheduling,
+        overlap_schedule=overlap,
         seed=seed,
     ))
 
