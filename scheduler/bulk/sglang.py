@@ -53,8 +53,15 @@ class SGLangDecodeRuns:
         """Why no run of decode steps can ever apply to this scheduler (None: they may). HiCache:
         host copies end on their own clock (releasing locks and waiting requests between decode
         steps) and the tree evicts to host, which the bulk memory model does not follow."""
-        if self.scheduler.hicache is not None:
+        sched = self.scheduler
+        if sched.hicache is not None:
             return "SGLang HiCache: host<->device copies change the cache between decode steps"
+        if sched.kv_cache_manager.mamba_pool is not None:
+            # Not proven: a decode step's KV eviction also frees Mamba states and tombstones,
+            # which the bulk memory model (sglang_memory.py) does not replay.
+            return "SGLang hybrid (Mamba) cache: evictions free states and tombstones the bulk path does not follow"
+        if sched.config.speculative_num_steps:
+            return "SGLang speculative decoding: acceptance draws change each step's token counts"
         return None
 
     def arrivals_commute_with_decode_updates(self) -> bool:

@@ -120,7 +120,7 @@ class BatchingMixin:
         if self._mixed_chunk and (self.running or self.ghosts):
             self.ghosts.clear()  # filter_batch before mixing (batch_is_full is kept as it was)
             # SGLang mixes without a memory check and fails on OOM; we keep decode for later.
-            if self.running and mem.check_decode_mem(self.running):
+            if self.running and self._check_decode_mem(self.running):
                 for r in self.running:
                     mem.grow(r.request_id, r.num_computed_tokens + 1)
                 batch.kind, batch.decode, self.running = "mixed", self.running, []
@@ -135,7 +135,7 @@ class BatchingMixin:
         if not self.running:
             self.batch_is_full = False
             return None
-        if not mem.check_decode_mem(self.running):
+        if not self._check_decode_mem(self.running):
             retracted, self.new_token_ratio = self._retract_decode()
             preempted.extend(retracted)
         else:
@@ -145,8 +145,15 @@ class BatchingMixin:
         if not self.running:
             return None
         for r in self.running:
-            mem.grow(r.request_id, r.num_computed_tokens + 1)
+            mem.grow(r.request_id, r.num_computed_tokens + self.num_decode_tokens)
         return Batch("decode", decode=list(self.running))
+
+    def _check_decode_mem(self: SGLangScheduler, requests: list[Request]) -> bool:
+        """check_decode_mem with SGLang's decode_mem_cache_buf_multiplier: 1, or with speculative
+        decoding the draft and verify tokens (num_draft_tokens + topk * num_steps)."""
+        k = self.config.speculative_num_steps
+        return self.kv_cache_manager.check_decode_mem(requests, self.num_decode_tokens,
+                                                      self.num_decode_tokens + k if k else 1)
 
     def _retract_decode(self: SGLangScheduler) -> tuple[list[Request], float]:
         """Retract until the rest fits one more decode step (at least one request goes).
@@ -154,18 +161,17 @@ class BatchingMixin:
         Victim: fewest output tokens, then longest prompt (SGLang sorts by (len(output_ids),
         -len(origin_input_ids)) descending and pops the tail). Returns the victims and the new
         new_token_ratio, estimated from how far the survivors actually decode."""
-        mem = self.kv_cache_manager
         order = sorted(self.running, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
         retracted: list[Request] = []
         first = True
-        while first or not mem.check_decode_mem(order):
+        while first or not self._check_decode_mem(order):
             if len(order) == 1:
                 break
             first = False
             victim = order.pop()
             retracted.append(victim)
             self._retract(victim, None)
-        if len(order) == 1 and not mem.check_decode_mem(order):
+        if len(order) == 1 and not self._check_decode_mem(order):
             self._abort(order.pop())  # even alone it cannot decode: SGLang aborts it
         keep = {id(r) for r in order}
         self.running = [r for r in self.running if id(r) in keep]

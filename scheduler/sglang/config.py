@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from servesim.scheduler.registry import Registry, unknown_name_message
 from servesim.scheduler.sglang.hicache_config import HiCacheConfig
+from servesim.scheduler.sglang.hybrid_config import MambaCacheConfig, check_hybrid
 
 # Queue orderings (SchedulePolicy.calc_priority) by name: `ordering(waiting, QueueContext)`. The
 # built-ins register themselves in policy.py (named here as a string: policy.py imports this
@@ -67,6 +68,17 @@ class SGLangConfig:
     lpm_fallback_queue_len: int = 128  # LPM sorts only queues up to this length (else FCFS)
     # SGLang's hierarchical cache (--enable-hierarchical-cache and the --hicache-* flags).
     hicache: HiCacheConfig = field(default_factory=HiCacheConfig)
+    # Speculative decoding as SGLang's EAGLE / MTP worker runs it with chain drafts (topk 1): each
+    # decode step verifies 1 + speculative_num_steps tokens per request. The engine sets the steps
+    # from scheduler.num_spec_tokens (acceptance: spec_decode.acceptance, the run's one model).
+    speculative_num_steps: int = 0  # --speculative-num-steps (0: off)
+    speculative_eagle_topk: int = 1  # --speculative-eagle-topk: only 1 is modelled
+    speculative_num_draft_tokens: int | None = None  # --speculative-num-draft-tokens; None: steps + 1
+    # SGLANG_ENABLE_SPEC_V2: the overlap-capable speculative worker. Without it SGLang turns the
+    # overlap schedule off for EAGLE / MTP (server_args._handle_speculative_decoding).
+    enable_spec_v2: bool = False
+    # Hybrid (Mamba / linear-attention) models: the state pool and MambaRadixCache.
+    mamba: MambaCacheConfig = field(default_factory=MambaCacheConfig)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in ORDERINGS:
@@ -98,6 +110,7 @@ class SGLangConfig:
                      f"max_total_tokens ({self.max_total_tokens}) must hold one page ({self.page_size})")
         if isinstance(self.hicache, dict):  # a mapping from YAML / --set
             self.hicache = HiCacheConfig(**self.hicache)
+        check_hybrid(self)
         if self.hicache.enable_hierarchical_cache:
             # SGLang's ServerArgs check, its own words.
             _require(self.enable_radix_cache is not False,

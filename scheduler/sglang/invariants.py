@@ -72,12 +72,50 @@ def _check_host_pages(mem, nodes: list) -> None:
               f"host pool has {mem.hicache.host_pool.num_pages}")
 
 
+def check_mamba(tree, pool, held: list, lockers: list | None = None) -> None:
+    """Hybrid cache: every state slot is free, held by one request (`held`) or in one tree node;
+    the tree's state sizes and state locks add up (given its lockers); no leaf is a tombstone
+    unless a lock keeps it; a locked state implies a locked path (full_lock_ref >= mamba_lock_ref)."""
+    in_tree = [] if tree is None else [n.mamba_slot for n in tree.nodes() if n.mamba_slot is not None]
+    everything = in_tree + list(held) + list(pool.free_slots)
+    if len(everything) != len(set(everything)) or len(everything) != pool.num_slots:
+        dup = [s for s, c in Counter(everything).items() if c > 1][:5]
+        _fail(f"Mamba slots: {len(everything)} accounted for (tree / requests / free), pool has "
+              f"{pool.num_slots}; owned twice: {dup}")
+    if tree is None:
+        return
+    users = Counter(id(n) for n in lockers or [])
+    evictable = protected = 0
+    for node in tree.nodes():
+        if node.mamba_slot is None:
+            if node.mamba_lock_ref or (not node.children and node.lock_ref == 0):
+                _fail(f"{node!r}: a tombstone that is locked or an unlocked leaf")
+            continue
+        if node.mamba_lock_ref > node.lock_ref:
+            _fail(f"{node!r}: mamba_lock_ref {node.mamba_lock_ref} > lock_ref {node.lock_ref}")
+        if lockers is not None and node.mamba_lock_ref != users[id(node)]:
+            _fail(f"{node!r}: mamba_lock_ref {node.mamba_lock_ref} != {users[id(node)]} requests ending there")
+        if node.mamba_lock_ref:
+            protected += 1
+        else:
+            evictable += 1
+    if (evictable, protected) != (tree.mamba_evictable_size(), tree.mamba_protected_size()) \
+            or len(tree.mamba_nodes) != evictable + protected:
+        _fail(f"Mamba sizes: evictable {tree.mamba_evictable_size()} (counted {evictable}), protected "
+              f"{tree.mamba_protected_size()} (counted {protected}), {len(tree.mamba_nodes)} nodes listed")
+
+
 def check_invariants(sched: SGLangScheduler) -> None:
     mem = sched.kv_cache_manager
     lockers = [kv.last_node for kv in mem.reqs.values() if kv.last_node is not None]
     nodes = check_tree(mem.tree, lockers + _host_lockers(mem))
     if mem.hicache is not None:
         _check_host_pages(mem, nodes)
+    if mem.mamba_pool is not None:
+        held = [kv.mamba_slot for kv in mem.reqs.values()]
+        if None in held:
+            _fail("a request holding KV holds no Mamba state")
+        check_mamba(mem.mamba_tree, mem.mamba_pool, held, lockers)
     tree_pages = [p for node in nodes for p in node.value]
     private = [p for kv in mem.reqs.values() for p in kv.private]
     free = list(mem.pool.free_pages)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.sglang.hicache import HiCacheController
 from servesim.scheduler.sglang.hiradix_cache import HiRadixCache
+from servesim.scheduler.sglang.mamba_radix_cache import MambaPool, MambaRadixCache
 from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ class ReqKV:
     last_node: TreeNode | None = None  # locked end of the cached prefix (None: cache disabled)
     cached_len: int = 0  # tokens covered by tree pages (page-aligned)
     num_reported: int = 0  # pages already sent to the executor in a SchedulerOutput
+    mamba_slot: int | None = None  # hybrid models: its own Mamba state slot (req.mamba_pool_idx)
 
 
 def extra_key(request: Request) -> Hashable:
@@ -44,11 +46,19 @@ def extra_key(request: Request) -> Hashable:
 
 class SGLangMemory:
     def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool,
-                 hicache: HiCacheController | None = None, write_policy: str = "write_through") -> None:
+                 hicache: HiCacheController | None = None, write_policy: str = "write_through",
+                 mamba_slots: int = 0) -> None:
         self.page_size = page_size
         self.pool = TokenToKVPool(num_pages, page_size)
         self.hicache = hicache
-        self.tree = RadixCache(page_size, self.pool) if hicache is None else \
+        # Hybrid (linear-attention) models: the Mamba state pool beside the KV pool, and with the
+        # radix cache on, MambaRadixCache (its tree holds states too: mamba_radix_cache.py).
+        self.mamba_pool = MambaPool(mamba_slots) if mamba_slots else None
+        self.mamba_tree: MambaRadixCache | None = None
+        if self.mamba_pool is not None and enable_radix_cache:
+            self.mamba_tree = MambaRadixCache(page_size, self.pool, self.mamba_pool)
+        self.tree = self.mamba_tree if self.mamba_tree is not None else \
+            RadixCache(page_size, self.pool) if hicache is None else \
             HiRadixCache(page_size, self.pool, hicache, write_policy)
         self.cache_enabled = enable_radix_cache
         self.reqs: dict[str, ReqKV] = {}
@@ -135,9 +145,31 @@ class SGLangMemory:
         """Start a block table on the cached prefix; the prefix path is locked from here on."""
         kv = ReqKV(list(prefix_pages), set(), node, prefix_len)
         if node is not None:
-            self.tree.inc_lock_ref(node)
+            self.tree.inc_lock_ref(node)  # first: the state it copies from must not be evicted now
+        if self.mamba_pool is not None:
+            kv.mamba_slot = self._alloc_state(rid)
         self.reqs[rid] = kv
         return kv
+
+    # --- Mamba states --------------------------------------------------------------------------------
+    def mamba_schedulable(self) -> int:
+        """States a new request could get: free slots plus unlocked ones in the tree."""
+        if self.mamba_pool is None:
+            return 0
+        evictable = self.mamba_tree.mamba_evictable_size() if self.mamba_tree is not None else 0
+        return self.mamba_pool.available_size() + evictable
+
+    def _alloc_state(self, rid: str) -> int:
+        """One state slot, evicting a tree state when none is free (SGLang's alloc_req_slots /
+        _alloc_mamba_slot). Admission checks mamba_schedulable, and the pool holds 3 states per
+        running request (resolve_mamba), so this cannot run out; if it does, SGLang asserts."""
+        slot = self.mamba_pool.alloc()
+        if slot is None and self.mamba_tree is not None:
+            self.mamba_tree.evict_mamba(1)
+            slot = self.mamba_pool.alloc()
+        if slot is None:
+            raise MemoryError(f"Mamba state pool out of slots for {rid!r}")
+        return slot
 
     # --- allocation --------------------------------------------------------------------------------
     def pages_needed(self, rid: str, end: int) -> int:
@@ -165,36 +197,55 @@ class SGLangMemory:
         kv.private.update(pages)
         return pages
 
-    def decode_tokens_needed(self, requests: Iterable[Request]) -> int:
+    def decode_tokens_needed(self, requests: Iterable[Request], num_new: int = 1, buf_multiplier: int = 1) -> int:
         """Tokens the next decode step allocates: one page per request whose next token starts a
-        page (SGLang: new_page_count_next_decode * page_size)."""
+        page (SGLang: new_page_count_next_decode * page_size), times SGLang's buf_multiplier
+        (speculative decoding: draft plus verify tokens). A verify step's num_new tokens may
+        cross a page boundary elsewhere too: never less than the pages they take."""
         ps = self.page_size
-        return sum(ps for r in requests if r.num_computed_tokens >= len(self.reqs[r.request_id].pages) * ps)
+        reqs = self.reqs
+        boundary = sum(ps for r in requests if r.num_computed_tokens >= len(reqs[r.request_id].pages) * ps)
+        if num_new == 1:
+            return boundary * buf_multiplier
+        exact = sum(self.pages_needed(r.request_id, r.num_computed_tokens + num_new) for r in requests) * ps
+        return max(boundary * buf_multiplier, exact)
 
-    def check_decode_mem(self, requests: Iterable[Request]) -> bool:
-        return self.ensure_available(self.decode_tokens_needed(requests))
+    def check_decode_mem(self, requests: Iterable[Request], num_new: int = 1, buf_multiplier: int = 1) -> bool:
+        requests = list(requests)
+        return self.ensure_available(self.decode_tokens_needed(requests, num_new, buf_multiplier))
 
     # --- caching -----------------------------------------------------------------------------------
-    def _insert(self, request: Request, kv: ReqKV, kv_len: int) -> int:
+    def _insert(self, request: Request, kv: ReqKV, kv_len: int, mamba_slot: int | None = None) -> tuple[int, bool]:
         """Insert the request's first kv_len tokens (whole pages); pages the tree adopts stop
-        being private. Returns the aligned length inserted."""
+        being private. With a Mamba tree, `mamba_slot` is the state after them. Returns (the
+        aligned length inserted, whether the tree took mamba_slot)."""
         aligned = kv_len // self.page_size * self.page_size
         if aligned <= kv.cached_len:
-            return kv.cached_len
+            return kv.cached_len, False  # its end node (the locked last node) holds a state
         tokens = request.all_token_ids[:aligned]
         n_pages = aligned // self.page_size
-        already = self.tree.insert(tokens, kv.pages[:n_pages], extra_key(request))
+        took = False
+        if self.mamba_tree is not None:
+            already, exists = self.mamba_tree.insert_with_state(tokens, kv.pages[:n_pages], extra_key(request),
+                                                                mamba_slot)
+            took = not exists
+        else:
+            already = self.tree.insert(tokens, kv.pages[:n_pages], extra_key(request))
         # Pages after the already-cached part now live in the tree; earlier private pages in
         # [cached_len, already) are duplicates another request cached first: still ours.
         kv.private.difference_update(kv.pages[already // self.page_size:n_pages])
-        return aligned
+        return aligned, took
 
     def cache_unfinished(self, request: Request, kv_len: int) -> None:
         """cache_unfinished_req: cache the KV computed so far and move the lock to its end."""
         kv = self.reqs[request.request_id]
         if not self.cache_enabled:
             return
-        aligned = self._insert(request, kv, kv_len)
+        # Hybrid: the tree gets a copy of the request's state (a new slot: SGLang forks it).
+        fork = self._alloc_state(request.request_id) if self.mamba_tree is not None else None
+        aligned, took = self._insert(request, kv, kv_len, fork)
+        if fork is not None and not took:
+            self.mamba_pool.free(fork)
         if aligned <= kv.cached_len:
             return
         node, matched = self.tree.match_prefix(request.all_token_ids[:aligned], extra_key(request))
@@ -207,10 +258,13 @@ class SGLangMemory:
         """Let go of the request's KV: optionally cache it first (cache_finished_req), unlock the
         prefix and free private pages (a retraction does not insert: it needs the space now)."""
         kv = self.reqs.pop(request.request_id)
+        took = False
         if self.cache_enabled:
-            if insert:
-                self._insert(request, kv, kv_len)
+            if insert:  # hybrid: the request's own state goes to the tree (SGLang donates it)
+                took = self._insert(request, kv, kv_len, kv.mamba_slot)[1]
             self.tree.dec_lock_ref(kv.last_node)
+        if kv.mamba_slot is not None and not took:
+            self.mamba_pool.free(kv.mamba_slot)
         self.pool.free([p for p in kv.pages if p in kv.private])
 
     def new_pages_to_report(self, rid: str) -> list[int]:

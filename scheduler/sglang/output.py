@@ -29,6 +29,9 @@ class StepInfo:
 
     sampling: set[str] = field(default_factory=set)  # requests that sample a token in this step
     prefill_end: dict[str, int] = field(default_factory=dict)  # req_id -> KV length at prefill end
+    # Speculative verify: req_id -> its num_preemptions when scheduled (a retraction since voids
+    # the step's draft accounting).
+    spec_epoch: dict[str, int] = field(default_factory=dict)
 
 
 def _add_cached(data: CachedRequestData, sched: SGLangScheduler, req: Request, pages: list[int] | None,
@@ -49,6 +52,7 @@ def build_output(sched: SGLangScheduler, batch: Batch | None, preempted: list[Re
     new_reqs: list[NewRequestData] = []
     cached = CachedRequestData()
     num_scheduled: dict[str, int] = {}
+    spec: dict[str, list[int]] = {}
     if batch is not None:
         for a in batch.prefill:
             req = a.request
@@ -63,20 +67,25 @@ def build_output(sched: SGLangScheduler, batch: Batch | None, preempted: list[Re
             num_scheduled[req.request_id] = a.extend_len
         for req in batch.decode:
             _add_cached(cached, sched, req, mem.new_pages_to_report(req.request_id), resumed=False)
-            num_scheduled[req.request_id] = 1
+            num_scheduled[req.request_id] = sched.num_decode_tokens
+            if sched.num_decode_tokens > 1:  # a verify step: 1 + k tokens, k of them drafts
+                spec[req.request_id] = sched._draft_placeholders
     so = SchedulerOutput(
         scheduled_new_reqs=new_reqs,
         scheduled_cached_reqs=cached,
         num_scheduled_tokens=num_scheduled,
         total_num_scheduled_tokens=sum(num_scheduled.values()),
-        scheduled_spec_decode_tokens={},
+        scheduled_spec_decode_tokens=spec,
         num_common_prefix_blocks=[0],  # cascade-attention hint: not computed for SGLang batches
         finished_req_ids=sched.finished_req_ids,
         preempted_req_ids={r.request_id for r in preempted},
     )
     sched.finished_req_ids = set()
     sched.prev_step_scheduled_req_ids = set(num_scheduled)
-    return so, _advance(sched, batch, num_scheduled)
+    info = _advance(sched, batch, num_scheduled)
+    for rid in spec:
+        info.spec_epoch[rid] = sched.requests[rid].num_preemptions
+    return so, info
 
 
 def _advance(sched: SGLangScheduler, batch: Batch | None, num_scheduled: dict[str, int]) -> StepInfo:

@@ -142,7 +142,7 @@ class PrefillAdder:
         if rnd.node is not None:
             tree.inc_lock_ref(rnd.node)  # its own prefix cannot be evicted to make room for it
         try:
-            if total >= self.rem_total_tokens:
+            if total >= self.rem_total_tokens or not self._state_available():
                 return AddReqResult.NO_TOKEN
             if rnd.host_hit_len > 0 and self.memory.start_load_back(req.request_id, rnd.host_node):
                 # SGLang's add_one_req calls init_load_back here and runs the request in this batch,
@@ -163,6 +163,11 @@ class PrefillAdder:
             if rnd.node is not None:
                 tree.dec_lock_ref(rnd.node)
         return self.budget_state()
+
+    def _state_available(self) -> bool:
+        """Hybrid models: a Mamba state slot is free or evictable for a new request (SGLang's
+        rem_mamba_slots gate; its HybridReqToTokenPool otherwise asserts on an empty pool)."""
+        return self.memory.mamba_pool is None or self.memory.mamba_schedulable() >= 1
 
     def _admit(self, req: Request, rnd: RoundInput, extend_len: int) -> None:
         self.memory.admit(req.request_id, rnd.prefix_pages, rnd.node, rnd.prefix_len)
@@ -185,7 +190,7 @@ class PrefillAdder:
     def _add_one_req_ignore_eos(self, req: Request, rnd: RoundInput) -> AddReqResult:
         """Admit only if, finishing the requests in order of remaining tokens, KV never runs out."""
         need = self.ceil_paged_tokens(rnd.extend_len)
-        if need > min(self.cur_rem_tokens, self.rem_total_tokens):
+        if need > min(self.cur_rem_tokens, self.rem_total_tokens) or not self._state_available():
             return AddReqResult.NO_TOKEN
         if self.req_states is None:
             self.req_states = []

@@ -51,7 +51,7 @@ class TokenToKVPool:
 
 class TreeNode:
     __slots__ = ("id", "key", "value", "children", "parent", "lock_ref", "last_access", "extra",
-                 "host_value", "hit_count", "loading", "evicted")
+                 "host_value", "hit_count", "loading", "evicted", "mamba_slot", "mamba_lock_ref")
 
     def __init__(self, node_id: int, key: Sequence[int] = (), value: list[int] | None = None,
                  parent: TreeNode | None = None, extra: Hashable = None) -> None:
@@ -70,6 +70,11 @@ class TreeNode:
         self.hit_count = 0
         self.loading = False
         self.evicted = False
+        # MambaRadixCache (mamba_radix_cache.py) only: the Mamba pool slot holding the recurrent
+        # state after this node's last token (None: none, a "tombstone" when the node has
+        # children), and the requests that copy their state from it (locked: not evictable).
+        self.mamba_slot: int | None = None
+        self.mamba_lock_ref = 0
 
     def __lt__(self, other: TreeNode) -> bool:  # heap tie-break: older access, then creation
         return (self.last_access, self.id) < (other.last_access, other.id)
@@ -219,6 +224,10 @@ class RadixCache:
         """Cache `tokens` (truncated to whole pages) with their `pages`; returns how many leading
         tokens were already cached. Pages of that leading part stay the caller's (SGLang frees
         them as duplicates); the pages of the rest now belong to the tree."""
+        return self._insert_at(tokens, pages, extra)[1]
+
+    def _insert_at(self, tokens: Sequence[int], pages: Sequence[int], extra: Hashable) -> tuple[TreeNode, int]:
+        """insert's work: (the node that ends at the inserted key, tokens already cached)."""
         ps = self.page_size
         key = as_key(tokens[:len(tokens) // ps * ps])
         pages = list(pages[:len(key) // ps])
@@ -236,7 +245,8 @@ class RadixCache:
             self._leaves.add(leaf)
             self.evictable_size_ += len(leaf.key)
             self._offer(leaf)
-        return matched
+            node = leaf
+        return node, matched
 
     # --- locks -----------------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:
@@ -281,13 +291,18 @@ class RadixCache:
             last, _, node = heapq.heappop(self._lru)
             if node.lock_ref > 0 or node.last_access != last or node not in self._leaves:
                 continue  # stale: locked, accessed since, or no longer a leaf of the tree
-            if self.pool is not None:
-                self.pool.free(node.value)
-            freed += len(node.key)
-            self._delete_leaf(node)
-            if node.parent is not self.root:
-                self._offer(node.parent)
+            freed += self._evict_leaf(node)
         return freed
+
+    def _evict_leaf(self, node: TreeNode) -> int:
+        """Free an unlocked leaf's pages and delete it; its parent may become a candidate.
+        Returns tokens freed (MambaRadixCache also drops the tombstones left childless)."""
+        if self.pool is not None:
+            self.pool.free(node.value)
+        self._delete_leaf(node)
+        if node.parent is not self.root:
+            self._offer(node.parent)
+        return len(node.key)
 
     def _delete_leaf(self, node: TreeNode) -> None:
         parent = node.parent

@@ -22,12 +22,13 @@ from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.interface import SchedulerCapabilities
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.output import (
-    EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats,
+    EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats, SpecDecodingStats,
 )
 from servesim.scheduler.request import Request, RequestStatus, append_until_stop
 from servesim.scheduler.sglang.batching import Batch, BatchingMixin
 from servesim.scheduler.sglang.config import SGLangConfig
 from servesim.scheduler.sglang.hicache import HiCacheController
+from servesim.scheduler.sglang.hybrid_config import check_resolved
 from servesim.scheduler.sglang.memory import SGLangMemory
 from servesim.scheduler.sglang.output import StepInfo, build_output
 
@@ -50,7 +51,11 @@ class SGLangScheduler(BatchingMixin):
         self.hicache = HiCacheController(hc, config.page_size, config.num_pages * config.page_size) \
             if hc.enable_hierarchical_cache else None
         self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache,
-                                             self.hicache, hc.hicache_write_policy)
+                                             self.hicache, hc.hicache_write_policy, check_resolved(config))
+        # Tokens a decode step computes per request: 1, or a speculative verify's 1 + k (k drafts,
+        # placeholders here: the worker proposes them and draws their acceptance).
+        self.num_decode_tokens = 1 + config.speculative_num_steps
+        self._draft_placeholders = [-1] * config.speculative_num_steps
         # Two steps in flight with SGLang's overlap schedule (event_loop_overlap). An idle
         # schedule() is not declared stable: SGLang's own loop steps again at once. With HiCache
         # it is: schedule() itself steps again while an idle round changed the state (_idle_rounds),
@@ -202,6 +207,9 @@ class SGLangScheduler(BatchingMixin):
         finished = [o.request_id for o in outputs]
         _, info = self._steps.pop(id(scheduler_output), (None, StepInfo()))
         sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        k = self.config.speculative_num_steps
+        spec_stats = SpecDecodingStats(k, num_accepted_tokens_per_pos=[0] * k) if spec else None
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
             if rid in info.sampling and request is not None:
@@ -209,6 +217,8 @@ class SGLangScheduler(BatchingMixin):
             if request is None or request.is_finished():
                 continue  # finished while this step ran (overlap's extra forward): dropped
             new_ids = list(sampled[index[rid]]) if sampled and rid in index else []
+            if rid in spec and new_ids:
+                self._accept_drafts(request, len(spec[rid]), len(new_ids) - 1, info, spec_stats)
             # A request retracted after this step was scheduled keeps the token (SGLang drops it and
             # samples it again; the sampled tokens are the same here).
             new_ids, stopped = append_until_stop(request, new_ids, self.max_model_len)
@@ -220,8 +230,17 @@ class SGLangScheduler(BatchingMixin):
             if new_ids or stopped:
                 outputs.append(RequestOutput(rid, new_ids, request.get_finished_reason(),
                                              request.num_cached_tokens or 0, request.stop_reason))
-        stats = self.make_stats() if self.log_stats else None
+        stats = self.make_stats(spec_stats) if self.log_stats else None
         return EngineCoreOutputs(outputs, stats, finished)
+
+    def _accept_drafts(self, request: Request, num_drafts: int, num_accepted: int, info: StepInfo,
+                       spec_stats: SpecDecodingStats) -> None:
+        """A verify step computed every draft; the rejected ones' KV is not part of the sequence
+        (SGLang frees their slots; our block table keeps the pages, reused by the next step). A
+        request retracted since the step was scheduled recomputes from scratch: nothing to undo."""
+        spec_stats.observe_draft(num_drafts, num_accepted)
+        if request.num_preemptions == info.spec_epoch.get(request.request_id):
+            request.num_computed_tokens -= num_drafts - num_accepted
 
     def _finish(self, request: Request) -> None:
         """process_batch_result's release: cache what was computed, free the rest; a finished
@@ -300,10 +319,10 @@ class SGLangScheduler(BatchingMixin):
         len(token_ids) - 1 tokens (as _match_prefix limits a request's match); read-only."""
         return self.kv_cache_manager.peek(token_ids[:len(token_ids) - 1], lora_id) if token_ids else 0
 
-    def make_stats(self) -> SchedulerStats:
+    def make_stats(self, spec_stats: SpecDecodingStats | None = None) -> SchedulerStats:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         running, waiting = self.get_request_counts()
-        return SchedulerStats(running, waiting, self.kv_cache_manager.usage, stats,
+        return SchedulerStats(running, waiting, self.kv_cache_manager.usage, stats, spec_stats,
                               hicache_stats=self.hicache.take_stats() if self.hicache is not None else None)
 
     def check_invariants(self) -> None:

@@ -12,6 +12,7 @@ import dataclasses
 
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig, SGLangScheduler
+from servesim.scheduler.sglang.hybrid_config import resolve_pools
 from servesim.simulator.scheduler_kinds import register_engine
 
 
@@ -23,19 +24,34 @@ def map_sglang_config(scheduler_config: SchedulerConfig, cache_config: CacheConf
     enable_chunked_prefill -> enable_chunked_prefill, block_size -> page_size (so page ids mean
     what block ids mean to the executors), (num_gpu_blocks - 1) * block_size -> max_total_tokens
     (the same usable KV as vLLM), enable_prefix_caching -> enable_radix_cache,
-    async_scheduling -> overlap_schedule, SimConfig.seed -> seed.
+    async_scheduling -> overlap_schedule, SimConfig.seed -> seed, num_spec_tokens ->
+    speculative_num_steps (EAGLE / MTP chain drafts; the acceptance model is the run's
+    spec_decode.acceptance, which the executor draws from). Then the pools are sized as SGLang's
+    model runner sizes them (hybrid_config.resolve_pools: Mamba states, running-request cap,
+    speculative KV headroom).
     """
     base = sglang if sglang is not None else SGLangConfig()
-    return base.resolved(
+    steps = scheduler_config.num_spec_tokens
+    if base.speculative_num_steps and base.speculative_num_steps != steps:
+        raise ValueError(f"sglang.speculative_num_steps ({base.speculative_num_steps}) differs from "
+                         f"scheduler.num_spec_tokens ({steps}): set scheduler.num_spec_tokens (and "
+                         "spec_decode.acceptance), which both engines and the executor read")
+    # SGLang turns the overlap schedule off for EAGLE / MTP unless spec v2 is on.
+    overlap = scheduler_config.async_scheduling and (not steps or base.enable_spec_v2)
+    if steps and not base.speculative_num_steps:
+        if not overlap and base.overlap_schedule:
+            base = dataclasses.replace(base, overlap_schedule=False)
+        base = dataclasses.replace(base, speculative_num_steps=steps)
+    return resolve_pools(base.resolved(
         max_running_requests=scheduler_config.max_num_seqs,
         chunked_prefill_size=scheduler_config.max_num_batched_tokens,
         enable_chunked_prefill=scheduler_config.enable_chunked_prefill,
         page_size=cache_config.block_size,
         max_total_tokens=(cache_config.num_gpu_blocks - 1) * cache_config.block_size,
         enable_radix_cache=cache_config.enable_prefix_caching,
-        overlap_schedule=scheduler_config.async_scheduling,
+        overlap_schedule=overlap,
         seed=seed,
-    )
+    ))
 
 
 def resolve_hicache(sglang: SGLangConfig, hardware) -> SGLangConfig:
@@ -54,11 +70,27 @@ def resolve_hicache(sglang: SGLangConfig, hardware) -> SGLangConfig:
     return dataclasses.replace(sglang, hicache=dataclasses.replace(hc, **fill)) if fill else sglang
 
 
+def resolve_mamba(sglang: SGLangConfig, hardware) -> SGLangConfig:
+    """The hybrid model's figures from the hardware, where unset: KV bytes per token on one GPU
+    (the spec's kv_bytes_per_token: its attention layers), needed once a state size per request
+    is given to split the memory (hybrid_config.resolve_pools). The model seam: once model specs
+    carry linear-attention layers and their state bytes, num_mamba_layers and
+    mamba_cache_per_req_bytes are filled in here too."""
+    m = sglang.mamba
+    if not m.enabled or m.mamba_cache_per_req_bytes is None or m.kv_bytes_per_token is not None or hardware is None:
+        return sglang
+    from servesim.simulator.specs import kv_bytes_per_token, resolve_model
+
+    kv = kv_bytes_per_token(resolve_model(hardware.model), hardware.tp)
+    return dataclasses.replace(sglang, mamba=dataclasses.replace(m, kv_bytes_per_token=kv))
+
+
 @register_engine("sglang")
 def _sglang(scheduler_config, cache_config, sim_config=None):
     sglang = getattr(sim_config, "sglang", None)
     seed = getattr(sim_config, "seed", 0)
     if sglang is not None:
-        sglang = resolve_hicache(sglang, getattr(sim_config, "hardware", None))
+        hardware = getattr(sim_config, "hardware", None)
+        sglang = resolve_mamba(resolve_hicache(sglang, hardware), hardware)
     cfg = map_sglang_config(scheduler_config, cache_config, sglang, seed)
     return SGLangScheduler(cfg, scheduler_config.max_model_len)
