@@ -216,9 +216,10 @@ class PrefixAware(Router):
             sched, provenance = c.engine.scheduler, c.engine.token_provenance(spec)
             gpu = sched.cached_prefix_tokens(tokens, spec.lora_id, provenance)
             cpu = sched.cpu_cached_prefix_tokens(tokens, spec.lora_id, provenance, gpu) if caching else 0
-            hit = gpu + self.cpu_hit_worth(c, cpu)
+            worth = self.cpu_hit_worth(c, cpu)
+            hit = gpu + worth
             load = c.engine.num_outstanding / c.cfg.scheduler.max_num_seqs
-            reasons.append("prefix" if gpu > 0 else "cpu_prefix" if cpu > 0 else "load")
+            reasons.append("prefix" if gpu > 0 else "cpu_prefix" if worth > 0 else "load")
             keys.append((-(hit / spec.prompt_len - self.load_weight * load),))
         i = _least(keys)
         return Decision(i, reasons[i], -keys[i][0])
