@@ -96,3 +96,38 @@ def test_lanes_are_fifo_queues_and_busy_time_is_their_union():
     # 100 B at 4 -> lane 0 [4.5, 6.5]: busy 0.5..2.5 and 4.5..6.5.
     done, busy = _lane_times(two, [(0.0, 100), (0.0, 50), (1.0, 50), (4.0, 100)])
     assert done == pytest.approx([2.5, 1.5, 2.5, 6.5]) and busy == pytest.approx(4.0)
+
+
+# --- pinned host memory per node ---------------------------------------------------------------------
+def _tiers(gib_a: float, gib_b: float, node_b: str | None = "n") -> ClusterConfig:
+    def group(name, gib, node):
+        return ReplicaGroup(1, sim_config_from_dict({"kv_offload.kv_offloading_size": gib}), name=name, node=node)
+    return ClusterConfig(replicas=[group("a", gib_a, "n"), group("b", gib_b, node_b)])
+
+
+def test_tiers_on_one_node_share_its_host_memory():
+    from servesim.simulator.cluster.host_memory import GIB_BYTES, cpu_tier_bytes
+
+    Cluster(_tiers(1024, 1024), WL)  # h100-hgx: 2048 GiB (MLPerf v3.1 XE9680), exactly full
+    with pytest.raises(InputError, match="node 'n' pin 2049.0 GiB.*a0 1024.0, b0 1025.0 GiB.*"
+                                         "'h100-hgx' has \\(2048 GiB\\)"):
+        Cluster(_tiers(1024, 1025), WL)
+    Cluster(_tiers(1024, 1025, node_b="m"), WL)  # on two nodes: each fits
+    with pytest.raises(InputError, match="b0's own node"):
+        Cluster(_tiers(1, 2049, node_b=None), WL)
+    # vLLM's CPUOffloadingSpec rounds down to whole offload blocks (2 MiB of Llama-3.1-8B at TP 1).
+    cfg = sim_config_from_dict({"kv_offload.kv_offloading_size": 1.001})
+    from servesim.simulator.startup import resolve_cache, resolved
+
+    cfg = resolved(cfg)
+    assert cpu_tier_bytes(cfg, resolve_cache(cfg)[0]) == 512 * 2 * 2**20 and GIB_BYTES == 2**30
+
+
+def test_sglang_host_pool_counts_every_rank():
+    from servesim.simulator.cluster.host_memory import cpu_tier_bytes
+    from servesim.simulator.startup import resolve_cache, resolved
+
+    cfg = resolved(sim_config_from_dict({"engine": "sglang", "hardware.tp": 2, "cache.num_gpu_blocks": 1001, "scheduler.max_model_len": 8192,
+                                         "sglang.hicache.enable_hierarchical_cache": True}))
+    # device pool (1001 - 1) x 16 tokens, host pool x2.0 (SGLang's default ratio), 64 KiB a token on each of 2 GPUs
+    assert cpu_tier_bytes(cfg, resolve_cache(cfg)[0]) == 32000 * 65536 * 2

@@ -28,6 +28,7 @@ import simpy
 
 from servesim.scheduler.request import Request
 from servesim.simulator.cluster.config import ClusterConfig
+from servesim.simulator.cluster.host_memory import check_node_memory
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
 from servesim.simulator.cluster.pd_links import PDLinks
@@ -87,6 +88,7 @@ class Cluster:
             raise InputError("the workload has duplicate request ids", field="request_id",
                              allowed="unique ids (a cluster merges results by id)")
         self.replicas = self._build_replicas()
+        check_node_memory(self.replicas)  # the CPU KV tiers on each node fit its host memory
         self.router = make_router(cfg.router.name, cfg.router.params, self.rng, "router")
         self.routes: dict[str, RouteRecord] = {}
         self.front = [r for r in self.replicas if r.role != "decode"]  # what the main router picks from
