@@ -10,9 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servesim.cli import app
-from servesim.commands.cluster import load_cluster_yaml
+from servesim.commands.cluster import load_cluster_workload, load_cluster_yaml
 from servesim.simulator.cluster import cluster_config_from_dict, run_cluster
-from servesim.simulator.cluster.plan import load_plan_workload
 from servesim.traces.errors import InputError
 
 DIR = Path(__file__).resolve().parents[1] / "scenarios" / "cluster"
@@ -21,7 +20,7 @@ DIR = Path(__file__).resolve().parents[1] / "scenarios" / "cluster"
 def _run(name: str, smoke: bool):
     path = DIR / f"multiturn_prefix_aware_{name}.yaml"
     data, wl_spec = load_cluster_yaml(path)
-    wl = load_plan_workload(wl_spec, None, base_dir=path.parent, smoke=smoke)
+    wl = load_cluster_workload(wl_spec, None, base_dir=path.parent, smoke=smoke)
     return run_cluster(cluster_config_from_dict(data, str(path)), wl)
 
 
@@ -46,7 +45,7 @@ def test_cluster_cli_smoke(tmp_path):
 
 def test_a_bad_generator_key_names_the_field():
     with pytest.raises(InputError, match="num_requestz"):
-        load_plan_workload({"generator": "sessions", "num_requestz": 3})
+        load_cluster_workload({"generator": "sessions", "num_requestz": 3})
 
 
 @pytest.mark.slow

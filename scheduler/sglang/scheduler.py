@@ -306,7 +306,7 @@ class SGLangScheduler(BatchingMixin):
         """Host-tier tokens below the device match of the first len(token_ids) - 1 tokens, when
         load_back would load them (at least LOAD_BACK_THRESHOLD_TOKENS); read-only. The radix
         tree finds the device part itself, so num_gpu_cached_tokens is not needed."""
-        if not token_ids:
+        if self.hicache is None or not token_ids:
             return 0
         n = self.kv_cache_manager.peek_host(token_ids[:len(token_ids) - 1], lora_id)
         return n if n >= LOAD_BACK_THRESHOLD_TOKENS else 0

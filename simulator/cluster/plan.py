@@ -232,27 +232,14 @@ def mark_frontier(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return df
 
 
-def load_plan_workload(spec: dict, trace: str | None = None, base_dir: str | Path | None = None,
-                       smoke: bool = False) -> Workload:
+def load_plan_workload(spec: dict, trace: str | None = None, base_dir: str | Path | None = None) -> Workload:
     """The plan's workload: a bundled sample name or a trace path (relative paths: to base_dir when
-    the file is there, e.g. the config's folder), then rate_scale and max_requests; or, with
-    `generator:` (and no TRACE argument), a synthetic workload as a scenario's `workload:` section
-    writes it (servesim/scenario/workload.py). `smoke`: cut to a few requests (CI, quick looks)."""
+    the file is there, e.g. the config's folder), then rate_scale and max_requests."""
     from servesim.traces.bundled import BUNDLED_TRACES, DEFAULT_TRACE, load_bundled
     from servesim.traces.formats import load_workload
     from servesim.traces.transforms import rate_scale, request_limit
 
-    if "generator" in spec and trace is None:
-        from servesim.scenario.source import Marks
-        from servesim.scenario.workload import build_workload, parse_workload
-
-        parsed = parse_workload(spec, 0, Marks())
-        return build_workload(parsed.smoke() if smoke else parsed)
     _known(spec, ("trace", "format", "rate_scale", "max_requests"), "workload.", None)
-    if smoke:
-        from servesim.scenario.workload import SMOKE_MAX_REQUESTS
-
-        spec = {**spec, "max_requests": min(spec.get("max_requests") or SMOKE_MAX_REQUESTS, SMOKE_MAX_REQUESTS)}
     name = trace or spec.get("trace") or DEFAULT_TRACE
     if name in BUNDLED_TRACES:
         wl = load_bundled(name)
