@@ -53,3 +53,21 @@ def test_pricing_cpu_hits_beats_gpu_only_scoring_on_the_full_scenario():
     priced, blind = _run("cpu_tier", smoke=False).summary, _run("cpu_tier_blind", smoke=False).summary
     assert priced["kv_offload"]["cpu_hit_tokens"] > 2 * blind["kv_offload"]["cpu_hit_tokens"]
     assert priced["ttft_s"]["mean"] < blind["ttft_s"]["mean"]
+
+
+def test_sglang_host_tiers_draw_requests_and_sum_in_the_summary():
+    path = DIR / "multiturn_prefix_aware_cpu_tier.yaml"
+    data, wl_spec = load_cluster_yaml(path)
+    wl = load_cluster_workload({**wl_spec, "num_requests": 200}, None, base_dir=path.parent)
+    base = {k: v for k, v in data["base"].items() if k != "kv_offload"}
+    base.update(engine="sglang", sglang={"hicache": {"enable_hierarchical_cache": True, "hicache_ratio": 4.0}})
+    runs = {}
+    for weight in (0.0, None):
+        cfg = cluster_config_from_dict({**data, "base": base, "router": {"name": "prefix_aware",
+                                                                        "params": {"cpu_hit_weight": weight}}})
+        runs[weight] = run_cluster(cfg, wl)
+    blind, priced = runs[0.0], runs[None]
+    s = priced.summary
+    assert s["hicache"]["host_hit_tokens"] == sum(r["hicache"]["host_hit_tokens"] for r in s["replicas"])
+    assert "cpu_prefix" in set(priced.requests.route_reason) and "cpu_prefix" not in set(blind.requests.route_reason)
+    assert s["hicache"]["host_hit_tokens"] > blind.summary["hicache"]["host_hit_tokens"]

@@ -26,6 +26,7 @@ from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine_result import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats
+from servesim.simulator.outputs import hicache_summary
 from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
 from servesim.simulator.step_table import StepTable
@@ -172,6 +173,9 @@ def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollect
     tiers = [rr.result.kv_offload.summary() for rr in reps if rr.result.kv_offload is not None]
     if tiers:
         s["kv_offload"] = _offload_totals(tiers)
+    hosts = [r["hicache"] for r in s["replicas"] if "hicache" in r]
+    if hosts:  # SGLang's host tiers, summed
+        s["hicache"] = {k: sum(h[k] for h in hosts) for k in hosts[0]}
     return s
 
 
@@ -200,7 +204,8 @@ def _replica_brief(rr: ReplicaResult) -> dict:
     res = rr.result
     return {**brief_summary(res.metrics, res.prefix_hits, res.prefix_queries),
             "num_gpu_blocks": res.cache.num_gpu_blocks,
-            **({"kv_offload": res.kv_offload.summary()} if res.kv_offload is not None else {})}
+            **({"kv_offload": res.kv_offload.summary()} if res.kv_offload is not None else {}),
+            **({"hicache": hicache_summary(res.hicache, res.prefix_hits)} if res.hicache is not None else {})}
 
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
