@@ -11,6 +11,7 @@ scheduler/kv_offload/). The scheduler consults it exactly where vLLM 0.19.1 does
   result travels to the worker in `SchedulerOutput.kv_connector_metadata`;
 - finishing (`Scheduler._free_request`): `request_finished`, which may keep the blocks alive until
   the worker reports the KV sent (`KVConnectorOutput.finished_sending`);
+- a router (scheduler/prefix_lookup.py): `peek_num_matched_tokens`, read-only;
 - the worker's report (`update_from_output`): `update_connector_output` first, then the scheduler
   promotes loaded requests (`finished_recving`) and frees sent ones itself.
 Events are pulled by their reader (`take_events`, like `KVCacheManager.take_events`).
@@ -34,6 +35,13 @@ class KVConnector(Protocol):
         loads them asynchronously). Asynchronous loads park the request in WAITING_FOR_REMOTE_KVS
         until the worker reports them in `finished_recving`. None for the tokens: the connector
         cannot tell yet; the request is skipped this step and asked again at the next."""
+        ...
+
+    def peek_num_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> int:
+        """Tokens beyond the local prefix-cache hit that this instance's own tier holds now, as
+        `get_num_new_matched_tokens` would count them, changing nothing (no recency touch, no
+        pending-load bookkeeping): a router's question, not part of vLLM's connector API. 0 for a
+        connector whose KV lives on another instance (P/D): no router can pick it by that KV."""
         ...
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

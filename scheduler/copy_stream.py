@@ -1,7 +1,8 @@
 """A copy stream between host and device memory, as a FIFO clock.
 
 Both KV host tiers use it: SGLang's HiCache (scheduler/sglang/hicache.py: a write and a load
-stream) and vLLM's CPU offload tier (simulator/kv_offload.py: a store and a load stream). Copies
+stream) and vLLM's CPU offload tier (simulator/kv_offload.py: a store and a load stream); so do the
+lanes of a P/D KV link (simulator/cluster/link.py, sharing "lanes"). Copies
 issued on one stream run one after another, as kernels on one CUDA stream do; two streams
 overlap each other and the compute. Invariant: ``free_at_s`` never decreases.
 """

@@ -9,7 +9,7 @@ traces (scheduler/oracle_trace.py) and the liveness diagnosis (simulator/livenes
 A caller never probes a scheduler for optional attributes: what differs between schedulers is
 declared once in `SchedulerCapabilities` (read it once and keep it: it never changes after
 construction) or answered by a method every scheduler has (`overlap_allowed`, `next_event_s`,
-`cached_prefix_tokens`). Anything else a caller needs becomes a member here first.
+`cached_prefix_tokens`, `cpu_cached_prefix_tokens`). Anything else a caller needs becomes a member here first.
 The bulk decode path of exact macro-steps is a separate contract, served by an owner object
 beside the scheduler (scheduler/bulk/interface.py: `DecodeRuns`), which a scheduler names in
 `SchedulerCapabilities.decode_runs`.
@@ -151,6 +151,17 @@ class SchedulerInterface(Protocol):
         LRU touch, no stats, no split. 0 when prefix caching is off. `provenance` is what the
         request itself would carry (Request's token_provenance): a cache keyed by it must be asked
         with it; a cache keyed by the ids themselves (SGLang's radix tree) ignores it."""
+        ...
+
+    def cpu_cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
+                                 provenance: TokenProvenance | None = None, num_gpu_cached_tokens: int = 0) -> int:
+        """How many prompt tokens past the first `num_gpu_cached_tokens` (what
+        `cached_prefix_tokens` answered for the same prompt) this scheduler's CPU KV tier would
+        load if the request arrived now, as the scheduler itself counts such a hit: vLLM's
+        OffloadingConnector (the CPU manager's lookup, whole offload blocks from the GPU hit to
+        the first miss; the connector's `peek_num_matched_tokens`), SGLang's HiCache (host-only
+        nodes of the radix tree below the device match, when load_back would load them). Changes
+        no state. 0 without a CPU tier (or without prefix caching)."""
         ...
 
     def make_stats(self) -> SchedulerStats:

@@ -106,6 +106,9 @@ class OracleConnector:
                 return count, True
         return 0, False
 
+    def peek_num_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> int:
+        return 0  # the KV is on another instance: no tier of this one holds it
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if request.request_id in self.remote:
             if num_external_tokens > 0:

@@ -28,9 +28,10 @@ from servesim.scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
     SchedulerStats, SpecDecodingStats,
 )
+from servesim.scheduler.prefix_lookup import cpu_cached_prefix_tokens, gpu_cached_prefix_tokens
 from servesim.scheduler.pyset import set_order
 from servesim.scheduler.policies import SchedulingPolicy, make_policy
-from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
+from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
 
 
 class Scheduler:
@@ -347,30 +348,13 @@ class Scheduler:
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
                              provenance: TokenProvenance | None = None) -> int:
-        """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
-        len(token_ids) - 1. With full attention only, hash a growing head of the prompt (8, 32, 128,
-        ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than
-        the lookups. Read-only: find_longest_cache_hit neither touches nor records anything."""
-        kvm = self.kv_cache_manager
-        if not kvm.enable_caching or len(token_ids) < 2:
-            return 0
-        max_hit = len(token_ids) - 1
-        # A head's hit is the prompt's hit up to the head's end only for plain full attention
-        # (a sliding window or eagle's dropped last block depend on where the prompt ends).
-        growing = self.cache_config.attention == "full" and not self.scheduler_config.use_eagle
-        n_tokens = 8 * self.block_size if growing else len(token_ids)
-        while True:
-            head = list(token_ids[:n_tokens])
-            # A throwaway Request with our hasher yields exactly our block hashes (LoRA keys included;
-            # keyed by provenance as the request itself will be).
-            head_provenance = None if provenance is None else provenance.head(len(head))
-            req = Request("cached_prefix_tokens", head, SamplingParams(max_tokens=1), lora_id=lora_id,
-                          block_hasher=self.block_hasher, token_provenance=head_provenance)
-            kvm.note_lookup(req)  # a private block it could hit is published first
-            _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
-            if len(head) == len(token_ids) or hit < len(head) // self.block_size * self.block_size:
-                return hit
-            n_tokens *= 4
+        """Leading prompt tokens get_computed_blocks would hit now (scheduler/prefix_lookup.py)."""
+        return gpu_cached_prefix_tokens(self, token_ids, lora_id, provenance)
+
+    def cpu_cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
+                                 provenance: TokenProvenance | None = None, num_gpu_cached_tokens: int = 0) -> int:
+        """Prompt tokens past the GPU hit the connector's CPU tier would load now (prefix_lookup.py)."""
+        return cpu_cached_prefix_tokens(self, token_ids, lora_id, provenance, num_gpu_cached_tokens)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()

@@ -82,16 +82,15 @@ def _scenario(path: Path):
 
 def _cluster(path: Path, max_requests: int | None):
     def run(out: Path, macro: bool) -> None:
-        from servesim.commands.cluster import load_cluster_yaml
+        from servesim.commands.cluster import load_cluster_workload, load_cluster_yaml
         from servesim.simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
-        from servesim.simulator.cluster.plan import load_plan_workload
 
         data, wl_spec = load_cluster_yaml(path)
         data.setdefault("base", {})["macro_steps"] = macro
         if max_requests is not None:
             wl_spec["max_requests"] = max_requests
         cfg = cluster_config_from_dict(data, str(path))
-        wl = load_plan_workload(wl_spec, None, base_dir=path.parent)
+        wl = load_cluster_workload(wl_spec, None, base_dir=path.parent)
         write_cluster_results(out / "cluster", run_cluster(cfg, wl), {"name": wl.name})
     return run
 

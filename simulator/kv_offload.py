@@ -96,7 +96,7 @@ class KvOffloadConfig:
                              block_size=self.block_size, eviction_policy=self.eviction_policy)
 
 
-def _hardware_figures(cfg: SimConfig) -> tuple[int, float]:
+def host_link_figures(cfg: SimConfig) -> tuple[int, float]:
     """(one GPU's KV bytes per token, one direction's host link bytes/s)."""
     from servesim.simulator.specs import host_for, kv_bytes_per_token, resolve_model
 
@@ -134,7 +134,7 @@ def check_kv_offload(cfg: SimConfig, cache: CacheConfig, data_parallel_size: int
 def tier_num_blocks(cfg: SimConfig, cache: CacheConfig) -> int:
     """The CPU tier's offload blocks (vLLM's CPUOffloadingSpec arithmetic: module doc)."""
     ko = cfg.kv_offload
-    per_token, _ = _hardware_figures(cfg)
+    per_token, _ = host_link_figures(cfg)
     try:
         return ko.offload_config().num_blocks(cache.block_size, per_token * cache.block_size * cfg.hardware.tp)
     except ValueError as e:
@@ -224,7 +224,7 @@ def attach_kv_offload(cfg: SimConfig, scheduler, cache: CacheConfig) -> TimedOff
         raise InputError("the scheduler already has a KV connector (P/D); one connector per engine is modelled",
                          field="kv_offload")
     ko, tp = cfg.kv_offload, cfg.hardware.tp
-    per_token, link = _hardware_figures(cfg)
+    per_token, link = host_link_figures(cfg)
     tier = OffloadConfig(num_cpu_blocks=num_blocks, block_size=ko.block_size, eviction_policy=ko.eviction_policy)
     scheduler.connector = make_offloading_connector(tier, cache.block_size, cache.enable_prefix_caching,
                                                     per_token * cache.block_size * tp)

@@ -76,24 +76,35 @@ class OffloadingConnectorScheduler:
                       factor)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        num_blocks = request.num_tokens // self.offloaded_block_size
-        assert len(request.block_hashes) // self.block_size_factor == num_blocks
         self.manager.touch(self._get_block_hashes(request))
-        full_block_tokens = self.offloaded_block_size * num_blocks
-        if full_block_tokens - num_computed_tokens < self.offloaded_block_size:
-            return 0, False  # less than one offload block could be loaded
-        start = num_computed_tokens // self.offloaded_block_size
-        hits = self.manager.lookup(self._get_block_hashes(request, start_idx=start))
-        if hits == 0:
-            return 0, False
-        num_hit_tokens = self.offloaded_block_size * (start + hits) - num_computed_tokens
-        if num_hit_tokens < self.offloaded_block_size:
+        num_hit_tokens, start, hits = self._lookup(request, num_computed_tokens)
+        if num_hit_tokens == 0:
             return 0, False
         if self._blocks_being_loaded:
             if any(h in self._blocks_being_loaded
                    for h in self._get_block_hashes(request, start_idx=start, end_idx=start + hits)):
                 return None, False  # wait until the other load lands
         return num_hit_tokens, True
+
+    def _lookup(self, request: Request, num_computed_tokens: int) -> tuple[int, int, int]:
+        """(tokens the tier would load past num_computed_tokens, the first offload block looked up,
+        offload blocks hit from there); 0 tokens when less than one offload block would load."""
+        num_blocks = request.num_tokens // self.offloaded_block_size
+        assert len(request.block_hashes) // self.block_size_factor == num_blocks
+        full_block_tokens = self.offloaded_block_size * num_blocks
+        if full_block_tokens - num_computed_tokens < self.offloaded_block_size:
+            return 0, 0, 0  # less than one offload block could be loaded
+        start = num_computed_tokens // self.offloaded_block_size
+        hits = self.manager.lookup(self._get_block_hashes(request, start_idx=start))
+        num_hit_tokens = self.offloaded_block_size * (start + hits) - num_computed_tokens
+        if hits == 0 or num_hit_tokens < self.offloaded_block_size:
+            return 0, start, hits
+        return num_hit_tokens, start, hits
+
+    def peek_num_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> int:
+        """get_num_new_matched_tokens' count without its touch; blocks another request is loading
+        count (they are on their way to the GPU: vLLM's answer would be to wait a step)."""
+        return self._lookup(request, num_local_computed_tokens)[0]
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         rid = request.request_id

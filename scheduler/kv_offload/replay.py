@@ -38,6 +38,9 @@ class _FinishOrder:
     def get_num_new_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> tuple[int | None, bool]:
         return self.connector.get_num_new_matched_tokens(request, num_local_computed_tokens)
 
+    def peek_num_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> int:
+        return self.connector.peek_num_matched_tokens(request, num_local_computed_tokens)
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         self.connector.update_state_after_alloc(request, blocks, num_external_tokens)
 

@@ -78,6 +78,11 @@ class HiRadixCache(RadixCache):
             node = node.parent
         return matched
 
+    def peek_host_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
+        """Host-only tokens a match would find below its device part (what load_back would
+        bring back), changing nothing."""
+        return RadixCache.peek_prefix(self, tokens, extra) - self.peek_prefix(tokens, extra)
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """_split_node: the host copy, hit count and flags split with the node."""
         upper = super()._split(child, n)

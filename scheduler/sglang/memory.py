@@ -141,6 +141,13 @@ class SGLangMemory:
             return 0
         return self.tree.peek_prefix(token_ids, None if lora_id is None else (lora_id, None))
 
+    def peek_host(self, token_ids: Sequence[int], lora_id: Hashable = None) -> int:
+        """Tokens past `peek`'s that a match would find on the host tier only, changing nothing
+        (0 without HiCache)."""
+        if self.hicache is None or not self.cache_enabled:
+            return 0
+        return self.tree.peek_host_prefix(token_ids, None if lora_id is None else (lora_id, None))
+
     def admit(self, rid: str, prefix_pages: list[int], node: TreeNode | None, prefix_len: int) -> ReqKV:
         """Start a block table on the cached prefix; the prefix path is locked from here on."""
         kv = ReqKV(list(prefix_pages), set(), node, prefix_len)

@@ -29,6 +29,7 @@ from servesim.scheduler.sglang.batching import Batch, BatchingMixin
 from servesim.scheduler.sglang.config import SGLangConfig
 from servesim.scheduler.sglang.hicache import HiCacheController
 from servesim.scheduler.sglang.hybrid_config import check_resolved
+from servesim.scheduler.sglang.hicache_config import LOAD_BACK_THRESHOLD_TOKENS
 from servesim.scheduler.sglang.memory import SGLangMemory
 from servesim.scheduler.sglang.output import StepInfo, build_output
 
@@ -318,6 +319,16 @@ class SGLangScheduler(BatchingMixin):
         """Leading tokens the radix tree would match now: whole pages of the first
         len(token_ids) - 1 tokens (as _match_prefix limits a request's match); read-only."""
         return self.kv_cache_manager.peek(token_ids[:len(token_ids) - 1], lora_id) if token_ids else 0
+
+    def cpu_cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
+                                 provenance: TokenProvenance | None = None, num_gpu_cached_tokens: int = 0) -> int:
+        """Host-tier tokens below the device match of the first len(token_ids) - 1 tokens, when
+        load_back would load them (at least LOAD_BACK_THRESHOLD_TOKENS); read-only. The radix
+        tree finds the device part itself, so num_gpu_cached_tokens is not needed."""
+        if self.hicache is None or not token_ids:
+            return 0
+        n = self.kv_cache_manager.peek_host(token_ids[:len(token_ids) - 1], lora_id)
+        return n if n >= LOAD_BACK_THRESHOLD_TOKENS else 0
 
     def make_stats(self, spec_stats: SpecDecodingStats | None = None) -> SchedulerStats:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()

@@ -24,8 +24,26 @@ def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
     workload = data.pop("workload", None) or {}
     if not isinstance(workload, dict):
         raise InputError("workload must be a mapping", path=str(path), field="workload",
-                         allowed="{trace, format, rate_scale, max_requests}")
+                         allowed="{trace, format, rate_scale, max_requests}, or a generator: section")
     return data, workload
+
+
+def load_cluster_workload(spec: dict, trace: str | None = None, base_dir: Path | None = None,
+                          smoke: bool = False):
+    """A cluster file's workload: a trace (simulator/cluster/plan.py load_plan_workload) or, with
+    `generator:` and no TRACE argument, a synthetic workload written as a scenario's `workload:`
+    section (servesim/scenario/workload.py). `smoke`: cut to a few requests (CI, quick looks;
+    generators are cut inside, so sessions end on a last turn)."""
+    from servesim.scenario.source import Marks
+    from servesim.scenario.workload import SMOKE_MAX_REQUESTS, build_workload, parse_workload
+    from servesim.simulator.cluster.plan import load_plan_workload
+
+    if "generator" in spec and trace is None:
+        parsed = parse_workload(spec, 0, Marks())
+        return build_workload(parsed.smoke() if smoke else parsed)
+    if smoke:
+        spec = {**spec, "max_requests": min(spec.get("max_requests") or SMOKE_MAX_REQUESTS, SMOKE_MAX_REQUESTS)}
+    return load_plan_workload(spec, trace, base_dir=base_dir)
 
 
 @app.command("cluster")
@@ -39,12 +57,12 @@ def cluster_command(
                                                                    "with --overwrite)"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
+    smoke: bool = typer.Option(False, "--smoke", help="a few requests only (CI, quick looks; numbers not meaningful)"),
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
     from servesim.cli import freeze_startup_objects, on_interrupt
     from servesim.report import make_console
     from servesim.simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
-    from servesim.simulator.cluster.plan import load_plan_workload
     from servesim.simulator.outdir import check_output, claim_output
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
@@ -53,7 +71,7 @@ def cluster_command(
     for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
         if value is not None:
             wl_spec[key] = value
-    wl = load_plan_workload(wl_spec, trace, base_dir=config.parent)
+    wl = load_cluster_workload(wl_spec, trace, base_dir=config.parent, smoke=smoke)
     err = make_console(stderr=True)
     err.print(f"cluster: {cfg.num_replicas} replica(s), {cfg.num_gpus} GPU(s), router {cfg.router.name}"
               f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
@@ -97,6 +115,11 @@ def print_cluster_summary(console, s: dict, workload_name: str) -> None:
                   f"{tp['output_tokens_per_s']:.0f} output tok/s; {100 * g['fraction_meeting_slo']:.0f} % meet "
                   f"TTFT<={g['slo_ttft_s']}s and TPOT<={g['slo_tpot_s']}s; prefix-cache hit rate "
                   f"{100 * s['prefix_cache_hit_rate']:.1f} %; preemptions {s['num_preemptions']}")
+    from servesim.simulator.kv_offload_report import summary_line
+
+    line = summary_line(s)  # the replicas' CPU KV tiers, summed
+    if line is not None:
+        console.print(line)
 
 
 def print_replicas(console, res) -> None:

@@ -28,8 +28,10 @@ import simpy
 
 from servesim.scheduler.request import Request
 from servesim.simulator.cluster.config import ClusterConfig
+from servesim.simulator.cluster.host_memory import check_node_memory
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
+from servesim.simulator.cluster.pd_links import PDLinks
 from servesim.simulator.cluster.routers import Decision, make_router
 from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
@@ -52,6 +54,7 @@ class Replica:
     cfg: SimConfig
     engine: Engine
     num_routed: int = 0  # requests the router sent here
+    node: str | None = None  # the machine it runs on (ReplicaGroup.node; None: its own)
 
 
 @dataclass(slots=True)
@@ -85,6 +88,7 @@ class Cluster:
             raise InputError("the workload has duplicate request ids", field="request_id",
                              allowed="unique ids (a cluster merges results by id)")
         self.replicas = self._build_replicas()
+        check_node_memory(self.replicas)  # the CPU KV tiers on each node fit its host memory
         self.router = make_router(cfg.router.name, cfg.router.params, self.rng, "router")
         self.routes: dict[str, RouteRecord] = {}
         self.front = [r for r in self.replicas if r.role != "decode"]  # what the main router picks from
@@ -94,11 +98,8 @@ class Cluster:
         if cfg.pd is not None:
             self.decode_router = make_router(cfg.pd.decode_router.name, cfg.pd.decode_router.params, self.rng,
                                              "pd.decode_router")
-            if cfg.pd.link.scope == "shared":
-                self.links = [KVLink(self.env, cfg.pd.link, "shared")]
-            else:
-                self.links = [KVLink(self.env, cfg.pd.link, f"to_{r.name}") for r in self.decoders]
-            self._link_of = {r.index: self.links[0 if len(self.links) == 1 else i] for i, r in enumerate(self.decoders)}
+            self.pd_links = PDLinks(self.env, cfg.pd, self.decoders)  # network and intra-node links
+            self.links = self.pd_links.links
             self._kv_bytes = self._kv_bytes_table()
         self._arrivals_done = False
         self._num_final = 0
@@ -158,7 +159,7 @@ class Cluster:
                                           **kw)
                 else:
                     engine = Engine(group.sim, **kw)
-                out.append(Replica(idx, name, group.role, group.sim, attach_planner(engine)))
+                out.append(Replica(idx, name, group.role, group.sim, attach_planner(engine), node=group.node))
         names = [r.name for r in out]
         if len(set(names)) != len(names):
             raise InputError("replica names collide", field="replicas[].name", allowed="distinct group names")
@@ -274,9 +275,10 @@ class Cluster:
         tl = self.timelines[rid]
         tl.transfer_start_s = self.env.now
         tl.external_tokens = num_external
-        p_hw, d_hw = self.replicas[self.routes[rid].replica].cfg.hardware, self.replicas[decode_idx].cfg.hardware
+        prefill, decode = self.replicas[self.routes[rid].replica], self.replicas[decode_idx]
+        p_hw, d_hw = prefill.cfg.hardware, decode.cfg.hardware
         tl.kv_bytes = num_external * self._kv_bytes[((p_hw.tp, p_hw.pp), (d_hw.tp, d_hw.pp))]
-        self._link_of[decode_idx].transfer(tl.kv_bytes, partial(self._transfer_done, rid, decode_idx))
+        self.pd_links.link_for(prefill, decode).transfer(tl.kv_bytes, partial(self._transfer_done, rid, decode_idx))
 
     def _transfer_done(self, request_id: str, decode_idx: int) -> None:
         self.timelines[request_id].transfer_end_s = self.env.now

@@ -47,8 +47,13 @@ class ReplicaGroup:
     # The group's replicas step together, idle ones running dummy batches (vLLM DP for MoE:
     # simulator/cluster/dp.py LockstepGroup); role "both" only.
     lockstep: bool = False
+    # The machine the group's replicas run on: groups naming the same node share its host (P/D
+    # transfers between them ride its GPU interconnect: pd_links.py). None: a node of their own.
+    node: str | None = None
 
     def __post_init__(self) -> None:
+        if self.node is not None and (not isinstance(self.node, str) or not self.node):
+            raise InputError(f"got {self.node!r}", field="replicas[].node", allowed="a node name, or null")
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
             raise InputError(f"got {self.count!r}", field="replicas[].count", allowed="an integer >= 1")
         if self.role not in ROLES:
@@ -81,8 +86,24 @@ class LinkConfig:
 
 
 @dataclass(slots=True)
+class IntraNodeLinkConfig:
+    """P/D transfers between replicas on one node (pd_links.py): the node's GPU interconnect."""
+
+    bandwidth_bytes_per_s: float | None = None  # per GPU, one direction; None: the host spec's interconnect
+    latency_s: float = 0.0  # per transfer; no measured figure is cited, so none is added by default
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s is not None and not self.bandwidth_bytes_per_s > 0:
+            raise InputError(f"got {self.bandwidth_bytes_per_s!r}", field="pd.intra_node.bandwidth_bytes_per_s",
+                             allowed="a number > 0 (bytes/s), or null for the host spec's interconnect")
+        if not self.latency_s >= 0:
+            raise InputError(f"got {self.latency_s!r}", field="pd.intra_node.latency_s", allowed="a number >= 0 (s)")
+
+
+@dataclass(slots=True)
 class PDConfig:
-    link: LinkConfig = field(default_factory=LinkConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)  # across nodes: the network (RDMA)
+    intra_node: IntraNodeLinkConfig = field(default_factory=IntraNodeLinkConfig)
     # Picks the decode replica when a prefill finishes (the main router picks the prefill replica).
     decode_router: RouterConfig = field(default_factory=lambda: RouterConfig("least_outstanding"))
     handoff_latency_s: float = 0.0  # prefill done -> request reaches the decode replica
@@ -108,6 +129,7 @@ class ClusterConfig:
         if not self.routing_latency_s >= 0:
             raise InputError(f"got {self.routing_latency_s!r}", field="routing_latency_s",
                              allowed="a number >= 0 (s)")
+        _check_nodes(self.replicas)
         roles = {g.role for g in self.replicas}
         if self.pd is None and roles != {"both"}:
             raise InputError(f"roles {sorted(roles)} need a pd section", field="replicas[].role",
@@ -140,6 +162,22 @@ class ClusterConfig:
             raise InputError(f"cannot read: {e.strerror}", path=str(path)) from None
         data = safe_load_bounded(text, str(path))
         return cluster_config_from_dict(data, str(path))
+
+
+def _check_nodes(groups: list[ReplicaGroup]) -> None:
+    """Groups on one node run on its one host: the same GPU and host spec."""
+    from servesim.simulator.specs import host_for
+
+    hosts: dict[str, tuple[str, int]] = {}
+    for i, g in enumerate(groups):
+        if g.node is None:
+            continue
+        host = host_for(g.sim.hardware.gpu, g.sim.hardware.host).name
+        first = hosts.setdefault(g.node, (host, i))
+        if first[0] != host:
+            raise InputError(f"node {g.node!r} holds replicas[{first[1]}] on host {first[0]!r} and replicas[{i}] "
+                             f"on host {host!r}", field=f"replicas[{i}].node",
+                             allowed="one GPU and host spec per node")
 
 
 def _check_pd_groups(groups: list[ReplicaGroup]) -> None:
@@ -189,8 +227,8 @@ def _group(raw: Any, i: int, base: dict, path: str | None) -> ReplicaGroup:
     where = f"replicas[{i}]"
     if not isinstance(raw, dict):
         raise InputError("a replica group must be a mapping", path=path, field=where,
-                         allowed="{count, role, name, lockstep, sim}")
-    _known(raw, ("count", "role", "name", "lockstep", "sim"), where + ".", path)
+                         allowed="{count, role, name, lockstep, node, sim}")
+    _known(raw, ("count", "role", "name", "lockstep", "node", "sim"), where + ".", path)
     sim_dict = deep_merge(base, _expand_dotted(raw.get("sim") or {}, where + ".sim", path))
     sim = sim_config_from_dict(sim_dict, where + ".sim", path)
     try:
@@ -198,7 +236,7 @@ def _group(raw: Any, i: int, base: dict, path: str | None) -> ReplicaGroup:
         if not isinstance(lockstep, bool):
             raise InputError(f"got {lockstep!r}", field="replicas[].lockstep", allowed="true or false")
         return ReplicaGroup(count=raw.get("count", 1), sim=sim, role=raw.get("role", "both"), name=raw.get("name"),
-                            lockstep=lockstep)
+                            lockstep=lockstep, node=raw.get("node"))
     except InputError as e:
         raise InputError(e.detail, path=path, field=(e.field or "").replace("replicas[]", where),
                          allowed=e.allowed) from None
@@ -219,11 +257,12 @@ def _router(raw: Any, where: str, path: str | None) -> RouterConfig:
 def _pd(raw: Any, path: str | None) -> PDConfig:
     if not isinstance(raw, dict):
         raise InputError("pd must be a mapping", path=path, field="pd",
-                         allowed="{link, decode_router, handoff_latency_s}")
-    _known(raw, ("link", "decode_router", "handoff_latency_s"), "pd.", path)
+                         allowed="{link, intra_node, decode_router, handoff_latency_s}")
+    _known(raw, ("link", "intra_node", "decode_router", "handoff_latency_s"), "pd.", path)
     link = build_dataclass(LinkConfig(), raw.get("link") or {}, "pd.link", path)
+    intra = build_dataclass(IntraNodeLinkConfig(), raw.get("intra_node") or {}, "pd.intra_node", path)
     router = _router(raw.get("decode_router", {"name": "least_outstanding"}), "pd.decode_router", path)
-    return PDConfig(link, router, _number(raw.get("handoff_latency_s", 0.0), "pd.handoff_latency_s", path))
+    return PDConfig(link, intra, router, _number(raw.get("handoff_latency_s", 0.0), "pd.handoff_latency_s", path))
 
 
 def sim_config_from_dict(data: dict, where: str = "sim", path: str | None = None) -> SimConfig:
@@ -310,7 +349,7 @@ def cluster_config_to_dict(cfg: ClusterConfig) -> dict:
     """Plain form (for config.yaml): every group with its full SimConfig; reloads to an equal config."""
     return {
         "replicas": [{"count": g.count, "role": g.role, "name": g.name, **({"lockstep": True} if g.lockstep else {}),
-                      "sim": to_dict(g.sim)} for g in cfg.replicas],
+                      **({"node": g.node} if g.node is not None else {}), "sim": to_dict(g.sim)} for g in cfg.replicas],
         "router": to_dict(cfg.router),
         "routing_latency_s": cfg.routing_latency_s,
         "pd": None if cfg.pd is None else to_dict(cfg.pd),

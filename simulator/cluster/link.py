@@ -5,7 +5,9 @@ Two sharing models:
   clock V that advances at bandwidth/n bytes per second; a transfer of b bytes joining at V0 finishes
   when V reaches V0 + b. Only V moves on each event, so a join or a finish costs O(log n), and there
   is no per-transfer float drift.
-- "lanes": a simpy Resource of N lanes, each bandwidth/N, first come first served.
+- "lanes": N lanes, each bandwidth/N, first come first served: each lane a FIFO copy queue
+  (scheduler/copy_stream.py TransferStream, the one "n bytes over a link with a queue" model the
+  CPU KV tiers' host-link copies use too); a transfer takes the lane free first (ties: the lowest).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 import simpy
 
+from servesim.scheduler.copy_stream import TransferStream
 from servesim.simulator.cluster.config import LinkConfig
 
 
@@ -27,7 +30,8 @@ class KVLink:
         self.bytes_sent = 0  # bytes, completed transfers
         self.num_transfers = 0  # completed transfers
         self.busy_s = 0.0  # seconds with at least one transfer on the wire
-        self._lanes = simpy.Resource(env, capacity=cfg.lanes) if cfg.sharing == "lanes" else None
+        self._lanes = [TransferStream() for _ in range(cfg.lanes)] if cfg.sharing == "lanes" else None
+        self._busy_until = 0.0  # lanes mode: the end of the last busy interval counted in busy_s
         # fair sharing state
         self._heap: list[tuple[float, int, int, Callable[[], None]]] = []  # (finish tag, seq, bytes, done)
         self._seq = itertools.count()
@@ -35,8 +39,6 @@ class KVLink:
         self._last_s = 0.0
         self._changed: simpy.Event | None = None
         self._server: simpy.Process | None = None
-        self._num_on_wire = 0  # lanes mode: transfers holding a lane
-        self._busy_since = 0.0
 
     def transfer(self, nbytes: int, done: Callable[[], None]) -> None:
         """Send nbytes; call done() (inside the simulation) when the last byte arrives."""
@@ -46,11 +48,8 @@ class KVLink:
         if self.cfg.latency_s > 0:
             yield self.env.timeout(self.cfg.latency_s)
         if self._lanes is not None:
-            with self._lanes.request() as lane:
-                yield lane
-                self._mark_busy(+1)
-                yield self.env.timeout(nbytes / (self.cfg.bandwidth_bytes_per_s / self.cfg.lanes))
-                self._mark_busy(-1)
+            end_s = self._on_lane(nbytes)
+            yield self.env.timeout(end_s - self.env.now)
             self._complete(nbytes, done)
             return
         self._advance()
@@ -67,12 +66,17 @@ class KVLink:
             self.busy_s += now - self._last_s
         self._last_s = now
 
-    def _mark_busy(self, delta: int) -> None:
-        now = self.env.now
-        if self._num_on_wire > 0:
-            self.busy_s += now - self._busy_since
-        self._busy_since = now
-        self._num_on_wire += delta
+    def _on_lane(self, nbytes: int) -> float:
+        """Queue nbytes on the lane free first; when its last byte lands. Starts never decrease
+        (a lane's free time only grows and the clock only moves on), so busy_s, the union of the
+        lanes' busy intervals, grows by the part of each new interval past the last one's end."""
+        lanes, now = self._lanes, self.env.now
+        lane = min(lanes, key=lambda q: q.free_at_s)  # min keeps the first of equals: the lowest lane
+        start_s = max(now, lane.free_at_s)
+        end_s = lane.submit(now, nbytes / (self.cfg.bandwidth_bytes_per_s / self.cfg.lanes))
+        self.busy_s += max(0.0, end_s - max(start_s, self._busy_until))
+        self._busy_until = max(self._busy_until, end_s)
+        return end_s
 
     def _serve(self):
         env, bw = self.env, self.cfg.bandwidth_bytes_per_s

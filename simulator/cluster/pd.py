@@ -47,6 +47,9 @@ class RemotePrefillConnector:
         n = request.num_prompt_tokens - num_local_computed
         return (n, True) if n > 0 else (0, False)
 
+    def peek_num_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> int:
+        return 0  # the KV is on another instance: no tier of this one holds it
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
         if request.request_id in self._expected:
             self._expected.discard(request.request_id)  # one transfer: a preemption recomputes locally
@@ -72,6 +75,9 @@ class RemoteDecodeConnector:
 
     def get_num_new_matched_tokens(self, request: Request, num_local_computed: int) -> tuple[int, bool]:
         return 0, False
+
+    def peek_num_matched_tokens(self, request: Request, num_local_computed_tokens: int) -> int:
+        return 0  # the KV is on another instance: no tier of this one holds it
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
         pass

@@ -26,6 +26,7 @@ from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine_result import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats
+from servesim.simulator.outputs import hicache_summary
 from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
 from servesim.simulator.step_table import StepTable
@@ -169,7 +170,23 @@ def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollect
     s["replicas"] = [{"name": rr.name, "role": rr.role, "gpu": rr.cfg.hardware.gpu, "tp": rr.cfg.hardware.tp, "pp": rr.cfg.hardware.pp,
                       "num_routed": rr.num_routed, "fast_path_declined": rr.result.planner_declined,
                       **_replica_brief(rr)} for rr in reps]
+    tiers = [rr.result.kv_offload.summary() for rr in reps if rr.result.kv_offload is not None]
+    if tiers:
+        s["kv_offload"] = _offload_totals(tiers)
+    hosts = [r["hicache"] for r in s["replicas"] if "hicache" in r]
+    if hosts:  # SGLang's host tiers, summed
+        s["hicache"] = {k: sum(h[k] for h in hosts) for k in hosts[0]}
     return s
+
+
+def _offload_totals(tiers: list[dict]) -> dict:
+    """The replicas' CPU KV tiers summed (each replica's own block is in `replicas[i].kv_offload`)."""
+    out = {k: sum(t[k] for t in tiers) for k in (
+        "cpu_hit_tokens", "cpu_query_tokens", "preempted_cpu_hit_tokens", "preempted_cpu_query_tokens", "num_loads",
+        "num_stores", "bytes_loaded_per_gpu", "bytes_stored_per_gpu", "load_wait_s_total")}
+    out["cpu_hit_rate"] = out["cpu_hit_tokens"] / out["cpu_query_tokens"] if out["cpu_query_tokens"] else 0.0
+    out["load_wait_s_mean"] = out["load_wait_s_total"] / out["num_loads"] if out["num_loads"] else 0.0
+    return out
 
 
 def _pd_summary(cluster: Cluster, requests: pd.DataFrame) -> dict:
@@ -186,7 +203,9 @@ def _pd_summary(cluster: Cluster, requests: pd.DataFrame) -> dict:
 def _replica_brief(rr: ReplicaResult) -> dict:
     res = rr.result
     return {**brief_summary(res.metrics, res.prefix_hits, res.prefix_queries),
-            "num_gpu_blocks": res.cache.num_gpu_blocks}
+            "num_gpu_blocks": res.cache.num_gpu_blocks,
+            **({"kv_offload": res.kv_offload.summary()} if res.kv_offload is not None else {}),
+            **({"hicache": hicache_summary(res.hicache, res.prefix_hits)} if res.hicache is not None else {})}
 
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from servesim.scheduler.registry import Registry, UnknownNameError
+from servesim.simulator.cluster.tier_prices import TierPrices, tier_prices
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec
 
@@ -168,31 +169,57 @@ def session_target(session_id: str, n: int) -> int:
 
 @register_router("prefix_aware")
 class PrefixAware(Router):
-    """Cache hit versus load.
+    """Cache hits in both KV tiers versus load.
 
-        score_i = hit_i - load_weight * outstanding_i / max_num_seqs_i
+        score_i = (gpu_i + worth_i(cpu_i)) / prompt_len - load_weight * outstanding_i / max_num_seqs_i
 
-    hit_i is the fraction of the prompt replica i would serve from its prefix cache right now
-    (`cached_prefix_tokens` of the scheduler contract: vLLM's block hashes or SGLang's radix tree,
-    as each counts a hit), so it lies in [0, 1) whatever the block size; the load term is
-    outstanding requests relative to the replica's batch capacity. The highest score wins. With
-    load_weight=1 a replica holding the whole prompt is preferred until it carries about one full
-    batch more than an empty replica.
+    gpu_i is how many leading prompt tokens replica i would serve from its GPU prefix cache right
+    now (`cached_prefix_tokens` of the scheduler contract: vLLM's block hashes or SGLang's radix
+    tree, as each counts a hit); cpu_i how many more its CPU KV tier would load
+    (`cpu_cached_prefix_tokens`: vLLM's OffloadingConnector, SGLang's HiCache), worth
+    worth_i(n) = n - load_s_i(n) / prefill_s_per_token_i prefill tokens (tier_prices.py: the
+    host-to-device copy the request waits for, against the prefill it saves), or
+    n x cpu_hit_weight when that is given (a fixed per-tier weight, as llm-d's scorer's). The hit
+    term is the fraction of the prompt's prefill time the replica saves, in [0, 1) without a CPU
+    tier whatever the block size; the load term is outstanding requests relative to the
+    replica's batch capacity. The highest score wins. With load_weight=1 a replica holding the
+    whole prompt on its GPU is preferred until it carries about one full batch more than an
+    empty replica.
     """
 
-    def __init__(self, rng: np.random.Generator, load_weight: float = 1.0) -> None:
+    def __init__(self, rng: np.random.Generator, load_weight: float = 1.0, cpu_hit_weight: float | None = None) -> None:
         if not load_weight >= 0:
             raise InputError(f"got {load_weight!r}", field="router.params.load_weight", allowed="a number >= 0")
+        if cpu_hit_weight is not None and (isinstance(cpu_hit_weight, bool) or not 0 <= cpu_hit_weight <= 1):
+            raise InputError(f"got {cpu_hit_weight!r}", field="router.params.cpu_hit_weight",
+                             allowed="a number in [0, 1], or null (priced from the replica's link and cost model)")
         self.load_weight = float(load_weight)
+        self.cpu_hit_weight = None if cpu_hit_weight is None else float(cpu_hit_weight)
+        self._prices: dict[int, TierPrices] = {}  # by replica index, built on its first CPU hit
+
+    def cpu_hit_worth(self, replica: Replica, num_tokens: int) -> float:
+        """Prefill tokens' worth of a CPU hit of num_tokens on `replica` (class doc)."""
+        if num_tokens <= 0:
+            return 0.0
+        if self.cpu_hit_weight is not None:
+            return num_tokens * self.cpu_hit_weight
+        prices = self._prices.get(replica.index)
+        if prices is None:
+            prices = self._prices[replica.index] = tier_prices(replica.engine.cfg)
+        return prices.cpu_hit_worth_tokens(num_tokens)
 
     def choose(self, spec, candidates, now_s):
         caching = any(c.engine.scheduler.capabilities.prefix_cache is not None for c in candidates)
         tokens = spec.token_ids() if caching else ()  # no prompt to build when nothing caches
-        keys, hits = [], []
+        keys, reasons = [], []
         for c in candidates:
-            hit = c.engine.scheduler.cached_prefix_tokens(tokens, spec.lora_id, c.engine.token_provenance(spec))
+            sched, provenance = c.engine.scheduler, c.engine.token_provenance(spec)
+            gpu = sched.cached_prefix_tokens(tokens, spec.lora_id, provenance)
+            cpu = sched.cpu_cached_prefix_tokens(tokens, spec.lora_id, provenance, gpu) if caching else 0
+            worth = self.cpu_hit_worth(c, cpu)
+            hit = gpu + worth
             load = c.engine.num_outstanding / c.cfg.scheduler.max_num_seqs
-            hits.append(hit)
+            reasons.append("prefix" if gpu > 0 else "cpu_prefix" if worth > 0 else "load")
             keys.append((-(hit / spec.prompt_len - self.load_weight * load),))
         i = _least(keys)
-        return Decision(i, "prefix" if hits[i] > 0 else "load", -keys[i][0])
+        return Decision(i, reasons[i], -keys[i][0])

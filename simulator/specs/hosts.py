@@ -59,6 +59,9 @@ class HostSpec:
     interconnect_efficiency: float | None = None  # fraction of interconnect_gb_s
     collective_tables: str | None = None  # entry of cost_model/data/collectives.json measured here
     measured: MeasuredRows = ()  # this host's own tables (hosts.yaml `measured`)
+    # The node's system memory, GiB (None: not known for this host): what the CPU KV tiers of the
+    # replicas on one node pin between them (simulator/cluster/host_memory.py).
+    host_memory_gib: float | None = None
     description: str = ""
     aliases: tuple[str, ...] = ()
 
@@ -85,6 +88,10 @@ class HostSpec:
         if self.interconnect_efficiency is not None and not 0 < self.interconnect_efficiency <= 1:
             raise InputError(f"{where}: interconnect_efficiency must be in (0, 1]",
                              field="interconnect_efficiency")
+        if self.host_memory_gib is not None and (isinstance(self.host_memory_gib, bool)
+                                                 or not isinstance(self.host_memory_gib, (int, float))
+                                                 or not self.host_memory_gib > 0):
+            raise InputError(f"{where}: host_memory_gib must be a positive number of GiB", field="host_memory_gib")
         if not self.sources:
             raise InputError(f"{where}: every host cites its sources", field="sources")
 

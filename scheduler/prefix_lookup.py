@@ -1,0 +1,66 @@
+"""Read-only prefix-cache lookups of the vLLM scheduler, for routers: how much of a prompt the GPU
+prefix cache holds now, and how much more the KV connector's CPU tier holds past it.
+
+Both build a throwaway Request with the scheduler's own block hasher, so the block hashes are
+exactly those the request itself will carry (LoRA keys, block size and provenance included), and
+ask the structures the scheduler asks at admission without changing them: the KV cache
+coordinator's `find_longest_cache_hit` (no LRU touch, no stats) and the connector's
+`peek_num_matched_tokens` (the OffloadingConnector's manager `lookup`, no `touch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.request import Request, SamplingParams
+
+if TYPE_CHECKING:
+    from servesim.scheduler.hashing import TokenProvenance
+    from servesim.scheduler.scheduler import Scheduler
+
+PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
+
+
+def probe_request(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
+                  provenance: TokenProvenance | None) -> Request:
+    """A request over `token_ids` carrying the block hashes the scheduler would give it."""
+    head_provenance = None if provenance is None else provenance.head(len(token_ids))
+    return Request(PROBE_ID, list(token_ids), SamplingParams(max_tokens=1), lora_id=lora_id,
+                   block_hasher=sched.block_hasher, token_provenance=head_provenance)
+
+
+def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
+                             provenance: TokenProvenance | None) -> int:
+    """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
+    len(token_ids) - 1. With full attention only, hash a growing head of the prompt (8, 32, 128,
+    ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than the
+    lookups."""
+    kvm = sched.kv_cache_manager
+    if not kvm.enable_caching or len(token_ids) < 2:
+        return 0
+    max_hit = len(token_ids) - 1
+    # A head's hit is the prompt's hit up to the head's end only for plain full attention
+    # (a sliding window or eagle's dropped last block depend on where the prompt ends).
+    growing = sched.cache_config.attention == "full" and not sched.scheduler_config.use_eagle
+    n_tokens = 8 * sched.block_size if growing else len(token_ids)
+    while True:
+        head = token_ids[:n_tokens]
+        req = probe_request(sched, head, lora_id, provenance)
+        kvm.note_lookup(req)  # a private block it could hit is published first
+        _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
+        if len(head) == len(token_ids) or hit < len(head) // sched.block_size * sched.block_size:
+            return hit
+        n_tokens *= 4
+
+
+def cpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
+                             provenance: TokenProvenance | None, num_gpu_cached_tokens: int) -> int:
+    """Prompt tokens past the first num_gpu_cached_tokens that the connector's tier would load
+    (0 without a connector, or without prefix caching: offload blocks are named by block hashes).
+    The whole prompt is hashed: the tier's lookup runs from the GPU hit to the first miss."""
+    connector = sched.connector
+    if connector is None or not sched.kv_cache_manager.enable_caching or len(token_ids) < 2:
+        return 0
+    req = probe_request(sched, token_ids, lora_id, provenance)
+    return connector.peek_num_matched_tokens(req, num_gpu_cached_tokens)
