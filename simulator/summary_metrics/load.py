@@ -31,6 +31,9 @@ MIN_REQUESTS = 10  # fewer finished requests give no trend worth fitting
 
 @register_metric("load")
 def load(requests, steps, sim_duration_s):
+    if any(c not in requests for c in ("arrival_s", "queueing_s", "ttft_s", "finish_s")) or \
+            any(c not in steps for c in ("start_s", "duration_s")):
+        return None  # a table without the timings (a metric called on a few columns)
     arrival = np.asarray(requests["arrival_s"], dtype=float)
     if len(arrival) < MIN_REQUESTS or not len(steps):
         return None
