@@ -6,7 +6,9 @@
   workload named by their ``meta.json`` under ``traces/llmservingsim_sharegpt/``): median APE of
   TTFT / TPOT / E2E and the error of the mean E2E, with the default (calibrated) cost model;
 * per-stage runs (``benchmarks/blis_h100_trainval``): the signed error of each measured stage's
-  TTFT mean, ITL mean, E2E mean and E2E p90 (calibrated where a fit exists, else roofline);
+  TTFT mean, ITL mean, E2E mean and E2E p90 (calibrated where a fit exists, else roofline), with
+  the CPU KV tier a run served with modelled; those runs again without it (cached as
+  ``ID.no-cpu-tier``) for the "CPU tier on vs off" table, with what the tier served;
 * aiconfigurator's silicon rows (``benchmarks/aiconfigurator_silicon``, closed-loop, one mean per
   row): median TTFT / TPOT errors per (model, weights, TP), as ``servesim validate-closed-loop``.
 
@@ -53,14 +55,41 @@ def run_one_request_level(run: Path, wl: Path) -> dict:
             "e2e": pr["e2e"]["median_ape"], "e2e_mean_err": rep["aggregate"]["e2e"]["mean"]["error"]}
 
 
-def run_one_blis(path: Path, exp_id: str) -> dict:
+NO_TIER = ".no-cpu-tier"  # cache name suffix of a BLIS run simulated without the CPU KV tier it served with
+
+
+def run_one_blis(path: Path, exp_id: str, cpu_tier: bool = True) -> dict:
     from servesim.simulator.validation.blis import validate_blis
 
-    rep = validate_blis(path, exp_id)
+    rep = validate_blis(path, exp_id, cpu_tier=cpu_tier)
     stages = {st: {k: v[k]["error"] for k in ("ttft_mean", "itl_mean", "e2e_mean", "e2e_p90")}
               for st, v in rep["stages"].items()}
-    return {"kind": "per_stage", "run": rep["experiment"], **rep["settings"], "stages": stages,
-            "wall_s": rep["simulation"]["wall_time_s"]}
+    return {"kind": "per_stage" if cpu_tier else "per_stage_no_tier", "id": exp_id, "run": rep["experiment"],
+            **rep["settings"], "stages": stages, "wall_s": rep["simulation"]["wall_time_s"],
+            "prefix_cache": rep["prefix_cache"], "kv_offload": rep["kv_offload"]}
+
+
+def render_cpu_tier(results: list[dict]) -> list[str]:
+    """BLIS runs that served with a CPU KV tier: the summary row's errors with the tier modelled
+    and without it, and what the modelled tier served (summary.json's kv_offload figures)."""
+    off = {r["id"]: r for r in results if r["kind"] == "per_stage_no_tier"}
+    rows = [(r, off[r["id"]]) for r in results if r["kind"] == "per_stage" and r.get("id") in off]
+    if not rows:
+        return []
+    lines = ["", "BLIS runs that served with a CPU KV tier (vLLM's OffloadingConnector, `--kv-offloading-size`): "
+                 "signed error of the summary row with the tier modelled (on) and without it (off, "
+                 "`--no-cpu-kv-tier`); GPU prefix-cache hit rate, and what the tier served (on):", "",
+             "| run | tier | TTFT mean on | off | E2E mean on | off | E2E p90 on | off | GPU hit rate | "
+             "CPU-tier hit tokens | loads | stores | GB stored / GPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for on, no in rows:
+        e, f, ko = on["stages"]["summary"], no["stages"]["summary"], on["kv_offload"] or {}
+        lines.append(f"| {on['run']} | {on['cpu_kv_tier_gib']} GiB | {_pct(e['ttft_mean'])} | {_pct(f['ttft_mean'])} | "
+                     f"{_pct(e['e2e_mean'])} | {_pct(f['e2e_mean'])} | {_pct(e['e2e_p90'])} | {_pct(f['e2e_p90'])} | "
+                     f"{_abs(on['prefix_cache']['hit_rate'])} | {ko.get('cpu_hit_tokens', 0)} | "
+                     f"{ko.get('num_loads', 0)} | {ko.get('num_stores', 0)} | "
+                     f"{ko.get('bytes_stored_per_gpu', 0) / 1e9:.1f} |")
+    return lines
 
 
 def run_closed_loop_silicon(shared: Path) -> dict:
@@ -119,6 +148,7 @@ def render(results: list[dict]) -> str:
         med = {k: statistics.median(abs(e[k]) for e in stage_rows) for k in ("ttft_mean", "itl_mean", "e2e_mean")}
         lines += ["", f"Median |error| over {len(stage_rows)} BLIS stages: TTFT mean {_abs(med['ttft_mean'])}, "
                       f"ITL mean {_abs(med['itl_mean'])}, E2E mean {_abs(med['e2e_mean'])}."]
+    lines += render_cpu_tier(results)
     for r in (r for r in results if r["kind"] == "closed_loop"):
         lines += ["", "aiconfigurator silicon rows (vLLM 0.12, H100; fixed ISL/OSL, closed-loop clients, mean per row; "
                       "median over each group's rows; TTFT there is not validated, §5):", "",
@@ -144,6 +174,8 @@ def main() -> int:
     blis = args.shared / "benchmarks" / "blis_h100_trainval"
     jobs = [(name, lambda r=run, w=wl: run_one_request_level(r, w)) for name, run, wl in per_request_runs(args.shared)]
     jobs += [(e.id, lambda i=e.id: run_one_blis(blis, i)) for e in load_experiments(blis)]
+    jobs += [(e.id + NO_TIER, lambda i=e.id: run_one_blis(blis, i, cpu_tier=False))
+             for e in load_experiments(blis) if e.cpu_kv_blocks > 0]
     jobs.append(("aiconfigurator_silicon", lambda: run_closed_loop_silicon(args.shared)))
     results = []
     for name, job in jobs:
