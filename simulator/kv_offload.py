@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv_offload.config import OffloadConfig, make_offloading_connector
 from servesim.scheduler.kv_offload.fake_worker import OffloadJobs
+from servesim.scheduler.kv_offload.reuse import DEFAULT_MAX_TRACKER_SIZE
 from servesim.scheduler.output import KVConnectorOutput
 from servesim.scheduler.copy_stream import TransferStream
 from servesim.traces.errors import InputError
@@ -56,6 +57,10 @@ class KvOffloadConfig:
     block_size: int | None = None  # offload block, tokens (None: the GPU block size)
     eviction_policy: str = "lru"  # lru | arc
     kv_offloading_backend: str = "native"  # vLLM --kv-offloading-backend
+    # The extra config's store_threshold: >= 2 stores only blocks looked up that many times (vLLM's
+    # FilterReusedOffloadingManager, scheduler/kv_offload/reuse.py); 0 (vLLM's default) or 1: every block.
+    store_threshold: int = 0
+    max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE  # hashes the filter counts (vLLM's default 64,000)
     # Copies: bytes / (host_link_bytes_per_s x transfer_efficiency) + transfer_latency_s (module doc).
     transfer_efficiency: float = 1.0
     transfer_latency_s: float = 0.0
@@ -93,7 +98,8 @@ class KvOffloadConfig:
 
     def offload_config(self) -> OffloadConfig:
         return OffloadConfig(num_cpu_blocks=self.num_cpu_blocks, cpu_gib=self.kv_offloading_size,
-                             block_size=self.block_size, eviction_policy=self.eviction_policy)
+                             block_size=self.block_size, eviction_policy=self.eviction_policy,
+                             store_threshold=self.store_threshold, max_tracker_size=self.max_tracker_size)
 
 
 def _hardware_figures(cfg: SimConfig) -> tuple[int, float]:
@@ -225,7 +231,8 @@ def attach_kv_offload(cfg: SimConfig, scheduler, cache: CacheConfig) -> TimedOff
                          field="kv_offload")
     ko, tp = cfg.kv_offload, cfg.hardware.tp
     per_token, link = _hardware_figures(cfg)
-    tier = OffloadConfig(num_cpu_blocks=num_blocks, block_size=ko.block_size, eviction_policy=ko.eviction_policy)
+    tier = OffloadConfig(num_cpu_blocks=num_blocks, block_size=ko.block_size, eviction_policy=ko.eviction_policy,
+                         store_threshold=ko.store_threshold, max_tracker_size=ko.max_tracker_size)
     scheduler.connector = make_offloading_connector(tier, cache.block_size, cache.enable_prefix_caching,
                                                     per_token * cache.block_size * tp)
     return TimedOffloadWorker(per_token * cache.block_size, link * ko.transfer_efficiency, ko.transfer_latency_s)
