@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.kv_offload.config import OffloadConfig, make_offloading_connector
+from servesim.scheduler.kv_offload.config import GIB_BYTES, OffloadConfig, make_offloading_connector
 from servesim.scheduler.kv_offload.fake_worker import OffloadJobs
 from servesim.scheduler.kv_offload.reuse import DEFAULT_MAX_TRACKER_SIZE
 from servesim.scheduler.output import KVConnectorOutput
@@ -134,7 +134,27 @@ def check_kv_offload(cfg: SimConfig, cache: CacheConfig, data_parallel_size: int
         raise InputError("offload blocks are named by prefix-cache block hashes, which servesim computes "
                          "only with prefix caching", field="cache.enable_prefix_caching",
                          allowed="true with kv_offload")
-    return tier_num_blocks(cfg, cache)
+    num_blocks = tier_num_blocks(cfg, cache)
+    _check_host_memory(cfg, cache, num_blocks)
+    return num_blocks
+
+
+def _check_host_memory(cfg: SimConfig, cache: CacheConfig, num_blocks: int) -> None:
+    """vLLM 0.19.1 allocates the whole tier at start-up, pinned (CpuGpuOffloadingHandlers: each rank's
+    torch.zeros((num_cpu_blocks, page bytes), pin_memory=True)), so a tier larger than the node's
+    system memory (hosts.yaml memory_gib, where cited) cannot exist."""
+    from servesim.simulator.specs import host_for
+
+    host = host_for(cfg.hardware.gpu, cfg.hardware.host)
+    if host.memory_gib is None:
+        return
+    per_token, _ = _hardware_figures(cfg)
+    factor = cfg.kv_offload.offload_config().block_size_factor(cache.block_size)
+    tier_gib = num_blocks * factor * cache.block_size * per_token * cfg.hardware.tp / GIB_BYTES
+    if tier_gib > host.memory_gib:
+        raise InputError(f"a CPU KV tier of {tier_gib:.0f} GiB does not fit in host {host.name}'s "
+                         f"{host.memory_gib:g} GiB of system memory (vLLM pins the whole tier)",
+                         field="kv_offload", allowed=f"a tier of at most {host.memory_gib:g} GiB over all TP ranks")
 
 
 def tier_num_blocks(cfg: SimConfig, cache: CacheConfig) -> int:

@@ -1,6 +1,6 @@
 """store_threshold: vLLM 0.19.1's FilterReusedOffloadingManager (v1/kv_offload/reuse_manager.py),
 composed into the CPU tier's manager (scheduler/kv_offload/reuse.py). Parity with the real one:
-tests/golden/offload_reuse*."""
+tests/golden/offload_reuse*. And the pinned-memory ceiling: a tier larger than the host's memory."""
 
 from __future__ import annotations
 
@@ -77,3 +77,18 @@ def test_bad_thresholds_are_refused_with_vllms_reason():
     assert "max_tracker_size" in str(err.value)
     cfg = apply_overrides(SimConfig(), {"kv_offload.kv_offloading_size": "8", "kv_offload.store_threshold": "3"})
     assert cfg.kv_offload.offload_config().reuse_tracker().store_threshold == 3
+
+
+def test_a_tier_larger_than_the_hosts_memory_is_refused():
+    # h100-hgx: the DGX H100's 2 TB (2048 GiB) of system memory; Llama-3.1-8B's tier in GiB as given.
+    from servesim.simulator.kv_offload import check_kv_offload  # simulator/startup.py runs it for every run
+
+    ok = apply_overrides(SimConfig(), {"kv_offload.kv_offloading_size": "2048"})
+
+    assert check_kv_offload(ok, ok.cache) == 2048 * 2**30 // (131072 * 16)
+    with pytest.raises(InputError) as err:  # refused as the config is built (--set, YAML and the API alike)
+        apply_overrides(SimConfig(), {"kv_offload.kv_offloading_size": "2049"})
+    assert err.value.field == "kv_offload" and "h100-hgx" in str(err.value) and "2048" in err.value.allowed
+    # a host whose memory is not cited is not checked
+    pcie = apply_overrides(SimConfig(), {"kv_offload.kv_offloading_size": "4096", "hardware.gpu": "h100-pcie"})
+    assert check_kv_offload(pcie, pcie.cache) > 0

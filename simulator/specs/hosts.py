@@ -61,9 +61,15 @@ class HostSpec:
     measured: MeasuredRows = ()  # this host's own tables (hosts.yaml `measured`)
     description: str = ""
     aliases: tuple[str, ...] = ()
+    # The node's system memory, GiB, where a datasheet gives it: the most pinned host memory a CPU KV
+    # tier can take (simulator/kv_offload.py refuses a larger tier). None: not known, not checked.
+    memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         where = f"host '{self.name}'"
+        if self.memory_gib is not None and (isinstance(self.memory_gib, bool)
+                                            or not isinstance(self.memory_gib, (int, float)) or self.memory_gib <= 0):
+            raise InputError(f"{where}: memory_gib must be a positive number of GiB", field="memory_gib")
         if not self.interconnect_gb_s > 0:
             raise InputError(f"{where}: interconnect_gb_s must be positive", field="interconnect_gb_s")
         if not self.collective_latency_s >= 0:
