@@ -72,8 +72,8 @@ def run_one_blis(path: Path, exp_id: str, cpu_tier: bool = True) -> dict:
 def render_cpu_tier(results: list[dict]) -> list[str]:
     """BLIS runs that served with a CPU KV tier: the summary row's errors with the tier modelled
     and without it, and what the modelled tier served (summary.json's kv_offload figures)."""
-    off = {r["id"]: r for r in results if r["kind"] == "per_stage_no_tier"}
-    rows = [(r, off[r["id"]]) for r in results if r["kind"] == "per_stage" and r.get("id") in off]
+    off = {r["run"]: r for r in results if r["kind"] == "per_stage_no_tier"}
+    rows = [(r, off[r["run"]]) for r in results if r["kind"] == "per_stage" and r["run"] in off]
     if not rows:
         return []
     lines = ["", "BLIS runs that served with a CPU KV tier (vLLM's OffloadingConnector, `--kv-offloading-size`): "
@@ -128,21 +128,41 @@ def _abs(x) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
 
+def blis_rows(results: list[dict]) -> list[dict]:
+    """One result per BLIS run for the main table: with the CPU tier it served with modelled, or
+    (where that run is not cached) without it."""
+    runs: dict[str, dict] = {}  # experiment -> its row, in the order the runs first appear
+    for r in results:
+        if r["kind"] == "per_stage" or (r["kind"] == "per_stage_no_tier" and runs.get(r["run"]) is None):
+            runs[r["run"]] = r
+    return list(runs.values())
+
+
+def _tier(r: dict) -> str:
+    gib = r.get("cpu_kv_tier_gib")
+    if r["kind"] == "per_stage_no_tier":
+        return "off (not run with it)"
+    return f"{gib} GiB" if gib else "none"
+
+
 def render(results: list[dict]) -> str:
     lines = [START, "", "Per-request runs (median absolute percentage error per request; error of the mean E2E):", "",
              "| run | model | GPU | TP | cost model | TTFT | TPOT | E2E | mean E2E |", "|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in results if r["kind"] == "per_request"):
         lines.append(f"| {r['run']} | {r['model']} | {r['gpu']} | {r['tp']} | {r['cost_model']} | "
                      f"{_abs(r['ttft'])} | {_abs(r['tpot'])} | {_abs(r['e2e'])} | {_pct(r['e2e_mean_err'])} |")
-    lines += ["", "BLIS H100 runs, per load stage (signed error of the simulated statistic; + = simulator slower):", "",
-              "| run | model (weights) | TP | cost model | sampler | stage | TTFT mean | ITL mean | E2E mean | E2E p90 |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in (r for r in results if r["kind"] == "per_stage"):
+    lines += ["", "BLIS H100 runs, per load stage (signed error of the simulated statistic; + = simulator slower; "
+                  "CPU tier: the CPU KV tier the run served with, as modelled):", "",
+              "| run | model (weights) | TP | cost model | sampler | CPU tier | stage | TTFT mean | ITL mean | E2E mean | E2E p90 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    blis = blis_rows(results)
+    for r in blis:
         for st, e in r["stages"].items():
             sampler = r.get("sampling", {}).get("path", "—")
-            lines.append(f"| {r['run']} | {r['model']} ({r['weight_dtype']}) | {r['tp']} | {r['cost_model']} | {sampler} | {st} | "
-                         f"{_pct(e['ttft_mean'])} | {_pct(e['itl_mean'])} | {_pct(e['e2e_mean'])} | {_pct(e['e2e_p90'])} |")
-    stage_rows = [e for r in results if r["kind"] == "per_stage" for st, e in r["stages"].items() if st != "summary"]
+            lines.append(f"| {r['run']} | {r['model']} ({r['weight_dtype']}) | {r['tp']} | {r['cost_model']} | {sampler} | "
+                         f"{_tier(r)} | {st} | {_pct(e['ttft_mean'])} | {_pct(e['itl_mean'])} | {_pct(e['e2e_mean'])} | "
+                         f"{_pct(e['e2e_p90'])} |")
+    stage_rows = [e for r in blis for st, e in r["stages"].items() if st != "summary"]
     if stage_rows:
         import statistics
         med = {k: statistics.median(abs(e[k]) for e in stage_rows) for k in ("ttft_mean", "itl_mean", "e2e_mean")}
@@ -167,21 +187,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--only", action="append", default=[], help="run name or BLIS id to refresh")
+    ap.add_argument("--no-run", action="store_true", help="render the cached results only (skip runs not cached)")
     args = ap.parse_args()
     from servesim.simulator.validation.blis import load_experiments
 
     CACHE.mkdir(parents=True, exist_ok=True)
     blis = args.shared / "benchmarks" / "blis_h100_trainval"
     jobs = [(name, lambda r=run, w=wl: run_one_request_level(r, w)) for name, run, wl in per_request_runs(args.shared)]
-    jobs += [(e.id, lambda i=e.id: run_one_blis(blis, i)) for e in load_experiments(blis)]
-    jobs += [(e.id + NO_TIER, lambda i=e.id: run_one_blis(blis, i, cpu_tier=False))
-             for e in load_experiments(blis) if e.cpu_kv_blocks > 0]
+    for e in load_experiments(blis):  # each run, then (if it served with a CPU tier) the same without it
+        jobs.append((e.id, lambda i=e.id: run_one_blis(blis, i)))
+        if e.cpu_kv_blocks > 0:
+            jobs.append((e.id + NO_TIER, lambda i=e.id: run_one_blis(blis, i, cpu_tier=False)))
     jobs.append(("aiconfigurator_silicon", lambda: run_closed_loop_silicon(args.shared)))
     results = []
     for name, job in jobs:
         cached = CACHE / f"{name}.json"
-        if args.only and name not in args.only and cached.is_file():  # keep the cached result
+        if (args.no_run or (args.only and name not in args.only)) and cached.is_file():  # keep the cached result
             results.append(json.loads(cached.read_text()))
+            continue
+        if args.no_run:
+            print(f"{name}: not cached, left out (--no-run)", flush=True)
             continue
         t0 = time.perf_counter()
         res = job()
