@@ -41,6 +41,7 @@ CONFIGS = "blis_trainval15_experiment_configs.json"
 METRICS = "blis_trainval15_actual_metrics.csv"
 CHAT_TEMPLATE_TOKENS = 25  # README: observed prompts are system + question + ~25 tokens
 MAX_MODEL_LEN = 4096  # README: every run served with max_model_len=4096
+BLOCK_SIZE = 16  # README: block size 16 (the GPU KV blocks, and the units of cpu_kv_blocks)
 STATS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
 
 
@@ -144,7 +145,7 @@ def cpu_tier_gib(exp: BlisExperiment) -> int | None:
         return None
     from servesim.simulator.specs import kv_bytes_per_token
 
-    block_bytes = kv_bytes_per_token(resolve_model(exp.model), exp.tp) * 16  # one GPU's 16-token block
+    block_bytes = kv_bytes_per_token(resolve_model(exp.model), exp.tp) * BLOCK_SIZE  # one GPU's block
     gib = round(exp.cpu_kv_blocks * block_bytes / 2**30)
     whole = gib * 2**30 // block_bytes if gib > 0 else 0
     if not whole - 1 <= exp.cpu_kv_blocks <= whole:
@@ -185,7 +186,7 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
                                   max_num_batched_tokens=exp.max_num_batched_tokens,
                                   max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
                                   async_scheduling=bool(defaults["async_scheduling"][0])),
-        cache=CacheConfig(block_size=16, num_gpu_blocks=exp.num_gpu_blocks,
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_gpu_blocks=exp.num_gpu_blocks,
                           enable_prefix_caching=True),
         derive_num_gpu_blocks=False, cost_model=cm, frontend=FrontendConfig(enabled=frontend),
         client=ClientConfig(timeout_s=client_timeout_s), sampling=sampling,
