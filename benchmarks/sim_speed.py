@@ -15,6 +15,9 @@ Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
 - hour / code: the Azure LLM inference 2023 conversation / code traces (1 hour each; ../shared);
 - sglang-hour: the hour on the SGLang engine (overlap schedule, radix cache);
 - mooncake: the full Mooncake conversation trace (12,031 requests), Llama-3.1-70B on 8 H100 (TP8);
+- cpu-kv / cpu-kv-off: 300 requests of the bundled Mooncake sample at 0.25x on a 12,000-block pool,
+  with a 512 GiB CPU KV tier (vLLM's OffloadingConnector: the fast path declines it, every step is
+  simulated; it loads back 4.7 % of the tokens the GPU cache lacked) and without it;
 - vidur: Vidur's own workload (../shared/data/benchmarks/speed_vidur_workload: 19,366 Azure-conv
   requests, Poisson 1 req/s), Llama-2-70B TP2 on A100, batch cap 128, 4,096 tokens per batch.
 
@@ -46,6 +49,16 @@ AZURE = SHARED / "traces" / "azure_llm_inference_2023"
 VIDUR_WL = SHARED / "benchmarks" / "speed_vidur_workload"
 
 
+# The bundled Mooncake sample's first 300 requests at 0.25x (the notebooks' slice) on a 12,000-block
+# pool that evicts shared prefixes before they return: the `cpu-kv` case adds a 512 GiB CPU KV tier
+# (vLLM's OffloadingConnector; smaller tiers hold none of the prefixes that return here), which the
+# fast path declines, so it steps; `cpu-kv-off` is the same
+# run without the tier (the fast path's), for comparison.
+MOONCAKE_SAMPLE = (str(ROOT / "traces" / "data" / "mooncake_conversation_first5min.jsonl.gz"),
+                   "--max-requests", "300", "--rate-scale", "0.25", "--set", "scheduler.max_model_len=131072",
+                   "--set", "cache.num_gpu_blocks=12000")
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
     name: str
@@ -66,6 +79,8 @@ def cases() -> list[Case]:
         Case("mooncake", (str(SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
                           "--model", "llama-3.1-70b", "--tp", "8"),
              SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
+        Case("cpu-kv-off", MOONCAKE_SAMPLE),
+        Case("cpu-kv", (*MOONCAKE_SAMPLE, "--set", "kv_offload.kv_offloading_size=512")),
         Case("vidur", (str(VIDUR_WL / "vidur_workload_servesim.csv.gz"), "--model", "llama-2-70b", "--gpu", "a100",
                        "--tp", "2", "--set", "scheduler.max_num_seqs=128",
                        "--set", "scheduler.max_num_batched_tokens=4096"), VIDUR_WL / "vidur_workload_servesim.csv.gz"),

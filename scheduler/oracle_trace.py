@@ -78,6 +78,7 @@ class StepTraceConfig:
     offload_cpu_blocks: int = 0
     offload_block_size: int = 0  # tokens; 0: the GPU block size
     offload_eviction_policy: str = "lru"
+    offload_store_threshold: int = 0  # the extra config's store_threshold (>= 2: store blocks seen that often)
     offload_load_steps: int = 2  # a load completes this many executions after the one starting it
     offload_store_steps: int = 2  # a store, after the one preparing it
     # KV cache groups of any kinds (tools/kv_groups_oracle.py): e.g. "full,mamba", "full,chunked_local:64"
@@ -142,7 +143,8 @@ class StepTraceConfig:
         if self.offload_cpu_blocks <= 0:
             return None
         cfg = OffloadConfig(num_cpu_blocks=self.offload_cpu_blocks, block_size=self.offload_block_size or None,
-                            eviction_policy=self.offload_eviction_policy)
+                            eviction_policy=self.offload_eviction_policy,
+                            store_threshold=self.offload_store_threshold)
         cfg.block_size_factor(self.block_size)
         if self.no_prefix_caching:
             raise ValueError("offload needs prefix caching on (offload blocks are named by prefix-cache block hashes)")

@@ -31,8 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.kv_offload.config import OffloadConfig, make_offloading_connector
+from servesim.scheduler.kv_offload.config import GIB_BYTES, OffloadConfig, make_offloading_connector
 from servesim.scheduler.kv_offload.fake_worker import OffloadJobs
+from servesim.scheduler.kv_offload.reuse import DEFAULT_MAX_TRACKER_SIZE
 from servesim.scheduler.output import KVConnectorOutput
 from servesim.scheduler.copy_stream import TransferStream
 from servesim.traces.errors import InputError
@@ -56,6 +57,10 @@ class KvOffloadConfig:
     block_size: int | None = None  # offload block, tokens (None: the GPU block size)
     eviction_policy: str = "lru"  # lru | arc
     kv_offloading_backend: str = "native"  # vLLM --kv-offloading-backend
+    # The extra config's store_threshold: >= 2 stores only blocks looked up that many times (vLLM's
+    # FilterReusedOffloadingManager, scheduler/kv_offload/reuse.py); 0 (vLLM's default) or 1: every block.
+    store_threshold: int = 0
+    max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE  # hashes the filter counts (vLLM's default 64,000)
     # Copies: bytes / (host_link_bytes_per_s x transfer_efficiency) + transfer_latency_s (module doc).
     transfer_efficiency: float = 1.0
     transfer_latency_s: float = 0.0
@@ -93,7 +98,8 @@ class KvOffloadConfig:
 
     def offload_config(self) -> OffloadConfig:
         return OffloadConfig(num_cpu_blocks=self.num_cpu_blocks, cpu_gib=self.kv_offloading_size,
-                             block_size=self.block_size, eviction_policy=self.eviction_policy)
+                             block_size=self.block_size, eviction_policy=self.eviction_policy,
+                             store_threshold=self.store_threshold, max_tracker_size=self.max_tracker_size)
 
 
 def host_link_figures(cfg: SimConfig) -> tuple[int, float]:
@@ -128,7 +134,35 @@ def check_kv_offload(cfg: SimConfig, cache: CacheConfig, data_parallel_size: int
         raise InputError("offload blocks are named by prefix-cache block hashes, which servesim computes "
                          "only with prefix caching", field="cache.enable_prefix_caching",
                          allowed="true with kv_offload")
-    return tier_num_blocks(cfg, cache)
+    num_blocks = tier_num_blocks(cfg, cache)
+    _check_host_memory(cfg, cache, num_blocks)
+    return num_blocks
+
+
+def _check_host_memory(cfg: SimConfig, cache: CacheConfig, num_blocks: int) -> None:
+    """vLLM 0.19.1 allocates the whole tier at start-up, pinned (CpuGpuOffloadingHandlers: each rank's
+    torch.zeros((num_cpu_blocks, page bytes), pin_memory=True)), so a tier larger than the node's
+    system memory (hosts.yaml host_memory_gib, where cited) cannot exist. A cluster's replicas on one
+    node share it (simulator/cluster/host_memory.py, with the same tier_bytes)."""
+    from servesim.simulator.specs import host_for
+
+    host = host_for(cfg.hardware.gpu, cfg.hardware.host)
+    if host.host_memory_gib is None:
+        return
+    tier_gib = tier_bytes(cfg, cache, num_blocks) / GIB_BYTES
+    if tier_gib > host.host_memory_gib:
+        raise InputError(f"a CPU KV tier of {tier_gib:.0f} GiB does not fit in host {host.name}'s "
+                         f"{host.host_memory_gib:g} GiB of system memory (vLLM pins the whole tier)",
+                         field="kv_offload", allowed=f"a tier of at most {host.host_memory_gib:g} GiB over all TP ranks")
+
+
+def tier_bytes(cfg: SimConfig, cache: CacheConfig, num_blocks: int | None = None) -> int:
+    """Host bytes the tier pins over all TP ranks: its offload blocks x block_size_factor GPU
+    blocks x one GPU block's bytes x tp (CPUOffloadingSpec's arithmetic, module doc)."""
+    per_token, _ = host_link_figures(cfg)
+    factor = cfg.kv_offload.offload_config().block_size_factor(cache.block_size)
+    blocks = tier_num_blocks(cfg, cache) if num_blocks is None else num_blocks
+    return blocks * factor * cache.block_size * per_token * cfg.hardware.tp
 
 
 def tier_num_blocks(cfg: SimConfig, cache: CacheConfig) -> int:
@@ -225,7 +259,8 @@ def attach_kv_offload(cfg: SimConfig, scheduler, cache: CacheConfig) -> TimedOff
                          field="kv_offload")
     ko, tp = cfg.kv_offload, cfg.hardware.tp
     per_token, link = host_link_figures(cfg)
-    tier = OffloadConfig(num_cpu_blocks=num_blocks, block_size=ko.block_size, eviction_policy=ko.eviction_policy)
+    tier = OffloadConfig(num_cpu_blocks=num_blocks, block_size=ko.block_size, eviction_policy=ko.eviction_policy,
+                         store_threshold=ko.store_threshold, max_tracker_size=ko.max_tracker_size)
     scheduler.connector = make_offloading_connector(tier, cache.block_size, cache.enable_prefix_caching,
                                                     per_token * cache.block_size * tp)
     return TimedOffloadWorker(per_token * cache.block_size, link * ko.transfer_efficiency, ko.transfer_latency_s)

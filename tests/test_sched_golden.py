@@ -66,6 +66,7 @@ FEATURE_FLAGS = {
     "mamba_all": lambda f: "mamba" in f.get("groups", "") and f.get("mamba_cache_mode") == "all",
     "chunked_local": lambda f: "chunked_local" in f.get("groups", ""),
     "sink_full": lambda f: "sink_full" in f.get("groups", ""),
+    "offload_store_threshold": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_store_threshold", 0) >= 2,
 }
 
 

@@ -6,7 +6,9 @@
   workload named by their ``meta.json`` under ``traces/llmservingsim_sharegpt/``): median APE of
   TTFT / TPOT / E2E and the error of the mean E2E, with the default (calibrated) cost model;
 * per-stage runs (``benchmarks/blis_h100_trainval``): the signed error of each measured stage's
-  TTFT mean, ITL mean, E2E mean and E2E p90 (calibrated where a fit exists, else roofline);
+  TTFT mean, ITL mean, E2E mean and E2E p90 (calibrated where a fit exists, else roofline), with
+  the CPU KV tier a run served with modelled; those runs again without it (cached as
+  ``ID.no-cpu-tier``) for the "CPU tier on vs off" table, with what the tier served;
 * aiconfigurator's silicon rows (``benchmarks/aiconfigurator_silicon``, closed-loop, one mean per
   row): median TTFT / TPOT errors per (model, weights, TP), as ``servesim validate-closed-loop``.
 
@@ -53,14 +55,41 @@ def run_one_request_level(run: Path, wl: Path) -> dict:
             "e2e": pr["e2e"]["median_ape"], "e2e_mean_err": rep["aggregate"]["e2e"]["mean"]["error"]}
 
 
-def run_one_blis(path: Path, exp_id: str) -> dict:
+NO_TIER = ".no-cpu-tier"  # cache name suffix of a BLIS run simulated without the CPU KV tier it served with
+
+
+def run_one_blis(path: Path, exp_id: str, cpu_tier: bool = True) -> dict:
     from servesim.simulator.validation.blis import validate_blis
 
-    rep = validate_blis(path, exp_id)
+    rep = validate_blis(path, exp_id, cpu_tier=cpu_tier)
     stages = {st: {k: v[k]["error"] for k in ("ttft_mean", "itl_mean", "e2e_mean", "e2e_p90")}
               for st, v in rep["stages"].items()}
-    return {"kind": "per_stage", "run": rep["experiment"], **rep["settings"], "stages": stages,
-            "wall_s": rep["simulation"]["wall_time_s"]}
+    return {"kind": "per_stage" if cpu_tier else "per_stage_no_tier", "id": exp_id, "run": rep["experiment"],
+            **rep["settings"], "stages": stages, "wall_s": rep["simulation"]["wall_time_s"],
+            "prefix_cache": rep["prefix_cache"], "kv_offload": rep["kv_offload"]}
+
+
+def render_cpu_tier(results: list[dict]) -> list[str]:
+    """BLIS runs that served with a CPU KV tier: the summary row's errors with the tier modelled
+    and without it, and what the modelled tier served (summary.json's kv_offload figures)."""
+    off = {r["run"]: r for r in results if r["kind"] == "per_stage_no_tier"}
+    rows = [(r, off[r["run"]]) for r in results if r["kind"] == "per_stage" and r["run"] in off]
+    if not rows:
+        return []
+    lines = ["", "BLIS runs that served with a CPU KV tier (vLLM's OffloadingConnector, `--kv-offloading-size`): "
+                 "signed error of the summary row with the tier modelled (on) and without it (off, "
+                 "`--no-cpu-kv-tier`); GPU prefix-cache hit rate, and what the tier served (on):", "",
+             "| run | tier | TTFT mean on | off | E2E mean on | off | E2E p90 on | off | GPU hit rate | "
+             "CPU-tier hit tokens | loads | stores | GB stored / GPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for on, no in rows:
+        e, f, ko = on["stages"]["summary"], no["stages"]["summary"], on["kv_offload"] or {}
+        lines.append(f"| {on['run']} | {on['cpu_kv_tier_gib']} GiB | {_pct(e['ttft_mean'])} | {_pct(f['ttft_mean'])} | "
+                     f"{_pct(e['e2e_mean'])} | {_pct(f['e2e_mean'])} | {_pct(e['e2e_p90'])} | {_pct(f['e2e_p90'])} | "
+                     f"{_abs(on['prefix_cache']['hit_rate'])} | {ko.get('cpu_hit_tokens', 0)} | "
+                     f"{ko.get('num_loads', 0)} | {ko.get('num_stores', 0)} | "
+                     f"{ko.get('bytes_stored_per_gpu', 0) / 1e9:.1f} |")
+    return lines
 
 
 def run_closed_loop_silicon(shared: Path) -> dict:
@@ -99,26 +128,47 @@ def _abs(x) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
 
+def blis_rows(results: list[dict]) -> list[dict]:
+    """One result per BLIS run for the main table: with the CPU tier it served with modelled, or
+    (where that run is not cached) without it."""
+    runs: dict[str, dict] = {}  # experiment -> its row, in the order the runs first appear
+    for r in results:
+        if r["kind"] == "per_stage" or (r["kind"] == "per_stage_no_tier" and runs.get(r["run"]) is None):
+            runs[r["run"]] = r
+    return list(runs.values())
+
+
+def _tier(r: dict) -> str:
+    gib = r.get("cpu_kv_tier_gib")
+    if r["kind"] == "per_stage_no_tier":
+        return "off (not run with it)"
+    return f"{gib} GiB" if gib else "none"
+
+
 def render(results: list[dict]) -> str:
     lines = [START, "", "Per-request runs (median absolute percentage error per request; error of the mean E2E):", "",
              "| run | model | GPU | TP | cost model | TTFT | TPOT | E2E | mean E2E |", "|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in results if r["kind"] == "per_request"):
         lines.append(f"| {r['run']} | {r['model']} | {r['gpu']} | {r['tp']} | {r['cost_model']} | "
                      f"{_abs(r['ttft'])} | {_abs(r['tpot'])} | {_abs(r['e2e'])} | {_pct(r['e2e_mean_err'])} |")
-    lines += ["", "BLIS H100 runs, per load stage (signed error of the simulated statistic; + = simulator slower):", "",
-              "| run | model (weights) | TP | cost model | sampler | stage | TTFT mean | ITL mean | E2E mean | E2E p90 |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in (r for r in results if r["kind"] == "per_stage"):
+    lines += ["", "BLIS H100 runs, per load stage (signed error of the simulated statistic; + = simulator slower; "
+                  "CPU tier: the CPU KV tier the run served with, as modelled):", "",
+              "| run | model (weights) | TP | cost model | sampler | CPU tier | stage | TTFT mean | ITL mean | E2E mean | E2E p90 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    blis = blis_rows(results)
+    for r in blis:
         for st, e in r["stages"].items():
             sampler = r.get("sampling", {}).get("path", "—")
-            lines.append(f"| {r['run']} | {r['model']} ({r['weight_dtype']}) | {r['tp']} | {r['cost_model']} | {sampler} | {st} | "
-                         f"{_pct(e['ttft_mean'])} | {_pct(e['itl_mean'])} | {_pct(e['e2e_mean'])} | {_pct(e['e2e_p90'])} |")
-    stage_rows = [e for r in results if r["kind"] == "per_stage" for st, e in r["stages"].items() if st != "summary"]
+            lines.append(f"| {r['run']} | {r['model']} ({r['weight_dtype']}) | {r['tp']} | {r['cost_model']} | {sampler} | "
+                         f"{_tier(r)} | {st} | {_pct(e['ttft_mean'])} | {_pct(e['itl_mean'])} | {_pct(e['e2e_mean'])} | "
+                         f"{_pct(e['e2e_p90'])} |")
+    stage_rows = [e for r in blis for st, e in r["stages"].items() if st != "summary"]
     if stage_rows:
         import statistics
         med = {k: statistics.median(abs(e[k]) for e in stage_rows) for k in ("ttft_mean", "itl_mean", "e2e_mean")}
         lines += ["", f"Median |error| over {len(stage_rows)} BLIS stages: TTFT mean {_abs(med['ttft_mean'])}, "
                       f"ITL mean {_abs(med['itl_mean'])}, E2E mean {_abs(med['e2e_mean'])}."]
+    lines += render_cpu_tier(results)
     for r in (r for r in results if r["kind"] == "closed_loop"):
         lines += ["", "aiconfigurator silicon rows (vLLM 0.12, H100; fixed ISL/OSL, closed-loop clients, mean per row; "
                       "median over each group's rows; TTFT there is not validated, §5):", "",
@@ -137,19 +187,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--only", action="append", default=[], help="run name or BLIS id to refresh")
+    ap.add_argument("--no-run", action="store_true", help="render the cached results only (skip runs not cached)")
     args = ap.parse_args()
     from servesim.simulator.validation.blis import load_experiments
 
     CACHE.mkdir(parents=True, exist_ok=True)
     blis = args.shared / "benchmarks" / "blis_h100_trainval"
     jobs = [(name, lambda r=run, w=wl: run_one_request_level(r, w)) for name, run, wl in per_request_runs(args.shared)]
-    jobs += [(e.id, lambda i=e.id: run_one_blis(blis, i)) for e in load_experiments(blis)]
+    for e in load_experiments(blis):  # each run, then (if it served with a CPU tier) the same without it
+        jobs.append((e.id, lambda i=e.id: run_one_blis(blis, i)))
+        if e.cpu_kv_blocks > 0:
+            jobs.append((e.id + NO_TIER, lambda i=e.id: run_one_blis(blis, i, cpu_tier=False)))
     jobs.append(("aiconfigurator_silicon", lambda: run_closed_loop_silicon(args.shared)))
     results = []
     for name, job in jobs:
         cached = CACHE / f"{name}.json"
-        if args.only and name not in args.only and cached.is_file():  # keep the cached result
+        if (args.no_run or (args.only and name not in args.only)) and cached.is_file():  # keep the cached result
             results.append(json.loads(cached.read_text()))
+            continue
+        if args.no_run:
+            print(f"{name}: not cached, left out (--no-run)", flush=True)
             continue
         t0 = time.perf_counter()
         res = job()

@@ -4,7 +4,7 @@
         --oracle-dir ../shared/tools/vllm_oracle --offload-cpu-blocks 64 --offload-block-size 32 \
         --offload-eviction-policy lru --offload-load-steps 2 --offload-store-steps 2 -- \
         --num-blocks 120 --num-requests 150 --out trace.jsonl --workload-out workload.jsonl
-    /tmp/vllm-oracle-venv/bin/python tools/offload_oracle.py --record tests/golden [ORACLE_DIR]
+    HF_HUB_OFFLINE=1 PYTHONHASHSEED=0 /tmp/vllm-oracle-venv/bin/python tools/offload_oracle.py --record tests/golden [ORACLE_DIR [NAME ...]]
 
 Everything after `--` goes to the shared oracle driver (drive.py: workload, fake model runner, trace
 schema), imported, not copied. This file changes three things around it:
@@ -116,6 +116,8 @@ def offloading_configs(args):
     def vllm_config(**kw):
         extra = {"cpu_bytes_to_use": cpu_bytes, "block_size": args.offload_block_size,
                  "eviction_policy": args.offload_eviction_policy}
+        if args.offload_store_threshold:
+            extra["store_threshold"] = args.offload_store_threshold
         kw["kv_transfer_config"] = vc.KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                                        kv_connector_extra_config=extra)
         return real_vllm(**kw)
@@ -138,6 +140,8 @@ def parse_args(argv):
     p.add_argument("--offload-cpu-blocks", type=int, required=True, help="CPU tier size in offload blocks")
     p.add_argument("--offload-block-size", type=int, default=0, help="tokens; 0 = the GPU block size")
     p.add_argument("--offload-eviction-policy", choices=["lru", "arc"], default="lru")
+    p.add_argument("--offload-store-threshold", type=int, default=0,
+                   help="the extra config's store_threshold (>= 2: store only blocks looked up that often)")
     p.add_argument("--offload-load-steps", type=int, default=2)
     p.add_argument("--offload-store-steps", type=int, default=2)
     if "--" in argv:
@@ -198,10 +202,15 @@ GOLDEN = {
                                  "abort_rate": 0.2, "abort_window": 40, "abort_preempted_rate": 0.3, **_BASE},
     "offload_block16_lru_aborts": {"offload_cpu_blocks": 100, "offload_load_steps": 0, "offload_store_steps": 3,
                                    "abort_rate": 0.25, "abort_window": 30, **_BASE, "seed": 1},
+    # store_threshold 2 (vLLM's FilterReusedOffloadingManager): only blocks looked up twice are stored
+    "offload_reuse2_lru": {"offload_cpu_blocks": 48, "offload_block_size": 32, "offload_store_threshold": 2, **_BASE},
+    "offload_reuse3_arc_async": {"offload_cpu_blocks": 64, "offload_eviction_policy": "arc",
+                                 "offload_store_threshold": 3, "offload_load_steps": 3, "offload_store_steps": 1,
+                                 "async_scheduling": True, **_BASE, "seed": 2},
 }
 
 
-def record(out_dir: str, oracle_dir: str) -> int:
+def record(out_dir: str, oracle_dir: str, only: tuple[str, ...] = ()) -> int:
     """Write OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json} for every GOLDEN config;
     config.json's trace_flags are StepTraceConfig's arguments for the replay."""
     import gzip
@@ -212,6 +221,8 @@ def record(out_dir: str, oracle_dir: str) -> int:
     from record_golden import argv_for
 
     for name, flags in GOLDEN.items():
+        if only and name not in only:
+            continue
         d = os.path.join(out_dir, name)
         os.makedirs(d, exist_ok=True)
         trace = os.path.join(d, "trace.jsonl")
@@ -234,8 +245,9 @@ def record(out_dir: str, oracle_dir: str) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--record":  # --record OUT_DIR [ORACLE_DIR]
-        return record(argv[1], argv[2] if len(argv) > 2 else parse_args(["--offload-cpu-blocks", "1"])[0].oracle_dir)
+    if argv and argv[0] == "--record":  # --record OUT_DIR [ORACLE_DIR [NAME ...]]: NAMEs only, when given
+        oracle_dir = argv[2] if len(argv) > 2 else parse_args(["--offload-cpu-blocks", "1"])[0].oracle_dir
+        return record(argv[1], oracle_dir, tuple(argv[3:]))
     args, rest = parse_args(argv)
     return run(args, rest)
 

@@ -61,7 +61,8 @@ def _kv(rng: random.Random) -> dict:
 def _offload(rng: random.Random) -> dict:
     # offload_block_size is set from the drawn GPU block size in random_config
     return {"offload_cpu_blocks": rng.choice([4, 16, 48, 200]), "offload_eviction_policy": rng.choice(["lru", "arc"]),
-            "offload_load_steps": rng.choice([0, 1, 3, 6]), "offload_store_steps": rng.choice([1, 2, 5])}
+            "offload_load_steps": rng.choice([0, 1, 3, 6]), "offload_store_steps": rng.choice([1, 2, 5]),
+            "offload_store_threshold": rng.choice([0, 0, 2, 3])}  # vLLM filters stores from 2
 
 
 def _mamba(rng: random.Random) -> dict:

@@ -4,8 +4,9 @@ the connector built from them.
 vLLM 0.19.1: `--kv-offloading-size GiB` (CacheConfig.kv_offloading_size, the total over TP ranks)
 with `kv_offloading_backend="native"` becomes `KVTransferConfig(kv_connector="OffloadingConnector",
 kv_connector_extra_config={"cpu_bytes_to_use": GiB * 2**30})` (VllmConfig._post_init_kv_transfer_
-config); the extra config also takes `block_size` (offload block, tokens) and `eviction_policy`
-(lru | arc). CPUOffloadingSpec sizes the tier as cpu_bytes_to_use // (KV bytes of one GPU block over
+config); the extra config also takes `block_size` (offload block, tokens), `eviction_policy`
+(lru | arc) and `store_threshold` / `max_tracker_size` (store only blocks looked up that often:
+reuse.py). CPUOffloadingSpec sizes the tier as cpu_bytes_to_use // (KV bytes of one GPU block over
 all layers and ranks * block_size_factor).
 
 Refusals: an offload block size that is not a multiple of the GPU block size (vLLM's OffloadingSpec
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from servesim.scheduler.kv_offload.connector import OffloadingConnectorScheduler
 from servesim.scheduler.kv_offload.manager import CPUOffloadingManager
 from servesim.scheduler.kv_offload.policies import CACHE_POLICIES
+from servesim.scheduler.kv_offload.reuse import DEFAULT_MAX_TRACKER_SIZE, ReuseTracker
 from servesim.scheduler.registry import Registry, unknown_name_message
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ class OffloadConfig:
     cpu_gib: float | None = None  # vLLM's --kv-offloading-size (all ranks together)
     block_size: int | None = None
     eviction_policy: str = "lru"
+    # vLLM's extra config store_threshold: >= 2 stores only blocks looked up that many times (reuse.py);
+    # 0 (vLLM's default) or 1: every block. max_tracker_size bounds the hashes it counts.
+    store_threshold: int = 0
+    max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE
 
     def __post_init__(self) -> None:
         _require((self.num_cpu_blocks is None) != (self.cpu_gib is None),
@@ -58,6 +64,22 @@ class OffloadConfig:
         _require(self.eviction_policy in CACHE_POLICIES,
                  "offload: " + unknown_name_message("eviction_policy", self.eviction_policy, CACHE_POLICIES)
                  + f" (valid: {', '.join(CACHE_POLICIES.names())})")
+        for name in ("store_threshold", "max_tracker_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool),
+                     f"offload: {name} must be an integer, got {value!r}")
+        _require(self.store_threshold >= 0, f"offload: store_threshold must be >= 0 (0 or 1: store every block), "
+                                            f"got {self.store_threshold}")
+        self.reuse_tracker()  # vLLM's FilterReusedOffloadingManager checks, when the filter is on
+
+    def reuse_tracker(self) -> ReuseTracker | None:
+        """The store filter (vLLM builds it only for store_threshold >= 2), or None."""
+        if self.store_threshold < 2:
+            return None
+        try:
+            return ReuseTracker(self.store_threshold, self.max_tracker_size)
+        except ValueError as e:
+            raise ValueError(f"offload: {e}") from None
 
     def block_size_factor(self, gpu_block_size: int) -> int:
         size = gpu_block_size if self.block_size is None else self.block_size
@@ -89,7 +111,7 @@ def make_offloading_connector(cfg: OffloadConfig, gpu_block_size: int, enable_pr
              "which servesim computes only with prefix caching)")
     factor = cfg.block_size_factor(gpu_block_size)
     manager = CPUOffloadingManager(gpu_block_size * factor, cfg.num_blocks(gpu_block_size, kv_bytes_per_gpu_block),
-                                   cfg.eviction_policy, enable_events)
+                                   cfg.eviction_policy, enable_events, cfg.reuse_tracker())
     return OffloadingConnectorScheduler(gpu_block_size, factor, manager, enable_prefix_caching)
 
 

@@ -9,7 +9,9 @@ It knows which offload blocks (keyed by the hash of their last GPU block) the ti
 - `prepare_store` / `complete_store`: room for the blocks not held yet, evicting if needed
   (a block in flight is not ready: not loadable, not evictable), then ready once stored.
 CPU block ids: fresh ids 0, 1, ... until the tier is full, then ids freed by evictions, last freed
-first (vLLM's free list). Events (stored / removed hashes) are kept only when enabled.
+first (vLLM's free list). Events (stored / removed hashes) are kept only when enabled. With a
+ReuseTracker (store_threshold), lookups count hashes and stores keep only blocks seen often enough
+(vLLM's FilterReusedOffloadingManager around this manager; reuse.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from servesim.scheduler.kv_offload.policies import CACHE_POLICIES, BlockStatus
+from servesim.scheduler.kv_offload.reuse import ReuseTracker
 
 CPU_MEDIUM = "CPU"  # vLLM's CPULoadStoreSpec.medium()
 
@@ -39,10 +42,10 @@ class OffloadingEvent:
 
 class CPUOffloadingManager:
     __slots__ = ("block_size", "medium", "_num_blocks", "_num_allocated_blocks", "_free_list", "events",
-                 "_policy")
+                 "_policy", "reuse")
 
     def __init__(self, block_size: int, num_blocks: int, cache_policy: str = "lru",
-                 enable_events: bool = False) -> None:
+                 enable_events: bool = False, reuse: ReuseTracker | None = None) -> None:
         policy_cls = CACHE_POLICIES.get(cache_policy)  # unknown: UnknownNameError with a did-you-mean
         self.block_size = block_size
         self.medium = CPU_MEDIUM
@@ -51,6 +54,8 @@ class CPUOffloadingManager:
         self._free_list: list[int] = []
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self._policy = policy_cls(cache_capacity=num_blocks)
+        # store_threshold >= 2: lookups count hashes, stores skip the rarely seen (reuse.py)
+        self.reuse = reuse
 
     # --- block pool ---
     def num_free_blocks(self) -> int:
@@ -67,6 +72,9 @@ class CPUOffloadingManager:
     # --- the OffloadingManager contract ---
     def lookup(self, block_hashes: Iterable[bytes]) -> int:
         """Blocks held and ready, counted from the first until a miss."""
+        if self.reuse is not None:
+            block_hashes = list(block_hashes)
+            self.reuse.record(block_hashes)
         hits = 0
         for block_hash in block_hashes:
             block = self._policy.get(block_hash)
@@ -97,7 +105,7 @@ class CPUOffloadingManager:
     def prepare_store(self, block_hashes: Iterable[bytes]) -> PrepareStoreOutput | None:
         """Room for the blocks not held yet (evicting others, never one of the given blocks), or
         None when not enough blocks can be evicted."""
-        hashes = list(block_hashes)
+        hashes = list(block_hashes) if self.reuse is None else self.reuse.eligible(block_hashes)
         policy = self._policy
         to_store = [h for h in hashes if policy.get(h) is None]
         if not to_store:

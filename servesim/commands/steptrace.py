@@ -71,6 +71,8 @@ def step_trace(
     offload_cpu_blocks: int = typer.Option(0, help="N > 0: vLLM's OffloadingConnector with a CPU tier of N offload blocks"),
     offload_block_size: int = typer.Option(0, help="offload block size in tokens (a multiple of --block-size; 0: equal)"),
     offload_eviction_policy: str = typer.Option("lru", help="the CPU tier's eviction policy: lru | arc"),
+    offload_store_threshold: int = typer.Option(0, help="N >= 2: store only blocks looked up N times (vLLM's "
+                                                        "store_threshold; 0: every block)"),
     offload_load_steps: int = typer.Option(2, help="a CPU->GPU load is reported finished this many steps later"),
     offload_store_steps: int = typer.Option(2, help="a GPU->CPU store completes this many steps later"),
     groups: str = typer.Option("", help="KV cache groups, e.g. full,mamba | full,chunked_local:64 | sink_full:32"),
@@ -104,8 +106,8 @@ def step_trace(
             cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
             trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
             offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
-            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps, groups=groups,
-            mamba_cache_mode=mamba_cache_mode)
+            offload_store_threshold=offload_store_threshold, offload_load_steps=offload_load_steps,
+            offload_store_steps=offload_store_steps, groups=groups, mamba_cache_mode=mamba_cache_mode)
         sc, cc = cfg.configs()
         cfg.offload_config()
     except ValueError as e:

@@ -45,6 +45,9 @@ def validate(
                                        "over HTTP, e.g. blis_h100_trainval; off for engine timestamps)"),
     client_timeout_s: float = typer.Option(None, "--client-timeout-s",
                                            help="blis_h100_trainval: clients give up after this (s)"),
+    cpu_kv_tier: bool = typer.Option(True, "--cpu-kv-tier/--no-cpu-kv-tier",
+                                     help="blis_h100_trainval: model the CPU KV tier the run served with "
+                                          "(its cpu_kv_blocks; off: compare without it)"),
     sampling: list[str] = typer.Option([], "--sampling",
                                        help="the requests' sampling parameters instead of the run's rule "
                                             "(a sampling: field, repeatable): --sampling top_p=0.9 "
@@ -61,7 +64,7 @@ def validate(
     given_sampling = _sampling_option(sampling)
     if is_blis_dir(run_dir):  # per-stage aggregates: the workload is rebuilt from the run's spec
         _validate_blis(run_dir, experiment, cost_model, cpu_overhead, out, frontend is not False, client_timeout_s,
-                       given_sampling, host, tuple(sets))
+                       given_sampling, host, tuple(sets), cpu_kv_tier)
         return
     if workload is None:
         raise typer.BadParameter("--workload is required for this run layout", param_hint="--workload")
@@ -129,7 +132,7 @@ def _sampling_option(items: list[str]):
 
 def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_overhead: str,
                    out: Path, frontend: bool, client_timeout_s: float | None, sampling=None,
-                   host: str | None = None, sets: tuple[str, ...] = ()) -> None:
+                   host: str | None = None, sets: tuple[str, ...] = (), cpu_tier: bool = True) -> None:
     from servesim.simulator.validation.blis import format_blis_report, load_experiments, validate_blis
     from servesim.simulator.validation.replay import write_json_atomic
 
@@ -137,7 +140,8 @@ def _validate_blis(run_dir: Path, experiment: str | None, cost_model: str, cpu_o
         ids = ", ".join(e.id for e in load_experiments(run_dir))
         raise typer.BadParameter(f"pick a run: {ids}", param_hint="--experiment")
     rep = validate_blis(run_dir, experiment, "auto" if cost_model == "calibrated" else cost_model,
-                        cpu_overhead, frontend, client_timeout_s, sampling=sampling, host=host, sets=sets)
+                        cpu_overhead, frontend, client_timeout_s, sampling=sampling, host=host, sets=sets,
+                        cpu_tier=cpu_tier)
     write_json_atomic(out / "validation.json", rep)
     typer.echo(format_blis_report(rep))
     typer.echo(f"wrote {out / 'validation.json'}")

@@ -7,7 +7,8 @@ report (calibration.py) and the validation pages (validation.py).
 
 Figure functions (each returns a matplotlib Figure, so notebooks can show or restyle them):
 `run.latency_cdfs`, `run.timeline`, `run.preemptions_and_hits`, `run.batch_composition`,
-`sweep.metrics_vs_axis`, `sweep.small_multiples`, `sweep.latency_overlay`.
+`sweep.metrics_vs_axis`, `sweep.small_multiples`, `sweep.latency_overlay`, `offload.tier_sizing` (a
+sweep over the CPU KV tier's size).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def plot_run(folder: str | Path, out: str | Path | None = None) -> tuple[list[Pa
 
 
 def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
+    from servesim.plots import offload as op
     from servesim.plots import sweep as sp
     from servesim.plots.report import sweep_table, write_report
     from servesim.scenario.model import short_label
@@ -70,6 +72,10 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
                     (_save(sp.latency_overlay(sw), out / "latency_cdfs.png"), "Latency CDFs per variant"),
                     (_save(sp.small_multiples(sw), out / "small_multiples.png"),
                      "Running / waiting requests and KV usage over time, one panel per variant")]
+        if op.tier_axis(sw) is not None:  # the sweep sizes the CPU KV tier: "how much CPU KV do I need?"
+            overview.insert(1, (_save(op.tier_sizing(sw), out / "offload_tier_sizing.png"),
+                                "CPU KV tier: TTFT (mean, p90) and hit rates (GPU prefix cache, CPU tier, "
+                                "combined) against tier size"))
         sections.append(("Sweep overview", overview, False))
     for name in list(ok["variant"])[:MAX_VARIANT_PAGES]:
         figs = run_figures(sw.variant(name), out / "variants" / name, cdfs=False)

@@ -30,15 +30,11 @@ GIB_BYTES = 1 << 30
 def cpu_tier_bytes(cfg: SimConfig, cache: CacheConfig) -> int:
     """Host bytes the replica's CPU KV tier pins, over all its ranks (0 without a tier); cfg and
     cache resolved (Engine.cfg, Engine.cache)."""
-    from servesim.simulator.specs import kv_bytes_per_token, resolve_model
-
     hw = cfg.hardware
     if cfg.engine == "vllm" and cfg.kv_offload.enabled:
-        from servesim.simulator.kv_offload import tier_num_blocks
+        from servesim.simulator.kv_offload import tier_bytes
 
-        factor = cfg.kv_offload.offload_config().block_size_factor(cache.block_size)
-        per_gpu_block = kv_bytes_per_token(resolve_model(hw.model), hw.tp) * cache.block_size * hw.tp
-        return tier_num_blocks(cfg, cache) * factor * per_gpu_block
+        return tier_bytes(cfg, cache)
     if cfg.engine == "sglang" and cfg.sglang.hicache.enable_hierarchical_cache:
         from servesim.simulator.scheduler_kinds.sglang import map_sglang_config, resolve_hicache
 

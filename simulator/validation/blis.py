@@ -26,6 +26,7 @@ from servesim.simulator.cost_model.cudagraph import default_capture_sizes
 from servesim.simulator.config import ClientConfig, CostModelConfig, HardwareConfig, SimConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.kv_offload import KvOffloadConfig
 from servesim.simulator.sampling import SamplingConfig
 from servesim.simulator.specs import resolve_gpu, resolve_model
 from servesim.traces.bench import BenchConfig, StageConfig, bench_workload
@@ -40,6 +41,7 @@ CONFIGS = "blis_trainval15_experiment_configs.json"
 METRICS = "blis_trainval15_actual_metrics.csv"
 CHAT_TEMPLATE_TOKENS = 25  # README: observed prompts are system + question + ~25 tokens
 MAX_MODEL_LEN = 4096  # README: every run served with max_model_len=4096
+BLOCK_SIZE = 16  # README: block size 16 (the GPU KV blocks, and the units of cpu_kv_blocks)
 STATS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p90", "e2e_p99")
 
 
@@ -66,6 +68,7 @@ class BlisExperiment:
     output_len: int
     stages: tuple[BlisStage, ...]
     engine_version: str = "0.15.1"
+    cpu_kv_blocks: int = 0  # as recorded: the CPU tier in per-GPU blocks (0: no tier; cpu_tier_gib)
 
 
 def is_blis_dir(path: str | Path) -> bool:
@@ -94,7 +97,7 @@ def load_experiments(path: str | Path) -> list[BlisExperiment]:
             num_system_prompts=int(sp["num_unique_system_prompts"]),
             users_per_system_prompt=int(sp["num_users_per_system_prompt"]),
             system_prompt_len=int(sp["system_prompt_len"]), question_len=int(sp["question_len"]),
-            output_len=int(sp["output_len"]), stages=stages))
+            output_len=int(sp["output_len"]), stages=stages, cpu_kv_blocks=int(e.get("cpu_kv_blocks") or 0)))
     return out
 
 
@@ -128,9 +131,33 @@ def blis_workload(exp: BlisExperiment) -> tuple[Workload, np.ndarray]:
     return wl, stage_of
 
 
+def cpu_tier_gib(exp: BlisExperiment) -> int | None:
+    """The run's `--kv-offloading-size` in GiB (None: no CPU tier).
+
+    The runs record the tier as ``cpu_kv_blocks``: upstream (inference-sim's log extractor) divided
+    the server log's ``cpu_bytes_to_use`` by ONE GPU's KV bytes per 16-token block, so the count is
+    8 GiB // (kv_bytes_per_token(model, tp) x 16) for every run with a tier (two runs record one
+    block fewer: an earlier extractor estimated the block's bytes from the GPU pool). The whole GiB
+    is recovered here and checked against the model's KV layout; vLLM sizes the tier from it
+    (simulator/kv_offload.py: CPUOffloadingSpec divides the bytes by the block's bytes over ALL
+    tp ranks, so under TP the modelled tier is cpu_kv_blocks / tp blocks, not cpu_kv_blocks)."""
+    if exp.cpu_kv_blocks <= 0:
+        return None
+    from servesim.simulator.specs import kv_bytes_per_token
+
+    block_bytes = kv_bytes_per_token(resolve_model(exp.model), exp.tp) * BLOCK_SIZE  # one GPU's block
+    gib = round(exp.cpu_kv_blocks * block_bytes / 2**30)
+    whole = gib * 2**30 // block_bytes if gib > 0 else 0
+    if not whole - 1 <= exp.cpu_kv_blocks <= whole:
+        raise InputError(f"run {exp.id}: cpu_kv_blocks {exp.cpu_kv_blocks} is not a whole number of GiB of "
+                         f"{exp.model}'s KV at tp={exp.tp} ({block_bytes} bytes per block per GPU)",
+                         path=CONFIGS, field="cpu_kv_blocks", allowed=f"{whole - 1} or {whole} for {gib} GiB")
+    return gib
+
+
 def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str = "calibrated",
                 frontend: bool = True, client_timeout_s: float | None = None,
-                sampling: SamplingConfig | None = None) -> tuple[SimConfig, dict]:
+                sampling: SamplingConfig | None = None, cpu_tier: bool = True) -> tuple[SimConfig, dict]:
     """The run's engine, and (measured over HTTP by inference-perf) the OpenAI frontend and the
     clients in front of it (docs/FRONTEND.md). inference-perf sends no sampling parameters, so the
     requests sample with the model's generation-config defaults (validation/generation_defaults.py)
@@ -140,6 +167,7 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
     else:
         sampling_source = "given"
     spec = resolve_model(exp.model)
+    tier_gib = cpu_tier_gib(exp)  # the run's CPU KV tier, on unless cpu_tier=False (a comparison)
     defaults = vllm_defaults(exp.engine_version)
     name = cost_model
     if cost_model == "auto":  # the shipped fit where one exists for this deployment
@@ -158,11 +186,13 @@ def blis_config(exp: BlisExperiment, cost_model: str = "auto", cpu_overhead: str
                                   max_num_batched_tokens=exp.max_num_batched_tokens,
                                   max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
                                   async_scheduling=bool(defaults["async_scheduling"][0])),
-        cache=CacheConfig(block_size=16, num_gpu_blocks=exp.num_gpu_blocks,
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_gpu_blocks=exp.num_gpu_blocks,
                           enable_prefix_caching=True),
         derive_num_gpu_blocks=False, cost_model=cm, frontend=FrontendConfig(enabled=frontend),
-        client=ClientConfig(timeout_s=client_timeout_s), sampling=sampling)
-    return cfg, {"model": spec.name, "weight_dtype": spec.weight_dtype, "gpu": exp.gpu,
+        client=ClientConfig(timeout_s=client_timeout_s), sampling=sampling,
+        kv_offload=KvOffloadConfig(kv_offloading_size=tier_gib if cpu_tier else None))
+    return cfg, {"cpu_kv_tier_gib": tier_gib if cpu_tier else None, "cpu_kv_tier_recorded_gib": tier_gib,
+                 "model": spec.name, "weight_dtype": spec.weight_dtype, "gpu": exp.gpu,
                  "tp": exp.tp, "cost_model": name, "num_gpu_blocks": exp.num_gpu_blocks,
                  "cudagraph_max_size": graphs[-1] if graphs else None,
                  "frontend": frontend, "client_timeout_s": client_timeout_s,
@@ -197,13 +227,13 @@ def _stats(req: pd.DataFrame) -> dict[str, float]:
 def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
                   cpu_overhead: str = "calibrated", frontend: bool = True,
                   client_timeout_s: float | None = None, sampling: SamplingConfig | None = None,
-                  host: str | None = None, sets: tuple[str, ...] = ()) -> dict:
+                  host: str | None = None, sets: tuple[str, ...] = (), cpu_tier: bool = True) -> dict:
     """Simulate one BLIS run and compare every measured stage (and the summary row). ``host``
     and ``sets`` (``--host``, ``--set KEY=VALUE``) apply on top of the config rebuilt from the run,
     with replay's keys and checks; the report lists them under ``settings.overrides``."""
     exp = find_experiment(path, experiment)
     wl, stage_of = blis_workload(exp)
-    cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s, sampling)
+    cfg, info = blis_config(exp, cost_model, cpu_overhead, frontend, client_timeout_s, sampling, cpu_tier)
     cfg, info = _with_overrides(cfg, info, host, sets)
     res = build_engine(cfg, wl).run()
     req = res.metrics.requests_frame().set_index("request_id")
@@ -226,8 +256,15 @@ def validate_blis(path: str | Path, experiment: str, cost_model: str = "auto",
                      "the run publishes neither the timeout nor the failure count "
                      + (f"(client timeout modelled: {client_timeout_s:g} s)" if client_timeout_s
                         else "(no client timeout modelled: --client-timeout-s to add one)"))
+    if info["cpu_kv_tier_recorded_gib"] is not None:
+        notes.append(f"the run served with a {info['cpu_kv_tier_recorded_gib']} GiB CPU KV tier (vLLM's "
+                     "OffloadingConnector): " + ("modelled (--no-cpu-kv-tier to compare without it)"
+                                                 if cfg.kv_offload.enabled else "NOT modelled (--no-cpu-kv-tier)"))
     return {"format": "servesim-validation-blis", "version": 1, "experiment": exp.label,
             "settings": info, "num_requests": len(wl.requests), "stages": stages, "notes": notes,
+            "prefix_cache": {"hit_tokens": res.prefix_hits, "query_tokens": res.prefix_queries,
+                             "hit_rate": res.prefix_hits / res.prefix_queries if res.prefix_queries else 0.0},
+            "kv_offload": res.kv_offload.summary() if res.kv_offload is not None else None,
             "simulation": {"num_steps": res.num_steps, "wall_time_s": res.wall_time_s}}
 
 
@@ -243,5 +280,14 @@ def format_blis_report(rep: dict) -> str:
             v = stats[k]
             lines.append(f"{stage:<9}{k:<10}{v['measured_ms']:>11.1f}{v['simulated_ms']:>11.1f}"
                          f"{100 * v['error']:>+7.1f}%")
+    from servesim.simulator.kv_offload_report import summary_line
+
+    pc = rep.get("prefix_cache")
+    if pc is not None:
+        lines.append(f"GPU prefix cache: {pc['hit_tokens']} hit tokens of {pc['query_tokens']} "
+                     f"({100 * pc['hit_rate']:.1f} %)")
+    tier = summary_line(rep)
+    if tier is not None:
+        lines.append(tier)
     lines += [f"note: {n}" for n in rep["notes"]]
     return "\n".join(lines)
