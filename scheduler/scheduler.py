@@ -107,6 +107,8 @@ class Scheduler:
             request = requests[rid]
             request.num_computed_tokens += n
             request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            if request.structured_output_request is not None and not request.is_prefill_chunk:
+                out.has_structured_output_requests = True
         self.finished_req_ids = set()
 
     def make_request(self, request_id: str, prompt_token_ids: list[int], sampling_params, **kw) -> Request:

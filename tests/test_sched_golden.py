@@ -60,6 +60,8 @@ FEATURE_FLAGS = {
     "pipeline_parallel": lambda f: f.get("pipeline_parallel_size", 1) > 1,
     "offload_lru": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy", "lru") == "lru",
     "offload_arc": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy") == "arc",
+    "grammar": lambda f: f.get("grammar_rate", 0) > 0,
+    "streaming_input": lambda f: f.get("streaming_rate", 0) > 0,
 }
 
 
