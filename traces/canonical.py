@@ -28,7 +28,7 @@ COLUMNS: dict[str, str] = {
     "output_len": "length", "prompt_token_ids": "ids", "prefix_hash_ids": "hashes",
     "prefix_block_len": "length", "prefix_group": "count", "prefix_len": "count",
     "priority": "int", "session_id": "text", "is_last_turn": "bool", "lora_id": "int",
-    "arrival_step": "count",
+    "arrival_step": "count", "grammar_compile_ms": "time",
 }
 REQUIRED = ("request_id", "arrival_time_s", "output_len")
 _MIN = {"length": 1, "count": 0, "int": None}

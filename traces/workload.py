@@ -56,6 +56,9 @@ class RequestSpec:
     lora_id: int | None = None
     arrival_step: int | None = None  # only for step-indexed workloads (the vLLM oracle format)
     timeout_s: float | None = None  # the client gives up this long after sending (None: the run's client.timeout_s)
+    # Structured output: the request's grammar compiles this long before it can be scheduled
+    # (simulator/structured_output.py); None: no grammar.
+    grammar_compile_ms: float | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -106,6 +109,9 @@ class RequestSpec:
             return "arrival_step", f"got {self.arrival_step}", "an integer >= 0 or none"
         if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             return "timeout_s", f"got {self.timeout_s!r}", "a finite number of seconds > 0, or none"
+        ms = self.grammar_compile_ms
+        if ms is not None and not (isinstance(ms, (int, float)) and ms >= 0 and math.isfinite(ms)):
+            return "grammar_compile_ms", f"got {ms!r}", "a finite number of milliseconds >= 0, or none"
         return None
 
     def _stream_key(self) -> int:
