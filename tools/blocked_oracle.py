@@ -144,8 +144,6 @@ class BlockedScheduler:
             rec["stream_inputs"] = self._stream_inputs
             rec["num_waiting_for_streaming_input"] = s.num_waiting_for_streaming_input
             rec["num_unfinished"] = s.get_num_unfinished_requests()
-        if os.environ.get("BLOCKED_DEBUG_FREE"):
-            rec["free_queue"] = [b.block_id for b in s.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
         self._ready, self._stream_inputs = [], {}
         self.records.append(rec)
         return so

@@ -71,6 +71,10 @@ def step_trace(
     offload_eviction_policy: str = typer.Option("lru", help="the CPU tier's eviction policy: lru | arc"),
     offload_load_steps: int = typer.Option(2, help="a CPU->GPU load is reported finished this many steps later"),
     offload_store_steps: int = typer.Option(2, help="a GPU->CPU store completes this many steps later"),
+    grammar_rate: float = typer.Option(0.0, help="(workload generation) switches the grammar-wait trace fields on"),
+    grammar_max_steps: int = typer.Option(6, help="(workload generation only)"),
+    streaming_rate: float = typer.Option(0.0, help="(workload generation) switches the streaming-input trace fields on"),
+    stream_gap: int = typer.Option(30, help="(workload generation only)"),
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
@@ -100,7 +104,9 @@ def step_trace(
             cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
             trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
             offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
-            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps)
+            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps,
+            grammar_rate=grammar_rate, grammar_max_steps=grammar_max_steps, streaming_rate=streaming_rate,
+            stream_gap=stream_gap)
         sc, cc = cfg.configs()
         cfg.offload_config()
     except ValueError as e:
