@@ -147,9 +147,8 @@ class Request:
         self.is_last_step = is_last_step
         self.status = RequestStatus.WAITING
         # vLLM's Request: a request with structured output starts blocked on its grammar.
-        self.structured_output_request: StructuredOutputRequest | None = None
+        self.structured_output_request = StructuredOutputRequest() if structured_output else None
         if structured_output:
-            self.structured_output_request = StructuredOutputRequest()
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.resumable = resumable
         # Input chunks (or None: the input stream closed) that arrived while the session ran.
