@@ -48,7 +48,6 @@ from servesim.simulator.startup import resolve_cache, resolved
 from servesim.simulator.step_book import StepBook
 from servesim.simulator.structured_output import GrammarTimes
 from servesim.simulator.watchdog import Watchdog
-from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
 
 __all__ = ["Engine", "InFlight", "StallError", "resolve_cache"]
@@ -201,18 +200,13 @@ class Engine:
                 self._gone(spec.request_id)
                 return
             self.deadlines.push(deadline_s, spec.request_id)
-        compile_s = self.grammar_times.compile_s(spec)
-        if compile_s is not None and (self.cfg.engine != "vllm" or self.planner is not None):
-            # The planner was built without seeing this request (a cluster routes requests in).
-            raise InputError(f"request {spec.request_id!r}: a grammar wait needs engine: vllm and, in a cluster, "
-                             "macro_steps: false", field="grammar_compile_ms",
-                             allowed="no grammar_compile_ms with engine: sglang or with a cluster's fast path")
+        compile_s = self.grammar_times.compile_s(spec, self.cfg.engine, self.planner is not None)
         req = self.requests_in.make(spec, now, structured_output=compile_s is not None)
         sched.add_request(req, now_s=now)
         self.book.arrived_since_step.append(spec.request_id)
         if compile_s is not None:  # it waits in skipped_waiting until its grammar has compiled
             self.book.metrics.requests[spec.request_id].grammar_wait_s = compile_s
-            self.env.timeout(compile_s).callbacks.append(lambda _e, rid=spec.request_id: self._grammar_ready(rid))
+            self.grammar_times.start_timer(self.env, compile_s, spec.request_id, self._grammar_ready)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
 

@@ -63,12 +63,26 @@ class GrammarTimes:
         """Whether requests without the trace field can need a grammar."""
         return self._rate > 0
 
-    def compile_s(self, spec: RequestSpec) -> float | None:
+    def compile_s(self, spec: RequestSpec, engine: str = "vllm", has_planner: bool = False) -> float | None:
+        """Its compile time; refuses a grammar where the run cannot model it (SGLang's scheduler,
+        or a fast path built before the request was seen: a cluster routes requests in)."""
         if spec.grammar_compile_ms is not None:
-            return spec.grammar_compile_ms / 1e3
-        if self._rate > 0 and _unit(f"{self._seed}:{spec.request_id}:structured_output") < self._rate:
-            return self._default_s
-        return None
+            compile_s: float | None = spec.grammar_compile_ms / 1e3
+        elif self._rate > 0 and _unit(f"{self._seed}:{spec.request_id}:structured_output") < self._rate:
+            compile_s = self._default_s
+        else:
+            return None
+        if engine != "vllm" or has_planner:
+            raise InputError(f"request {spec.request_id!r}: a grammar wait needs engine: vllm and, in a cluster, "
+                             "macro_steps: false", field="grammar_compile_ms",
+                             allowed="no grammar_compile_ms with engine: sglang or with a cluster's fast path")
+        return compile_s
+
+    @staticmethod
+    def start_timer(env, compile_s: float, request_id: str, on_ready) -> None:
+        """The compile runs (vLLM: in StructuredOutputManager's thread pool) while the request
+        waits; on_ready(request_id) when it ends."""
+        env.timeout(compile_s).callbacks.append(lambda _event: on_ready(request_id))
 
 
 def workload_needs_grammar(cfg: StructuredOutputConfig, specs) -> bool:

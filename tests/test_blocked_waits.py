@@ -186,3 +186,14 @@ def test_canonical_traces_keep_the_grammar_field(tmp_path):
                          tmp_path / "t.jsonl")
     assert json.loads(path.read_text().splitlines()[0])["grammar_compile_ms"] == 80.0
     assert load_canonical(path).requests[0].grammar_compile_ms == 80.0
+
+
+@pytest.mark.parametrize("engine, has_planner", [("sglang", False), ("vllm", True)])
+def test_a_grammar_where_the_run_cannot_model_it_is_refused_naming_the_request(engine, has_planner):
+    from servesim.simulator.structured_output import GrammarTimes
+
+    times = GrammarTimes(StructuredOutputConfig(), seed=0)
+    assert times.compile_s(RequestSpec("n", 0.0, 4, 2), engine, has_planner) is None  # no grammar: fine
+    with pytest.raises(InputError, match="request 'g'") as e:
+        times.compile_s(RequestSpec("g", 0.0, 4, 2, grammar_compile_ms=5.0), engine, has_planner)
+    assert e.value.field == "grammar_compile_ms"
