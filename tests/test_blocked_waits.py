@@ -197,3 +197,48 @@ def test_a_grammar_where_the_run_cannot_model_it_is_refused_naming_the_request(e
     with pytest.raises(InputError, match="request 'g'") as e:
         times.compile_s(RequestSpec("g", 0.0, 4, 2, grammar_compile_ms=5.0), engine, has_planner)
     assert e.value.field == "grammar_compile_ms"
+
+
+# --- simulated runs: streaming-input sessions ----------------------------------------------------------
+def test_a_session_generates_per_chunk_and_finishes_once_after_its_last_chunk():
+    from servesim.simulator.fastpath import SESSIONS_DECLINED
+
+    specs = [RequestSpec("s", 0.0, 32, 4, input_chunk_offsets_s=(1.0, 2.0), input_chunk_lens=(8, 5)),
+             RequestSpec("p", 0.5, 32, 4)]
+    for async_scheduling in (False, True):
+        cfg = _sim_cfg()
+        cfg.scheduler.async_scheduling = async_scheduling
+        engine = Engine(cfg, Workload(list(specs), name="t", source="test"))
+        assert planner_for(engine).declined == SESSIONS_DECLINED
+        engine.run()
+        s = engine.metrics.requests["s"]
+        times = list(s.token_times_s)
+        # 4 tokens per chunk (the first chunk's max_tokens), each chunk starting when it arrives
+        assert len(times) == 12 and times[3] < 1.0 <= times[4] and times[7] < 2.0 <= times[8]
+        assert s.finish_reason == "length" and s.finish_s == times[-1]
+        assert engine.metrics.requests["p"].finish_reason == "length"
+        assert not engine.scheduler.requests  # nothing left parked
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"input_chunk_offsets_s": (1.0,)}, "input_chunk_lens"),  # lengths missing
+    ({"input_chunk_offsets_s": (2.0, 1.0), "input_chunk_lens": (3, 3)}, "input_chunk_offsets_s"),
+    ({"input_chunk_offsets_s": (0.0,), "input_chunk_lens": (3,)}, "input_chunk_offsets_s"),
+    ({"input_chunk_offsets_s": (1.0,), "input_chunk_lens": (0,)}, "input_chunk_lens"),
+    ({"input_chunk_offsets_s": (1.0,), "input_chunk_lens": (3,), "grammar_compile_ms": 1.0}, "input_chunk_lens"),
+])
+def test_bad_input_chunks_name_the_request_and_field(kw, field):
+    with pytest.raises(InputError, match="request 'q'") as e:
+        RequestSpec("q", 0.0, 4, 2, **kw)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_canonical_traces_keep_input_chunks(tmp_path, suffix):
+    from servesim.traces.canonical import load_canonical, save_workload
+
+    spec = RequestSpec("q", 0.0, 4, 2, input_chunk_offsets_s=(0.25, 1.5), input_chunk_lens=(3, 9))
+    path = save_workload(Workload([spec, RequestSpec("r", 0.1, 4, 2)], name="t", source="test"), tmp_path / f"t{suffix}")
+    back = load_canonical(path).requests
+    assert (back[0].input_chunk_offsets_s, back[0].input_chunk_lens) == ((0.25, 1.5), (3, 9))
+    assert back[1].input_chunk_offsets_s is None and back[1].input_chunk_lens is None

@@ -39,6 +39,10 @@ FRONTEND_LOOP_DECLINED = ("the frontend's serial event loop: each step's deliver
 GRAMMAR_DECLINED = "structured output: grammar compiles end at times of their own that a run's steps do not see"
 
 
+# A session's next input chunk arrives at a time of its own, and its chunk ends are not finishes.
+SESSIONS_DECLINED = "streaming input: a session's chunks arrive at times of their own and its chunk ends finish nothing"
+
+
 @dataclass(slots=True, frozen=True)
 class PlannerChoice:
     planner: RunPlanner | None
@@ -59,6 +63,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
     elif engine.grammar_times.may_block or (engine.workload is not None and workload_needs_grammar(
             cfg.structured_output, engine.workload.requests)):
         why = GRAMMAR_DECLINED
+    elif engine.workload is not None and any(s.input_chunk_offsets_s is not None for s in engine.workload.requests):
+        why = SESSIONS_DECLINED
     elif engine.kv_offload is not None:
         why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"
     elif cfg.hardware.pp > 1:
