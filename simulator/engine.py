@@ -103,7 +103,8 @@ class Engine:
         self.in_flight: InFlight = deque()  # the loop's steps in flight (scheduled, not yet updated)
         self.planner: RunPlanner | None = None
         self.planner_declined: str | None = NO_PLANNER
-        self.sessions = SessionInputs(self.env, self.scheduler, self.notify)  # streaming-input chunks to come  # why there is no planner (None: there is one)
+        # Streaming-input chunks to come (simulator/streaming_input.py).
+        self.sessions = SessionInputs(self.env, self.scheduler, self.notify, self.book.metrics.requests)  # why there is no planner (None: there is one)
 
     def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
         """Plug in a fast path (before the engine starts), or record why there is none."""

@@ -10,6 +10,9 @@ stops. Between chunks the session keeps its KV and waits in WAITING_FOR_STREAMIN
 not unfinished work (the engine loop idles until the next chunk). Each chunk generates the
 request's output_len tokens (vLLM keeps the first chunk's max_tokens for the whole session).
 
+Each session's time parked (its previous chunk done, the next not there yet) adds up in its
+record's `input_wait_s`.
+
 A session's chunk ends carry a finish reason in the step outputs, as vLLM's do; only the session's
 last one finishes the request (`is_chunk_end` tells them apart). A chunk for a session that has
 already finished (its client gave up) is dropped, as AsyncLLM cancels that input stream.
@@ -20,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from servesim.scheduler import Request, SamplingParams
+from servesim.scheduler import Request, RequestStatus, SamplingParams
 from servesim.traces.errors import InputError
 from servesim.traces.tokens import stream_tokens, text_stream
 from servesim.traces.workload import RequestSpec
@@ -31,12 +34,14 @@ CLOSE_PROMPT = (0,)  # AsyncLLM's final request carries a one-token prompt nobod
 class SessionInputs:
     """The input chunks still to come for a run's sessions, and which requests are sessions."""
 
-    __slots__ = ("_env", "_sched", "_notify", "pending", "_live")
+    __slots__ = ("_env", "_sched", "_notify", "_records", "pending", "_live", "_parked_at")
 
-    def __init__(self, env: Any, scheduler: Any, notify: Callable[[], None]) -> None:
+    def __init__(self, env: Any, scheduler: Any, notify: Callable[[], None], records: dict) -> None:
         self._env, self._sched, self._notify = env, scheduler, notify
+        self._records = records  # request_id -> RequestRecord: input_wait_s adds up the parked time
         self.pending = 0  # chunks not delivered yet: the run is not over while any is
         self._live: set[str] = set()
+        self._parked_at: dict[str, float] = {}  # session -> when it parked (WAITING_FOR_STREAMING_REQ)
 
     @staticmethod
     def check(spec: RequestSpec, engine: str, has_planner: bool, frontend: bool) -> bool:
@@ -65,6 +70,10 @@ class SessionInputs:
         self.pending -= 1
         rid, now = spec.request_id, self._env.now
         live = self._sched.requests.get(rid)
+        parked_at = self._parked_at.pop(rid, None)
+        if parked_at is not None and rid in self._records:
+            record = self._records[rid]
+            record.input_wait_s = (record.input_wait_s or 0.0) + now - parked_at
         if live is not None and not live.is_finished():
             ids = stream_tokens(text_stream(f"input_chunk:{rid}:{j}"), 0, num_tokens).tolist()
             sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
@@ -79,6 +88,8 @@ class SessionInputs:
             return False
         request = self._sched.requests.get(request_id)
         if request is not None and not request.is_finished():
+            if request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self._parked_at[request_id] = self._env.now
             return True
         self._live.discard(request_id)
         return False

@@ -216,6 +216,9 @@ def test_a_session_generates_per_chunk_and_finishes_once_after_its_last_chunk():
         # 4 tokens per chunk (the first chunk's max_tokens), each chunk starting when it arrives
         assert len(times) == 12 and times[3] < 1.0 <= times[4] and times[7] < 2.0 <= times[8]
         assert s.finish_reason == "length" and s.finish_s == times[-1]
+        # parked from its chunk's last token until the next chunk: (1.0 - times[3]) + (2.0 - times[7])
+        assert s.input_wait_s == pytest.approx(3.0 - times[3] - times[7])
+        assert engine.metrics.requests["p"].input_wait_s is None
         assert engine.metrics.requests["p"].finish_reason == "length"
         assert not engine.scheduler.requests  # nothing left parked
 
