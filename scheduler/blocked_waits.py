@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams
+from servesim.scheduler.request import Request, RequestStatus, SamplingParams
 
 if TYPE_CHECKING:
     from servesim.scheduler.scheduler import Scheduler
@@ -70,14 +70,6 @@ def mark_grammar_ready(self: Scheduler, request_id: str) -> None:
     request.structured_output_request.grammar_ready = True
 
 
-def enqueue_waiting(self: Scheduler, request: Request) -> None:
-    """vLLM's _enqueue_waiting_request: blocked requests go to skipped_waiting."""
-    if request.status in BLOCKED_WAITING_STATES:
-        self.skipped_waiting.add_request(request)
-    else:
-        self.waiting.add_request(request)
-
-
 def add_session_input(self: Scheduler, existing: Request, request: Request) -> None:
     """add_request with the id of a live session: the next chunk (or the close) of its input."""
     update = StreamingUpdate.from_request(request)
@@ -115,7 +107,7 @@ def handle_stopped_request(self: Scheduler, request: Request) -> bool:
     else:
         request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
         self.num_waiting_for_streaming_input += 1
-    enqueue_waiting(self, request)
+    self._enqueue_waiting_request(request)
     return False
 
 

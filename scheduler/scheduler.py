@@ -30,7 +30,7 @@ from servesim.scheduler.output import (
 )
 from servesim.scheduler.pyset import set_order
 from servesim.scheduler.policies import SchedulingPolicy, make_policy
-from servesim.scheduler.request import Request, RequestStatus, SamplingParams, append_until_stop
+from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, SamplingParams, append_until_stop
 
 
 class Scheduler:
@@ -131,9 +131,17 @@ class Scheduler:
             return
         self.requests[request.request_id] = request
         self.kv_cache_manager.note_request(request)
-        blocked_waits.on_new_request(request)
-        blocked_waits.enqueue_waiting(self, request)
+        if request.resumable:
+            blocked_waits.on_new_request(request)
+        self._enqueue_waiting_request(request)
         self.policy.on_arrival(request, self.now_s)
+
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        """Blocked requests (grammar, remote KV, streaming input) go to skipped_waiting (vLLM)."""
+        if request.status in BLOCKED_WAITING_STATES:
+            self.skipped_waiting.add_request(request)
+        else:
+            self.waiting.add_request(request)
 
     def _never_fits(self, request: Request) -> bool:
         if request.num_prompt_tokens > self.max_model_len:
@@ -171,7 +179,8 @@ class Scheduler:
                 new_ids, stopped = self._update_request_with_output(request, new_ids[:])  # a copy: cut at a stop
             if stopped:
                 reason = request.get_finished_reason()  # before a session resets its status
-                if blocked_waits.handle_stopped_request(self, request):
+                # A session (resumable) takes its next chunk or parks instead of finishing.
+                if not request.resumable or blocked_waits.handle_stopped_request(self, request):
                     self._free_request(request)
                     finished.append(rid)
                 (stopped_running if status_before == RequestStatus.RUNNING else stopped_preempted).add(request)
