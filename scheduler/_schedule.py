@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from servesim.scheduler import blocked_waits
 from servesim.scheduler.kv.manager import KVCacheBlocks
 from servesim.scheduler.output import NewRequestData, SchedulerOutput
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
@@ -261,7 +262,7 @@ def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
             request.num_cached_tokens = request.num_computed_tokens
         request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
         return True
-    return False  # grammar / streaming states are never promoted in this model
+    return blocked_waits.try_promote(self, request)  # grammar and streaming-input waits
 
 # --- output --------------------------------------------------------------------------------
 def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:

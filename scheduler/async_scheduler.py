@@ -32,6 +32,8 @@ class AsyncScheduler(Scheduler):
             request = self.requests[rid]
             if request.is_prefill_chunk:
                 continue
+            if request.structured_output_request is not None and request.num_output_placeholders > 0:
+                out.pending_structured_output_tokens = True
             request.num_output_placeholders += 1 + len(out.scheduled_spec_decode_tokens.get(rid, ()))
             request.spec_token_ids = self._spec_placeholders
 

@@ -89,6 +89,12 @@ class SchedulerInterface(Protocol):
         `take_ignored_outputs`."""
         ...
 
+    def mark_grammar_ready(self, request_id: str) -> None:
+        """A structured-output request's grammar has compiled: it may be scheduled from now on
+        (vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR wait). A scheduler without grammar waits
+        refuses structured-output requests instead."""
+        ...
+
     def take_ignored_outputs(self) -> list[RequestOutput]:
         """Outputs of requests the scheduler refused at `add_request` (returned once)."""
         ...

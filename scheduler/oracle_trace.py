@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from servesim.scheduler.async_scheduler import make_scheduler
+from servesim.scheduler.blocked_replay import BlockedReplay, request_kwargs
 from servesim.scheduler.config import CacheConfig, SchedulerConfig, max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.kv.kinds import group_specs_from_text
@@ -85,6 +86,11 @@ class StepTraceConfig:
     # ("" : the layout of sliding_window / hybrid above), and vLLM's --mamba-cache-mode.
     groups: str = ""
     mamba_cache_mode: str = "none"
+    # Blocked waits (tools/blocked_oracle.py; workload-side draws, switching its trace fields on).
+    grammar_rate: float = 0.0
+    grammar_max_steps: int = 6
+    streaming_rate: float = 0.0
+    stream_gap: int = 30
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
@@ -207,16 +213,17 @@ def make_oracle_request(w: dict, sched) -> Request:
                         stop_token_ids=tuple(w.get("stop_token_ids") or ()))
     return Request(w["req_id"], list(w["prompt_token_ids"]), sp, arrival_time=float(w["arrival_step"]),
                    priority=int(w.get("priority", 0)), lora_id=w.get("lora_id") or None,
-                   cache_salt=w.get("cache_salt") or None, block_hasher=sched.block_hasher)
+                   cache_salt=w.get("cache_salt") or None, block_hasher=sched.block_hasher,
+                   **request_kwargs(w))
 
 
 class _InFlight:
     """One scheduled step waiting for its update: the output, its trace line, who samples."""
 
-    __slots__ = ("out", "rec", "sample")
+    __slots__ = ("out", "rec", "sample", "blocked")
 
-    def __init__(self, out: SchedulerOutput, rec: dict, sample: list[bool]) -> None:
-        self.out, self.rec, self.sample = out, rec, sample
+    def __init__(self, out: SchedulerOutput, rec: dict, sample: list[bool], blocked: dict) -> None:
+        self.out, self.rec, self.sample, self.blocked = out, rec, sample, blocked
 
 
 class OracleDriver:
@@ -253,6 +260,9 @@ class OracleDriver:
         self.pending_aborted: dict[str, str] = {}
         self.kv_done_at: dict[int, list[str]] = {}  # step -> loads reported with that step's output
         self.in_flight: list[_InFlight] = []
+        self.blocked: BlockedReplay | None = None
+        if cfg.grammar_rate > 0 or cfg.streaming_rate > 0:
+            self.blocked = BlockedReplay(cfg.grammar_rate > 0, cfg.streaming_rate > 0, cfg.async_scheduling)
 
     def abort(self, req_ids: list[str]) -> dict[str, str]:
         """finish_requests(ids, FINISHED_ABORTED); {id: status before} of those it finished."""
@@ -271,7 +281,10 @@ class OracleDriver:
             while pos < len(self.pending) and self.pending[pos]["arrival_step"] <= step:
                 w = self.pending[pos]
                 pos += 1
-                sched.add_request(make_oracle_request(w, sched))
+                if self.blocked is not None:
+                    self.blocked.add(sched, w, make_oracle_request(w, sched), step)
+                else:
+                    sched.add_request(make_oracle_request(w, sched))
                 self.n_out[w["req_id"]] = 0
                 arrived.append(w["req_id"])
             step_aborts = self.aborts.get(step, {})
@@ -282,12 +295,16 @@ class OracleDriver:
                     break
                 step += 1  # idle: nothing has arrived yet
                 continue
+            if self.blocked is not None:
+                self.blocked.before_schedule(sched, step)
             out = sched.schedule()
             # Decide sampling now: a later schedule() (async) may overwrite is_prefill_chunk.
             sample = [not sched.requests[rid].is_prefill_chunk for rid in out.num_scheduled_tokens]
             rec = step_record(step, arrived, out, sched)
+            # The blocked-waits oracle records its fields right after schedule(), before in-flight aborts.
+            blocked = {} if self.blocked is None else self.blocked.fields(sched, out)
             self._extend_schedule_record(rec, out, step, step_aborts)
-            self.in_flight.append(_InFlight(out, rec, sample))
+            self.in_flight.append(_InFlight(out, rec, sample, blocked))
             while self.in_flight and (len(self.in_flight) >= depth or out.total_num_scheduled_tokens == 0):
                 yield self._update()
             step += 1
@@ -389,6 +406,7 @@ class OracleDriver:
                 "requests": ps.requests, "queries": ps.queries, "hits": ps.hits,
                 "preempted_requests": ps.preempted_requests, "preempted_queries": ps.preempted_queries,
                 "preempted_hits": ps.preempted_hits}
+        rec.update(item.blocked)
         return rec
 
     def _draft(self, req_ids: list[str], sampled: list[list[int]]) -> None:

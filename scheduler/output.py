@@ -61,6 +61,10 @@ class SchedulerOutput:
     num_invalid_spec_tokens: dict[str, int] | None = None
     # The connector's plan for the worker (build_connector_meta), None without a connector.
     kv_connector_metadata: object | None = None
+    # Structured output (vLLM): a scheduled request that samples this step needs a grammar bitmask;
+    # async: one whose previous step's tokens are still in flight (the bitmask waits for them).
+    has_structured_output_requests: bool = False
+    pending_structured_output_tokens: bool = False
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

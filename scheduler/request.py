@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -57,6 +58,8 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_IGNORED: "length",
     RequestStatus.FINISHED_ERROR: "error",
     RequestStatus.FINISHED_REPETITION: "repetition",
+    # vLLM: a streaming session whose input chunk finished is "stop" to its client.
+    RequestStatus.WAITING_FOR_STREAMING_REQ: "stop",
 }
 
 
@@ -81,6 +84,14 @@ class SamplingParams:
         self.stop_token_ids = tuple(self.stop_token_ids)
 
 
+@dataclass(slots=True)
+class StructuredOutputRequest:
+    """A request's structured-output state as the scheduler reads it (vLLM's StructuredOutputRequest:
+    its grammar is compiled asynchronously; the scheduler only asks whether it is ready)."""
+
+    grammar_ready: bool = False  # vLLM: the grammar future has resolved
+
+
 class BlockHasher(Protocol):
     """request -> hashes of its newly completed full blocks (hashing.make_block_hasher builds one)."""
 
@@ -101,6 +112,7 @@ class Request:
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
         "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size", "_key_plan",
         "skip_reading_prefix_cache", "_out_source", "_out_pending",
+        "structured_output_request", "resumable", "streaming_queue",
         "__weakref__",
     )
 
@@ -118,6 +130,8 @@ class Request:
         job_id: str | None = None,  # Continuum: the agentic job this turn belongs to
         is_last_step: bool = True,  # Continuum: False for non-final turns of a job
         token_provenance: TokenProvenance | None = None,  # where the ids come from: keys without hashing
+        structured_output: bool = False,  # needs a grammar: waits for its compilation (blocked_waits.py)
+        resumable: bool = False,  # a streaming-input session: more input chunks may follow
     ) -> None:
         if not len(prompt_token_ids):
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
@@ -132,6 +146,13 @@ class Request:
         self.job_id = job_id
         self.is_last_step = is_last_step
         self.status = RequestStatus.WAITING
+        # vLLM's Request: a request with structured output starts blocked on its grammar.
+        self.structured_output_request = StructuredOutputRequest() if structured_output else None
+        if structured_output:
+            self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        self.resumable = resumable
+        # Input chunks (or None: the input stream closed) that arrived while the session ran.
+        self.streaming_queue: deque | None = None
         self.stop_reason: int | str | None = None
         self.max_tokens = sampling_params.max_tokens
         # Prompt and output ids live once, in one array of machine ints (4 bytes a token while ids fit
@@ -233,6 +254,19 @@ class Request:
                 raise ValueError(f"{self.request_id}: the token source gave {len(ids)} ids for {n}")
             out[index:index + n] = ids
 
+    def continue_session(self, chunk_ids: Sequence[int]) -> None:
+        """Streaming input (vLLM's _update_request_as_session): the computed tokens become the
+        prompt (the last sampled token, never computed, is dropped), then the new chunk follows.
+        Block hashes already computed stay as they are (vLLM only appends new ones)."""
+        ids = [*self.all_token_ids[: self.num_computed_tokens], *chunk_ids]
+        self._all_token_ids = compact_ids(ids)
+        self._lazy_prompt = None
+        self._output_token_ids = []
+        self._out_source = self._out_pending = None
+        self._key_plan = None  # the ids no longer follow the declared provenance
+        self.num_prompt_tokens = len(ids)
+        self.update_block_hashes()
+
     @property
     def key_root(self) -> bytes | None:
         """The first base of this request's provenance keys (block_keys.py): two requests' blocks
@@ -318,6 +352,10 @@ class Request:
     @property
     def num_tokens_with_spec(self) -> int:
         return self.num_prompt_tokens + len(self._output_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def use_structured_output(self) -> bool:
+        return self.structured_output_request is not None
 
     @property
     def num_output_tokens(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
+from servesim.scheduler import blocked_waits
 from servesim.scheduler._schedule import schedule_step
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
@@ -90,6 +91,8 @@ class Scheduler:
         self.tracer = tracer
         self.now_s = 0.0
         self.num_preemptions_total = 0
+        # Sessions parked in WAITING_FOR_STREAMING_REQ: queued, but not unfinished work (vLLM).
+        self.num_waiting_for_streaming_input = 0
         self._ignored: list[RequestOutput] = []
         self._max_request_blocks = cache_config.num_gpu_blocks - 1
         # vLLM's _mamba_block_aligned_split when it applies (need_mamba_block_aligned_split: Mamba
@@ -109,6 +112,8 @@ class Scheduler:
             request = requests[rid]
             request.num_computed_tokens += n
             request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
+            if request.structured_output_request is not None and not request.is_prefill_chunk:
+                out.has_structured_output_requests = True
         self.finished_req_ids = set()
 
     def make_request(self, request_id: str, prompt_token_ids: list[int], sampling_params, **kw) -> Request:
@@ -118,8 +123,10 @@ class Scheduler:
     def add_request(self, request: Request, now_s: float | None = None) -> None:
         if now_s is not None:
             self.now_s = now_s
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
+        existing = self.requests.get(request.request_id)
+        if existing is not None:  # the next input chunk of a streaming session (blocked_waits.py)
+            blocked_waits.add_session_input(self, existing, request)
+            return
         if self.block_hasher is not None:
             request.attach_block_hasher(self.block_hasher, self.block_size)
         if self._never_fits(request):
@@ -129,11 +136,17 @@ class Scheduler:
             return
         self.requests[request.request_id] = request
         self.kv_cache_manager.note_request(request)
+        if request.resumable:
+            blocked_waits.on_new_request(request)
+        self._enqueue_waiting_request(request)
+        self.policy.on_arrival(request, self.now_s)
+
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        """Blocked requests (grammar, remote KV, streaming input) go to skipped_waiting (vLLM)."""
         if request.status in BLOCKED_WAITING_STATES:
             self.skipped_waiting.add_request(request)
         else:
             self.waiting.add_request(request)
-        self.policy.on_arrival(request, self.now_s)
 
     def _never_fits(self, request: Request) -> bool:
         if request.num_prompt_tokens > self.max_model_len:
@@ -170,10 +183,12 @@ class Scheduler:
             if new_ids:
                 new_ids, stopped = self._update_request_with_output(request, new_ids[:])  # a copy: cut at a stop
             if stopped:
-                reason = request.get_finished_reason()
-                self._free_request(request)
+                reason = request.get_finished_reason()  # before a session resets its status
+                # A session (resumable) takes its next chunk or parks instead of finishing.
+                if not request.resumable or blocked_waits.handle_stopped_request(self, request):
+                    self._free_request(request)
+                    finished.append(rid)
                 (stopped_running if status_before == RequestStatus.RUNNING else stopped_preempted).add(request)
-                finished.append(rid)
             else:
                 reason = None
             if new_ids or stopped:
@@ -243,6 +258,8 @@ class Scheduler:
             valid.append(request)
         running_drop = {r for r in valid if r.status == RequestStatus.RUNNING}
         waiting_drop = [r for r in valid if r.status != RequestStatus.RUNNING]
+        self.num_waiting_for_streaming_input -= sum(r.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                                                    for r in waiting_drop)
         if running_drop:
             self.running = [r for r in self.running if r not in running_drop]
         if waiting_drop:
@@ -303,6 +320,10 @@ class Scheduler:
             if request is not None:
                 self._free_blocks(request)
 
+    def mark_grammar_ready(self, request_id: str) -> None:
+        """The request's structured-output grammar has compiled: schedule() may promote it."""
+        blocked_waits.mark_grammar_ready(self, request_id)
+
     # --- P/D hooks -------------------------------------------------------------------------------
     def mark_kv_received(self, request_id: str) -> None:
         """A remote KV load into this instance has completed (outside a step's output)."""
@@ -314,7 +335,9 @@ class Scheduler:
 
     # --- state queries ---------------------------------------------------------------------------
     def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.skipped_waiting) + len(self.running)
+        """Queued and running requests, less sessions waiting for their next input chunk (vLLM)."""
+        return (len(self.waiting) + len(self.skipped_waiting) - self.num_waiting_for_streaming_input
+                + len(self.running))
 
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0

@@ -22,10 +22,10 @@ def _check_extensions(rec: dict, path: str, n: int) -> None:
     def is_int(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
-    for field in ("ignore_eos", "remote_prefill"):
+    for field in ("ignore_eos", "remote_prefill", "stream", "stream_close"):
         if field in rec and not isinstance(rec[field], bool):
             raise bad(field, "expected true or false")
-    for field in ("min_tokens", "abort_step"):
+    for field in ("min_tokens", "abort_step", "grammar_steps"):
         if field in rec and not (is_int(rec[field]) and rec[field] >= 0):
             raise bad(field, "expected an int >= 0")
     if "stop_token_ids" in rec and not (isinstance(rec["stop_token_ids"], list)
@@ -45,7 +45,7 @@ def _check_extensions(rec: dict, path: str, n: int) -> None:
 
 def read_oracle_workload(path: str | Path) -> list[dict]:
     path = str(path)
-    out, seen = [], set()
+    out, seen, sessions = [], set(), set()
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
@@ -76,9 +76,15 @@ def read_oracle_workload(path: str | Path) -> list[dict]:
         if not isinstance(rec.get("priority", 0), int):
             raise InputError("expected int", path=path, line=n, field="priority")
         _check_extensions(rec, path, n)
-        if rec["req_id"] in seen:
+        if rec.get("stream_chunk") or rec.get("stream_close"):  # a later line of a streaming session
+            if rec["req_id"] not in sessions:
+                raise InputError(f"session line for {rec['req_id']!r} before its first line (stream: true)",
+                                 path=path, line=n, field="req_id")
+        elif rec["req_id"] in seen:
             raise InputError(f"duplicate req_id {rec['req_id']!r}", path=path, line=n, field="req_id")
         seen.add(rec["req_id"])
+        if rec.get("stream"):
+            sessions.add(rec["req_id"])
         out.append(rec)
     if not out:
         raise InputError("workload is empty", path=path)

@@ -14,6 +14,7 @@ from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from servesim.simulator.frontend import FrontendConfig
 from servesim.simulator.kv_offload import KvOffloadConfig
 from servesim.simulator.sampling import SamplingConfig
+from servesim.simulator.structured_output import StructuredOutputConfig
 from servesim.traces.errors import InputError
 
 
@@ -166,6 +167,8 @@ class SimConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # The CPU KV tier (vLLM's --kv-offloading-size: the OffloadingConnector), off by default.
     kv_offload: KvOffloadConfig = field(default_factory=KvOffloadConfig)
+    # Requests that wait for a grammar to compile before they can run (simulator/structured_output.py).
+    structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine_version, str) or not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", self.engine_version):
@@ -189,6 +192,9 @@ class SimConfig:
                           "fast_forward: true now turns macro_steps on", DeprecationWarning, stacklevel=3)
             self.macro_steps = True
             self.fast_forward = False
+        if self.structured_output.rate > 0 and self.engine != "vllm":
+            raise InputError("grammar compilation waits are modelled for vLLM's scheduler only",
+                             field="structured_output.rate", allowed="0 with engine: sglang")
         if self.prefix_cache_keys not in PREFIX_CACHE_KEYS:
             raise InputError(f"got {self.prefix_cache_keys!r}", field="prefix_cache_keys",
                              allowed=" | ".join(PREFIX_CACHE_KEYS))

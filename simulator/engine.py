@@ -46,6 +46,8 @@ from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.simulator.step_book import StepBook
+from servesim.simulator.streaming_input import SessionInputs
+from servesim.simulator.structured_output import GrammarTimes
 from servesim.simulator.watchdog import Watchdog
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -83,6 +85,7 @@ class Engine:
         self._staged: SimExecutor | None = executor if self._pipeline is not None and isinstance(executor, SimExecutor) \
             else None
         self.requests_in = RequestFactory(executor, cfg.prefix_cache_keys == "provenance")
+        self.grammar_times = GrammarTimes(cfg.structured_output, cfg.seed)
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
@@ -99,7 +102,9 @@ class Engine:
         self.gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         self.in_flight: InFlight = deque()  # the loop's steps in flight (scheduled, not yet updated)
         self.planner: RunPlanner | None = None
-        self.planner_declined: str | None = NO_PLANNER  # why there is no planner (None: there is one)
+        self.planner_declined: str | None = NO_PLANNER
+        # Streaming-input chunks to come (simulator/streaming_input.py).
+        self.sessions = SessionInputs(self.env, self.scheduler, self.notify, self.book.metrics.requests)  # why there is no planner (None: there is one)
 
     def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
         """Plug in a fast path (before the engine starts), or record why there is none."""
@@ -198,11 +203,22 @@ class Engine:
                 self._gone(spec.request_id)
                 return
             self.deadlines.push(deadline_s, spec.request_id)
-        req = self.requests_in.make(spec, now)
+        compile_s = self.grammar_times.compile_s(spec, self.cfg.engine, self.planner is not None)
+        session = SessionInputs.check(spec, self.cfg.engine, self.planner is not None, self.clients.loop is not None)
+        req = self.requests_in.make(spec, now, structured_output=compile_s is not None, resumable=session)
         sched.add_request(req, now_s=now)
+        if session:
+            self.sessions.start(spec)
         self.book.arrived_since_step.append(spec.request_id)
+        if compile_s is not None:  # it waits in skipped_waiting until its grammar has compiled
+            self.book.metrics.requests[spec.request_id].grammar_wait_s = compile_s
+            self.grammar_times.start_timer(self.env, compile_s, spec.request_id, self._grammar_ready)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
+
+    def _grammar_ready(self, request_id: str) -> None:
+        self.scheduler.mark_grammar_ready(request_id)
+        self.notify()
 
     def token_provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """What spec's request would carry to key its KV blocks (a prefix-aware router asks)."""
@@ -222,7 +238,7 @@ class Engine:
         self.gpu_free_at = 0.0
         while True:
             if not sched.has_unfinished_requests() and not in_flight:
-                if self._all_arrived:
+                if self._all_arrived and not self.sessions.pending:
                     return
                 yield self.wake_event()
                 self.mark_progress(env.now)  # idle time with nothing to do is no stall
@@ -296,7 +312,7 @@ class Engine:
             self.mark_progress(now)
             self.book.metrics.on_step_outputs(outputs, now)  # token times first: a finish reads none of them
             for out in outputs:
-                if out.finish_reason is not None:
+                if out.finish_reason is not None and not self.sessions.is_chunk_end(out.request_id):
                     self.record_finish(out.request_id, now, out.finish_reason, out.num_cached_tokens)
             self.clients.on_step_outputs(outputs, now)  # the API server carries them to the clients
         self.book.record_update(row, now, mro, eco, rec)

@@ -255,7 +255,8 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
                       output_len=n if timed_out else 0, output_len_target=r.output_len_target, itl_s=[],
                       num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if timed_out else 0,
                       finish_reason="abort" if timed_out else None, status="timed_out" if timed_out else "rejected",
-                      reject_reason=None if timed_out else r.reject_reason)
+                      reject_reason=None if timed_out else r.reject_reason, grammar_wait_s=r.grammar_wait_s,
+                      input_wait_s=r.input_wait_s)
         if timed_out:
             values.update(first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s))
     else:
@@ -268,7 +269,7 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
             "itl_s": itl,
             "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
             "finish_reason": r.finish_reason, "status": "completed" if r.finish_reason is not None else None,
-            "reject_reason": None,
+            "reject_reason": None, "grammar_wait_s": r.grammar_wait_s, "input_wait_s": r.input_wait_s,
         }
     for c, v in values.items():
         cols[c].append(v)
@@ -295,16 +296,20 @@ def _completed_columns(records: list[RequestRecord]) -> dict[str, list]:
         "finish_reason": [r.finish_reason for r in records],
         "status": ["completed" if r.finish_reason is not None else None for r in records],
         "reject_reason": [None] * len(records),
+        "grammar_wait_s": [r.grammar_wait_s for r in records],
+        "input_wait_s": [r.input_wait_s for r in records],
     }
 
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
                    "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
-                   "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason"]
+                   "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason",
+                   "grammar_wait_s", "input_wait_s"]
 # How request_columns stores each column: "f" float64 (NaN where missing), "i" int64; the rest as lists.
 _REQUEST_KINDS = {"arrival_s": "f", "prompt_len": "i", "output_len": "i", "output_len_target": "i",
                   "first_scheduled_s": "f", "first_token_s": "f", "finish_s": "f", "queueing_s": "f",
-                  "ttft_s": "f", "tpot_s": "f", "e2e_s": "f", "num_preemptions": "i", "num_cached_tokens": "i"}
+                  "ttft_s": "f", "tpot_s": "f", "e2e_s": "f", "num_preemptions": "i", "num_cached_tokens": "i",
+                  "grammar_wait_s": "f", "input_wait_s": "f"}
 # Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
 _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
 

@@ -20,11 +20,12 @@ class RequestFactory:
         self.executor = executor  # knows each request's output id stream (or that it is not known)
         self.keys_from_provenance = keys_from_provenance
 
-    def make(self, spec: RequestSpec, now: float) -> Request:
+    def make(self, spec: RequestSpec, now: float, structured_output: bool = False, resumable: bool = False) -> Request:
         return Request(spec.request_id, prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                        arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                        job_id=spec.session_id, is_last_step=spec.is_last_turn,
-                       token_provenance=self.provenance(spec))  # add_request keys its blocks
+                       token_provenance=self.provenance(spec),  # add_request keys its blocks
+                       structured_output=structured_output, resumable=resumable)
 
     def provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash

@@ -40,6 +40,8 @@ class RequestRecord:
     finish_reason: str | None = None
     reject_reason: str | None = None  # set when the request could never run (simulator/liveness.py)
     status: str | None = None  # "timed_out" once the client gave up; otherwise derived in requests_frame
+    grammar_wait_s: float | None = None  # structured output: its grammar's compile time (None: no grammar)
+    input_wait_s: float | None = None  # streaming input: time parked waiting for its next chunk (None: none)
     # Inter-token gaps (s) as the first requests frame built from this record computed them (a view
     # of that frame's one gaps array; None before): a cluster's merged frame reuses its replicas'
     # instead of computing every gap again. Valid while len == max(len(token_times_s) - 1, 0) and

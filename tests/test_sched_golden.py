@@ -67,6 +67,8 @@ FEATURE_FLAGS = {
     "chunked_local": lambda f: "chunked_local" in f.get("groups", ""),
     "sink_full": lambda f: "sink_full" in f.get("groups", ""),
     "offload_store_threshold": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_store_threshold", 0) >= 2,
+    "grammar": lambda f: f.get("grammar_rate", 0) > 0,
+    "streaming_input": lambda f: f.get("streaming_rate", 0) > 0,
 }
 
 
@@ -80,7 +82,7 @@ def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed()
 
 
 @pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority",
-                                  "pp3_spec_eagle_async", "mamba_align_eagle"])
+                                  "pp3_spec_eagle_async", "mamba_align_eagle", "blocked_mixed_async_aborts"])
 def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     from typer.testing import CliRunner
 
@@ -107,6 +109,8 @@ def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     ({"stop_token_ids": ["x"]}, "stop_token_ids"), ({"lora_id": -1}, "lora_id"), ({"cache_salt": 3}, "cache_salt"),
     ({"abort_step": 4, "abort_phase": "later"}, "abort_phase"), ({"abort_step": 4}, "abort_step"),
     ({"remote_prefill": 1}, "remote_prefill"), ({"abort_on_preempt": "never"}, "abort_on_preempt"),
+    ({"grammar_steps": -1}, "grammar_steps"), ({"stream": "yes"}, "stream"),
+    ({"stream_chunk": 1}, "req_id"),  # a session line without the session's first line
 ])
 def test_oracle_workload_extension_fields_are_validated(extra, field, tmp_path):
     from servesim.oracle_io import read_oracle_workload

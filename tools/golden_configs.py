@@ -88,4 +88,5 @@ TRACE_FLAGS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_se
                "sliding_window", "hybrid", "num_loras", "max_loras", "cache_salt", "kv_connector_rate",
                "kv_load_steps", "trace_block_tables", "max_steps", "pipeline_parallel_size",
                "offload_cpu_blocks", "offload_block_size", "offload_eviction_policy", "offload_store_threshold",
-               "offload_load_steps", "offload_store_steps", "groups", "mamba_cache_mode")
+               "offload_load_steps", "offload_store_steps", "groups", "mamba_cache_mode", "grammar_rate",
+               "grammar_max_steps", "streaming_rate", "stream_gap")

@@ -3,8 +3,8 @@
 Every config draws a base (pool, budget, policy, caching, chunking, async, arrivals) and one entry
 of the feature matrix (FEATURES: speculative decoding by method, stop rules, aborts of every kind,
 sliding window, hybrid groups, LoRA, cache salt, the KV connector, the OffloadingConnector's CPU
-tier (tools/offload_oracle.py), Mamba / chunked-local / sink groups (tools/kv_groups_oracle.py), and
-combinations) with random
+tier (tools/offload_oracle.py), Mamba / chunked-local / sink groups (tools/kv_groups_oracle.py),
+grammar and streaming-input waits (tools/blocked_oracle.py), and combinations) with random
 parameters; configs cycle through the matrix, so `--configs 2 * len(FEATURES)` covers each
 feature twice. The oracle runs with PYTHONHASHSEED=0, the seed our set-order replay assumes
 (scheduler/pyset.py).
@@ -111,6 +111,12 @@ FEATURES = {
     "mamba_spec": lambda rng: dict(_mamba(rng), **_spec(rng.choice(["eagle", "draft_model"]))(rng)),
     "chunked_local": _chunked_local,
     "sink_full": _sink,
+    "grammar": lambda rng: {"grammar_rate": rng.choice([0.2, 0.5, 1.0]), "grammar_max_steps": rng.choice([0, 3, 10, 40])},
+    "grammar_aborts": lambda rng: dict(_aborts(rng), grammar_rate=rng.choice([0.3, 0.7]),
+                                       grammar_max_steps=rng.choice([2, 10])),
+    "streaming_input": lambda rng: {"streaming_rate": rng.choice([0.2, 0.5, 1.0]), "stream_gap": rng.choice([1, 10, 60])},
+    "streaming_input_aborts": lambda rng: dict(_aborts(rng), streaming_rate=rng.choice([0.3, 0.6]),
+                                               stream_gap=rng.choice([5, 30]), grammar_rate=rng.choice([0.0, 0.4])),
     "everything": lambda rng: dict(_stop(rng), **_aborts(rng), **_spec("eagle")(rng), num_loras=3, max_loras=2,
                                    cache_salt=2, abort_preempted_rate=0.3),
 }

@@ -38,6 +38,9 @@ def argv_for(flags: dict) -> list[str]:
     return out
 
 
+# tools/blocked_oracle.py's own flags (the rest go to the shared driver).
+BLOCKED_FLAGS = ("grammar_rate", "grammar_max_steps", "streaming_rate", "stream_gap")
+
 _PP_LINES = ("ParallelConfig(pipeline_parallel_size=1)", "queue_depth = 2 if args.async_scheduling else 1")
 
 
@@ -74,10 +77,16 @@ def main() -> int:
         pp = flags.get("pipeline_parallel_size", 1)
         run = drive.main if pp == 1 else pp_driver(oracle_dir, pp)
         own_keys = ("pipeline_parallel_size", "groups", "mamba_cache_mode")
-        drive_flags = {k: v for k, v in flags.items() if k not in own_keys and not k.startswith("offload_")}
+        drive_flags = {k: v for k, v in flags.items() if k not in own_keys and not k.startswith("offload_")
+                       and k not in BLOCKED_FLAGS}
         argv = argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace]
         offload = {k: v for k, v in flags.items() if k.startswith("offload_")}
-        if offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
+        blocked = {k: v for k, v in flags.items() if k in BLOCKED_FLAGS}
+        if blocked:  # grammar / streaming-input waits around the same driver (tools/blocked_oracle.py)
+            import blocked_oracle
+
+            blocked_oracle.run(*blocked_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(blocked), "--", *argv]))
+        elif offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
             import offload_oracle
 
             own, _ = offload_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(offload)])

@@ -28,7 +28,8 @@ COLUMNS: dict[str, str] = {
     "output_len": "length", "prompt_token_ids": "ids", "prefix_hash_ids": "hashes",
     "prefix_block_len": "length", "prefix_group": "count", "prefix_len": "count",
     "priority": "int", "session_id": "text", "is_last_turn": "bool", "lora_id": "int",
-    "arrival_step": "count",
+    "arrival_step": "count", "grammar_compile_ms": "time", "input_chunk_offsets_s": "times",
+    "input_chunk_lens": "hashes",
 }
 REQUIRED = ("request_id", "arrival_time_s", "output_len")
 _MIN = {"length": 1, "count": 0, "int": None}
@@ -55,6 +56,11 @@ def _value(values: dict[str, Any], key: str, path: Path, line: int) -> Any:
     if kind in ("ids", "hashes"):  # token ids must fit the id range; hash ids only int64
         upper = TOKEN_ID_LIMIT if kind == "ids" else 2**63
         return as_int_tuple(raw, path=path, line=line, field=key, upper=upper)
+    if kind == "times":
+        if not isinstance(raw, (list, tuple)):
+            raise InputError(f"expected a list, got {raw!r:.60}", path=str(path), line=line, field=key,
+                             allowed="a list of seconds")
+        return tuple(as_float(t, path=path, line=line, field=key) for t in raw)
     if kind == "bool":
         if not isinstance(raw, bool):
             raise InputError(f"bad value {raw!r}", path=str(path), line=line, field=key,
@@ -106,6 +112,8 @@ def _decode_cell(key: str, text: str, path: Path, line: int) -> Any:
             return float(text)
         if kind in ("ids", "hashes"):
             return [int(t) for t in text.split()]
+        if kind == "times":
+            return [float(t) for t in text.split()]
         if kind == "bool":
             lowered = text.strip().lower()
             if lowered in ("true", "1"):
@@ -116,7 +124,8 @@ def _decode_cell(key: str, text: str, path: Path, line: int) -> Any:
         return int(text)
     except ValueError:
         allowed = {"time": "a number", "ids": "space-separated integers",
-                   "hashes": "space-separated integers", "bool": "true or false"}
+                   "hashes": "space-separated integers", "times": "space-separated numbers",
+                   "bool": "true or false"}
         raise InputError(f"bad value {text!r}", path=str(path), line=line, field=key,
                          allowed=allowed.get(kind, "an integer")) from None
 
@@ -272,7 +281,7 @@ def _write_parquet(workload: Workload, columns: list[str], target: Path) -> None
     import pyarrow.parquet as pq
 
     kinds = {"text": pa.string(), "time": pa.float64(), "ids": pa.list_(pa.int64()),
-             "hashes": pa.list_(pa.int64()),
+             "hashes": pa.list_(pa.int64()), "times": pa.list_(pa.float64()),
              "bool": pa.bool_(), "length": pa.int64(), "count": pa.int64(), "int": pa.int64()}
     schema = pa.schema([(c, kinds[COLUMNS[c]]) for c in columns])
     data = {c: [getattr(s, c) for s in workload.requests] for c in columns}

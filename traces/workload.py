@@ -57,6 +57,13 @@ class RequestSpec:
     lora_id: int | None = None
     arrival_step: int | None = None  # only for step-indexed workloads (the vLLM oracle format)
     timeout_s: float | None = None  # the client gives up this long after sending (None: the run's client.timeout_s)
+    # Structured output: the request's grammar compiles this long before it can be scheduled
+    # (simulator/structured_output.py); None: no grammar.
+    grammar_compile_ms: float | None = None
+    # Streaming input (a vLLM resumable session, simulator/streaming_input.py): more prompt chunks
+    # of these token counts arrive these many seconds after the request; None: one prompt.
+    input_chunk_offsets_s: tuple[float, ...] | None = None
+    input_chunk_lens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -64,6 +71,10 @@ class RequestSpec:
             self.prompt_token_ids = tuple(self.prompt_token_ids)
         if self.prefix_hash_ids is not None:
             self.prefix_hash_ids = tuple(self.prefix_hash_ids) or None
+        if self.input_chunk_offsets_s is not None:
+            self.input_chunk_offsets_s = tuple(self.input_chunk_offsets_s) or None
+        if self.input_chunk_lens is not None:
+            self.input_chunk_lens = tuple(self.input_chunk_lens) or None
         problem = self._problem()
         if problem is not None:
             field_name, message, allowed = problem
@@ -107,6 +118,27 @@ class RequestSpec:
             return "arrival_step", f"got {self.arrival_step}", "an integer >= 0 or none"
         if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             return "timeout_s", f"got {self.timeout_s!r}", "a finite number of seconds > 0, or none"
+        ms = self.grammar_compile_ms
+        if ms is not None and not (isinstance(ms, (int, float)) and ms >= 0 and math.isfinite(ms)):
+            return "grammar_compile_ms", f"got {ms!r}", "a finite number of milliseconds >= 0, or none"
+        return self._chunks_problem()
+
+    def _chunks_problem(self) -> tuple[str, str, str] | None:
+        offsets, lens = self.input_chunk_offsets_s, self.input_chunk_lens
+        if (offsets is None) != (lens is None) or (offsets is not None and len(offsets) != len(lens or ())):
+            return ("input_chunk_lens", f"{len(offsets or ())} offsets but {len(lens or ())} lengths",
+                    "one length per input chunk offset")
+        if offsets is None or lens is None:
+            return None
+        prev = 0.0
+        for t in offsets:
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > prev):
+                return "input_chunk_offsets_s", f"got {offsets!r:.60}", "finite seconds > 0, strictly increasing"
+            prev = t
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lens):
+            return "input_chunk_lens", f"got {lens!r:.60}", "integers >= 1"
+        if self.grammar_compile_ms is not None:
+            return "input_chunk_lens", "a streaming-input session with a grammar", "one of the two"
         return None
 
     def _stream_key(self) -> int:

@@ -302,6 +302,11 @@ class SGLangScheduler(BatchingMixin):
         """(running, waiting): running counts every request holding KV (incl. the chunked one)."""
         return len(self.requests) - len(self.waiting), len(self.waiting)
 
+    def mark_grammar_ready(self, request_id: str) -> None:
+        """SGLang's grammar queue is not modelled: the simulator refuses structured-output requests
+        for this engine before any reaches here."""
+        raise NotImplementedError("structured-output grammar waits are modelled for engine: vllm only")
+
     def next_event_s(self) -> float | None:
         """When a HiCache copy in flight ends (it may release a waiting request or KV); None
         otherwise: nothing else here changes by itself (only arrivals and outputs move it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import typer
@@ -77,12 +78,18 @@ def step_trace(
     offload_store_steps: int = typer.Option(2, help="a GPU->CPU store completes this many steps later"),
     groups: str = typer.Option("", help="KV cache groups, e.g. full,mamba | full,chunked_local:64 | sink_full:32"),
     mamba_cache_mode: str = typer.Option("none", help="vLLM's --mamba-cache-mode: none | align | all"),
+    grammar_rate: float = typer.Option(0.0, help="(workload generation) switches the grammar-wait trace fields on"),
+    grammar_max_steps: int = typer.Option(6, help="(workload generation only)"),
+    streaming_rate: float = typer.Option(0.0, help="(workload generation) switches the streaming-input trace fields on"),
+    stream_gap: int = typer.Option(30, help="(workload generation only)"),
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
-    Every flag of the oracle's drives (drive.py, tools/offload_oracle.py, tools/kv_groups_oracle.py) is
-    accepted, with its name, default and worker rules; flags marked "workload generation" only shape
-    the workload there (it is read from WORKLOAD here) and switch the matching trace fields on."""
+    Every flag of the oracle's drives (drive.py, tools/offload_oracle.py, tools/kv_groups_oracle.py,
+    tools/blocked_oracle.py) is accepted, with its name, default and worker rules; flags marked
+    "workload generation" only shape the workload there (it is read from WORKLOAD here) and switch
+    the matching trace fields on."""
+    options = dict(locals())
     out = check_output_file(out, overwrite=overwrite)  # before any work
     if policy not in POLICIES:
         raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
@@ -92,22 +99,9 @@ def step_trace(
     except ValueError:
         raise InputError(f"not a comma-separated list of ints: {stop_token_ids!r}", field="--stop-token-ids") from None
     try:
-        cfg = StepTraceConfig(
-            num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
-            no_prefix_caching=no_prefix_caching, no_chunked_prefill=no_chunked_prefill,
-            async_scheduling=async_scheduling, pipeline_parallel_size=pipeline_parallel_size,
-            max_steps=max_steps, hash_algo=hash_algo,
-            num_spec_tokens=num_spec_tokens, spec_method=spec_method, eos_rate=eos_rate,
-            stop_token_ids=stop_ids, stop_rate=stop_rate, min_tokens=min_tokens, abort_rate=abort_rate,
-            abort_window=abort_window, abort_after=abort_after, abort_preempted_rate=abort_preempted_rate,
-            sliding_window=sliding_window, hybrid=hybrid, num_loras=num_loras, max_loras=max_loras,
-            cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
-            trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
-            offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
-            offload_store_threshold=offload_store_threshold, offload_load_steps=offload_load_steps,
-            offload_store_steps=offload_store_steps, groups=groups, mamba_cache_mode=mamba_cache_mode)
+        # Every option but WORKLOAD and --out is a StepTraceConfig field of the same name (the oracle's).
+        flags = {f.name: options[f.name] for f in fields(StepTraceConfig) if f.name in options}
+        cfg = StepTraceConfig(**dict(flags, stop_token_ids=stop_ids))
         sc, cc = cfg.configs()
         cfg.offload_config()
     except ValueError as e:

@@ -24,6 +24,7 @@ from servesim.scheduler.bulk import decode_runs_for
 from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.run_planner import RunPlanner
+from servesim.simulator.structured_output import workload_needs_grammar
 
 
 # The API server's one event loop (simulator/frontend.py) delivers each step's tokens when it has
@@ -31,6 +32,15 @@ from servesim.simulator.run_planner import RunPlanner
 # prove those delivery times (nor the client slots they free), so such runs step.
 FRONTEND_LOOP_DECLINED = ("the frontend's serial event loop: each step's delivery time depends on the loop's "
                           "queue of intakes and earlier steps' outputs")
+
+
+# A request waiting for its grammar becomes schedulable when the compile ends, a time no run's
+# proof looks at (as an arrival would be): runs could admit it late.
+GRAMMAR_DECLINED = "structured output: grammar compiles end at times of their own that a run's steps do not see"
+
+
+# A session's next input chunk arrives at a time of its own, and its chunk ends are not finishes.
+SESSIONS_DECLINED = "streaming input: a session's chunks arrive at times of their own and its chunk ends finish nothing"
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,6 +60,11 @@ def planner_for(engine: Engine) -> PlannerChoice:
     elif runs is None:
         why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
                "(P/D and other schedulers that change what a step does step)")
+    elif engine.grammar_times.may_block or (engine.workload is not None and workload_needs_grammar(
+            cfg.structured_output, engine.workload.requests)):
+        why = GRAMMAR_DECLINED
+    elif engine.workload is not None and any(s.input_chunk_offsets_s is not None for s in engine.workload.requests):
+        why = SESSIONS_DECLINED
     elif engine.kv_offload is not None:
         why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"
     elif cfg.hardware.pp > 1:
