@@ -62,7 +62,7 @@ class ProbeLimits:
 # The probe's answers are a few KB (a tokenize result, a completion of a few tokens); anything
 # far past these is a misbehaving server, and is cut off rather than held in memory.
 MAX_BODY_BYTES = 4 * 2**20
-MAX_LINE_BYTES = 256 * 2**10
+MAX_LINE_BYTES = 256 * 2**10  # a background stream's lines are read and dropped, each at most this
 
 
 @dataclass(slots=True)
@@ -117,23 +117,28 @@ class _Client:
     def _read_body(self, resp: http.client.HTTPResponse, method: str, path: str,
                    t0: float) -> tuple[float, list[tuple[float, bytes]]]:
         """The body's lines, within MAX_BODY_BYTES and before the request's own timeout and the
-        probe's deadline (a socket timeout alone restarts with every trickled byte)."""
+        probe's deadline. Read as it arrives (read1), never a whole line at a time: a server that
+        trickles bytes without a newline would hold a readline past any deadline (the socket
+        timeout restarts with every byte)."""
         stop = min(time.monotonic() + self.limits.request_timeout_s, self.stop_at)
-        lines, size = [], 0
-        while True:
-            line = resp.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return time.perf_counter() - t0, lines
-            size += len(line)
-            if size > MAX_BODY_BYTES or len(line) > MAX_LINE_BYTES:
-                raise InputError(f"{method} {path}: the answer passed {MAX_BODY_BYTES // 2**20} MiB "
-                                 f"(or a line {MAX_LINE_BYTES // 2**10} KiB) and was cut off", field="--base-url",
-                                 allowed="an OpenAI-compatible server (a completion of a few tokens is a few KB)")
+        lines: list[tuple[float, bytes]] = []
+        size, partial = 0, b""
+        while chunk := resp.read1(65536):
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise InputError(f"{method} {path}: the answer passed {MAX_BODY_BYTES // 2**20} MiB and was cut off",
+                                 field="--base-url", allowed="an OpenAI-compatible server (a completion of a few "
+                                 "tokens is a few KB)")
             if time.monotonic() > stop:
                 raise InputError(f"{method} {path}: the answer was still arriving after "
                                  f"{self.limits.request_timeout_s:g} s (or the probe's deadline)", field="--timeout-s",
                                  allowed="a longer --timeout-s / --deadline-s, or a server that answers")
-            lines.append((time.perf_counter() - t0, line.strip()))
+            *complete, partial = (partial + chunk).split(b"\n")
+            now = time.perf_counter() - t0
+            lines.extend((now, line.strip()) for line in complete)
+        if partial:
+            lines.append((time.perf_counter() - t0, partial.strip()))
+        return time.perf_counter() - t0, lines
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
