@@ -71,6 +71,8 @@ def model_kv_layout(cfg: SimConfig) -> KvLayout | None:
                        enable_prefix_caching=cfg.cache.enable_prefix_caching,
                        max_model_len=resolve_max_model_len(cfg), num_spec_tokens=sched.num_spec_tokens,
                        disable_hybrid_kv_cache_manager=disable)
+    if [g.kind for g in layout.groups] == ["full"] and layout.block_size == cfg.cache.block_size:
+        return None  # the hybrid manager off: every layer holds every token, the plain layout
     return layout
 
 

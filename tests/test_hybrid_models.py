@@ -132,7 +132,7 @@ def test_chunked_layers_run_as_full_attention_until_the_scheduler_has_their_mana
 
 def test_kv_events_turn_the_hybrid_manager_off_as_in_vllm():
     cache, _ = resolve_cache(_cfg("gemma-3-27b", 2, enable_kv_cache_events=True))
-    assert [g.kind for g in cache.kv_cache_groups] == ["full"]
+    assert cache.attention == "full" and cache.kv_cache_groups == ()  # one full group: the plain layout
     with pytest.raises(InputError, match="failed to convert"):
         resolve_cache(_cfg("nemotron-h-8b", 1, enable_kv_cache_events=True))
 
