@@ -36,6 +36,9 @@ def calibrate(
                                      "only)"),
     tp_sizes: str = typer.Option(None, "--tp-sizes", help="group sizes for --collectives, e.g. 2,4,8 "
                                  "(default: 2 .. the number of visible GPUs; 2 on the CPU)"),
+    host_link: bool = typer.Option(False, "--host-link/--no-host-link", help="also time host<->GPU copies "
+                                   "(pinned memory): the link a CPU KV tier moves blocks over; prints the "
+                                   "kv_offload / sglang.hicache settings that model it"),
 ) -> None:
     """Sweep ops (tokens for linear layers; attention by chunk x context and batch x context) and steps;
     with --collectives, the collectives of each group size over message bytes (all-reduce, all-gather,
@@ -46,9 +49,9 @@ def calibrate(
     from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
     from servesim.simulator.outfile import check_output_file
 
-    if model is None and not collectives:
+    if model is None and not collectives and not host_link:
         raise InputError("name the model to calibrate", field="--model",
-                         allowed="a GPU-runner preset, or --collectives to measure collectives only")
+                         allowed="a GPU-runner preset, or --collectives / --host-link to measure only those")
     if dtype not in ("bf16", "fp16"):
         raise InputError(f"unknown dtype {dtype!r}", field="--dtype", allowed="bf16, fp16")
     if tp_sizes is not None and not collectives:
@@ -57,7 +60,8 @@ def calibrate(
     dev = _model_device(device, model) if model else torch.device(device)
     gpu_label = _gpu_label(gpu_label, dev)
     ar_rows = [r for path in (nccl_tests or []) for r in host_collective_rows(path, gpu_label)]  # fail before the sweep
-    default = Path("runs/calibration") / (f"{_model_name(model)}.csv" if model else f"collectives-{gpu_label}.csv")
+    default = Path("runs/calibration") / (f"{_model_name(model)}.csv" if model else
+                                          f"{'collectives' if collectives else 'host-link'}-{gpu_label}.csv")
     out = check_output_file(out or default, overwrite=overwrite)
     if model:  # the step report beside the profile follows the same rule, checked before the sweep
         from servesim.plots.calibration import report_paths
@@ -68,11 +72,15 @@ def calibrate(
     if model:
         rows += _sweep_model(model, dev, dtype, quick, seed, gpu_label)
     rows += ar_rows
+    link_rows = _measure_host_link(dev.type, quick, gpu_label) if host_link else []
+    rows += link_rows
     out.parent.mkdir(parents=True, exist_ok=True)
     write_profile(make_profile(rows), out)  # atomic (a .tmp file renamed): nothing half-written
     typer.echo(f"wrote {len(rows)} profile rows to {out}")
     if groups:
         typer.echo(_collectives_table(rows))
+    if link_rows:
+        typer.echo(_host_link_report(link_rows))
     if model:
         from servesim.plots.calibration import write_report
 
@@ -151,6 +159,30 @@ def _sweep_model(model: str, dev, dtype: str, quick: bool, seed: int, gpu_label:
                           backend="triton" if dev.type == "cuda" else "torch")
     grid = CalibrationGrid.quick() if quick else CalibrationGrid()
     return sweep(m, _model_name(model), gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True))
+
+
+def _measure_host_link(device: str, quick: bool, gpu_label: str) -> list[dict]:
+    from servesim.gpu_runner.host_link import HostLinkGrid, measure_host_link
+
+    typer.echo(f"  host<->device copies on {device}" + (" (a memcpy: says nothing about a GPU)" if device == "cpu"
+                                                         else ""), err=True)
+    return measure_host_link(device, HostLinkGrid.quick() if quick else HostLinkGrid(), gpu_label)
+
+
+def _host_link_report(rows: list[dict]) -> str:
+    """Each direction's sizes and the fitted line, with the settings that model it."""
+    from servesim.gpu_runner.host_link import DIRECTIONS, fit_link
+
+    lines = [f"{'copy':<9} {'bytes':>11} {'time (us)':>10} {'GB/s':>8}"]
+    lines += [f"{r['op']:<9} {r['bytes']:>11} {r['latency_s'] * 1e6:>10.2f} {r['algbw_gb_s']:>8.2f}" for r in rows]
+    fits = {op: fit_link(rows, op) for op in DIRECTIONS}
+    for op, (lat, bw) in fits.items():
+        lines.append(f"{op}: {lat * 1e6:.1f} us per copy + bytes / {bw / 1e9:.2f} GB/s")
+    lat, bw = min(fits.values(), key=lambda f: f[1])  # the slower direction bounds a tier's copies
+    lines.append(f"model it with: --set kv_offload.host_link_bytes_per_s={bw:.4g} "
+                 f"--set kv_offload.transfer_latency_s={lat:.3g} (SGLang: sglang.hicache.host_link_bytes_per_s, "
+                 "sglang.hicache.transfer_latency_s)")
+    return "\n".join(lines)
 
 
 def _collectives_table(rows: list[dict]) -> str:

@@ -78,6 +78,9 @@ OPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "reducescatter": ("model", ("bytes", "tp")),  # MoE combine (bytes: the whole input)
     "alltoall": ("model", ("bytes", "tp")),  # expert-parallel all-to-all (bytes: one rank's send buffer)
     "sendrecv": ("model", ("bytes", "tp")),  # pipeline hand-off (bytes: what each rank sends)
+    # Host <-> GPU copies (calibrate --host-link: the CPU KV tiers' link): read by fit_link, not the fitter.
+    "h2d_copy": ("kernel", ("bytes",)),
+    "d2h_copy": ("kernel", ("bytes",)),
     "model_prefill": ("step", ("batch_size", "chunk_len")),
     "model_decode": ("step", ("batch_size", "context_len")),
 }
