@@ -113,8 +113,8 @@ def test_tiers_on_one_node_share_its_host_memory():
                                          "'h100-hgx' has \\(2048 GiB\\)"):
         Cluster(_tiers(1024, 1025), WL)
     Cluster(_tiers(1024, 1025, node_b="m"), WL)  # on two nodes: each fits
-    with pytest.raises(InputError, match="b0's own node"):
-        Cluster(_tiers(1, 2049, node_b=None), WL)
+    with pytest.raises(InputError, match="2049 GiB does not fit in host h100-hgx's 2048 GiB"):
+        Cluster(_tiers(1, 2049, node_b=None), WL)  # alone on its node: the replica's own start-up check
     # vLLM's CPUOffloadingSpec rounds down to whole offload blocks (2 MiB of Llama-3.1-8B at TP 1).
     cfg = sim_config_from_dict({"kv_offload.kv_offloading_size": 1.001})
     from servesim.simulator.startup import resolve_cache, resolved
