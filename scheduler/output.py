@@ -12,6 +12,7 @@ from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.request import SamplingParams
 
 if TYPE_CHECKING:
+    from servesim.scheduler.encoder_cache import EncoderCacheStats
     from servesim.scheduler.sglang.hicache import HiCacheStats
 
 
@@ -61,6 +62,10 @@ class SchedulerOutput:
     num_invalid_spec_tokens: dict[str, int] | None = None
     # The connector's plan for the worker (build_connector_meta), None without a connector.
     kv_connector_metadata: object | None = None
+    # Multimodal: req_id -> indices of its items the encoder runs this step (scheduling order), and
+    # the mm hashes evicted from the encoder cache since the previous step (the worker drops them).
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:
@@ -120,6 +125,8 @@ class SchedulerStats:
     # since the previous stats; None for schedulers without a host tier.
     hicache_stats: HiCacheStats | None = None
     connector_prefix_cache_stats: PrefixCacheStats | None = None  # with a KV connector only
+    encoder_cache_usage: float = 0.0  # fraction of the encoder cache's slots held (vLLM's)
+    encoder_cache_stats: EncoderCacheStats | None = None  # encoder-cache lookups since the last stats
 
 
 @dataclass(slots=True)

@@ -88,4 +88,4 @@ TRACE_FLAGS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_se
                "sliding_window", "hybrid", "num_loras", "max_loras", "cache_salt", "kv_connector_rate",
                "kv_load_steps", "trace_block_tables", "max_steps", "pipeline_parallel_size",
                "offload_cpu_blocks", "offload_block_size", "offload_eviction_policy", "offload_load_steps",
-               "offload_store_steps")
+               "offload_store_steps", "encoder_budget", "encoder_cache_size", "disable_chunked_mm_input")
