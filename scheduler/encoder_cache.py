@@ -178,8 +178,12 @@ def try_schedule_encoder_inputs(self: Scheduler, request: Request, num_computed_
             else:
                 num_new_tokens = 0
             break
-        # (vLLM skips an item whose scheduled part holds no embeddings; with is_embed None every
-        # placeholder is one, and the range reaches the item, so that never happens here.)
+        # The scheduled part of the item holds no placeholder (EAGLE's shift reached it by one token):
+        # nothing to encode yet. After can_allocate, whose evictions stand (vLLM's order).
+        start_rel = max(0, num_computed_tokens - start_pos)
+        end_rel = min(item.length, num_computed_tokens + num_new_tokens - start_pos)
+        if end_rel - start_rel == 0:
+            continue
         num_embeds_to_schedule += item.num_embeds
         encoder_compute_budget -= item.num_embeds
         hashes_to_schedule.add(item.mm_hash)

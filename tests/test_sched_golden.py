@@ -60,6 +60,7 @@ FEATURE_FLAGS = {
     "pipeline_parallel": lambda f: f.get("pipeline_parallel_size", 1) > 1,
     "offload_lru": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy", "lru") == "lru",
     "offload_arc": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_eviction_policy") == "arc",
+    "encoder": lambda f: f.get("encoder_budget", 0) > 0,
 }
 
 

@@ -73,10 +73,17 @@ def main() -> int:
         tmp_trace = os.path.join(d, "trace.jsonl")
         pp = flags.get("pipeline_parallel_size", 1)
         run = drive.main if pp == 1 else pp_driver(oracle_dir, pp)
-        drive_flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size" and not k.startswith("offload_")}
+        own_prefixes = ("offload_", "encoder_", "mm_", "disable_chunked_mm_input")
+        drive_flags = {k: v for k, v in flags.items() if k != "pipeline_parallel_size" and not k.startswith(own_prefixes)}
         argv = argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace]
         offload = {k: v for k, v in flags.items() if k.startswith("offload_")}
-        if offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
+        encoder = {k: v for k, v in flags.items() if k.startswith(("encoder_", "mm_", "disable_chunked_mm_input"))}
+        if encoder:  # multimodal requests around the same driver (tools/encoder_oracle.py)
+            import encoder_oracle
+
+            own, _ = encoder_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(encoder)])
+            encoder_oracle.run(own, argv)
+        elif offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
             import offload_oracle
 
             own, _ = offload_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(offload)])
