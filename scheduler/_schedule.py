@@ -299,7 +299,8 @@ def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
         num_common = self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
     new_data = [
         NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
-                       st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id)
+                       st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id,
+                       r.mm_features)
         for r in st.new_reqs
     ]
     cached = _make_cached_request_data(self, st)

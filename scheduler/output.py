@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.lazy_ids import LazyTokenIds
+from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.scheduler.request import SamplingParams
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class NewRequestData:
     block_ids: tuple[list[int], ...]  # group -> block ids of the whole request so far
     num_computed_tokens: int  # tokens already in KV (prefix-cache hit) before this step
     lora_id: int | None = None
+    mm_features: tuple[MultiModalFeatureSpec, ...] = ()  # its multimodal items (the worker encodes them)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,8 @@ class RequestFactory:
         return Request(spec.request_id, prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                        arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                        job_id=spec.session_id, is_last_step=spec.is_last_turn,
-                       token_provenance=self.provenance(spec))  # add_request keys its blocks
+                       token_provenance=self.provenance(spec),  # add_request keys its blocks
+                       mm_features=spec.mm_items)
 
     def provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash

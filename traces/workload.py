@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servesim.scheduler.multimodal import MultiModalFeatureSpec, check_mm_features
 from servesim.traces.errors import InputError
 from servesim.traces.tokens import (
     TOKEN_ID_LIMIT,
@@ -56,6 +57,9 @@ class RequestSpec:
     lora_id: int | None = None
     arrival_step: int | None = None  # only for step-indexed workloads (the vLLM oracle format)
     timeout_s: float | None = None  # the client gives up this long after sending (None: the run's client.timeout_s)
+    # Multimodal items (images) in the prompt, sorted by offset: each a run of placeholder tokens the
+    # vision encoder fills (scheduler/multimodal.py); () for a text-only request.
+    mm_items: tuple[MultiModalFeatureSpec, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -63,6 +67,8 @@ class RequestSpec:
             self.prompt_token_ids = tuple(self.prompt_token_ids)
         if self.prefix_hash_ids is not None:
             self.prefix_hash_ids = tuple(self.prefix_hash_ids) or None
+        if not isinstance(self.mm_items, tuple):
+            self.mm_items = tuple(self.mm_items)
         problem = self._problem()
         if problem is not None:
             field_name, message, allowed = problem
@@ -106,6 +112,10 @@ class RequestSpec:
             return "arrival_step", f"got {self.arrival_step}", "an integer >= 0 or none"
         if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             return "timeout_s", f"got {self.timeout_s!r}", "a finite number of seconds > 0, or none"
+        if self.mm_items:
+            problem = check_mm_features(self.request_id, self.mm_items, self.prompt_len)
+            if problem is not None:
+                return "mm_items", problem.split(": ", 1)[1], "items sorted by offset, disjoint, inside the prompt"
         return None
 
     def _stream_key(self) -> int:
@@ -144,6 +154,13 @@ class RequestSpec:
         elif self.prefix_group is not None and self.prefix_len > 0:
             runs.append((group_stream(self.prefix_group), 0, self.prefix_len))
             covered = self.prefix_len
+        for item in self.mm_items:  # an image's placeholders: one stream per image (equal images, equal ids)
+            if item.offset < covered:
+                continue  # inside a shared prefix: the prefix's ids stand
+            if item.offset > covered:
+                runs.append((self._stream_key(), covered, item.offset - covered))
+            runs.append((text_stream("image:" + item.mm_hash), 0, item.length))
+            covered = item.end
         if covered < n:
             runs.append((self._stream_key(), covered, n - covered))
         return runs
