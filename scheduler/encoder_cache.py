@@ -138,7 +138,10 @@ class EncoderCacheManager:
             return 0.0
         return (self.cache_size - self.num_free_slots) / self.cache_size
 
-    def take_stats(self) -> EncoderCacheStats:
+    def take_stats(self) -> EncoderCacheStats | None:
+        """The lookups since the last call (None when there were none: text-only steps build nothing)."""
+        if not self.stats.queries:
+            return None
         stats, self.stats = self.stats, EncoderCacheStats()
         return stats
 

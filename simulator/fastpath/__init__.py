@@ -33,6 +33,11 @@ FRONTEND_LOOP_DECLINED = ("the frontend's serial event loop: each step's deliver
                           "queue of intakes and earlier steps' outputs")
 
 
+# Multimodal requests: the encoder budget and cache are not part of the bulk decode path's proof (a
+# run is planned only for plain decode steps, which encode nothing, but that is not proven here).
+MULTIMODAL_DECLINED = "multimodal requests: the encoder budget and encoder cache are stepped, not planned"
+
+
 @dataclass(slots=True, frozen=True)
 class PlannerChoice:
     planner: RunPlanner | None
@@ -50,6 +55,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
     elif runs is None:
         why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
                "(P/D and other schedulers that change what a step does step)")
+    elif engine.workload is not None and any(spec.mm_items for spec in engine.workload.requests):
+        why = MULTIMODAL_DECLINED
     elif engine.kv_offload is not None:
         why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"
     elif cfg.hardware.pp > 1:
