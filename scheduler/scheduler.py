@@ -75,6 +75,12 @@ class Scheduler:
         # Lookups the connector answered (tokens the GPU prefix cache lacked, tokens it supplied),
         # reported in SchedulerStats while a connector is set (vLLM's connector_prefix_cache_stats).
         self.connector_prefix_cache_stats = PrefixCacheStats()
+        if any(g.kind == "cross_attention" for g in cache_config.kv_cache_groups):
+            # CrossAttentionManager exists (scheduler/kv/cross_attention.py), but schedule() does not yet
+            # run encoder-decoder models (num_encoder_tokens through allocate_slots, vLLM's
+            # EncoderDecoderCacheManager): refuse rather than size cross-attention by decoder tokens.
+            raise ValueError("cross_attention KV cache groups (encoder-decoder models) are not supported by the "
+                             "scheduler yet; use decoder-only groups (full, sliding_window, ...)")
         self.kv_cache_manager = KVCacheManager(
             cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
         )

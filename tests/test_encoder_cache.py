@@ -151,3 +151,35 @@ def test_mm_hashes_key_the_prefix_cache_blocks():
     assert a.block_hashes == c.block_hashes
     plain = Request("p", tokens, SamplingParams(max_tokens=1), block_hasher=sched.block_hasher)
     assert plain.block_hashes[1] != a.block_hashes[1]
+
+
+# --- CrossAttentionManager -----------------------------------------------------------------------
+def test_cross_attention_manager_allocates_per_request_and_never_shares():
+    from servesim.scheduler.kv.block_pool import BlockPool
+    from servesim.scheduler.kv.cross_attention import CrossAttentionManager
+    from servesim.scheduler.kv.kinds import MANAGERS
+    from servesim.scheduler.kv.single_type import KVCacheGroupSpec
+
+    assert MANAGERS.get("cross_attention") is CrossAttentionManager
+    pool = BlockPool(10, enable_caching=False)
+    mgr = CrossAttentionManager(KVCacheGroupSpec("cross_attention", 4), pool, False, 0)
+    # Whisper-style: 1500 encoder tokens would need 375 blocks; here 10 encoder tokens -> 3 blocks.
+    assert mgr.get_num_blocks_to_allocate("a", 10, [], 0) == 3
+    mgr.allocate_new_computed_blocks("a", [], 0, 0)
+    assert len(mgr.allocate_new_blocks("a", 10)) == 3
+    assert mgr.get_num_common_prefix_blocks("a") == 0
+    with pytest.raises(ValueError, match="never cached"):
+        mgr.cache_blocks(_mm_req("a", []), 8)
+    with pytest.raises(NotImplementedError):
+        CrossAttentionManager.find_longest_cache_hit([], 8, [0], pool, mgr.spec, False, 4)
+    mgr.free("a")
+    assert pool.get_num_free_blocks() == 9
+
+
+def test_a_scheduler_with_cross_attention_groups_is_refused():
+    from servesim.scheduler import CacheConfig, Scheduler
+
+    cc = CacheConfig(block_size=4, num_gpu_blocks=50, attention="groups", enable_prefix_caching=False,
+                     kv_cache_groups=({"kind": "full", "block_size": 4}, {"kind": "cross_attention", "block_size": 4}))
+    with pytest.raises(ValueError, match="cross_attention KV cache groups"):
+        Scheduler(SchedulerConfig(), cc)
