@@ -183,3 +183,23 @@ def test_a_scheduler_with_cross_attention_groups_is_refused():
                      kv_cache_groups=({"kind": "full", "block_size": 4}, {"kind": "cross_attention", "block_size": 4}))
     with pytest.raises(ValueError, match="cross_attention KV cache groups"):
         Scheduler(SchedulerConfig(), cc)
+
+
+def test_step_trace_refuses_items_beyond_the_encoder_flags(tmp_path):
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from servesim.cli import _register, app
+
+    _register()
+    w = tmp_path / "w.jsonl"
+    w.write_text(_json.dumps({"req_id": "r1", "prompt_token_ids": list(range(100, 140)), "max_tokens": 2,
+                              "arrival_step": 0, "mm_items": [{"offset": 4, "length": 30, "mm_hash": "x"}]}) + "\n")
+    res = CliRunner().invoke(app, ["step-trace", str(w), "--out", str(tmp_path / "t.jsonl")])
+    assert res.exit_code == 2 and "'r1': multimodal item 0 has 30 embeddings" in res.output
+    res = CliRunner().invoke(app, ["step-trace", str(w), "--out", str(tmp_path / "t.jsonl"),
+                                   "--encoder-budget", "64", "--encoder-cache-size", "64"])
+    assert res.exit_code == 0, res.output
+    line = _json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert line["scheduled_encoder_inputs"] == {"r1": [0]} and line["encoder_num_free_slots"] == 34

@@ -74,7 +74,7 @@ def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed()
 
 
 @pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority",
-                                  "pp3_spec_eagle_async"])
+                                  "pp3_spec_eagle_async", "encoder_threshold_async_priority"])
 def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     from typer.testing import CliRunner
 
@@ -101,6 +101,8 @@ def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     ({"stop_token_ids": ["x"]}, "stop_token_ids"), ({"lora_id": -1}, "lora_id"), ({"cache_salt": 3}, "cache_salt"),
     ({"abort_step": 4, "abort_phase": "later"}, "abort_phase"), ({"abort_step": 4}, "abort_step"),
     ({"remote_prefill": 1}, "remote_prefill"), ({"abort_on_preempt": "never"}, "abort_on_preempt"),
+    ({"mm_items": [{"offset": 1, "length": 2, "mm_hash": "x"}]}, "mm_items"),  # past the 2-token prompt
+    ({"mm_items": [{"offset": 0, "length": 1}]}, "mm_items"),
 ])
 def test_oracle_workload_extension_fields_are_validated(extra, field, tmp_path):
     from servesim.oracle_io import read_oracle_workload

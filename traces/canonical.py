@@ -63,14 +63,14 @@ def _value(values: dict[str, Any], key: str, path: Path, line: int) -> Any:
                              allowed="true or false")
         return raw
     if kind == "mm":
-        return _mm_items(raw, path, line)
+        return mm_items_from_json(raw, path, line)
     return as_int(raw, path=path, line=line, field=key, min_value=_MIN[kind])
 
 
 _MM_ALLOWED = 'a list of {"offset": int >= 0, "length": int >= 1, "mm_hash": non-empty string, "modality": string}'
 
 
-def _mm_items(raw: Any, path: Path, line: int) -> tuple[MultiModalFeatureSpec, ...]:
+def mm_items_from_json(raw: Any, path: Path, line: int) -> tuple[MultiModalFeatureSpec, ...]:
     """The multimodal items of a row; anything malformed is an InputError naming the field."""
     if not isinstance(raw, list):
         raise InputError(f"bad value {raw!r}", path=str(path), line=line, field="mm_items", allowed=_MM_ALLOWED)
@@ -91,7 +91,7 @@ def _mm_items(raw: Any, path: Path, line: int) -> tuple[MultiModalFeatureSpec, .
 
 
 def mm_items_json(items: tuple[MultiModalFeatureSpec, ...]) -> list[dict]:
-    """The canonical (JSON) form of a request's multimodal items: what _mm_items reads back."""
+    """The canonical (JSON) form of a request's multimodal items: what mm_items_from_json reads back."""
     out = []
     for it in items:
         row: dict[str, Any] = {"offset": it.offset, "length": it.length, "mm_hash": it.mm_hash}

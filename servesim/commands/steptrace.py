@@ -30,6 +30,17 @@ def _check_start_up(sc, cc) -> None:
                          allowed=f">= {need}, or --max-model-len <= {cc.num_gpu_blocks * cc.block_size}")
 
 
+def _check_encoder(requests: list[dict], cfg: StepTraceConfig) -> None:
+    """Every multimodal item fits the encoder budget and cache the flags give (else it would never run)."""
+    limit = min(cfg.encoder_budget, cfg.encoder_cache_size)
+    for rec in requests:
+        for i, item in enumerate(rec.get("mm_items") or ()):
+            if item["length"] > limit:
+                raise InputError(f"request {rec['req_id']!r}: multimodal item {i} has {item['length']} embeddings, "
+                                 f"more than --encoder-budget / --encoder-cache-size hold ({limit})",
+                                 field="--encoder-budget", allowed=f">= {item['length']} (both flags)")
+
+
 @app.command("step-trace")
 def step_trace(
     workload: Path = typer.Argument(..., help="workload JSONL in the vLLM oracle's format"),
@@ -71,6 +82,11 @@ def step_trace(
     offload_eviction_policy: str = typer.Option("lru", help="the CPU tier's eviction policy: lru | arc"),
     offload_load_steps: int = typer.Option(2, help="a CPU->GPU load is reported finished this many steps later"),
     offload_store_steps: int = typer.Option(2, help="a GPU->CPU store completes this many steps later"),
+    encoder_budget: int = typer.Option(0, help="N > 0: multimodal requests (workload mm_items) with an encoder "
+                                       "budget of N embeddings a step (tools/encoder_oracle.py)"),
+    encoder_cache_size: int = typer.Option(0, help="the encoder cache in embeddings, with --encoder-budget"),
+    disable_chunked_mm_input: bool = typer.Option(False, "--disable-chunked-mm-input",
+                                                  help="never split a multimodal item across steps"),
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
@@ -100,12 +116,16 @@ def step_trace(
             cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
             trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
             offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
-            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps)
+            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps,
+            encoder_budget=encoder_budget, encoder_cache_size=encoder_cache_size,
+            disable_chunked_mm_input=disable_chunked_mm_input)
         sc, cc = cfg.configs()
         cfg.offload_config()
     except ValueError as e:
         raise InputError(str(e), field="options") from None
     _check_start_up(sc, cc)
-    records = run_step_trace(read_oracle_workload(workload), cfg)
+    requests = read_oracle_workload(workload)
+    _check_encoder(requests, cfg)
+    records = run_step_trace(requests, cfg)
     n = write_jsonl_atomic(out, records)
     typer.echo(f"wrote {n} steps to {out}")
