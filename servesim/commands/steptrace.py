@@ -30,6 +30,27 @@ def _check_start_up(sc, cc) -> None:
                          allowed=f">= {need}, or --max-model-len <= {cc.num_gpu_blocks * cc.block_size}")
 
 
+def _trace_config(flags: dict):
+    """StepTraceConfig from the command's options, and the scheduler and cache configs it makes (bad
+    values: an InputError naming the option)."""
+    policy = flags["policy"]
+    if policy not in POLICIES:
+        raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
+                         allowed=", ".join(POLICIES.names()))
+    try:
+        flags["stop_token_ids"] = tuple(int(x) for x in flags["stop_token_ids"].split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"not a comma-separated list of ints: {flags['stop_token_ids']!r}",
+                         field="--stop-token-ids") from None
+    try:
+        cfg = StepTraceConfig(**flags)
+        sc, cc = cfg.configs()
+        cfg.offload_config()
+    except ValueError as e:
+        raise InputError(str(e), field="options") from None
+    return cfg, sc, cc
+
+
 def _check_encoder(requests: list[dict], cfg: StepTraceConfig) -> None:
     """Every multimodal item fits the encoder budget and cache the flags give (else it would never run)."""
     limit = min(cfg.encoder_budget, cfg.encoder_cache_size)
@@ -94,35 +115,8 @@ def step_trace(
     marked "workload generation" only shape the workload there (it is read from WORKLOAD here) and
     switch the matching trace fields on.
     """
-    if policy not in POLICIES:
-        raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
-                         allowed=", ".join(POLICIES.names()))
-    try:
-        stop_ids = tuple(int(x) for x in stop_token_ids.split(",") if x.strip())
-    except ValueError:
-        raise InputError(f"not a comma-separated list of ints: {stop_token_ids!r}", field="--stop-token-ids") from None
-    try:
-        cfg = StepTraceConfig(
-            num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
-            no_prefix_caching=no_prefix_caching, no_chunked_prefill=no_chunked_prefill,
-            async_scheduling=async_scheduling, pipeline_parallel_size=pipeline_parallel_size,
-            max_steps=max_steps, hash_algo=hash_algo,
-            num_spec_tokens=num_spec_tokens, spec_method=spec_method, eos_rate=eos_rate,
-            stop_token_ids=stop_ids, stop_rate=stop_rate, min_tokens=min_tokens, abort_rate=abort_rate,
-            abort_window=abort_window, abort_after=abort_after, abort_preempted_rate=abort_preempted_rate,
-            sliding_window=sliding_window, hybrid=hybrid, num_loras=num_loras, max_loras=max_loras,
-            cache_salt=cache_salt, kv_connector_rate=kv_connector_rate, kv_load_steps=kv_load_steps,
-            trace_block_tables=trace_block_tables, offload_cpu_blocks=offload_cpu_blocks,
-            offload_block_size=offload_block_size, offload_eviction_policy=offload_eviction_policy,
-            offload_load_steps=offload_load_steps, offload_store_steps=offload_store_steps,
-            encoder_budget=encoder_budget, encoder_cache_size=encoder_cache_size,
-            disable_chunked_mm_input=disable_chunked_mm_input)
-        sc, cc = cfg.configs()
-        cfg.offload_config()
-    except ValueError as e:
-        raise InputError(str(e), field="options") from None
+    # Every option but the two paths is a StepTraceConfig field of the same name.
+    cfg, sc, cc = _trace_config({k: v for k, v in locals().items() if k not in ("workload", "out")})
     _check_start_up(sc, cc)
     requests = read_oracle_workload(workload)
     _check_encoder(requests, cfg)
