@@ -54,6 +54,7 @@ def _check_extensions(rec: dict, path: str, n: int) -> None:
 def read_oracle_workload(path: str | Path) -> list[dict]:
     path = str(path)
     out, seen = [], set()
+    mm_sizes: dict[str, int] = {}
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
@@ -84,6 +85,11 @@ def read_oracle_workload(path: str | Path) -> list[dict]:
         if not isinstance(rec.get("priority", 0), int):
             raise InputError("expected int", path=path, line=n, field="priority")
         _check_extensions(rec, path, n)
+        for item in rec.get("mm_items") or ():  # one content (mm hash), one size
+            if mm_sizes.setdefault(item["mm_hash"], item["length"]) != item["length"]:
+                raise InputError(f"{item['mm_hash']!r} has length {item['length']} here and "
+                                 f"{mm_sizes[item['mm_hash']]} in an earlier request", path=path, line=n,
+                                 field="mm_items", allowed="equal mm_hash, equal length")
         if rec["req_id"] in seen:
             raise InputError(f"duplicate req_id {rec['req_id']!r}", path=path, line=n, field="req_id")
         seen.add(rec["req_id"])

@@ -46,8 +46,13 @@ def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig) ->
     the encoder budget and cache (vLLM sizes both to at least the model's largest item)."""
     budget, cache = compute_mm_encoder_budget(sched)
     limit = min(budget, cache)
+    size_of: dict[str, int] = {}  # one content, one size: the encoder cache's accounting relies on it
     for spec in workload.requests:
         for i, item in enumerate(spec.mm_items):
+            if size_of.setdefault(item.mm_hash, item.num_embeds) != item.num_embeds:
+                raise InputError(f"request {spec.request_id!r}: multimodal item {i} ({item.mm_hash!r}) has "
+                                 f"{item.num_embeds} tokens, another request's item of that hash {size_of[item.mm_hash]}",
+                                 field="mm_items", allowed="equal mm_hash, equal length (the same content)")
             if engine != "vllm":
                 raise InputError(f"request {spec.request_id!r} has multimodal items; the {engine} engine has no "
                                  "encoder path", field="engine", allowed="vllm for multimodal requests")

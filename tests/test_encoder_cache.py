@@ -203,3 +203,41 @@ def test_step_trace_refuses_items_beyond_the_encoder_flags(tmp_path):
     assert res.exit_code == 0, res.output
     line = _json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
     assert line["scheduled_encoder_inputs"] == {"r1": [0]} and line["encoder_num_free_slots"] == 34
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_multimodal_workloads_finish_and_keep_the_invariants(seed):
+    import random
+
+    rng = random.Random(seed)
+    budget, cache = rng.choice([24, 48]), rng.choice([24, 60])
+    sched = make_sched(num_blocks=rng.choice([30, 80]), block_size=4, max_num_batched_tokens=rng.choice([32, 64]),
+                       policy=rng.choice(["fcfs", "priority"]), mm_max_tokens_per_item=1,
+                       max_num_encoder_input_tokens=budget, encoder_cache_size=cache,
+                       long_prefill_token_threshold=rng.choice([0, 16]), max_model_len=128)
+    pending = []
+    sizes = [rng.randint(4, min(budget, cache)) for _ in range(5)]  # an image has one size
+    for i in range(24):
+        n = rng.randint(20, 80)
+        items, pos = [], rng.randint(0, 8)
+        for _ in range(rng.randint(0, 2)):
+            k = rng.randint(0, 4)
+            length = sizes[k]
+            if pos + length > n:
+                break
+            items.append((pos, length, f"img{k}"))
+            pos += length + rng.randint(0, 6)
+        pending.append((rng.randint(0, 30), Request(f"r{i}", [rng.randint(100, 105) for _ in range(n)],
+                                                    SamplingParams(max_tokens=rng.randint(1, 6)),
+                                                    priority=rng.randint(0, 2), block_hasher=sched.block_hasher,
+                                                    mm_features=[MultiModalFeatureSpec(*it) for it in items])))
+    finished = set()
+    for t in range(3000):
+        for _, r in [p for p in pending if p[0] == t]:
+            sched.add_request(r)
+        out, eco = step(sched)  # check_invariants after every step
+        finished.update(eco.finished_req_ids)
+        if len(finished) == 24:
+            break
+    assert len(finished) == 24
+    assert all(not refs for refs in sched.encoder_cache_manager.cached.values())

@@ -143,3 +143,17 @@ def test_items_the_engine_could_never_encode_are_refused_by_request(sched_kw, ma
     with pytest.raises(InputError, match=match) as err:
         Engine(_cfg(**sched_kw), Workload([_spec("a")], name="t", source="test"))
     assert err.value.field == "scheduler.mm_max_tokens_per_item"
+
+
+def test_a_cluster_refuses_multimodal_requests():
+    from servesim.simulator.cluster.cluster import Cluster
+    from servesim.simulator.cluster.config import ClusterConfig
+
+    with pytest.raises(InputError, match="'a' has multimodal items; a cluster does not run"):
+        Cluster(ClusterConfig(), Workload([_spec("a")], name="t", source="test"))
+
+
+def test_one_mm_hash_has_one_size():
+    w = Workload([_spec("a"), _spec("b", (MultiModalFeatureSpec(0, 31, "cat"),), t=1.0)], name="t", source="test")
+    with pytest.raises(InputError, match=r"'b': multimodal item 0 \('cat'\) has 31 tokens, another request's .* 30"):
+        Engine(_cfg(mm_max_tokens_per_item=64), w)
