@@ -8,8 +8,6 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from servesim.scheduler.multimodal import check_mm_features
-from servesim.traces.canonical import mm_items_from_json
 from servesim.traces.errors import InputError
 
 _FIELDS = {"req_id": str, "prompt_token_ids": list, "max_tokens": int, "arrival_step": int}
@@ -44,6 +42,9 @@ def _check_extensions(rec: dict, path: str, n: int) -> None:
     if ("abort_step" in rec) != ("abort_phase" in rec):
         raise InputError("abort_step and abort_phase go together", path=path, line=n, field="abort_step")
     if "mm_items" in rec:  # tools/encoder_oracle.py: items inside the prompt, sorted, disjoint
+        from servesim.scheduler.multimodal import check_mm_features
+        from servesim.traces.canonical import mm_items_from_json  # numpy: not at CLI start-up
+
         items = mm_items_from_json(rec["mm_items"], Path(path), n)
         problem = check_mm_features(str(rec["req_id"]), items, len(rec["prompt_token_ids"]))
         if problem is not None:
