@@ -97,6 +97,15 @@ class SchedulerConfig:
                 "with chunked prefill off, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})",
             )
+            # The same rule on the budget the scheduler really has: vLLM checks it on
+            # max_num_batched_tokens only, and a draft model's reserved slots leave prompts between
+            # the two budgets waiting forever (never scheduled, never refused).
+            _require(
+                self.max_num_scheduled_tokens >= self.max_model_len,
+                "with chunked prefill off and draft_model speculation, the scheduler's budget "
+                f"max_num_batched_tokens - max_num_seqs ({self.max_num_scheduled_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}): longer prompts could never be scheduled",
+            )
 
     @property
     def max_num_scheduled_tokens(self) -> int:

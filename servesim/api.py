@@ -19,7 +19,12 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
            seed: int = 0, out_dir: str | Path | None = None, overwrite: bool = False, **overrides) -> Results:
     """Replay a trace (None: the bundled default) with vLLM 0.19 defaults; overrides use dotted keys."""
     from servesim.overrides import apply_overrides
+    from servesim.running import _check_arg, _is_int
 
+    for name, value in (("model", model), ("gpu", gpu)):
+        _check_arg(value, isinstance(value, str) and bool(value), name, "a name, e.g. llama-3.1-8b / h100")
+    _check_arg(tp, _is_int(tp) and tp >= 1, "tp", "an integer >= 1")
+    _check_arg(seed, _is_int(seed), "seed", "an integer")
     cfg = SimConfig()
     cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
     cfg.seed = seed
@@ -51,11 +56,12 @@ def load_sweep(folder: str | Path):
     return _load(folder)
 
 
-def plot_results(folder: str | Path, out_dir: str | Path | None = None):
-    """PNG figures and a self-contained report.html for a run or sweep folder: (pngs, report path)."""
+def plot_results(folder: str | Path, out_dir: str | Path | None = None, overwrite: bool = False):
+    """PNG figures and a self-contained report.html for a run or sweep folder: (pngs, report path).
+    An existing out_dir must be an earlier plot folder, replaced only with overwrite."""
     from servesim.plots import plot_results as _plot
 
-    return _plot(folder, out_dir)
+    return _plot(folder, out_dir, overwrite=overwrite)
 
 
 __all__ = ["Results", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plot_results", "replay",

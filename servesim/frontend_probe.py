@@ -59,6 +59,12 @@ class ProbeLimits:
             raise InputError("timeouts must be > 0", field="--timeout-s")
 
 
+# The probe's answers are a few KB (a tokenize result, a completion of a few tokens); anything
+# far past these is a misbehaving server, and is cut off rather than held in memory.
+MAX_BODY_BYTES = 4 * 2**20
+MAX_LINE_BYTES = 256 * 2**10
+
+
 @dataclass(slots=True)
 class FrontendMeasurement:
     config: FrontendConfig
@@ -100,15 +106,34 @@ class _Client:
             if resp.status != 200:
                 raise InputError(f"{method} {path} answered HTTP {resp.status}: {resp.read(200)!r}",
                                  field="--base-url", allowed="an OpenAI-compatible server (vLLM, SGLang, ...)")
-            lines = []
-            for line in resp:
-                lines.append((time.perf_counter() - t0, line.strip()))
-            return time.perf_counter() - t0, lines
-        except OSError as exc:
+            return self._read_body(resp, method, path, t0)
+        except (OSError, http.client.HTTPException) as exc:
             raise InputError(f"{method} {path}: {exc}", field="--base-url",
                              allowed="a reachable OpenAI-compatible server") from None
         finally:
             conn.close()
+
+
+    def _read_body(self, resp: http.client.HTTPResponse, method: str, path: str,
+                   t0: float) -> tuple[float, list[tuple[float, bytes]]]:
+        """The body's lines, within MAX_BODY_BYTES and before the request's own timeout and the
+        probe's deadline (a socket timeout alone restarts with every trickled byte)."""
+        stop = min(time.monotonic() + self.limits.request_timeout_s, self.stop_at)
+        lines, size = [], 0
+        while True:
+            line = resp.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return time.perf_counter() - t0, lines
+            size += len(line)
+            if size > MAX_BODY_BYTES or len(line) > MAX_LINE_BYTES:
+                raise InputError(f"{method} {path}: the answer passed {MAX_BODY_BYTES // 2**20} MiB "
+                                 f"(or a line {MAX_LINE_BYTES // 2**10} KiB) and was cut off", field="--base-url",
+                                 allowed="an OpenAI-compatible server (a completion of a few tokens is a few KB)")
+            if time.monotonic() > stop:
+                raise InputError(f"{method} {path}: the answer was still arriving after "
+                                 f"{self.limits.request_timeout_s:g} s (or the probe's deadline)", field="--timeout-s",
+                                 allowed="a longer --timeout-s / --deadline-s, or a server that answers")
+            lines.append((time.perf_counter() - t0, line.strip()))
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -126,7 +151,14 @@ def _tokenize_probe(client: _Client, model: str, limits: ProbeLimits) -> tuple[l
         best, count = float("inf"), float(words)
         for _ in range(limits.repeats):
             t, lines = client.request("POST", "/tokenize", {"model": model, "prompt": WORD * words})
-            answer = json.loads(b"".join(line for _, line in lines) or b"{}")
+            try:
+                answer = json.loads(b"".join(line for _, line in lines) or b"{}")
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                raise InputError(f"POST /tokenize answered 200 with something that is not a JSON object: "
+                                 f"{b''.join(line for _, line in lines)[:80]!r}", field="--base-url",
+                                 allowed="a server with vLLM's /tokenize endpoint")
             count = float(answer.get("count", len(answer.get("tokens", ())) or words))
             best = min(best, t)
         counts.append(count)
@@ -175,7 +207,7 @@ class _Background:
         try:
             conn.request("POST", prefix + "/v1/completions", body, {"Content-Type": "application/json"})
             resp = conn.getresponse()
-            for line in resp:
+            while line := resp.readline(MAX_LINE_BYTES):  # bounded lines; each one is dropped
                 if line.startswith(b"data:"):
                     started.set()
         except (OSError, http.client.HTTPException, ValueError):

@@ -19,6 +19,7 @@ from servesim.simulator.outdir import claim_output
 from servesim.simulator.outputs import build_summary, write_results
 from servesim.simulator.summary import warn_rejected
 from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
+from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
 from servesim.traces.transforms import rate_scale, request_limit
 from servesim.traces.workload import Workload
@@ -62,8 +63,27 @@ class Results:
         return f"Results(out_dir={self.out_dir!r}, {len(self._tables['requests'])} requests)"
 
 
+def _check_arg(value, ok: bool, field: str, allowed: str) -> None:
+    """The API's argument checks: the CLI's flags reach the same functions, so a bad value gets
+    the same message from either (field names the flag's argument)."""
+    if not ok:
+        raise InputError(f"got {value!r:.80}", field=field, allowed=allowed)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | None = None,
                rate_scale_factor: float | None = None) -> Workload:
+    """A trace file (None: the bundled default), optionally rate-scaled and cut to its first
+    max_requests requests."""
+    _check_arg(trace, trace is None or isinstance(trace, (str, Path)), "trace",
+               "a trace file path (str or pathlib.Path), or None for the bundled trace")
+    _check_arg(max_requests, max_requests is None or (_is_int(max_requests) and max_requests >= 1),
+               "--max-requests", "an integer >= 1, or none for the whole trace")
+    if isinstance(trace, str):
+        trace = Path(trace).expanduser()
     wl = load_bundled(DEFAULT_TRACE) if trace is None else load_workload(trace, fmt)
     if rate_scale_factor is not None and rate_scale_factor != 1.0:
         wl = rate_scale(wl, rate_scale_factor)
@@ -75,12 +95,23 @@ def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | 
 def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, step_trace: str | Path | None = None,
         progress=None, executor=None, overwrite: bool = False) -> Results:
     """Simulate; with out_dir, write the result folder (checked and locked before simulating: an
-    existing folder servesim did not write is refused, an earlier result replaced only with overwrite)."""
+    existing folder servesim did not write is refused, an earlier result replaced only with overwrite).
+    The step trace file follows the same rule, checked before simulating too."""
+    _check_arg(cfg, isinstance(cfg, SimConfig), "cfg", "a servesim.simulator.config.SimConfig")
+    _check_arg(workload, isinstance(workload, Workload), "workload",
+               "a Workload, e.g. servesim.api.load_trace(path) or load_trace(None) for the bundled trace")
+    for name, value in (("out_dir", out_dir), ("step_trace", step_trace)):
+        _check_arg(value, value is None or isinstance(value, (str, Path)), name, "a path (str or pathlib.Path) or None")
+    _check_arg(overwrite, isinstance(overwrite, bool), "overwrite", "true or false")
+    if step_trace is not None:
+        from servesim.simulator.outfile import check_output_file
+
+        step_trace = check_output_file(step_trace, overwrite=overwrite, flag="step_trace")
     with collector_paused():  # simulator/collector.py: a run leaves next to no cyclic garbage
         if out_dir is None:
             return _run(cfg, workload, None, step_trace, progress, executor, overwrite)
-        with claim_output(out_dir, overwrite=overwrite):
-            return _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite)
+        with claim_output(out_dir, overwrite=overwrite) as out:  # out: ~ expanded
+            return _run(cfg, workload, out, step_trace, progress, executor, overwrite)
 
 
 def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> Results:

@@ -8,8 +8,8 @@ import dataclasses
 import difflib
 from typing import Any
 
-import yaml
 
+from servesim.simulator.yaml_input import safe_load_bounded
 from servesim.traces.errors import InputError
 
 
@@ -109,7 +109,7 @@ def apply_overrides(cfg, overrides: dict[str, Any]):
     half-applied mix, so the order of the keys does not matter."""
     tree: dict[str, Any] = {}
     for key, raw in overrides.items():
-        value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        value = safe_load_bounded(raw, f"--set {key}") if isinstance(raw, str) else raw
         node, parts = tree, key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})

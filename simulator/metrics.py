@@ -142,6 +142,9 @@ class RunTables:
         return self._timeseries[end_s]
 
 
+# Runs longer than this many seconds get a sparse series (timeseries_from_steps): 11.6 days of
+# 1-s rows is ~50 MB of columns; a trace spanning years would otherwise take gigabytes.
+MAX_DENSE_TICKS = 1_000_000
 TIMESERIES_COLUMNS = ["t_s", "running", "waiting", "kv_cache_pct", "prefill_tokens_per_s", "decode_tokens_per_s"]
 # A group's series (steps with a `replica` column) adds these per replica: `running_rank<i>`, ...
 RANK_COLUMNS = ("running", "waiting", "kv_cache_pct")
@@ -150,7 +153,10 @@ _STEP_SERIES = ("num_prefill_tokens", "num_decode_tokens", "num_running", "num_w
 
 def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
     """1-second ticks from the steps: state at the last step that started at or before each tick,
-    tokens per second over [t, t + 1).
+    tokens per second over [t, t + 1). Every second of the run up to MAX_DENSE_TICKS seconds; a
+    longer run (a trace spanning weeks) keeps only the seconds in which a step started and the
+    second after each (where the series falls back to idle), so the series is sized by the steps,
+    never by the simulated span.
 
     Steps of several replicas, each in its own step order, with a `replica` column (a cluster's:
     the ranks of a data-parallel deployment, simulator/cluster/) give the group's series: each
@@ -158,11 +164,11 @@ def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
     replicas and KV usage their mean (each replica has its own pool; DP ranks' pools are equal,
     so the mean is the group's usage), with each replica's running, waiting and KV usage beside
     (`running_rank<i>`, `waiting_rank<i>`, `kv_cache_pct_rank<i>`, i its `replica` value)."""
-    ticks = np.arange(0.0, math.floor(max(end_s, 0.0)) + 1.0)
+    ticks = _ticks(None if steps.empty else steps["start_s"], end_s)
     if steps.empty:
-        return Columns({"t_s": ticks, **_series(None, [], len(ticks))}, TIMESERIES_COLUMNS)
+        return Columns({"t_s": ticks, **_series(None, [], ticks)}, TIMESERIES_COLUMNS)
     if "replica" not in steps:
-        return Columns({"t_s": ticks, **_series(steps["start_s"], [steps[c] for c in _STEP_SERIES], len(ticks))},
+        return Columns({"t_s": ticks, **_series(steps["start_s"], [steps[c] for c in _STEP_SERIES], ticks)},
                        TIMESERIES_COLUMNS)
     rep = steps["replica"]
     order = np.argsort(rep, kind="stable") if np.any(rep[1:] < rep[:-1]) else None  # a cluster's: in order
@@ -171,7 +177,7 @@ def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
     per: dict[int, dict[str, np.ndarray]] = {}
     for a, b in zip(bounds[:-1], bounds[1:]):
         rows = slice(a, b) if order is None else order[a:b]
-        per[int(sorted_rep[a])] = _series(steps["start_s"][rows], [steps[c][rows] for c in _STEP_SERIES], len(ticks))
+        per[int(sorted_rep[a])] = _series(steps["start_s"][rows], [steps[c][rows] for c in _STEP_SERIES], ticks)
     data = {"t_s": ticks}
     for col in TIMESERIES_COLUMNS[1:]:
         stacked = np.stack([p[col] for p in per.values()])
@@ -181,22 +187,40 @@ def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
     return Columns(data)
 
 
-def _series(start: np.ndarray | None, values: list, n: int) -> dict[str, np.ndarray]:
-    """One engine's series over n ticks (TIMESERIES_COLUMNS but t_s) from its steps' start times
+def _ticks(start: np.ndarray | None, end_s: float) -> np.ndarray:
+    """The series' tick times (whole seconds, ascending; see timeseries_from_steps)."""
+    n = math.floor(max(end_s, 0.0)) + 1
+    if n <= MAX_DENSE_TICKS:
+        return np.arange(0.0, float(n))
+    if start is None or not len(start):
+        return np.array([0.0, float(n - 1)])
+    sec = np.unique(np.floor(start))
+    return np.union1d(np.union1d(sec, sec + 1.0), [0.0, float(n - 1)])
+
+
+def _series(start: np.ndarray | None, values: list, ticks: np.ndarray) -> dict[str, np.ndarray]:
+    """One engine's series at `ticks` (TIMESERIES_COLUMNS but t_s) from its steps' start times
     and _STEP_SERIES columns, in step order; start None: no steps."""
+    n = len(ticks)
     if start is None:
         zeros_i, zeros_f = np.zeros(n, dtype=np.int64), np.zeros(n)
         return {"running": zeros_i, "waiting": zeros_i, "kv_cache_pct": zeros_f,
                 "prefill_tokens_per_s": zeros_f, "decode_tokens_per_s": zeros_f}
     prefill, decode, running, waiting, kv_usage = values
-    idx = np.searchsorted(start, np.arange(0.0, float(n)), side="right") - 1
+    idx = np.searchsorted(start, ticks, side="right") - 1
     valid = idx >= 0
     take = np.where(valid, idx, 0)
-    sec = np.floor(start).astype(int)
+    sec = np.floor(start)
+    if n and ticks[-1] == n - 1:  # every second from 0: a step's second is its tick's index
+        pos, keep = sec.astype(np.int64), None
+    else:  # sparse ticks hold every second a step started in (and may stop short of a step)
+        pos = np.searchsorted(ticks, sec)
+        keep = (pos < n) & (ticks[np.minimum(pos, n - 1)] == sec)
+        pos = pos[keep]
+    per_s = [np.bincount(pos, weights=w if keep is None else w[keep], minlength=n)[:n] for w in (prefill, decode)]
     return {"running": np.where(valid, running[take], 0), "waiting": np.where(valid, waiting[take], 0),
             "kv_cache_pct": np.where(valid, 100.0 * kv_usage[take], 0.0),
-            "prefill_tokens_per_s": np.bincount(sec, weights=prefill, minlength=n)[:n],
-            "decode_tokens_per_s": np.bincount(sec, weights=decode, minlength=n)[:n]}
+            "prefill_tokens_per_s": per_s[0], "decode_tokens_per_s": per_s[1]}
 
 
 def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:

@@ -10,8 +10,9 @@ Before a run simulates anything, `claim_output()` checks its output folder and l
   second run on the same folder refuse with the first one's pid;
 - staging folders a killed run left beside it (`.NAME.servesim-tmp.*`, `.NAME.old`) are removed.
 
-Every result folder carries a `.servesim` marker naming what wrote it; folders written before the
-marker existed are recognised by their files (summary.json + config.yaml, or sweep.json).
+Every result folder carries a `.servesim` marker naming what wrote it, and only the marker makes
+a folder ours: a folder that merely holds files with our names (summary.json, config.yaml) is
+not. Single result files follow the same rule in outfile.py.
 """
 
 from __future__ import annotations
@@ -44,16 +45,12 @@ def share_like_umask(path: Path) -> None:
 
 
 def result_kind(folder: Path) -> str | None:
-    """What wrote `folder` ("replay", "cluster", "sweep"), from its marker or, for results written
-    before the marker existed, its files; None for a folder servesim did not write."""
-    folder = Path(folder)
-    if (folder / MARKER).is_file():
-        return (folder / MARKER).read_text().strip() or "replay"
-    if (folder / "sweep.json").is_file():
-        return "sweep"
-    if (folder / "summary.json").is_file() and (folder / "config.yaml").is_file():
-        return "replay"
-    return None
+    """What wrote `folder` ("replay", "cluster", "sweep", "plots", ...), from its `.servesim`
+    marker; None for a folder servesim did not write (a marker that is a link is not ours)."""
+    marker = Path(folder) / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    return marker.read_text().strip() or "replay"
 
 
 def is_result(folder: Path) -> bool:
@@ -76,7 +73,7 @@ def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | 
                  flag: str = "--out") -> Path:
     """Refuse an output folder we must not write (see the module docstring); creates nothing.
     resume="sweep": an existing sweep folder is continued, not replaced."""
-    out = Path(out_dir)
+    out = Path(out_dir).expanduser()
     resolved = out.resolve()
     if resolved == Path.cwd() or resolved in Path.cwd().parents or resolved == resolved.parent:
         raise InputError(f"{out} is the current folder or one of its parents; results need a folder of their own",
@@ -97,24 +94,11 @@ def check_output(out_dir: str | Path, *, overwrite: bool = False, resume: str | 
         if resume is None and not overwrite:
             raise InputError(f"{out} holds an earlier servesim result", field=flag,
                              allowed=f"--overwrite to replace it, or another {flag}")
-    _check_writable(out, flag)
+    check_writable(out, flag)
     return out
 
 
-def check_output_file(path: str | Path, *, overwrite: bool = False, flag: str = "--out") -> Path:
-    """A single result file (a fitted model, a profile): an existing file is replaced only with
-    overwrite, a folder never; the folder that will hold it must be writable."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path} is a folder; {flag} names a file here", field=flag, allowed="a file path")
-    if path.exists() and not overwrite:
-        raise InputError(f"{path} already exists; servesim will not replace it", field=flag,
-                         allowed=f"--overwrite to replace it, or another {flag}")
-    _check_writable(path, flag)
-    return path
-
-
-def _check_writable(out: Path, flag: str) -> None:
+def check_writable(out: Path, flag: str) -> None:
     """Probe the folder that will receive the result (or its nearest existing ancestor: nothing is
     created here, so a refused run leaves no empty parents behind)."""
     target = out if out.is_dir() else next((p for p in out.parents if p.exists()), Path("/"))
@@ -147,7 +131,13 @@ def locked(out_dir: str | Path, flag: str = "--out") -> Iterator[None]:
     lock = out_dir.with_name(f".{out_dir.name}.lock")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # never through a link planted at the lock's name (it would truncate its target)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise InputError(f"{lock} is a symbolic link; servesim will not lock through it", field=flag,
+                             allowed="remove the link, or another " + flag) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

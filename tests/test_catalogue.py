@@ -38,6 +38,12 @@ def _write_inputs(d: Path) -> None:
     (d / "unknown_keys.jsonl").write_text('{"foo": 1, "bar": 2}\n')
     (d / "bad_row.jsonl").write_text('{"request_id": "a", "arrival_time_s": 0, "prompt_len": 10, "output_len": 5}\n'
                                      '{"request_id": "b", "arrival_time_s": 1, "prompt_len": 10, "output_len": -3}\n')
+    (d / "far.jsonl").write_text('{"request_id": "a", "arrival_time_s": 0, "prompt_len": 10, "output_len": 5}\n'
+                                 '{"request_id": "b", "arrival_time_s": 1e300, "prompt_len": 10, "output_len": 5}\n')
+    bomb = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    (d / "scen_bomb.yaml").write_text("workload: {generator: poisson, num_requests: 4}\n" + bomb)
+    (d / "cluster_bomb.yaml").write_text(bomb)
     (d / "scen_unknown_key.yaml").write_text("workload: {generator: poisson, num_requests: 4}\n"
                                              "scheduler: {max_num_seq: 4}\n")
     (d / "scen_escape.yaml").write_text("name: ../../escape\nworkload: {generator: poisson, num_requests: 4}\n")
@@ -85,6 +91,17 @@ def _prepare(work: Path, prep: str | None) -> None:
         (work / "out" / MARKER).write_text("replay\n")
         (work / "out" / "summary.json").write_text("{}")
         (work / "out" / "config.yaml").write_text("{}")
+    elif prep == "thesis":  # a user's folder holding files with our names, no marker
+        (work / "out").mkdir()
+        for name in ("summary.json", "config.yaml", "chapter1.tex"):
+            (work / "out" / name).write_text("{}")
+    elif prep == "result+foreign":
+        _prepare(work, "result")
+        (work / "mine").mkdir()
+        (work / "mine" / "report.html").write_text("my own page")
+    elif prep == "lock-link":
+        (work / "victim.txt").write_text("someone else's file")
+        (work / ".out.lock").symlink_to(work / "victim.txt")
     elif prep == "locked":
         import fcntl
 
@@ -115,6 +132,7 @@ CLI_CASES = [
     ("mooncake-on-sharegpt", "replay {in}/five.jsonl --format mooncake", None, 2, ["line 1", "timestamp"]),
     ("format-typo", "replay {in}/five.jsonl --format mooncak", None, 2, ["did you mean 'mooncake'?"]),
     ("bad-row", "replay {in}/bad_row.jsonl", None, 2, ["bad_row.jsonl, line 2", "output_len"]),
+    ("arrival-1e300", "replay {in}/far.jsonl", None, 2, ["far.jsonl", "request 'b' arrives at 1e+300 s"]),
     # --- flags ---------------------------------------------------------------------------------
     ("model-typo", "replay --model llama-3.1-8c", None, 2, ["--model: unknown model", "did you mean 'llama-3.1-8b'?"]),
     ("gpu-typo", "replay --gpu h10O", None, 2, ["--gpu: unknown gpu", "did you mean 'h100'?"]),
@@ -125,6 +143,8 @@ CLI_CASES = [
     ("sampling", "replay --sampling random", None, 2, ["--sampling"]),
     ("tp-zero", "replay --tp 0", None, 2, ["--tp"]),
     ("max-requests-negative", "replay --max-requests -1", None, 2, ["--max-requests"]),
+    ("max-requests-zero", "replay --max-requests 0", None, 2, ["--max-requests", "an integer >= 1"]),
+    ("workers-negative", "run {in}/scen_ok.yaml --workers -3", None, 2, ["--workers", "an integer >= 1"]),
     ("rate-scale-zero", "replay --rate-scale 0", None, 2, ["--rate-scale", "> 0"]),
     ("set-no-equals", "replay --set foo", None, 2, ["--set: expects key=value, got 'foo'"]),
     ("set-unknown-key", "replay --set scheduler.max_num_seq=3", None, 2,
@@ -151,8 +171,24 @@ CLI_CASES = [
     ("fit-out-folder", "fit {in}/five.jsonl --out {in} --model llama-3.1-8b --gpu h100", None, 2, ["is a folder"]),
     ("step-trace-exists", "replay --max-requests 2 --out new --step-trace {in}/five.jsonl", None, 2,
      ["--step-trace", "will not replace it"]),
+    ("step-trace-unwritable", "replay --max-requests 2 --out new --step-trace /proc/servesim/t.jsonl", None, 2,
+     ["--step-trace", "cannot write results"]),
+    ("overwrite-not-ours", "replay --max-requests 2 --out out --overwrite", "thesis", 2,
+     ["not a servesim result", "chapter1.tex"]),
+    ("lock-through-symlink", "replay --max-requests 2 --out out", "lock-link", 2, ["symbolic link"]),
+    ("step-trace-cmd-exists", "step-trace {in}/five.jsonl --out {in}/five.jsonl", None, 2,
+     ["five.jsonl already exists", "--overwrite"]),
+    ("calibrate-frontend-exists",
+     "calibrate-frontend --base-url http://127.0.0.1:9 --model m --out {in}/five.jsonl", None, 2,
+     ["five.jsonl already exists", "--overwrite"]),
+    ("plot-out-foreign", "plot out --out mine", "result+foreign", 2, ["not a servesim result", "report.html"]),
+    ("plot-out-dot", "plot out --out .", "result", 2, ["current folder"]),
+    ("validate-bench-out-foreign", "validate-bench {in}/five.jsonl --model llama-3.1-8b --gpu h100 --out out",
+     "foreign", 2, ["not a servesim result"]),
     # --- YAML ----------------------------------------------------------------------------------
     ("scenario-missing", "run {in}/nope.yaml", None, 2, ["nope.yaml"]),
+    ("scenario-alias-bomb", "run {in}/scen_bomb.yaml", None, 2, ["scen_bomb.yaml", "expands to 4.9e+08 values"]),
+    ("cluster-alias-bomb", "cluster {in}/cluster_bomb.yaml", None, 2, ["cluster_bomb.yaml", "expands to"]),
     ("scenario-unknown-key", "run {in}/scen_unknown_key.yaml", None, 2,
      ["scen_unknown_key.yaml, line 2", "did you mean max_num_seqs"]),
     ("scenario-name-escapes", "run {in}/scen_escape.yaml", None, 2, ["cannot be a folder name inside runs/"]),
@@ -226,8 +262,9 @@ def _api_sweep_foreign(work: Path):
 
 
 def _api_cases():
-    from servesim.api import load_trace, replay, run_scenario
+    from servesim.api import load_trace, replay, run, run_scenario
     from servesim.simulator.cluster.routers import make_router
+    from servesim.simulator.config import SimConfig
     from servesim.simulator.cost_model import make_cost_model
     from servesim.traces.formats import load_workload
 
@@ -244,6 +281,14 @@ def _api_cases():
                                                      out_dir=w / "o"), "cannot be a folder name"),
         ("api-scenario-out-foreign", _api_sweep_foreign, "not a servesim result"),
         ("api-replay-foreign", _api_replay_foreign, "not a servesim result"),
+        ("api-replay-int-trace", lambda w: replay(123), "field 'trace': got 123"),
+        ("api-run-no-workload", lambda w: run(SimConfig(), None), "field 'workload': got None"),
+        ("api-run-list-workload", lambda w: run(SimConfig(), [1, 2]), "a Workload"),
+        ("api-run-no-config", lambda w: run(None, load_trace(None, max_requests=2)), "field 'cfg'"),
+        ("api-replay-tp", lambda w: replay(tp=0), "field 'tp'"),
+        ("api-out-dir-type", lambda w: run(SimConfig(), load_trace(None, max_requests=2), out_dir=3), "out_dir"),
+        ("api-sweep-workers", lambda w: run_scenario({"name": "x", "workload": {"generator": "poisson"}},
+                                                     out_dir=w / "o", workers=-3), "--workers"),
     ]
 
 

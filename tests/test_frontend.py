@@ -94,3 +94,71 @@ def test_calibrate_frontend_command_writes_a_usable_file(tmp_path):
     cfg = FrontendConfig(**data["frontend"])
     assert cfg.enabled and math.isfinite(cfg.tokenize_s_per_token)
     assert not (tmp_path / "frontend.yaml.partial").exists()
+
+
+class _Misbehaving:
+    """A loopback server answering every request 200 with `mode`: an endless SSE stream, a body
+    trickled one byte at a time, or a page that is not JSON."""
+
+    def __init__(self, mode: str):
+        import socket
+        import threading
+
+        self.mode, self.sock = mode, socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import time
+
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+                if self.mode == "notjson":
+                    conn.sendall(b"<html>hello</html>\n")
+                while self.mode != "notjson" and not self.done.is_set():
+                    if self.mode == "endless":
+                        conn.sendall(b'data: {"choices": [{"text": "x"}]}\n\n' * 1000)
+                    else:
+                        conn.sendall(b"d")
+                        time.sleep(0.05)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode, message", [("endless", "was cut off"), ("trickle", "still arriving after 1 s")])
+def test_probe_reads_are_bounded_in_size_and_time(mode, message):
+    import time
+
+    from servesim.frontend_probe import _Client
+
+    with _Misbehaving(mode) as server:
+        client = _Client(server.base_url, ProbeLimits(request_timeout_s=1.0, deadline_s=5.0))
+        t0 = time.monotonic()
+        with pytest.raises(InputError, match=message):
+            client.request("POST", "/v1/completions", {"stream": True})
+        assert time.monotonic() - t0 < 3.0
+
+
+def test_a_tokenize_answer_that_is_not_json_is_a_clear_error():
+    from servesim.frontend_probe import _Client, _tokenize_probe
+
+    with _Misbehaving("notjson") as server:
+        limits = ProbeLimits(request_timeout_s=1.0, deadline_s=5.0)
+        with pytest.raises(InputError, match="not a JSON object.*<html>"):
+            _tokenize_probe(_Client(server.base_url, limits), "m", limits)

@@ -47,10 +47,38 @@ def test_earlier_result_needs_overwrite_and_sweep_resumes_only_a_sweep(tmp_path)
     assert check_output(res, overwrite=True) == res
     with pytest.raises(InputError, match="replay result, not a sweep"):
         check_output(res, resume="sweep")
-    legacy = tmp_path / "legacy"  # written before the marker existed
-    legacy.mkdir()
-    (legacy / "sweep.json").write_text("{}")
-    assert result_kind(legacy) == "sweep" and check_output(legacy, resume="sweep") == legacy
+
+
+
+def test_only_the_marker_makes_a_folder_ours(tmp_path):
+    """A user's folder that happens to hold files with our names (a thesis with its summary.json,
+    config.yaml and .tex) is not a result: --overwrite must not delete it."""
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    for name, text in (("summary.json", "{}"), ("config.yaml", "a: 1\n"), ("sweep.json", "{}"),
+                       ("chapter1.tex", "precious")):
+        (thesis / name).write_text(text)
+    assert result_kind(thesis) is None
+    for kwargs in ({"overwrite": True}, {"resume": "sweep"}):
+        with pytest.raises(InputError, match="not a servesim result"):
+            check_output(thesis, **kwargs)
+    linked = tmp_path / "linked"  # a marker that is a link to a file elsewhere is not ours either
+    linked.mkdir()
+    (tmp_path / "elsewhere").write_text("replay\n")
+    (linked / MARKER).symlink_to(tmp_path / "elsewhere")
+    assert result_kind(linked) is None
+    assert (thesis / "chapter1.tex").read_text() == "precious"
+
+
+def test_lock_never_follows_a_planted_symlink(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file")
+    out = tmp_path / "out"
+    (tmp_path / ".out.lock").symlink_to(victim)
+    with pytest.raises(InputError, match="symbolic link"):
+        with locked(out):
+            pass
+    assert victim.read_text() == "someone else's file"
 
 
 def test_unwritable_parent_is_found_before_simulating(tmp_path):

@@ -51,6 +51,13 @@ def test_plot_a_single_run(tmp_path):
     assert {p.name for p in pngs} == {"latency_cdf.png", "timeline.png", "preemptions_hits.png",
                                       "batch_composition.png"}
     assert report == tmp_path / "run" / "plots" / "report.html" and "TTFT (ms)" in report.read_text()
+    again, _ = plot_results(tmp_path / "run")  # the default folder is refreshed without --overwrite
+    assert again == pngs
+    plot_results(tmp_path / "run", tmp_path / "elsewhere")
+    with pytest.raises(InputError, match="--overwrite"):  # a named folder is replaced only with overwrite
+        plot_results(tmp_path / "run", tmp_path / "elsewhere")
+    plot_results(tmp_path / "run", tmp_path / "elsewhere", overwrite=True)
+    assert not list(tmp_path.glob(".*servesim-tmp*")) and [p.name for p in (tmp_path / "run").glob(".*")] == [".servesim"]
 
 
 def test_plot_rejects_a_folder_without_results(tmp_path):

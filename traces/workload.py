@@ -19,9 +19,10 @@ The GPU runner's vocabulary is smaller than 2**31: use `token_ids_mod(vocab_size
 
 from __future__ import annotations
 
+import logging
 import math
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -202,6 +203,13 @@ class RequestSpec:
         return stream_tokens(key, self.prompt_len, self.prompt_len + self.output_len).tolist()
 
 
+# A first arrival this late (about 3.2 years after the trace's start) can only be an absolute
+# epoch time (1.7e9 s in 2024): the workload is rebased to start at it (Workload._rebase).
+EPOCH_START_S = 1e8
+# A workload spans at most this long (the simulated clock and its time series are sized by it).
+MAX_SPAN_S = 1e8
+
+
 @dataclass(slots=True)
 class Workload:
     requests: list[RequestSpec]  # sorted by (arrival_time_s, order in file)
@@ -217,6 +225,25 @@ class Workload:
                 field="arrival_time_s",
                 allowed="non-decreasing arrival times (use Workload.from_unsorted)",
             )
+        if times and times[0] >= EPOCH_START_S:
+            self._rebase(times[0])
+        if times and self.requests[-1].arrival_time_s - self.requests[0].arrival_time_s > MAX_SPAN_S:
+            last = self.requests[-1]
+            raise InputError(
+                f"workload {self.name!r}: request {last.request_id!r} arrives at {last.arrival_time_s:.6g} s, "
+                f"{last.arrival_time_s - self.requests[0].arrival_time_s:.3g} s after the first",
+                field="arrival_time_s",
+                allowed=f"arrivals within {MAX_SPAN_S:.0e} s (about {MAX_SPAN_S / 3.156e7:.0f} years) of the first",
+            )
+
+    def _rebase(self, first_s: float) -> None:
+        """Arrivals given as absolute epoch seconds (the usual slip when converting one's own logs)
+        start the trace at its first arrival instead, with a note in `source` and on the log."""
+        self.requests = [replace(r, arrival_time_s=r.arrival_time_s - first_s) for r in self.requests]
+        note = (f"arrival times rebased: the first was {first_s:.6g} s (absolute epoch seconds?), "
+                "every arrival is now relative to it")
+        self.source = f"{self.source} | {note}"
+        logging.getLogger("servesim").warning("WARNING: %s: %s", self.name, note)
 
     @classmethod
     def from_unsorted(

@@ -44,7 +44,7 @@ def calibrate(
 
     from servesim.simulator.cost_model.importers.nccl_tests import host_collective_rows
     from servesim.simulator.cost_model.profile_schema import make_profile, write_profile
-    from servesim.simulator.outdir import check_output_file
+    from servesim.simulator.outfile import check_output_file
 
     if model is None and not collectives:
         raise InputError("name the model to calibrate", field="--model",
@@ -59,6 +59,11 @@ def calibrate(
     ar_rows = [r for path in (nccl_tests or []) for r in host_collective_rows(path, gpu_label)]  # fail before the sweep
     default = Path("runs/calibration") / (f"{_model_name(model)}.csv" if model else f"collectives-{gpu_label}.csv")
     out = check_output_file(out or default, overwrite=overwrite)
+    if model:  # the step report beside the profile follows the same rule, checked before the sweep
+        from servesim.plots.calibration import report_paths
+
+        for side in report_paths(out):
+            check_output_file(side, overwrite=overwrite, flag="--out (its .report file)")
     rows = _measure_collectives(groups, dev.type, dtype, quick, gpu_label) if groups else []
     if model:
         rows += _sweep_model(model, dev, dtype, quick, seed, gpu_label)

@@ -17,6 +17,7 @@ def calibrate_frontend(
     base_url: str = typer.Option(..., "--base-url", help="the server, e.g. http://127.0.0.1:8000"),
     model: str = typer.Option(..., "--model", help="model name the server serves"),
     out: Path = typer.Option(..., "--out", help="frontend parameters to write (.yaml)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     max_requests: int = typer.Option(100, "--max-requests",
                                      help="cap on HTTP requests sent (each background stream counts one); "
                                           "it decides how many streams the per-stream probe holds open"),
@@ -30,16 +31,16 @@ def calibrate_frontend(
     import yaml
 
     from servesim.frontend_probe import ProbeLimits, probe_frontend
+    from servesim.simulator.outfile import atomic_text, check_output_file
 
+    out = check_output_file(out, overwrite=overwrite)  # before the server is probed
     limits = ProbeLimits(max_requests=max_requests, request_timeout_s=timeout_s, deadline_s=deadline_s)
     measured = probe_frontend(base_url, model, limits, engine_step_s=engine_step_ms / 1e3)
     values = {k: v for k, v in dataclasses.asdict(measured.config).items() if v is not None}  # no deprecated keys
-    tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(yaml.safe_dump({"frontend": values, "measured": {"base_url": base_url, "model": model,
+    atomic_text(out, yaml.safe_dump({"frontend": values, "measured": {"base_url": base_url, "model": model,
                                                                    "num_requests": measured.num_requests,
                                                                    "samples_s": measured.samples}},
                                   sort_keys=False))
-    tmp.replace(out)  # never a half-written file under the final name
     for key, value in values.items():
         typer.echo(f"frontend.{key} = {value:.6g}" if isinstance(value, float) else f"frontend.{key} = {value}")
     typer.echo(f"{measured.num_requests} requests; wrote {out}")

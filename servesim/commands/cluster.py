@@ -12,12 +12,13 @@ from servesim.traces.errors import InputError
 
 def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
     """(cluster config dict, workload section) from a YAML file; `workload:` is optional."""
-    import yaml
+    from servesim.simulator.yaml_input import safe_load_bounded
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(f"cannot read cluster config: {e}", path=str(path)) from None
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InputError(f"cannot read cluster config: {e.strerror}", path=str(path)) from None
+    data = safe_load_bounded(text, str(path))
     if not isinstance(data, dict):
         raise InputError("a cluster config must be a mapping", path=str(path))
     workload = data.pop("workload", None) or {}
@@ -59,7 +60,7 @@ def cluster_command(
     on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
                  "run the same command again to start over", unless_published=out)
     freeze_startup_objects()
-    with claim_output(out, overwrite=overwrite):
+    with claim_output(out, overwrite=overwrite) as out:  # out: ~ expanded
         res = run_cluster(cfg, wl)
         meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),
                 "attribution": wl.attribution}

@@ -22,7 +22,7 @@ def fit(
 ) -> None:
     """Fit per-operation regressions and write a cost model `replay --cost-model FILE` can load."""
     from servesim.simulator.cost_model.fit import fit_main, format_fit_report
-    from servesim.simulator.outdir import check_output_file
+    from servesim.simulator.outfile import check_output_file
 
     check_output_file(out, overwrite=overwrite)
 

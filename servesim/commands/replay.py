@@ -105,11 +105,11 @@ def replay(
 def _check_outputs(out: Path, step_trace: Path | None, overwrite: bool) -> None:
     """Refuse an --out or --step-trace that would replace something not ours to replace."""
     from servesim.simulator.outdir import check_output
+    from servesim.simulator.outfile import check_output_file
 
     check_output(out, overwrite=overwrite)
-    if step_trace is not None and step_trace.exists() and not (overwrite and step_trace.is_file()):
-        raise InputError(f"{step_trace} already exists; servesim will not replace it", field="--step-trace",
-                         allowed="a new file (or --overwrite to replace an earlier step trace)")
+    if step_trace is not None:
+        check_output_file(step_trace, overwrite=overwrite, flag="--step-trace")
 
 
 def _replay_config(cfg, macro_steps: bool, fast_forward: bool, frontend: bool, goodput: list[str]):

@@ -48,7 +48,7 @@ def run_command(
     out = out or Path("runs") / (sc.name + ("-smoke" if smoke else ""))
     n = len(sc.variants)
     valid = n - len(sc.failed)
-    workers = workers or default_workers(valid)
+    workers = default_workers(valid) if workers is None else workers  # run_sweep refuses < 1
     err.print(f"scenario [bold]{sc.name}[/]: {n} variant(s), {len(sc.failed)} invalid; "
               f"backend {backend}, {workers} worker(s); results in {out}/")
     if dry_run:

@@ -11,6 +11,7 @@ from servesim.scheduler.registry import unknown_name_message
 from servesim.scheduler.oracle_trace import StepTraceConfig, run_step_trace
 from servesim.cli import app
 from servesim.oracle_io import read_oracle_workload, write_jsonl_atomic
+from servesim.simulator.outfile import check_output_file
 from servesim.traces.errors import InputError
 
 
@@ -66,6 +67,7 @@ def _check_encoder(requests: list[dict], cfg: StepTraceConfig) -> None:
 def step_trace(
     workload: Path = typer.Argument(..., help="workload JSONL in the vLLM oracle's format"),
     out: Path = typer.Option(..., "--out", help="trace JSONL to write (oracle schema)"),
+    overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     num_blocks: int = typer.Option(1000, help="KV blocks, null block included"),
     block_size: int = typer.Option(16),
     max_num_batched_tokens: int = typer.Option(2048),
@@ -115,8 +117,9 @@ def step_trace(
     marked "workload generation" only shape the workload there (it is read from WORKLOAD here) and
     switch the matching trace fields on.
     """
-    # Every option but the two paths is a StepTraceConfig field of the same name.
-    cfg, sc, cc = _trace_config({k: v for k, v in locals().items() if k not in ("workload", "out")})
+    out = check_output_file(out, overwrite=overwrite)  # before any work
+    # Every option but the two paths and --overwrite is a StepTraceConfig field of the same name.
+    cfg, sc, cc = _trace_config({k: v for k, v in locals().items() if k not in ("workload", "out", "overwrite")})
     _check_start_up(sc, cc)
     requests = read_oracle_workload(workload)
     _check_encoder(requests, cfg)

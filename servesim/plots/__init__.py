@@ -83,13 +83,28 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     return [p for _, imgs, _ in sections for p, _ in imgs], report
 
 
-def plot_results(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
-    """PNG figures and report.html for a sweep folder (sweep.parquet) or one run (summary.json)."""
-    folder = Path(folder)
-    if (folder / "sweep.parquet").is_file():
-        return plot_sweep(folder, out)
-    if (folder / "summary.json").is_file():
-        return plot_run(folder, out)
+def plot_results(folder: str | Path, out: str | Path | None = None, *,
+                 overwrite: bool = False) -> tuple[list[Path], Path]:
+    """PNG figures and report.html for a sweep folder (sweep.parquet) or one run (summary.json).
+
+    They are written to a staging folder and published as `out` (default RESULTS/plots) only when
+    complete, under the output rule of simulator/outdir.py: an existing `out` must be servesim's
+    and is replaced only with overwrite — except the default RESULTS/plots, which earlier
+    `servesim plot` calls wrote and which plotting again is meant to refresh."""
+    from servesim.simulator.outdir import result_kind, staged_output
+
+    folder = Path(folder).expanduser()
+    plot = plot_sweep if (folder / "sweep.parquet").is_file() else plot_run
+    if plot is plot_run and not (folder / "summary.json").is_file():
+        _not_results(folder)
+    target = Path(out).expanduser() if out is not None else folder / "plots"
+    refresh = out is None and result_kind(target) == "plots"
+    with staged_output(target, "plots", overwrite=overwrite or refresh, flag="--out") as tmp:
+        pngs, report = plot(folder, tmp)
+    return [target / p.relative_to(tmp) for p in pngs], target / report.relative_to(tmp)
+
+
+def _not_results(folder: Path) -> None:
     from servesim.traces.errors import InputError
 
     raise InputError("not a results folder: it has neither sweep.parquet (a sweep) nor summary.json (a run)",

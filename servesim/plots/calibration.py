@@ -6,6 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def report_paths(profile_path: Path) -> tuple[Path, Path]:
+    """The side files write_report puts beside a profile: the step table and its figure."""
+    base = Path(profile_path).with_suffix("")
+    return Path(f"{base}.report.csv"), Path(f"{base}.report.png")
+
+
 def write_report(profile_path: Path, model: str, gpu: str) -> str:
     import matplotlib
 
@@ -32,8 +38,11 @@ def write_report(profile_path: Path, model: str, gpu: str) -> str:
     steps["error"] = (steps["predicted_s"] - steps["latency_s"]) / steps["latency_s"]
     cols = ["op", "batch_size", "chunk_len", "context_len", "latency_s", "predicted_s", "error"]
     table = steps[cols].rename(columns={"latency_s": "measured_s"})
-    base = profile_path.with_suffix("")
-    table.to_csv(f"{base}.report.csv", index=False)
+    from servesim.simulator.outfile import atomic_path
+
+    csv_path, png_path = report_paths(profile_path)
+    with atomic_path(csv_path) as tmp:
+        table.to_csv(tmp, index=False)
     fig, ax = plt.subplots(figsize=(6, 5))
     for op, marker in (("model_prefill", "o"), ("model_decode", "s")):
         t = table[table.op == op]
@@ -44,12 +53,13 @@ def write_report(profile_path: Path, model: str, gpu: str) -> str:
            title=f"{model} on {gpu} (measured on {prof['device'].iloc[0]}): fitted model vs steps")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(f"{base}.report.png", dpi=120)
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     abs_err = table["error"].abs()
     summary = f"step-time error: median {100 * abs_err.median():.1f} %, mean {100 * abs_err.mean():.1f} %, " \
               f"max {100 * abs_err.max():.1f} % over {len(table)} steps"
     lines = [table.to_string(index=False, float_format=lambda v: f"{v:.4g}"), summary,
-             f"report: {base}.report.csv, {base}.report.png"]
+             f"report: {csv_path}, {png_path}"]
     return "\n".join(lines)
 

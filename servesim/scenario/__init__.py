@@ -30,7 +30,7 @@ def run_scenario(scenario: str | Path | dict | Scenario, *, out_dir: str | Path 
 
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario, sets=sets, smoke=smoke)
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"servesim-{scenario.name}-"))
+    out = Path(out_dir).expanduser() if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"servesim-{scenario.name}-"))
     run_sweep(scenario, out, backend=backend, workers=workers, ray_address=ray_address, progress=progress)
     return load_sweep(out)
 

@@ -31,6 +31,8 @@ def run_sweep(scenario: Scenario, out_dir: str | Path, *, backend: str = "local"
     from servesim.simulator.outdir import claim_output
 
     get_backend(backend)  # an unknown backend: refused before anything is written
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise InputError(f"got {workers!r}", field="--workers", allowed="an integer >= 1 (default: the CPU cores)")
     if ray_address and backend != "ray":
         raise InputError("--ray-address only applies to --backend ray", field="--ray-address")
     with claim_output(out_dir, resume="sweep") as root:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from servesim.simulator.yaml_input import compose_bounded
 from servesim.traces.errors import InputError
 
 Path_ = tuple  # a key path inside the scenario tree, e.g. ("cache", "block_size")
@@ -56,12 +56,7 @@ def load_yaml(file: str | Path) -> tuple[dict, Marks]:
         text = file.read_text()
     except OSError as exc:
         raise InputError(f"cannot read scenario: {exc.strerror}", path=str(file)) from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=str(file),
-                         line=mark.line + 1 if mark else None) from None
+    node = compose_bounded(text, str(file))
     marks = Marks({(): Mark(str(file), 1)})
     if node is None:
         return {}, marks

@@ -18,10 +18,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 
 from servesim.overrides import split_set_items
 from servesim.scenario.source import Mark, Marks
+from servesim.simulator.yaml_input import safe_load_bounded
 from servesim.traces.errors import InputError
 
 RESERVED = ("sweep", "smoke", "name", "description", "extends")
@@ -131,8 +131,8 @@ def parse_sets(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
     out = {}
     for key, raw in split_set_items(items).items():
         try:
-            out[key] = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
+            out[key] = safe_load_bounded(raw)
+        except InputError as exc:
             raise InputError(f"cannot parse the value of --set {key}: {exc}", field=key) from None
     return out
 

@@ -132,14 +132,13 @@ class ClusterConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ClusterConfig:
-        import yaml
+        from servesim.simulator.yaml_input import safe_load_bounded
 
         try:
-            data = yaml.safe_load(Path(path).read_text())
+            text = Path(path).read_text()
         except OSError as e:
             raise InputError(f"cannot read: {e.strerror}", path=str(path)) from None
-        except yaml.YAMLError as e:
-            raise InputError(f"not valid YAML: {e}", path=str(path)) from None
+        data = safe_load_bounded(text, str(path))
         return cluster_config_from_dict(data, str(path))
 
 

@@ -78,12 +78,13 @@ class PlanConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PlanConfig:
-        import yaml
+        from servesim.simulator.yaml_input import safe_load_bounded
 
         try:
-            data = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise InputError(f"cannot read plan config: {e}", path=str(path)) from None
+            text = Path(path).read_text()
+        except OSError as e:
+            raise InputError(f"cannot read plan config: {e.strerror}", path=str(path)) from None
+        data = safe_load_bounded(text, str(path))
         return plan_config_from_dict(data, str(path))
 
 
