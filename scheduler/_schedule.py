@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from servesim.scheduler import blocked_waits
+from servesim.scheduler.encoder_cache import commit_encoder_inputs, try_schedule_encoder_inputs
 from servesim.scheduler.kv.manager import KVCacheBlocks
 from servesim.scheduler.output import NewRequestData, SchedulerOutput
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
@@ -37,6 +38,8 @@ class _StepState:
     spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     scheduled_loras: set[int] = field(default_factory=set)
     prefix_events: list[dict] = field(default_factory=list)  # only filled when tracing
+    encoder_budget: int = 0  # embeddings the encoder may still compute this step
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)  # req_id -> item indices
 
 
 def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutput:
@@ -45,7 +48,7 @@ def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutpu
     self._policy_on_step(self.now_s)  # timed policy state (e.g. held KV expiring) first
     if self.tracer is not None:
         self.tracer.snapshot(self)
-    st = _StepState(token_budget=self.max_num_scheduled_tokens)
+    st = _StepState(token_budget=self.max_num_scheduled_tokens, encoder_budget=self.max_num_encoder_input_tokens)
     self.kv_cache_manager.new_step_starts()
     _schedule_running(self, st)
     if self.max_loras is not None:
@@ -83,6 +86,10 @@ def _schedule_running(self: Scheduler, st: _StepState) -> None:
         num_new = min(num_new, st.token_budget)
         # Keep the input position below max_model_len (matters with spec decode).
         num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
+        encoder_inputs, encoder_budget_left = None, st.encoder_budget
+        if request.mm_features:  # cut before an item the encoder cannot run this step
+            encoder_inputs, num_new, encoder_budget_left = try_schedule_encoder_inputs(
+                self, request, request.num_computed_tokens, num_new, st.encoder_budget)
         if self.mamba_split is not None:  # Mamba align mode: whole blocks (scheduler/kv/mamba.py)
             num_new = self.mamba_split(request, num_new)
         if num_new <= 0:
@@ -100,6 +107,8 @@ def _schedule_running(self: Scheduler, st: _StepState) -> None:
         st.num_scheduled_tokens[rid] = num_new
         st.token_budget -= num_new
         req_index += 1
+        if encoder_inputs:
+            commit_encoder_inputs(self, st, request, encoder_inputs, encoder_budget_left)
         if request.spec_token_ids:
             num_spec = num_new + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
             if num_spec > 0:
@@ -127,6 +136,9 @@ def _allocate_or_preempt(self: Scheduler, st: _StepState, request: Request, num_
             st.token_budget += st.num_scheduled_tokens.pop(vid)
             st.req_to_new_blocks.pop(vid)
             st.spec_decode_tokens.pop(vid, None)
+            encoder_inputs = st.scheduled_encoder_inputs.pop(vid, None)
+            if encoder_inputs:  # give back the encoder budget its items took
+                st.encoder_budget += sum(victim.mm_features[i].num_embeds for i in encoder_inputs)
             rolled_back += 1
         _preempt_request(self, victim)
         st.preempted_reqs.append(victim)
@@ -138,6 +150,8 @@ def _preempt_request(self: Scheduler, request: Request) -> None:
     """Free the victim's KV and send it back to the front of the waiting queue (recompute)."""
     assert request.status == RequestStatus.RUNNING
     self.kv_cache_manager.free(request)
+    if request.mm_features:
+        self.encoder_cache_manager.free(request)
     request.status = RequestStatus.PREEMPTED
     request.num_computed_tokens = 0
     if request.spec_token_ids:
@@ -149,7 +163,6 @@ def _preempt_request(self: Scheduler, request: Request) -> None:
 # --- phase 2: WAITING ----------------------------------------------------------------------
 def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
     cfg = self.scheduler_config
-    threshold = cfg.long_prefill_token_threshold
     kvm = self.kv_cache_manager
     step_skipped = self._make_skipped_queue()
     select_queue = self._select_waiting_queue
@@ -183,34 +196,32 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
         else:  # came back from a remote KV transfer with its tokens already in place
             new_computed_blocks, num_new_local = kvm.empty_kv_cache_blocks, 0
             num_computed = request.num_computed_tokens
+        encoder_inputs, encoder_budget_left = None, st.encoder_budget
         if load_async:  # reserve blocks for the remote KV; no work this step
             num_new = 0
         else:
-            # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
-            num_new = request.num_tokens - num_computed
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if not cfg.enable_chunked_prefill and num_new > st.token_budget:
+            num_new, encoder_inputs, encoder_budget_left = _num_new_waiting(self, st, request, num_computed)
+            if num_new == 0:  # no chunk fits, or the next item cannot be encoded: stop admitting
                 break
-            num_new = min(num_new, st.token_budget)
         if self.mamba_split is not None:  # Mamba align mode: whole blocks; none fit: stop here (vLLM)
             if not (num_new := self.mamba_split(request, num_new, num_new_local, num_external)):
                 break
         lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
         if self.tracer is not None:
-            st.prefix_events.append(dict(req_id=request.request_id, job_id=request.job_id, local_hit_tokens=num_new_local,
-                                         num_prompt_tokens=request.num_prompt_tokens, num_tokens=request.num_tokens))
-        if cfg.scheduler_reserve_full_isl and not kvm.can_fit_full_sequence(
+            st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
+                                     "local_hit_tokens": num_new_local,
+                                     "num_prompt_tokens": request.num_prompt_tokens,
+                                     "num_tokens": request.num_tokens})
+        fits = not cfg.scheduler_reserve_full_isl or kvm.can_fit_full_sequence(
             request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
             num_external_computed_tokens=num_external,
-        ):
-            break
-        new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_new_local,
-                                        new_computed_blocks=new_computed_blocks,
-                                        num_lookahead_tokens=lookahead,
-                                        num_external_computed_tokens=num_external,
-                                        delay_cache_blocks=load_async)
+        )
+        new_blocks = None if not fits else kvm.allocate_slots(
+            request, num_new, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
+            num_lookahead_tokens=lookahead, num_external_computed_tokens=num_external, delay_cache_blocks=load_async)
         if new_blocks is None:
+            if request.mm_features:  # drop the encoder-cache references the lookup took (vLLM)
+                self.encoder_cache_manager.free(request)
             break
         if self.connector is not None:  # every admission, not only remote loads (as vLLM)
             self.connector.update_state_after_alloc(request, kvm.get_blocks(request.request_id), num_external)
@@ -225,8 +236,29 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
             step_skipped.prepend_request(request)
             continue
         _admit(self, st, queue.pop_request(), num_new, num_computed)
+        if encoder_inputs:
+            commit_encoder_inputs(self, st, request, encoder_inputs, encoder_budget_left)
     if step_skipped:
         self.skipped_waiting.prepend_requests(step_skipped)
+
+
+def _num_new_waiting(self: Scheduler, st: _StepState, request: Request,
+                     num_computed: int) -> tuple[int, list[int] | None, int]:
+    """Tokens to schedule for a waiting request (0: stop admitting), the items the encoder runs for
+    it and the encoder budget they leave."""
+    cfg = self.scheduler_config
+    # num_tokens, not num_prompt_tokens: a resumed request recomputes its outputs too.
+    num_new = request.num_tokens - num_computed
+    if 0 < cfg.long_prefill_token_threshold < num_new:
+        num_new = cfg.long_prefill_token_threshold
+    if not cfg.enable_chunked_prefill and num_new > st.token_budget:
+        return 0, None, st.encoder_budget
+    num_new = min(num_new, st.token_budget)
+    if not request.mm_features:
+        return num_new, None, st.encoder_budget
+    # Cut before an item the encoder cannot run this step.
+    inputs, num_new, budget_left = try_schedule_encoder_inputs(self, request, num_computed, num_new, st.encoder_budget)
+    return num_new, inputs, budget_left
 
 
 def _admit(self: Scheduler, st: _StepState, request: Request, num_new: int, num_computed: int) -> None:
@@ -274,7 +306,8 @@ def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
         num_common = self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
     new_data = [
         NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
-                       st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id)
+                       st.req_to_new_blocks[r.request_id].get_block_ids(), r.num_computed_tokens, r.lora_id,
+                       r.mm_features)
         for r in st.new_reqs
     ]
     cached = _make_cached_request_data(self, st)
@@ -288,6 +321,8 @@ def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
         num_common_prefix_blocks=num_common,
         finished_req_ids=self.finished_req_ids,
         preempted_req_ids={r.request_id for r in st.preempted_reqs},
+        scheduled_encoder_inputs=st.scheduled_encoder_inputs,
+        free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
     )
 
 

@@ -50,6 +50,14 @@ class SchedulerConfig:
     spec_method: str = "ngram"  # eagle / draft_model also reserve lookahead slots
     scheduler_reserve_full_isl: bool = True  # admit only if the whole prompt fits
     max_loras: int | None = None  # None: LoRA disabled; else adapters per step at most
+    # Multimodal encoder (vLLM's SchedulerConfig, scheduler/encoder_cache.py): the model's largest item
+    # in embeddings (0: a text-only model, no encoder budget or cache, as vLLM), the encoder compute
+    # budget per step and the encoder cache size, both in embeddings (None: max_num_batched_tokens,
+    # vLLM's default; each is raised to at least one largest item: compute_mm_encoder_budget).
+    mm_max_tokens_per_item: int = 0
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    disable_chunked_mm_input: bool = False  # never split an item across steps
     # Continuum policy: pins longer than this are not worth it (seconds).
     continuum_pin_threshold_s: float = 2.0
     # Continuum: tool-call gap predicted for a job with no observations yet (seconds).
@@ -81,6 +89,7 @@ class SchedulerConfig:
         _require(self.max_loras is None or self.max_loras >= 1, "max_loras must be None or >= 1")
         _require(self.continuum_pin_threshold_s >= 0, "continuum_pin_threshold_s must be >= 0")
         _require(self.continuum_default_gap_s >= 0, "continuum_default_gap_s must be >= 0")
+        _check_encoder(self)
         if not self.enable_chunked_prefill and self.max_model_len is not None:
             # vLLM's rule: without chunking every prompt must fit in one step's budget.
             _require(
@@ -116,6 +125,17 @@ class SchedulerConfig:
     @property
     def use_eagle(self) -> bool:
         return self.spec_method == "eagle" and self.num_spec_tokens > 0
+
+
+def _check_encoder(cfg: SchedulerConfig) -> None:
+    _require(cfg.mm_max_tokens_per_item >= 0, f"mm_max_tokens_per_item must be >= 0, got {cfg.mm_max_tokens_per_item}")
+    for name, value in (("max_num_encoder_input_tokens", cfg.max_num_encoder_input_tokens),
+                        ("encoder_cache_size", cfg.encoder_cache_size)):
+        _require(value is None or value >= 1, f"{name} must be >= 1 (or None: max_num_batched_tokens), got {value}")
+    # vLLM's compute_mm_encoder_budget refuses this: an unsplittable item must fit one step's budget.
+    _require(not (cfg.disable_chunked_mm_input and cfg.mm_max_tokens_per_item > cfg.max_num_batched_tokens),
+             f"Chunked MM input disabled but max_tokens_per_mm_item ({cfg.mm_max_tokens_per_item}) is larger "
+             f"than max_num_batched_tokens ({cfg.max_num_batched_tokens}). Please increase max_num_batched_tokens.")
 
 
 def _group_spec(value: object) -> KVCacheGroupSpec:

@@ -1,7 +1,8 @@
 """Chained block hashes for prefix caching.
 
 hash(block i) = H(hash(block i-1), the block's token ids, extra keys). Extra keys are the LoRA id
-(every block) and the cache salt (first block only), so requests that must not share KV never
+(every block), the mm hashes of the multimodal items a block overlaps, and the cache salt (first
+block only), so requests that must not share KV never
 collide. Only full blocks are hashed; the hashes grow incrementally as tokens are appended.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 # TokenSegment and TokenProvenance live in block_keys.py (compiled: one of each is built per
 # arrival); they are imported from here as before.
 from servesim.scheduler.block_keys import TokenProvenance, TokenSegment  # noqa: F401
+from servesim.scheduler.multimodal import mm_extra_keys
 from servesim.scheduler.registry import Registry
 
 if TYPE_CHECKING:
@@ -64,11 +66,13 @@ def _token_bytes(token_ids: list[int] | array) -> bytes:
         return ",".join(map(str, token_ids)).encode()
 
 
-def extra_keys_bytes(request: Request, start_token_idx: int) -> bytes:
-    """Extra keys of the block starting at start_token_idx, as bytes (empty when none)."""
+def extra_keys_bytes(request: Request, start_token_idx: int, end_token_idx: int = 0) -> bytes:
+    """Extra keys of the block [start_token_idx, end_token_idx), as bytes (empty when none)."""
     parts = []
     if request.lora_id is not None:
         parts.append(b"L%d" % request.lora_id)
+    if request.mm_features:
+        parts.extend(mm_extra_keys(request.mm_features, start_token_idx, end_token_idx))
     if start_token_idx == 0 and request.cache_salt:
         parts.append(b"S" + request.cache_salt.encode())
     return b"|".join(parts)
@@ -107,10 +111,11 @@ def make_block_hasher(block_size: int, hash_fn: HashFn | str = "sha256"):
             return _hash_blocks(fn, request, span, start, block_size)
         data = span.tobytes()
         parent: bytes = request.block_hashes[-1] if request.block_hashes else NONE_HASH
-        plain = request.lora_id is None and (start > 0 or not request.cache_salt)
+        plain = request.lora_id is None and (start > 0 or not request.cache_salt) and not request.mm_features
         new_hashes: list[bytes] = []
         for offset in range(0, len(data), block_bytes):
-            extra = b"" if plain else extra_keys_bytes(request, start + offset // 4)
+            first = start + offset // 4
+            extra = b"" if plain else extra_keys_bytes(request, first, first + block_size)
             payload = parent + length_prefix + data[offset : offset + block_bytes] + extra
             # the default algorithm called directly: a Python-level call per block costs as much as sha256
             parent = hashlib.sha256(payload).digest() if is_sha256 else fn(payload)
@@ -128,7 +133,7 @@ def _hash_blocks(
     parent = request.block_hashes[-1] if request.block_hashes else None
     new_hashes: list[bytes] = []
     for offset in range(0, len(span), block_size):
-        extra = extra_keys_bytes(request, start + offset)
+        extra = extra_keys_bytes(request, start + offset, start + offset + block_size)
         parent = hash_block_tokens(fn, parent, span[offset : offset + block_size], extra)
         new_hashes.append(parent)
     return new_hashes

@@ -26,6 +26,7 @@ from servesim.scheduler.kv.kinds import group_specs_from_text
 from servesim.scheduler.kv.single_type import KVCacheGroupSpec
 from servesim.scheduler.kv_offload.config import OffloadConfig
 from servesim.scheduler.kv_offload.replay import OffloadReplay
+from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.scheduler.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.oracle_model import EOS_TOKEN_ID, OracleConnector, OracleModel
 from servesim.scheduler.policies.base import DEFAULT_POLICY
@@ -91,6 +92,11 @@ class StepTraceConfig:
     grammar_max_steps: int = 6
     streaming_rate: float = 0.0
     stream_gap: int = 30
+    # Multimodal requests (tools/encoder_oracle.py): the encoder budget and cache the oracle sets on its
+    # scheduler (0: off; the workload's `mm_items` then must be empty), and vLLM's disable_chunked_mm_input.
+    encoder_budget: int = 0
+    encoder_cache_size: int = 0
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
@@ -106,6 +112,8 @@ class StepTraceConfig:
             raise ValueError("the offload oracle runs alone, with one KV cache group (no P/D connector, not hybrid)")
         if self.offload_load_steps < 0 or self.offload_store_steps < 1:
             raise ValueError("offload_load_steps must be >= 0 and offload_store_steps >= 1")
+        if (self.encoder_budget > 0) != (self.encoder_cache_size > 0):
+            raise ValueError("encoder_budget and encoder_cache_size are set together (both > 0) or not at all")
         if self.pipeline_parallel_size < 1:
             raise ValueError("pipeline_parallel_size must be >= 1")
         if self.groups and (self.sliding_window or self.hybrid):
@@ -130,7 +138,14 @@ class StepTraceConfig:
             enable_chunked_prefill=not self.no_chunked_prefill, async_scheduling=self.async_scheduling,
             policy=self.policy, num_spec_tokens=self.num_spec_tokens, spec_method=self.spec_method,
             max_loras=self.max_loras if self.num_loras > 0 else None,
+            disable_chunked_mm_input=self.disable_chunked_mm_input,
         )
+        if self.encoder_budget > 0:
+            # The oracle sets the budget and cache on its scheduler directly; a largest item of 1
+            # leaves both exactly as set (compute_mm_encoder_budget takes the max).
+            sc.mm_max_tokens_per_item = 1
+            sc.max_num_encoder_input_tokens = self.encoder_budget
+            sc.encoder_cache_size = self.encoder_cache_size
         attention = "full"
         if self.sliding_window > 0:
             attention = "hybrid" if self.hybrid else "sliding_window"
@@ -214,16 +229,19 @@ def make_oracle_request(w: dict, sched) -> Request:
     return Request(w["req_id"], list(w["prompt_token_ids"]), sp, arrival_time=float(w["arrival_step"]),
                    priority=int(w.get("priority", 0)), lora_id=w.get("lora_id") or None,
                    cache_salt=w.get("cache_salt") or None, block_hasher=sched.block_hasher,
-                   **request_kwargs(w))
+                   **request_kwargs(w),
+                   mm_features=[MultiModalFeatureSpec(it["offset"], it["length"], it["mm_hash"])
+                                for it in w.get("mm_items", ())])
 
 
 class _InFlight:
     """One scheduled step waiting for its update: the output, its trace line, who samples."""
 
-    __slots__ = ("out", "rec", "sample", "blocked")
+    __slots__ = ("out", "rec", "sample", "tail")
 
-    def __init__(self, out: SchedulerOutput, rec: dict, sample: list[bool], blocked: dict) -> None:
-        self.out, self.rec, self.sample, self.blocked = out, rec, sample, blocked
+    def __init__(self, out: SchedulerOutput, rec: dict, sample: list[bool], tail: dict | None = None) -> None:
+        self.out, self.rec, self.sample = out, rec, sample
+        self.tail = tail  # fields known at schedule() that the oracle writes after the update's
 
 
 class OracleDriver:
@@ -304,7 +322,7 @@ class OracleDriver:
             # The blocked-waits oracle records its fields right after schedule(), before in-flight aborts.
             blocked = {} if self.blocked is None else self.blocked.fields(sched, out)
             self._extend_schedule_record(rec, out, step, step_aborts)
-            self.in_flight.append(_InFlight(out, rec, sample, blocked))
+            self.in_flight.append(_InFlight(out, rec, sample, {**blocked, **(self._encoder_fields(out) or {})}))
             while self.in_flight and (len(self.in_flight) >= depth or out.total_num_scheduled_tokens == 0):
                 yield self._update()
             step += 1
@@ -337,6 +355,15 @@ class OracleDriver:
                 self.aborts.setdefault(step + 1, {}).setdefault("before_schedule", []).append(rid)
         if cfg.aborts:
             rec["aborted_in_flight"] = self.abort(in_flight_aborts) if in_flight_aborts else {}
+
+    def _encoder_fields(self, out: SchedulerOutput) -> dict | None:
+        """tools/encoder_oracle.py's fields (it appends them to drive.py's finished line)."""
+        if self.cfg.encoder_budget <= 0:
+            return None
+        ecm = self.sched.encoder_cache_manager
+        return {"scheduled_encoder_inputs": {rid: list(ids) for rid, ids in out.scheduled_encoder_inputs.items()},
+                "free_encoder_mm_hashes": list(out.free_encoder_mm_hashes),
+                "encoder_num_free_slots": ecm.num_free_slots, "encoder_num_freeable_slots": ecm.num_freeable_slots}
 
     def _sample(self, item: _InFlight) -> tuple[list[list[int]], dict[str, int]]:
         """The fake worker's sampled tokens per scheduled request, and accepted drafts."""
@@ -406,7 +433,8 @@ class OracleDriver:
                 "requests": ps.requests, "queries": ps.queries, "hits": ps.hits,
                 "preempted_requests": ps.preempted_requests, "preempted_queries": ps.preempted_queries,
                 "preempted_hits": ps.preempted_hits}
-        rec.update(item.blocked)
+        if item.tail is not None:
+            rec.update(item.tail)
         return rec
 
     def _draft(self, req_ids: list[str], sampled: list[list[int]]) -> None:

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.lazy_ids import LazyTokenIds
+from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.scheduler.request import SamplingParams
 
 if TYPE_CHECKING:
+    from servesim.scheduler.encoder_cache import EncoderCacheStats
     from servesim.scheduler.sglang.hicache import HiCacheStats
 
 
@@ -26,6 +28,7 @@ class NewRequestData:
     block_ids: tuple[list[int], ...]  # group -> block ids of the whole request so far
     num_computed_tokens: int  # tokens already in KV (prefix-cache hit) before this step
     lora_id: int | None = None
+    mm_features: tuple[MultiModalFeatureSpec, ...] = ()  # its multimodal items (the worker encodes them)
 
 
 @dataclass(slots=True)
@@ -65,6 +68,10 @@ class SchedulerOutput:
     # async: one whose previous step's tokens are still in flight (the bitmask waits for them).
     has_structured_output_requests: bool = False
     pending_structured_output_tokens: bool = False
+    # Multimodal: req_id -> indices of its items the encoder runs this step (scheduling order), and
+    # the mm hashes evicted from the encoder cache since the previous step (the worker drops them).
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:
@@ -124,6 +131,8 @@ class SchedulerStats:
     # since the previous stats; None for schedulers without a host tier.
     hicache_stats: HiCacheStats | None = None
     connector_prefix_cache_stats: PrefixCacheStats | None = None  # with a KV connector only
+    encoder_cache_usage: float = 0.0  # fraction of the encoder cache's slots held (vLLM's)
+    encoder_cache_stats: EncoderCacheStats | None = None  # encoder-cache lookups since the last stats
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from typing import Protocol
 from servesim.scheduler.block_keys import BlockKeyPlan
 from servesim.scheduler.hashing import TokenProvenance, extra_keys_bytes
 from servesim.scheduler.lazy_ids import LazyTokenIds, OutputIdSource, compact_ids
+from servesim.scheduler.multimodal import MultiModalFeatureSpec, check_mm_features
 
 
 class RequestStatus(enum.IntEnum):
@@ -111,7 +112,7 @@ class Request:
         "discard_latest_async_tokens", "spec_token_ids", "num_computed_tokens",
         "num_cached_tokens", "is_prefill_chunk", "num_preemptions",
         "num_external_computed_tokens", "block_hashes", "_block_hasher", "_hash_block_size", "_key_plan",
-        "skip_reading_prefix_cache", "_out_source", "_out_pending",
+        "skip_reading_prefix_cache", "_out_source", "_out_pending", "mm_features",
         "structured_output_request", "resumable", "streaming_queue",
         "__weakref__",
     )
@@ -132,6 +133,7 @@ class Request:
         token_provenance: TokenProvenance | None = None,  # where the ids come from: keys without hashing
         structured_output: bool = False,  # needs a grammar: waits for its compilation (blocked_waits.py)
         resumable: bool = False,  # a streaming-input session: more input chunks may follow
+        mm_features: Sequence[MultiModalFeatureSpec] = (),  # multimodal items, sorted by offset
     ) -> None:
         if not len(prompt_token_ids):
             raise ValueError(f"request {request_id!r}: prompt_token_ids must not be empty")
@@ -168,6 +170,11 @@ class Request:
             self._all_token_ids = compact_ids(prompt_token_ids)
             self.num_prompt_tokens = len(self._all_token_ids)
         self._output_token_ids: list[int] = []
+        self.mm_features: tuple[MultiModalFeatureSpec, ...] = tuple(mm_features)
+        if self.mm_features:
+            problem = check_mm_features(request_id, self.mm_features, self.num_prompt_tokens)
+            if problem is not None:
+                raise ValueError(problem)
         # Output ids not built yet (append_output_tokens_from): (index into _output_token_ids, first
         # position in _out_source's stream, count), ascending; the list holds placeholders there.
         # Invariant: pending ids only while the prompt is lazy (_all_token_ids is None).
@@ -191,7 +198,7 @@ class Request:
         self.skip_reading_prefix_cache = False
         # Prefix-cache keys from the ids' provenance (block_keys.py) while it declares them.
         self._key_plan: BlockKeyPlan | None = None
-        if token_provenance is not None:
+        if token_provenance is not None and not self.mm_features:  # provenance keys carry no mm hashes
             runs = [(seg.source, seg.start, seg.num_tokens) for seg in token_provenance.prompt]
             self._key_plan = BlockKeyPlan(runs, self.num_prompt_tokens, token_provenance.output_source,
                                           extra_keys_bytes(self, 0))

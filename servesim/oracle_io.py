@@ -41,11 +41,21 @@ def _check_extensions(rec: dict, path: str, n: int) -> None:
                              allowed=", ".join(_PHASES))
     if ("abort_step" in rec) != ("abort_phase" in rec):
         raise InputError("abort_step and abort_phase go together", path=path, line=n, field="abort_step")
+    if "mm_items" in rec:  # tools/encoder_oracle.py: items inside the prompt, sorted, disjoint
+        from servesim.scheduler.multimodal import check_mm_features
+        from servesim.traces.canonical import mm_items_from_json  # numpy: not at CLI start-up
+
+        items = mm_items_from_json(rec["mm_items"], Path(path), n)
+        problem = check_mm_features(str(rec["req_id"]), items, len(rec["prompt_token_ids"]))
+        if problem is not None:
+            raise InputError(problem, path=path, line=n, field="mm_items",
+                             allowed="items sorted by offset, disjoint, inside the prompt")
 
 
 def read_oracle_workload(path: str | Path) -> list[dict]:
     path = str(path)
     out, seen, sessions = [], set(), set()
+    mm_sizes: dict[str, int] = {}
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
@@ -76,6 +86,11 @@ def read_oracle_workload(path: str | Path) -> list[dict]:
         if not isinstance(rec.get("priority", 0), int):
             raise InputError("expected int", path=path, line=n, field="priority")
         _check_extensions(rec, path, n)
+        for item in rec.get("mm_items") or ():  # one content (mm hash), one size
+            if mm_sizes.setdefault(item["mm_hash"], item["length"]) != item["length"]:
+                raise InputError(f"{item['mm_hash']!r} has length {item['length']} here and "
+                                 f"{mm_sizes[item['mm_hash']]} in an earlier request", path=path, line=n,
+                                 field="mm_items", allowed="equal mm_hash, equal length")
         if rec.get("stream_chunk") or rec.get("stream_close"):  # a later line of a streaming session
             if rec["req_id"] not in sessions:
                 raise InputError(f"session line for {rec['req_id']!r} before its first line (stream: true)",

@@ -129,6 +129,9 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
         f"preemptions {s['num_preemptions']}, prefix-cache hit rate {100 * s['prefix_cache_hit_rate']:.1f} %, "
         f"KV usage mean {100 * s['kv_usage_mean']:.1f} % of {s['num_gpu_blocks']} blocks ({s['num_gpu_blocks_source']})"
     )
+    if "encoder_cache_hit_rate" in s:  # multimodal requests: the encoder cache beside the prefix cache
+        console.print(f"encoder-cache hit rate {100 * s['encoder_cache_hit_rate']:.1f} % "
+                      f"({s['encoder_cache_hit_tokens']} of {s['encoder_cache_query_tokens']} image tokens reused)")
     hc = s.get("hicache")
     if hc is not None:  # SGLang HiCache: the host tier's share of the hits and the bytes copied
         console.print(f"HiCache host tier: {hc['host_hit_tokens']} of {s['prefix_cache_hit_tokens']} hit tokens loaded "

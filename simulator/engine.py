@@ -40,7 +40,7 @@ from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
-from servesim.simulator.request_factory import RequestFactory
+from servesim.simulator.request_factory import RequestFactory, check_multimodal
 from servesim.simulator.run_planner import InFlight, RunPlanner
 from servesim.simulator.sampling import sampler_cost_for
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
@@ -72,6 +72,8 @@ class Engine:
         self.scheduler: SchedulerInterface = scheduler if scheduler is not None else make_engine_scheduler(
             cfg.engine, cfg.scheduler, self.cache, cfg)
         self.kv_offload = attach_kv_offload(cfg, self.scheduler, self.cache)  # the CPU KV tier's worker, or None
+        if workload is not None:
+            check_multimodal(workload, cfg.engine, cfg.scheduler)
         hw = cfg.hardware
         if executor is None:
             cost = run_cost_model(cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servesim.scheduler import CacheConfig
+from servesim.scheduler.encoder_cache import EncoderCacheStats
 from servesim.scheduler.sglang.hicache import HiCacheStats
 from servesim.simulator.kv_capacity import KvCapacity
 from servesim.simulator.kv_offload import TimedOffloadWorker
@@ -29,6 +30,7 @@ class EngineResult:
     hicache: HiCacheStats | None = None  # SGLang HiCache's host tier over the run (None: no host tier)
     hicache_rows: list | None = None  # its steps: (update s, host hit tokens, bytes in, bytes out)
     kv_offload: KvOffloadReport | None = None  # vLLM's CPU KV tier over the run (None: offload off)
+    encoder_cache: EncoderCacheStats | None = None  # multimodal encoder-cache lookups (None: no multimodal input)
 
 
 def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: CacheConfig,
@@ -42,4 +44,5 @@ def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: Cache
         book.progress(now_s, book.num_done)
     return EngineResult(metrics, end, wall_time_s, book.num_steps, book.prefix_hits, book.prefix_queries, cache,
                         kv_capacity, planner_declined, book.hicache, book.hicache_rows,
-                        KvOffloadReport.of(kv_offload, book) if kv_offload is not None else None)
+                        KvOffloadReport.of(kv_offload, book) if kv_offload is not None else None,
+                        book.encoder_cache)

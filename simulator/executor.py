@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.worker import BatchTracker, TokenSource
@@ -46,10 +47,11 @@ class SimExecutor:
         self.last_shape: StepShape | None = None
         self._pricer_of: CostModel | None = None  # the cost model _pricer was resolved for
         self._pricer: Callable[[list[int], int], list[float] | None] | None = None
+        self._mm_items: dict[str, tuple[MultiModalFeatureSpec, ...]] = {}  # req_id -> its items, while unfinished
 
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
         req_ids, new, ctx, sample = self.batch.prepare(scheduler_output)
-        shape = StepShape(tuple(new), tuple(ctx), sum(sample))
+        shape = StepShape(tuple(new), tuple(ctx), sum(sample), self._encoder_tokens(scheduler_output))
         self.last_shape = shape
         extra_s = self.sampler.seconds(shape.num_sampled) if self.sampler is not None and shape.num_sampled else 0.0
         if self.pipeline is None:
@@ -59,6 +61,21 @@ class SimExecutor:
                 [0.0] * self.pipeline.pp
             step_s = sum(self.last_stage_times_s)
         return self.batch.sample(scheduler_output, req_ids, sample), step_s
+
+    def _encoder_tokens(self, so: SchedulerOutput) -> tuple[int, ...]:
+        """Placeholder tokens of each item the encoder runs this step (vLLM's num_encoder_tokens, in
+        scheduled_encoder_inputs order). A request's items arrive with its first scheduling (as vLLM's
+        NewRequestData carries mm_features) and are dropped when the output reports it finished."""
+        items = self._mm_items
+        for data in so.scheduled_new_reqs:
+            if data.mm_features:
+                items[data.req_id] = data.mm_features
+        lengths = tuple([items[rid][i].length for rid, ids in so.scheduled_encoder_inputs.items() for i in ids]) \
+            if so.scheduled_encoder_inputs else ()
+        if items:
+            for rid in so.finished_req_ids:
+                items.pop(rid, None)
+        return lengths
 
     def output_token_source(self, request_id: str) -> bytes | None:
         return self.batch.tokens.output_source(request_id)  # every output id comes from the source

@@ -43,6 +43,11 @@ def build_summary(cfg: SimConfig, res: EngineResult, num_requests: int) -> dict:
         s["hicache"] = hicache_summary(res.hicache, res.prefix_hits)
     if res.kv_offload is not None:
         s["kv_offload"] = res.kv_offload.summary()
+    if res.encoder_cache is not None:  # beside the prefix-cache figures: embeddings, not tokens of text
+        ec = res.encoder_cache
+        s["encoder_cache_hit_rate"] = ec.hits / ec.queries if ec.queries else 0.0
+        s["encoder_cache_hit_tokens"] = ec.hits
+        s["encoder_cache_query_tokens"] = ec.queries
     return s
 
 

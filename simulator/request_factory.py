@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servesim.scheduler import LazyTokenIds, Request, SamplingParams, TokenProvenance, TokenSegment
+from servesim.scheduler import LazyTokenIds, Request, SamplingParams, SchedulerConfig, TokenProvenance, TokenSegment
+from servesim.scheduler.encoder_cache import compute_mm_encoder_budget
 from servesim.simulator.executor import Executor
-from servesim.traces.workload import RequestSpec
+from servesim.traces.errors import InputError
+from servesim.traces.workload import RequestSpec, Workload
 
 
 class RequestFactory:
@@ -25,7 +27,8 @@ class RequestFactory:
                        arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
                        job_id=spec.session_id, is_last_step=spec.is_last_turn,
                        token_provenance=self.provenance(spec),  # add_request keys its blocks
-                       structured_output=structured_output, resumable=resumable)
+                       structured_output=structured_output, resumable=resumable,
+                       mm_features=spec.mm_items)
 
     def provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash
@@ -35,6 +38,31 @@ class RequestFactory:
             return None
         return TokenProvenance(tuple([TokenSegment(*run) for run in runs]),
                                self.executor.output_token_source(spec.request_id))
+
+
+def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig) -> None:
+    """Refuse, naming the request, a multimodal item the engine could never run: SGLang's port has no
+    encoder path; vLLM needs a multimodal model (scheduler.mm_max_tokens_per_item > 0: a text-only model
+    gets no encoder budget, and vLLM's input processor refuses images for it) and every item within
+    the encoder budget and cache (vLLM sizes both to at least the model's largest item)."""
+    budget, cache = compute_mm_encoder_budget(sched)
+    limit = min(budget, cache)
+    size_of: dict[str, int] = {}  # one content, one size: the encoder cache's accounting relies on it
+    for spec in workload.requests:
+        for i, item in enumerate(spec.mm_items):
+            if size_of.setdefault(item.mm_hash, item.num_embeds) != item.num_embeds:
+                raise InputError(f"request {spec.request_id!r}: multimodal item {i} ({item.mm_hash!r}) has "
+                                 f"{item.num_embeds} tokens, another request's item of that hash {size_of[item.mm_hash]}",
+                                 field="mm_items", allowed="equal mm_hash, equal length (the same content)")
+            if engine != "vllm":
+                raise InputError(f"request {spec.request_id!r} has multimodal items; the {engine} engine has no "
+                                 "encoder path", field="engine", allowed="vllm for multimodal requests")
+            if item.num_embeds > limit:
+                why = ("the model takes no multimodal input (scheduler.mm_max_tokens_per_item is 0)" if limit == 0
+                       else f"the encoder budget ({budget}) and cache ({cache}) hold at most {limit}")
+                raise InputError(f"request {spec.request_id!r}: multimodal item {i} has {item.num_embeds} tokens; {why}",
+                                 field="scheduler.mm_max_tokens_per_item",
+                                 allowed=f">= {item.num_embeds} (the model's largest item, e.g. 16384 for Qwen2.5-VL)")
 
 
 def prompt_ids(spec: RequestSpec) -> Sequence[int] | LazyTokenIds:

@@ -18,6 +18,7 @@ from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.oracle_trace import finish_record, step_record
 from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.encoder_cache import EncoderCacheStats
 from servesim.scheduler.sglang.hicache import HiCacheStats
 from servesim.simulator.metrics import MetricsCollector
 
@@ -42,6 +43,8 @@ class StepBook:
         # cache lacked at admission, those the connector supplied (preempted requests apart), and the
         # steps with any hit: (update s, hit tokens, preempted requests' included).
         self.connector_stats = PrefixCacheStats()
+        # Multimodal: encoder-cache lookups summed over the run, in embeddings (None: none happened).
+        self.encoder_cache: EncoderCacheStats | None = None
         self.connector_hit_rows: list[tuple[float, int]] = []
         self.num_done = 0  # requests finished, rejected or given up
         self.arrived_since_step: list[str] = []  # request ids added since the last schedule (step trace)
@@ -91,6 +94,11 @@ class StepBook:
             self.hicache.add(hs)
             if hs.host_hit_tokens or hs.load_bytes or hs.write_bytes:
                 self.hicache_rows.append((now, hs.host_hit_tokens, hs.load_bytes, hs.write_bytes))
+        es = eco.scheduler_stats.encoder_cache_stats
+        if es is not None:
+            if self.encoder_cache is None:
+                self.encoder_cache = EncoderCacheStats()
+            self.encoder_cache.merge(es)
         cs = eco.scheduler_stats.connector_prefix_cache_stats
         if cs is not None:
             total = self.connector_stats

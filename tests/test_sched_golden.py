@@ -69,6 +69,7 @@ FEATURE_FLAGS = {
     "offload_store_threshold": lambda f: f.get("offload_cpu_blocks", 0) > 0 and f.get("offload_store_threshold", 0) >= 2,
     "grammar": lambda f: f.get("grammar_rate", 0) > 0,
     "streaming_input": lambda f: f.get("streaming_rate", 0) > 0,
+    "encoder": lambda f: f.get("encoder_budget", 0) > 0,
 }
 
 
@@ -82,7 +83,8 @@ def test_every_oracle_extension_has_two_golden_configs_one_async_where_allowed()
 
 
 @pytest.mark.parametrize("case", ["stop_rules_async_spec", "kv_connector_aborts", "hybrid_async_priority",
-                                  "pp3_spec_eagle_async", "mamba_align_eagle", "blocked_mixed_async_aborts"])
+                                  "pp3_spec_eagle_async", "mamba_align_eagle", "blocked_mixed_async_aborts",
+                                  "encoder_threshold_async_priority"])
 def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     from typer.testing import CliRunner
 
@@ -111,6 +113,8 @@ def test_step_trace_cli_takes_the_oracle_flags(case, tmp_path):
     ({"remote_prefill": 1}, "remote_prefill"), ({"abort_on_preempt": "never"}, "abort_on_preempt"),
     ({"grammar_steps": -1}, "grammar_steps"), ({"stream": "yes"}, "stream"),
     ({"stream_chunk": 1}, "req_id"),  # a session line without the session's first line
+    ({"mm_items": [{"offset": 1, "length": 2, "mm_hash": "x"}]}, "mm_items"),  # past the 2-token prompt
+    ({"mm_items": [{"offset": 0, "length": 1}]}, "mm_items"),
 ])
 def test_oracle_workload_extension_fields_are_validated(extra, field, tmp_path):
     from servesim.oracle_io import read_oracle_workload

@@ -4,7 +4,8 @@ Every config draws a base (pool, budget, policy, caching, chunking, async, arriv
 of the feature matrix (FEATURES: speculative decoding by method, stop rules, aborts of every kind,
 sliding window, hybrid groups, LoRA, cache salt, the KV connector, the OffloadingConnector's CPU
 tier (tools/offload_oracle.py), Mamba / chunked-local / sink groups (tools/kv_groups_oracle.py),
-grammar and streaming-input waits (tools/blocked_oracle.py), and combinations) with random
+grammar and streaming-input waits (tools/blocked_oracle.py), multimodal requests with the encoder
+budget and cache (tools/encoder_oracle.py), and combinations) with random
 parameters; configs cycle through the matrix, so `--configs 2 * len(FEATURES)` covers each
 feature twice. The oracle runs with PYTHONHASHSEED=0, the seed our set-order replay assumes
 (scheduler/pyset.py).
@@ -82,6 +83,15 @@ def _sink(rng: random.Random) -> dict:
     return {"groups": rng.choice(["sink_full:32", "sink_full:64,sliding_window:64", "full,sink_full:32"])}
 
 
+def _encoder(rng: random.Random) -> dict:
+    """Multimodal requests (tools/encoder_oracle.py): images of the drawn lengths, a budget and cache
+    from one item to many (random_config keeps every item within both)."""
+    lengths = sorted(rng.sample([8, 16, 33, 64, 100, 144, 200, 256], rng.randint(1, 4)))
+    return {"encoder_budget": rng.choice([64, 256, 512, 2048]), "encoder_cache_size": rng.choice([64, 300, 700, 4096]),
+            "mm_lengths": ",".join(map(str, lengths)), "mm_max_items": rng.choice([1, 2, 3, 4]),
+            "mm_num_images": rng.choice([3, 12, 40]), "disable_chunked_mm_input": rng.random() < 0.25}
+
+
 # feature name -> parameters drawn for it (merged over the base config)
 FEATURES = {
     "base": lambda rng: {},
@@ -117,6 +127,9 @@ FEATURES = {
     "streaming_input": lambda rng: {"streaming_rate": rng.choice([0.2, 0.5, 1.0]), "stream_gap": rng.choice([1, 10, 60])},
     "streaming_input_aborts": lambda rng: dict(_aborts(rng), streaming_rate=rng.choice([0.3, 0.6]),
                                                stream_gap=rng.choice([5, 30]), grammar_rate=rng.choice([0.0, 0.4])),
+    "encoder": _encoder,
+    "encoder_eagle": lambda rng: dict(_encoder(rng), **_spec("eagle")(rng)),
+    "encoder_aborts": lambda rng: dict(_encoder(rng), **_aborts(rng), abort_preempted_rate=rng.choice([0.0, 0.5])),
     "everything": lambda rng: dict(_stop(rng), **_aborts(rng), **_spec("eagle")(rng), num_loras=3, max_loras=2,
                                    cache_salt=2, abort_preempted_rate=0.3),
 }
@@ -162,11 +175,19 @@ def random_config(rng: random.Random, feature: str = "base") -> dict:
         cfg["no_prefix_caching"] = True  # vLLM asserts on eagle with chunked local attention's lookups
     if cfg["no_chunked_prefill"]:
         cfg["max_num_batched_tokens"] = 2048  # must cover max_model_len
-    # Every request (<= 812 prompt + 160 output tokens + drafts) must fit in the pool, per group.
+    longest_request = 1010
+    if cfg.get("encoder_budget"):  # every image fits the budget, the cache and (unsplittable) one step
+        longest_item = max(int(x) for x in cfg["mm_lengths"].split(","))
+        cfg["encoder_budget"] = max(cfg["encoder_budget"], longest_item)
+        cfg["encoder_cache_size"] = max(cfg["encoder_cache_size"], longest_item)
+        longest_request += cfg["mm_max_items"] * longest_item
+        if cfg["disable_chunked_mm_input"]:  # a cap below an item would stall it on both sides
+            cfg["long_prefill_token_threshold"] = 0
+    # Every request (<= 812 prompt + images + 160 output tokens + drafts) must fit in the pool, per group.
     groups = 2 if cfg.get("hybrid") else 1
     if cfg.get("groups"):
         groups = cfg["groups"].count(",") + 1 + 1  # (+1: sink blocks)
-    cfg["num_blocks"] = max(cfg["num_blocks"], groups * (1010 // cfg["block_size"] + 2))
+    cfg["num_blocks"] = max(cfg["num_blocks"], groups * (longest_request // cfg["block_size"] + 2))
     return cfg
 
 

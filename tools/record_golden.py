@@ -77,15 +77,22 @@ def main() -> int:
         pp = flags.get("pipeline_parallel_size", 1)
         run = drive.main if pp == 1 else pp_driver(oracle_dir, pp)
         own_keys = ("pipeline_parallel_size", "groups", "mamba_cache_mode")
-        drive_flags = {k: v for k, v in flags.items() if k not in own_keys and not k.startswith("offload_")
+        own_prefixes = ("offload_", "encoder_", "mm_", "disable_chunked_mm_input")
+        drive_flags = {k: v for k, v in flags.items() if k not in own_keys and not k.startswith(own_prefixes)
                        and k not in BLOCKED_FLAGS}
         argv = argv_for(drive_flags) + ["--workload-out", os.path.join(d, "workload.jsonl"), "--out", tmp_trace]
         offload = {k: v for k, v in flags.items() if k.startswith("offload_")}
         blocked = {k: v for k, v in flags.items() if k in BLOCKED_FLAGS}
+        encoder = {k: v for k, v in flags.items() if k.startswith(("encoder_", "mm_", "disable_chunked_mm_input"))}
         if blocked:  # grammar / streaming-input waits around the same driver (tools/blocked_oracle.py)
             import blocked_oracle
 
             blocked_oracle.run(*blocked_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(blocked), "--", *argv]))
+        elif encoder:  # multimodal requests around the same driver (tools/encoder_oracle.py)
+            import encoder_oracle
+
+            own, _ = encoder_oracle.parse_args(["--oracle-dir", oracle_dir, *argv_for(encoder)])
+            encoder_oracle.run(own, argv)
         elif offload:  # the OffloadingConnector around the same driver (tools/offload_oracle.py)
             import offload_oracle
 

@@ -2,7 +2,8 @@
 
 Canonical columns are the `RequestSpec` fields. Required: request_id, arrival_time_s, output_len,
 and prompt_token_ids or prompt_len. In CSV, an empty cell means "not set" and id lists are
-space-separated integers ("12 7 99"); booleans are true/false.
+space-separated integers ("12 7 99"); booleans are true/false. `mm_items` (multimodal items) is a
+list of {"offset", "length", "mm_hash"[, "modality"]} objects (in CSV: that list as JSON text).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.traces.errors import InputError
 from servesim.traces.external import trace_name
 from servesim.traces.registry import encoding_of, register_format
@@ -29,7 +31,7 @@ COLUMNS: dict[str, str] = {
     "prefix_block_len": "length", "prefix_group": "count", "prefix_len": "count",
     "priority": "int", "session_id": "text", "is_last_turn": "bool", "lora_id": "int",
     "arrival_step": "count", "grammar_compile_ms": "time", "input_chunk_offsets_s": "times",
-    "input_chunk_lens": "hashes",
+    "input_chunk_lens": "hashes", "mm_items": "mm",
 }
 REQUIRED = ("request_id", "arrival_time_s", "output_len")
 _MIN = {"length": 1, "count": 0, "int": None}
@@ -66,7 +68,43 @@ def _value(values: dict[str, Any], key: str, path: Path, line: int) -> Any:
             raise InputError(f"bad value {raw!r}", path=str(path), line=line, field=key,
                              allowed="true or false")
         return raw
+    if kind == "mm":
+        return mm_items_from_json(raw, path, line)
     return as_int(raw, path=path, line=line, field=key, min_value=_MIN[kind])
+
+
+_MM_ALLOWED = 'a list of {"offset": int >= 0, "length": int >= 1, "mm_hash": non-empty string, "modality": string}'
+
+
+def mm_items_from_json(raw: Any, path: Path, line: int) -> tuple[MultiModalFeatureSpec, ...]:
+    """The multimodal items of a row; anything malformed is an InputError naming the field."""
+    if not isinstance(raw, list):
+        raise InputError(f"bad value {raw!r}", path=str(path), line=line, field="mm_items", allowed=_MM_ALLOWED)
+    items = []
+    for i, obj in enumerate(raw):
+        ok = (isinstance(obj, dict) and set(obj) <= {"offset", "length", "mm_hash", "modality"}
+              and all(isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) for k in ("offset", "length"))
+              and isinstance(obj.get("mm_hash"), str) and isinstance(obj.get("modality", "image"), str))
+        try:
+            if not ok:
+                raise ValueError(f"item {i}: {obj!r}")
+            items.append(MultiModalFeatureSpec(obj["offset"], obj["length"], obj["mm_hash"],
+                                               obj.get("modality", "image")))
+        except ValueError as exc:
+            raise InputError(f"bad multimodal item {i}: {exc}", path=str(path), line=line, field="mm_items",
+                             allowed=_MM_ALLOWED) from None
+    return tuple(items)
+
+
+def mm_items_json(items: tuple[MultiModalFeatureSpec, ...]) -> list[dict]:
+    """The canonical (JSON) form of a request's multimodal items: what mm_items_from_json reads back."""
+    out = []
+    for it in items:
+        row: dict[str, Any] = {"offset": it.offset, "length": it.length, "mm_hash": it.mm_hash}
+        if it.modality != "image":
+            row["modality"] = it.modality
+        out.append(row)
+    return out
 
 
 def spec_from_row(values: dict[str, Any], path: Path, line: int) -> RequestSpec:
@@ -114,6 +152,8 @@ def _decode_cell(key: str, text: str, path: Path, line: int) -> Any:
             return [int(t) for t in text.split()]
         if kind == "times":
             return [float(t) for t in text.split()]
+        if kind == "mm":
+            return json.loads(text)
         if kind == "bool":
             lowered = text.strip().lower()
             if lowered in ("true", "1"):
@@ -123,7 +163,7 @@ def _decode_cell(key: str, text: str, path: Path, line: int) -> Any:
             raise ValueError(text)
         return int(text)
     except ValueError:
-        allowed = {"time": "a number", "ids": "space-separated integers",
+        allowed = {"time": "a number", "ids": "space-separated integers", "mm": "a JSON list",
                    "hashes": "space-separated integers", "times": "space-separated numbers",
                    "bool": "true or false"}
         raise InputError(f"bad value {text!r}", path=str(path), line=line, field=key,
@@ -189,7 +229,7 @@ def load_canonical(path: Path) -> Workload:
 )
 def load_oracle(path: Path, *, seconds_per_step: float = 0.0) -> Workload:
     """vLLM-oracle JSONL: req_id, prompt_token_ids, max_tokens, arrival_step, priority,
-    prefix_group. arrival_time_s = arrival_step * seconds_per_step; rows are ordered by step."""
+    prefix_group, mm_items (tools/encoder_oracle.py). arrival_time_s = arrival_step * seconds_per_step; rows are ordered by step."""
     if not seconds_per_step >= 0.0:
         raise InputError(f"seconds_per_step {seconds_per_step}", field="seconds_per_step",
                          allowed="a number >= 0")
@@ -200,6 +240,7 @@ def load_oracle(path: Path, *, seconds_per_step: float = 0.0) -> Workload:
             "request_id": obj.get("req_id"), "prompt_token_ids": obj.get("prompt_token_ids"),
             "output_len": obj.get("max_tokens"), "arrival_step": obj.get("arrival_step"),
             "priority": obj.get("priority"), "prefix_group": obj.get("prefix_group"),
+            "mm_items": obj.get("mm_items"),
         }
         for ours, theirs in (("request_id", "req_id"), ("prompt_token_ids", "prompt_token_ids"),
                              ("output_len", "max_tokens"), ("arrival_step", "arrival_step")):
@@ -243,9 +284,17 @@ def _used_columns(workload: Workload) -> list[str]:
     return [c for c in COLUMNS if c in used]
 
 
+def _cell_value(spec: RequestSpec, column: str) -> Any:
+    """The column's value as the JSON / CSV writers take it (multimodal items as plain dicts)."""
+    value = getattr(spec, column)
+    return mm_items_json(value) if column == "mm_items" else value
+
+
 def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, list):  # multimodal items
+        return json.dumps(value, separators=(",", ":"))
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
@@ -265,10 +314,10 @@ def _encode(workload: Workload, encoding: str, target: Path, *, gz: bool) -> Non
         writer = csv.writer(buffer, lineterminator="\r\n")  # RFC 4180; also quotes \r in cells
         writer.writerow(columns)
         for spec in workload.requests:
-            writer.writerow([_csv_cell(getattr(spec, c)) for c in columns])
+            writer.writerow([_csv_cell(_cell_value(spec, c)) for c in columns])
     else:
         for spec in workload.requests:
-            row = {c: getattr(spec, c) for c in columns if getattr(spec, c) is not None}
+            row = {c: _cell_value(spec, c) for c in columns if getattr(spec, c) is not None}
             buffer.write(json.dumps(row, ensure_ascii=False) + "\n")
     data = buffer.getvalue().encode("utf-8")
     if gz:
@@ -282,9 +331,14 @@ def _write_parquet(workload: Workload, columns: list[str], target: Path) -> None
 
     kinds = {"text": pa.string(), "time": pa.float64(), "ids": pa.list_(pa.int64()),
              "hashes": pa.list_(pa.int64()), "times": pa.list_(pa.float64()),
-             "bool": pa.bool_(), "length": pa.int64(), "count": pa.int64(), "int": pa.int64()}
+             "bool": pa.bool_(), "length": pa.int64(), "count": pa.int64(), "int": pa.int64(),
+             "mm": pa.list_(pa.struct([("offset", pa.int64()), ("length", pa.int64()), ("mm_hash", pa.string()),
+                                       ("modality", pa.string())]))}
     schema = pa.schema([(c, kinds[COLUMNS[c]]) for c in columns])
     data = {c: [getattr(s, c) for s in workload.requests] for c in columns}
+    if "mm_items" in data:  # every struct field present (Parquet has no optional keys)
+        data["mm_items"] = [[dict(d, modality=d.get("modality", "image")) for d in mm_items_json(s.mm_items)]
+                            for s in workload.requests]
     pq.write_table(pa.table(data, schema=schema), target)
 
 

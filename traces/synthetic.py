@@ -6,7 +6,8 @@
 
 Generators by name (`available_generators()`): `synthetic` (everything from the config),
 `poisson`, `gamma`, `constant` (the same, with that arrival process), `sessions` (multi-turn;
-default SessionConfig when the config has none). Same config + same seed -> identical workload.
+default SessionConfig when the config has none), `vlm` (images in every request, traces/vlm.py;
+default ImageConfig when the config has none). Same config + same seed -> identical workload.
 
 Sessions: session starts follow the arrival process; turn j+1 arrives at
 a_j + output_j * assumed_s_per_output_token + gap, where the gap is a think time or, with
@@ -32,12 +33,14 @@ from servesim.traces.synthetic_config import (
     ARRIVAL_PROCESSES,
     ChoiceConfig,
     DistConfig,
+    ImageConfig,
     PrefixConfig,
     SessionConfig,
     SyntheticConfig,
     config_from_dict,
     config_to_dict,
 )
+from servesim.traces.vlm import add_images
 from servesim.traces.workload import RequestSpec, Workload
 
 
@@ -178,6 +181,8 @@ def generate(config: SyntheticConfig, rng: np.random.Generator, *, generator: st
         raise InputError(f"fixed output length {config.output_len.value}",
                          field="output_len.value", allowed="a length >= 1")
     requests = _sessions(config, rng) if config.sessions is not None else _independent(config, rng)
+    if config.images is not None:  # drawn after everything else: the text part is the same without
+        requests = add_images(requests, config.images, rng)
     source = f"synthetic generator {generator!r}: " + json.dumps(config_to_dict(config))
     return Workload.from_unsorted(requests, name=config.name, source=source)
 
@@ -234,6 +239,13 @@ for _process in ARRIVAL_PROCESSES:
 def _with_sessions(config: SyntheticConfig) -> SyntheticConfig:
     """Multi-turn sessions (default SessionConfig when the config has none)."""
     return config if config.sessions is not None else replace(config, sessions=SessionConfig())
+
+
+@register_generator("vlm")
+def _with_images(config: SyntheticConfig) -> SyntheticConfig:
+    """Multimodal requests: images sized as Qwen2.5-VL's processor sizes them (traces/vlm.py); the
+    default ImageConfig (one 1280x720 image a request) when the config has none."""
+    return config if config.images is not None else replace(config, images=ImageConfig())
 
 
 def make_workload(generator: str, params: Mapping[str, Any] | SyntheticConfig,

@@ -166,6 +166,35 @@ class ChoiceConfig:
 
 
 @dataclass(slots=True)
+class ImageConfig:
+    """Images in each request (the `vlm` generator, traces/vlm.py): how many, at which resolution,
+    how often the same image recurs; placeholder tokens per image as Qwen2.5-VL's processor counts
+    them (smart_resize to multiples of patch_size * merge_size within [min_pixels, max_pixels], one
+    token per merge_size x merge_size patches). Defaults: Qwen2.5-VL's preprocessor_config.json."""
+
+    images_per_request: DistConfig = field(default_factory=lambda: DistConfig("fixed", value=1))
+    height: DistConfig = field(default_factory=lambda: DistConfig("fixed", value=720))  # pixels
+    width: DistConfig = field(default_factory=lambda: DistConfig("fixed", value=1280))  # pixels
+    shared_fraction: float = 0.0  # share of images drawn from a pool of equal images (same mm hash)
+    num_shared_images: int = 100  # images in that pool (each with one resolution drawn once)
+    min_pixels: int = 3136  # 56 * 56
+    max_pixels: int = 12845056  # 28 * 28 * 16384: at most 16384 tokens an image
+    patch_size: int = 14
+    merge_size: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.shared_fraction <= 1.0:
+            raise _bad("shared_fraction", f"got {self.shared_fraction!r}", "a number in [0, 1]")
+        for name, value in (("num_shared_images", self.num_shared_images), ("min_pixels", self.min_pixels),
+                            ("max_pixels", self.max_pixels), ("patch_size", self.patch_size),
+                            ("merge_size", self.merge_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _bad(name, f"got {value!r}", "an integer >= 1")
+        if self.max_pixels < self.min_pixels:
+            raise _bad("max_pixels", f"{self.max_pixels} < min_pixels {self.min_pixels}", "max_pixels >= min_pixels")
+
+
+@dataclass(slots=True)
 class SyntheticConfig:
     name: str = "synthetic"
     num_requests: int | None = 1000  # stop after this many requests (None: use duration_s)
@@ -177,8 +206,11 @@ class SyntheticConfig:
     sessions: SessionConfig | None = None
     priority: ChoiceConfig | None = None
     lora: ChoiceConfig | None = None
+    images: ImageConfig | None = None  # multimodal requests (independent requests only, not sessions)
 
     def __post_init__(self) -> None:
+        if self.images is not None and self.sessions is not None:
+            raise _bad("images", "images with sessions", "images or sessions, not both")
         if self.num_requests is None and self.duration_s is None:
             raise _bad("num_requests", "neither num_requests nor duration_s is set",
                        "num_requests >= 1 and/or duration_s > 0")

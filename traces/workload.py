@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from servesim.scheduler.multimodal import MultiModalFeatureSpec, check_mm_features
 from servesim.traces.errors import InputError
 from servesim.traces.tokens import (
     TOKEN_ID_LIMIT,
@@ -64,6 +65,9 @@ class RequestSpec:
     # of these token counts arrive these many seconds after the request; None: one prompt.
     input_chunk_offsets_s: tuple[float, ...] | None = None
     input_chunk_lens: tuple[int, ...] | None = None
+    # Multimodal items (images) in the prompt, sorted by offset: each a run of placeholder tokens the
+    # vision encoder fills (scheduler/multimodal.py); () for a text-only request.
+    mm_items: tuple[MultiModalFeatureSpec, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -75,6 +79,8 @@ class RequestSpec:
             self.input_chunk_offsets_s = tuple(self.input_chunk_offsets_s) or None
         if self.input_chunk_lens is not None:
             self.input_chunk_lens = tuple(self.input_chunk_lens) or None
+        if not isinstance(self.mm_items, tuple):
+            self.mm_items = tuple(self.mm_items)
         problem = self._problem()
         if problem is not None:
             field_name, message, allowed = problem
@@ -121,6 +127,10 @@ class RequestSpec:
         ms = self.grammar_compile_ms
         if ms is not None and not (isinstance(ms, (int, float)) and ms >= 0 and math.isfinite(ms)):
             return "grammar_compile_ms", f"got {ms!r}", "a finite number of milliseconds >= 0, or none"
+        if self.mm_items:
+            problem = check_mm_features(self.request_id, self.mm_items, self.prompt_len)
+            if problem is not None:
+                return "mm_items", problem.split(": ", 1)[1], "items sorted by offset, disjoint, inside the prompt"
         return self._chunks_problem()
 
     def _chunks_problem(self) -> tuple[str, str, str] | None:
@@ -177,6 +187,13 @@ class RequestSpec:
         elif self.prefix_group is not None and self.prefix_len > 0:
             runs.append((group_stream(self.prefix_group), 0, self.prefix_len))
             covered = self.prefix_len
+        for item in self.mm_items:  # an image's placeholders: one stream per image (equal images, equal ids)
+            if item.offset < covered:
+                continue  # inside a shared prefix: the prefix's ids stand
+            if item.offset > covered:
+                runs.append((self._stream_key(), covered, item.offset - covered))
+            runs.append((text_stream("image:" + item.mm_hash), 0, item.length))
+            covered = item.end
         if covered < n:
             runs.append((self._stream_key(), covered, n - covered))
         return runs

@@ -7,6 +7,7 @@ decorator: a decorated class would not compile to a native class under mypyc.
 
 from __future__ import annotations
 
+from servesim.scheduler.kv.cross_attention import CrossAttentionManager
 from servesim.scheduler.kv.local_attention import ChunkedLocalAttentionManager
 from servesim.scheduler.kv.mamba import MambaManager
 from servesim.scheduler.kv.single_type import (
@@ -18,6 +19,7 @@ from servesim.scheduler.registry import Registry
 MANAGERS: Registry[type[SingleTypeKVCacheManager]] = Registry("KV cache group kind")
 MANAGERS.add("full", FullAttentionManager)
 MANAGERS.add("sliding_window", SlidingWindowManager)
+MANAGERS.add("cross_attention", CrossAttentionManager)
 MANAGERS.add("chunked_local", ChunkedLocalAttentionManager)
 MANAGERS.add("mamba", MambaManager)
 MANAGERS.add("sink_full", SinkFullAttentionManager)

@@ -32,6 +32,38 @@ def _check_start_up(sc, cc) -> None:
                          allowed=f">= {need}, or --max-model-len <= {cc.num_gpu_blocks * cc.block_size}")
 
 
+def _trace_config(flags: dict):
+    """StepTraceConfig from the command's options, and the scheduler and cache configs it makes (bad
+    values: an InputError naming the option)."""
+    policy = flags["policy"]
+    if policy not in POLICIES:
+        raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
+                         allowed=", ".join(POLICIES.names()))
+    try:
+        flags["stop_token_ids"] = tuple(int(x) for x in flags["stop_token_ids"].split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"not a comma-separated list of ints: {flags['stop_token_ids']!r}",
+                         field="--stop-token-ids") from None
+    try:
+        cfg = StepTraceConfig(**flags)
+        sc, cc = cfg.configs()
+        cfg.offload_config()
+    except ValueError as e:
+        raise InputError(str(e), field="options") from None
+    return cfg, sc, cc
+
+
+def _check_encoder(requests: list[dict], cfg: StepTraceConfig) -> None:
+    """Every multimodal item fits the encoder budget and cache the flags give (else it would never run)."""
+    limit = min(cfg.encoder_budget, cfg.encoder_cache_size)
+    for rec in requests:
+        for i, item in enumerate(rec.get("mm_items") or ()):
+            if item["length"] > limit:
+                raise InputError(f"request {rec['req_id']!r}: multimodal item {i} has {item['length']} embeddings, "
+                                 f"more than --encoder-budget / --encoder-cache-size hold ({limit})",
+                                 field="--encoder-budget", allowed=f">= {item['length']} (both flags)")
+
+
 @app.command("step-trace")
 def step_trace(
     workload: Path = typer.Argument(..., help="workload JSONL in the vLLM oracle's format"),
@@ -82,6 +114,11 @@ def step_trace(
     grammar_max_steps: int = typer.Option(6, help="(workload generation only)"),
     streaming_rate: float = typer.Option(0.0, help="(workload generation) switches the streaming-input trace fields on"),
     stream_gap: int = typer.Option(30, help="(workload generation only)"),
+    encoder_budget: int = typer.Option(0, help="N > 0: multimodal requests (workload mm_items) with an encoder "
+                                       "budget of N embeddings a step (tools/encoder_oracle.py)"),
+    encoder_cache_size: int = typer.Option(0, help="the encoder cache in embeddings, with --encoder-budget"),
+    disable_chunked_mm_input: bool = typer.Option(False, "--disable-chunked-mm-input",
+                                                  help="never split a multimodal item across steps"),
 ) -> None:
     """Step-level view of the scheduler's decisions, field for field comparable with the vLLM oracle.
 
@@ -91,22 +128,11 @@ def step_trace(
     the matching trace fields on."""
     options = dict(locals())
     out = check_output_file(out, overwrite=overwrite)  # before any work
-    if policy not in POLICIES:
-        raise InputError(unknown_name_message("policy", policy, POLICIES.names()), field="--policy",
-                         allowed=", ".join(POLICIES.names()))
-    try:
-        stop_ids = tuple(int(x) for x in stop_token_ids.split(",") if x.strip())
-    except ValueError:
-        raise InputError(f"not a comma-separated list of ints: {stop_token_ids!r}", field="--stop-token-ids") from None
-    try:
-        # Every option but WORKLOAD and --out is a StepTraceConfig field of the same name (the oracle's).
-        flags = {f.name: options[f.name] for f in fields(StepTraceConfig) if f.name in options}
-        cfg = StepTraceConfig(**dict(flags, stop_token_ids=stop_ids))
-        sc, cc = cfg.configs()
-        cfg.offload_config()
-    except ValueError as e:
-        raise InputError(str(e), field="options") from None
+    # Every option but the two paths and --overwrite is a StepTraceConfig field of the same name.
+    cfg, sc, cc = _trace_config({f.name: options[f.name] for f in fields(StepTraceConfig) if f.name in options})
     _check_start_up(sc, cc)
-    records = run_step_trace(read_oracle_workload(workload), cfg)
+    requests = read_oracle_workload(workload)
+    _check_encoder(requests, cfg)
+    records = run_step_trace(requests, cfg)
     n = write_jsonl_atomic(out, records)
     typer.echo(f"wrote {n} steps to {out}")

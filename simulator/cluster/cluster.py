@@ -87,6 +87,10 @@ class Cluster:
         if len(self._specs) != len(workload.requests):
             raise InputError("the workload has duplicate request ids", field="request_id",
                              allowed="unique ids (a cluster merges results by id)")
+        mm = next((s.request_id for s in workload.requests if s.mm_items), None)
+        if mm is not None:  # routers, P/D hand-offs and replica fast paths know nothing of encoder inputs
+            raise InputError(f"request {mm!r} has multimodal items; a cluster does not run multimodal requests",
+                             field="mm_items", allowed="a single engine (servesim run / replay) for multimodal traffic")
         self.replicas = self._build_replicas()
         check_node_memory(self.replicas)  # the CPU KV tiers on each node fit its host memory
         self.router = make_router(cfg.router.name, cfg.router.params, self.rng, "router")

@@ -43,6 +43,11 @@ GRAMMAR_DECLINED = "structured output: grammar compiles end at times of their ow
 SESSIONS_DECLINED = "streaming input: a session's chunks arrive at times of their own and its chunk ends finish nothing"
 
 
+# Multimodal requests: the encoder budget and cache are not part of the bulk decode path's proof (a
+# run is planned only for plain decode steps, which encode nothing, but that is not proven here).
+MULTIMODAL_DECLINED = "multimodal requests: the encoder budget and encoder cache are stepped, not planned"
+
+
 @dataclass(slots=True, frozen=True)
 class PlannerChoice:
     planner: RunPlanner | None
@@ -65,6 +70,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
         why = GRAMMAR_DECLINED
     elif engine.workload is not None and any(s.input_chunk_offsets_s is not None for s in engine.workload.requests):
         why = SESSIONS_DECLINED
+    elif engine.workload is not None and any(spec.mm_items for spec in engine.workload.requests):
+        why = MULTIMODAL_DECLINED
     elif engine.kv_offload is not None:
         why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"
     elif cfg.hardware.pp > 1:
