@@ -95,9 +95,14 @@ def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
 def resolved(cfg: SimConfig) -> SimConfig:
     """cfg checked, with scheduler.max_model_len filled in (what an engine is built from)."""
     check_startup(cfg)
-    if cfg.scheduler.max_model_len is not None:
-        return cfg
-    return replace(cfg, scheduler=replace(cfg.scheduler, max_model_len=resolve_max_model_len(cfg)))
+    sched = cfg.scheduler
+    if sched.mm_max_tokens_per_item == 0:  # a vision-language model takes images as vLLM sizes them
+        vision = resolve_model(cfg.hardware.model).vision
+        if vision is not None and vision.max_tokens_per_item:
+            sched = replace(sched, mm_max_tokens_per_item=vision.max_tokens_per_item)
+    if sched.max_model_len is None:
+        sched = replace(sched, max_model_len=resolve_max_model_len(cfg))
+    return cfg if sched is cfg.scheduler else replace(cfg, scheduler=sched)
 
 
 def blocks_for_max_model_len(cache: CacheConfig, max_model_len: int, max_num_batched_tokens: int) -> int:

@@ -164,9 +164,9 @@ def test_cross_attention_manager_allocates_per_request_and_never_shares():
     pool = BlockPool(10, enable_caching=False)
     mgr = CrossAttentionManager(KVCacheGroupSpec("cross_attention", 4), pool, False, 0)
     # Whisper-style: 1500 encoder tokens would need 375 blocks; here 10 encoder tokens -> 3 blocks.
-    assert mgr.get_num_blocks_to_allocate("a", 10, [], 0) == 3
+    assert mgr.get_num_blocks_to_allocate("a", 10, [], 0, 10) == 3
     mgr.allocate_new_computed_blocks("a", [], 0, 0)
-    assert len(mgr.allocate_new_blocks("a", 10)) == 3
+    assert len(mgr.allocate_new_blocks("a", 10, 10)) == 3
     assert mgr.get_num_common_prefix_blocks("a") == 0
     with pytest.raises(ValueError, match="never cached"):
         mgr.cache_blocks(_mm_req("a", []), 8)

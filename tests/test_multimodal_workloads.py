@@ -157,3 +157,21 @@ def test_one_mm_hash_has_one_size():
     w = Workload([_spec("a"), _spec("b", (MultiModalFeatureSpec(0, 31, "cat"),), t=1.0)], name="t", source="test")
     with pytest.raises(InputError, match=r"'b': multimodal item 0 \('cat'\) has 31 tokens, another request's .* 30"):
         Engine(_cfg(mm_max_tokens_per_item=64), w)
+
+
+def test_a_vision_language_model_takes_images_as_its_processor_sizes_them():
+    """vLLM's max tokens per item comes from the model: Qwen2.5-VL's processor max_pixels 12,845,056
+    over 28 x 28 pixels per embedding = 16,384; Gemma 3's mm_tokens_per_image = 256; a text model 0."""
+    import dataclasses
+
+    from servesim.simulator.config import SimConfig
+    from servesim.simulator.startup import resolved
+
+    def mm(model, **sched):
+        cfg = SimConfig()
+        cfg.hardware = dataclasses.replace(cfg.hardware, model=model)
+        cfg.scheduler = dataclasses.replace(cfg.scheduler, **sched)
+        return resolved(cfg).scheduler.mm_max_tokens_per_item
+
+    assert mm("qwen2.5-vl-7b") == 16384 and mm("gemma-3-27b") == 256 and mm("llama-3.1-8b") == 0
+    assert mm("qwen2.5-vl-7b", mm_max_tokens_per_item=1280) == 1280  # a smaller max_pixels, set explicitly

@@ -132,6 +132,9 @@ class VisionSpec:
     num_full_layers: int = 0  # layers with full attention when window_patches > 0 (fullatt_block_indexes)
     out_hidden_size: int = 0  # the merger's / projector's output width (the LM hidden size)
     pooled: bool = False  # patches averaged into a token (Gemma 3), not concatenated (Qwen, Llama 4)
+    # Embeddings of the largest image the model's processor makes (vLLM's max tokens per item, which
+    # sizes the encoder budget and cache); 0: not known here (scheduler.mm_max_tokens_per_item sets it).
+    max_tokens_per_item: int = 0
 
     def __post_init__(self) -> None:
         for f in ("depth", "hidden_size", "intermediate_size", "num_heads", "patches_per_token"):
@@ -204,6 +207,9 @@ def linear_from_hf(cfg: dict) -> LinearAttentionSpec | None:
     return None
 
 
+QWEN_VL_MAX_PIXELS = 12_845_056  # Qwen2VLImageProcessor's default max_pixels (transformers)
+
+
 def vision_from_hf(raw: dict) -> VisionSpec | None:
     """The vision tower of a multimodal config.json (``vision_config``), or None."""
     v = raw.get("vision_config")
@@ -219,16 +225,20 @@ def vision_from_hf(raw: dict) -> VisionSpec | None:
         window = int(v.get("window_size") or 0)
         full = v.get("fullatt_block_indexes")
         side = window // patch if window else 0  # the window in patches per side (vLLM get_window_index)
+        # The image processor's default max_pixels, 12,845,056 (transformers Qwen2VLImageProcessor;
+        # traces/vlm.py), in patches of patch x patch merged merge x merge: 16,384 for Qwen2.5-VL.
+        max_tokens = QWEN_VL_MAX_PIXELS // (patch * patch * merge * merge)
         return VisionSpec(depth, hidden, inter, heads, merge * merge, gated_mlp=window > 0,
                           window_patches=side * side, num_full_layers=len(full) if (full and window) else 0,
-                          out_hidden_size=out)
+                          out_hidden_size=out, max_tokens_per_item=max_tokens)
     if "pixel_shuffle_ratio" in v:  # Llama 4: pixel shuffle folds 1/ratio^2 patches into a token
         ratio = float(v["pixel_shuffle_ratio"])
         return VisionSpec(depth, hidden, inter, heads, round(1 / (ratio * ratio)), out_hidden_size=out)
     tokens = int(raw.get("mm_tokens_per_image") or 0)  # Gemma 3: SigLIP patches average-pooled to tokens
     if tokens:
         patches = (int(v["image_size"]) // int(v["patch_size"])) ** 2
-        return VisionSpec(depth, hidden, inter, heads, patches // tokens, out_hidden_size=out, pooled=True)
+        return VisionSpec(depth, hidden, inter, heads, patches // tokens, out_hidden_size=out, pooled=True,
+                          max_tokens_per_item=tokens)  # every image is mm_tokens_per_image tokens
     raise InputError("vision_config of an unknown layout", field="vision_config",
                      allowed="Qwen2.5-VL / Qwen3-VL (spatial_merge_size), Llama 4 (pixel_shuffle_ratio), "
                              "Gemma 3 (mm_tokens_per_image)")
