@@ -65,8 +65,12 @@ def model_kv_layout(cfg: SimConfig) -> KvLayout | None:
     if cfg.engine != "vllm" or not kinds or cfg.cache.attention != "full" or cfg.cache.kv_cache_groups:
         return None
     sched = cfg.scheduler
-    disable = cfg.cache.enable_kv_cache_events or cfg.kv_offload.enabled or \
-        ("chunked_local" in kinds and sched.use_eagle)
+    # vLLM 0.19.1 also turns it off for chunked local attention by default (config/vllm.py: "a latency
+    # regression when using chunked local attention with the hybrid KV cache manager"; only
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 keeps it): Llama 4's chunked layers then
+    # hold every token, as full attention does. The chunked-local manager runs where the groups are
+    # given (cache.attention: groups).
+    disable = cfg.cache.enable_kv_cache_events or cfg.kv_offload.enabled or "chunked_local" in kinds
     layout = kv_layout(model, cfg.hardware.tp, cfg.cache.block_size, mamba_cache_mode=cfg.cache.mamba_cache_mode,
                        enable_prefix_caching=cfg.cache.enable_prefix_caching,
                        max_model_len=resolve_max_model_len(cfg), num_spec_tokens=sched.num_spec_tokens,
