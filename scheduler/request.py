@@ -147,11 +147,9 @@ class Request:
         self.cache_salt = cache_salt
         self.job_id = job_id
         self.is_last_step = is_last_step
-        self.status = RequestStatus.WAITING
         # vLLM's Request: a request with structured output starts blocked on its grammar.
         self.structured_output_request = StructuredOutputRequest() if structured_output else None
-        if structured_output:
-            self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if structured_output else RequestStatus.WAITING
         self.resumable = resumable
         # Input chunks (or None: the input stream closed) that arrived while the session ran.
         self.streaming_queue: deque | None = None
@@ -161,20 +159,13 @@ class Request:
         # int32, instead of a pointer plus a boxed int, twice): a queued long prompt is the simulator's
         # largest object. A lazy prompt leaves it None until read (outputs then live only in
         # _output_token_ids); invariant: num_tokens == num_prompt_tokens + len(_output_token_ids).
-        self._lazy_prompt: LazyTokenIds | None = None
-        self._all_token_ids: array | list[int] | None = None
-        if isinstance(prompt_token_ids, LazyTokenIds):
-            self._lazy_prompt = prompt_token_ids
-            self.num_prompt_tokens = prompt_token_ids.num_tokens
-        else:
-            self._all_token_ids = compact_ids(prompt_token_ids)
-            self.num_prompt_tokens = len(self._all_token_ids)
+        lazy = isinstance(prompt_token_ids, LazyTokenIds)
+        self._lazy_prompt: LazyTokenIds | None = prompt_token_ids if isinstance(prompt_token_ids, LazyTokenIds) else None
+        self._all_token_ids: array | list[int] | None = None if lazy else compact_ids(prompt_token_ids)
+        self.num_prompt_tokens = len(self._all_token_ids) if self._all_token_ids is not None else len(prompt_token_ids)
         self._output_token_ids: list[int] = []
-        self.mm_features: tuple[MultiModalFeatureSpec, ...] = tuple(mm_features)
-        if self.mm_features:
-            problem = check_mm_features(request_id, self.mm_features, self.num_prompt_tokens)
-            if problem is not None:
-                raise ValueError(problem)
+        self.mm_features: tuple[MultiModalFeatureSpec, ...] = _checked_mm_features(
+            request_id, mm_features, self.num_prompt_tokens)
         # Output ids not built yet (append_output_tokens_from): (index into _output_token_ids, first
         # position in _out_source's stream, count), ascending; the list holds placeholders there.
         # Invariant: pending ids only while the prompt is lazy (_all_token_ids is None).
@@ -398,6 +389,17 @@ class Request:
             f"Request({self.request_id!r}, status={self.status.name}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens})"
         )
+
+
+def _checked_mm_features(request_id: str, mm_features: Sequence[MultiModalFeatureSpec],
+                         num_prompt_tokens: int) -> tuple[MultiModalFeatureSpec, ...]:
+    """The items as a tuple; ValueError for items out of order, overlapping or past the prompt."""
+    items = tuple(mm_features)
+    if items:
+        problem = check_mm_features(request_id, items, num_prompt_tokens)
+        if problem is not None:
+            raise ValueError(problem)
+    return items
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
