@@ -159,10 +159,13 @@ class Request:
         # int32, instead of a pointer plus a boxed int, twice): a queued long prompt is the simulator's
         # largest object. A lazy prompt leaves it None until read (outputs then live only in
         # _output_token_ids); invariant: num_tokens == num_prompt_tokens + len(_output_token_ids).
-        lazy = isinstance(prompt_token_ids, LazyTokenIds)
-        self._lazy_prompt: LazyTokenIds | None = prompt_token_ids if isinstance(prompt_token_ids, LazyTokenIds) else None
-        self._all_token_ids: array | list[int] | None = None if lazy else compact_ids(prompt_token_ids)
-        self.num_prompt_tokens = len(self._all_token_ids) if self._all_token_ids is not None else len(prompt_token_ids)
+        self._lazy_prompt: LazyTokenIds | None = None
+        self._all_token_ids: array | list[int] | None = None
+        if isinstance(prompt_token_ids, LazyTokenIds):
+            self._lazy_prompt = prompt_token_ids
+        else:
+            self._all_token_ids = compact_ids(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
         self._output_token_ids: list[int] = []
         self.mm_features: tuple[MultiModalFeatureSpec, ...] = _checked_mm_features(
             request_id, mm_features, self.num_prompt_tokens)
