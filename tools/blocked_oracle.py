@@ -37,10 +37,8 @@ added before it, `num_waiting_for_streaming_input` and `num_unfinished` (get_num
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import shutil
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -251,29 +249,12 @@ _OWN = ("grammar_rate", "grammar_max_steps", "streaming_rate", "stream_gap")
 def record(out_dir: str, oracle_dir: str, names=None) -> int:
     """Write OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json} for each GOLDEN config."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from golden_configs import TRACE_FLAGS
-    from record_golden import argv_for
+    from oracle_record import record_goldens
 
-    for name, flags in GOLDEN.items():
-        if names and name not in names:
-            continue
-        d = os.path.join(out_dir, name)
-        os.makedirs(d, exist_ok=True)
-        trace = os.path.join(d, "trace.jsonl")
-        own = {k: v for k, v in flags.items() if k in _OWN}
-        drive_flags = {k: v for k, v in flags.items() if k not in _OWN}
-        argv = ["--oracle-dir", oracle_dir, *argv_for(own), "--", *argv_for(drive_flags), "--out", trace,
-                "--workload-out", os.path.join(d, "workload.jsonl")]
-        run(*parse_args(argv))
-        with open(trace, "rb") as fi, gzip.GzipFile(trace + ".gz", "wb", mtime=0) as fo:
-            shutil.copyfileobj(fi, fo)
-        os.remove(trace)
-        trace_flags = {**own, **{k: v for k, v in drive_flags.items() if k in TRACE_FLAGS}}
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump({"oracle": "vllm 0.19.1 blocked waits (tools/blocked_oracle.py)",
-                       "trace_flags": dict(sorted(trace_flags.items())),
-                       "workload_flags": dict(sorted(drive_flags.items()))}, f, indent=1)
-    return 0
+    return record_goldens(out_dir, oracle_dir, GOLDEN, is_own=lambda k: k in _OWN, parse_args=parse_args,
+                          run=run, only=tuple(names or ()),
+                          oracle="vllm 0.19.1 blocked waits (tools/blocked_oracle.py)")
+
 
 
 def main(argv=None) -> int:

@@ -181,38 +181,15 @@ GOLDEN = {
 }
 
 
-def record(out_dir: str, oracle_dir: str) -> int:
-    """Write OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json} for every GOLDEN config;
-    config.json's trace_flags are StepTraceConfig's arguments for the replay."""
-    import gzip
-    import shutil
-
+def record(out_dir: str, oracle_dir: str, only: tuple[str, ...] = ()) -> int:
+    """Write OUT_DIR/<name>/{workload.jsonl, trace.jsonl.gz, config.json} for every GOLDEN config."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from golden_configs import TRACE_FLAGS
-    from record_golden import argv_for
+    from oracle_record import record_goldens
 
-    only = set(os.environ.get("KV_GROUPS_GOLDEN", "").split(",")) - {""}
-    for name, flags in GOLDEN.items():
-        if only and name not in only:
-            continue
-        d = os.path.join(out_dir, name)
-        os.makedirs(d, exist_ok=True)
-        trace = os.path.join(d, "trace.jsonl")
-        own = {k: v for k, v in flags.items() if k in ("groups", "mamba_cache_mode")}
-        drive_flags = {k: v for k, v in flags.items() if k not in own}
-        argv = ["--oracle-dir", oracle_dir, *argv_for(own), "--", *argv_for(drive_flags), "--out", trace,
-                "--workload-out", os.path.join(d, "workload.jsonl")]
-        args, rest = parse_args(argv)
-        run(args, rest)
-        with open(trace, "rb") as fi, gzip.GzipFile(trace + ".gz", "wb", mtime=0) as fo:
-            shutil.copyfileobj(fi, fo)
-        os.remove(trace)
-        trace_flags = {**own, **{k: v for k, v in drive_flags.items() if k in TRACE_FLAGS}}
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump({"oracle": "vllm 0.19.1 with KV cache groups (tools/kv_groups_oracle.py)",
-                       "trace_flags": dict(sorted(trace_flags.items())),
-                       "workload_flags": dict(sorted(drive_flags.items()))}, f, indent=1)
-    return 0
+    return record_goldens(out_dir, oracle_dir, GOLDEN, is_own=lambda k: k in ("groups", "mamba_cache_mode"),
+                          parse_args=parse_args, run=run, only=only,
+                          oracle="vllm 0.19.1 with KV cache groups (tools/kv_groups_oracle.py)")
+
 
 
 def main(argv=None) -> int:
