@@ -36,7 +36,18 @@ _GOLDEN_FLAGS: dict[str, Callable[[object], dict]] = {
     "no_chunked_prefill": lambda v: {"scheduler.enable_chunked_prefill": not v},
     "long_prefill_token_threshold": lambda v: {"scheduler.long_prefill_token_threshold": int(v)},
     "policy": lambda v: {"scheduler.policy": str(v)},
+    # Multimodal goldens (tools/encoder_oracle.py): the oracle's budget and cache; its images all fit
+    # both, so the largest item the engine is told to accept is the smaller of the two.
+    "encoder_budget": lambda v: {"scheduler.max_num_encoder_input_tokens": int(v)},
+    "encoder_cache_size": lambda v: {"scheduler.encoder_cache_size": int(v)},
+    "disable_chunked_mm_input": lambda v: {"scheduler.disable_chunked_mm_input": bool(v)},
 }
+# Goldens whose workload only the oracle's replay reads: a streaming session is several lines of
+# one req_id there, trace fields (input_chunk_offsets_s) in the simulator's formats.
+_ORACLE_ONLY_FLAGS = ("streaming_rate",)
+# What a multimodal golden needs whatever else the engine refuses (its images must be accepted).
+_ENCODER_SETS = ("scheduler.max_num_encoder_input_tokens", "scheduler.encoder_cache_size",
+                 "scheduler.disable_chunked_mm_input", "scheduler.mm_max_tokens_per_item")
 
 
 @dataclass(slots=True)
@@ -103,7 +114,15 @@ def golden_sets(config_json: Path) -> dict:
             sets.update(_GOLDEN_FLAGS[key](value))
     if "cache.num_gpu_blocks" in sets:
         sets["derive_num_gpu_blocks"] = False
+    if "scheduler.max_num_encoder_input_tokens" in sets:
+        sets["scheduler.mm_max_tokens_per_item"] = min(sets["scheduler.max_num_encoder_input_tokens"],
+                                                       sets.get("scheduler.encoder_cache_size", 1 << 62))
     return sets
+
+
+def _simulator_reads(config_json: Path) -> bool:
+    flags = json.loads(config_json.read_text()).get("trace_flags", {})
+    return not any(flags.get(k) for k in _ORACLE_ONLY_FLAGS)
 
 
 def cases(cluster_max_requests: int | None = 60) -> list[Case]:
@@ -122,7 +141,7 @@ def cases(cluster_max_requests: int | None = 60) -> list[Case]:
         out.append(Case(f"trace:{name}/sglang-sync", _replay({"engine": "sglang",
                                                               "scheduler.async_scheduling": False}, path)))
     for folder in sorted((ROOT / "tests" / "golden").iterdir()):
-        if (folder / "workload.jsonl").exists():
+        if (folder / "workload.jsonl").exists() and _simulator_reads(folder / "config.json"):
             out.append(Case(f"golden:{folder.name}", _golden(folder)))
     return out
 
@@ -135,8 +154,8 @@ def _golden(folder: Path):
         try:
             _replay(sets, folder / "workload.jsonl", step_trace=True)(out, macro)
         except InputError:  # flags this engine refuses (e.g. a pool too small for max_model_len)
-            _replay({"scheduler.async_scheduling": sets.get("scheduler.async_scheduling", True)},
-                    folder / "workload.jsonl", step_trace=True)(out, macro)
+            kept = {k: v for k, v in sets.items() if k == "scheduler.async_scheduling" or k in _ENCODER_SETS}
+            _replay({"scheduler.async_scheduling": True, **kept}, folder / "workload.jsonl", step_trace=True)(out, macro)
     return run
 
 

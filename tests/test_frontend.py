@@ -141,18 +141,21 @@ class _Misbehaving:
         self.sock.close()
 
 
-@pytest.mark.parametrize("mode, message", [("endless", "was cut off"), ("trickle", "still arriving after 1 s")])
-def test_probe_reads_are_bounded_in_size_and_time(mode, message):
+# endless: a long timeout, so the size bound is what stops it (4 MiB arrive in well under a second
+# on loopback, a few on a loaded CI machine); trickle: a byte every 50 ms, stopped by the 1-s timeout.
+@pytest.mark.parametrize("mode, timeout_s, message", [("endless", 30.0, "was cut off"),
+                                                      ("trickle", 1.0, "still arriving after 1 s")])
+def test_probe_reads_are_bounded_in_size_and_time(mode, timeout_s, message):
     import time
 
     from servesim.frontend_probe import _Client
 
     with _Misbehaving(mode) as server:
-        client = _Client(server.base_url, ProbeLimits(request_timeout_s=1.0, deadline_s=5.0))
+        client = _Client(server.base_url, ProbeLimits(request_timeout_s=timeout_s, deadline_s=timeout_s + 5))
         t0 = time.monotonic()
         with pytest.raises(InputError, match=message):
             client.request("POST", "/v1/completions", {"stream": True})
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < timeout_s + 2
 
 
 def test_a_tokenize_answer_that_is_not_json_is_a_clear_error():
