@@ -353,3 +353,23 @@ def test_the_engine_fills_kv_bytes_from_the_model_and_splits_the_memory():
     c = sched.config
     assert (c.mamba.kv_bytes_per_token, c.mamba.max_mamba_cache_size, c.max_total_tokens,
             c.max_running_requests) == (131072, 7, 9000, 2)
+
+
+def test_a_hybrid_model_fills_the_mamba_pool_from_its_spec():
+    """Qwen3-Next-80B-A3B at TP 4: 36 Gated DeltaNet layers (one full-attention layer in four), each
+    request's state = 36 x one layer's conv + temporal state on one GPU; KV bytes from the 12
+    attention layers. A text model stays as it is; set values win."""
+    from servesim.simulator.config import HardwareConfig
+    from servesim.simulator.scheduler_kinds.sglang import resolve_mamba
+    from servesim.simulator.specs import kv_bytes_per_token, resolve_model
+
+    hw = HardwareConfig(model="qwen3-next-80b-a3b", gpu="h100", tp=4)
+    model = resolve_model(hw.model)
+    m = resolve_mamba(SGLangConfig(page_size=1), hw).mamba
+    assert m.num_mamba_layers == model.count_layers("mamba") == 36
+    assert m.mamba_cache_per_req_bytes == 36 * model.linear_attention.state_bytes(4, model.dtype_bytes)
+    assert m.kv_bytes_per_token == kv_bytes_per_token(model, 4) > 0
+    text = HardwareConfig(model="llama-3.1-8b", gpu="h100")
+    assert not resolve_mamba(SGLangConfig(), text).mamba.enabled
+    given = SGLangConfig(page_size=1, mamba=MambaCacheConfig(num_mamba_layers=2, mamba_cache_per_req_bytes=1000))
+    assert resolve_mamba(given, hw).mamba.mamba_cache_per_req_bytes == 1000

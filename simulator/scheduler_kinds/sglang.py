@@ -70,18 +70,26 @@ def resolve_hicache(sglang: SGLangConfig, hardware) -> SGLangConfig:
     return dataclasses.replace(sglang, hicache=dataclasses.replace(hc, **fill)) if fill else sglang
 
 
-def resolve_mamba(sglang: SGLangConfig, hardware) -> SGLangConfig:
-    """The hybrid model's figures from the hardware, where unset: KV bytes per token on one GPU
-    (the spec's kv_bytes_per_token: its attention layers), needed once a state size per request
-    is given to split the memory (hybrid_config.resolve_pools). The model seam: once model specs
-    carry linear-attention layers and their state bytes, num_mamba_layers and
-    mamba_cache_per_req_bytes are filled in here too."""
-    m = sglang.mamba
-    if not m.enabled or m.mamba_cache_per_req_bytes is None or m.kv_bytes_per_token is not None or hardware is None:
+def resolve_mamba(sglang: SGLangConfig, hardware, num_spec_tokens: int = 0) -> SGLangConfig:
+    """The hybrid model's figures from its spec where the config leaves them unset: the Mamba / GDN
+    layer count and one request's state bytes on one GPU (every linear layer's conv + temporal
+    state, as SGLang's MambaPool holds it: LinearAttentionSpec.state_bytes, the shapes vLLM's
+    MambaStateShapeCalculator gives), and the attention layers' KV bytes per token, which
+    hybrid_config.resolve_pools needs to split the memory between the two pools."""
+    if hardware is None:
         return sglang
     from servesim.simulator.specs import kv_bytes_per_token, resolve_model
 
-    kv = kv_bytes_per_token(resolve_model(hardware.model), hardware.tp)
+    model = resolve_model(hardware.model)
+    m = sglang.mamba
+    lin = model.linear_attention
+    if not m.enabled and lin is not None:  # a hybrid model: its linear layers from the spec
+        n = model.count_layers("mamba")
+        m = dataclasses.replace(m, num_mamba_layers=n, mamba_cache_per_req_bytes=m.mamba_cache_per_req_bytes or
+                                n * lin.state_bytes(hardware.tp, model.dtype_bytes, num_spec_tokens))
+    if not m.enabled or m.mamba_cache_per_req_bytes is None or m.kv_bytes_per_token is not None:
+        return sglang if m is sglang.mamba else dataclasses.replace(sglang, mamba=m)
+    kv = kv_bytes_per_token(model, hardware.tp)
     return dataclasses.replace(sglang, mamba=dataclasses.replace(m, kv_bytes_per_token=kv))
 
 
@@ -91,6 +99,6 @@ def _sglang(scheduler_config, cache_config, sim_config=None):
     seed = getattr(sim_config, "seed", 0)
     if sglang is not None:
         hardware = getattr(sim_config, "hardware", None)
-        sglang = resolve_mamba(resolve_hicache(sglang, hardware), hardware)
+        sglang = resolve_mamba(resolve_hicache(sglang, hardware), hardware, scheduler_config.num_spec_tokens)
     cfg = map_sglang_config(scheduler_config, cache_config, sglang, seed)
     return SGLangScheduler(cfg, scheduler_config.max_model_len)
