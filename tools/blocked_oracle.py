@@ -37,7 +37,6 @@ added before it, `num_waiting_for_streaming_input` and `num_unfinished` (get_num
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -201,21 +200,10 @@ def run(args, drive_argv: list[str]) -> int:
     def gen(dargs_):
         return add_blocked_fields(real[2](dargs_), args, dargs_.seed)
 
-    drive.build_scheduler, drive.gen_workload = build, gen
-    drive.make_request = make_request_wrapper(real[1])
-    try:
-        rc = drive.main(drive_argv)
-    finally:
-        drive.build_scheduler, drive.make_request, drive.gen_workload = real
-    with open(dargs.out) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    records = holder[0].records
-    assert len(lines) == len(records), (len(lines), len(records))
-    with open(dargs.out, "w") as f:
-        for line, rec in zip(lines, records):
-            line.update(rec)
-            f.write(json.dumps(line) + "\n")
-    return rc
+    from oracle_record import run_patched_drive
+
+    patches = {"build_scheduler": build, "gen_workload": gen, "make_request": make_request_wrapper(real[1])}
+    return run_patched_drive(drive, drive_argv, patches, dargs.out, lambda: holder[0].records)
 
 
 # Golden configs (tests/golden/blocked_*/). Flags by StepTraceConfig name; `grammar_*` / `stream*`

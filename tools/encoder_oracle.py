@@ -28,7 +28,6 @@ schema), imported, not copied. This file changes three things around it:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import zlib
@@ -179,20 +178,10 @@ def run(args, drive_argv: list[str]) -> int:
         add_mm_items(reqs, args, dargs_.seed)
         return reqs
 
-    drive.build_scheduler, drive.make_request, drive.gen_workload = build, make_request, gen
-    try:
-        rc = drive.main(drive_argv)
-    finally:
-        drive.build_scheduler, drive.make_request, drive.gen_workload = real_build, real_make, real_gen
-    with open(dargs.out) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    records = holder[0].records
-    assert len(lines) == len(records), (len(lines), len(records))
-    with open(dargs.out, "w") as f:
-        for line, rec in zip(lines, records):
-            line.update(rec)
-            f.write(json.dumps(line) + "\n")
-    return rc
+    from oracle_record import run_patched_drive
+
+    patches = {"build_scheduler": build, "make_request": make_request, "gen_workload": gen}
+    return run_patched_drive(drive, drive_argv, patches, dargs.out, lambda: holder[0].records)
 
 
 # Golden configs (tests/golden/encoder_*/). Own flags start with encoder_ / mm_ / disable_; the rest go

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import importlib.util
@@ -173,20 +172,9 @@ def run(args, drive_argv: list[str]) -> int:
         holder.append(OffloadScheduler(sched, worker))
         return holder[0], cfg
 
-    drive.build_scheduler = build
-    try:
-        rc = drive.main(drive_argv)
-    finally:
-        drive.build_scheduler = real_build
-    with open(dargs.out) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    records = holder[0].records
-    assert len(lines) == len(records), (len(lines), len(records))
-    with open(dargs.out, "w") as f:
-        for line, rec in zip(lines, records):
-            line.update(rec)
-            f.write(json.dumps(line) + "\n")
-    return rc
+    from oracle_record import run_patched_drive
+
+    return run_patched_drive(drive, drive_argv, {"build_scheduler": build}, dargs.out, lambda: holder[0].records)
 
 
 # Golden configs (tests/golden/offload_*/): a GPU pool small enough that prefixes leave it and

@@ -44,3 +44,27 @@ def record_goldens(out_dir: str, oracle_dir: str, goldens: dict[str, dict], *, i
                        "workload_flags": dict(sorted((k, v) for k, v in flags.items() if k not in traced))},
                       f, indent=1)
     return 0
+
+
+def run_patched_drive(drive, drive_argv: list[str], patches: dict[str, Callable], out_path: str,
+                      records: Callable[[], list[dict]]) -> int:
+    """drive.main with some of its functions replaced (the driver's scheduler wrapper, workload and
+    request builders), restored afterwards; then each trace line extended by the driver's own
+    record of that step (records(): one per line, in order)."""
+    real = {name: getattr(drive, name) for name in patches}
+    for name, fn in patches.items():
+        setattr(drive, name, fn)
+    try:
+        rc = drive.main(drive_argv)
+    finally:
+        for name, fn in real.items():
+            setattr(drive, name, fn)
+    with open(out_path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    extra = records()
+    assert len(lines) == len(extra), (len(lines), len(extra))
+    with open(out_path, "w") as f:
+        for line, rec in zip(lines, extra):
+            line.update(rec)
+            f.write(json.dumps(line) + "\n")
+    return rc
