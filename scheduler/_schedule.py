@@ -212,13 +212,18 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
                                      "local_hit_tokens": num_new_local,
                                      "num_prompt_tokens": request.num_prompt_tokens,
                                      "num_tokens": request.num_tokens})
+        # Encoder-decoder: the cross-attention groups get slots for the encoder inputs run now (vLLM).
+        num_encoder = 0
+        if encoder_inputs and self.is_encoder_decoder:
+            num_encoder = sum(request.mm_features[i].num_embeds for i in encoder_inputs)
         fits = not cfg.scheduler_reserve_full_isl or kvm.can_fit_full_sequence(
             request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
-            num_external_computed_tokens=num_external,
+            num_external_computed_tokens=num_external, num_encoder_tokens=num_encoder,
         )
         new_blocks = None if not fits else kvm.allocate_slots(
             request, num_new, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
-            num_lookahead_tokens=lookahead, num_external_computed_tokens=num_external, delay_cache_blocks=load_async)
+            num_lookahead_tokens=lookahead, num_external_computed_tokens=num_external, delay_cache_blocks=load_async,
+            num_encoder_tokens=num_encoder)
         if new_blocks is None:
             if request.mm_features:  # drop the encoder-cache references the lookup took (vLLM)
                 self.encoder_cache_manager.free(request)

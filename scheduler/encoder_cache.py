@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from servesim.scheduler.config import SchedulerConfig
@@ -36,6 +36,64 @@ class EncoderCacheStats:
     def merge(self, other: EncoderCacheStats) -> None:
         self.queries += other.queries
         self.hits += other.hits
+
+
+class EncoderCache(Protocol):
+    """What schedule() asks of an encoder cache (vLLM's EncoderCacheManager interface): the shared
+    cache of decoder-only multimodal models below, or an encoder-decoder model's per-request
+    accounting (scheduler/encoder_decoder_cache.py). Counters are in embeddings."""
+
+    cache_size: int
+    num_free_slots: int
+
+    @property
+    def num_freeable_slots(self) -> int:
+        """Slots free or reclaimable by evicting unreferenced entries (>= num_free_slots)."""
+        ...
+
+    def check_and_update_cache(self, request: Request, input_id: int) -> bool:
+        """Whether the item's output is already cached; if so the request now references it."""
+        ...
+
+    def can_allocate(self, request: Request, input_id: int, encoder_compute_budget: int,
+                     num_embeds_to_schedule: int) -> bool:
+        """Whether the item fits this step's remaining budget and the cache, after the items
+        already chosen this step (num_embeds_to_schedule). May evict unreferenced entries."""
+        ...
+
+    def allocate(self, request: Request, input_id: int) -> None:
+        """Reserve the item's slots: the encoder computes it this step."""
+        ...
+
+    def get_cached_input_ids(self, request: Request) -> list[int]:
+        """The request's items that hold (or may hold) cache slots, for _free_encoder_inputs."""
+        ...
+
+    def free_encoder_input(self, request: Request, input_id: int) -> None:
+        """The request no longer needs the item's output."""
+        ...
+
+    def free(self, request: Request) -> None:
+        """The request finished, was aborted or preempted: drop everything it holds."""
+        ...
+
+    def get_freed_mm_hashes(self) -> list[str]:
+        """Hashes the worker may drop, reported once (SchedulerOutput.free_encoder_mm_hashes)."""
+        ...
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the cache in use, in [0, 1]."""
+        ...
+
+    def take_stats(self) -> EncoderCacheStats | None:
+        """Lookups since the last call, or None when there were none."""
+        ...
+
+    def check(self, live_request_ids: set[str]) -> str | None:
+        """The first broken invariant of the cache's counters (given the requests the scheduler
+        still holds), or None: scheduler/invariants.py calls it after every step."""
+        ...
 
 
 def compute_mm_encoder_budget(cfg: SchedulerConfig) -> tuple[int, int]:
@@ -145,10 +203,25 @@ class EncoderCacheManager:
         stats, self.stats = self.stats, EncoderCacheStats()
         return stats
 
+    def check(self, live_request_ids: set[str]) -> str | None:
+        """Every entry holds its item's slots, the unreferenced ones are exactly `freeable`, and
+        references come from requests still known."""
+        if set(self.freeable) != {h for h, refs in self.cached.items() if not refs}:
+            return "encoder cache: freeable entries != unreferenced entries"
+        if not 0 <= self.num_free_slots <= self.num_freeable_slots <= self.cache_size:
+            return f"encoder cache: free {self.num_free_slots}, freeable {self.num_freeable_slots}, size {self.cache_size}"
+        if self.num_freeable_slots - self.num_free_slots != sum(self.freeable.values()):
+            return "encoder cache: freeable slots - free slots != the slots of the freeable entries"
+        for mm_hash, refs in self.cached.items():
+            for rid in refs:
+                if rid not in live_request_ids:
+                    return f"encoder cache: {mm_hash} referenced by {rid}, which the scheduler no longer holds"
+        return None
+
 
 def try_schedule_encoder_inputs(self: Scheduler, request: Request, num_computed_tokens: int,
                                 num_new_tokens: int, encoder_compute_budget: int) -> tuple[list[int], int, int]:
-    """vLLM's Scheduler._try_schedule_encoder_inputs (no EC connector, decoder-only models):
+    """vLLM's Scheduler._try_schedule_encoder_inputs (no EC connector):
     (items to encode this step, num_new_tokens cut before the first item that cannot be, the budget
     left). An item is needed when [computed, computed + new) reaches into it; with EAGLE the drafter
     reads one token further (shift_computed_tokens)."""
@@ -157,6 +230,7 @@ def try_schedule_encoder_inputs(self: Scheduler, request: Request, num_computed_
     shift_computed_tokens = 1 if self.scheduler_config.use_eagle else 0
     ecm = self.encoder_cache_manager
     disable_chunked = self.scheduler_config.disable_chunked_mm_input
+    encoder_decoder = self.is_encoder_decoder
     to_schedule: list[int] = []
     hashes_to_schedule: set[str] = set()
     num_embeds_to_schedule = 0
@@ -164,9 +238,12 @@ def try_schedule_encoder_inputs(self: Scheduler, request: Request, num_computed_
         start_pos = item.offset
         if start_pos >= num_computed_tokens + num_new_tokens + shift_computed_tokens:
             break  # not reached this step (items are sorted by offset)
-        if item.end <= num_computed_tokens:
+        if encoder_decoder:
+            if num_computed_tokens > 0:
+                continue  # the encoder ran before the first decoder token: its states are in the cross KV
+        elif item.end <= num_computed_tokens:
             continue  # already in the decoder's KV
-        if item.mm_hash in hashes_to_schedule or ecm.check_and_update_cache(request, i):
+        elif item.mm_hash in hashes_to_schedule or ecm.check_and_update_cache(request, i):
             continue  # encoded by this request this step, or cached earlier
         if disable_chunked and num_computed_tokens < start_pos and (
                 num_computed_tokens + num_new_tokens < item.end):
@@ -207,6 +284,9 @@ def free_encoder_inputs(self: Scheduler, request: Request) -> None:
     """vLLM's Scheduler._free_encoder_inputs: after a step, drop the request's references to items
     its computed tokens have passed (their embeddings are in the KV cache now)."""
     ecm = self.encoder_cache_manager
+    computed = request.num_computed_tokens
+    encoder_decoder = self.is_encoder_decoder
     for input_id in ecm.get_cached_input_ids(request):
-        if request.mm_features[input_id].end <= request.num_computed_tokens:
+        # Encoder-decoder: done with the encoder input once a decoder token is computed.
+        if (encoder_decoder and computed > 0) or request.mm_features[input_id].end <= computed:
             ecm.free_encoder_input(request, input_id)

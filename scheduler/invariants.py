@@ -55,19 +55,10 @@ def check_invariants(sched: Scheduler) -> None:
 
 
 def _check_encoder_cache(sched: Scheduler) -> None:
-    """The encoder cache's counters agree with its entries: every entry holds its item's slots, the
-    unreferenced ones are exactly `freeable`, and references come from requests still known."""
-    ecm = sched.encoder_cache_manager
-    if set(ecm.freeable) != {h for h, refs in ecm.cached.items() if not refs}:
-        _fail("encoder cache: freeable entries != unreferenced entries")
-    if not 0 <= ecm.num_free_slots <= ecm.num_freeable_slots <= ecm.cache_size:
-        _fail(f"encoder cache: free {ecm.num_free_slots}, freeable {ecm.num_freeable_slots}, size {ecm.cache_size}")
-    if ecm.num_freeable_slots - ecm.num_free_slots != sum(ecm.freeable.values()):
-        _fail("encoder cache: freeable slots - free slots != the slots of the freeable entries")
-    for mm_hash, refs in ecm.cached.items():
-        for rid in refs:
-            if rid not in sched.requests:
-                _fail(f"encoder cache: {mm_hash} referenced by {rid}, which the scheduler no longer holds")
+    """The encoder cache's own invariants (EncoderCache.check)."""
+    problem = sched.encoder_cache_manager.check(set(sched.requests))
+    if problem is not None:
+        _fail(problem)
 
 
 def _check_private_blocks(sched: Scheduler) -> None:

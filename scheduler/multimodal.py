@@ -5,6 +5,11 @@ encoder computes (an image's patches after merging). `mm_hash` names the item's 
 with equal hashes share one encoder-cache entry, and it keys the prefix-cache blocks the item covers
 (vLLM's `identifier`). Every placeholder token is an embedding (vLLM's `is_embed` None, which is
 what Qwen2.5-VL, Gemma 3 and Llama 4 image items carry), so an item's embeddings equal its length.
+
+An encoder-decoder model (Whisper) carries its encoder input the same way in vLLM 0.19.1 (one
+item, `mm_position` offset 0, length = the encoder's tokens), but those tokens are not decoder
+prompt tokens: the decoder reads the encoder's states through cross-attention. Such an item has
+`in_prompt=False`; it is the request's only item and starts at offset 0 (vLLM asserts both).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ class MultiModalFeatureSpec:
     length: int  # placeholder tokens (= encoder embeddings: is_embed is None)
     mm_hash: str  # content hash: equal hashes share the encoder cache entry
     modality: str = "image"
+    # False: an encoder-decoder model's encoder input (not placeholders in the decoder prompt)
+    in_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.offset < 0:
@@ -44,6 +51,11 @@ def check_mm_features(request_id: str, features: tuple[MultiModalFeatureSpec, ..
                       num_prompt_tokens: int) -> str | None:
     """What is wrong with a request's items (sorted by offset, inside the prompt, not overlapping:
     vLLM's processor produces them so and its scheduler assumes it), or None."""
+    if any(not item.in_prompt for item in features):
+        if len(features) != 1 or features[0].offset != 0:
+            return (f"request {request_id!r}: an encoder-decoder request carries exactly one encoder input "
+                    f"(in_prompt false) at offset 0, got {len(features)} item(s) starting at {features[0].offset}")
+        return None
     prev_end = 0
     for i, item in enumerate(features):
         if item.offset < prev_end:
@@ -62,6 +74,8 @@ def mm_extra_keys(features: tuple[MultiModalFeatureSpec, ...], start: int, end: 
     one image at different places in the block, never share KV."""
     keys = []
     for item in features:
+        if not item.in_prompt:
+            continue  # encoder-decoder: prefix caching is off (vLLM), the item keys no block
         if item.offset >= end:
             break
         if item.end > start:

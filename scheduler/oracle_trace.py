@@ -97,6 +97,9 @@ class StepTraceConfig:
     encoder_budget: int = 0
     encoder_cache_size: int = 0
     disable_chunked_mm_input: bool = False
+    # An encoder-decoder model (tools/encoder_oracle.py --encoder-decoder): groups full + cross_attention,
+    # one encoder input per request (mm_items with in_prompt false).
+    encoder_decoder: bool = False
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
@@ -120,6 +123,8 @@ class StepTraceConfig:
             raise ValueError("give a sliding window as a group (groups='full,sliding_window:W'), not with groups")
         if self.groups and (self.kv_connector_rate > 0 or self.offload_cpu_blocks > 0):
             raise ValueError("groups run without a KV connector (the oracle's connectors take one full-attention group)")
+        if self.encoder_decoder and (self.groups or self.encoder_budget <= 0):
+            raise ValueError("encoder_decoder sets its own groups (full, cross_attention) and needs encoder_budget > 0")
         if self.async_scheduling and self.num_spec_tokens > 0 and self.spec_method == "ngram":
             raise ValueError("vLLM refuses async scheduling with ngram speculation")
 
@@ -150,9 +155,10 @@ class StepTraceConfig:
         if self.sliding_window > 0:
             attention = "hybrid" if self.hybrid else "sliding_window"
         groups: tuple[KVCacheGroupSpec, ...] = ()
-        if self.groups:
+        if self.groups or self.encoder_decoder:
             attention = "groups"
-            groups = group_specs_from_text(self.groups, self.block_size, self.mamba_cache_mode, self.num_spec_tokens)
+            text = "full,cross_attention" if self.encoder_decoder else self.groups
+            groups = group_specs_from_text(text, self.block_size, self.mamba_cache_mode, self.num_spec_tokens)
         cc = CacheConfig(block_size=self.block_size, num_gpu_blocks=self.num_blocks,
                          enable_prefix_caching=not self.no_prefix_caching, hash_algo=self.hash_algo,
                          attention=attention, sliding_window=self.sliding_window or None,
@@ -230,7 +236,8 @@ def make_oracle_request(w: dict, sched) -> Request:
                    priority=int(w.get("priority", 0)), lora_id=w.get("lora_id") or None,
                    cache_salt=w.get("cache_salt") or None, block_hasher=sched.block_hasher,
                    **request_kwargs(w),
-                   mm_features=[MultiModalFeatureSpec(it["offset"], it["length"], it["mm_hash"])
+                   mm_features=[MultiModalFeatureSpec(it["offset"], it["length"], it["mm_hash"],
+                                                      it.get("modality", "image"), it.get("in_prompt", True))
                                 for it in w.get("mm_items", ())])
 
 

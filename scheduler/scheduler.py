@@ -21,7 +21,10 @@ from servesim.scheduler import blocked_waits
 from servesim.scheduler._schedule import schedule_step
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
-from servesim.scheduler.encoder_cache import EncoderCacheManager, compute_mm_encoder_budget, free_encoder_inputs
+from servesim.scheduler.encoder_cache import (EncoderCache, EncoderCacheManager, compute_mm_encoder_budget,
+                                              free_encoder_inputs)
+from servesim.scheduler.encoder_decoder_cache import (EncoderDecoderCacheManager, check_encoder_decoder_config,
+                                                      check_request_inputs)
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities
 from servesim.scheduler.kv.mamba import make_mamba_split
@@ -78,19 +81,20 @@ class Scheduler:
         # Lookups the connector answered (tokens the GPU prefix cache lacked, tokens it supplied),
         # reported in SchedulerStats while a connector is set (vLLM's connector_prefix_cache_stats).
         self.connector_prefix_cache_stats = PrefixCacheStats()
-        if any(g.kind == "cross_attention" for g in cache_config.kv_cache_groups):
-            # CrossAttentionManager exists (scheduler/kv/cross_attention.py), but schedule() does not yet
-            # run encoder-decoder models (num_encoder_tokens through allocate_slots, vLLM's
-            # EncoderDecoderCacheManager): refuse rather than size cross-attention by decoder tokens.
-            raise ValueError("cross_attention KV cache groups (encoder-decoder models) are not supported by the "
-                             "scheduler yet; use decoder-only groups (full, sliding_window, ...)")
+        # An encoder-decoder model (Whisper) is the one with cross-attention groups (vLLM reads it from
+        # the model config; the groups are how this port learns it).
+        self.is_encoder_decoder = any(g.kind == "cross_attention" for g in cache_config.kv_cache_groups)
+        if self.is_encoder_decoder:
+            check_encoder_decoder_config(scheduler_config, cache_config)
         self.kv_cache_manager = KVCacheManager(
             cache_config, self.max_model_len, use_eagle=scheduler_config.use_eagle, log_stats=log_stats
         )
         # Multimodal requests: one encoder compute budget per step and the encoder output cache
         # (scheduler/encoder_cache.py); both 0 for a text-only model.
         self.max_num_encoder_input_tokens, encoder_cache_size = compute_mm_encoder_budget(scheduler_config)
-        self.encoder_cache_manager = EncoderCacheManager(encoder_cache_size)
+        self.encoder_cache_manager: EncoderCache = (
+            EncoderDecoderCacheManager(encoder_cache_size) if self.is_encoder_decoder
+            else EncoderCacheManager(encoder_cache_size))
         # The policy owns the waiting order, victim choice and finish hooks (scheduler/policies/).
         self.policy: SchedulingPolicy = make_policy(scheduler_config, self.kv_cache_manager, self.requests)
         self.waiting = self.policy.make_waiting_queue()
@@ -140,8 +144,9 @@ class Scheduler:
         if existing is not None:  # the next input chunk of a streaming session (blocked_waits.py)
             blocked_waits.add_session_input(self, existing, request)
             return
-        if request.mm_features:
-            self._check_encoder_fits(request)
+        if request.mm_features or self.is_encoder_decoder:
+            check_request_inputs(request, self.is_encoder_decoder, self.max_num_encoder_input_tokens,
+                                 self.encoder_cache_manager.cache_size)
         if self.block_hasher is not None:
             request.attach_block_hasher(self.block_hasher, self.block_size)
         if self._never_fits(request):
@@ -163,23 +168,11 @@ class Scheduler:
         else:
             self.waiting.add_request(request)
 
-    def _check_encoder_fits(self, request: Request) -> None:
-        """An item larger than the encoder budget or cache would stall its request forever. vLLM never
-        meets one (both are at least the model's largest item, and its processor makes no larger one):
-        refuse it by name."""
-        limit = min(self.max_num_encoder_input_tokens, self.encoder_cache_manager.cache_size)
-        for i, item in enumerate(request.mm_features):
-            if item.num_embeds > limit:
-                raise ValueError(
-                    f"request {request.request_id!r}: multimodal item {i} has {item.num_embeds} embeddings, more "
-                    f"than the encoder budget ({self.max_num_encoder_input_tokens}) or encoder cache "
-                    f"({self.encoder_cache_manager.cache_size}) holds (0: the model takes no multimodal input); "
-                    "raise scheduler.mm_max_tokens_per_item to the model's largest item")
-
     def _never_fits(self, request: Request) -> bool:
         if request.num_prompt_tokens > self.max_model_len:
             return True
-        return self.kv_cache_manager.blocks_needed(request.num_prompt_tokens) > self._max_request_blocks
+        num_encoder = request.mm_features[0].num_embeds if self.is_encoder_decoder else 0
+        return self.kv_cache_manager.blocks_needed(request.num_prompt_tokens, num_encoder) > self._max_request_blocks
 
     def take_ignored_outputs(self) -> list[RequestOutput]:
         """Requests finished as FINISHED_IGNORED at add_request time (prompt can never fit)."""

@@ -49,7 +49,7 @@ def _check_extensions(rec: dict, path: str, n: int) -> None:
         problem = check_mm_features(str(rec["req_id"]), items, len(rec["prompt_token_ids"]))
         if problem is not None:
             raise InputError(problem, path=path, line=n, field="mm_items",
-                             allowed="items sorted by offset, disjoint, inside the prompt")
+                             allowed="items sorted by offset, disjoint, inside the prompt; or one encoder input (in_prompt false) at offset 0")
 
 
 def read_oracle_workload(path: str | Path) -> list[dict]:

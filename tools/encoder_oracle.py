@@ -28,6 +28,7 @@ schema), imported, not copied. This file changes three things around it:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import zlib
@@ -72,6 +73,39 @@ def add_mm_items(workload: list[dict], args, seed: int) -> None:
         w["mm_items"] = items
 
 
+def add_encoder_inputs(workload: list[dict], args, seed: int) -> None:
+    """Encoder-decoder (--encoder-decoder): every request gets exactly one encoder input at offset 0
+    (vLLM's Whisper layout), of a length from --mm-lengths, never shared (its own mm hash), and not
+    in the decoder prompt (`in_prompt` false)."""
+    lengths = [int(x) for x in args.mm_lengths.split(",")]
+    for w in workload:
+        n = lengths[crc(f"{seed}:{w['req_id']}:enc_len") % len(lengths)]
+        w["mm_items"] = [{"offset": 0, "length": n, "mm_hash": f"audio-{w['req_id']}", "modality": "audio",
+                          "in_prompt": False}]
+
+
+@contextlib.contextmanager
+def encoder_decoder_groups(block_size: int):
+    """KVCacheConfig with vLLM's encoder-decoder layout: the decoder's self-attention (full) and its
+    cross-attention layers (CrossAttentionSpec), one group each."""
+    import torch
+    import vllm.v1.kv_cache_interface as kci
+
+    real = kci.KVCacheConfig
+    attn = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+
+    def kv_cache_config(num_blocks, kv_cache_tensors, kv_cache_groups):
+        groups = [kci.KVCacheGroupSpec(["layer_0_self"], kci.FullAttentionSpec(**attn)),
+                  kci.KVCacheGroupSpec(["layer_0_cross"], kci.CrossAttentionSpec(**attn))]
+        return real(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors, kv_cache_groups=groups)
+
+    kci.KVCacheConfig = kv_cache_config
+    try:
+        yield
+    finally:
+        kci.KVCacheConfig = real
+
+
 def _suffix_len(w: dict) -> int:
     """The request's own tokens after its shared prefix (drive.py: prefix ids are 10_000 + ...)."""
     prompt = w["prompt_token_ids"]
@@ -86,7 +120,7 @@ def _suffix_len(w: dict) -> int:
 def make_features(w: dict):
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
-    return [MultiModalFeatureSpec(data=None, modality="image", identifier=it["mm_hash"],
+    return [MultiModalFeatureSpec(data=None, modality=it.get("modality", "image"), identifier=it["mm_hash"],
                                   mm_position=PlaceholderRange(offset=it["offset"], length=it["length"]),
                                   mm_hash=it["mm_hash"])
             for it in w.get("mm_items", ())]
@@ -105,11 +139,13 @@ class EncoderScheduler:
     def schedule(self):
         so = self._sched.schedule()
         ecm = self._sched.encoder_cache_manager
+        # EncoderDecoderCacheManager keeps no unreferenced entries: its freeable slots are its free ones.
+        freeable = ecm.num_free_slots if self._sched.is_encoder_decoder else ecm.num_freeable_slots
         self.records.append({
             "scheduled_encoder_inputs": {rid: list(ids) for rid, ids in so.scheduled_encoder_inputs.items()},
             "free_encoder_mm_hashes": list(so.free_encoder_mm_hashes),
             "encoder_num_free_slots": ecm.num_free_slots,
-            "encoder_num_freeable_slots": ecm.num_freeable_slots,
+            "encoder_num_freeable_slots": freeable,
         })
         return so
 
@@ -121,6 +157,9 @@ def parse_args(argv):
     p.add_argument("--encoder-budget", type=int, required=True, help="max_num_encoder_input_tokens")
     p.add_argument("--encoder-cache-size", type=int, required=True, help="embeddings")
     p.add_argument("--disable-chunked-mm-input", action="store_true")
+    p.add_argument("--encoder-decoder", action="store_true",
+                   help="an encoder-decoder model: one encoder input per request, cross-attention KV group "
+                        "(needs drive.py's --no-chunked-prefill --no-prefix-caching, as vLLM forces)")
     p.add_argument("--mm-max-items", type=int, default=3, help="images per request: 0..N")
     p.add_argument("--mm-num-images", type=int, default=12, help="distinct images (mm hashes) in the pool")
     p.add_argument("--mm-lengths", default="16,48,96,160,256", help="placeholder tokens per image")
@@ -144,13 +183,26 @@ def run(args, drive_argv: list[str]) -> int:
     holder: list[EncoderScheduler] = []
     real_build, real_make, real_gen = drive.build_scheduler, drive.make_request, drive.gen_workload
 
-    def build(dargs_):
-        from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+    if args.encoder_decoder and not (dargs.no_chunked_prefill and dargs.no_prefix_caching
+                                     and args.disable_chunked_mm_input and not dargs.long_prefill_token_threshold):
+        raise SystemExit("--encoder-decoder: vLLM forces chunked prefill, prefix caching and chunked mm input "
+                         "off and long_prefill_token_threshold 0; pass --disable-chunked-mm-input and drive.py's "
+                         "--no-chunked-prefill --no-prefix-caching")
 
-        sched, cfg = real_build(dargs_)
+    def build(dargs_):
+        from vllm.v1.core.encoder_cache_manager import EncoderCacheManager, EncoderDecoderCacheManager
+
+        if args.encoder_decoder:
+            with encoder_decoder_groups(dargs_.block_size):
+                sched, cfg = real_build(dargs_)
+            sched.is_encoder_decoder = True
+            ecm = EncoderDecoderCacheManager(cache_size=args.encoder_cache_size)
+        else:
+            sched, cfg = real_build(dargs_)
+            ecm = EncoderCacheManager(cache_size=args.encoder_cache_size)
         sched.scheduler_config.disable_chunked_mm_input = args.disable_chunked_mm_input
         sched.max_num_encoder_input_tokens = args.encoder_budget
-        sched.encoder_cache_manager = EncoderCacheManager(cache_size=args.encoder_cache_size)
+        sched.encoder_cache_manager = ecm
         holder.append(EncoderScheduler(sched))
         return holder[0], cfg
 
@@ -175,7 +227,7 @@ def run(args, drive_argv: list[str]) -> int:
 
     def gen(dargs_):
         reqs = real_gen(dargs_)
-        add_mm_items(reqs, args, dargs_.seed)
+        (add_encoder_inputs if args.encoder_decoder else add_mm_items)(reqs, args, dargs_.seed)
         return reqs
 
     from oracle_record import run_patched_drive
@@ -204,6 +256,16 @@ GOLDEN = {
                                          "long_prefill_token_threshold": 128, "async_scheduling": True,
                                          "policy": "priority", "num_blocks": 160, **_BASE},
 }
+# Encoder-decoder (Whisper's layout, scaled down): one encoder input of 48..320 tokens a request.
+_ENCDEC = {"encoder_decoder": True, "disable_chunked_mm_input": True, "no_chunked_prefill": True,
+           "no_prefix_caching": True, "mm_lengths": "48,100,200,320", "trace_block_tables": True, **_BASE}
+GOLDEN.update({
+    "encoder_decoder": {"encoder_budget": 1024, "encoder_cache_size": 1024, "num_blocks": 300, **_ENCDEC},
+    "encoder_decoder_small": {"encoder_budget": 400, "encoder_cache_size": 640, "num_blocks": 120,
+                              "policy": "priority", **_ENCDEC},
+    "encoder_decoder_async": {"encoder_budget": 700, "encoder_cache_size": 700, "num_blocks": 150,
+                              "async_scheduling": True, **_ENCDEC},
+})
 OWN_PREFIXES = ("encoder_", "mm_", "disable_")
 
 

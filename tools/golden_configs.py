@@ -90,4 +90,4 @@ TRACE_FLAGS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_se
                "offload_cpu_blocks", "offload_block_size", "offload_eviction_policy", "offload_store_threshold",
                "offload_load_steps", "offload_store_steps", "groups", "mamba_cache_mode", "grammar_rate",
                "grammar_max_steps", "streaming_rate", "stream_gap", "encoder_budget", "encoder_cache_size",
-               "disable_chunked_mm_input")
+               "disable_chunked_mm_input", "encoder_decoder")

@@ -73,7 +73,8 @@ def _value(values: dict[str, Any], key: str, path: Path, line: int) -> Any:
     return as_int(raw, path=path, line=line, field=key, min_value=_MIN[kind])
 
 
-_MM_ALLOWED = 'a list of {"offset": int >= 0, "length": int >= 1, "mm_hash": non-empty string, "modality": string}'
+_MM_ALLOWED = ('a list of {"offset": int >= 0, "length": int >= 1, "mm_hash": non-empty string, "modality": string, '
+               '"in_prompt": bool (false: an encoder-decoder model\'s encoder input)}')
 
 
 def mm_items_from_json(raw: Any, path: Path, line: int) -> tuple[MultiModalFeatureSpec, ...]:
@@ -82,14 +83,15 @@ def mm_items_from_json(raw: Any, path: Path, line: int) -> tuple[MultiModalFeatu
         raise InputError(f"bad value {raw!r}", path=str(path), line=line, field="mm_items", allowed=_MM_ALLOWED)
     items = []
     for i, obj in enumerate(raw):
-        ok = (isinstance(obj, dict) and set(obj) <= {"offset", "length", "mm_hash", "modality"}
+        ok = (isinstance(obj, dict) and set(obj) <= {"offset", "length", "mm_hash", "modality", "in_prompt"}
               and all(isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool) for k in ("offset", "length"))
-              and isinstance(obj.get("mm_hash"), str) and isinstance(obj.get("modality", "image"), str))
+              and isinstance(obj.get("mm_hash"), str) and isinstance(obj.get("modality", "image"), str)
+              and isinstance(obj.get("in_prompt", True), bool))
         try:
             if not ok:
                 raise ValueError(f"item {i}: {obj!r}")
             items.append(MultiModalFeatureSpec(obj["offset"], obj["length"], obj["mm_hash"],
-                                               obj.get("modality", "image")))
+                                               obj.get("modality", "image"), obj.get("in_prompt", True)))
         except ValueError as exc:
             raise InputError(f"bad multimodal item {i}: {exc}", path=str(path), line=line, field="mm_items",
                              allowed=_MM_ALLOWED) from None
@@ -103,6 +105,8 @@ def mm_items_json(items: tuple[MultiModalFeatureSpec, ...]) -> list[dict]:
         row: dict[str, Any] = {"offset": it.offset, "length": it.length, "mm_hash": it.mm_hash}
         if it.modality != "image":
             row["modality"] = it.modality
+        if not it.in_prompt:
+            row["in_prompt"] = False
         out.append(row)
     return out
 

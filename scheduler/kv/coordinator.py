@@ -41,14 +41,22 @@ class KVCacheCoordinator:
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             self._manager_types[g.kind](g, self.block_pool, enable_caching, i) for i, g in enumerate(self.groups)
         )
+        # Cross-attention groups (encoder-decoder) are sized by the encoder's tokens, not the decoder's.
+        self.is_cross = tuple(g.kind == "cross_attention" for g in self.groups)
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: BlocksByGroup,
-                                   total_computed_tokens: int, num_tokens_main_model: int) -> int:
-        return sum(
-            m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
-                                         num_tokens_main_model)
-            for i, m in enumerate(self.managers)
-        )
+                                   total_computed_tokens: int, num_tokens_main_model: int,
+                                   num_encoder_tokens: int = 0) -> int:
+        """Blocks the request needs for num_tokens slots; a cross-attention group asks for one static
+        allocation of num_encoder_tokens instead (0 after admission: nothing more), as vLLM."""
+        total = 0
+        for i, m in enumerate(self.managers):
+            if self.is_cross[i]:
+                total += m.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, num_encoder_tokens)
+            else:
+                total += m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i],
+                                                      total_computed_tokens, num_tokens_main_model)
+        return total
 
     def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: BlocksByGroup,
                                      num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
@@ -57,8 +65,11 @@ class KVCacheCoordinator:
                 request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
             )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> BlocksByGroup:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.managers)
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int,
+                            num_encoder_tokens: int = 0) -> BlocksByGroup:
+        cross = self.is_cross
+        return tuple(m.allocate_new_blocks(request_id, num_encoder_tokens if cross[i] else num_tokens,
+                                           num_tokens_main_model) for i, m in enumerate(self.managers))
 
     def new_step_starts(self) -> None:
         for m in self.managers:

@@ -123,20 +123,23 @@ class KVCacheManager:
 
     def can_fit_full_sequence(self, request: Request, num_new_computed_tokens: int = 0,
                               new_computed_blocks: KVCacheBlocks | None = None,
-                              num_external_computed_tokens: int = 0) -> bool:
-        """Admission gate: could the whole prompt (not just the first chunk) get its blocks now?"""
+                              num_external_computed_tokens: int = 0, num_encoder_tokens: int = 0) -> bool:
+        """Admission gate: could the whole prompt (not just the first chunk) get its blocks now?
+        num_encoder_tokens: an encoder-decoder request's cross-attention slots, as allocate_slots."""
         ncb = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
         full = min(request.num_tokens, self.max_model_len)
-        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, ncb, total_computed, full)
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, ncb, total_computed, full,
+                                                           num_encoder_tokens)
         return need <= self.block_pool.get_num_free_blocks()
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
                        num_external_computed_tokens: int = 0,
-                       delay_cache_blocks: bool = False) -> KVCacheBlocks | None:
-        """Give the request slots for num_new_tokens (+ lookahead) after its computed prefix.
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0) -> KVCacheBlocks | None:
+        """Give the request slots for num_new_tokens (+ lookahead) after its computed prefix, and
+        (encoder-decoder models) its cross-attention groups slots for num_encoder_tokens.
 
         Returns the newly allocated blocks, or None on shortage -- in which case nothing changed
         except blocks that slid out of a sliding window (freeing those is always safe).
@@ -182,13 +185,14 @@ class KVCacheManager:
         rid = request.request_id
         self.coordinator.remove_skipped_blocks(rid, total_computed)
         need = self.coordinator.get_num_blocks_to_allocate(
-            rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens, num_tokens_main
+            rid, num_tokens_need_slot, ncb, local + num_external_computed_tokens, num_tokens_main, num_encoder_tokens
         )
         if need > self.block_pool.get_num_free_blocks():
             return None
         if ncb is not self.empty_kv_cache_blocks.blocks or num_external_computed_tokens > 0:
             self.coordinator.allocate_new_computed_blocks(rid, ncb, local, num_external_computed_tokens)
-        new_blocks = self.coordinator.allocate_new_blocks(rid, num_tokens_need_slot, num_tokens_main)
+        new_blocks = self.coordinator.allocate_new_blocks(rid, num_tokens_need_slot, num_tokens_main,
+                                                          num_encoder_tokens)
         if self.enable_caching and not delay_cache_blocks:
             self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return self._blocks(new_blocks)
@@ -267,10 +271,13 @@ class KVCacheManager:
         """schedule() begins (vLLM calls it first thing): Mamba forgets the blocks cached last step."""
         self.coordinator.new_step_starts()
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        """Blocks a request of num_tokens holds at most, over every group (the never-fits check)."""
+    def blocks_needed(self, num_tokens: int, num_encoder_tokens: int = 0) -> int:
+        """Blocks a request of num_tokens (and num_encoder_tokens of encoder input, which the
+        cross-attention groups hold) holds at most, over every group (the never-fits check)."""
         n = min(num_tokens, self.max_model_len)
-        return sum(m.num_blocks_for_tokens(n) for m in self.coordinator.managers)
+        cross = self.coordinator.is_cross
+        return sum(m.num_blocks_for_tokens(num_encoder_tokens if cross[i] else n)
+                   for i, m in enumerate(self.coordinator.managers))
 
     def _blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
