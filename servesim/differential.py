@@ -41,6 +41,11 @@ _GOLDEN_FLAGS: dict[str, Callable[[object], dict]] = {
     "encoder_budget": lambda v: {"scheduler.max_num_encoder_input_tokens": int(v)},
     "encoder_cache_size": lambda v: {"scheduler.encoder_cache_size": int(v)},
     "disable_chunked_mm_input": lambda v: {"scheduler.disable_chunked_mm_input": bool(v)},
+    # Encoder-decoder goldens: the oracle's layout (decoder self-attention + cross-attention groups).
+    # Its prompts fit the drive's max_model_len (2048), which chunked prefill off needs within the budget.
+    "encoder_decoder": lambda v: {"cache.attention": "groups", "scheduler.max_model_len": 2048,
+                                  "cache.kv_cache_groups": [{"kind": "full", "block_size": 16},
+                                                            {"kind": "cross_attention", "block_size": 16}]},
 }
 # Goldens whose workload only the oracle's replay reads: a streaming session is several lines of
 # one req_id there, trace fields (input_chunk_offsets_s) in the simulator's formats.
@@ -48,6 +53,9 @@ _ORACLE_ONLY_FLAGS = ("streaming_rate",)
 # What a multimodal golden needs whatever else the engine refuses (its images must be accepted).
 _ENCODER_SETS = ("scheduler.max_num_encoder_input_tokens", "scheduler.encoder_cache_size",
                  "scheduler.disable_chunked_mm_input", "scheduler.mm_max_tokens_per_item")
+# And what an encoder-decoder golden needs (its model's layout, and what vLLM forces for it).
+_ENCODER_DECODER_SETS = ("cache.attention", "cache.kv_cache_groups", "scheduler.max_model_len",
+                         "scheduler.enable_chunked_prefill", "cache.enable_prefix_caching")
 
 
 @dataclass(slots=True)
@@ -154,7 +162,8 @@ def _golden(folder: Path):
         try:
             _replay(sets, folder / "workload.jsonl", step_trace=True)(out, macro)
         except InputError:  # flags this engine refuses (e.g. a pool too small for max_model_len)
-            kept = {k: v for k, v in sets.items() if k == "scheduler.async_scheduling" or k in _ENCODER_SETS}
+            needed = _ENCODER_SETS + (_ENCODER_DECODER_SETS if "cache.kv_cache_groups" in sets else ())
+            kept = {k: v for k, v in sets.items() if k == "scheduler.async_scheduling" or k in needed}
             _replay({"scheduler.async_scheduling": True, **kept}, folder / "workload.jsonl", step_trace=True)(out, macro)
     return run
 

@@ -176,15 +176,6 @@ def test_cross_attention_manager_allocates_per_request_and_never_shares():
     assert pool.get_num_free_blocks() == 9
 
 
-def test_a_scheduler_with_cross_attention_groups_is_refused():
-    from servesim.scheduler import CacheConfig, Scheduler
-
-    cc = CacheConfig(block_size=4, num_gpu_blocks=50, attention="groups", enable_prefix_caching=False,
-                     kv_cache_groups=({"kind": "full", "block_size": 4}, {"kind": "cross_attention", "block_size": 4}))
-    with pytest.raises(ValueError, match="cross_attention KV cache groups"):
-        Scheduler(SchedulerConfig(), cc)
-
-
 def test_step_trace_refuses_items_beyond_the_encoder_flags(tmp_path):
     import json as _json
 
