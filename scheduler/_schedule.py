@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from servesim.scheduler import blocked_waits
-from servesim.scheduler.encoder_cache import commit_encoder_inputs, try_schedule_encoder_inputs
+from servesim.scheduler.encoder_cache import (commit_encoder_inputs, cross_attention_tokens,
+                                              try_schedule_encoder_inputs)
 from servesim.scheduler.kv.manager import KVCacheBlocks
 from servesim.scheduler.output import NewRequestData, SchedulerOutput
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
@@ -208,14 +209,8 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
                 break
         lookahead = 0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens
         if self.tracer is not None:
-            st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
-                                     "local_hit_tokens": num_new_local,
-                                     "num_prompt_tokens": request.num_prompt_tokens,
-                                     "num_tokens": request.num_tokens})
-        # Encoder-decoder: the cross-attention groups get slots for the encoder inputs run now (vLLM).
-        num_encoder = 0
-        if encoder_inputs and self.is_encoder_decoder:
-            num_encoder = sum(request.mm_features[i].num_embeds for i in encoder_inputs)
+            _trace_lookup(st, request, num_new_local)
+        num_encoder = cross_attention_tokens(self, request, encoder_inputs)
         fits = not cfg.scheduler_reserve_full_isl or kvm.can_fit_full_sequence(
             request, num_new_computed_tokens=num_new_local, new_computed_blocks=new_computed_blocks,
             num_external_computed_tokens=num_external, num_encoder_tokens=num_encoder,
@@ -245,6 +240,12 @@ def _schedule_waiting(self: Scheduler, st: _StepState) -> None:
             commit_encoder_inputs(self, st, request, encoder_inputs, encoder_budget_left)
     if step_skipped:
         self.skipped_waiting.prepend_requests(step_skipped)
+
+
+def _trace_lookup(st: _StepState, request: Request, num_new_local: int) -> None:
+    st.prefix_events.append({"req_id": request.request_id, "job_id": request.job_id,
+                             "local_hit_tokens": num_new_local, "num_prompt_tokens": request.num_prompt_tokens,
+                             "num_tokens": request.num_tokens})
 
 
 def _num_new_waiting(self: Scheduler, st: _StepState, request: Request,

@@ -271,6 +271,14 @@ def try_schedule_encoder_inputs(self: Scheduler, request: Request, num_computed_
     return to_schedule, num_new_tokens, encoder_compute_budget
 
 
+def cross_attention_tokens(self: Scheduler, request: Request, encoder_inputs: list[int] | None) -> int:
+    """Encoder-decoder models: the slots the cross-attention groups get for the encoder inputs run
+    this step (vLLM's num_encoder_tokens to allocate_slots); 0 for any other model."""
+    if not encoder_inputs or not self.is_encoder_decoder:
+        return 0
+    return sum(request.mm_features[i].num_embeds for i in encoder_inputs)
+
+
 def commit_encoder_inputs(self: Scheduler, st, request: Request, input_ids: list[int], budget_left: int) -> None:
     """The request was scheduled: its items are encoded this step (cache slots reserved) and the
     step's encoder budget is what try_schedule_encoder_inputs left. `st` is _schedule's _StepState."""

@@ -170,6 +170,9 @@ def kv_layout(model: ModelSpec, tp: int, block_size: int, *, mamba_cache_mode: s
     for i, kind in enumerate(kinds):
         if kind != "mlp":
             same_type.setdefault(kind, []).append(i)
+    if model.cross_attention:  # Whisper: each decoder layer's cross-attention, after the self-attention
+        specs["cross_attention"] = KVCacheGroupSpec("cross_attention", block_size)
+        same_type["cross_attention"] = list(range(len(kinds), 2 * len(kinds)))
     groups, members = _split(same_type)
     return KvLayout(tuple(specs[k] for k in groups), tuple(members), page, block_size, mode)
 

@@ -11,7 +11,9 @@ API all build one) and again when an Engine is built from it, so every path sees
   "To serve at least one request with the models's max seq len ...");
 - SGLang: a prefill budget of at least one page (chunks are whole pages);
 - the CPU KV tier (kv_offload): vLLM's engine, prefix caching on, a tier of at least one offload
-  block (simulator/kv_offload.py).
+  block (simulator/kv_offload.py);
+- an encoder-decoder model (Whisper): as vLLM forces its settings, on the vllm engine, without
+  pipeline parallelism or a KV connector (simulator/encoder_decoder.py).
 
 `resolve_max_model_len` / `resolve_cache` give what an engine runs with: the model's context
 length when `scheduler.max_model_len` is None (vLLM derives it from max_position_embeddings), the
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.config import CacheConfig
 from servesim.scheduler.sglang import SGLangConfig
+from servesim.simulator.encoder_decoder import encoder_decoder_config
 from servesim.simulator.kv_capacity import KvCapacity, derive_num_gpu_blocks
 from servesim.simulator.kv_groups import KvLayout, kv_layout, layer_kinds
 from servesim.simulator.specs import resolve_gpu, resolve_model
@@ -61,7 +64,7 @@ def model_kv_layout(cfg: SimConfig) -> KvLayout | None:
     off for KV events and for a KV connector (the CPU tier's), and for chunked attention with EAGLE;
     windowed and chunked layers then hold every token as full attention does."""
     model = resolve_model(cfg.hardware.model)
-    kinds = set(layer_kinds(model)) - {"full", "mlp"}
+    kinds = set(layer_kinds(model)) - {"full", "mlp"} | ({"cross_attention"} if model.cross_attention else set())
     if cfg.engine != "vllm" or not kinds or cfg.cache.attention != "full" or cfg.cache.kv_cache_groups:
         return None
     sched = cfg.scheduler
@@ -97,8 +100,10 @@ def resolve_cache(cfg: SimConfig) -> tuple[CacheConfig, KvCapacity | None]:
 
 
 def resolved(cfg: SimConfig) -> SimConfig:
-    """cfg checked, with scheduler.max_model_len filled in (what an engine is built from)."""
+    """cfg checked, with scheduler.max_model_len filled in and what vLLM forces for an
+    encoder-decoder model applied (simulator/encoder_decoder.py): what an engine is built from."""
     check_startup(cfg)
+    cfg = encoder_decoder_config(cfg)
     sched = cfg.scheduler
     if sched.mm_max_tokens_per_item == 0:  # a vision-language model takes images as vLLM sizes them
         vision = resolve_model(cfg.hardware.model).vision
@@ -150,6 +155,7 @@ def check_startup(cfg: SimConfig) -> None:
             resolve(getattr(hw, key))
         except InputError as exc:
             raise InputError(exc.detail, field=f"hardware.{key}", allowed=exc.allowed) from None
+    cfg = encoder_decoder_config(cfg)  # checked as it will run
     _check_pipeline(cfg)
     mml = resolve_max_model_len(cfg)
     limit = resolve_model(hw.model).max_position_embeddings

@@ -21,6 +21,7 @@ from servesim.simulator.specs import (
     ("qwen2.5-72b", 72.7), ("qwen3-8b", 8.19), ("qwen3-30b-a3b", 30.5), ("qwen3-235b-a22b", 235),
     ("mixtral-8x22b", 141), ("gemma-2-9b", 9.24), ("gemma-2-27b", 27.2), ("mistral-nemo-12b", 12.2),
     ("yi-34b", 34.4), ("codellama-34b", 33.7), ("llama-4-scout-17b-16e", 109),
+    ("whisper-large-v3", 1.55),  # model card: 1550M (encoder, decoder and its cross-attention)
 ])
 def test_catalogue_parameter_counts(name, params_b):
     spec = resolve_model(name)

@@ -7,7 +7,8 @@
 Generators by name (`available_generators()`): `synthetic` (everything from the config),
 `poisson`, `gamma`, `constant` (the same, with that arrival process), `sessions` (multi-turn;
 default SessionConfig when the config has none), `vlm` (images in every request, traces/vlm.py;
-default ImageConfig when the config has none). Same config + same seed -> identical workload.
+default ImageConfig when the config has none), `asr` (an audio input per request for an
+encoder-decoder model, traces/asr.py). Same config + same seed -> identical workload.
 
 Sessions: session starts follow the arrival process; turn j+1 arrives at
 a_j + output_j * assumed_s_per_output_token + gap, where the gap is a think time or, with
@@ -31,6 +32,7 @@ from servesim.scheduler.registry import Registry
 from servesim.traces.errors import InputError, field_error
 from servesim.traces.synthetic_config import (
     ARRIVAL_PROCESSES,
+    AudioConfig,
     ChoiceConfig,
     DistConfig,
     ImageConfig,
@@ -40,6 +42,7 @@ from servesim.traces.synthetic_config import (
     config_from_dict,
     config_to_dict,
 )
+from servesim.traces.asr import add_audio
 from servesim.traces.vlm import add_images
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -183,6 +186,8 @@ def generate(config: SyntheticConfig, rng: np.random.Generator, *, generator: st
     requests = _sessions(config, rng) if config.sessions is not None else _independent(config, rng)
     if config.images is not None:  # drawn after everything else: the text part is the same without
         requests = add_images(requests, config.images, rng)
+    if config.audio is not None:
+        requests = add_audio(requests, config.audio)
     source = f"synthetic generator {generator!r}: " + json.dumps(config_to_dict(config))
     return Workload.from_unsorted(requests, name=config.name, source=source)
 
@@ -246,6 +251,14 @@ def _with_images(config: SyntheticConfig) -> SyntheticConfig:
     """Multimodal requests: images sized as Qwen2.5-VL's processor sizes them (traces/vlm.py); the
     default ImageConfig (one 1280x720 image a request) when the config has none."""
     return config if config.images is not None else replace(config, images=ImageConfig())
+
+
+@register_generator("asr")
+def _with_audio(config: SyntheticConfig) -> SyntheticConfig:
+    """Speech recognition on an encoder-decoder model (Whisper): one 30 s audio input per request
+    (traces/asr.py); set prompt_len to the decoder prompt (Whisper's task tokens: 4) and output_len
+    to the transcript."""
+    return config if config.audio is not None else replace(config, audio=AudioConfig())
 
 
 def make_workload(generator: str, params: Mapping[str, Any] | SyntheticConfig,

@@ -195,6 +195,20 @@ class ImageConfig:
 
 
 @dataclass(slots=True)
+class AudioConfig:
+    """Audio in each request, for an encoder-decoder speech model (the `asr` generator, traces/asr.py):
+    one encoder input per request, outside the decoder prompt. Whisper's feature extractor pads or
+    cuts every clip to 30 s, 3000 mel frames, which its encoder's convolutions halve to 1500 states
+    (config.json max_source_positions), so encoder_tokens is 1500 whatever the clip's length."""
+
+    encoder_tokens: int = 1500
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.encoder_tokens, int) or isinstance(self.encoder_tokens, bool) or self.encoder_tokens < 1:
+            raise _bad("encoder_tokens", f"got {self.encoder_tokens!r}", "an integer >= 1")
+
+
+@dataclass(slots=True)
 class SyntheticConfig:
     name: str = "synthetic"
     num_requests: int | None = 1000  # stop after this many requests (None: use duration_s)
@@ -207,8 +221,11 @@ class SyntheticConfig:
     priority: ChoiceConfig | None = None
     lora: ChoiceConfig | None = None
     images: ImageConfig | None = None  # multimodal requests (independent requests only, not sessions)
+    audio: AudioConfig | None = None  # an encoder-decoder speech model's input (not with images or sessions)
 
     def __post_init__(self) -> None:
+        if self.audio is not None and (self.images is not None or self.sessions is not None):
+            raise _bad("audio", "audio with images or sessions", "audio alone (an encoder-decoder model's input)")
         if self.images is not None and self.sessions is not None:
             raise _bad("images", "images with sessions", "images or sessions, not both")
         if self.num_requests is None and self.duration_s is None:

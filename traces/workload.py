@@ -188,6 +188,8 @@ class RequestSpec:
             runs.append((group_stream(self.prefix_group), 0, self.prefix_len))
             covered = self.prefix_len
         for item in self.mm_items:  # an image's placeholders: one stream per image (equal images, equal ids)
+            if not item.in_prompt:
+                continue  # an encoder-decoder model's encoder input: no decoder prompt tokens
             if item.offset < covered:
                 continue  # inside a shared prefix: the prefix's ids stand
             if item.offset > covered:

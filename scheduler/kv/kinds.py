@@ -104,6 +104,10 @@ def max_blocks_per_request(group: KVCacheGroupSpec, max_model_len: int, max_num_
         if group.mamba_cache_mode == "all":
             return cdiv(max_model_len, bs)
         return (2 if group.mamba_cache_mode == "align" else 1) + group.num_speculative_blocks
+    if group.kind == "cross_attention":
+        # CrossAttentionSpec: the encoder's states, max_num_encoder_input_tokens of them, which
+        # vLLM's SchedulerConfig sets to max_num_batched_tokens
+        return cdiv(max_num_batched_tokens, bs)
     return cdiv(max_model_len, bs)  # full attention (sink_full too: its sink blocks are not counted)
 
 

@@ -20,6 +20,7 @@ from .base import StepShape, batch_sums, check_params, register_cost_model
 from .collectives import Collectives, logits_gather_bytes_per_row, table_sources
 from .decode_skew import CARRIED_SKEW_ALPHA, CARRIED_SKEW_SOURCE, GIVEN_SKEW_SOURCE, max_decode_context
 from .mla_tables import mla_decode_grid
+from .roofline_cross import CrossAttentionCost
 from .roofline_hybrid import HybridLayers
 from .roofline_moe import RooflineMoe, expert_gemm_rates
 from .roofline_params import RooflineParams
@@ -41,7 +42,7 @@ class RooflineCostModel:
                  "_ew_bytes_per_tok", "_ew_kernels", "_ar", "_ar_bytes_per_tok",
                  "collectives", "_head", "_gather", "_win_frac", "moe_source", "_dp",
                  "moe_comm_source", "_mla_decode", "attention_source", "_decode_fixed", "_dense",
-                 "_skew_alpha", "skew_alpha_source", "_hybrid", "_vision")
+                 "_skew_alpha", "skew_alpha_source", "_hybrid", "_vision", "_cross")
 
     def __init__(self, model: Any = None, gpu: Any = None, tp: int | None = 1, host: Any = None,
                  disable_custom_all_reduce: bool = False, **params: Any) -> None:
@@ -112,8 +113,10 @@ class RooflineCostModel:
             self.moe_source, self.moe_comm_source = self._moe.source, self._moe.comm_source
         self._gemms = tuple(gemms)
         self._precompute_attention(b)
-        self._vision = None if m.vision is None else VisionCost(  # a step's images (roofline_vision.py)
-            m.vision, tp, (c_lin, self._m, self._ac, self._am, self._ko, self._ao), b)
+        rates = (c_lin, self._m, self._ac, self._am, self._ko, self._ao)
+        self._vision = None if m.vision is None else VisionCost(m.vision, tp, rates, b)  # a step's images
+        # an encoder-decoder's cross-attention blocks (roofline_cross.py), priced step by step
+        self._cross = CrossAttentionCost(m, tp, rates, b, wb) if m.cross_attention else None
         mlp_ew = dense_frac * m.dense_mlp_width + moe_frac * (
             m.experts_per_token * m.intermediate_size + m.shared_expert_intermediate_size)
         # Elementwise traffic per token: 2 RMSNorms (read+write h), rotary on q,k, SiLU*mul
@@ -141,7 +144,7 @@ class RooflineCostModel:
     def _dense_pricer(self) -> DenseRooflinePricer | None:
         """step_time_s as one compiled call (kernels.DenseRooflinePricer: the reference path's
         floats), or None where the reference path runs: sliding-window layers, an MLA decode table."""
-        if self._win_frac or self._mla_decode is not None or self._hybrid is not None:
+        if self._win_frac or self._mla_decode is not None or self._hybrid is not None or self._cross is not None:
             return None
         f = float
         return DenseRooflinePricer(
@@ -228,6 +231,8 @@ class RooflineCostModel:
             attn = self._hybrid.layer_attention_s(attn, shape.num_new_tokens, shape.num_context_tokens)
         embed, norm, lm_head, sampler = self._head_parts(tokens, shape.num_sampled)
         t = self.model.num_layers * (gemm + attn + elementwise + comm) + (embed + norm + lm_head + sampler)
+        if self._cross is not None:
+            t += self._cross.step_s(shape.num_new_tokens, shape.num_encoder_tokens)
         return t + self._vision.step_s(shape.num_encoder_tokens) if shape.num_encoder_tokens and self._vision else t
 
     def _mla_step(self, shape: StepShape, out: dict | None) -> float:
@@ -263,7 +268,8 @@ class RooflineCostModel:
         """A run of plain decode steps (DecodeRunCostModel): with full attention only, an
         all-decode step's work depends on the batch size and the context sum alone, so each step
         costs O(1); the same expressions as step_time_s, hence the same floats."""
-        if self._win_frac or self._mla_decode is not None or self._hybrid is not None or not num_context_tokens:
+        if self._win_frac or self._mla_decode is not None or self._hybrid is not None or self._cross is not None \
+                or not num_context_tokens:
             return None  # windowed or hybrid work, or an MLA decode table: step by step
         n = len(num_context_tokens)
         ctx_sum = sum(num_context_tokens)
@@ -404,6 +410,8 @@ class RooflineCostModel:
         out = {name: self.model.num_layers * v for name, v in zip(
             ("gemm", "attention", "elementwise", "allreduce"), (gemm, attn, ew, comm))}
         out.update(zip(_HEAD_OPS, self._head_parts(tokens, shape.num_sampled)))
+        if self._cross is not None:
+            out["cross_attention"] = self._cross.step_s(shape.num_new_tokens, shape.num_encoder_tokens)
         if shape.num_encoder_tokens and self._vision:
             out["vision_encoder"] = self._vision.step_s(shape.num_encoder_tokens)
         return out

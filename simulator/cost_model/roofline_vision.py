@@ -64,5 +64,6 @@ class VisionCost:
         merged = h * v.patches_per_token if not v.pooled else h
         rows = float(sum(num_encoder_tokens))
         merger_w = ((merged * merged if not v.pooled else 0) + merged * v.out_hidden_size) / tp
-        total += max(2.0 * rows * merger_w * self._c, merger_w * b * self._m) + 2 * self._ko
+        if merger_w:  # an encoder-decoder's audio encoder has no projector
+            total += max(2.0 * rows * merger_w * self._c, merger_w * b * self._m) + 2 * self._ko
         return total

@@ -14,6 +14,10 @@ Understood layouts (keys as the published configs spell them):
   4th layer full; Qwen3.5: ``layer_types``), Mamba2 (Nemotron-H: ``hybrid_override_pattern``),
   Mamba1 (Jamba: ``attn_layer_period`` / ``attn_layer_offset``, ``mamba_d_state``), and a vision
   tower (``vision_config``: Qwen2.5-VL, Gemma 3, Llama 4);
+* encoder-decoder (Whisper: ``model_type`` whisper): the decoder as the language model
+  (``decoder_layers``, ``d_model``, ``decoder_attention_heads``, ``decoder_ffn_dim``,
+  ``max_target_positions``), each of its layers with a cross-attention over the audio encoder
+  (``encoder_*``, ``max_source_positions`` frames), which is the model's encoder tower;
 * MoE: experts (``num_local_experts`` / ``num_experts`` / ``n_routed_experts``), top-k
   (``num_experts_per_tok`` / ``experts_per_token``), expert width (``moe_intermediate_size``, else
   ``intermediate_size``), shared experts (``n_shared_experts`` x expert width,
@@ -34,7 +38,7 @@ from pathlib import Path
 
 from servesim.traces.errors import InputError
 
-from .layer_kinds import kinds_from_hf, linear_from_hf, vision_from_hf
+from .layer_kinds import kinds_from_hf, linear_from_hf, vision_from_hf, whisper_decoder_keys
 from .model_spec import MlaSpec, ModelSpec
 
 CATALOGUE_DIR = Path(__file__).with_name("hf_configs")
@@ -43,7 +47,10 @@ _META_KEYS = ("_source", "_name", "_aliases", "_hf_id", "_note")
 
 def _flatten(cfg: dict) -> dict:
     text = cfg.get("text_config")
-    return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
+    flat = {**cfg, **text} if isinstance(text, dict) else dict(cfg)
+    if flat.get("model_type") == "whisper":  # the decoder is the language model (layer_kinds.py)
+        flat = {**whisper_decoder_keys(flat), **flat}
+    return flat
 
 
 def _sliding(cfg: dict, layers: int) -> tuple[int | None, tuple[str, ...]]:
@@ -166,7 +173,9 @@ def spec_from_hf_dict(raw: dict, name: str, hf_id: str, aliases: tuple[str, ...]
         sliding_window=window, num_sliding_layers=sliding_layers, mla=mla,
         weight_dtype=weight_fmt, expert_weight_dtype=expert_fmt, layer_kinds=kinds,
         attention_chunk_size=chunk, linear_attention=linear, vision=vision_from_hf(raw),
-        gated_mlp=str(cfg.get("mlp_hidden_act") or "silu") != "relu2",  # Nemotron-H: up, relu^2, down
+        # Nemotron-H (up, relu^2, down) and Whisper (fc1, GELU, fc2) have no gate
+        gated_mlp=str(cfg.get("mlp_hidden_act") or "silu") != "relu2" and cfg.get("model_type") != "whisper",
+        cross_attention=bool(cfg.get("is_encoder_decoder")),
         attention_output_gate=bool(cfg.get("attn_output_gate", "linear_num_value_heads" in cfg)),
         **_moe(cfg, layers))
 

@@ -117,7 +117,8 @@ class LinearAttentionSpec:
 
 @dataclass(slots=True, frozen=True)
 class VisionSpec:
-    """A vision tower (ViT) by its config.json ``vision_config``: what one image costs to encode.
+    """An encoder tower: a vision tower (ViT) by its config.json ``vision_config``, or an
+    encoder-decoder model's audio encoder (Whisper): what one item costs to encode.
 
     ``patches_per_token``: ViT patches behind one embedding the language model sees (Qwen2.5-VL's
     spatial_merge_size^2, Gemma 3's 4x4 average pooling, Llama 4's pixel shuffle 1/ratio^2)."""
@@ -210,8 +211,30 @@ def linear_from_hf(cfg: dict) -> LinearAttentionSpec | None:
 QWEN_VL_MAX_PIXELS = 12_845_056  # Qwen2VLImageProcessor's default max_pixels (transformers)
 
 
+def whisper_decoder_keys(cfg: dict) -> dict:
+    """A Whisper config.json's decoder in the language-model keys the specs read (the decoder's
+    self-attention has as many KV heads as heads; its positions stop at max_target_positions)."""
+    return {"num_hidden_layers": cfg["decoder_layers"], "hidden_size": cfg["d_model"],
+            "num_attention_heads": cfg["decoder_attention_heads"],
+            "num_key_value_heads": cfg["decoder_attention_heads"], "intermediate_size": cfg["decoder_ffn_dim"],
+            "max_position_embeddings": cfg["max_target_positions"], "is_encoder_decoder": True}
+
+
+def whisper_encoder(cfg: dict) -> VisionSpec:
+    """Whisper's audio encoder as an encoder tower: a transformer of encoder_layers over the
+    max_source_positions frames (1500: 30 s of audio, which the feature extractor always pads to,
+    so every input is that long), one frame per encoder state (patches_per_token 1), fc1/GELU/fc2
+    MLPs, no projector (the decoder's cross-attention reads the states). The two conv1d layers in
+    front (num_mel_bins -> d_model, kernel 3) are under 1 % of its FLOPs and not priced."""
+    frames = int(cfg["max_source_positions"])
+    return VisionSpec(int(cfg["encoder_layers"]), int(cfg["d_model"]), int(cfg["encoder_ffn_dim"]),
+                      int(cfg["encoder_attention_heads"]), 1, pooled=True, max_tokens_per_item=frames)
+
+
 def vision_from_hf(raw: dict) -> VisionSpec | None:
-    """The vision tower of a multimodal config.json (``vision_config``), or None."""
+    """The encoder tower of a multimodal config.json (``vision_config``; Whisper's audio encoder), or None."""
+    if raw.get("model_type") == "whisper":
+        return whisper_encoder(raw)
     v = raw.get("vision_config")
     if not isinstance(v, dict):
         return None

@@ -69,6 +69,9 @@ class ModelSpec:
     attention_output_gate: bool = False  # Qwen3-Next / Qwen3.5 gated attention: q_proj doubled
     vision: VisionSpec | None = None  # the vision tower of a multimodal model
     gated_mlp: bool = True  # gate, up, down (SwiGLU); False: up, down (Nemotron-H's squared ReLU)
+    # Encoder-decoder (Whisper): every layer also cross-attends over the encoder's states (`vision`
+    # is then the encoder); their KV is vLLM's cross-attention group, sized by the encoder input.
+    cross_attention: bool = False
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -125,6 +128,9 @@ class ModelSpec:
         if self.attention_chunk_size is not None and self.attention_chunk_size <= 0:
             raise InputError(f"model '{self.name}': attention_chunk_size must be positive",
                              field="attention_chunk_size")
+        if self.cross_attention and (self.vision is None or not self.vision.max_tokens_per_item):
+            raise InputError(f"model '{self.name}': cross_attention needs an encoder (vision) with its input "
+                             "length (max_tokens_per_item)", field="cross_attention")
         if not self.num_attention_layers:
             raise InputError(f"model '{self.name}': no attention layer (attention-free models are not modelled)",
                              field="layer_kinds")

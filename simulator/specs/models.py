@@ -87,6 +87,8 @@ def weight_bytes(model: ModelSpec, tp: int = 1, moe_shards: int | None = None) -
         + (embed + (0 if model.tied_embeddings else lm_head) + model.hidden_size) * model.dtype_bytes  # + final norm
     if model.vision is not None:  # the vision tower, in the activation dtype, sharded over TP (vLLM's default)
         total += model.vision.weight_elems() // tp * model.dtype_bytes
+    if model.cross_attention:  # each decoder layer's cross-attention q, k, v, o (heads = kv heads)
+        total += model.num_layers * 4 * model.hidden_size * model.q_size // tp * model.dtype_bytes
     return int(total)
 
 
