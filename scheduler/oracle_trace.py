@@ -326,10 +326,12 @@ class OracleDriver:
             # Decide sampling now: a later schedule() (async) may overwrite is_prefill_chunk.
             sample = [not sched.requests[rid].is_prefill_chunk for rid in out.num_scheduled_tokens]
             rec = step_record(step, arrived, out, sched)
-            # The blocked-waits oracle records its fields right after schedule(), before in-flight aborts.
+            # The blocked-waits and encoder oracles record their fields right after schedule(), before
+            # in-flight aborts (an encoder-decoder abort gives encoder slots back).
             blocked = {} if self.blocked is None else self.blocked.fields(sched, out)
+            encoder = self._encoder_fields(out) or {}
             self._extend_schedule_record(rec, out, step, step_aborts)
-            self.in_flight.append(_InFlight(out, rec, sample, {**blocked, **(self._encoder_fields(out) or {})}))
+            self.in_flight.append(_InFlight(out, rec, sample, {**blocked, **encoder}))
             while self.in_flight and (len(self.in_flight) >= depth or out.total_num_scheduled_tokens == 0):
                 yield self._update()
             step += 1

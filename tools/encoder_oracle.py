@@ -265,6 +265,10 @@ GOLDEN.update({
                               "policy": "priority", **_ENCDEC},
     "encoder_decoder_async": {"encoder_budget": 700, "encoder_cache_size": 700, "num_blocks": 150,
                               "async_scheduling": True, **_ENCDEC},
+    # aborts while a step is in flight give encoder slots back after the counters are read
+    "encoder_decoder_aborts_async": {"encoder_budget": 500, "encoder_cache_size": 1500, "num_blocks": 200,
+                                     "async_scheduling": True, "abort_rate": 0.5, "abort_window": 5,
+                                     "abort_after": 3, "abort_preempted_rate": 0.5, **_ENCDEC},
 })
 OWN_PREFIXES = ("encoder_", "mm_", "disable_")
 

@@ -92,6 +92,16 @@ def _encoder(rng: random.Random) -> dict:
             "mm_num_images": rng.choice([3, 12, 40]), "disable_chunked_mm_input": rng.random() < 0.25}
 
 
+def _encoder_decoder(rng: random.Random) -> dict:
+    """An encoder-decoder model (tools/encoder_oracle.py --encoder-decoder): one encoder input per
+    request, with what vLLM forces for such a model (no chunked prefill, no prefix caching)."""
+    lengths = sorted(rng.sample([16, 48, 100, 200, 320, 500], rng.randint(1, 4)))
+    return {"encoder_decoder": True, "encoder_budget": rng.choice([320, 512, 1024, 2048]),
+            "encoder_cache_size": rng.choice([320, 700, 1500, 4096]), "mm_lengths": ",".join(map(str, lengths)),
+            "disable_chunked_mm_input": True, "no_chunked_prefill": True, "no_prefix_caching": True,
+            "long_prefill_token_threshold": 0}
+
+
 # feature name -> parameters drawn for it (merged over the base config)
 FEATURES = {
     "base": lambda rng: {},
@@ -130,6 +140,9 @@ FEATURES = {
     "encoder": _encoder,
     "encoder_eagle": lambda rng: dict(_encoder(rng), **_spec("eagle")(rng)),
     "encoder_aborts": lambda rng: dict(_encoder(rng), **_aborts(rng), abort_preempted_rate=rng.choice([0.0, 0.5])),
+    "encoder_decoder": _encoder_decoder,
+    "encoder_decoder_aborts": lambda rng: dict(_encoder_decoder(rng), **_aborts(rng),
+                                               abort_preempted_rate=rng.choice([0.0, 0.5])),
     "everything": lambda rng: dict(_stop(rng), **_aborts(rng), **_spec("eagle")(rng), num_loras=3, max_loras=2,
                                    cache_salt=2, abort_preempted_rate=0.3),
 }
@@ -180,13 +193,15 @@ def random_config(rng: random.Random, feature: str = "base") -> dict:
         longest_item = max(int(x) for x in cfg["mm_lengths"].split(","))
         cfg["encoder_budget"] = max(cfg["encoder_budget"], longest_item)
         cfg["encoder_cache_size"] = max(cfg["encoder_cache_size"], longest_item)
-        longest_request += cfg["mm_max_items"] * longest_item
+        longest_request += cfg.get("mm_max_items", 1) * longest_item  # encoder-decoder: one input
         if cfg["disable_chunked_mm_input"]:  # a cap below an item would stall it on both sides
             cfg["long_prefill_token_threshold"] = 0
     # Every request (<= 812 prompt + images + 160 output tokens + drafts) must fit in the pool, per group.
     groups = 2 if cfg.get("hybrid") else 1
     if cfg.get("groups"):
         groups = cfg["groups"].count(",") + 1 + 1  # (+1: sink blocks)
+    if cfg.get("encoder_decoder"):
+        groups = 2  # the decoder's and the cross-attention's
     cfg["num_blocks"] = max(cfg["num_blocks"], groups * (longest_request // cfg["block_size"] + 2))
     return cfg
 
