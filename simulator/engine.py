@@ -73,7 +73,8 @@ class Engine:
             cfg.engine, cfg.scheduler, self.cache, cfg)
         self.kv_offload = attach_kv_offload(cfg, self.scheduler, self.cache)  # the CPU KV tier's worker, or None
         if workload is not None:
-            check_multimodal(workload, cfg.engine, cfg.scheduler)
+            check_multimodal(workload, cfg.engine, cfg.scheduler,
+                             any(g.kind == "cross_attention" for g in self.cache.kv_cache_groups))
         hw = cfg.hardware
         if executor is None:
             cost = run_cost_model(cfg)

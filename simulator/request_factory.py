@@ -40,15 +40,17 @@ class RequestFactory:
                                self.executor.output_token_source(spec.request_id))
 
 
-def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig) -> None:
+def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig, encoder_decoder: bool = False) -> None:
     """Refuse, naming the request, a multimodal item the engine could never run: SGLang's port has no
     encoder path; vLLM needs a multimodal model (scheduler.mm_max_tokens_per_item > 0: a text-only model
     gets no encoder budget, and vLLM's input processor refuses images for it) and every item within
-    the encoder budget and cache (vLLM sizes both to at least the model's largest item)."""
+    the encoder budget and cache (vLLM sizes both to at least the model's largest item). An
+    encoder-decoder model (Whisper) takes exactly one encoder input per request; no other model takes one."""
     budget, cache = compute_mm_encoder_budget(sched)
     limit = min(budget, cache)
     size_of: dict[str, int] = {}  # one content, one size: the encoder cache's accounting relies on it
     for spec in workload.requests:
+        _check_encoder_input(spec, encoder_decoder)
         for i, item in enumerate(spec.mm_items):
             if size_of.setdefault(item.mm_hash, item.num_embeds) != item.num_embeds:
                 raise InputError(f"request {spec.request_id!r}: multimodal item {i} ({item.mm_hash!r}) has "
@@ -63,6 +65,18 @@ def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig) ->
                 raise InputError(f"request {spec.request_id!r}: multimodal item {i} has {item.num_embeds} tokens; {why}",
                                  field="scheduler.mm_max_tokens_per_item",
                                  allowed=f">= {item.num_embeds} (the model's largest item, e.g. 16384 for Qwen2.5-VL)")
+
+
+def _check_encoder_input(spec: RequestSpec, encoder_decoder: bool) -> None:
+    outside = sum(1 for item in spec.mm_items if not item.in_prompt)
+    if encoder_decoder and (outside != 1 or len(spec.mm_items) != 1):
+        raise InputError(f"request {spec.request_id!r}: an encoder-decoder model (Whisper) needs exactly one "
+                         f"encoder input per request, got {len(spec.mm_items)} item(s), {outside} of them encoder "
+                         "inputs", field="mm_items",
+                         allowed='one item {"offset": 0, "length": N, "in_prompt": false} (the asr generator makes them)')
+    if not encoder_decoder and outside:
+        raise InputError(f"request {spec.request_id!r} has an encoder input (in_prompt false), which only an "
+                         "encoder-decoder model takes", field="mm_items", allowed="hardware.model: whisper-large-v3")
 
 
 def prompt_ids(spec: RequestSpec) -> Sequence[int] | LazyTokenIds:

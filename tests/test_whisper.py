@@ -89,3 +89,13 @@ def test_a_replay_runs_every_request_through_the_encoder_and_the_fast_path_decli
     first = res.requests["ttft_s"].round(9).value_counts()
     assert len(first) == 20 and set(first) == {2}  # pairs: each encoder step admits exactly two
     assert "multimodal" in str(res.summary)  # the fast path says why it stepped
+
+
+def test_a_trace_of_the_wrong_kind_is_refused_at_start_by_request():
+    from servesim.running import load_trace, run
+
+    with pytest.raises(InputError, match="needs exactly one encoder input per request"):
+        run(_cfg(), load_trace(None, max_requests=3))  # the bundled text trace
+    wl = make_workload("asr", {"num_requests": 2, "prompt_len": 4}, np.random.default_rng(0))
+    with pytest.raises(InputError, match="only an encoder-decoder model takes"):
+        run(apply_overrides(SimConfig(), {"scheduler.mm_max_tokens_per_item": 2000}), wl)
