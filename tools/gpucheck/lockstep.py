@@ -57,22 +57,25 @@ def compare_step_traces(part: Part, sim: Path, gpu: Path, what: str) -> None:
 
 def check_cut_logits(part: Part, cut, device_type: str) -> None:
     """The cut's last prompt-token logits on this device against the CPU's fp32 ones (carried):
-    the same top token, and the largest difference within 3 % of the logits' range in bf16
-    (0.01 % in fp32)."""
+    the largest difference within 3 % of the logits' range in bf16 (0.8 % seen in bf16 on the
+    CPU), 0.01 % in fp32, and a top token the reference ranks within that bound of its own top
+    (the reference's top two are 1.1 % of the range apart: bf16 may swap them)."""
     import numpy as np
 
     from gpucheck.carry import prefill_logits
 
     got = prefill_logits(cut.model, cut.prompt_ids).numpy()
     ref = cut.reference_logits
-    rel = float(np.abs(got - ref).max() / (ref.max() - ref.min()))
     bound = 3e-2 if device_type == "cuda" else 1e-4
-    same_top = int(got.argmax()) == int(ref.argmax())
+    span = float(ref.max() - ref.min())
+    same_top = float(ref[int(got.argmax())]) >= float(ref.max()) - bound * span
+    rel = float(np.abs(got - ref).max()) / span
     part.check(same_top and rel <= bound, f"SmolLM2 cut logits: top token {int(got.argmax())} vs {int(ref.argmax())}, "
                f"largest difference {rel:.2e} of the range (bound {bound})")
+    top = f"{int(got.argmax())} (reference {int(ref.argmax())}{'' if same_top else ': OUT OF BOUND'})"
     part.lines.append(f"- SmolLM2 cut ({cut.model.config.num_layers} layers, {cut.model.config.vocab_size} "
-                      f"vocabulary rows) prefill logits on this device vs the CPU's fp32: top token "
-                      f"{'the same' if same_top else 'DIFFERENT'}, largest difference {rel:.2e} of the logits' range")
+                      f"vocabulary rows) prefill logits on this device vs the CPU's fp32: top token {top}, "
+                      f"largest difference {rel:.2e} of the logits' range")
 
 
 def run_lockstep(part: Part, size: ReplaySize, gpu: str, device, out: Path, cut_path: Path) -> None:
