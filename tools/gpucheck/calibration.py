@@ -61,7 +61,11 @@ def run_calibration(part: Part, model: str, gpu: str, device, out: Path) -> None
     # bf16 on the CPU too: `fit` prices the model's bf16 weights (its profile rows must say bf16)
     m = LlamaModel.random(runner_model(model), seed=0, dtype=torch.bfloat16, device=device,
                           backend="triton" if device.type == "cuda" else "torch")
-    rows = calibrate(m, model, gpu, grid, progress=part.log)
+    def progress(msg: str) -> None:  # after each token count / decode batch: the time box
+        part.log(msg)
+        part.progress(0.0, 0)
+
+    rows = calibrate(m, model, gpu, grid, progress=progress)
     del m
     profile = out / f"{model}.csv"
     write_profile(make_profile(rows), profile)

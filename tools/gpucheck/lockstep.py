@@ -184,7 +184,7 @@ def run_wallclock(part: Part, size: ReplaySize, gpu: str, device, out: Path) -> 
         w.writerows(rows)
     part.log(f"{len(rows)} measured steps priced by {', '.join(models)}")
     part.lines += [f"{len(rows)} steps on `--clock measured` (same trace and settings as part 3); measured: forward "
-                   "+ logits (CUDA events), host preparation apart (steps_measured.csv). Error = predicted / "
+                   "+ logits (CUDA events on a GPU, perf_counter on the CPU), host preparation apart (steps_measured.csv). Error = predicted / "
                    "measured - 1.", "", *error_table(rows, list(models))]
     counts = {k: sum(r["kind"] == k for r in rows) for k in KINDS}
     part.summary = f"{len(rows)} steps ({', '.join(f'{v} {k}' for k, v in counts.items())})"

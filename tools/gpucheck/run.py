@@ -51,9 +51,14 @@ def run_check(device_type: str, out: Path | None, root: Path, carry: Path) -> in
     from servesim.simulator.outdir import claim_output, mark
 
     if device_type == "cpu":
+        import torch
+
         from servesim.gpu_runner import ops
 
         ops.use_triton_interpreter()  # before anything imports triton
+        # One thread: on shared cores torch's thread pool spins against other jobs (the rehearsal's
+        # tiny replay took 29.7 s with the default threads under a load of 12 on 2 cores, 1.5 s with one).
+        torch.set_num_threads(1)
     with claim_output(out or default_out(device_type, root)) as folder:
         folder.mkdir(parents=True, exist_ok=True)
         mark(folder, "gpu-check")  # ours from the start: a killed run leaves a folder servesim may replace
