@@ -85,6 +85,26 @@ def test_an_existing_foreign_output_folder_is_refused(tmp_path):
     assert (tmp_path / "mine.txt").read_text() == "keep"
 
 
+# Runs tools/gpu_check.py as the GPU machine would: simpy and gguf importable from the carried zips
+# only (the installed ones hidden), so the rehearsal proves the carry is enough.
+ONLY_CARRIED = """
+import os, runpy, sys, zipimport
+class OnlyCarried:
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or name.split('.')[0] not in ('simpy', 'gguf'):
+            return None
+        for entry in sys.path:
+            if entry.endswith('.zip') and os.path.isfile(entry):
+                spec = zipimport.zipimporter(entry).find_spec(name)
+                if spec is not None:
+                    return spec
+        raise ModuleNotFoundError(name + ' (not carried)', name=name)
+sys.meta_path.insert(0, OnlyCarried())
+sys.argv = ['tools/gpu_check.py', *sys.argv[1:]]
+runpy.run_path('tools/gpu_check.py', run_name='__main__')
+"""
+
+
 @pytest.mark.slow
 def test_cpu_rehearsal_passes_every_part(tmp_path):
     """`make gpu-check DEVICE=cpu`: the carry made here, then every part on the CPU (~60-90 s on 2
@@ -96,7 +116,7 @@ def test_cpu_rehearsal_passes_every_part(tmp_path):
     assert sorted(f.name for f in files) == ["gguf.zip", "simpy.zip", "smollm2-cut.npz"]
     assert sum(f.stat().st_size for f in files) < 20 * 2**20  # beside a ~37 MB tree, under 64 MiB
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "tools/gpu_check.py", "--device", "cpu", "--out", str(out), "--carry",
+    p = subprocess.run([sys.executable, "-c", ONLY_CARRIED, "--device", "cpu", "--out", str(out), "--carry",
                         str(carry)], capture_output=True, text=True, cwd=ROOT, timeout=1500,
                        env={**os.environ, "SERVESIM_PURE_PYTHON": "1"})
     report = (out / "report.md").read_text()
@@ -109,3 +129,53 @@ def test_cpu_rehearsal_passes_every_part(tmp_path):
     assert steps[0].startswith("kind,num_tokens,num_requests,prepare_s,measured_s,predicted_roofline_s")
     assert {line.split(",")[0] for line in steps[1:]} == {"prefill", "decode", "mixed"}
     assert (out / "tiny-llama__h100__fitted.json").is_file() and "Against the shipped profile" in report
+
+
+class _BrokenKernels:
+    """A 'triton' backend that is the torch reference with one planted fault."""
+
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+
+    def reshape_and_cache(self, *args) -> None:
+        from servesim.gpu_runner.ops import reference
+
+        reference.reshape_and_cache(*args)
+
+    def unified_attention(self, q, kc, vc, out, qsl, seq_lens, table, scale) -> None:
+        from servesim.gpu_runner.ops import reference
+
+        reference.unified_attention(q, kc, vc, out, qsl, seq_lens, table, scale)
+        n = int(qsl[-1])
+        if self.fault == "off":
+            out[:n] += 0.01  # over every dtype's tolerance
+        elif self.fault == "padding":
+            out[n:] = 0.0  # rows of padding tokens written
+
+
+@pytest.mark.parametrize("fault,why", [("off", "over tolerance"), ("padding", "padding token's row was written")])
+def test_a_wrong_kernel_fails_the_kernel_part(monkeypatch, fault, why):
+    import torch
+
+    from gpucheck import kernels
+    from servesim.gpu_runner import ops
+
+    real = ops.backend_module
+    monkeypatch.setattr(ops, "backend_module", lambda b: _BrokenKernels(fault) if b == "triton" else real(b))
+    ok, _, msg = kernels.attention_case(torch.float32, 3, 2, 96, 16, "mixed", torch.device("cpu"))
+    assert not ok and why in msg
+    monkeypatch.setattr(ops, "backend_module", lambda b: _BrokenKernels("none") if b == "triton" else real(b))
+    ok, err, msg = kernels.attention_case(torch.float32, 3, 2, 96, 16, "mixed", torch.device("cpu"))
+    assert ok and err == 0.0 and msg == ""
+
+
+def test_report_names_each_failure_and_the_verdict():
+    from gpucheck.run import report
+
+    good, bad = _part(), _part()
+    good.title, bad.title = "2. Kernels", "3. Lock step"
+    bad.check(False, "llama random weights: step traces differ (record 4 ...)")
+    text = report([good, bad], "cuda", "h200", "from the device name 'NVIDIA H200'", 300.0)
+    assert text.startswith("# gpu-check (cuda): FAILED")
+    assert "| 3. Lock step | **FAILED** |" in text and "| 2. Kernels | passed |" in text
+    assert "- llama random weights: step traces differ (record 4 ...)" in text

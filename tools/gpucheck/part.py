@@ -52,7 +52,9 @@ class Part:
     def fail_with(self, exc: BaseException) -> None:
         """An exception inside the part: recorded as its failure, with the exception's last line."""
         lines = str(exc).strip().splitlines()
-        self.check(False, f"raised {type(exc).__name__}: {lines[-1] if lines else ''}")
+        hint = " (a package this machine lacks: make the carry with `make gpu-carry` and carry .gpu-carry)" \
+            if isinstance(exc, ModuleNotFoundError) else ""
+        self.check(False, f"raised {type(exc).__name__}: {lines[-1] if lines else ''}{hint}")
 
     def finish(self) -> None:
         self.elapsed_s = time.monotonic() - self.started_s
