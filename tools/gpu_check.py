@@ -4,21 +4,22 @@
     python3 tools/gpu_check.py --make-carry                           # make gpu-carry (here, once)
 
 Parts, each time-boxed (seconds on one H100/H200; a part that reaches its budget stops where it
-is, says so in the report and counts as failed), about 7 minutes in all, so a rerun fits in the
-15 minutes a device loan gives:
+is, says so in the report and counts as failed), about 7.3 minutes at most in all, so a rerun
+fits in the 15 minutes a device loan gives:
 
 1. environment (10 s): GPU, driver, torch, triton, Python, which servesim build is in use;
-2. kernels (60 s): the runner's Triton kernels against the torch reference on the device (every
-   dtype and block size the CPU tests cover; decode, prefill, chunk over a cached prefix, varlen
-   mixed batches, padding tokens) and the tiny model, Triton vs torch, over 3 mixed steps;
-3. lock step (150 s): a small real trace (the bundled ShareGPT trace's first requests) replayed by
+2. kernels (120 s, ~36 Triton compiles on a fresh machine among them): the runner's Triton
+   kernels against the torch reference on the device (every dtype and block size the CPU tests
+   cover; decode, prefill, chunk over a cached prefix, varlen mixed batches, padding tokens) and
+   the tiny model, Triton vs torch, over 3 mixed steps;
+3. lock step (120 s): a small real trace (the bundled ShareGPT trace's first requests) replayed by
    the simulated executor and by `--executor gpu --clock model` with random-weight Llama-3.1-8B
    shapes, then with SmolLM2-135M's real weights (the carried cut, carry.py); the step traces
    compared field for field (tools/compare_traces.py) and the cut's logits checked against the
    CPU's;
 4. wall clock (60 s): the same replay on `--clock measured`; each step's measured time against the
    cost models' price of the same batch (median and p90 relative error by step kind);
-5. calibration (150 s): `servesim calibrate`'s sweep on a bounded grid, `servesim fit`, and the
+5. calibration (120 s): `servesim calibrate`'s sweep on a bounded grid, `servesim fit`, and the
    fit compared with the shipped profile of this GPU kind;
 6. report (10 s): report.md beside everything else in one output folder.
 

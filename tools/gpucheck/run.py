@@ -12,7 +12,7 @@ from gpucheck.part import OverBudget, Part
 # Seconds per part on one H100/H200 (tools/gpu_check.py's docstring). The CPU rehearsal checks the
 # code path, not speed: its budgets only stop a hang (2 shared cores ran its parts in 1-30 s
 # unloaded and up to 4x that under other jobs' load).
-BUDGETS_S = {"cuda": {"env": 10, "kernels": 60, "lockstep": 150, "wallclock": 60, "calibration": 150},
+BUDGETS_S = {"cuda": {"env": 10, "kernels": 120, "lockstep": 120, "wallclock": 60, "calibration": 120},
              "cpu": {"env": 60, "kernels": 300, "lockstep": 300, "wallclock": 300, "calibration": 300}}
 TITLES = {"env": "1. Environment", "kernels": "2. Kernels vs the torch reference",
           "lockstep": "3. Lock step: simulator vs GPU runner", "wallclock": "4. Wall clock vs the cost model",
