@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # [build-system] pins the same one for `pip install .` and `pip wheel .`.
 MYPY_PIN := mypy==2.4.1
 
-.PHONY: run test test-fast parity bench clean venv compile
+.PHONY: run test test-fast parity bench clean venv compile gpu-check gpu-carry
 
 $(STAMP): pyproject.toml setup.py
 	@test -n "$(PY)" || { echo "error: servesim needs Python >= 3.11 (none found on PATH; pass PY=/path/to/python)"; exit 1; }
@@ -61,6 +61,20 @@ parity: $(STAMP) compile
 bench: $(STAMP) compile
 	$(BIN)/python benchmarks/sched_speed.py
 	$(BIN)/python benchmarks/sim_speed.py
+
+# The GPU proof (tools/gpu_check.py, docs/GPU_RUNNER.md "gpu-check"): DEVICE=cuda on a GPU machine,
+# which has its own Python with torch and no venv here (so no venv is made or needed: the first of
+# .venv's python and python3); DEVICE=cpu is the reduced rehearsal CI runs (tests/test_gpu_check.py).
+# gpu-carry (here, with the venv) fills .gpu-carry/: the pure-Python packages the GPU machine lacks
+# and the SmolLM2 cut; name .gpu-carry in the device call's carry list.
+DEVICE ?= cuda
+GPU_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+gpu-check: $(if $(filter cpu,$(DEVICE)),gpu-carry)
+	$(GPU_PY) tools/gpu_check.py --device $(DEVICE) $(if $(OUT_DIR),--out $(OUT_DIR))
+
+gpu-carry: $(STAMP)
+	$(BIN)/python tools/gpu_check.py --make-carry
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

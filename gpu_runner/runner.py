@@ -35,6 +35,7 @@ class StepTiming:
     prepare_s: float  # host-side input preparation
     measured_s: float  # forward + logits (CUDA events on a GPU, perf_counter on CPU)
     predicted_s: float | None  # the cost model's prediction, when one is attached
+    shape: StepShape  # the batch, as the cost models price it (any model can price it again)
 
 
 def require_device(device: str) -> torch.device:
@@ -126,12 +127,12 @@ class GpuExecutor:
             if toks:
                 self.batch.append_tokens(rid, toks)
         predicted = None
+        shape = StepShape(tuple(new), tuple(ctx), sum(sample))
         if self.cost_model is not None:
-            num_sampled = sum(sample)
-            predicted = self.cost_model.step_time_s(StepShape(tuple(new), tuple(ctx), num_sampled))
-            if self.sampler_s is not None and num_sampled:  # SimExecutor.execute's sum, in its order
-                predicted += self.sampler_s(num_sampled)
-        self.timings.append(StepTiming(sum(new), len(new), prepare_s, measured_s, predicted))
+            predicted = self.cost_model.step_time_s(shape)
+            if self.sampler_s is not None and shape.num_sampled:  # SimExecutor.execute's sum, in its order
+                predicted += self.sampler_s(shape.num_sampled)
+        self.timings.append(StepTiming(sum(new), len(new), prepare_s, measured_s, predicted, shape))
         return out, predicted if self.clock == "model" else measured_s
 
     def _forward(self, inputs) -> tuple[torch.Tensor, float]:

@@ -83,7 +83,9 @@ def fit_cpu_kv_pool(cfg: SimConfig, device: str) -> tuple[SimConfig, str | None]
 
 
 def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model", sampling: str = "source",
-                      backend: str | None = None, dtype: str | None = None):
+                      backend: str | None = None, dtype: str | None = None, model=None):
+    """The GPU executor for `cfg` on `device`: random weights at cfg.hardware.model's shapes, or
+    `model` (a gpu_runner LlamaModel already on the device, e.g. real weights) when given."""
     import torch
 
     from servesim.gpu_runner.model import LlamaModel
@@ -94,17 +96,18 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
         dev = require_device(device)
     except RuntimeError as e:
         raise InputError(str(e), field="--device") from None
-    mcfg = runner_model(cfg.hardware.model)
+    mcfg = runner_model(cfg.hardware.model) if model is None else model.config
     cache, _ = resolve_cache(cfg)
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
-        dtype or ("bf16" if dev.type == "cuda" else "fp32")]
+    torch_dtype = model.dtype if model is not None else {"fp32": torch.float32, "fp16": torch.float16,
+                                                         "bf16": torch.bfloat16}[dtype or ("bf16" if dev.type == "cuda" else "fp32")]
     kv_gib = (2 * mcfg.num_layers * cache.num_gpu_blocks * cache.block_size * mcfg.num_kv_heads * mcfg.head_dim
               * torch.tensor([], dtype=torch_dtype).element_size()) / 2**30
     if dev.type == "cpu" and kv_gib > CPU_KV_LIMIT_GIB:
         raise InputError(f"the KV cache would take {kv_gib:.1f} GiB on the CPU", field="cache.num_gpu_blocks",
                          allowed=f"a smaller pool, e.g. --set cache.num_gpu_blocks=1024 (limit {CPU_KV_LIMIT_GIB} GiB)")
-    model = LlamaModel.random(mcfg, seed=cfg.seed, dtype=torch_dtype, device=dev,
-                              backend=backend or ("triton" if dev.type == "cuda" else "torch"))
+    if model is None:
+        model = LlamaModel.random(mcfg, seed=cfg.seed, dtype=torch_dtype, device=dev,
+                                  backend=backend or ("triton" if dev.type == "cuda" else "torch"))
     # Always attached: every step pairs the predicted with the measured time.
     cost = run_cost_model(cfg)
     # The requests' sampler path: measured on the real logits, priced as the simulator prices it.
