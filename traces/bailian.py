@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servesim.scheduler.registry import unknown_name_message
 from servesim.traces.errors import InputError
 from servesim.traces.external import trace_name
 from servesim.traces.registry import register_format
 from servesim.traces.rows import as_float, as_int, as_int_tuple, iter_json_rows, require_keys, require_rows
+from servesim.traces.sessions import check_arrivals
 from servesim.traces.workload import RequestSpec, Workload
 
 BAILIAN_BLOCK_LEN = 16  # tokens per hash id, as the dataset's README states ("16 tokens per block")
@@ -63,9 +63,7 @@ def _row(obj: dict, path: Path, line: int, block_len: int) -> tuple[int, int, fl
 def load_bailian(path: Path, *, arrivals: str = "closed_loop", block_len: int = BAILIAN_BLOCK_LEN) -> Workload:
     """Qwen-Bailian KVCache trace JSONL (chat_id, parent_chat_id, timestamp s, input/output_length,
     hash_ids of 16-token blocks): sessions as parent links, turns sent after the parent's answer."""
-    if arrivals not in ARRIVALS:
-        raise InputError(unknown_name_message("arrivals mode", arrivals, ARRIVALS), path=str(path),
-                         field="arrivals", allowed=", ".join(ARRIVALS))
+    check_arrivals(arrivals, ARRIVALS, path)
     rows = [(line, *_row(obj, path, line, block_len)) for line, obj in iter_json_rows(path)]
     require_rows(len(rows), path)
     by_chat: dict[int, tuple] = {}

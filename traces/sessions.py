@@ -188,11 +188,11 @@ def session_specs(turns: list[TurnRow], closed_loop: bool, path: Path) -> list[R
     return specs
 
 
-def check_arrivals(arrivals: str, path: Path) -> None:
-    """The `arrivals` option of the session importers: a known name, or an error with a did-you-mean."""
-    if arrivals not in ARRIVALS:
-        raise InputError(unknown_name_message("arrivals mode", arrivals, ARRIVALS), path=str(path),
-                         field="arrivals", allowed=", ".join(ARRIVALS))
+def check_arrivals(arrivals: str, modes: tuple[str, ...], path: Path) -> None:
+    """The `arrivals` option of a session importer: one of its modes, or an error with a did-you-mean."""
+    if arrivals not in modes:
+        raise InputError(unknown_name_message("arrivals mode", arrivals, modes), path=str(path),
+                         field="arrivals", allowed=", ".join(modes))
 
 
 @register_format(
@@ -203,7 +203,7 @@ def check_arrivals(arrivals: str, path: Path) -> None:
 def load_sessions(path: Path, *, arrivals: str = "closed_loop") -> Workload:
     """Canonical session trace: one row per turn (session_id, turn, start_s, think/tool time, new
     input and tool-output tokens, output_tokens); turns sent after the previous answer (closed loop)."""
-    check_arrivals(arrivals, path)
+    check_arrivals(arrivals, ARRIVALS, path)
     by_session = sessions_of(read_turn_rows(path), path)
     specs = [s for turns in by_session.values() for s in session_specs(turns, arrivals == "closed_loop", path)]
     return Workload.from_unsorted(specs, name=trace_name(path), source=str(path))
