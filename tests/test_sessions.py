@@ -266,3 +266,18 @@ def test_closed_loop_run_equals_an_open_loop_replay_of_its_send_times():
 
     pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(closed.metrics.steps_frame(), open_loop.metrics.steps_frame())
+
+
+def test_dp_lockstep_ranks_release_turns_too():
+    from servesim.simulator.cluster.dp import dp_cluster_config
+
+    from servesim.simulator.config import HardwareConfig
+
+    sim = SimConfig(hardware=HardwareConfig(model="qwen3-30b-a3b", gpu="h100", tp=1),
+                    scheduler=SchedulerConfig(async_scheduling=False),
+                    cost_model=CostModelConfig(name="roofline", cpu_overhead=CpuOverheadConfig.zero()))
+    res = run_cluster(dp_cluster_config(sim, 2, lockstep=True), session_workload())
+    df = res.requests.set_index("request_id")
+    assert df.loc["s-1", "arrival_s"] == df.loc["s-0", "finish_s"] + 0.5
+    assert df.loc["s-2", "arrival_s"] == df.loc["s-1", "finish_s"] + 0.25
+    assert df["finish_s"].notna().all()
