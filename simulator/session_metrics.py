@@ -107,3 +107,19 @@ def session_summary(specs: Sequence[RequestSpec], table: Any, num_turns_abandone
         "cache_hit_rate": float(rows["cached"][done].sum()) / prompt_done if prompt_done else None,
         "cache_hit_rate_by_turn": by_turn,
     }
+
+
+def session_summary_line(summary: dict) -> str | None:
+    """The terminal line of a run with sessions (None without): what `replay` and `cluster` print."""
+    s = summary.get("sessions")
+    if s is None:
+        return None
+    done, rate = s["completion_s"], s["cache_hit_rate"]
+    line = f"sessions {s['num_complete']}/{s['num_sessions']} complete"
+    if s["num_turns_abandoned"]:
+        line += f" ({s['num_turns_abandoned']} turns never sent: an earlier answer was missing)"
+    if done["count"]:
+        line += f", completion p50 {done['p50']:.2f} s, p90 {done['p90']:.2f} s"
+    if rate is not None:
+        line += f"; cache hit rate of the turns {100 * rate:.1f} %"
+    return line

@@ -281,3 +281,13 @@ def test_dp_lockstep_ranks_release_turns_too():
     assert df.loc["s-1", "arrival_s"] == df.loc["s-0", "finish_s"] + 0.5
     assert df.loc["s-2", "arrival_s"] == df.loc["s-1", "finish_s"] + 0.25
     assert df["finish_s"].notna().all()
+
+
+def test_summary_line_says_what_the_sessions_did():
+    from servesim.simulator.session_metrics import session_summary_line
+
+    assert session_summary_line({}) is None
+    s = {"sessions": {"num_sessions": 3, "num_complete": 2, "num_turns_abandoned": 1,
+                      "completion_s": {"count": 2, "p50": 1.5, "p90": 2.25}, "cache_hit_rate": 0.5}}
+    assert session_summary_line(s) == ("sessions 2/3 complete (1 turns never sent: an earlier answer was missing), "
+                                       "completion p50 1.50 s, p90 2.25 s; cache hit rate of the turns 50.0 %")
