@@ -132,6 +132,10 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
     if "encoder_cache_hit_rate" in s:  # multimodal requests: the encoder cache beside the prefix cache
         console.print(f"encoder-cache hit rate {100 * s['encoder_cache_hit_rate']:.1f} % "
                       f"({s['encoder_cache_hit_tokens']} of {s['encoder_cache_query_tokens']} image tokens reused)")
+    if "sessions" in s:  # per-session figures (simulator/session_metrics.py)
+        from servesim.simulator.session_metrics import session_summary_line
+
+        console.print(session_summary_line(s))
     hc = s.get("hicache")
     if hc is not None:  # SGLang HiCache: the host tier's share of the hits and the bytes copied
         console.print(f"HiCache host tier: {hc['host_hit_tokens']} of {s['prefix_cache_hit_tokens']} hit tokens loaded "

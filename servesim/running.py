@@ -17,6 +17,7 @@ from servesim.simulator.config import SimConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.outdir import claim_output
 from servesim.simulator.outputs import build_summary, write_results
+from servesim.simulator.session_metrics import has_sessions, session_summary
 from servesim.simulator.summary import warn_rejected
 from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from servesim.traces.errors import InputError
@@ -122,6 +123,9 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     engine = build_engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
     res = engine.run()
     summary = build_summary(engine.cfg, res, len(workload.requests))
+    if has_sessions(workload.requests):  # per-session figures (simulator/session_metrics.py)
+        summary["sessions"] = session_summary(workload.requests, res.metrics.columns().requests,
+                                              engine.turns.num_abandoned if engine.turns is not None else 0)
     release_freed_heap()  # the summary's scratch arrays, before the result files' own
     meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
             "attribution": workload.attribution, "spec": workload.spec}

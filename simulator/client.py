@@ -53,17 +53,29 @@ class Clients:
             if spec.arrival_time_s > env.now:
                 self._expect_next(spec.arrival_time_s)
                 yield env.timeout(spec.arrival_time_s - env.now)
-            while self.max_concurrency is not None and self._num_open >= self.max_concurrency:
+            yield from self.send(spec)
+        yield from self.drain()
+
+    def send(self, spec: RequestSpec):
+        """Send one request now (a generator: it waits for a free slot first). Several senders may
+        wait at once (send_all and closed-loop session turns, simulator/sessions.py): they share
+        one slot event and, woken in the order they began to wait, each checks again."""
+        env = self.env
+        while self.max_concurrency is not None and self._num_open >= self.max_concurrency:
+            if self._slot_freed is None or self._slot_freed.triggered:
                 self._slot_freed = env.event()
-                yield self._slot_freed
-            self._num_open += 1
-            if self.frontend is None:
-                self._submit(spec, env.now)
-            else:
-                self._num_in_frontend += 1
-                env.process(self._through_frontend(spec, env.now))
+            yield self._slot_freed
+        self._num_open += 1
+        if self.frontend is None:
+            self._submit(spec, env.now)
+        else:
+            self._num_in_frontend += 1
+            env.process(self._through_frontend(spec, env.now))
+
+    def drain(self):
+        """Wait until every request sent so far has reached the engine (a generator)."""
         while self._num_in_frontend:
-            self._frontend_drained = env.event()
+            self._frontend_drained = self.env.event()
             yield self._frontend_drained
 
     def _through_frontend(self, spec: RequestSpec, sent_s: float):

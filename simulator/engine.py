@@ -43,6 +43,7 @@ from servesim.simulator.pipeline_clock import pipeline_clock_for
 from servesim.simulator.request_factory import RequestFactory, check_multimodal
 from servesim.simulator.run_planner import InFlight, RunPlanner
 from servesim.simulator.sampling import sampler_cost_for
+from servesim.simulator.sessions import SessionTurns, answer_delay_s, plan_turns
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.simulator.step_book import StepBook
@@ -97,6 +98,12 @@ class Engine:
         # reaches them (simulator/client.py).
         self.clients = Clients(self.env, cfg.frontend if cfg.frontend.enabled else None, cfg.client.max_concurrency,
                                self.submit, self.expect_next_arrival, self.book.metrics)
+        # Closed-loop session turns sent after their parent's answer (simulator/sessions.py); None
+        # when no request of the workload waits for another.
+        plan = plan_turns(workload.requests) if workload is not None else None
+        self.turns = None if plan is None else SessionTurns(self.env, plan, self.clients.send)
+        if self.turns is not None:
+            self.on_finish = self.turns.chain(on_finish, answer_delay_s(cfg.frontend, name))
         self.watchdog = Watchdog(cfg.liveness)
         self.deadlines = ClientDeadlines()
         self._timeout_s = cfg.client.timeout_s
@@ -151,7 +158,12 @@ class Engine:
     # --- requests in -----------------------------------------------------------------------------
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
         assert self.workload is not None
-        yield from self.clients.send_all(self.workload.requests)
+        if self.turns is None:
+            yield from self.clients.send_all(self.workload.requests)
+        else:
+            yield from self.clients.send_all(self.turns.first_requests)
+            yield from self.turns.wait_all_sent()
+            yield from self.clients.drain()
         self.expect_next_arrival(float("inf"))
         self.close()
 

@@ -12,7 +12,8 @@ encoder-decoder model, traces/asr.py). Same config + same seed -> identical work
 
 Sessions: session starts follow the arrival process; turn j+1 arrives at
 a_j + output_j * assumed_s_per_output_token + gap, where the gap is a think time or, with
-probability tool_call_fraction, a tool call. Its prompt is the previous prompt + previous output +
+probability tool_call_fraction, a tool call; with `closed_loop: true` it is sent the gap after the
+client has turn j's answer in simulated time instead (simulator/sessions.py). Its prompt is the previous prompt + previous output +
 new user tokens; all turns share one token stream (keyed by session_id), so the prefix really
 grows. With num_requests set, all turns are sorted by arrival and the first N kept; the last kept
 turn of a cut session becomes its last turn.
@@ -132,13 +133,16 @@ def _session_turns(
     session_id = f"{config.name}-s{index}"
     turns: list[RequestSpec] = []
     arrival_s, prompt_len = start_s, group_len + int(prompt_first[0])
+    parent: str | None = None
+    gap_s: float | None = None
     for j in range(num_turns):
         if j > 0:
             prev = turns[-1]
             gap_s = float(tool[j - 1] if is_tool[j - 1] else think[j - 1])
-            arrival_s = (prev.arrival_time_s
-                         + prev.output_len * sessions.assumed_s_per_output_token + gap_s)
+            decode_s = 0.0 if sessions.closed_loop else prev.output_len * sessions.assumed_s_per_output_token
+            arrival_s = prev.arrival_time_s + decode_s + gap_s
             prompt_len = prev.prompt_len + prev.output_len + int(user_tokens[j])
+            parent = prev.request_id if sessions.closed_loop else None
         if sessions.max_prompt_len is not None and prompt_len > sessions.max_prompt_len and turns:
             break
         turns.append(RequestSpec(
@@ -146,6 +150,7 @@ def _session_turns(
             output_len=int(outputs[j]), prefix_group=group, prefix_len=group_len,
             priority=priority if priority is not None else 0, lora_id=lora,
             session_id=session_id, is_last_turn=False,
+            parent_request_id=parent, think_time_s=gap_s if parent is not None else None,
         ))
     turns[-1].is_last_turn = True
     return turns

@@ -137,8 +137,13 @@ class SessionConfig:
     # never arrives before the previous answer could exist: next = prev + out*this + gap.
     assumed_s_per_output_token: float = 0.02
     max_prompt_len: int | None = None  # end a session before a prompt would exceed this (tokens)
+    # True: turn j+1 is sent its gap after the client has turn j's answer, in simulated time
+    # (simulator/sessions.py); its arrival_time_s is then the lower bound a_j + gap.
+    closed_loop: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.closed_loop, bool):
+            raise _bad("closed_loop", f"got {self.closed_loop!r}", "true or false")
         if not 0.0 <= self.tool_call_fraction <= 1.0:
             raise _bad("tool_call_fraction", f"got {self.tool_call_fraction!r}", "[0, 1]")
         _positive(self.assumed_s_per_output_token, "assumed_s_per_output_token", allow_zero=True)

@@ -68,6 +68,12 @@ class RequestSpec:
     # Multimodal items (images) in the prompt, sorted by offset: each a run of placeholder tokens the
     # vision encoder fills (scheduler/multimodal.py); () for a text-only request.
     mm_items: tuple[MultiModalFeatureSpec, ...] = ()
+    # A closed-loop session turn (simulator/sessions.py): sent think_time_s (a user's think time or a
+    # tool call's latency) after its client has the answer of request parent_request_id; its
+    # arrival_time_s is then only a lower bound (the parent's plus think_time_s). Both None: the
+    # request is sent at arrival_time_s.
+    parent_request_id: str | None = None
+    think_time_s: float | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -127,11 +133,28 @@ class RequestSpec:
         ms = self.grammar_compile_ms
         if ms is not None and not (isinstance(ms, (int, float)) and ms >= 0 and math.isfinite(ms)):
             return "grammar_compile_ms", f"got {ms!r}", "a finite number of milliseconds >= 0, or none"
+        if (self.parent_request_id is None) != (self.think_time_s is None):
+            return ("think_time_s", "parent_request_id and think_time_s go together",
+                    "both set (a closed-loop session turn) or both none")
+        if self.parent_request_id is not None:
+            problem = self._turn_problem()
+            if problem is not None:
+                return problem
         if self.mm_items:
             problem = check_mm_features(self.request_id, self.mm_items, self.prompt_len)
             if problem is not None:
                 return "mm_items", problem.split(": ", 1)[1], "items sorted by offset, disjoint, inside the prompt"
         return self._chunks_problem()
+
+    def _turn_problem(self) -> tuple[str, str, str] | None:
+        parent, think = self.parent_request_id, self.think_time_s
+        if not isinstance(parent, str) or not parent or parent == self.request_id:
+            return "parent_request_id", f"got {parent!r}", "another request's id (a non-empty string)"
+        if isinstance(think, bool) or not isinstance(think, (int, float)) or not (think >= 0 and math.isfinite(think)):
+            return "think_time_s", f"got {think!r}", "a finite number of seconds >= 0"
+        if self.session_id is None:
+            return "session_id", "a closed-loop turn without a session", "the session id its turns share"
+        return None
 
     def _chunks_problem(self) -> tuple[str, str, str] | None:
         offsets, lens = self.input_chunk_offsets_s, self.input_chunk_lens

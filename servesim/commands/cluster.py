@@ -120,6 +120,11 @@ def print_cluster_summary(console, s: dict, workload_name: str) -> None:
     line = summary_line(s)  # the replicas' CPU KV tiers, summed
     if line is not None:
         console.print(line)
+    from servesim.simulator.session_metrics import session_summary_line
+
+    line = session_summary_line(s)
+    if line is not None:
+        console.print(line)
 
 
 def print_replicas(console, res) -> None:

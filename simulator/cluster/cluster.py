@@ -33,6 +33,7 @@ from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
 from servesim.simulator.cluster.pd_links import PDLinks
 from servesim.simulator.cluster.routers import Decision, make_router
+from servesim.simulator.cluster.session_turns import attach_turns
 from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
 from servesim.simulator.build import attach_planner
@@ -93,6 +94,10 @@ class Cluster:
                              field="mm_items", allowed="a single engine (servesim run / replay) for multimodal traffic")
         self.replicas = self._build_replicas()
         check_node_memory(self.replicas)  # the CPU KV tiers on each node fit its host memory
+        # Closed-loop session turns, dispatched after their parent's answer (simulator/sessions.py;
+        # None without any); the arrival process below reads the others, in workload order.
+        self.turns = attach_turns(self)
+        self._open_loop = workload.requests if self.turns is None else self.turns.first_requests
         self.router = make_router(cfg.router.name, cfg.router.params, self.rng, "router")
         self.routes: dict[str, RouteRecord] = {}
         self.front = [r for r in self.replicas if r.role != "decode"]  # what the main router picks from
@@ -109,7 +114,7 @@ class Cluster:
         self._num_final = 0
         self._next_spec = 0  # index in workload.requests of the next request to dispatch
         latency = cfg.routing_latency_s
-        self._dispatch_s = [s.arrival_time_s + latency for s in workload.requests]  # as _arrivals adds
+        self._dispatch_s = [s.arrival_time_s + latency for s in self._open_loop]  # as _arrivals adds
         self._landing_s = _landing_times(self._dispatch_s)  # where SimPy's clock reads each dispatch
         self._landing_set = frozenset(self._landing_s)
         # The router's proof (None: none, or not asked for) and, when it proves that decisions read
@@ -180,16 +185,18 @@ class Cluster:
 
     # --- arrivals and routing --------------------------------------------------------------------
     def _arrivals(self):
-        env, dispatch_s = self.env, self._dispatch_s
-        for i, spec in enumerate(self.workload.requests):
+        env, dispatch_s, requests = self.env, self._dispatch_s, self._open_loop
+        for i, spec in enumerate(requests):
             self._next_spec = i
             t = dispatch_s[i]  # constant latency keeps arrival order: a delay line
             if t > env.now:
                 self._announce_next_arrival(i)
                 yield env.timeout(t - env.now)
             self._dispatch(spec)
-        self._next_spec = len(self.workload.requests)
-        self._announce_next_arrival(len(self.workload.requests))
+        if self.turns is not None:
+            yield from self.turns.wait_all_sent()
+        self._next_spec = len(requests)
+        self._announce_next_arrival(len(requests))
         self._arrivals_done = True
         if self.cfg.pd is None:
             for r in self.replicas:
@@ -238,6 +245,20 @@ class Cluster:
         if proof is None:
             return self._dispatch_at(i)
         return self._dispatch_at(i + proof.arrivals_elsewhere(pos, load, self.front, self.workload.requests, i))
+
+    def send_turn(self, spec: RequestSpec):
+        """A session turn its client sends now reaches the router routing_latency_s later (a generator)."""
+        if self.cfg.routing_latency_s > 0:
+            yield self.env.timeout(self.cfg.routing_latency_s)
+        self._specs[spec.request_id] = spec  # as sent: its arrival_time_s is the send time
+        self._dispatch(spec)
+
+    def sent_requests(self) -> list[RequestSpec]:
+        """The requests as they were sent, in workload order: a session turn at its send time, a turn
+        never sent (its session ended without an answer) left out."""
+        if self.turns is None:
+            return self.workload.requests
+        return [self._specs[s.request_id] for s in self.workload.requests if s.request_id in self.routes]
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)

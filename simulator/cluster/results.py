@@ -29,6 +29,7 @@ from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats
 from servesim.simulator.outputs import hicache_summary
 from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
+from servesim.simulator.session_metrics import has_sessions, session_summary
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
         res.metrics.tables()  # each record keeps its gaps (a view), which the merged frame reuses
         reps.append(ReplicaResult(r.index, r.name, r.role, r.cfg, res, r.num_routed))
     merged = MetricsCollector()
-    for spec in cluster.workload.requests:
+    for spec in cluster.sent_requests():
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
     merged.adopt_steps_frame(steps)
     # The summary and requests.parquet share merged's one requests frame (tables()), which
@@ -94,6 +95,9 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     summary = _summary(cluster, reps, merged, wall_time_s)
     requests = _requests_frame(cluster, merged)
     warn_rejected(requests)
+    if has_sessions(cluster.workload.requests):  # per-session figures (simulator/session_metrics.py)
+        summary["sessions"] = session_summary(cluster.workload.requests, requests,
+                                              cluster.turns.num_abandoned if cluster.turns is not None else 0)
     if cluster.cfg.pd is not None:
         summary["pd"] = _pd_summary(cluster, requests)
     return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s)

@@ -24,6 +24,7 @@ from servesim.scheduler.bulk import decode_runs_for
 from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.run_planner import RunPlanner
+from servesim.simulator.sessions import TURNS_DECLINED
 from servesim.simulator.structured_output import workload_needs_grammar
 
 
@@ -68,6 +69,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
     elif engine.grammar_times.may_block or (engine.workload is not None and workload_needs_grammar(
             cfg.structured_output, engine.workload.requests)):
         why = GRAMMAR_DECLINED
+    elif engine.turns is not None:
+        why = TURNS_DECLINED
     elif engine.workload is not None and any(s.input_chunk_offsets_s is not None for s in engine.workload.requests):
         why = SESSIONS_DECLINED
     elif engine.workload is not None and any(spec.mm_items for spec in engine.workload.requests):
