@@ -133,3 +133,15 @@ def test_length_only_trace_gets_its_rate_from_request_rate(tmp_path):
     _cli("run", tmp_path / "b" / "config.yaml", "--out", tmp_path / "c")
     (again,) = (tmp_path / "c").rglob("requests.parquet")
     assert np.array_equal(pd.read_parquet(again)["arrival_s"].to_numpy(), first)
+
+
+def test_sharegpt_json_as_trace_and_as_dataset_path(tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([{"conversations": [{"value": "q" * (40 + i)}, {"value": "a" * (8 * (i + 1))}]}
+                                for i in range(5)]))
+    _cli("replay", "--dataset-path", path, "--request-rate", "inf", "--out", tmp_path / "a")
+    frame = pd.read_parquet(tmp_path / "a" / "requests.parquet")
+    assert frame["prompt_len"].tolist() == [10, 11, 11, 11, 11] and frame["output_len"].tolist() == [2, 4, 6, 8, 10]
+    _cli("replay", "--dataset-name", "sharegpt", "--dataset-path", path, "--num-prompts", 20, "--out", tmp_path / "b")
+    frame = pd.read_parquet(tmp_path / "b" / "requests.parquet")
+    assert len(frame) == 20 and set(frame["output_len"]) <= {2, 4, 6, 8, 10}

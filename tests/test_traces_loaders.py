@@ -32,8 +32,8 @@ def _means(workload):
 
 
 def test_available_formats():
-    assert available_formats() == ["azure", "canonical", "lengths", "llmservingsim", "mooncake",
-                                   "oracle"]
+    assert available_formats() == ["azure", "burstgpt", "canonical", "lengths", "llmservingsim", "mooncake",
+                                   "oracle", "servegen", "sharegpt"]
 
 
 def test_mooncake_conversation_counts_and_means(mooncake_conv):

@@ -2,7 +2,7 @@
 
     load_workload("conversation_trace.jsonl.gz")                 # sniffed: mooncake
     load_workload("sharegpt.csv.gz", fmt="lengths", rate_per_s=4)
-    available_formats()  # ['azure', 'canonical', 'lengths', 'llmservingsim', 'mooncake', 'oracle']
+    available_formats()  # ['azure', 'burstgpt', 'canonical', 'lengths', ..., 'servegen', 'sharegpt']
 
 Sniffing looks at the encoding (from the extension, else the first byte) and the keys of the
 first JSON line / the CSV header / the Parquet schema, and picks the format whose signature
