@@ -14,6 +14,7 @@ from servesim.traces.errors import InputError
 SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 BENCH = "vllm bench serve"
 HELP = {
+    "te": "also write the simulated timeline as a Chrome trace (ui.perfetto.dev); with --step-trace, every chunk",
     "dataset_name": "generate the workload as `vllm bench serve` would (instead of TRACE): "
                     "random | sharegpt | sonnet | shared_prefix",
     "dataset_path": "sharegpt: the ShareGPT JSON its lengths come from; without --dataset-name: the TRACE",
@@ -75,6 +76,7 @@ def replay(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
     step_trace: Path = typer.Option(None, "--step-trace", help="write every engine step in the oracle's schema"),
+    trace_events: Path = typer.Option(None, "--trace-events", help=HELP["te"]),
     dataset_name: str = typer.Option(None, "--dataset-name", rich_help_panel=BENCH, help=HELP["dataset_name"]),
     dataset_path: Path = typer.Option(None, "--dataset-path", rich_help_panel=BENCH, help=HELP["dataset_path"]),
     num_prompts: int = typer.Option(None, "--num-prompts", rich_help_panel=BENCH, help=HELP["num_prompts"]),
@@ -101,9 +103,9 @@ def replay(
     from servesim.running import run
     from servesim.cli import freeze_startup_objects, on_interrupt
     from servesim.commands.bench_flags import BenchFlags, workload_from_flags
-    from servesim.report import make_console, print_summary, progress_reporter
+    from servesim.report import make_console, progress_reporter
 
-    _check_outputs(out, step_trace, overwrite)  # before any work: a refused --out costs nothing
+    _check_outputs(out, step_trace, overwrite, trace_events)  # before any work: a refused --out costs nothing
     results = _result_options(percentile_metrics, metric_percentiles, save_result, save_detailed, result_dir,
                               result_filename, label, metadata)
     flags = BenchFlags(dataset_name, dataset_path, num_prompts, request_rate, burstiness, max_concurrency,
@@ -121,6 +123,13 @@ def replay(
     freeze_startup_objects()
     with progress_reporter(err, len(wl.requests)) as progress:
         res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
+    _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite)
+
+
+def _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite) -> None:
+    """The summary on the console, then what the flags ask beside the result folder."""
+    from servesim.report import make_console, print_summary
+
     if exe is not None:
         from servesim.report import write_gpu_timings
 
@@ -128,16 +137,23 @@ def replay(
     print_summary(make_console(), res.summary, wl, out)
     if results.save_result:
         _save_bench_result(res, results, flags, wl, cfg, goodput)
+    if trace_events is not None:
+        from servesim.perfetto import write_chrome_trace
+
+        path = write_chrome_trace(out, trace_events, step_trace, overwrite=overwrite)
+        make_console().print(f"timeline trace: {path} (open it at https://ui.perfetto.dev)", highlight=False)
 
 
-def _check_outputs(out: Path, step_trace: Path | None, overwrite: bool) -> None:
-    """Refuse an --out or --step-trace that would replace something not ours to replace."""
+def _check_outputs(out: Path, step_trace: Path | None, overwrite: bool, trace_events: Path | None = None) -> None:
+    """Refuse an --out, --step-trace or --trace-events that would replace something not ours to replace."""
     from servesim.simulator.outdir import check_output
     from servesim.simulator.outfile import check_output_file
 
     check_output(out, overwrite=overwrite)
     if step_trace is not None:
         check_output_file(step_trace, overwrite=overwrite, flag="--step-trace")
+    if trace_events is not None:
+        check_output_file(trace_events, overwrite=overwrite, flag="--trace-events")
 
 
 def _replay_config(cfg, macro_steps: bool, fast_forward: bool, frontend: bool, goodput: list[str],
