@@ -120,3 +120,38 @@ def test_replay_writes_a_trace_of_overlapping_async_steps(tmp_path):
     assert bad.exit_code == 2 and "no completed run" in bad.output
     zero = CliRunner().invoke(app, ["export-trace", str(out), "--out", str(tmp_path / "t.json"), "--max-steps", "0"])
     assert zero.exit_code == 2 and "--max-steps" in zero.output
+
+
+@pytest.mark.slow  # draws every figure of a run (~8 s here)
+def test_report_names_the_run_and_draws_request_timelines(tmp_path):
+    from servesim.plots import plot_results
+    from servesim.plots.context import run_context
+    from servesim.plots.timeline import shown_requests
+
+    from servesim.running import load_trace, run
+    from servesim.simulator.config import SimConfig
+
+    res = run(SimConfig(), load_trace(None, max_requests=30), out_dir=tmp_path / "r")
+    line = run_context(tmp_path / "r")
+    assert line.startswith("llama-3.1-8b on h100 (TP 1, PP 1), vllm 0.19.1 engine; trace sharegpt-300 (first 30)")
+    assert "seed 0; servesim " in line
+    pngs, report = plot_results(tmp_path / "r")
+    text = report.read_text()
+    assert "llama-3.1-8b on h100" in text and "Request timelines" in text
+    assert any(p.name == "request_timelines.png" for p in pngs)
+    picked = shown_requests(res.requests, limit=8)
+    assert len(picked) == 8 and picked == sorted(picked, key=res.requests["request_id"].tolist().index)
+    assert run_context(tmp_path) == ""  # not a result: nothing to name
+
+
+def test_request_gantt_draws_each_phase():
+    from servesim.plots.timeline import request_gantt
+
+    class Res:
+        requests, steps, _ = _tables()
+
+    Res.requests = Res.requests.assign(e2e_s=[8.0, np.nan])
+    fig = request_gantt(Res, _tables()[2])
+    bars = [p for p in fig.axes[0].patches if p.get_width() > 0]
+    assert len(bars) == 7  # a's queued, 2 prefill chunks, decode, preempted, prefill, decode; b has no span
+    assert [t.get_text().strip() for t in fig.axes[0].texts] == ["1x preempted", "rejected"]
