@@ -35,17 +35,10 @@ HELP = {
 
 
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm", pp=1):
-    from servesim.overrides import apply_overrides, split_set_items
-    from servesim.simulator.config import CostModelConfig, SimConfig
+    from servesim.overrides import split_set_items
+    from servesim.replay_config import build_config
 
-    cfg = SimConfig()
-    cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp, pp=pp)
-    cfg.cost_model = CostModelConfig(name=cost_model)
-    if Path(cost_model).suffix in (".json", ".yaml", ".yml"):  # a fitted model file from `servesim fit`
-        cfg.cost_model = CostModelConfig(name="profiled", params={"path": cost_model})
-    cfg.seed = seed
-    cfg.engine = engine
-    return apply_overrides(cfg, split_set_items(sets))
+    return build_config(model, gpu, tp, cost_model, seed, split_set_items(sets), engine, pp)
 
 
 @app.command()
@@ -102,7 +95,7 @@ def replay(
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.running import run
     from servesim.cli import freeze_startup_objects, on_interrupt
-    from servesim.commands.bench_flags import BenchFlags, workload_from_flags
+    from servesim.bench_traffic import BenchFlags, workload_from_flags
     from servesim.report import make_console, progress_reporter
 
     _check_outputs(out, step_trace, overwrite, trace_events)  # before any work: a refused --out costs nothing
@@ -166,18 +159,9 @@ def _replay_config(cfg, macro_steps: bool, fast_forward: bool, frontend: bool, g
                                         "are on by default (--no-macro-steps turns them off)")
     if not macro_steps:
         cfg.macro_steps = False
-    if frontend:
-        cfg.frontend = dataclasses.replace(cfg.frontend, enabled=True)
-    if goodput:
-        from servesim.overrides import apply_overrides
-        from servesim.traces.bench import parse_goodput
+    from servesim.replay_config import client_switches
 
-        cfg = apply_overrides(cfg, parse_goodput(goodput))
-    if max_concurrency is not None:  # the client's semaphore (simulator/client.py), as vllm bench's
-        if max_concurrency < 1:
-            raise InputError(f"got {max_concurrency!r}", field="--max-concurrency", allowed="an integer >= 1")
-        cfg.client = dataclasses.replace(cfg.client, max_concurrency=max_concurrency)
-    return cfg
+    return client_switches(cfg, frontend, goodput, max_concurrency)
 
 
 def _result_options(percentile_metrics, metric_percentiles, save_result, save_detailed, result_dir,
@@ -198,7 +182,7 @@ def _result_options(percentile_metrics, metric_percentiles, save_result, save_de
 def _save_bench_result(res, results, flags, wl, cfg, goodput: list[str]) -> None:
     """--save-result: the run in `vllm bench serve`'s result file (servesim/bench_serve.py)."""
     from servesim.bench_serve import write_result
-    from servesim.commands.bench_flags import traffic_of
+    from servesim.bench_traffic import traffic_of
     from servesim.report import make_console
     from servesim.simulator.bench_metrics import GoodputSlo
     from servesim.simulator.specs.models import resolve_model

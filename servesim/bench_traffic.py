@@ -1,4 +1,5 @@
-"""`replay`'s `vllm bench serve` flags: which workload they ask for, and which combinations cannot apply.
+"""The `vllm bench serve` traffic flags of `replay` (and `servesim.api.replay`): which workload they
+ask for, and which combinations cannot apply.
 
 With `--dataset-name` the workload is generated as `vllm bench serve` would (traces/bench.py). Without
 it the flags act on TRACE (or `--dataset-path`, the same file):
