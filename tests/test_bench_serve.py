@@ -145,3 +145,16 @@ def test_sharegpt_json_as_trace_and_as_dataset_path(tmp_path):
     _cli("replay", "--dataset-name", "sharegpt", "--dataset-path", path, "--num-prompts", 20, "--out", tmp_path / "b")
     frame = pd.read_parquet(tmp_path / "b" / "requests.parquet")
     assert len(frame) == 20 and set(frame["output_len"]) <= {2, 4, 6, 8, 10}
+
+
+def test_eta_follows_simulated_time_while_requests_arrive_and_speed_has_two_digits():
+    from servesim.report import _speed, eta_s
+
+    # 10 s elapsed, 25 of 100 simulated seconds of arrivals done: 30 s more, whatever has finished
+    assert eta_s(10.0, 25.0, 1, 50, span_s=100.0) == pytest.approx(30.0)
+    assert eta_s(10.0, 25.0, 40, 50, span_s=100.0) == pytest.approx(30.0)
+    # every request has arrived: draining, paced by requests finished
+    assert eta_s(10.0, 120.0, 40, 50, span_s=100.0) == pytest.approx(2.5)
+    assert eta_s(10.0, 0.0, 0, 50, span_s=100.0) is None and eta_s(10.0, 5.0, 50, 50, span_s=100.0) is None
+    assert _speed({"sim_speedup_x": 0.31}) == ", 0.31x real time"
+    assert _speed({"sim_speedup_x": 950.4}) == ", 950x real time" and _speed({"sim_speedup_x": None}) == ""

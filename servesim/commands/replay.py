@@ -114,7 +114,8 @@ def replay(
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
                  "a partial replay is not kept); run the same command again to start over", unless_published=out)
     freeze_startup_objects()
-    with progress_reporter(err, len(wl.requests)) as progress:
+    span_s = wl.requests[-1].arrival_time_s if wl.requests else None
+    with progress_reporter(err, len(wl.requests), span_s=span_s) as progress:
         res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
     _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite)
 
