@@ -63,10 +63,12 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     from servesim.plots import offload as op
     from servesim.plots import sweep as sp
     from servesim.plots.report import sweep_table, write_report
+    from servesim.plots.partial import partial_sweep
     from servesim.scenario.model import short_label
     from servesim.scenario.results import load_sweep
 
-    sw = load_sweep(folder)
+    finished = (Path(folder) / "sweep.parquet").is_file()
+    sw = load_sweep(folder) if finished else partial_sweep(folder)
     out = Path(out) if out is not None else Path(folder) / "plots"
     labels = {v["name"]: short_label(v["params"]) for v in sw.info.get("variants", [])}
     sections = []
@@ -90,6 +92,9 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     if len(ok) > MAX_VARIANT_PAGES:  # say what the pages leave out: the table and overview have every variant
         desc += (f" Detail pages show the first {MAX_VARIANT_PAGES} of {len(ok)} finished variants; the others "
                  f"({', '.join(list(ok['variant'])[MAX_VARIANT_PAGES:])}) are in the table and overview figures.")
+    if not finished:
+        desc += (f" This sweep did not finish: {len(ok)} of {len(sw.table)} variants have results; the figures "
+                 f"show those (run the same `servesim run` again to finish it).")
     if info.get("smoke"):
         desc += " (smoke run: a few requests per variant; numbers are not meaningful)"
     report = write_report(out, f"servesim sweep: {info.get('scenario', Path(folder).name)}", desc.strip(),
@@ -108,7 +113,8 @@ def plot_results(folder: str | Path, out: str | Path | None = None, *,
     from servesim.simulator.outdir import result_kind, staged_output
 
     folder = Path(folder).expanduser()
-    plot = plot_sweep if (folder / "sweep.parquet").is_file() else plot_run
+    is_sweep = (folder / "sweep.parquet").is_file() or (folder / "sweep.json").is_file()  # finished or not
+    plot = plot_sweep if is_sweep else plot_run
     if plot is plot_run and not (folder / "summary.json").is_file():
         _not_results(folder)
     target = Path(out).expanduser() if out is not None else folder / "plots"
