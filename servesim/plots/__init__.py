@@ -48,14 +48,16 @@ def run_figures(res, out: Path, prefix: str = "", cdfs: bool = True) -> list[tup
 
 def plot_run(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
     from servesim.plots.context import run_context
+    from servesim.plots.interactive import charts_html, run_charts
     from servesim.plots.report import run_table, write_report
     from servesim.scenario.results import load_results
 
     res = load_results(folder)
     out = Path(out) if out is not None else Path(folder) / "plots"
     figs = run_figures(res, out)
+    charts = charts_html(run_charts(res, Path(folder).name))
     report = write_report(out, f"servesim run: {Path(folder).name}", run_context(folder), run_table(res.summary),
-                          [("Figures", figs, False)])
+                          [("Figures", figs, False)], charts)
     return [p for p, _ in figs], report
 
 
@@ -63,6 +65,7 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     from servesim.plots import offload as op
     from servesim.plots import sweep as sp
     from servesim.plots.report import sweep_table, write_report
+    from servesim.plots.interactive import charts_html, sweep_charts
     from servesim.plots.partial import partial_sweep
     from servesim.scenario.model import short_label
     from servesim.scenario.results import load_sweep
@@ -98,7 +101,7 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     if info.get("smoke"):
         desc += " (smoke run: a few requests per variant; numbers are not meaningful)"
     report = write_report(out, f"servesim sweep: {info.get('scenario', Path(folder).name)}", desc.strip(),
-                          sweep_table(sw.table, labels), sections)
+                          sweep_table(sw.table, labels), sections, charts_html(sweep_charts(sw, labels)))
     return [p for _, imgs, _ in sections for p, _ in imgs], report
 
 
