@@ -112,6 +112,10 @@ def load_sharegpt(path: Path, *, rate_per_s: float | None = None, process: str =
                   seed: int = 0, num_requests: int | None = None, chars_per_token: float = CHARS_PER_TOKEN,
                   tokenizer: str | None = None, prune: bool = False) -> Workload:
     """Raw ShareGPT JSON: first turn = prompt, second = output; lengths by a 4-chars/token estimate."""
+    if rate_per_s is None:  # before reading what may be a large file
+        raise InputError("a ShareGPT file has no arrival times", field="rate_per_s",
+                         allowed="a rate: --request-rate R (and --burstiness) on the command line, "
+                                 "rate_per_s (and process, cv, seed) in Python or YAML options")
     count = _counter(tokenizer, chars_per_token)
     lengths: list[tuple[int, int]] = []
     skipped = 0
@@ -141,11 +145,7 @@ def load_sharegpt(path: Path, *, rate_per_s: float | None = None, process: str =
     return Workload(requests, name=trace_name(path), source=source)
 
 
-def _arrivals(rate_per_s: float | None, process: str, cv: float | None, seed: int, num: int) -> list[float]:
-    if rate_per_s is None:
-        raise InputError("a ShareGPT file has no arrival times", field="rate_per_s",
-                         allowed="a rate: --request-rate R (and --burstiness) on the command line, "
-                                 "rate_per_s (and process, cv, seed) in Python or YAML options")
+def _arrivals(rate_per_s: float, process: str, cv: float | None, seed: int, num: int) -> list[float]:
     if rate_per_s == math.inf:
         return [0.0] * num
     arrival = ArrivalConfig(process=process, rate_per_s=rate_per_s, cv=cv)
