@@ -87,3 +87,4 @@ def test_an_unfinished_sweep_is_plotted_from_the_variants_it_finished(tmp_path, 
     _pngs, report = plot_results(tmp_path / "sweep")
     html = report.read_text()
     assert "did not finish: 2 of 3 variants have results" in html and "not run (the sweep did not finish)" in html
+    assert "First finished variant: llama-3.1-8b on h100 (TP 1, PP 1)" in html

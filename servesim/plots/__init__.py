@@ -95,6 +95,11 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     if len(ok) > MAX_VARIANT_PAGES:  # say what the pages leave out: the table and overview have every variant
         desc += (f" Detail pages show the first {MAX_VARIANT_PAGES} of {len(ok)} finished variants; the others "
                  f"({', '.join(list(ok['variant'])[MAX_VARIANT_PAGES:])}) are in the table and overview figures.")
+    if len(ok):  # what the variants share, named from the first (the table shows what they vary)
+        from servesim.plots.context import run_context
+        from servesim.scenario.store import variant_dir
+
+        desc += f" First finished variant: {run_context(variant_dir(Path(folder), ok['variant'].iloc[0]))}."
     if not finished:
         desc += (f" This sweep did not finish: {len(ok)} of {len(sw.table)} variants have results; the figures "
                  f"show those (run the same `servesim run` again to finish it).")
