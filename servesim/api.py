@@ -20,12 +20,13 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
            max_requests: int | None = None, rate_scale: float | None = None, dataset_name: str | None = None,
            dataset_path: str | Path | None = None, num_prompts: int | None = None, request_rate: float | None = None,
            burstiness: float | None = None, max_concurrency: int | None = None, goodput: list[str] | None = None,
-           frontend: bool = False, out_dir: str | Path | None = None, overwrite: bool = False,
-           **overrides) -> Results:
+           frontend: bool = False, options: dict | None = None, out_dir: str | Path | None = None,
+           overwrite: bool = False, **overrides) -> Results:
     """`servesim replay` in Python: the same options (vllm bench's as keyword arguments, e.g.
     dataset_name="random", request_rate=8, max_concurrency=16, goodput=["ttft:500"]) with the same
     validation; other config fields as dotted keys with "__" for ".": scheduler__max_num_seqs=64.
-    The `--random-*` lengths are options of dataset_name="random": random_input_len=..., etc."""
+    The `--random-*` lengths are options of dataset_name="random": random_input_len=..., etc.;
+    `options` are the trace format loader's (--trace-option), e.g. {"start_s": 36000} for ServeGen."""
     from servesim.bench_traffic import RANDOM_FLAGS, BenchFlags, workload_from_flags
     from servesim.replay_config import build_config, client_switches
     from servesim.running import _check_arg, _is_int
@@ -44,7 +45,9 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
     cfg = client_switches(cfg, frontend, goodput, max_concurrency)
     flags = BenchFlags(dataset_name, None if dataset_path is None else Path(dataset_path), num_prompts,
                        request_rate, burstiness, max_concurrency, random=random)
-    wl = workload_from_flags(flags, None if trace is None else Path(trace), fmt, seed, max_requests, rate_scale)
+    _check_arg(options, options is None or isinstance(options, dict), "options", "a dict of loader options, or None")
+    wl = workload_from_flags(flags, None if trace is None else Path(trace), fmt, seed, max_requests, rate_scale,
+                             options)
     return run(cfg, wl, out_dir=out_dir, overwrite=overwrite)
 
 

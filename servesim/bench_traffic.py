@@ -72,9 +72,28 @@ def bench_workload_from_flags(flags: BenchFlags, seed: int, max_requests: int | 
     return bench_workload(BenchConfig(dataset_name=flags.dataset_name, seed=seed, dataset_path=path, **given))
 
 
+def parse_trace_options(items: list[str]) -> dict:
+    """`--trace-option start_s=36000 --trace-option all_clients=true`: the format loader's options,
+    each value read as a YAML scalar (numbers, true/false, null, else text)."""
+    import yaml
+
+    out = {}
+    for item in (x for arg in items for x in arg.split()):
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"got {item!r}", field="--trace-option", allowed="KEY=VALUE, e.g. start_s=36000")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        out[key] = value if isinstance(value, (int, float, bool, str)) or value is None else text
+    return out
+
+
 def trace_workload_from_flags(flags: BenchFlags, trace: Path | None, fmt: str, seed: int,
-                              max_requests: int | None, rate_scale: float | None):
-    """No --dataset-name: TRACE (or --dataset-path) loaded with the bench flags that apply to a trace."""
+                              max_requests: int | None, rate_scale: float | None, options: dict | None = None):
+    """No --dataset-name: TRACE (or --dataset-path) loaded with the bench flags that apply to a trace
+    and the format loader's `options` (--trace-option)."""
     from servesim.running import load_trace
 
     if _given_random(flags):
@@ -92,13 +111,18 @@ def trace_workload_from_flags(flags: BenchFlags, trace: Path | None, fmt: str, s
     if flags.burstiness is not None and flags.request_rate is None:
         raise InputError("--burstiness shapes the gaps --request-rate draws", field="--burstiness",
                          allowed="with --request-rate")
-    options = None
+    options = dict(options or {})
     if flags.request_rate is not None:
         if rate_scale is not None:
             raise InputError("--request-rate sets a length-only trace's rate; --rate-scale scales a timed "
                              "trace's", field="--rate-scale", allowed="one of the two")
-        options = _rate_options(trace, fmt, flags.request_rate, flags.burstiness or 1.0, seed)
-    return load_trace(trace, fmt, max_requests, rate_scale, options=options)
+        rate = _rate_options(trace, fmt, flags.request_rate, flags.burstiness or 1.0, seed)
+        both = sorted(set(rate) & set(options))
+        if both:
+            raise InputError(f"--trace-option {both[0]} and --request-rate both set the arrivals",
+                             field="--trace-option", allowed="one of the two")
+        options.update(rate)
+    return load_trace(trace, fmt, max_requests, rate_scale, options=options or None)
 
 
 def _rate_options(trace: Path | None, fmt: str, rate: float, burstiness: float, seed: int) -> dict:
@@ -122,12 +146,15 @@ def _rate_options(trace: Path | None, fmt: str, rate: float, burstiness: float, 
 
 
 def workload_from_flags(flags: BenchFlags, trace: Path | None, fmt: str, seed: int,
-                        max_requests: int | None, rate_scale: float | None):
+                        max_requests: int | None, rate_scale: float | None, options: dict | None = None):
     if flags.dataset_name is not None:
         if trace is not None:
             raise InputError("give either a TRACE or --dataset-name, not both", field="--dataset-name")
+        if options:
+            raise InputError("--trace-option applies to a TRACE's loader", field="--trace-option",
+                             allowed="a TRACE (or --dataset-path without --dataset-name)")
         return bench_workload_from_flags(flags, seed, max_requests, rate_scale)
-    return trace_workload_from_flags(flags, trace, fmt, seed, max_requests, rate_scale)
+    return trace_workload_from_flags(flags, trace, fmt, seed, max_requests, rate_scale, options)
 
 
 def traffic_of(flags: BenchFlags, workload):

@@ -158,3 +158,28 @@ def test_eta_follows_simulated_time_while_requests_arrive_and_speed_has_two_digi
     assert eta_s(10.0, 0.0, 0, 50, span_s=100.0) is None and eta_s(10.0, 5.0, 50, 50, span_s=100.0) is None
     assert _speed({"sim_speedup_x": 0.31}) == ", 0.31x real time"
     assert _speed({"sim_speedup_x": 950.4}) == ", 950x real time" and _speed({"sim_speedup_x": None}) == ""
+
+
+def test_trace_options_reach_the_loader(tmp_path):
+    from servesim.bench_traffic import parse_trace_options
+
+    assert parse_trace_options(["start_s=60 all_clients=true", "model=GPT-4", "x=", "n=null"]) == \
+        {"start_s": 60, "all_clients": True, "model": "GPT-4", "x": "", "n": None}
+    with pytest.raises(InputError, match="--trace-option"):
+        parse_trace_options(["start_s"])
+    (tmp_path / "chunk-3-trace.csv").write_text("0,0,0,,0,0\n60,3.0,1.0,Gamma,1.0,0.3\n")
+    (tmp_path / "chunk-3-dataset.json").write_text(json.dumps({"0": {"input_tokens": "{64: 1.0}",
+                                                                     "output_tokens": "{4: 1.0}"}}))
+    _cli("replay", tmp_path / "chunk-3-trace.csv", "--format", "servegen", "--trace-option", "start_s=60",
+         "--trace-option", "duration_s=20", "--out", tmp_path / "r")
+    frame = pd.read_parquet(tmp_path / "r" / "requests.parquet")
+    assert 20 < len(frame) < 110 and set(frame["prompt_len"]) == {64}  # ~3/s over 20 s
+    assert "start_s: 60" in (tmp_path / "r" / "config.yaml").read_text()
+    from servesim.cli import app
+
+    bad = CliRunner().invoke(app, ["replay", str(tmp_path / "chunk-3-trace.csv"), "--format", "servegen",
+                                   "--trace-option", "start=60", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "unknown option(s) start" in bad.output and "start_s" in bad.output
+    bad = CliRunner().invoke(app, ["replay", "--dataset-name", "random", "--trace-option", "a=1",
+                                   "--out", str(tmp_path / "y")])
+    assert bad.exit_code == 2 and "--trace-option" in bad.output

@@ -14,6 +14,7 @@ from servesim.traces.errors import InputError
 SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 BENCH = "vllm bench serve"
 HELP = {
+    "to": "a trace-format loader option KEY=VALUE (repeatable), e.g. --format servegen --trace-option start_s=36000",
     "te": "also write the simulated timeline as a Chrome trace (ui.perfetto.dev); with --step-trace, every chunk",
     "dataset_name": "generate the workload as `vllm bench serve` would (instead of TRACE): "
                     "random | sharegpt | sonnet | shared_prefix",
@@ -45,6 +46,7 @@ def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm", pp=1):
 def replay(
     trace: Path = typer.Argument(None, help="trace file (default: the bundled ShareGPT sample)"),
     fmt: str = typer.Option("auto", "--format", help="trace format (auto sniffs; see traces.available_formats)"),
+    trace_options: list[str] = typer.Option([], "--trace-option", help=HELP["to"]),
     model: str = typer.Option("llama-3.1-8b", "--model"),
     gpu: str = typer.Option("h100", "--gpu"),
     tp: int = typer.Option(1, "--tp"),
@@ -95,7 +97,7 @@ def replay(
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.running import run
     from servesim.cli import freeze_startup_objects, on_interrupt
-    from servesim.bench_traffic import BenchFlags, workload_from_flags
+    from servesim.bench_traffic import BenchFlags, parse_trace_options, workload_from_flags
     from servesim.report import make_console, progress_reporter
 
     _check_outputs(out, step_trace, overwrite, trace_events)  # before any work: a refused --out costs nothing
@@ -107,7 +109,7 @@ def replay(
     cfg = _replay_config(_build_config(model, gpu, tp, cost_model, seed, sets, engine, pp),
                          macro_steps, fast_forward, frontend, goodput, max_concurrency)
     _check_trace_word(trace)
-    wl = workload_from_flags(flags, trace, fmt, seed, max_requests, rate_scale)
+    wl = workload_from_flags(flags, trace, fmt, seed, max_requests, rate_scale, parse_trace_options(trace_options))
     _check_executor(executor, clock, sampling)
     err = make_console(stderr=True)
     cfg, exe = _gpu_executor(cfg, device, clock, sampling, err) if executor == "gpu" else (cfg, None)
