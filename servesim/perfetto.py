@@ -33,7 +33,7 @@ import numpy as np
 from servesim.timeline import request_timelines
 
 MAX_REQUESTS = 20_000  # ~6 events a request: a few MB of JSON, which the Perfetto UI opens quickly
-MAX_STEPS = 100_000
+MAX_STEPS = 50_000  # ~20 MB of JSON, written in ~4 s
 _US = 1e6
 
 
@@ -47,15 +47,16 @@ def _replicas(table) -> np.ndarray:
 
 def _step_events(steps, max_steps: int) -> tuple[list[dict], int]:
     stride = _stride(len(steps), max_steps)
-    cols = {c: np.asarray(steps[c]) for c in ("step", "start_s", "duration_s", "num_requests", "num_prefill_tokens",
-                                              "num_decode_tokens", "num_preemptions", "kv_usage", "num_running",
-                                              "num_waiting")}
-    replica = _replicas(steps)
+    # Python lists of the kept rows: one conversion per column, not one numpy scalar per cell
+    cols = {c: np.asarray(steps[c])[::stride].tolist()
+            for c in ("step", "start_s", "duration_s", "num_requests", "num_prefill_tokens", "num_decode_tokens",
+                      "num_preemptions", "kv_usage", "num_running", "num_waiting")}
+    replica = _replicas(steps)[::stride].tolist()
     events = []
     lanes: dict[int, list[float]] = {}  # replica -> each lane's last step end (us)
-    for i in range(0, len(steps), stride):
-        pid, ts = int(replica[i]) + 1, float(cols["start_s"][i]) * _US
-        dur = float(cols["duration_s"][i]) * _US
+    for i in range(len(replica)):
+        pid, ts = replica[i] + 1, cols["start_s"][i] * _US
+        dur = cols["duration_s"][i] * _US
         # Slices on one thread must nest: a step that starts before the previous one ended (async
         # scheduling overlaps them) goes on the first lane free by then.
         ends = lanes.setdefault(pid, [])
@@ -64,14 +65,14 @@ def _step_events(steps, max_steps: int) -> tuple[list[dict], int]:
             ends.append(0.0)
         ends[lane] = ts + dur
         prefill, decode = int(cols["num_prefill_tokens"][i]), int(cols["num_decode_tokens"][i])
+        kv = cols["kv_usage"][i]
         name = "prefill+decode" if prefill and decode else "prefill" if prefill else "decode"
         events.append({"name": name, "cat": "step", "ph": "X", "pid": pid, "tid": lane + 1, "ts": ts, "dur": dur,
                        "args": {"step": int(cols["step"][i]), "num_requests": int(cols["num_requests"][i]),
                                 "num_prefill_tokens": prefill, "num_decode_tokens": decode,
-                                "num_preemptions": int(cols["num_preemptions"][i]),
-                                "kv_usage": float(cols["kv_usage"][i])}})
+                                "num_preemptions": int(cols["num_preemptions"][i]), "kv_usage": kv}})
         events.append({"name": "KV cache usage (%)", "ph": "C", "pid": pid, "ts": ts,
-                       "args": {"kv_usage_pct": round(100.0 * float(cols["kv_usage"][i]), 3)}})
+                       "args": {"kv_usage_pct": round(100.0 * kv, 3)}})
         events.append({"name": "requests", "ph": "C", "pid": pid, "ts": ts,
                        "args": {"running": int(cols["num_running"][i]), "waiting": int(cols["num_waiting"][i])}})
     return events, stride, {pid: len(ends) for pid, ends in lanes.items()}

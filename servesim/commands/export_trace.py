@@ -16,7 +16,7 @@ def export_trace(
     step_trace: Path = typer.Option(None, "--step-trace", help="the run's step trace (replay --step-trace): "
                                                                "each prefill chunk, decode run and preemption"),
     max_requests: int = typer.Option(20_000, "--max-requests", help="requests kept (every k-th beyond)"),
-    max_steps: int = typer.Option(200_000, "--max-steps", help="steps kept (every k-th beyond)"),
+    max_steps: int = typer.Option(50_000, "--max-steps", help="steps kept (every k-th beyond)"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
 ) -> None:
     """Write RUN's engine steps, requests (with their phases) and KV/queue counters as a Chrome trace
