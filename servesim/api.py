@@ -16,20 +16,81 @@ from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path  # noqa: F
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,
-           seed: int = 0, out_dir: str | Path | None = None, overwrite: bool = False, **overrides) -> Results:
-    """Replay a trace (None: the bundled default) with vLLM 0.19 defaults; overrides use dotted keys."""
-    from servesim.overrides import apply_overrides
+           pp: int = 1, seed: int = 0, cost_model: str = "roofline", engine: str = "vllm", fmt: str = "auto",
+           max_requests: int | None = None, rate_scale: float | None = None, dataset_name: str | None = None,
+           dataset_path: str | Path | None = None, num_prompts: int | None = None, request_rate: float | None = None,
+           burstiness: float | None = None, max_concurrency: int | None = None, goodput: list[str] | None = None,
+           frontend: bool = False, options: dict | None = None, out_dir: str | Path | None = None,
+           overwrite: bool = False, **overrides) -> Results:
+    """`servesim replay` in Python: the same options (vllm bench's as keyword arguments, e.g.
+    dataset_name="random", request_rate=8, max_concurrency=16, goodput=["ttft:500"]) with the same
+    validation; other config fields as dotted keys with "__" for ".": scheduler__max_num_seqs=64.
+    The `--random-*` lengths are options of dataset_name="random": random_input_len=..., etc.;
+    `options` are the trace format loader's (--trace-option), e.g. {"start_s": 36000} for ServeGen."""
+    from servesim.bench_traffic import RANDOM_FLAGS, BenchFlags, workload_from_flags
+    from servesim.replay_config import build_config, client_switches
     from servesim.running import _check_arg, _is_int
 
-    for name, value in (("model", model), ("gpu", gpu)):
+    for name, value in (("model", model), ("gpu", gpu), ("cost_model", cost_model), ("engine", engine),
+                        ("fmt", fmt)):
         _check_arg(value, isinstance(value, str) and bool(value), name, "a name, e.g. llama-3.1-8b / h100")
-    _check_arg(tp, _is_int(tp) and tp >= 1, "tp", "an integer >= 1")
+    for name, value in (("tp", tp), ("pp", pp)):
+        _check_arg(value, _is_int(value) and value >= 1, name, "an integer >= 1")
     _check_arg(seed, _is_int(seed), "seed", "an integer")
-    cfg = SimConfig()
-    cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
-    cfg.seed = seed
-    cfg = apply_overrides(cfg, {k.replace("__", "."): v for k, v in overrides.items()})
-    return run(cfg, load_trace(trace), out_dir=out_dir, overwrite=overwrite)
+    _check_arg(trace, trace is None or isinstance(trace, (str, Path)), "trace",
+               "a trace file path (str or pathlib.Path), or None for the bundled trace")
+    random = {k: overrides.pop(k, None) for k in RANDOM_FLAGS}
+    cfg = build_config(model, gpu, tp, cost_model, seed, {k.replace("__", "."): v for k, v in overrides.items()},
+                       engine, pp)
+    cfg = client_switches(cfg, frontend, goodput, max_concurrency)
+    flags = BenchFlags(dataset_name, None if dataset_path is None else Path(dataset_path), num_prompts,
+                       request_rate, burstiness, max_concurrency, random=random)
+    _check_arg(options, options is None or isinstance(options, dict), "options", "a dict of loader options, or None")
+    wl = workload_from_flags(flags, None if trace is None else Path(trace), fmt, seed, max_requests, rate_scale,
+                             options)
+    return run(cfg, wl, out_dir=out_dir, overwrite=overwrite)
+
+
+def cluster(config: str | Path, trace: str | Path | None = None, *, fmt: str | None = None,
+            max_requests: int | None = None, rate_scale: float | None = None, out_dir: str | Path | None = None,
+            overwrite: bool = False, smoke: bool = False):
+    """`servesim cluster CONFIG [TRACE]` in Python: N replicas behind a router (docs/CLUSTER.md);
+    returns the cluster's results (`.summary`, `.requests`, `.steps`); with out_dir, the result folder."""
+    from servesim.cluster_run import run_cluster_file
+
+    return run_cluster_file(config, trace, fmt=fmt, max_requests=max_requests, rate_scale=rate_scale,
+                            out_dir=out_dir, overwrite=overwrite, smoke=smoke)[0]
+
+
+def plan(config: str | Path, trace: str | Path | None = None, *, max_requests: int | None = None,
+         rate_scale: float | None = None, out_dir: str | Path | None = None, overwrite: bool = False):
+    """`servesim plan CONFIG` in Python: the cheapest deployments that meet the SLO; returns the plan
+    table (a DataFrame); with out_dir, plan.csv and frontier.png there."""
+    from servesim.cluster_run import run_plan_file
+
+    return run_plan_file(config, trace, max_requests=max_requests, rate_scale=rate_scale, out_dir=out_dir,
+                         overwrite=overwrite)
+
+
+def validate(run_dir: str | Path, workload: str | Path, *, out_dir: str | Path, overwrite: bool = False,
+             **options) -> dict:
+    """`servesim validate RUN_DIR --workload FILE` in Python, for a measured run with a workload file
+    (llmservingsim or servesim layouts): the options are ValidateOptions' fields (cost_model, gpu,
+    model, num_gpu_blocks, cpu_overhead, frontend, ...); returns the report (validation.json's dict)."""
+    from servesim.simulator.outdir import check_output, staged_output
+    from servesim.validation_report import ValidateOptions, validate_run
+
+    check_output(out_dir, overwrite=overwrite)
+    fields = set(ValidateOptions.__dataclass_fields__)
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        from servesim.scheduler.registry import unknown_name_message
+        from servesim.traces.errors import InputError
+
+        raise InputError(unknown_name_message("option", unknown[0], sorted(fields)), field=unknown[0],
+                         allowed=", ".join(sorted(fields)))
+    with staged_output(Path(out_dir).expanduser(), "validate", overwrite=overwrite) as tmp:
+        return validate_run(Path(run_dir), Path(workload), ValidateOptions(**options), out_dir=tmp)
 
 
 def run_scenario(scenario, *, out_dir: str | Path | None = None, smoke: bool = False, sets=None,
@@ -78,5 +139,5 @@ def compare(runs: list[str | Path], out_dir: str | Path | None = None, overwrite
     return cmp
 
 
-__all__ = ["Results", "compare", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plot_results", "replay",
-           "run", "run_scenario"]
+__all__ = ["Results", "cluster", "compare", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plan",
+           "plot_results", "replay", "run", "run_scenario", "validate"]

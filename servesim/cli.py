@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # Every command module registers itself with @app.command() on import.
 COMMANDS = ("replay", "steptrace", "fit", "calibrate", "calibrate_frontend", "validate", "validate_bench", "run",
-            "plot", "plan", "cluster", "compare")
+            "plot", "plan", "cluster", "compare", "export_trace")
 
 # What the running command wants said if it is interrupted (set by the command, see on_interrupt).
 _interrupt_note: list[str] = []

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from servesim.simulator.kv_offload_report import summary_line as offload_summary_line
@@ -30,22 +30,41 @@ def make_console(stderr: bool = False) -> Console:
     return console
 
 
+def eta_s(elapsed_s: float, sim_t: float, done: int, total: int, span_s: float | None) -> float | None:
+    """Seconds of wall time left. While arrivals remain (sim_t < span_s, the last arrival) the run
+    must at least reach span_s on the simulated clock, at the pace simulated time has advanced so far;
+    once every request has arrived, what is left is draining, paced by requests finished. None when
+    nothing is known yet or the run is done."""
+    if done >= total or elapsed_s <= 0:
+        return None
+    if span_s is not None and 0 < sim_t < span_s:
+        return elapsed_s * (span_s - sim_t) / sim_t
+    return elapsed_s * (total - done) / done if done else None
+
+
 @contextlib.contextmanager
-def progress_reporter(console: Console, num_requests: int, every_s: float | None = None):
-    """Yield a callback(sim_time_s, requests_done): a bar with ETA on a terminal, log lines otherwise."""
+def progress_reporter(console: Console, num_requests: int, every_s: float | None = None,
+                      span_s: float | None = None):
+    """Yield a callback(sim_time_s, requests_done): a bar with an ETA (eta_s: from simulated time while
+    requests still arrive, `span_s` being the last arrival) on a terminal, log lines otherwise."""
     if not console.is_terminal:
         every = every_s if every_s is not None else float(os.environ.get("SERVESIM_PROGRESS_EVERY_S", LOG_EVERY_S))
-        yield _log_lines(console, num_requests, every)
+        yield _log_lines(console, num_requests, every, span_s)
         return
     prog = Progress(TextColumn("[bold]simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
-                    TextColumn("sim t={task.fields[sim_t]:.1f}s"), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=console, transient=True)
+                    TextColumn("sim t={task.fields[sim_t]:.1f}s"), TimeElapsedColumn(),
+                    TextColumn("ETA {task.fields[eta]}"), console=console, transient=True)
+    start = time.monotonic()
     with prog:
-        task = prog.add_task("sim", total=num_requests, sim_t=0.0)
-        yield lambda t, done: prog.update(task, completed=done, sim_t=t)
+        task = prog.add_task("sim", total=num_requests, sim_t=0.0, eta="-")
+
+        def update(t: float, done: int) -> None:
+            eta = eta_s(time.monotonic() - start, t, done, num_requests, span_s)
+            prog.update(task, completed=done, sim_t=t, eta="-" if eta is None else f"{eta:.0f} s")
+        yield update
 
 
-def _log_lines(console: Console, total: int, every_s: float):
+def _log_lines(console: Console, total: int, every_s: float, span_s: float | None = None):
     start = time.monotonic()
     last = [start]
 
@@ -55,7 +74,8 @@ def _log_lines(console: Console, total: int, every_s: float):
             return
         last[0] = now
         elapsed = now - start
-        eta = f", ETA {elapsed * (total - done) / done:.0f} s" if 0 < done < total else ""
+        left = eta_s(elapsed, sim_t, done, total, span_s)
+        eta = "" if left is None else f", ETA {left:.0f} s"
         console.print(f"simulating: {done}/{total} requests, sim t={sim_t:.1f} s, {elapsed:.0f} s elapsed{eta}",
                       highlight=False)
     return report
@@ -150,7 +170,11 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
 
 def _speed(s: dict) -> str:
     """", 950x real time"; nothing where no simulated clock ran (a GPU runner on its own clock)."""
-    return f", {s['sim_speedup_x']:.0f}x real time" if s.get("sim_speedup_x") else ""
+    x = s.get("sim_speedup_x")
+    if not x:
+        return ""
+    # Two significant digits below 10: a GPU-runner run at 0.3x real time is not "0x".
+    return f", {x:.0f}x real time" if x >= 10 else f", {x:.2g}x real time"
 
 
 def print_rejected(console: Console, s: dict) -> None:

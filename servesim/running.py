@@ -76,21 +76,27 @@ def _is_int(value) -> bool:
 
 
 def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | None = None,
-               rate_scale_factor: float | None = None) -> Workload:
+               rate_scale_factor: float | None = None, options: dict | None = None) -> Workload:
     """A trace file (None: the bundled default), optionally rate-scaled and cut to its first
-    max_requests requests."""
+    max_requests requests; `options` go to the format's loader (e.g. a length-only trace's
+    rate_per_s)."""
     _check_arg(trace, trace is None or isinstance(trace, (str, Path)), "trace",
                "a trace file path (str or pathlib.Path), or None for the bundled trace")
     _check_arg(max_requests, max_requests is None or (_is_int(max_requests) and max_requests >= 1),
                "--max-requests", "an integer >= 1, or none for the whole trace")
     if isinstance(trace, str):
         trace = Path(trace).expanduser()
-    wl = load_bundled(DEFAULT_TRACE) if trace is None else load_workload(trace, fmt)
+    _check_arg(options, options is None or isinstance(options, dict), "options",
+               "a dict of the format loader's options, or None")
+    if options and trace is None:
+        raise InputError("the bundled trace takes no loader options", field="options", allowed="a trace file")
+    wl = load_bundled(DEFAULT_TRACE) if trace is None else load_workload(trace, fmt, **(options or {}))
     if rate_scale_factor is not None and rate_scale_factor != 1.0:
         wl = rate_scale(wl, rate_scale_factor)
     if max_requests is not None:
         wl = request_limit(wl, max_requests)
     wl.spec = {"trace": DEFAULT_TRACE if trace is None else str(Path(trace).resolve()), "format": fmt,
+               **({"options": dict(options)} if options else {}),
                **({"rate_scale": rate_scale_factor} if rate_scale_factor not in (None, 1.0) else {}),
                **({"max_requests": max_requests} if max_requests is not None else {})}
     return wl

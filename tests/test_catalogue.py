@@ -58,6 +58,10 @@ def _write_inputs(d: Path) -> None:
     (d / "cluster_router.yaml").write_text("base: {hardware: {model: llama-3.1-8b, gpu: h100}}\n"
                                            "replicas: [{count: 2}]\nrouter: round_robn\n")
     (d / "cluster_gpu.yaml").write_text("base: {hardware: {model: llama-3.1-8b, gpu: h10}}\nreplicas: [{count: 2}]\n")
+    (d / "burst_bad.csv").write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                     "5,ChatGPT,472,18,490,x\n6,ChatGPT,four,3,7,x\n")
+    (d / "sg.json").write_text('[{"conversations": [{"value": "hi there"}, {"value": "yo"}]},\n {"id": 2}]')
+    (d / "chunk-1-trace.csv").write_text("0,2.0,1.0,Gamma,1.0,0.5\n")
     (d / "plan_replicas.yaml").write_text("cluster: {replicas: [{count: 1}]}\nsearch: {tp: [1]}\n")
     (d / "plan_key.yaml").write_text("cluster: {base: {hardware: {model: llama-3.1-8b, gpu: h100}}}\n"
                                      "serch: {tp: [1]}\n")
@@ -185,6 +189,46 @@ CLI_CASES = [
     ("plot-out-dot", "plot out --out .", "result", 2, ["current folder"]),
     ("validate-bench-out-foreign", "validate-bench {in}/five.jsonl --model llama-3.1-8b --gpu h100 --out out",
      "foreign", 2, ["not a servesim result"]),
+    # --- vllm bench serve flags ----------------------------------------------------------------
+    ("bench-rate-on-timed-trace", "replay {in}/five.jsonl --request-rate 4", None, 2,
+     ["five.jsonl", "--request-rate", "has its own arrival times", "--rate-scale"]),
+    ("bench-rate-on-bundled", "replay --request-rate 4", None, 2, ["--request-rate", "bundled trace"]),
+    ("bench-burstiness-alone", "replay --burstiness 2", None, 2, ["--burstiness", "with --request-rate"]),
+    ("bench-prompts-and-max", "replay --num-prompts 3 --max-requests 3", None, 2, ["--num-prompts", "one of the two"]),
+    ("bench-random-flag-no-dataset", "replay --random-input-len 64", None, 2,
+     ["--random-input-len", "with --dataset-name random"]),
+    ("bench-random-flag-sonnet", "replay --dataset-name sonnet --random-output-len 64", None, 2,
+     ["--random-output-len", "not sonnet"]),
+    ("bench-dataset-max-requests", "replay --dataset-name random --max-requests 3", None, 2,
+     ["--max-requests", "--num-prompts"]),
+    ("bench-dataset-rate-scale", "replay --dataset-name random --rate-scale 2", None, 2,
+     ["--rate-scale", "--request-rate"]),
+    ("bench-dataset-path-random", "replay --dataset-name random --dataset-path {in}/five.jsonl", None, 2,
+     ["--dataset-path", "--dataset-name sharegpt"]),
+    ("bench-dataset-path-and-trace", "replay {in}/five.jsonl --dataset-path {in}/five.jsonl", None, 2,
+     ["--dataset-path", "not both"]),
+    ("bench-concurrency-zero", "replay --max-concurrency 0", None, 2, ["--max-concurrency", "got 0"]),
+    ("bench-rate-zero", "replay --dataset-name random --request-rate 0", None, 2, ["--request-rate", "> 0"]),
+    ("bench-percentile-metric-typo", "replay --save-result --percentile-metrics ttft,tbt", None, 2,
+     ["--percentile-metrics", "'tbt'", "ttft, tpot, itl, e2el"]),
+    ("bench-percentile-not-number", "replay --save-result --metric-percentiles 50,p99", None, 2,
+     ["--metric-percentiles", "'p99'"]),
+    ("bench-percentile-range", "replay --save-result --metric-percentiles 101", None, 2,
+     ["--metric-percentiles", "[0, 100]"]),
+    ("bench-result-dir-no-save", "replay --result-dir res", None, 2, ["--result-dir", "--save-result"]),
+    ("bench-filename-no-save", "replay --result-filename r.json", None, 2, ["--result-filename", "--save-result"]),
+    ("bench-detailed-no-save", "replay --save-detailed", None, 2, ["--save-detailed", "--save-result"]),
+    ("bench-label-no-save", "replay --label sim", None, 2, ["--label", "--save-result"]),
+    ("bench-percentiles-no-save", "replay --metric-percentiles 50", None, 2, ["--metric-percentiles", "--save-result"]),
+    ("bench-metadata-format", "replay --save-result --metadata tp", None, 2, ["--metadata", "KEY=VALUE"]),
+    ("burstgpt-bad-cell", "replay {in}/burst_bad.csv", None, 2, ["burst_bad.csv, line 3, field 'Request tokens'"]),
+    ("sharegpt-no-rate", "replay {in}/sg.json", None, 2, ["sg.json", "no arrival times", "--request-rate"]),
+    ("sharegpt-bad-entry", "replay {in}/sg.json --request-rate 2", None, 2,
+     ["sg.json, line 2, field 'conversations'"]),
+    ("servegen-no-dataset", "replay {in}/chunk-1-trace.csv --format servegen", None, 2,
+     ["chunk-1-dataset.json", "dataset file is missing"]),
+    ("servegen-not-sniffed", "replay {in}/chunk-1-trace.csv", None, 2, ["cannot tell the trace format"]),
+    ("export-trace-not-run", "export-trace {in} --out t.json", None, 2, ["no completed run"]),
     # --- YAML ----------------------------------------------------------------------------------
     ("scenario-missing", "run {in}/nope.yaml", None, 2, ["nope.yaml"]),
     ("scenario-alias-bomb", "run {in}/scen_bomb.yaml", None, 2, ["scen_bomb.yaml", "expands to 4.9e+08 values"]),
@@ -262,7 +306,7 @@ def _api_sweep_foreign(work: Path):
 
 
 def _api_cases():
-    from servesim.api import load_trace, replay, run, run_scenario
+    from servesim.api import cluster, load_trace, plan, replay, run, run_scenario, validate
     from servesim.simulator.cluster.routers import make_router
     from servesim.simulator.config import SimConfig
     from servesim.simulator.cost_model import make_cost_model
@@ -286,6 +330,13 @@ def _api_cases():
         ("api-run-list-workload", lambda w: run(SimConfig(), [1, 2]), "a Workload"),
         ("api-run-no-config", lambda w: run(None, load_trace(None, max_requests=2)), "field 'cfg'"),
         ("api-replay-tp", lambda w: replay(tp=0), "field 'tp'"),
+        ("api-replay-random-no-dataset", lambda w: replay(random_input_len=64), "with --dataset-name random"),
+        ("api-replay-rate-on-timed", lambda w: replay(SHAREGPT, request_rate=3.0), "has its own arrival times"),
+        ("api-replay-concurrency", lambda w: replay(max_concurrency=0), "--max-concurrency"),
+        ("api-cluster-missing", lambda w: cluster(w / "nope.yaml"), "cannot read cluster config"),
+        ("api-plan-max-requests", lambda w: plan(w / "p.yaml", max_requests=0), "--max-requests"),
+        ("api-validate-option-typo", lambda w: validate(w, w / "x.jsonl", out_dir=w / "v", gpus="h100"),
+         "did you mean 'gpu'?"),
         ("api-out-dir-type", lambda w: run(SimConfig(), load_trace(None, max_requests=2), out_dir=3), "out_dir"),
         ("api-sweep-workers", lambda w: run_scenario({"name": "x", "workload": {"generator": "poisson"}},
                                                      out_dir=w / "o", workers=-3), "--workers"),

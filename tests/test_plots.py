@@ -49,7 +49,7 @@ def test_plot_a_single_run(tmp_path):
     run(SimConfig(), load_trace(None, max_requests=24), out_dir=tmp_path / "run")
     pngs, report = plot_results(tmp_path / "run")
     assert {p.name for p in pngs} == {"latency_cdf.png", "timeline.png", "preemptions_hits.png",
-                                      "batch_composition.png"}
+                                      "batch_composition.png", "request_timelines.png"}
     assert report == tmp_path / "run" / "plots" / "report.html" and "TTFT (ms)" in report.read_text()
     again, _ = plot_results(tmp_path / "run")  # the default folder is refreshed without --overwrite
     assert again == pngs
@@ -71,3 +71,20 @@ def test_hit_rate_over_time_is_token_weighted_by_finish_time():
     mid, rate = hit_rate_over_time(req, np.array([0.0, 1.0, 2.0, 3.0]))
     assert list(mid) == [0.5, 1.5, 2.5]
     assert rate[0] == pytest.approx(0.25) and rate[1] == pytest.approx(0.5) and np.isnan(rate[2])
+
+
+@pytest.mark.slow
+def test_an_unfinished_sweep_is_plotted_from_the_variants_it_finished(tmp_path, monkeypatch):
+    sc = {"name": "cut", "workload": {"generator": "poisson", "num_requests": 12, "arrival": {"rate_per_s": 20},
+                                      "prompt_len": 100, "output_len": 8},
+          "sweep": {"scheduler.max_num_seqs": [4, 8, 16]}}
+    run_scenario(sc, out_dir=tmp_path / "sweep")
+    (tmp_path / "sweep" / "sweep.parquet").unlink()  # as a sweep killed before its table is written
+    (tmp_path / "sweep" / "variants" / sorted(p.name for p in (tmp_path / "sweep" / "variants").iterdir())[2]
+     / "summary.json").unlink()  # and before its last variant finished
+    monkeypatch.setattr(plots, "MAX_VARIANT_PAGES", 1)
+    monkeypatch.setattr(plots, "run_figures", lambda *a, **k: [])  # the per-variant pages are not the point
+    _pngs, report = plot_results(tmp_path / "sweep")
+    html = report.read_text()
+    assert "did not finish: 2 of 3 variants have results" in html and "not run (the sweep did not finish)" in html
+    assert "First finished variant: llama-3.1-8b on h100 (TP 1, PP 1)" in html

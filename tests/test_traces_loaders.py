@@ -32,8 +32,8 @@ def _means(workload):
 
 
 def test_available_formats():
-    assert available_formats() == ["azure", "bailian", "canonical", "lengths", "llmservingsim", "mooncake",
-                                   "oracle", "sessions"]
+    assert available_formats() == ["azure", "bailian", "burstgpt", "canonical", "lengths", "llmservingsim",
+                                   "mooncake", "oracle", "servegen", "sessions", "sharegpt"]
 
 
 def test_mooncake_conversation_counts_and_means(mooncake_conv):

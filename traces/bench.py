@@ -8,8 +8,9 @@ prefix sharing and seeding are the ones every other synthetic workload uses:
 
 - `random`: lengths uniform in [len * (1 - ratio), len * (1 + ratio)] (vllm bench's
   `--random-range-ratio`), after a `--random-prefix-len` prefix shared by every request;
-- `sharegpt`: prompt/output lengths drawn jointly from the bundled ShareGPT sample
-  (`--sharegpt-output-len` fixes the output);
+- `sharegpt`: prompt/output lengths drawn from the bundled ShareGPT sample, or from
+  `--dataset-path` (a raw ShareGPT JSON, traces/sharegpt.py, or any trace the registry reads);
+  `--sharegpt-output-len` fixes the output;
 - `sonnet`: vllm bench's sonnet shape: a `--sonnet-prefix-len` prefix shared by every request, a
   `--sonnet-input-len` prompt and a fixed `--sonnet-output-len`;
 - `shared_prefix`: inference-perf's profile: `num_groups` system prompts of `system_prompt_len`
@@ -74,11 +75,16 @@ class BenchConfig:
     stages: tuple[StageConfig, ...] = ()  # inference-perf load stages (replace request_rate)
     stage_load: str = "constant"  # arrivals inside a stage: constant | poisson
     seed: int = 0
+    dataset_path: str | None = None  # sharegpt: the file its lengths come from (None: the bundled sample)
 
     def __post_init__(self) -> None:
         if self.dataset_name not in DATASETS:
             raise InputError(f"unknown dataset {self.dataset_name!r}", field="--dataset-name",
                              allowed=", ".join(DATASETS))
+        if self.dataset_path is not None and self.dataset_name != "sharegpt":
+            raise InputError(f"--dataset-path is not read by --dataset-name {self.dataset_name}",
+                             field="--dataset-path", allowed="--dataset-name sharegpt, or no --dataset-name "
+                                                             "(then the file is the trace)")
         if self.stage_load not in STAGE_LOADS:
             raise InputError(f"got {self.stage_load!r}", field="stage_load", allowed=", ".join(STAGE_LOADS))
         if not isinstance(self.num_prompts, int) or self.num_prompts < 1:
@@ -123,7 +129,7 @@ def _synthetic(cfg: BenchConfig) -> SyntheticConfig:
     if cfg.dataset_name == "sharegpt":
         from servesim.traces.bundled import DATA_DIR, BUNDLED_TRACES
 
-        path = str(DATA_DIR / BUNDLED_TRACES["sharegpt-300"].filename)
+        path = cfg.dataset_path or str(DATA_DIR / BUNDLED_TRACES["sharegpt-300"].filename)
         output = (DistConfig("fixed", value=cfg.sharegpt_output_len) if cfg.sharegpt_output_len
                   else DistConfig("empirical", path=path, column="output"))
         return SyntheticConfig(name=name, num_requests=cfg.num_prompts,
@@ -205,7 +211,8 @@ def describe(cfg: BenchConfig) -> str:
     rate = "inf" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g}"
     load = (" stages " + ",".join(f"{s.duration_s:g}s@{s.rate_per_s:g}" for s in cfg.stages)
             if cfg.stages else f" --request-rate {rate} --burstiness {cfg.burstiness:g}")
-    return f"bench --dataset-name {cfg.dataset_name} --num-prompts {cfg.num_prompts}{load} --seed {cfg.seed}"
+    path = f" --dataset-path {cfg.dataset_path}" if cfg.dataset_path else ""
+    return f"bench --dataset-name {cfg.dataset_name}{path} --num-prompts {cfg.num_prompts}{load} --seed {cfg.seed}"
 
 
 __all__ = ["BenchConfig", "StageConfig", "DATASETS", "bench_workload", "arrival_schedule", "describe",

@@ -123,9 +123,15 @@ def _length_table(path: str, column: str, _mtime_ns: int) -> np.ndarray:
         name = _resolve_column(column, list(frame.columns), file)
         table = int_column(frame, name, file, min_value=0)
     else:
-        from servesim.traces.formats import load_workload
+        import inspect
 
-        workload = load_workload(file)
+        from servesim.traces.formats import load_workload, sniff_format
+        from servesim.traces.registry import get_format
+
+        # Only the lengths are read: a file without arrival times (raw ShareGPT, a length-only
+        # trace) is loaded with every request at t = 0 rather than refused for want of a rate.
+        params = inspect.signature(get_format(sniff_format(file)).loader).parameters
+        workload = load_workload(file, **({"rate_per_s": math.inf} if "rate_per_s" in params else {}))
         if column in ("prompt", "prompt_len"):
             table = np.array([r.prompt_len for r in workload.requests], dtype=np.int64)
         elif column in ("output", "output_len"):

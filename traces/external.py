@@ -4,6 +4,7 @@ LLMServingSim workload JSONL. Units are converted to seconds; nothing is tokenis
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +141,7 @@ def load_lengths(
     """Length-only CSV (etalon/Vidur num_prefill_tokens, num_decode_tokens) + generated arrivals.
 
     Arrivals come from the synthetic arrival process (`process`, `rate_per_s`, `cv`) seeded with
-    `seed`. When the file has an `arrival_time_s` column and no rate is given, those are used.
+    `seed`; `rate_per_s` inf sends every request at t = 0 (vllm bench's `--request-rate inf`). When the file has an `arrival_time_s` column and no rate is given, those are used.
     Rows are taken in file order; `num_requests` keeps the first N.
     """
     frame = read_csv(path, ())
@@ -162,8 +163,12 @@ def load_lengths(
         times = float_column(frame, "arrival_time_s", path, min_value=0.0)
         source = str(path)
     elif rate_per_s is None:
-        raise InputError("length-only trace has no arrival times", path=str(path),
-                         field="rate_per_s", allowed="pass rate_per_s (and process, cv, seed)")
+        raise InputError("length-only trace has no arrival times", path=str(path), field="rate_per_s",
+                         allowed="a rate: --request-rate R (and --burstiness) on the command line, "
+                                 "rate_per_s (and process, cv, seed) in Python or YAML options")
+    elif rate_per_s == math.inf:  # vllm bench's --request-rate inf: every request at t = 0
+        times = np.zeros(len(frame))
+        source = f"{path} with every request at t = 0"
     else:
         arrival = ArrivalConfig(process=process, rate_per_s=rate_per_s, cv=cv)
         times = arrival_times(arrival, np.random.default_rng(seed), num=len(frame))

@@ -2,7 +2,7 @@
 
     load_workload("conversation_trace.jsonl.gz")                 # sniffed: mooncake
     load_workload("sharegpt.csv.gz", fmt="lengths", rate_per_s=4)
-    available_formats()  # ['azure', 'bailian', 'canonical', 'lengths', 'llmservingsim', 'mooncake', 'oracle', 'sessions']
+    available_formats()  # ['azure', 'bailian', 'burstgpt', 'canonical', 'lengths', ..., 'sessions', 'sharegpt']
 
 Sniffing looks at the encoding (from the extension, else the first byte) and the keys of the
 first JSON line / the CSV header / the Parquet schema, and picks the format whose signature
@@ -42,11 +42,28 @@ def _first_keys(path: Path, encoding: str) -> list[str]:
                 return next(csv.reader(fh), [])
             for text in fh:
                 if text.strip():
+                    if text.lstrip("\ufeff \t").startswith("["):  # a JSON array (raw ShareGPT)
+                        return _first_element_keys(text + fh.read(_ARRAY_HEAD_CHARS))
                     obj = json.loads(text)
                     return list(obj) if isinstance(obj, dict) else []
     except (json.JSONDecodeError, UnicodeDecodeError, csv.Error, OSError, EOFError):
         return []
     return []
+
+
+_ARRAY_HEAD_CHARS = 1 << 20  # a JSON array's first element is looked for in its first ~1 M characters
+
+
+def _first_element_keys(head: str) -> list[str]:
+    """Keys of the first object in a JSON array's opening text ([] when it is not one)."""
+    start = head.find("[") + 1
+    while start < len(head) and head[start] in " \t\r\n":
+        start += 1
+    try:
+        obj, _end = json.JSONDecoder().raw_decode(head, start)
+    except json.JSONDecodeError:
+        return []
+    return list(obj) if isinstance(obj, dict) else []
 
 
 def _guess_encoding(path: Path) -> str:
@@ -61,7 +78,7 @@ def _guess_encoding(path: Path) -> str:
             first = fh.read(1)
     except (UnicodeDecodeError, OSError, EOFError):
         return "csv"
-    return "jsonl" if first == "{" else "csv"
+    return "jsonl" if first in ("{", "[") else "csv"
 
 
 def sniff_format(path: str | Path) -> str:

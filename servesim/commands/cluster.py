@@ -7,43 +7,7 @@ from pathlib import Path
 import typer
 
 from servesim.cli import app
-from servesim.traces.errors import InputError
-
-
-def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
-    """(cluster config dict, workload section) from a YAML file; `workload:` is optional."""
-    from servesim.simulator.yaml_input import safe_load_bounded
-
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InputError(f"cannot read cluster config: {e.strerror}", path=str(path)) from None
-    data = safe_load_bounded(text, str(path))
-    if not isinstance(data, dict):
-        raise InputError("a cluster config must be a mapping", path=str(path))
-    workload = data.pop("workload", None) or {}
-    if not isinstance(workload, dict):
-        raise InputError("workload must be a mapping", path=str(path), field="workload",
-                         allowed="{trace, format, rate_scale, max_requests}, or a generator: section")
-    return data, workload
-
-
-def load_cluster_workload(spec: dict, trace: str | None = None, base_dir: Path | None = None,
-                          smoke: bool = False):
-    """A cluster file's workload: a trace (simulator/cluster/plan.py load_plan_workload) or, with
-    `generator:` and no TRACE argument, a synthetic workload written as a scenario's `workload:`
-    section (servesim/scenario/workload.py). `smoke`: cut to a few requests (CI, quick looks;
-    generators are cut inside, so sessions end on a last turn)."""
-    from servesim.scenario.source import Marks
-    from servesim.scenario.workload import SMOKE_MAX_REQUESTS, build_workload, parse_workload
-    from servesim.simulator.cluster.plan import load_plan_workload
-
-    if "generator" in spec and trace is None:
-        parsed = parse_workload(spec, 0, Marks())
-        return build_workload(parsed.smoke() if smoke else parsed)
-    if smoke:
-        spec = {**spec, "max_requests": min(spec.get("max_requests") or SMOKE_MAX_REQUESTS, SMOKE_MAX_REQUESTS)}
-    return load_plan_workload(spec, trace, base_dir=base_dir)
+from servesim.cluster_run import load_cluster_workload, load_cluster_yaml  # noqa: F401  (their old home)
 
 
 @app.command("cluster")
@@ -61,31 +25,15 @@ def cluster_command(
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
     from servesim.cli import freeze_startup_objects, on_interrupt
+    from servesim.cluster_run import run_cluster_file
     from servesim.report import make_console
-    from servesim.simulator.cluster import cluster_config_from_dict, run_cluster, write_cluster_results
-    from servesim.simulator.outdir import check_output, claim_output
 
-    check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
-    data, wl_spec = load_cluster_yaml(config)
-    cfg = cluster_config_from_dict(data, str(config))
-    for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
-        if value is not None:
-            wl_spec[key] = value
-    wl = load_cluster_workload(wl_spec, trace, base_dir=config.parent, smoke=smoke)
     err = make_console(stderr=True)
-    err.print(f"cluster: {cfg.num_replicas} replica(s), {cfg.num_gpus} GPU(s), router {cfg.router.name}"
-              f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
     on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
                  "run the same command again to start over", unless_published=out)
     freeze_startup_objects()
-    with claim_output(out, overwrite=overwrite) as out:  # out: ~ expanded
-        res = run_cluster(cfg, wl)
-        meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),
-                "attribution": wl.attribution}
-        from servesim.identity import run_identity
-
-        inputs = [str(config)] + ([str(trace)] if trace is not None else [])
-        write_cluster_results(out, res, meta, overwrite=overwrite, identity=run_identity(cfg.seed, inputs))
+    res, wl = run_cluster_file(config, trace, fmt=fmt, max_requests=max_requests, rate_scale=rate_scale,
+                               out_dir=out, overwrite=overwrite, smoke=smoke, announce=err.print)
     console = make_console()
     print_cluster_summary(console, res.summary, wl.name)
     print_replicas(console, res)

@@ -23,22 +23,11 @@ def plan_command(
 ) -> None:
     """Sweep deployments (early stop per shape), print the cost/goodput table, write CSV and PNG."""
     from servesim.cli import on_interrupt
+    from servesim.cluster_run import cost_label, run_plan_file
+    from servesim.simulator.cluster.plan import PlanConfig
     from servesim.report import make_console
-    from servesim.plots.plan import plot_frontier
-    from servesim.simulator.cluster.plan import PlanConfig, load_plan_workload, search
-    from servesim.simulator.outdir import check_output, staged_output
 
-    check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
-    plan = PlanConfig.from_yaml(config)
-    spec = dict(plan.workload)
-    if max_requests is not None:
-        spec["max_requests"] = max_requests
-    if rate_scale is not None:
-        spec["rate_scale"] = rate_scale
-    wl = load_plan_workload(spec, trace, base_dir=config.parent)
     err, console = make_console(stderr=True), make_console()
-    err.print(f"plan: {len(plan.search.shapes())} shape(s), {len(wl.requests)} requests, goodput threshold "
-              f"{plan.search.goodput_threshold:.0%}")
 
     def progress(row: dict) -> None:
         if row["error"] is not None:
@@ -50,12 +39,9 @@ def plan_command(
 
     on_interrupt(f"nothing was written to {out}/ (results are written when the search finishes); "
                  "run the same command again to start over", unless_published=out)
-    cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
-    with staged_output(out, "plan", overwrite=overwrite) as tmp:
-        df = search(plan, wl, progress)
-        df.to_csv(tmp / "plan.csv", index=False)
-        plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
-    print_plan(console, df, cost_label)
+    df = run_plan_file(config, trace, max_requests=max_requests, rate_scale=rate_scale, out_dir=out,
+                       overwrite=overwrite, progress=progress, announce=err.print)
+    print_plan(console, df, cost_label(PlanConfig.from_yaml(config)))
     console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}")
 
 

@@ -30,27 +30,34 @@ def run_figures(res, out: Path, prefix: str = "", cdfs: bool = True) -> list[tup
     """The figures of one run, written as PNGs; returns (path, caption) pairs. A sweep report
     leaves out the CDFs (cdfs=False): its overlay already shows every variant's."""
     from servesim.plots import run
+    from servesim.plots.timeline import request_gantt
 
     label = res.out_dir.name if res.out_dir is not None else "run"
     specs = [("latency_cdf", lambda: run.latency_cdfs({label: res}), "TTFT, TPOT and end-to-end latency CDFs"),
              ("timeline", lambda: run.timeline(res), "KV-cache usage, running/waiting requests and tokens per second"),
              ("preemptions_hits", lambda: run.preemptions_and_hits(res),
               "Preemptions per time bin (cumulative line) and prefix-cache hit rate by finish time"),
-             ("batch_composition", lambda: run.batch_composition(res), "Prefill vs decode tokens per step")]
+             ("batch_composition", lambda: run.batch_composition(res), "Prefill vs decode tokens per step"),
+             ("request_timelines", lambda: request_gantt(res),
+              "Request timelines: queued, prefill and decode of the most preempted and slowest requests and an "
+              "even sample of the rest (servesim export-trace gives every request, step by step)")]
     if not cdfs:
         specs = specs[1:]
     return [(_save(build(), out / f"{prefix}{name}.png"), caption) for name, build, caption in specs]
 
 
 def plot_run(folder: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
+    from servesim.plots.context import run_context
+    from servesim.plots.interactive import charts_html, run_charts
     from servesim.plots.report import run_table, write_report
     from servesim.scenario.results import load_results
 
     res = load_results(folder)
     out = Path(out) if out is not None else Path(folder) / "plots"
     figs = run_figures(res, out)
-    report = write_report(out, f"servesim run: {Path(folder).name}", "", run_table(res.summary),
-                          [("Figures", figs, False)])
+    charts = charts_html(run_charts(res, Path(folder).name))
+    report = write_report(out, f"servesim run: {Path(folder).name}", run_context(folder), run_table(res.summary),
+                          [("Figures", figs, False)], charts)
     return [p for p, _ in figs], report
 
 
@@ -58,10 +65,13 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
     from servesim.plots import offload as op
     from servesim.plots import sweep as sp
     from servesim.plots.report import sweep_table, write_report
+    from servesim.plots.interactive import charts_html, sweep_charts
+    from servesim.plots.partial import partial_sweep
     from servesim.scenario.model import short_label
     from servesim.scenario.results import load_sweep
 
-    sw = load_sweep(folder)
+    finished = (Path(folder) / "sweep.parquet").is_file()
+    sw = load_sweep(folder) if finished else partial_sweep(folder)
     out = Path(out) if out is not None else Path(folder) / "plots"
     labels = {v["name"]: short_label(v["params"]) for v in sw.info.get("variants", [])}
     sections = []
@@ -82,10 +92,21 @@ def plot_sweep(folder: str | Path, out: str | Path | None = None) -> tuple[list[
         sections.append((f"Variant: {labels.get(name) or name}", figs, True))
     info = sw.info
     desc = info.get("description") or ""
+    if len(ok) > MAX_VARIANT_PAGES:  # say what the pages leave out: the table and overview have every variant
+        desc += (f" Detail pages show the first {MAX_VARIANT_PAGES} of {len(ok)} finished variants; the others "
+                 f"({', '.join(list(ok['variant'])[MAX_VARIANT_PAGES:])}) are in the table and overview figures.")
+    if len(ok):  # what the variants share, named from the first (the table shows what they vary)
+        from servesim.plots.context import run_context
+        from servesim.scenario.store import variant_dir
+
+        desc += f" First finished variant: {run_context(variant_dir(Path(folder), ok['variant'].iloc[0]))}."
+    if not finished:
+        desc += (f" This sweep did not finish: {len(ok)} of {len(sw.table)} variants have results; the figures "
+                 f"show those (run the same `servesim run` again to finish it).")
     if info.get("smoke"):
         desc += " (smoke run: a few requests per variant; numbers are not meaningful)"
     report = write_report(out, f"servesim sweep: {info.get('scenario', Path(folder).name)}", desc.strip(),
-                          sweep_table(sw.table, labels), sections)
+                          sweep_table(sw.table, labels), sections, charts_html(sweep_charts(sw, labels)))
     return [p for _, imgs, _ in sections for p, _ in imgs], report
 
 
@@ -100,7 +121,8 @@ def plot_results(folder: str | Path, out: str | Path | None = None, *,
     from servesim.simulator.outdir import result_kind, staged_output
 
     folder = Path(folder).expanduser()
-    plot = plot_sweep if (folder / "sweep.parquet").is_file() else plot_run
+    is_sweep = (folder / "sweep.parquet").is_file() or (folder / "sweep.json").is_file()  # finished or not
+    plot = plot_sweep if is_sweep else plot_run
     if plot is plot_run and not (folder / "summary.json").is_file():
         _not_results(folder)
     target = Path(out).expanduser() if out is not None else folder / "plots"

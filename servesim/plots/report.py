@@ -1,5 +1,6 @@
-"""report.html: one self-contained page (PNG images embedded as base64, no external files or
-scripts) with the summary table and every figure, to attach to a design review or a ticket."""
+"""report.html: one self-contained page (PNG images embedded as base64, the interactive charts'
+script and data inline; no external files) with the summary table and every figure, to attach to a
+design review or a ticket."""
 
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def image(path: Path, caption: str) -> str:
 
 
 def write_report(out: Path, title: str, description: str, table_html: str,
-                 sections: list[tuple[str, list[tuple[Path, str]], bool]]) -> Path:
-    """sections: (heading, [(png, caption)], collapsed)."""
+                 sections: list[tuple[str, list[tuple[Path, str]], bool]], interactive_html: str = "") -> Path:
+    """sections: (heading, [(png, caption)], collapsed); interactive_html: the charts of
+    plots/interactive.py (charts_html), shown after the summary."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -89,6 +91,10 @@ def write_report(out: Path, title: str, description: str, table_html: str,
     if description:
         parts.append(f"<p>{html.escape(description)}</p>")
     parts.append("<h2>Summary</h2>" + table_html)
+    if interactive_html:
+        parts.append("<h2>Interactive figures</h2><p class='meta'>Hover for values; drag across a chart to zoom "
+                     "into that range, double-click to zoom out; click a legend entry to hide or show it.</p>"
+                     + interactive_html)
     for heading, images, collapsed in sections:
         body = "".join(image(p, c) for p, c in images)
         if collapsed:
