@@ -18,6 +18,7 @@ from servesim.simulator.build import build_engine
 from servesim.simulator.outdir import claim_output
 from servesim.simulator.outputs import build_summary, write_results
 from servesim.simulator.summary import warn_rejected
+from servesim.simulator.summary_metrics.classes import add_gateway_figures
 from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
@@ -122,6 +123,7 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     engine = build_engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
     res = engine.run()
     summary = build_summary(engine.cfg, res, len(workload.requests))
+    add_gateway_figures(summary, engine.gateway, engine.cfg, workload, res.metrics.columns().requests)
     release_freed_heap()  # the summary's scratch arrays, before the result files' own
     meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
             "attribution": workload.attribution, "spec": workload.spec}

@@ -1,0 +1,71 @@
+"""Where the gateway plugs in: in front of one engine's frontend (a replay), or in front of a
+cluster's router. The hooks in simulator/client.py, simulator/engine.py and
+simulator/cluster/cluster.py are one call each into this module.
+
+A rejected request is recorded like any request the server refused (status 'rejected', its
+reason in reject_reason): on the engine for a replay, in the cluster's merged requests for a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from servesim.simulator.gateway.gateway import Gateway, warn_unmapped_priority
+from servesim.traces.workload import RequestSpec
+
+if TYPE_CHECKING:
+    from servesim.simulator.cluster.cluster import Cluster
+    from servesim.simulator.engine import Engine
+
+GATEWAY_DECLINED = ("the gateway (admission, queuing, flow control): its dispatches depend on when "
+                    "requests finish")
+
+
+def attach_to_engine(engine: Engine) -> Gateway | None:
+    """The replay's gateway between its clients and its frontend (None when off)."""
+    cfg = engine.cfg.gateway
+    if not cfg.enabled:
+        return None
+    warn_unmapped_priority(cfg, engine.cfg.scheduler.policy)
+
+    def reject(spec: RequestSpec, sent_s: float, reason: str) -> None:
+        engine.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
+        engine.reject(spec.request_id, reason)
+
+    gateway = Gateway(engine.env, cfg, engine.clients.send, reject)
+    engine.clients.gateway = gateway
+    assert engine.on_finish is None  # a replay's engine reports to nobody else
+    engine.on_finish = gateway.done
+    return gateway
+
+
+def attach_to_cluster(cluster: Cluster) -> Gateway | None:
+    """The cluster's gateway between its arrivals and its router (None when off). Its rejections
+    never reach a replica: the cluster keeps them (`Gateway.rejected`, merged into the results)."""
+    cfg = cluster.cfg.gateway
+    if not cfg.enabled:
+        return None
+    for r in cluster.replicas:
+        warn_unmapped_priority(cfg, r.cfg.scheduler.policy)
+        r.engine.set_planner(None, GATEWAY_DECLINED)
+        r.engine.on_finish = _chain(r.engine.on_finish)
+
+    def dispatch(spec: RequestSpec, sent_s: float) -> None:
+        cluster.dispatch(spec)
+
+    gateway = Gateway(cluster.env, cfg, dispatch, lambda spec, sent_s, reason: cluster.note_gateway_reject())
+    for r in cluster.replicas:
+        r.engine.on_finish = _chain(r.engine.on_finish, gateway.done)
+    return gateway
+
+
+def _chain(first, second=None):
+    if second is None:
+        return first
+    if first is None:
+        return second
+
+    def both(request_id: str, reason: str | None) -> None:
+        first(request_id, reason)
+        second(request_id, reason)
+    return both
