@@ -31,7 +31,7 @@ COLUMNS: dict[str, str] = {
     "prefix_block_len": "length", "prefix_group": "count", "prefix_len": "count",
     "priority": "int", "session_id": "text", "is_last_turn": "bool", "lora_id": "int",
     "arrival_step": "count", "grammar_compile_ms": "time", "input_chunk_offsets_s": "times",
-    "input_chunk_lens": "hashes", "mm_items": "mm",
+    "input_chunk_lens": "hashes", "mm_items": "mm", "tenant": "text", "slo_class": "text",
 }
 REQUIRED = ("request_id", "arrival_time_s", "output_len")
 _MIN = {"length": 1, "count": 0, "int": None}

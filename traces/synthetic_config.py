@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesim.traces.errors import InputError
+from servesim.traces.tenant_mix import MixEntry, by_rate, mix_entries
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "exponential", "empirical")
@@ -207,8 +208,14 @@ class SyntheticConfig:
     priority: ChoiceConfig | None = None
     lora: ChoiceConfig | None = None
     images: ImageConfig | None = None  # multimodal requests (independent requests only, not sessions)
+    # Tenants and SLO classes (traces/tenant_mix.py): fractions of one stream, or a stream per entry.
+    mix: tuple[MixEntry, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.mix is not None:
+            self.mix = mix_entries(self.mix)
+            if by_rate(self.mix) and self.sessions is not None:
+                raise _bad("mix", "rate_per_s entries with sessions", "fractions with sessions")
         if self.images is not None and self.sessions is not None:
             raise _bad("images", "images with sessions", "images or sessions, not both")
         if self.num_requests is None and self.duration_s is None:

@@ -8,6 +8,7 @@ reason in reject_reason): on the engine for a replay, in the cluster's merged re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from servesim.simulator.gateway.gateway import Gateway, warn_unmapped_priority
@@ -39,33 +40,17 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
     return gateway
 
 
-def attach_to_cluster(cluster: Cluster) -> Gateway | None:
-    """The cluster's gateway between its arrivals and its router (None when off). Its rejections
-    never reach a replica: the cluster keeps them (`Gateway.rejected`, merged into the results)."""
+def attach_to_cluster(cluster: Cluster, dispatch: Callable[[RequestSpec], None]) -> Gateway | None:
+    """The cluster's gateway between its arrivals and its router (None when off): `dispatch` routes
+    a request. Its rejections never reach a replica: the gateway keeps them (`Gateway.rejected`),
+    and the cluster's results give each a row of its own."""
     cfg = cluster.cfg.gateway
     if not cfg.enabled:
         return None
+    gateway = Gateway(cluster.env, cfg, lambda spec, _sent_s: dispatch(spec), lambda _spec, _sent_s, _reason: None)
     for r in cluster.replicas:
         warn_unmapped_priority(cfg, r.cfg.scheduler.policy)
         r.engine.set_planner(None, GATEWAY_DECLINED)
-        r.engine.on_finish = _chain(r.engine.on_finish)
-
-    def dispatch(spec: RequestSpec, sent_s: float) -> None:
-        cluster.dispatch(spec)
-
-    gateway = Gateway(cluster.env, cfg, dispatch, lambda spec, sent_s, reason: cluster.note_gateway_reject())
-    for r in cluster.replicas:
-        r.engine.on_finish = _chain(r.engine.on_finish, gateway.done)
+        assert r.engine.on_finish is None  # colocated replicas only (ClusterConfig refuses P/D with a gateway)
+        r.engine.on_finish = gateway.done
     return gateway
-
-
-def _chain(first, second=None):
-    if second is None:
-        return first
-    if first is None:
-        return second
-
-    def both(request_id: str, reason: str | None) -> None:
-        first(request_id, reason)
-        second(request_id, reason)
-    return both
