@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from servesim.simulator.gateway.defaults import DEFAULT_CLASS, DEFAULT_TENANT
+from servesim.simulator.gateway.registries import ADMISSION_RULES, QUEUE_DISCIPLINES
 from servesim.traces.errors import InputError
 
-DEFAULT_TENANT = "default"  # a request without a tenant belongs to this one
-DEFAULT_CLASS = "default"  # ... and without an SLO class to this one (the run's `slo` targets)
 
 
 def _bad(field_name: str, value: object, allowed: str) -> InputError:
@@ -149,11 +149,10 @@ class GatewayConfig:
         self.rules = [_named(RuleConfig, r, f"rules[{i}]") for i, r in enumerate(self.rules)]
         self.tenants = _mapping_of(TenantConfig, self.tenants, "tenants")
         self.slo_classes = _mapping_of(SloClassConfig, self.slo_classes, "slo_classes")
-        from servesim.simulator.gateway.queues import make_discipline  # the plug-ins import this module
-        from servesim.simulator.gateway.rules import make_rules
-
-        make_rules(self.rules)  # unknown names and bad params fail here, not mid-run
-        make_discipline(self.queuing, self.tenants)
+        # Unknown names and bad params fail here, not mid-run (each factory checks its params).
+        for i, rule in enumerate(self.rules):
+            ADMISSION_RULES.get(rule.name)(rule.params, f"gateway.rules[{i}]")
+        QUEUE_DISCIPLINES.get(self.queuing.name)(self.queuing.params, self.tenants, "gateway.queuing")
 
     def tenant(self, name: str | None) -> TenantConfig:
         """The settings of a request's tenant (an unlisted tenant gets the defaults)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from servesim.simulator.gateway.config import DEFAULT_TENANT
+from servesim.simulator.gateway.defaults import DEFAULT_TENANT
 from servesim.simulator.gateway.registries import QUEUE_DISCIPLINES
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec

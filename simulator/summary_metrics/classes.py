@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result
-from servesim.simulator.gateway.config import DEFAULT_CLASS, DEFAULT_TENANT, GatewayConfig
+from servesim.simulator.gateway.config import GatewayConfig
+from servesim.simulator.gateway.defaults import DEFAULT_CLASS, DEFAULT_TENANT
 from servesim.simulator.metrics import stats
 from servesim.traces.workload import Workload
 
