@@ -235,3 +235,29 @@ def test_cluster_refuses_a_gateway_with_pd_or_on_a_replica():
     with pytest.raises(InputError, match="colocated replicas only"):
         ClusterConfig.from_dict({"replicas": [{"role": "prefill"}, {"role": "decode"}], "pd": {},
                                  "gateway": {"enabled": True}})
+
+
+def test_an_engine_its_owner_feeds_refuses_a_gateway():
+    from servesim.simulator.closed_loop import ClosedLoopConfig, run_closed_loop
+
+    with pytest.raises(InputError, match="owner submits") as err:
+        run_closed_loop(_cfg({}), ClosedLoopConfig(num_clients=1, prompt_len=8, output_len=2))
+    assert err.value.field == "gateway.enabled"
+
+
+def test_gateway_config_round_trips_through_its_dict_form():
+    from servesim.simulator.cluster.config import cluster_config_to_dict
+    from servesim.simulator.config import to_dict
+    from servesim.simulator.config_values import apply_overrides
+
+    gw = {"enabled": True, "max_in_flight": 8, "queue_timeout_s": 2.0, "queuing": {"name": "wfq"},
+          "rules": [{"name": "token_bucket", "params": {"tenant": "free", "requests_per_s": 1, "burst_requests": 2}}],
+          "tenants": {"free": {"weight": 1}, "premium": {"weight": 4, "priority": 0}},
+          "slo_classes": {"gold": {"ttft_s": 0.5, "tpot_s": 0.05, "priority": 0}}}
+    cfg = _cfg(gw)
+    assert build_dataclass(SimConfig(), to_dict(cfg), "") == cfg
+    assert apply_overrides(cfg, {"gateway.max_in_flight": "16"}).gateway.max_in_flight == 16
+    ccfg = ClusterConfig.from_dict({"replicas": [{"count": 2}], "gateway": gw})
+    assert ClusterConfig.from_dict(cluster_config_to_dict(ccfg)) == ccfg
+    plain = ClusterConfig.from_dict({"replicas": [{"count": 2}]})
+    assert "gateway" not in cluster_config_to_dict(plain)  # a cluster without one writes what it wrote before

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from servesim.simulator.gateway.gateway import Gateway, warn_unmapped_priority
+from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec
 
 if TYPE_CHECKING:
@@ -33,9 +34,12 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
         engine.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
         engine.reject(spec.request_id, reason)
 
+    if engine.on_finish is not None:  # its owner submits (a closed loop, a cluster): not through the clients
+        raise InputError("the gateway runs in front of a replay's clients; this engine's owner submits its "
+                         "requests itself (a closed loop, or a cluster replica)", field="gateway.enabled",
+                         allowed="false here (a cluster's gateway is its top-level `gateway:`)")
     gateway = Gateway(engine.env, cfg, engine.clients.send, reject)
     engine.clients.gateway = gateway
-    assert engine.on_finish is None  # a replay's engine reports to nobody else
     engine.on_finish = gateway.done
     return gateway
 
@@ -48,8 +52,9 @@ def attach_to_cluster(cluster: Cluster, dispatch: Callable[[RequestSpec], None])
     if not cfg.enabled:
         return None
     gateway = Gateway(cluster.env, cfg, lambda spec, _sent_s: dispatch(spec), lambda _spec, _sent_s, _reason: None)
+    for policy in sorted({r.cfg.scheduler.policy for r in cluster.replicas}):
+        warn_unmapped_priority(cfg, policy)
     for r in cluster.replicas:
-        warn_unmapped_priority(cfg, r.cfg.scheduler.policy)
         r.engine.set_planner(None, GATEWAY_DECLINED)
         assert r.engine.on_finish is None  # colocated replicas only (ClusterConfig refuses P/D with a gateway)
         r.engine.on_finish = gateway.done
