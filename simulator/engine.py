@@ -339,6 +339,10 @@ class Engine:
         """A recorded arrival refused before it reached the scheduler (the gateway's HTTP 429)."""
         self._rejected(request_id, reason)
 
+    def client_gone(self, request_id: str) -> None:
+        """A recorded arrival whose client gave up before it reached the scheduler (in the gateway's queue)."""
+        self._gone(request_id)
+
     def _gone(self, request_id: str) -> None:
         """A client gave up: the request is done for the run (and that is progress)."""
         self.book.record_gone(request_id)

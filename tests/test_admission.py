@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import simpy
+from pandas import isna as pd_isna
 
 from servesim.running import run
 from servesim.simulator.cluster.cluster import run_cluster
@@ -29,13 +30,15 @@ def _spec(rid: str, t: float = 0.0, tenant: str | None = None, slo_class: str | 
 class Harness:
     """A Gateway on a bare SimPy clock: dispatches and rejections recorded with their times."""
 
-    def __init__(self, **cfg) -> None:
+    def __init__(self, client_timeout_s: float | None = None, **cfg) -> None:
         self.env = simpy.Environment()
         self.dispatched: list[tuple[str, float, int]] = []  # (id, time, priority)
         self.rejected: list[tuple[str, float, str]] = []
+        self.gone: list[tuple[str, float]] = []
         self.gw = Gateway(self.env, GatewayConfig(enabled=True, **cfg),
                           lambda spec, sent_s: self.dispatched.append((spec.request_id, self.env.now, spec.priority)),
-                          lambda spec, sent_s, why: self.rejected.append((spec.request_id, self.env.now, why)))
+                          lambda spec, sent_s, why: self.rejected.append((spec.request_id, self.env.now, why)),
+                          lambda spec, sent_s: self.gone.append((spec.request_id, self.env.now)), client_timeout_s)
 
     def at(self, t: float, action) -> None:
         def proc():
@@ -103,6 +106,17 @@ def test_queue_timeout_and_slot_release_times_are_exact():
     assert [(i, t) for i, t, _p in h.dispatched] == [("a", 0.0), ("b", 0.5), ("d", 1.25)]
     assert h.rejected == [("c", 1.0, QUEUE_TIMEOUT)]
     assert h.gw.queue_wait_s == {"a": 0.0, "b": 0.5, "d": 0.5}
+
+
+def test_a_client_that_gives_up_leaves_the_queue_at_its_deadline():
+    h = Harness(client_timeout_s=0.5, max_in_flight=1, queue_timeout_s=2.0)
+    h.offer_at(0.0, _spec("a"), _spec("b"))
+    h.offer_at(0.25, RequestSpec("c", 0.25, 100, 50, timeout_s=1.0))  # its own timeout wins: gone at 1.25
+    h.offer_at(0.25, _spec("d"))  # the clients' 0.5 s: gone at 0.75
+    h.at(1.0, lambda: h.gw.done("a"))
+    h.env.run()
+    assert h.gone == [("b", 0.5), ("d", 0.75)]
+    assert [(i, t) for i, t, _p in h.dispatched] == [("a", 0.0), ("c", 1.0)] and h.rejected == []
 
 
 def test_done_for_an_id_never_dispatched_frees_nothing():
@@ -186,6 +200,16 @@ def test_replay_queue_timeout_rejects_at_the_timeout():
     assert res.summary["bench_serve"]["failed"] == 2
 
 
+def test_replay_client_timeout_in_the_queue_counts_as_timed_out():
+    cfg = build_dataclass(SimConfig(), {"client": {"timeout_s": 0.25},
+                                        "gateway": {"enabled": True, "max_in_flight": 1}}, "")
+    res = run(cfg, Workload([_spec(f"r{i}") for i in range(3)], "burst", "hand"))
+    df = res.requests.set_index("request_id")
+    assert list(df["status"]) == ["timed_out", "timed_out", "timed_out"]  # r0 runs past 0.25 s too
+    assert res.summary["gateway"]["num_gone_while_queued"] == 2 and res.summary["num_timed_out"] == 3
+    assert res.summary["bench_serve"]["failed"] == 3
+
+
 def test_runs_without_the_gateway_have_no_gateway_or_class_blocks():
     res = run(SimConfig(), Workload([_spec(f"r{i}", t=0.1 * i) for i in range(4)], "plain", "hand"))
     assert "gateway" not in res.summary and "classes" not in res.summary
@@ -204,6 +228,15 @@ def test_cluster_gateway_rejections_have_rows_without_a_replica():
     by_tenant = res.summary["classes"]["by_tenant"]
     assert {t: (v["num_completed"], v["num_rejected"]) for t, v in by_tenant.items()} == {"a": (1, 2), "b": (2, 1)}
     assert all(r["fast_path_declined"] == GATEWAY_DECLINED for r in res.summary["replicas"])
+
+
+def test_cluster_requests_whose_clients_give_up_in_the_queue_are_timed_out_rows():
+    cfg = ClusterConfig.from_dict({"replicas": [{"count": 1}], "gateway": {"enabled": True, "max_in_flight": 1}})
+    specs = [_spec("r0"), RequestSpec("r1", 0.0, 100, 50, timeout_s=0.125)]
+    res = run_cluster(cfg, Workload(specs, "b", "hand"))
+    df = res.requests.set_index("request_id")
+    assert df.loc["r1", "status"] == "timed_out" and pd_isna(df.loc["r1", "replica"])
+    assert df.loc["r0", "status"] == "completed" and res.summary["bench_serve"]["failed"] == 1
 
 
 # --- bad config ------------------------------------------------------------------------------------

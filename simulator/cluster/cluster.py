@@ -320,7 +320,7 @@ class Cluster:
         """SimPy ran out of events with replicas still waiting: no arrival, handoff, transfer or
         pin expiry is left that could wake them. Name the replica and its stuck requests."""
         pending = len(self.workload.requests) - sum(r.engine.num_done for r in self.replicas) \
-            - (len(self.gateway.rejected) if self.gateway is not None else 0) \
+            - (len(self.gateway.rejected) + len(self.gateway.gone) if self.gateway is not None else 0) \
             if self.cfg.pd is None else len(self.workload.requests) - self._num_final
         _stuck_replica(self.replicas).engine.raise_stall(
             f"the cluster is idle with {pending} request(s) unfinished and nothing left that could wake it "

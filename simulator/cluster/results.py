@@ -103,9 +103,13 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
     rid = spec.request_id
-    if cluster.gateway is not None and rid in cluster.gateway.rejected:  # refused before any replica
+    gateway = cluster.gateway
+    if gateway is not None and rid in gateway.rejected:  # refused before any replica
         return RequestRecord(rid, spec.arrival_time_s, spec.prompt_len, spec.output_len,
-                             reject_reason=cluster.gateway.rejected[rid])
+                             reject_reason=gateway.rejected[rid])
+    if gateway is not None and rid in gateway.gone:  # its client gave up in the gateway's queue
+        return RequestRecord(rid, spec.arrival_time_s, spec.prompt_len, spec.output_len, finish_reason="abort",
+                             status="timed_out")
     front = cluster.replicas[cluster.routes[rid].replica].engine.metrics.requests[rid]
     if cluster.cfg.pd is None:
         return replace(front, arrival_s=spec.arrival_time_s)

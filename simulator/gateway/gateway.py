@@ -9,7 +9,9 @@ requests in flight, queue timeouts and priority mapping (docs/ADMISSION.md).
 A request arriving at `now` is checked by the rules (gateway/rules.py) in order. If fewer than
 `max_in_flight` requests are dispatched and not done, and nobody is waiting, it is dispatched at
 once; otherwise it waits in the queue (gateway/queues.py) until a slot frees, and is rejected if
-it is still waiting `queue_timeout_s` after it arrived. A slot frees when the engine is done with
+it is still waiting `queue_timeout_s` after it arrived; a queued request whose client gives up
+(its `timeout_s`, else the clients' timeout) leaves the queue at that instant, counted as timed out.
+A slot frees when the engine is done with
 the request (finished, rejected by the engine or aborted): the engine's finish, not the client's
 receipt of the last chunk (the frontend's return trip, when modelled, is not held against the cap).
 A slot freed inside an engine step dispatches at that same instant, after the step's update (a
@@ -39,15 +41,19 @@ QUEUE_TIMEOUT = "gateway_queue_timeout"
 
 
 class Gateway:
-    __slots__ = ("env", "cfg", "_dispatch", "_reject", "rules", "queue", "_in_flight", "_seq", "_drained",
-                 "num_offered", "num_dispatched", "rejected", "queue_wait_s", "max_queued", "_pending_release")
+    __slots__ = ("env", "cfg", "_dispatch", "_reject", "_gone", "client_timeout_s", "rules", "queue", "_in_flight",
+                 "_seq", "_drained", "num_offered", "num_dispatched", "rejected", "gone", "queue_wait_s", "max_queued",
+                 "_pending_release")
 
     def __init__(self, env: simpy.Environment, cfg: GatewayConfig, dispatch: Callable[[RequestSpec, float], None],
-                 reject: Callable[[RequestSpec, float, str], None]) -> None:
+                 reject: Callable[[RequestSpec, float, str], None], gone: Callable[[RequestSpec, float], None],
+                 client_timeout_s: float | None = None) -> None:
         self.env = env
         self.cfg = cfg
         self._dispatch = dispatch
         self._reject = reject
+        self._gone = gone  # (spec, sent_s): its client gave up while it was queued
+        self.client_timeout_s = client_timeout_s  # a request's own timeout_s wins
         self.rules = make_rules(cfg.rules)
         self.queue = make_discipline(cfg.queuing, cfg.tenants)
         self._in_flight: set[str] = set()  # dispatched, the engine not done with them
@@ -57,6 +63,7 @@ class Gateway:
         self.num_offered = 0
         self.num_dispatched = 0
         self.rejected: dict[str, str] = {}  # request_id -> reason, in rejection order
+        self.gone: dict[str, float] = {}  # request_id -> when its client gave up while it was queued
         self.queue_wait_s: dict[str, float] = {}  # request_id -> time it waited in the gateway (dispatched ones)
         self.max_queued = 0
 
@@ -81,6 +88,10 @@ class Gateway:
         self.max_queued = max(self.max_queued, len(self.queue))
         if self.cfg.queue_timeout_s is not None:
             self.env.timeout(self.cfg.queue_timeout_s).callbacks.append(lambda _ev: self._expire(entry))
+        timeout_s = spec.timeout_s if spec.timeout_s is not None else self.client_timeout_s
+        if timeout_s is not None:  # the client disconnects at its deadline: the gateway drops it then
+            delay_s = max(sent_s + timeout_s - now, 0.0)
+            self.env.timeout(delay_s).callbacks.append(lambda _ev: self._client_gave_up(entry))
 
     def _has_slot(self) -> bool:
         cap = self.cfg.max_in_flight
@@ -104,6 +115,14 @@ class Gateway:
             return  # dispatched before its timeout
         self.queue.remove(entry)
         self._refuse(entry.spec, entry.sent_s, QUEUE_TIMEOUT)
+        self._check_drained()
+
+    def _client_gave_up(self, entry: Queued) -> None:
+        if entry.removed:
+            return  # dispatched (the engine counts the timeout) or already rejected
+        self.queue.remove(entry)
+        self.gone[entry.spec.request_id] = self.env.now
+        self._gone(entry.spec, entry.sent_s)
         self._check_drained()
 
     # --- requests done ----------------------------------------------------------------------------
@@ -154,7 +173,7 @@ class Gateway:
             by_reason[reason] = by_reason.get(reason, 0) + 1
         waits = list(self.queue_wait_s.values())
         return {"num_offered": self.num_offered, "num_dispatched": self.num_dispatched,
-                "num_rejected": len(self.rejected), "rejected_by_reason": dict(sorted(by_reason.items())),
+                "num_rejected": len(self.rejected), "num_gone_while_queued": len(self.gone), "rejected_by_reason": dict(sorted(by_reason.items())),
                 "max_in_flight": self.cfg.max_in_flight, "max_queued": self.max_queued,
                 "queuing": self.cfg.queuing.name, "rules": [r.name for r in self.cfg.rules],
                 "queue_wait_s": stats(waits) if waits else None}

@@ -38,7 +38,11 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
         raise InputError("the gateway runs in front of a replay's clients; this engine's owner submits its "
                          "requests itself (a closed loop, or a cluster replica)", field="gateway.enabled",
                          allowed="false here (a cluster's gateway is its top-level `gateway:`)")
-    gateway = Gateway(engine.env, cfg, engine.clients.send, reject)
+    def gone(spec: RequestSpec, sent_s: float) -> None:
+        engine.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
+        engine.client_gone(spec.request_id)
+
+    gateway = Gateway(engine.env, cfg, engine.clients.send, reject, gone, engine.cfg.client.timeout_s)
     engine.clients.gateway = gateway
     engine.on_finish = gateway.done
     return gateway
@@ -46,12 +50,16 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
 
 def attach_to_cluster(cluster: Cluster, dispatch: Callable[[RequestSpec], None]) -> Gateway | None:
     """The cluster's gateway between its arrivals and its router (None when off): `dispatch` routes
-    a request. Its rejections never reach a replica: the gateway keeps them (`Gateway.rejected`),
-    and the cluster's results give each a row of its own."""
+    a request. Its rejections, and the requests whose clients gave up while queued, never reach a
+    replica: the gateway keeps them (`Gateway.rejected`, `Gateway.gone`), and the cluster's results
+    give each a row of its own."""
     cfg = cluster.cfg.gateway
     if not cfg.enabled:
         return None
-    gateway = Gateway(cluster.env, cfg, lambda spec, _sent_s: dispatch(spec), lambda _spec, _sent_s, _reason: None)
+    # The clients' timeout where the front replicas agree on one (a request's own timeout_s wins).
+    timeouts = {r.cfg.client.timeout_s for r in cluster.front}
+    gateway = Gateway(cluster.env, cfg, lambda spec, _sent_s: dispatch(spec), lambda _spec, _sent_s, _reason: None,
+                      lambda _spec, _sent_s: None, timeouts.pop() if len(timeouts) == 1 else None)
     for policy in sorted({r.cfg.scheduler.policy for r in cluster.replicas}):
         warn_unmapped_priority(cfg, policy)
     for r in cluster.replicas:
