@@ -19,6 +19,7 @@ from servesim.simulator.outdir import claim_output
 from servesim.simulator.outputs import build_summary, write_results
 from servesim.simulator.session_metrics import has_sessions, session_summary
 from servesim.simulator.summary import warn_rejected
+from servesim.simulator.summary_metrics.classes import add_gateway_figures
 from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path, load_bundled
 from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
@@ -132,6 +133,7 @@ def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> R
     if has_sessions(workload.requests):  # per-session figures (simulator/session_metrics.py)
         summary["sessions"] = session_summary(workload.requests, res.metrics.columns().requests,
                                               engine.turns.num_abandoned if engine.turns is not None else 0)
+    add_gateway_figures(summary, engine.gateway, engine.cfg, workload, res.metrics.columns().requests)
     release_freed_heap()  # the summary's scratch arrays, before the result files' own
     meta = {"name": workload.name, "source": str(workload.source), "num_requests": len(workload.requests),
             "attribution": workload.attribution, "spec": workload.spec}

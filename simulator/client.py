@@ -4,6 +4,8 @@ reaches the engine.
 - A workload's arrival time is when the client *wants* to send. With `client.max_concurrency`
   (vllm bench's `--max-concurrency`) a client waits for a free slot first; a slot frees when a
   request's last chunk reaches the client, or when its client gives up.
+- With the gateway on (simulator/gateway/) a sent request passes its admission rules and queue
+  first: it reaches the frontend when the gateway dispatches it, or is rejected there.
 - With the frontend on (simulator/frontend.py) a sent request is handled by the API server's
   event loop and then hops to the engine; without it the request reaches the engine the instant it
   is sent. With `serial` the same loop (ApiServerLoop) also carries every engine step's outputs to
@@ -15,6 +17,7 @@ Latencies and client timeouts count from the send time, which `submit(spec, sent
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -22,6 +25,9 @@ from servesim.scheduler.output import RequestOutput
 from servesim.simulator.frontend import ApiServerLoop, FrontendConfig, StepDelivery, step_delivery
 from servesim.simulator.request_records import MetricsRecorder
 from servesim.traces.workload import RequestSpec
+
+if TYPE_CHECKING:
+    from servesim.simulator.gateway.gateway import Gateway
 
 
 class Clients:
@@ -44,6 +50,8 @@ class Clients:
         self._slot_freed: simpy.Event | None = None
         self._num_in_frontend = 0
         self._frontend_drained: simpy.Event | None = None
+        # Admission and flow control between the clients and the frontend (simulator/gateway/), or None.
+        self.gateway: Gateway | None = None
 
     def send_all(self, requests: Iterable[RequestSpec]):
         """SimPy process: send every request at its time (or when a slot frees), then return once
@@ -66,17 +74,27 @@ class Clients:
                 self._slot_freed = env.event()
             yield self._slot_freed
         self._num_open += 1
-        if self.frontend is None:
-            self._submit(spec, env.now)
-        else:
-            self._num_in_frontend += 1
-            env.process(self._through_frontend(spec, env.now))
+        if self.gateway is None:
+            self.forward(spec, env.now)
+        else:  # the gateway admits, queues or rejects it (simulator/gateway/)
+            self.gateway.offer(spec, env.now)
 
     def drain(self):
-        """Wait until every request sent so far has reached the engine (a generator)."""
+        """Wait until every request sent so far has reached the engine (a generator): what the
+        gateway still holds is dispatched or rejected first."""
+        if self.gateway is not None:
+            yield self.gateway.drained()
         while self._num_in_frontend:
             self._frontend_drained = self.env.event()
             yield self._frontend_drained
+
+    def forward(self, spec: RequestSpec, sent_s: float) -> None:
+        """A request sent at sent_s goes on now: into the frontend, or straight to the engine."""
+        if self.frontend is None:
+            self._submit(spec, sent_s)
+        else:
+            self._num_in_frontend += 1
+            self.env.process(self._through_frontend(spec, sent_s))
 
     def _through_frontend(self, spec: RequestSpec, sent_s: float):
         fe, env = self.frontend, self.env

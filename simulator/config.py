@@ -12,6 +12,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.sglang import SGLangConfig
 from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from servesim.simulator.frontend import FrontendConfig
+from servesim.simulator.gateway.config import GatewayConfig
 from servesim.simulator.kv_offload import KvOffloadConfig
 from servesim.simulator.sampling import SamplingConfig
 from servesim.simulator.structured_output import StructuredOutputConfig
@@ -169,6 +170,8 @@ class SimConfig:
     kv_offload: KvOffloadConfig = field(default_factory=KvOffloadConfig)
     # Requests that wait for a grammar to compile before they can run (simulator/structured_output.py).
     structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+    # Admission and flow control in front of the engine, tenants and SLO classes (simulator/gateway/).
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine_version, str) or not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", self.engine_version):

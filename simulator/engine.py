@@ -36,6 +36,7 @@ from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
+from servesim.simulator.gateway.wiring import attach_to_engine
 from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
@@ -112,9 +113,10 @@ class Engine:
         self.gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         self.in_flight: InFlight = deque()  # the loop's steps in flight (scheduled, not yet updated)
         self.planner: RunPlanner | None = None
-        self.planner_declined: str | None = NO_PLANNER
+        self.planner_declined: str | None = NO_PLANNER  # why there is no planner (None: there is one)
         # Streaming-input chunks to come (simulator/streaming_input.py).
-        self.sessions = SessionInputs(self.env, self.scheduler, self.notify, self.book.metrics.requests)  # why there is no planner (None: there is one)
+        self.sessions = SessionInputs(self.env, self.scheduler, self.notify, self.book.metrics.requests)
+        self.gateway = attach_to_engine(self)  # admission and flow control in front (None: off)
 
     def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
         """Plug in a fast path (before the engine starts), or record why there is none."""
@@ -345,6 +347,14 @@ class Engine:
         self.mark_progress(self.env.now)
         if self.on_finish is not None:
             self.on_finish(request_id, None)
+
+    def reject(self, request_id: str, reason: str) -> None:
+        """A recorded arrival refused before it reached the scheduler (the gateway's HTTP 429)."""
+        self._rejected(request_id, reason)
+
+    def client_gone(self, request_id: str) -> None:
+        """A recorded arrival whose client gave up before it reached the scheduler (in the gateway's queue)."""
+        self._gone(request_id)
 
     def _gone(self, request_id: str) -> None:
         """A client gave up: the request is done for the run (and that is progress)."""

@@ -32,6 +32,7 @@ COLUMNS: dict[str, str] = {
     "priority": "int", "session_id": "text", "is_last_turn": "bool", "lora_id": "int",
     "arrival_step": "count", "grammar_compile_ms": "time", "input_chunk_offsets_s": "times",
     "input_chunk_lens": "hashes", "mm_items": "mm", "parent_request_id": "text", "think_time_s": "time",
+    "tenant": "text", "slo_class": "text",
 }
 REQUIRED = ("request_id", "arrival_time_s", "output_len")
 _MIN = {"length": 1, "count": 0, "int": None}

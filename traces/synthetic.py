@@ -44,6 +44,7 @@ from servesim.traces.synthetic_config import (
     config_to_dict,
 )
 from servesim.traces.asr import add_audio
+from servesim.traces.tenant_mix import by_rate, label_by_fraction, superposed
 from servesim.traces.vlm import add_images
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -188,11 +189,16 @@ def generate(config: SyntheticConfig, rng: np.random.Generator, *, generator: st
     if config.output_len.dist == "fixed" and config.output_len.value < 1:
         raise InputError(f"fixed output length {config.output_len.value}",
                          field="output_len.value", allowed="a length >= 1")
-    requests = _sessions(config, rng) if config.sessions is not None else _independent(config, rng)
+    if by_rate(config.mix):  # a stream per tenant / class (traces/tenant_mix.py)
+        requests = superposed(config, rng, _independent)
+    else:
+        requests = _sessions(config, rng) if config.sessions is not None else _independent(config, rng)
     if config.images is not None:  # drawn after everything else: the text part is the same without
         requests = add_images(requests, config.images, rng)
     if config.audio is not None:
         requests = add_audio(requests, config.audio)
+    if config.mix is not None and not by_rate(config.mix):  # drawn last: the same requests, labelled
+        requests = label_by_fraction(requests, config.mix, rng)
     source = f"synthetic generator {generator!r}: " + json.dumps(config_to_dict(config))
     return Workload.from_unsorted(requests, name=config.name, source=source)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesim.traces.errors import InputError
+from servesim.traces.tenant_mix import MixEntry, by_rate, mix_entries
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "exponential", "empirical")
@@ -227,10 +228,16 @@ class SyntheticConfig:
     lora: ChoiceConfig | None = None
     images: ImageConfig | None = None  # multimodal requests (independent requests only, not sessions)
     audio: AudioConfig | None = None  # an encoder-decoder speech model's input (not with images or sessions)
+    # Tenants and SLO classes (traces/tenant_mix.py): fractions of one stream, or a stream per entry.
+    mix: tuple[MixEntry, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.audio is not None and (self.images is not None or self.sessions is not None):
             raise _bad("audio", "audio with images or sessions", "audio alone (an encoder-decoder model's input)")
+        if self.mix is not None:
+            self.mix = mix_entries(self.mix)
+            if by_rate(self.mix) and self.sessions is not None:
+                raise _bad("mix", "rate_per_s entries with sessions", "fractions with sessions")
         if self.images is not None and self.sessions is not None:
             raise _bad("images", "images with sessions", "images or sessions, not both")
         if self.num_requests is None and self.duration_s is None:

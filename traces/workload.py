@@ -74,6 +74,10 @@ class RequestSpec:
     # request is sent at arrival_time_s.
     parent_request_id: str | None = None
     think_time_s: float | None = None
+    # Who sent it and which SLO class it is judged by (simulator/gateway/: fair queuing, rate limits,
+    # priority mapping; summaries break every metric down by both). None: the "default" one.
+    tenant: str | None = None
+    slo_class: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers: tuples (hashable, immutable); an empty hash-id list means none.
@@ -126,6 +130,10 @@ class RequestSpec:
         session = self.session_id
         if session is not None and (not isinstance(session, str) or not session):
             return "session_id", f"got {self.session_id!r}", "a non-empty string or none"
+        for name in ("tenant", "slo_class"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                return name, f"got {value!r}", "a non-empty string or none"
         if self.arrival_step is not None and self.arrival_step < 0:
             return "arrival_step", f"got {self.arrival_step}", "an integer >= 0 or none"
         if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):

@@ -143,12 +143,13 @@ def _x_axis(ax, v: SweepView) -> None:
 
 
 def metrics_vs_axis(sweep, title: str | None = None):
-    """TTFT/TPOT/E2E (p50, p10–p90 band), throughput, preemptions, hit rate (+ jobs, priorities)."""
+    """TTFT/TPOT/E2E (p50, p10–p90 band), throughput, preemptions, hit rate (+ jobs, priorities,
+    tenants, SLO classes)."""
     v = view(sweep)
     panels = [("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency")]
     jobs = job_bands(sweep, v)
-    prio = sorted({c.split(".")[1] for c in v.rows.columns if c.startswith("by_priority.") and c.endswith("ttft_s.p50")})
-    n = 6 + (jobs is not None) + bool(prio)
+    groups = [(panel, g) for panel in GROUP_PANELS if (g := _groups(v, panel[0], panel[1]))]
+    n = 6 + (jobs is not None) + len(groups)
     ncols = 3
     fig = style.figure(12, 3.3 * math.ceil(n / ncols) + 0.4)
     axes = list(style.subplots(fig, math.ceil(n / ncols), ncols).ravel())
@@ -173,8 +174,8 @@ def metrics_vs_axis(sweep, title: str | None = None):
     if jobs is not None:
         _band_panel(axes[k], v, jobs, "Job completion time")
         k += 1
-    if prio:
-        _priority_panel(axes[k], v, prio)
+    for panel, names in groups:
+        _group_panel(axes[k], v, panel, names)
         k += 1
     for ax in axes[k:]:
         ax.set_visible(False)
@@ -194,23 +195,40 @@ def _band_panel(ax, v: SweepView, b: pd.DataFrame, name: str) -> None:
     ax.set_ylim(bottom=0)
 
 
-def _priority_panel(ax, v: SweepView, classes: list[str]) -> None:
-    """TTFT p50 per priority class (lower value = served first under `policy: priority`)."""
+# Per-group panels: (column prefix, suffix, series label, title, y label of a seconds axis or None). Priority classes come
+# from a sweep's breakdown.json; tenants and SLO classes from the summary's `classes` block.
+GROUP_PANELS = (("by_priority.", ".ttft_s.p50", "priority {}", "TTFT p50 by priority class", "TTFT p50"),
+                ("classes.by_tenant.", ".ttft_s.p50", "{}", "TTFT p50 by tenant", "TTFT p50"),
+                ("classes.by_slo_class.", ".goodput.fraction_meeting_slo", "{}",
+                 "Share meeting its SLO class's targets", None))
+
+
+def _groups(v: SweepView, prefix: str, suffix: str) -> list[str]:
+    cols = v.rows.columns
+    return sorted({c[len(prefix):-len(suffix)] for c in cols if c.startswith(prefix) and c.endswith(suffix)})
+
+
+def _group_panel(ax, v: SweepView, panel: tuple, groups: list[str]) -> None:
+    """One metric per group (priority class, tenant, SLO class), a series per group."""
+    prefix, suffix, label, title, seconds_label = panel
     frames = []
-    for c in classes:
+    for c in groups:
         r = v.rows.copy()
-        r["_series"] = [f"priority {c}" + (f", {s}" if s else "") for s in r["_series"]]
-        r["_y"] = r[f"by_priority.{c}.ttft_s.p50"].astype(float)
+        r["_series"] = [label.format(c) + (f", {s}" if s else "") for s in r["_series"]]
+        r["_y"] = r[f"{prefix}{c}{suffix}"].astype(float)
         frames.append(r)
     rows = pd.concat(frames, ignore_index=True)
     sub = SweepView(v.x_name, v.x_labels, v.x_values, v.numeric, rows, list(dict.fromkeys(rows["_series"])))
     _draw(ax, sub, rows["_y"])
-    unit = style.time_unit([rows["_y"].max()])
-    style.seconds_axis(ax, unit, "y")
-    unit = unit[0]
-    ax.set_title("TTFT p50 by priority class")
-    ax.set_ylabel(f"TTFT p50 ({unit})")
-    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    if seconds_label is not None:
+        unit = style.time_unit([rows["_y"].max()])
+        style.seconds_axis(ax, unit, "y")
+        ax.set_ylabel(f"{seconds_label} ({unit[0]})")
+        ax.set_ylim(bottom=0)
+    else:
+        ax.set_ylabel("fraction of completed requests")
+        ax.set_ylim(0, 1.05)
     ax.legend(frameon=False, fontsize=7.5)
 
 

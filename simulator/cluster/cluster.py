@@ -38,6 +38,7 @@ from servesim.simulator.collector import collector_paused
 from servesim.simulator.config import SimConfig
 from servesim.simulator.build import attach_planner
 from servesim.simulator.engine import Engine
+from servesim.simulator.gateway.wiring import attach_to_cluster
 from servesim.simulator.specs import resolve_model
 from servesim.simulator.specs.pipeline_stages import stage_kv_bytes_per_token
 from servesim.traces.errors import InputError
@@ -110,6 +111,8 @@ class Cluster:
             self.pd_links = PDLinks(self.env, cfg.pd, self.decoders)  # network and intra-node links
             self.links = self.pd_links.links
             self._kv_bytes = self._kv_bytes_table()
+        # Admission and flow control before the router (simulator/gateway/), or None.
+        self.gateway = attach_to_cluster(self, self._dispatch)
         self._arrivals_done = False
         self._num_final = 0
         self._next_spec = 0  # index in workload.requests of the next request to dispatch
@@ -192,7 +195,12 @@ class Cluster:
             if t > env.now:
                 self._announce_next_arrival(i)
                 yield env.timeout(t - env.now)
-            self._dispatch(spec)
+            if self.gateway is None:
+                self._dispatch(spec)
+            else:
+                self.gateway.offer(spec, spec.arrival_time_s)
+        if self.gateway is not None:  # what it still holds is dispatched or rejected first
+            yield self.gateway.drained()
         if self.turns is not None:
             yield from self.turns.wait_all_sent()
         self._next_spec = len(requests)
@@ -333,6 +341,7 @@ class Cluster:
         """SimPy ran out of events with replicas still waiting: no arrival, handoff, transfer or
         pin expiry is left that could wake them. Name the replica and its stuck requests."""
         pending = len(self.workload.requests) - sum(r.engine.num_done for r in self.replicas) \
+            - (len(self.gateway.rejected) + len(self.gateway.gone) if self.gateway is not None else 0) \
             if self.cfg.pd is None else len(self.workload.requests) - self._num_final
         _stuck_replica(self.replicas).engine.raise_stall(
             f"the cluster is idle with {pending} request(s) unfinished and nothing left that could wake it "

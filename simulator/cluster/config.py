@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simulator.config import SimConfig, SloConfig, to_dict
+from servesim.simulator.gateway.config import GatewayConfig
 from servesim.simulator.config_values import build_dataclass, coerce_field  # noqa: F401  (re-exported)
 from servesim.traces.errors import InputError
 
@@ -122,8 +123,11 @@ class ClusterConfig:
     pd: PDConfig | None = None  # None: colocated replicas (every role "both")
     slo: SloConfig = field(default_factory=SloConfig)  # for the cluster summary's goodput
     seed: int = 0  # seeds the one numpy Generator the routers share
+    # Admission and flow control before the router, tenants and SLO classes (simulator/gateway/).
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     def __post_init__(self) -> None:
+        _check_gateway(self)
         if not self.replicas:
             raise InputError("no replica groups", field="replicas", allowed="at least one group")
         if not self.routing_latency_s >= 0:
@@ -164,6 +168,17 @@ class ClusterConfig:
         return cluster_config_from_dict(data, str(path))
 
 
+def _check_gateway(cfg: ClusterConfig) -> None:
+    """One gateway, the cluster's, in front of colocated replicas."""
+    for i, g in enumerate(cfg.replicas):
+        if g.sim.gateway.enabled:
+            raise InputError("a replica has no gateway of its own", field=f"replicas[{i}].sim.gateway.enabled",
+                             allowed="false (the cluster's gateway is the top-level `gateway:`)")
+    if cfg.gateway.enabled and cfg.pd is not None:
+        raise InputError("the gateway is modelled in front of colocated replicas only", field="gateway.enabled",
+                         allowed="false with a pd section")
+
+
 def _check_nodes(groups: list[ReplicaGroup]) -> None:
     """Groups on one node run on its one host: the same GPU and host spec."""
     from servesim.simulator.specs import host_for
@@ -193,7 +208,7 @@ def _check_pd_groups(groups: list[ReplicaGroup]) -> None:
 
 
 # --- dict -> dataclass ------------------------------------------------------------------------------
-_TOP_KEYS = ("base", "replicas", "router", "routing_latency_s", "pd", "slo", "seed")
+_TOP_KEYS = ("base", "replicas", "router", "routing_latency_s", "pd", "slo", "seed", "gateway")
 
 
 def cluster_config_from_dict(data: Any, path: str | None = None) -> ClusterConfig:
@@ -216,6 +231,7 @@ def cluster_config_from_dict(data: Any, path: str | None = None) -> ClusterConfi
             pd=None if pd_raw is None else _pd(pd_raw, path),
             slo=build_dataclass(SloConfig(), slo or {}, "slo", path),
             seed=_int(data.get("seed", 0), "seed", path),
+            gateway=build_dataclass(GatewayConfig(), data.get("gateway") or {}, "gateway", path),
         )
     except InputError as e:
         if e.path is None and path is not None:
@@ -355,4 +371,5 @@ def cluster_config_to_dict(cfg: ClusterConfig) -> dict:
         "pd": None if cfg.pd is None else to_dict(cfg.pd),
         "slo": to_dict(cfg.slo),
         "seed": cfg.seed,
+        **({"gateway": to_dict(cfg.gateway)} if cfg.gateway != GatewayConfig() else {}),
     }

@@ -31,6 +31,7 @@ from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
 from servesim.simulator.session_metrics import has_sessions, session_summary
 from servesim.simulator.step_table import StepTable
+from servesim.simulator.summary_metrics.classes import add_gateway_figures
 
 if TYPE_CHECKING:
     from servesim.simulator.cluster.cluster import Cluster
@@ -94,6 +95,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     # _requests_frame extends with the routing columns.
     summary = _summary(cluster, reps, merged, wall_time_s)
     requests = _requests_frame(cluster, merged)
+    add_gateway_figures(summary, cluster.gateway, cluster.cfg, cluster.workload, requests)
     warn_rejected(requests)
     if has_sessions(cluster.workload.requests):  # per-session figures (simulator/session_metrics.py)
         summary["sessions"] = session_summary(cluster.workload.requests, requests,
@@ -105,6 +107,13 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
     rid = spec.request_id
+    gateway = cluster.gateway
+    if gateway is not None and rid in gateway.rejected:  # refused before any replica
+        return RequestRecord(rid, spec.arrival_time_s, spec.prompt_len, spec.output_len,
+                             reject_reason=gateway.rejected[rid])
+    if gateway is not None and rid in gateway.gone:  # its client gave up in the gateway's queue
+        return RequestRecord(rid, spec.arrival_time_s, spec.prompt_len, spec.output_len, finish_reason="abort",
+                             status="timed_out")
     front = cluster.replicas[cluster.routes[rid].replica].engine.metrics.requests[rid]
     if cluster.cfg.pd is None:
         return replace(front, arrival_s=spec.arrival_time_s)
@@ -122,6 +131,8 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
 
 def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
     df = merged.tables().requests
+    if len(cluster.routes) < len(df):  # the gateway refused some: no replica, no route
+        return _frame_with_unrouted(cluster, df)
     routes = [cluster.routes[rid] for rid in df["request_id"]]
     pos = 1
     if cluster.cfg.pd is None:
@@ -138,6 +149,17 @@ def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
     df.insert(pos + 2, "route_score", [r.score for r in routes])
     if cluster.cfg.pd is not None:
         _add_pd_columns(cluster, df)
+    return df
+
+
+def _frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
+    """The routing columns where some requests never reached the router (colocated replicas:
+    ClusterConfig refuses a gateway with P/D): empty for those."""
+    routes = [cluster.routes.get(rid) for rid in df["request_id"]]
+    df.insert(1, "replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
+    df.insert(2, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
+    df.insert(3, "route_reason", [None if r is None else r.reason for r in routes])
+    df.insert(4, "route_score", [None if r is None else r.score for r in routes])
     return df
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from servesim.scheduler.bulk import decode_runs_for
 from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
+from servesim.simulator.gateway.wiring import GATEWAY_DECLINED
 from servesim.simulator.run_planner import RunPlanner
 from servesim.simulator.sessions import TURNS_DECLINED
 from servesim.simulator.structured_output import workload_needs_grammar
@@ -63,6 +64,8 @@ def planner_for(engine: Engine) -> PlannerChoice:
     runs = decode_runs_for(sched) if cfg.macro_steps else None
     if not cfg.macro_steps:
         why = "macro_steps is off"
+    elif engine.gateway is not None:
+        why = GATEWAY_DECLINED
     elif runs is None:
         why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
                "(P/D and other schedulers that change what a step does step)")
