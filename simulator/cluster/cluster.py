@@ -181,6 +181,8 @@ class Cluster:
         with collector_paused():
             rep = self._make_replica(group, len(self.replicas), name)
         self.replicas.append(rep)
+        if rep.role == "decode":
+            self.pd_links.add_decoder(rep)
         return rep
 
     def _kv_bytes_table(self) -> dict[tuple[tuple[int, int], tuple[int, int]], int]:

@@ -57,9 +57,9 @@ class ColdStartConfig:
 
     def __post_init__(self) -> None:
         for name in ("provision_s", "image_bytes", "container_start_s", "compile_s", "graph_capture_s", "warmup_s"):
-            _number(getattr(self, name), f"cold_start.{name}", minimum=0.0)
+            _number(getattr(self, name), name, minimum=0.0)
         for name in ("image_pull_bytes_per_s", "weight_load_bytes_per_s"):
-            _number(getattr(self, name), f"cold_start.{name}", minimum=0.0, strict=True)
+            _number(getattr(self, name), name, minimum=0.0, strict=True)
 
 
 @dataclass(slots=True)
