@@ -38,6 +38,12 @@ def load_cluster_workload(spec: dict, trace: str | None = None, base_dir: Path |
     from servesim.scenario.workload import SMOKE_MAX_REQUESTS, build_workload, parse_workload
     from servesim.simulator.cluster.plan import load_plan_workload
 
+    if "daily_shape" in spec:  # a day's rate profile on the arrivals (simulator/cluster/autoscale/diurnal.py)
+        from servesim.simulator.cluster.autoscale.diurnal import apply_daily_shape, daily_shape_from_dict
+
+        spec = dict(spec)
+        shape = daily_shape_from_dict(spec.pop("daily_shape"))
+        return apply_daily_shape(load_cluster_workload(spec, trace, base_dir, smoke), shape)
     if "generator" in spec and trace is None:
         parsed = parse_workload(spec, 0, Marks())
         return build_workload(parsed.smoke() if smoke else parsed)

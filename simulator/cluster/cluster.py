@@ -122,8 +122,7 @@ class Cluster:
             from servesim.simulator.cluster.autoscale import Autoscaler
 
             self.autoscaler = Autoscaler(self, cfg.autoscale)
-            for r in self.front:
-                self.autoscaler.attach(r)
+            self.autoscaler.attach_all()
         elif cfg.pd is None and not self.lockstep_groups and any(r.engine.planner is not None for r in self.front):
             # Replicas with planners behind one router, whose runs may go past arrivals that the
             # router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).

@@ -8,9 +8,12 @@ holds is lost or moved. A decision that removes replicas cancels starting ones f
 asked for first), then drains the ready ones holding the fewest requests (the newest on a tie).
 
 Exactness with the fast path: the controller reads replica state at each decision as the router
-does at each dispatch, so every front replica's announced next arrival is the earlier of the next
-dispatch and the next decision (`bound`): a macro-step run ends before either, and what a
-decision reads is what stepping would show (tests/test_autoscale_exact.py compares both).
+does at each dispatch, and the candidate set changes only at decisions and when a cold start ends
+(together: the next change). Every front replica's announced next arrival is the earlier of the
+next change and what the router's proof (simulator/fastpath/router_proofs.py) allows for its
+position in the candidate list, rebuilt at each change: a macro-step run ends before any of them,
+and what a decision reads is what stepping would show (tests/test_autoscale_timeline.py compares
+both). Deferred runs (fastpath/deferred.py) are not used: a decision reads more than the load.
 
 Decisions at k * interval_s (k = 1, 2, ...) until the last request has been dispatched; replicas
 still starting then are cancelled (nothing will be routed to them).
@@ -36,6 +39,12 @@ if TYPE_CHECKING:
     from servesim.simulator.cluster.config import ReplicaGroup
 
 
+# Routers whose proofs hold when the candidate list changes between decisions: each answer is
+# computed from the list as it is when asked. jsq_power_of_two's proof keeps pairs drawn for the
+# list's length, so it is not used (its replicas' runs stop at every dispatch, still exact).
+PROVED_ROUTERS = frozenset({"round_robin", "least_outstanding", "session_affinity"})
+
+
 @dataclass(slots=True)
 class Lifetime:
     """One replica's life on the cluster clock (what its GPU-hours are billed over)."""
@@ -55,6 +64,7 @@ class Lifetime:
 class _Start:
     lifetime: Lifetime
     cold: ColdStart
+    ready_at_s: float  # as the clock will read it (the timeout's now + delay)
     cancelled: bool = False
 
 
@@ -95,6 +105,11 @@ class Autoscaler:
                                                    replica=r.index)
             self.pools.append(pool)
         self._pool_of = {r.index: p for p in self.pools for r in p.ready}
+        if cluster.cfg.pd is None and not cluster.lockstep_groups and cluster.router.name in PROVED_ROUTERS \
+                and any(r.engine.planner is not None for r in cluster.front):
+            from servesim.simulator.fastpath.router_proofs import proof_for
+
+            cluster._proof = proof_for(cluster.router)
         self.next_decision_s = cfg.interval_s
         self.events: list[dict] = []
         self.timeline: list[dict] = []
@@ -148,33 +163,47 @@ class Autoscaler:
             for s in pool.starting:
                 self._cancel(pool, s)
             pool.starting = []
+        self.announce()
 
     # --- what the engines are told (the fast path's bound) -----------------------------------------
-    def bound(self) -> float:
-        """The earliest time anything outside reads or sends to a front replica: the next
-        dispatch or the next decision."""
-        c = self.cluster
-        return min(c._dispatch_at(c._next_spec), self.next_decision_s)
+    def next_change_s(self) -> float:
+        """When the candidate set or what is read of it can next change: the next decision or
+        the next end of a cold start."""
+        t = self.next_decision_s
+        for pool in self.pools:
+            for s in pool.starting:
+                t = min(t, s.ready_at_s)
+        return t
 
     def announce(self) -> None:
-        t = self.bound()
-        for r in self._front_engines():
-            r.engine.expect_next_arrival(t)
-
-    def _front_engines(self):
+        """Each front replica's next arrival (at each dispatch and each change): the router
+        proof's bound for its position (none: the next dispatch), capped at the next change."""
+        c, change = self.cluster, self.next_change_s()
+        i, proof = c._next_spec, c._proof
+        nxt = c._dispatch_at(i)
+        unread = proof is not None and not proof.reads_all_candidates
+        for pos, r in enumerate(c.front):
+            t = c._dispatch_at(i + proof.arrivals_unread(pos, c.front, c.workload.requests, i)) if unread else nxt
+            r.engine.expect_next_arrival(min(t, change))
         for pool in self.pools:
             if pool.group.role != "decode":
-                yield from pool.ready
-                yield from pool.draining
-        for r in self.cluster.front:  # groups not autoscaled
-            if r.index not in self._pool_of:
-                yield r
+                for r in pool.draining:  # nothing is routed here: only the controller reads it
+                    r.engine.expect_next_arrival(change)
 
-    def attach(self, replica: Replica) -> None:
-        """Give a front replica's planner the bound (also what keeps its runs short of a decision)."""
-        if replica.role != "decode":
-            replica.engine.expect_arrivals_by_load(lambda _load: self.bound())
-            replica.engine.expect_next_arrival(self.bound())
+    def attach_all(self) -> None:
+        """Load-bound closures for every front replica, by its position now (positions move
+        when the set changes), then the announced arrivals."""
+        c = self.cluster
+        for pos, r in enumerate(c.front):
+            r.engine.expect_arrivals_by_load(partial(self._load_bound, pos))
+        for pool in self.pools:
+            if pool.group.role != "decode":
+                for r in pool.draining:
+                    r.engine.expect_arrivals_by_load(lambda _load: self.next_change_s())
+        self.announce()
+
+    def _load_bound(self, pos: int, load: int) -> float:
+        return min(self.cluster._arrival_bound(pos, load), self.next_change_s())
 
     # --- routing ---------------------------------------------------------------------------------
     def routed(self, replica: Replica, spec) -> None:
@@ -223,7 +252,8 @@ class Autoscaler:
         name = f"{g.name or g.role}{pool.num_built}"
         pool.num_built += 1
         cold = cold_start_of(pool.cfg.cold_start, g.sim)
-        s = _Start(Lifetime(pool.cfg.group, name, _gpus(g), g.sim.hardware.gpu, self.env.now), cold)
+        s = _Start(Lifetime(pool.cfg.group, name, _gpus(g), g.sim.hardware.gpu, self.env.now), cold,
+                   self.env.now + cold.total_s)
         pool.starting.append(s)
         self._event(pool, "cold_start", name, cold)
         self.env.timeout(cold.total_s).callbacks.append(lambda _ev: self._ready(pool, s))
@@ -239,8 +269,8 @@ class Autoscaler:
         pool.ready.append(rep)
         candidates = self.cluster.decoders if pool.group.role == "decode" else self.cluster.front
         candidates.append(rep)  # the newest index: index order kept
-        self.attach(rep)
         self._watch(rep.index, rep.engine.start())
+        self.attach_all()
         self._event(pool, "ready", s.lifetime.name)
 
     def _cancel(self, pool: Pool, s: _Start) -> None:
@@ -262,6 +292,7 @@ class Autoscaler:
             self.lifetimes[rep.index].drain_s = self.env.now
             self._event(pool, "drain", rep.name, num_outstanding=rep.engine.num_outstanding)
             rep.engine.close()  # it finishes what it holds; its loop's end removes it (_loop_ended)
+        self.attach_all()
 
     def _event(self, pool: Pool, kind: str, replica: str, cold: ColdStart | None = None,
                num_outstanding: int | None = None) -> None:
