@@ -50,13 +50,37 @@ def plan_command(
 
     on_interrupt(f"nothing was written to {out}/ (results are written when the search finishes); "
                  "run the same command again to start over", unless_published=out)
-    cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
+    cost_label = "cost ($/h)"
+    auto = None
     with staged_output(out, "plan", overwrite=overwrite) as tmp:
         df = search(plan, wl, progress)
         df.to_csv(tmp / "plan.csv", index=False)
         plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
+        if plan.autoscale is not None:  # the cheapest autoscaled fleet too (simulator/cluster/plan_autoscale.py)
+            from servesim.simulator.cluster.plan_autoscale import search_autoscaled
+
+            auto = search_autoscaled(plan, wl, lambda r: err.print(
+                f"  autoscaled {r['shape']} min {r['min_replicas']} {r['param']}={r['value']}: "
+                + (f"[red]skipped[/] ({r['error']})" if r['error'] else
+                   f"goodput {r['goodput_fraction']:.1%}, ${r['usd_per_day']:,.0f}/day ({r['wall_s']:.1f} s)")))
+            auto.to_csv(tmp / "plan_autoscaled.csv", index=False)
     print_plan(console, df, cost_label)
-    console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}")
+    if auto is not None:
+        print_static_vs_autoscaled(console, df, auto)
+    console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}"
+                  + (f" and {out / 'plan_autoscaled.csv'}" if auto is not None else ""))
+
+
+def print_static_vs_autoscaled(console, static, autoscaled) -> None:
+    from servesim.simulator.cluster.plan_autoscale import static_vs_autoscaled
+
+    both = static_vs_autoscaled(static, autoscaled)
+    s, a = both["static"], both["autoscaled"]
+    console.print("cheapest fixed fleet meeting the SLO: " + ("none" if s is None else
+                  f"{s['shape']} x{s['num_replicas']}, ${s['usd_per_day']:,.2f}/day, goodput {s['goodput_fraction']:.1%}"))
+    console.print("cheapest autoscaled fleet meeting the SLO: " + ("none" if a is None else
+                  f"{a['shape']} {a['min_replicas']}-{a['max_replicas']} replicas, {a['policy']}, "
+                  f"${a['usd_per_day']:,.2f}/day (cold starts billed), goodput {a['goodput_fraction']:.1%}"))
 
 
 def print_plan(console, df, cost_label: str) -> None:

@@ -22,10 +22,19 @@ from servesim.traces.errors import InputError
 if TYPE_CHECKING:
     from servesim.simulator.cluster.cluster import Cluster
 
-# Why the router proofs (simulator/fastpath/router_proofs.py) are not used under autoscaling: the
-# summary states it. Macro-steps still run, bounded by the next decision (controller.py).
-ROUTER_PROOF_DECLINED = ("autoscaling: the candidate set changes at decisions, so no router proof applies; "
-                         "replicas' macro-steps stop at each dispatch and each decision")
+# What the fast path does under autoscaling (controller.py), stated in the summary.
+DEFERRED_DECLINED = "deferred runs declined: a decision reads KV usage and queues, not only the load"
+
+
+def _router_proof_note(cluster: Cluster) -> str:
+    from servesim.simulator.cluster.autoscale.controller import PROVED_ROUTERS
+
+    if cluster._proof is not None:
+        return (f"{cluster.router.name}'s proof, rebuilt at each change of the candidate set; runs stop at the next "
+                "decision or cold-start end")
+    why = "not proved exact when the candidate set changes" if cluster.router.name not in PROVED_ROUTERS \
+        else "no replica runs macro-steps" if cluster.cfg.pd is None else "P/D"
+    return f"declined ({why}): runs stop at every dispatch and decision"
 
 
 def lifetimes(cluster: Cluster) -> list[Lifetime]:
@@ -84,7 +93,7 @@ def autoscale_summary(cluster: Cluster, end_s: float) -> dict:
     lives = lifetimes(cluster)
     cold = [e["cold_start_s"] for e in events if e["event"] == "cold_start"]
     return {
-        "router_proof": ROUTER_PROOF_DECLINED,
+        "router_proof": _router_proof_note(cluster), "deferred_runs": DEFERRED_DECLINED,
         "interval_s": a.cfg.interval_s, "window_s": a.cfg.window_s,
         "num_decisions": len(a.timeline),
         "num_cold_starts": len(cold), "num_ready": sum(e["event"] == "ready" for e in events),
