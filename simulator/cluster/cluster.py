@@ -119,7 +119,7 @@ class Cluster:
         self._unread_until: list[tuple[int, int]] | None = None
         self.autoscaler = None  # simulator/cluster/autoscale/: replicas come and go; its bound replaces the proofs
         if cfg.autoscale is not None:
-            from servesim.simulator.cluster.autoscale import Autoscaler
+            from servesim.simulator.cluster.autoscale.controller import Autoscaler
 
             self.autoscaler = Autoscaler(self, cfg.autoscale)
             self.autoscaler.attach_all()

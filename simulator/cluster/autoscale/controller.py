@@ -31,6 +31,7 @@ import simpy
 
 from servesim.simulator.cluster.autoscale.cold_start import PHASES, ColdStart, cold_start_of
 from servesim.simulator.cluster.autoscale.config import AutoscaleConfig, PoolConfig
+from servesim.simulator.cluster.autoscale.cost import Lifetime
 from servesim.simulator.cluster.autoscale.policies import AutoscalePolicy, PoolMetrics, make_policy
 from servesim.simulator.cluster.autoscale.window import PoolWindow
 
@@ -43,21 +44,6 @@ if TYPE_CHECKING:
 # computed from the list as it is when asked. jsq_power_of_two's proof keeps pairs drawn for the
 # list's length, so it is not used (its replicas' runs stop at every dispatch, still exact).
 PROVED_ROUTERS = frozenset({"round_robin", "least_outstanding", "session_affinity"})
-
-
-@dataclass(slots=True)
-class Lifetime:
-    """One replica's life on the cluster clock (what its GPU-hours are billed over)."""
-
-    pool: str
-    name: str
-    num_gpus: int
-    gpu: str
-    start_s: float  # the decision that asked for it (0 for the initial fleet: warm at the start)
-    ready_s: float | None = None  # cold start over (None: cancelled before)
-    drain_s: float | None = None
-    end_s: float | None = None  # removed (drained or cancelled); None: alive at the run's end
-    replica: int | None = None  # its Replica.index once built
 
 
 @dataclass(slots=True)

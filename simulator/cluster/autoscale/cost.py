@@ -12,15 +12,30 @@ table under the config's gpu_cost_per_hour).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from servesim.simulator.cluster.autoscale.controller import Lifetime
 from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:
     from servesim.simulator.cluster.cluster import Cluster
+
+@dataclass(slots=True)
+class Lifetime:
+    """One replica's life on the cluster clock (what its GPU-hours are billed over)."""
+
+    pool: str
+    name: str
+    num_gpus: int
+    gpu: str
+    start_s: float  # the decision that asked for it (0 for the initial fleet: warm at the start)
+    ready_s: float | None = None  # cold start over (None: cancelled before)
+    drain_s: float | None = None
+    end_s: float | None = None  # removed (drained or cancelled); None: alive at the run's end
+    replica: int | None = None  # its Replica.index once built
+
 
 # What the fast path does under autoscaling (controller.py), stated in the summary.
 DEFERRED_DECLINED = "deferred runs declined: a decision reads KV usage and queues, not only the load"
