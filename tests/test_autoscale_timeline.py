@@ -4,6 +4,8 @@ timeline, and the fast path's exactness under autoscaling (macro-steps on vs off
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -111,11 +113,21 @@ def test_pd_pools_scale_separately_and_lose_nothing():
                         cold_start=COLD) for role in ("prefill", "decode")]
     cfg = ClusterConfig(replicas=[ReplicaGroup(1, sim, role="prefill"), ReplicaGroup(1, sim, role="decode")],
                         pd=PDConfig(), autoscale=AutoscaleConfig(pools, interval_s=1.0))
-    res = run_cluster(cfg, _steady(50, 0.2))
+    res = run_cluster(cfg, _steady(50, 0.2, output_len=300))
     ev = res.tables["scale_events"]
     assert set(ev.query("event == 'ready'")["replica"]) == {"prefill1", "decode1"}
-    assert len(ev.query("event == 'drain' and time_s == 6.0")) == 2
-    assert res.summary["num_finished"] == 50
+    drains = ev.query("event == 'drain' and time_s == 6.0")
+    assert len(drains) == 2 and drains["num_outstanding"].max() > 0  # drained while busy
+    assert res.summary["num_finished"] == 50 and res.requests["finish_s"].notna().all()
+    # a drained P/D replica is removed at the first decision that finds it holding nothing
+    req, index = res.requests, {r["name"]: i for i, r in enumerate(res.summary["replicas"])}
+    for name in drains["replica"]:
+        removed = ev.query("event == 'removed' and replica == @name")["time_s"].item()
+        col = "decode_replica" if name.startswith("decode") else "prefill_replica"
+        mine = req[req[col] == index[name]]
+        last = mine["finish_s"].max() if col == "decode_replica" else (mine["arrival_s"] + mine["prefill_queue_s"]
+                                                                        + mine["prefill_s"] + mine["transfer_s"]).max()
+        assert removed == math.ceil(max(last, 7.0))  # checked from the decision after the drain (6 s) on
 
 
 def test_fixed_fleet_cost_is_gpus_times_duration():

@@ -354,7 +354,8 @@ class Cluster:
 
             self.lockstep = [LockstepGroup([self.replicas[i].engine for i in g]) for g in self.lockstep_groups]
             procs += [g.start() for g in self.lockstep]
-        done = self.env.all_of(procs) if self.autoscaler is None else self.autoscaler.start(dict(enumerate(procs)))
+        done = self.env.all_of(procs) if self.autoscaler is None else \
+            self.autoscaler.start([r.index for r in self.replicas if r.index not in grouped], procs)
         try:
             self.env.run(until=done)
         except RuntimeError:

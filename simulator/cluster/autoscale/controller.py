@@ -3,7 +3,8 @@
 Each pool is one replica group. A replica is `starting` from the decision that asked for it until
 its cold start (cold_start.py) ends, then `ready` (the router picks among ready replicas only),
 then, when a decision removes it, `draining`: the router no longer sees it and its engine is
-closed, so it finishes what it holds and its loop ends; that moment it is removed. Nothing it
+closed, so it finishes what it holds and its loop ends; that moment it is removed (a P/D replica: at
+the first decision that finds it holding nothing, KV awaiting a transfer included). Nothing it
 holds is lost or moved. A decision that removes replicas cancels starting ones first (the latest
 asked for first), then drains the ready ones holding the fewest requests (the newest on a tie).
 
@@ -99,28 +100,27 @@ class Autoscaler:
         self.next_decision_s = cfg.interval_s
         self.events: list[dict] = []
         self.timeline: list[dict] = []
-        self._procs: dict[int, simpy.Process] = {}
         self._num_live = 0
         self._done: simpy.Event | None = None
 
     # --- the run ---------------------------------------------------------------------------------
-    def start(self, procs: dict[int, simpy.Process]) -> simpy.Event:
-        """Start the decision loop beside the engines' loops (by replica index); returns the event
-        that ends the run: every engine loop, including those started later, and the controller done."""
+    def start(self, indices: list[int], procs: list[simpy.Process]) -> simpy.Event:
+        """Start the decision loop beside the engines' loops (procs: those of the replicas
+        `indices`, then any lockstep groups'); returns the event that ends the run: every loop,
+        including those started later, and the controller done."""
         self._done = self.env.event()
-        for idx, proc in procs.items():
-            self._watch(idx, proc)
+        for k, proc in enumerate(procs):
+            self._watch(indices[k] if k < len(indices) else None, proc)
         self._num_live += 1
         self.env.process(self._loop()).callbacks.append(self._one_done)
         return self._done
 
-    def _watch(self, idx: int, proc: simpy.Process) -> None:
-        self._procs[idx] = proc
+    def _watch(self, idx: int | None, proc: simpy.Process) -> None:
         self._num_live += 1
         proc.callbacks.append(partial(self._loop_ended, idx))
 
-    def _loop_ended(self, idx: int, _ev) -> None:
-        life = self.lifetimes.get(idx)
+    def _loop_ended(self, idx: int | None, _ev) -> None:
+        life = None if idx is None else self.lifetimes.get(idx)
         if life is not None and life.drain_s is not None:  # a drained replica: removed now
             life.end_s = self.env.now
             pool = self._pool_of[idx]
@@ -215,6 +215,8 @@ class Autoscaler:
 
     def _decide(self, pool: Pool) -> None:
         now, pc = self.env.now, pool.cfg
+        if pool.group.role != "both":
+            self._close_empty_pd(pool)
         m = self._metrics(pool)
         current = len(pool.ready) + len(pool.starting)
         raw = pool.policy.desired(m, current)
@@ -277,8 +279,17 @@ class Autoscaler:
             pool.draining.append(rep)
             self.lifetimes[rep.index].drain_s = self.env.now
             self._event(pool, "drain", rep.name, num_outstanding=rep.engine.num_outstanding)
-            rep.engine.close()  # it finishes what it holds; its loop's end removes it (_loop_ended)
+            if pool.group.role == "both":
+                rep.engine.close()  # it finishes what it holds; its loop's end removes it (_loop_ended)
         self.attach_all()
+
+    def _close_empty_pd(self, pool: Pool) -> None:
+        """Close the draining P/D replicas that hold nothing (no request, no KV awaiting a
+        transfer): a P/D engine closed earlier would end at its first stall (pd.StallAwareMixin)
+        with a transfer still to come. Their loops end now, so they are removed at this decision."""
+        for rep in pool.draining:
+            if not rep.engine.scheduler.requests and not rep.engine.in_flight:
+                rep.engine.close()
 
     def _event(self, pool: Pool, kind: str, replica: str, cold: ColdStart | None = None,
                num_outstanding: int | None = None) -> None:
