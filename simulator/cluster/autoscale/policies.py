@@ -68,7 +68,8 @@ class AutoscalePolicy(Protocol):
 
 
 PolicyFactory = Callable[..., AutoscalePolicy]
-POLICIES: Registry[PolicyFactory] = Registry("autoscale policy")
+# Built-ins are below (a plain module: the registry imports it on the first lookup).
+POLICIES: Registry[PolicyFactory] = Registry("autoscale policy", plugins="servesim.simulator.cluster.autoscale.policies")
 
 
 def register_policy(name: str):
