@@ -144,6 +144,13 @@ class Cluster:
         if proof is not None and not proof.reads_all_candidates:
             self._unread_until = [(-1, pos) for pos in range(len(self.front))]
 
+    def use_router_proof_autoscaled(self) -> None:
+        """The router's proof for an autoscaled cluster, whose controller asks it at each dispatch and
+        change of the candidate set (autoscale/controller.py: no deferred runs)."""
+        from servesim.simulator.fastpath.router_proofs import proof_for
+
+        self._proof = proof_for(self.router)
+
     def _build_replicas(self) -> list[Replica]:
         # Built with the collector paused (as run_cluster builds the whole cluster): each replica's
         # KV pool adds ~28 k block objects, and full collections walked all the pools built so far

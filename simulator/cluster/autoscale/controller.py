@@ -94,9 +94,7 @@ class Autoscaler:
         self._pool_of = {r.index: p for p in self.pools for r in p.ready}
         if cluster.cfg.pd is None and not cluster.lockstep_groups and cluster.router.name in PROVED_ROUTERS \
                 and any(r.engine.planner is not None for r in cluster.front):
-            from servesim.simulator.fastpath.router_proofs import proof_for
-
-            cluster._proof = proof_for(cluster.router)
+            cluster.use_router_proof_autoscaled()  # the cluster is the fast path's one importer here
         self.next_decision_s = cfg.interval_s
         self.events: list[dict] = []
         self.timeline: list[dict] = []
