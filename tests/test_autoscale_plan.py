@@ -32,7 +32,16 @@ def test_daily_shape_keeps_the_mean_and_puts_the_peak_where_asked():
     assert [r.prompt_len for r in wl.requests[:3]] == [100, 100, 100]
 
 
+def test_daily_shape_window_keeps_one_hour_from_zero():
+    full = apply_daily_shape(_constant(8640, 10.0), DailyShape())
+    hour = apply_daily_shape(_constant(8640, 10.0), daily_shape_from_dict({"window_s": [9 * 3600, 10 * 3600]}))
+    inside = [r for r in full.requests if 9 * 3600 <= r.arrival_time_s < 10 * 3600]
+    assert [r.request_id for r in hour.requests] == [r.request_id for r in inside]
+    assert [r.arrival_time_s for r in hour.requests] == [r.arrival_time_s - 9 * 3600 for r in inside]
+
+
 @pytest.mark.parametrize("raw,field", [({"peak_to_trough": 0.5}, "workload.daily_shape.peak_to_trough"),
+                                       ({"window_s": [5, 2]}, "workload.daily_shape.window_s"),
                                        ({"period_s": 0}, "workload.daily_shape.period_s"),
                                        ({"peak": 3}, "workload.daily_shape.peak")])
 def test_bad_daily_shape(raw, field):

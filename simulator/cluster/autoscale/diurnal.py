@@ -5,6 +5,8 @@
       duration_s: 86400
       arrival: {rate_per_s: 6}
       daily_shape: {peak_to_trough: 4, peak_s: 50400, period_s: 86400}
+      # optional: only the arrivals in [from, to) s of the shaped day, moved to start at 0
+      # (an hour of a day whose every step does not fit in memory); window_s: [32400, 36000]
 
 The rate follows rate(t) = mean x (1 + a cos(2 pi (t - peak_s) / period_s)) with
 a = (peak_to_trough - 1) / (peak_to_trough + 1), so its peak is peak_to_trough times its trough
@@ -34,8 +36,16 @@ class DailyShape:
     peak_to_trough: float = 4.0  # the rate's peak over its trough (a scenario input, not a measured figure)
     peak_s: float = 14 * 3600.0  # when in the period the rate peaks (s from the workload's start)
     period_s: float = SECONDS_PER_DAY
+    window_s: tuple[float, float] | None = None  # keep [from, to) of the shaped arrivals, shifted to 0
 
     def __post_init__(self) -> None:
+        if self.window_s is not None:
+            w = self.window_s
+            if not isinstance(w, (list, tuple)) or len(w) != 2 or any(
+                    isinstance(x, bool) or not isinstance(x, (int, float)) for x in w) or not 0 <= w[0] < w[1]:
+                raise InputError(f"got {w!r}", field="workload.daily_shape.window_s",
+                                 allowed="[from_s, to_s] with 0 <= from_s < to_s")
+            self.window_s = (float(w[0]), float(w[1]))
         for name, low in (("peak_to_trough", 1.0), ("period_s", 0.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v >= low \
@@ -64,7 +74,7 @@ def daily_shape_from_dict(raw: Any) -> DailyShape:
         raise InputError(f"got {raw!r}", field="workload.daily_shape", allowed="{peak_to_trough, peak_s, period_s}")
     from servesim.simulator.cluster.config import _known
 
-    _known(raw, ("peak_to_trough", "peak_s", "period_s"), "workload.daily_shape.", None)
+    _known(raw, ("peak_to_trough", "peak_s", "period_s", "window_s"), "workload.daily_shape.", None)
     return DailyShape(**raw)
 
 
@@ -79,5 +89,7 @@ def apply_daily_shape(wl: Workload, shape: DailyShape) -> Workload:
     grid = np.linspace(0.0, end, max(int(end) * 4, 2))
     t = np.interp(u, shape.cumulative(grid), grid)
     t = np.maximum.accumulate(t)  # the order of the input, whatever the float rounding
-    return replace(wl, requests=[replace(r, arrival_time_s=float(x)) for r, x in zip(wl.requests, t)],
-                   name=f"{wl.name} (daily shape x{shape.peak_to_trough:g})", spec=None)
+    lo, hi = shape.window_s if shape.window_s is not None else (0.0, math.inf)
+    keep = [replace(r, arrival_time_s=float(x) - lo) for r, x in zip(wl.requests, t) if lo <= x < hi]
+    window = "" if shape.window_s is None else f", {lo:g}-{hi:g} s"
+    return replace(wl, requests=keep, name=f"{wl.name} (daily shape x{shape.peak_to_trough:g}{window})", spec=None)
