@@ -172,3 +172,18 @@ def test_macro_steps_exact_under_autoscaling(router, async_):
     pd.testing.assert_frame_equal(plain.steps, macro.steps)
     pd.testing.assert_frame_equal(plain.tables["scale_timeline"], macro.tables["scale_timeline"])
     assert sum(r.result.planner_declined is None for r in macro.replicas) == len(macro.replicas)
+
+
+def test_result_folder_has_the_autoscaling_files(tmp_path):
+    from servesim.simulator.cluster import write_cluster_results
+
+    res = run_cluster(_scripted([(0, 1), (2, 2), (6, 1)]), _steady(40, 0.2))
+    out = write_cluster_results(tmp_path / "run", res, {"name": "steady"})
+    events = pd.read_csv(out / "scale_events.csv")
+    assert list(events["event"]) == ["cold_start", "ready", "drain", "removed"]
+    assert len(pd.read_csv(out / "scale_timeline.csv")) == res.summary["autoscale"]["num_decisions"]
+    assert set(pd.read_csv(out / "replica_lifetimes.csv")["replica"]) == {"both0", "both1"}
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cost"]["gpu_hours"] > 0 and summary["autoscale"]["num_removed"] == 1
