@@ -8,7 +8,7 @@ import pytest
 
 from servesim.simulator.cluster.autoscale.diurnal import DailyShape, apply_daily_shape, daily_shape_from_dict
 from servesim.simulator.cluster.plan import cost_per_hour, plan_config_from_dict
-from servesim.simulator.cluster.plan_autoscale import search_autoscaled, static_vs_autoscaled
+from servesim.simulator.cluster.plan_autoscale import autoscale_search, search_autoscaled, static_vs_autoscaled
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -63,9 +63,10 @@ def test_autoscaled_search_beside_the_static_one():
                                         "interval_s": 1, "window_s": 5,
                                         "pool": {"scale_down_stabilization_s": 5,
                                                  "cold_start": {"provision_s": 0, "image_bytes": 0}}}))
-    assert plan.autoscale.max_replicas == 2 and plan.autoscale.values == (4, 64)
+    search = autoscale_search(plan)
+    assert search.max_replicas == 2 and search.values == (4, 64)
     wl = Workload([RequestSpec(f"r{i}", 0.05 * i, 200, 50) for i in range(40)], "w", "test")
-    auto = search_autoscaled(plan, wl)
+    auto = search_autoscaled(plan, search, wl)
     assert list(auto["value"]) == [4, 64] and auto["error"].isna().all()
     assert (auto["usd_per_day"] == auto["usd"] * 86400 / auto["duration_s"]).all()
     static = pd.DataFrame([{"shape": "colocated tp1", "num_replicas": 2, "cost": 6.0, "goodput_fraction": 1.0,
@@ -88,5 +89,5 @@ def test_plan_cost_defaults_to_the_shipped_table():
                                        ({"policy": "tresh"}, "autoscale.pools[0].policy.name")])
 def test_bad_autoscale_plan(raw, field):
     with pytest.raises(InputError) as e:
-        plan_config_from_dict(_plan(raw), "plan.yaml")
+        autoscale_search(plan_config_from_dict(_plan(raw), "plan.yaml"), "plan.yaml")
     assert e.value.field == field

@@ -30,6 +30,9 @@ def plan_command(
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     plan = PlanConfig.from_yaml(config)
+    from servesim.simulator.cluster.plan_autoscale import autoscale_search
+
+    auto_search = autoscale_search(plan, str(config))  # checked before any run
     spec = dict(plan.workload)
     if max_requests is not None:
         spec["max_requests"] = max_requests
@@ -56,10 +59,10 @@ def plan_command(
         df = search(plan, wl, progress)
         df.to_csv(tmp / "plan.csv", index=False)
         plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
-        if plan.autoscale is not None:  # the cheapest autoscaled fleet too (simulator/cluster/plan_autoscale.py)
+        if auto_search is not None:  # the cheapest autoscaled fleet too (simulator/cluster/plan_autoscale.py)
             from servesim.simulator.cluster.plan_autoscale import search_autoscaled
 
-            auto = search_autoscaled(plan, wl, lambda r: err.print(
+            auto = search_autoscaled(plan, auto_search, wl, lambda r: err.print(
                 f"  autoscaled {r['shape']} min {r['min_replicas']} {r['param']}={r['value']}: "
                 + (f"[red]skipped[/] ({r['error']})" if r['error'] else
                    f"goodput {r['goodput_fraction']:.1%}, ${r['usd_per_day']:,.0f}/day ({r['wall_s']:.1f} s)")))

@@ -76,7 +76,9 @@ class PlanConfig:
     search: SearchSpace
     workload: dict[str, Any] = field(default_factory=dict)  # {trace, format, max_requests, rate_scale}
     gpu_cost_per_hour: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $/h
-    autoscale: Any = None  # plan_autoscale.AutoscaleSearch: the autoscaled fleets to try too (None: static only)
+    # The `autoscale:` section as given: the autoscaled fleets to try too (None: fixed fleets only);
+    # plan_autoscale.autoscale_search reads and checks it (before any run).
+    autoscale: dict[str, Any] | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PlanConfig:
@@ -112,10 +114,7 @@ def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
                      {resolve_gpu(k).name: float(v) for k, v in costs.items()})
     for shape in search.shapes()[:1] + [s for s in search.shapes() if s.kind == "pd"][:1]:
         candidate_config(cfg, shape, 1)  # fail early on a bad template, not after an hour of sweeping
-    if data.get("autoscale") is not None:
-        from servesim.simulator.cluster.plan_autoscale import autoscale_search_from_dict
-
-        cfg.autoscale = autoscale_search_from_dict(cfg, data["autoscale"], path)
+    cfg.autoscale = data.get("autoscale")
     return cfg
 
 

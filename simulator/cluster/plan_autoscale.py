@@ -50,8 +50,12 @@ class AutoscaleSearch:
     pool: dict[str, Any] = field(default_factory=dict)  # other PoolConfig fields, as YAML gives them
 
 
-def autoscale_search_from_dict(plan: PlanConfig, raw: Any, path: str | None = None) -> AutoscaleSearch:
-    """Validated: every candidate's autoscale config is built once here (bad input fails before the sweep)."""
+def autoscale_search(plan: PlanConfig, path: str | None = None) -> AutoscaleSearch | None:
+    """The plan's `autoscale:` section, checked: every candidate's autoscale config is built once
+    here, so bad input fails before the sweep (None: the plan has no such section)."""
+    raw = plan.autoscale
+    if raw is None:
+        return None
     if not isinstance(raw, dict):
         raise InputError("autoscale must be a mapping", path=path, field="autoscale", allowed=", ".join(_KEYS))
     _known(raw, _KEYS, "autoscale.", path)
@@ -97,11 +101,11 @@ def candidate(plan: PlanConfig, search: AutoscaleSearch, shape: Shape, min_repli
     return dataclasses.replace(base, autoscale=auto, gpu_cost_per_hour=dict(plan.gpu_cost_per_hour))
 
 
-def search_autoscaled(plan: PlanConfig, workload: Workload,
+def search_autoscaled(plan: PlanConfig, search: AutoscaleSearch, workload: Workload,
                       progress: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """Every (shape, min_replicas, value) candidate run on the workload; `best` marks the cheapest
     per day that meets the SLO (ties: the higher goodput)."""
-    search, rows = plan.autoscale, []
+    rows = []
     for shape in (s for s in plan.search.shapes() if s.kind == "colocated"):
         for m in search.min_replicas:
             for v in search.values:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from servesim.simulator.cluster.autoscale.cost import autoscale_summary, autoscale_tables, cost_summary
+from servesim.simulator.cluster.autoscale.cost import cost_summary
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
@@ -102,6 +102,8 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     summary["cost"] = cost_summary(cluster, summary["sim_duration_s"], requests)
     tables = {}
     if cluster.autoscaler is not None:
+        from servesim.simulator.cluster.autoscale.summary import autoscale_summary, autoscale_tables
+
         summary["autoscale"] = autoscale_summary(cluster, summary["sim_duration_s"])
         tables = autoscale_tables(cluster)
     return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s, tables)

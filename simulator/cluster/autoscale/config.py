@@ -82,17 +82,17 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, str) or not self.group:
-            raise InputError(f"got {self.group!r}", field="autoscale.pools[].group", allowed="a replica group's name")
+            raise InputError(f"got {self.group!r}", field="group", allowed="a replica group's name")
         for name in ("min_replicas", "max_replicas"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "min_replicas" else 1):
-                raise InputError(f"got {v!r}", field=f"autoscale.pools[].{name}",
+                raise InputError(f"got {v!r}", field=name,
                                  allowed="an integer >= " + ("0" if name == "min_replicas" else "1"))
         if self.min_replicas > self.max_replicas:
             raise InputError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}",
-                             field="autoscale.pools[].min_replicas", allowed="min_replicas <= max_replicas")
+                             field="min_replicas", allowed="min_replicas <= max_replicas")
         for name in ("scale_up_stabilization_s", "scale_down_stabilization_s"):
-            _number(getattr(self, name), f"autoscale.pools[].{name}", minimum=0.0)
+            _number(getattr(self, name), name, minimum=0.0)
 
 
 @dataclass(slots=True)
@@ -109,11 +109,11 @@ class AutoscaleConfig:
         if len(set(groups)) != len(groups):
             raise InputError(f"a group is scaled twice: {groups}", field="autoscale.pools[].group",
                              allowed="one pool per replica group")
-        _number(self.interval_s, "autoscale.interval_s", minimum=0.0, strict=True)
-        _number(self.window_s, "autoscale.window_s", minimum=0.0, strict=True)
-        _number(self.percentile, "autoscale.percentile", minimum=0.0, strict=True)
+        _number(self.interval_s, "interval_s", minimum=0.0, strict=True)
+        _number(self.window_s, "window_s", minimum=0.0, strict=True)
+        _number(self.percentile, "percentile", minimum=0.0, strict=True)
         if self.percentile > 100:
-            raise InputError(f"got {self.percentile!r}", field="autoscale.percentile", allowed="a number in (0, 100]")
+            raise InputError(f"got {self.percentile!r}", field="percentile", allowed="a number in (0, 100]")
 
 
 def _number(value: Any, where: str, minimum: float, strict: bool = False) -> None:
@@ -123,45 +123,37 @@ def _number(value: Any, where: str, minimum: float, strict: bool = False) -> Non
         raise InputError(f"got {value!r}", field=where, allowed=f"a finite number {'>' if strict else '>='} {minimum:g}")
 
 
-_POOL_KEYS = ("group", "min_replicas", "max_replicas", "policy", "scale_up_stabilization_s",
-              "scale_down_stabilization_s", "cold_start")
-_TOP_KEYS = ("pools", "interval_s", "window_s", "percentile")
-
-
 def autoscale_config_from_dict(raw: Any, path: str | None = None) -> AutoscaleConfig:
-    """The `autoscale:` section; errors name the file and the field."""
-    from servesim.simulator.cluster.config import _known, build_dataclass
+    """The `autoscale:` section (the one config-tree builder, config_values.build_dataclass, checks
+    every key, with a did-you-mean); errors name the file and the field."""
+    from servesim.simulator.config_values import build_dataclass
 
     if not isinstance(raw, dict):
-        raise InputError("autoscale must be a mapping", path=path, field="autoscale", allowed=", ".join(_TOP_KEYS))
-    _known(raw, _TOP_KEYS, "autoscale.", path)
+        raise InputError("autoscale must be a mapping", path=path, field="autoscale",
+                         allowed="{pools, interval_s, window_s, percentile}")
     pools_raw = raw.get("pools")
-    if not isinstance(pools_raw, list):
+    if not isinstance(pools_raw, list) or not pools_raw:
         raise InputError("needs a list of pools", path=path, field="autoscale.pools",
                          allowed="[{group, min_replicas, max_replicas, policy, ...}]")
-    pools = []
-    for i, p in enumerate(pools_raw):
-        where = f"autoscale.pools[{i}]"
-        if not isinstance(p, dict):
-            raise InputError("a pool must be a mapping", path=path, field=where, allowed=", ".join(_POOL_KEYS))
-        _known(p, _POOL_KEYS, where + ".", path)
-        policy = p.get("policy", {})
-        if isinstance(policy, str):
-            policy = {"name": policy}
-        if not isinstance(policy, dict) or not isinstance(policy.get("params", {}), dict):
-            raise InputError(f"got {policy!r}", path=path, field=where + ".policy", allowed="a name or {name, params}")
-        _known(policy, ("name", "params"), where + ".policy.", path)
-        cold = build_dataclass(ColdStartConfig(), p.get("cold_start") or {}, where + ".cold_start", path)
-        try:
-            pools.append(PoolConfig(
-                group=p.get("group"), min_replicas=p.get("min_replicas", 1), max_replicas=p.get("max_replicas", 8),
-                policy=PolicyConfig(str(policy.get("name", "target_utilization")), dict(policy.get("params") or {})),
-                scale_up_stabilization_s=p.get("scale_up_stabilization_s", 0.0),
-                scale_down_stabilization_s=p.get("scale_down_stabilization_s", 300.0), cold_start=cold))
-        except InputError as e:
-            raise InputError(e.detail, path=path, field=(e.field or "").replace("pools[]", f"pools[{i}]"),
-                             allowed=e.allowed) from None
+    pools = [_pool(p, f"autoscale.pools[{i}]", path) for i, p in enumerate(pools_raw)]
     try:
-        return AutoscaleConfig(pools, raw.get("interval_s", 15.0), raw.get("window_s", 60.0), raw.get("percentile", 90.0))
+        first = AutoscaleConfig(pools)
     except InputError as e:
         raise InputError(e.detail, path=path, field=e.field, allowed=e.allowed) from None
+    return build_dataclass(first, {k: v for k, v in raw.items() if k != "pools"}, "autoscale", path)
+
+
+def _pool(raw: Any, where: str, path: str | None) -> PoolConfig:
+    from servesim.simulator.config_values import build_dataclass
+
+    if not isinstance(raw, dict) or "group" not in raw:
+        raise InputError(f"got {raw!r}", path=path, field=where,
+                         allowed="{group, min_replicas, max_replicas, policy, ...} with a group")
+    data = dict(raw)
+    if isinstance(data.get("policy"), str):
+        data["policy"] = {"name": data["policy"]}
+    try:
+        base = PoolConfig(group=data.pop("group"))
+    except InputError as e:
+        raise InputError(e.detail, path=path, field=f"{where}.group", allowed=e.allowed) from None
+    return build_dataclass(base, data, where, path)
