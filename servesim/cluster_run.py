@@ -56,6 +56,12 @@ def load_cluster_workload(spec: dict, trace: str | None = None, base_dir: Path |
     from servesim.scenario.workload import SMOKE_MAX_REQUESTS, build_workload, parse_workload
     from servesim.simulator.cluster.plan import load_plan_workload
 
+    if "daily_shape" in spec:  # a day's rate profile on the arrivals (simulator/cluster/autoscale/diurnal.py)
+        from servesim.simulator.cluster.autoscale.diurnal import apply_daily_shape, daily_shape_from_dict
+
+        spec = dict(spec)
+        shape = daily_shape_from_dict(spec.pop("daily_shape"))
+        return apply_daily_shape(load_cluster_workload(spec, trace, base_dir, smoke), shape)
     if "generator" in spec and trace is None:
         parsed = parse_workload(spec, 0, Marks())
         return build_workload(parsed.smoke() if smoke else parsed)
@@ -124,25 +130,43 @@ def run_plan_file(config, trace=None, *, max_requests: int | None = None, rate_s
                   out_dir=None, overwrite: bool = False, progress: Callable[[dict], None] | None = None,
                   announce: Callable[[str], None] | None = None):
     """Search the plan file's deployments: the plan table (a DataFrame); with out_dir, plan.csv and
-    frontier.png there."""
+    frontier.png there. A plan with an `autoscale:` section also searches autoscaled fleets
+    (simulator/cluster/plan_autoscale.py): their table is the result's attrs["autoscaled"] (and
+    plan_autoscaled.csv); `announce` hears each autoscaled candidate's line."""
     from servesim.plots.plan import plot_frontier
     from servesim.simulator.cluster.plan import search
+    from servesim.simulator.cluster.plan_autoscale import autoscale_search, search_autoscaled
     from servesim.simulator.outdir import check_output, staged_output
 
     if out_dir is not None:
         check_output(out_dir, overwrite=overwrite)
     plan, wl = load_plan_run(config, trace, max_requests, rate_scale)
+    auto_search = autoscale_search(plan, str(config))  # checked before any run
     if announce is not None:
         announce(f"plan: {len(plan.search.shapes())} shape(s), {len(wl.requests)} requests, goodput threshold "
                  f"{plan.search.goodput_threshold:.0%}")
+
+    def autoscaled():
+        return search_autoscaled(plan, auto_search, wl, lambda r: announce and announce(
+            f"  autoscaled {r['shape']} min {r['min_replicas']} {r['param']}={r['value']}: "
+            + (f"skipped ({r['error']})" if r['error'] else
+               f"goodput {r['goodput_fraction']:.1%}, ${r['usd_per_day']:,.0f}/day ({r['wall_s']:.1f} s)")))
+
     if out_dir is None:
-        return search(plan, wl, progress)
+        df = search(plan, wl, progress)
+        if auto_search is not None:
+            df.attrs["autoscaled"] = autoscaled()
+        return df
     with staged_output(out_dir, "plan", overwrite=overwrite) as tmp:
         df = search(plan, wl, progress)
         df.to_csv(tmp / "plan.csv", index=False)
         plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label(plan))
+        if auto_search is not None:
+            df.attrs["autoscaled"] = auto = autoscaled()
+            auto.to_csv(tmp / "plan_autoscaled.csv", index=False)
     return df
 
 
 def cost_label(plan) -> str:
-    return "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
+    """Costs are dollars: the shipped price table (simulator/specs/gpu_prices.yaml) under the plan's own."""
+    return "cost ($/h)"

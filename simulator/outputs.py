@@ -231,9 +231,10 @@ def write_csv(table, path: Path) -> None:
 
 
 def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, timeseries, config: dict, summary: dict,
-                        overwrite: bool = False, identity: dict | None = None) -> Path:
+                        overwrite: bool = False, identity: dict | None = None,
+                        extra_csv: dict | None = None) -> Path:
     """The one atomic result writer (replay and cluster runs): requests.parquet, steps.parquet,
-    timeseries.csv, config.yaml, summary.json (and run.json, the run's identity, when given), written into a staging folder renamed at the end (a
+    timeseries.csv, config.yaml, summary.json (and run.json, the run's identity, when given; NAME.csv for each extra_csv table), written into a staging folder renamed at the end (a
     killed run leaves no complete-looking folder); `kind` goes into the folder's marker. The
     tables are Columns or pandas DataFrames."""
     out_dir = check_output(out_dir, overwrite=overwrite)
@@ -245,6 +246,8 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
         write_csv(timeseries, tmp / "timeseries.csv")
         (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
+        for name, table in (extra_csv or {}).items():  # e.g. a cluster's autoscaling tables: NAME.csv
+            table.to_csv(tmp / f"{name}.csv", index=False)
         if identity is not None:  # servesim/identity.py: what produced the folder
             (tmp / "run.json").write_text(json.dumps(identity, indent=1, default=str) + "\n")
         publish_dir(tmp, out_dir)

@@ -37,6 +37,9 @@ def cluster_command(
     console = make_console()
     print_cluster_summary(console, res.summary, wl.name)
     print_replicas(console, res)
+    from servesim.simulator.cluster.autoscale.report import print_autoscale
+
+    print_autoscale(console, res)  # cost, and the fleet over time when autoscaled
     console.print(f"results in {out}/")
 
 

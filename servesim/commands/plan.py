@@ -43,6 +43,22 @@ def plan_command(
                        overwrite=overwrite, progress=progress, announce=err.print)
     print_plan(console, df, cost_label(PlanConfig.from_yaml(config)))
     console.print(f"wrote {out / 'plan.csv'} and {out / 'frontier.png'}")
+    auto = df.attrs.get("autoscaled")
+    if auto is not None:
+        print_static_vs_autoscaled(console, df, auto)
+        console.print(f"wrote {out / 'plan_autoscaled.csv'}")
+
+
+def print_static_vs_autoscaled(console, static, autoscaled) -> None:
+    from servesim.simulator.cluster.plan_autoscale import static_vs_autoscaled
+
+    both = static_vs_autoscaled(static, autoscaled)
+    s, a = both["static"], both["autoscaled"]
+    console.print("cheapest fixed fleet meeting the SLO: " + ("none" if s is None else
+                  f"{s['shape']} x{s['num_replicas']}, ${s['usd_per_day']:,.2f}/day, goodput {s['goodput_fraction']:.1%}"))
+    console.print("cheapest autoscaled fleet meeting the SLO: " + ("none" if a is None else
+                  f"{a['shape']} {a['min_replicas']}-{a['max_replicas']} replicas, {a['policy']}, "
+                  f"${a['usd_per_day']:,.2f}/day (cold starts billed), goodput {a['goodput_fraction']:.1%}"))
 
 
 def print_plan(console, df, cost_label: str) -> None:

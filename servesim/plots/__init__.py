@@ -55,6 +55,12 @@ def plot_run(folder: str | Path, out: str | Path | None = None) -> tuple[list[Pa
     res = load_results(folder)
     out = Path(out) if out is not None else Path(folder) / "plots"
     figs = run_figures(res, out)
+    from servesim.plots.autoscale import fleet_figure
+
+    fleet = fleet_figure(Path(folder))  # an autoscaled cluster run: its fleet over time
+    if fleet is not None:
+        figs.append((_save(fleet, out / "autoscale_fleet.png"),
+                     "Replicas ready / starting / draining with cold starts and drains, the queue, TTFT and SLO attainment"))
     charts = charts_html(run_charts(res, Path(folder).name))
     report = write_report(out, f"servesim run: {Path(folder).name}", run_context(folder), run_table(res.summary),
                           [("Figures", figs, False)], charts)

@@ -27,7 +27,7 @@ import numpy as np
 import simpy
 
 from servesim.scheduler.request import Request
-from servesim.simulator.cluster.config import ClusterConfig
+from servesim.simulator.cluster.config import ClusterConfig, ReplicaGroup
 from servesim.simulator.cluster.host_memory import check_node_memory
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
@@ -125,7 +125,13 @@ class Cluster:
         # decision that may pick or read it, its position in front), a heap.
         self._proof: RouterProof | None = None
         self._unread_until: list[tuple[int, int]] | None = None
-        if cfg.pd is None and not self.lockstep_groups and any(r.engine.planner is not None for r in self.front):
+        self.autoscaler = None  # simulator/cluster/autoscale/: replicas come and go; its bound replaces the proofs
+        if cfg.autoscale is not None:
+            from servesim.simulator.cluster.autoscale.controller import Autoscaler
+
+            self.autoscaler = Autoscaler(self, cfg.autoscale)
+            self.autoscaler.attach_all()
+        elif cfg.pd is None and not self.lockstep_groups and any(r.engine.planner is not None for r in self.front):
             # Replicas with planners behind one router, whose runs may go past arrivals that the
             # router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
             self._use_router_proof()
@@ -146,6 +152,13 @@ class Cluster:
         if proof is not None and not proof.reads_all_candidates:
             self._unread_until = [(-1, pos) for pos in range(len(self.front))]
 
+    def use_router_proof_autoscaled(self) -> None:
+        """The router's proof for an autoscaled cluster, whose controller asks it at each dispatch and
+        change of the candidate set (autoscale/controller.py: no deferred runs)."""
+        from servesim.simulator.fastpath.router_proofs import proof_for
+
+        self._proof = proof_for(self.router)
+
     def _build_replicas(self) -> list[Replica]:
         # Built with the collector paused (as run_cluster builds the whole cluster): each replica's
         # KV pool adds ~28 k block objects, and full collections walked all the pools built so far
@@ -160,22 +173,31 @@ class Cluster:
             if group.lockstep:
                 self.lockstep_groups.append(list(range(len(out), len(out) + group.count)))
             for i in range(group.count):
-                idx = len(out)
-                name = f"{group.name or group.role}{i}"
-                kw = dict(env=self.env, name=name)
-                if group.role == "prefill":
-                    engine = PrefillEngine(group.sim, on_finish=partial(self._on_prefill_finish, idx), **kw)
-                elif group.role == "decode":
-                    conn = RemotePrefillConnector(partial(self._start_transfer, idx))
-                    engine = DecodeEngine(group.sim, connector=conn, on_finish=partial(self._on_decode_finish, idx),
-                                          **kw)
-                else:
-                    engine = Engine(group.sim, **kw)
-                out.append(Replica(idx, name, group.role, group.sim, attach_planner(engine), node=group.node))
+                out.append(self._make_replica(group, len(out), f"{group.name or group.role}{i}"))
         names = [r.name for r in out]
         if len(set(names)) != len(names):
             raise InputError("replica names collide", field="replicas[].name", allowed="distinct group names")
         return out
+
+    def _make_replica(self, group: ReplicaGroup, idx: int, name: str) -> Replica:
+        kw = dict(env=self.env, name=name)
+        if group.role == "prefill":
+            engine = PrefillEngine(group.sim, on_finish=partial(self._on_prefill_finish, idx), **kw)
+        elif group.role == "decode":
+            conn = RemotePrefillConnector(partial(self._start_transfer, idx))
+            engine = DecodeEngine(group.sim, connector=conn, on_finish=partial(self._on_decode_finish, idx), **kw)
+        else:
+            engine = Engine(group.sim, **kw)
+        return Replica(idx, name, group.role, group.sim, attach_planner(engine), node=group.node)
+
+    def add_replica(self, group: ReplicaGroup, name: str) -> Replica:
+        """A replica of `group` built mid-run (the autoscaler's, once its cold start is over)."""
+        with collector_paused():
+            rep = self._make_replica(group, len(self.replicas), name)
+        self.replicas.append(rep)
+        if rep.role == "decode":
+            self.pd_links.add_decoder(rep)
+        return rep
 
     def _kv_bytes_table(self) -> dict[tuple[tuple[int, int], tuple[int, int]], int]:
         """Bytes per token on the link for each (prefill, decode) (tp, pp) pair: the larger per-GPU
@@ -220,6 +242,9 @@ class Cluster:
         one that reads only some, each replica's own, which stays valid until that decision is
         made (RouterProof.arrivals_unread), so only the replicas whose decision was made are asked again."""
         heap, proof = self._unread_until, self._proof
+        if self.autoscaler is not None:
+            self.autoscaler.announce()
+            return
         if heap is None or proof is None:
             t = self._dispatch_at(i)
             for r in self.front:
@@ -272,6 +297,8 @@ class Cluster:
         d: Decision = router.choose(spec, candidates, self.env.now)
         rep = candidates[d.candidate]
         rep.num_routed += 1
+        if self.autoscaler is not None:
+            self.autoscaler.routed(rep, spec)
         return rep, RouteRecord(rep.index, self.env.now, d.reason, d.score)
 
     def _dispatch(self, spec: RequestSpec) -> None:
@@ -364,7 +391,8 @@ class Cluster:
 
             self.lockstep = [LockstepGroup([self.replicas[i].engine for i in g]) for g in self.lockstep_groups]
             procs += [g.start() for g in self.lockstep]
-        done = self.env.all_of(procs)
+        done = self.env.all_of(procs) if self.autoscaler is None else \
+            self.autoscaler.start([r.index for r in self.replicas if r.index not in grouped], procs)
         try:
             self.env.run(until=done)
         except RuntimeError:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servesim.simulator.cluster.autoscale.config import AutoscaleConfig, autoscale_config_from_dict
 from servesim.simulator.config import SimConfig, SloConfig, to_dict
 from servesim.simulator.gateway.config import GatewayConfig
 from servesim.simulator.config_values import build_dataclass, coerce_field  # noqa: F401  (re-exported)
@@ -125,6 +126,10 @@ class ClusterConfig:
     seed: int = 0  # seeds the one numpy Generator the routers share
     # Admission and flow control before the router, tenants and SLO classes (simulator/gateway/).
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    # Pools scaled at run time (simulator/cluster/autoscale/); None: the replica counts are fixed.
+    autoscale: AutoscaleConfig | None = None
+    # $ per GPU-hour by GPU, over the shipped table (simulator/specs/gpu_prices.yaml)
+    gpu_cost_per_hour: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_gateway(self)
@@ -143,6 +148,13 @@ class ClusterConfig:
                 raise InputError(f"P/D needs prefill and decode groups only, got roles {sorted(roles)}",
                                  field="replicas[].role", allowed="prefill, decode")
             _check_pd_groups(self.replicas)
+        from servesim.simulator.specs.gpu_prices import check_price_overrides
+
+        self.gpu_cost_per_hour = check_price_overrides(self.gpu_cost_per_hour)
+        if self.autoscale is not None:
+            from servesim.simulator.cluster.autoscale.checks import check_autoscale
+
+            check_autoscale(self)
 
     @property
     def num_replicas(self) -> int:
@@ -208,7 +220,8 @@ def _check_pd_groups(groups: list[ReplicaGroup]) -> None:
 
 
 # --- dict -> dataclass ------------------------------------------------------------------------------
-_TOP_KEYS = ("base", "replicas", "router", "routing_latency_s", "pd", "slo", "seed", "gateway")
+_TOP_KEYS = ("base", "replicas", "router", "routing_latency_s", "pd", "slo", "seed", "gateway", "autoscale",
+             "gpu_cost_per_hour")
 
 
 def cluster_config_from_dict(data: Any, path: str | None = None) -> ClusterConfig:
@@ -232,6 +245,8 @@ def cluster_config_from_dict(data: Any, path: str | None = None) -> ClusterConfi
             slo=build_dataclass(SloConfig(), slo or {}, "slo", path),
             seed=_int(data.get("seed", 0), "seed", path),
             gateway=build_dataclass(GatewayConfig(), data.get("gateway") or {}, "gateway", path),
+            autoscale=None if data.get("autoscale") is None else autoscale_config_from_dict(data["autoscale"], path),
+            gpu_cost_per_hour=data.get("gpu_cost_per_hour") or {},
         )
     except InputError as e:
         if e.path is None and path is not None:
@@ -372,4 +387,6 @@ def cluster_config_to_dict(cfg: ClusterConfig) -> dict:
         "slo": to_dict(cfg.slo),
         "seed": cfg.seed,
         **({"gateway": to_dict(cfg.gateway)} if cfg.gateway != GatewayConfig() else {}),
+        **({"autoscale": to_dict(cfg.autoscale)} if cfg.autoscale is not None else {}),
+        **({"gpu_cost_per_hour": dict(cfg.gpu_cost_per_hour)} if cfg.gpu_cost_per_hour else {}),
     }

@@ -49,21 +49,35 @@ class PDLinks:
     replica rides."""
 
     def __init__(self, env: simpy.Environment, pd: PDConfig, decoders: list[Replica]) -> None:
-        cfg = pd.link
-        if cfg.scope == "shared":
-            network = [KVLink(env, cfg, "shared")]
-        else:
-            network = [KVLink(env, cfg, f"to_{r.name}") for r in decoders]
-        self._network_of = {r.index: network[0 if len(network) == 1 else i] for i, r in enumerate(decoders)}
+        self._env, self._pd = env, pd
+        self._shared = KVLink(env, pd.link, "shared") if pd.link.scope == "shared" else None
+        self._network_of: dict[int, KVLink] = {}
         self._intra_of: dict[int, KVLink] = {}
-        intra = pd.intra_node
+        self.links: list[KVLink] = [] if self._shared is None else [self._shared]
         for r in decoders:
-            if r.node is None:
-                continue
-            bw = intra.bandwidth_bytes_per_s or interconnect_bytes_per_s(r)
-            link_cfg = LinkConfig(bandwidth_bytes_per_s=bw, latency_s=intra.latency_s, sharing="fair")
-            self._intra_of[r.index] = KVLink(env, link_cfg, f"intra_{r.name}")
-        self.links: list[KVLink] = network + list(self._intra_of.values())
+            self._add_network(r)
+        for r in decoders:
+            self._add_intra(r)
+
+    def add_decoder(self, r: Replica) -> None:
+        """Links for a decode replica built mid-run (an autoscaled pool's)."""
+        self._add_network(r)
+        self._add_intra(r)
+
+    def _add_network(self, r: Replica) -> None:
+        link = self._shared if self._shared is not None else KVLink(self._env, self._pd.link, f"to_{r.name}")
+        if self._shared is None:
+            self.links.append(link)
+        self._network_of[r.index] = link
+
+    def _add_intra(self, r: Replica) -> None:
+        if r.node is None:
+            return
+        intra = self._pd.intra_node
+        bw = intra.bandwidth_bytes_per_s or interconnect_bytes_per_s(r)
+        link_cfg = LinkConfig(bandwidth_bytes_per_s=bw, latency_s=intra.latency_s, sharing="fair")
+        self._intra_of[r.index] = link = KVLink(self._env, link_cfg, f"intra_{r.name}")
+        self.links.append(link)
 
     def link_for(self, prefill: Replica, decode: Replica) -> KVLink:
         """The decode replica's interconnect link when both are on one node, else its network link."""

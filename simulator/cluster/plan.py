@@ -11,7 +11,8 @@
       colocated: {min: 1, max: 8}                     # replica counts; omit to skip colocated
       pd: {ratios: [[1, 1], [1, 2]], max_scale: 4}    # (prefill, decode) x 1..max_scale; omit to skip
       goodput_threshold: 0.9                          # fraction of ALL requests meeting TTFT and TPOT
-    gpu_cost_per_hour: {h100: 2.5}                    # $/h per GPU; omitted: cost = number of GPUs
+    gpu_cost_per_hour: {h100: 2.5}                    # $/h per GPU over the shipped table (specs/gpu_prices.yaml)
+    autoscale: {...}                                  # optional: also the cheapest autoscaled fleet (plan_autoscale.py)
 
 A shape is (colocated or a P:D ratio, TP, PP). Each shape is swept upwards in size and stops at the
 first size that meets the SLO: larger sizes of that shape can only cost more. The cheapest point
@@ -75,6 +76,9 @@ class PlanConfig:
     search: SearchSpace
     workload: dict[str, Any] = field(default_factory=dict)  # {trace, format, max_requests, rate_scale}
     gpu_cost_per_hour: dict[str, float] = field(default_factory=dict)  # canonical GPU name -> $/h
+    # The `autoscale:` section as given: the autoscaled fleets to try too (None: fixed fleets only);
+    # plan_autoscale.autoscale_search reads and checks it (before any run).
+    autoscale: dict[str, Any] | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PlanConfig:
@@ -91,7 +95,7 @@ class PlanConfig:
 def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
     if not isinstance(data, dict):
         raise InputError("a plan config must be a mapping", path=path)
-    _known(data, ("workload", "cluster", "search", "gpu_cost_per_hour"), "", path)
+    _known(data, ("workload", "cluster", "search", "gpu_cost_per_hour", "autoscale"), "", path)
     cluster = data.get("cluster") or {}
     if not isinstance(cluster, dict) or "replicas" in cluster:
         raise InputError("cluster must be a mapping without replicas (the search chooses them)", path=path,
@@ -110,6 +114,7 @@ def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
                      {resolve_gpu(k).name: float(v) for k, v in costs.items()})
     for shape in search.shapes()[:1] + [s for s in search.shapes() if s.kind == "pd"][:1]:
         candidate_config(cfg, shape, 1)  # fail early on a bad template, not after an hour of sweeping
+    cfg.autoscale = data.get("autoscale")
     return cfg
 
 
@@ -163,29 +168,28 @@ def candidate_config(plan: PlanConfig, shape: Shape, size: int) -> ClusterConfig
 
 
 def cost_per_hour(plan: PlanConfig, cfg: ClusterConfig) -> float:
-    """$/h from the table, or the number of GPUs when there is no table."""
-    if not plan.gpu_cost_per_hour:
-        return float(cfg.num_gpus)
-    from servesim.simulator.specs import resolve_gpu
+    """$/h of a fixed fleet: each GPU at its price (simulator/specs/gpu_prices.py: the shipped
+    table under the plan's gpu_cost_per_hour)."""
+    from servesim.simulator.specs.gpu_prices import price_per_gpu_hour
 
-    total = 0.0
-    for g in cfg.replicas:
-        gpu = resolve_gpu(g.sim.hardware.gpu).name
-        if gpu not in plan.gpu_cost_per_hour:
-            raise InputError(f"no price for GPU {gpu!r}", field="gpu_cost_per_hour",
-                             allowed=", ".join(sorted(plan.gpu_cost_per_hour)))
-        total += g.count * g.sim.hardware.tp * g.sim.hardware.pp * plan.gpu_cost_per_hour[gpu]
-    return total
+    return sum(g.count * g.sim.hardware.tp * g.sim.hardware.pp * price_per_gpu_hour(g.sim.hardware.gpu,
+                                                                                       plan.gpu_cost_per_hour)
+               for g in cfg.replicas)
+
+
+def goodput_fraction(requests: pd.DataFrame, slo) -> float:
+    """Fraction of ALL requests that produced output within TTFT and TPOT (what the search's
+    goodput_threshold is compared with)."""
+    ok = requests[requests["output_len"] > 0]
+    good = ok[(ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)]
+    return len(good) / max(len(requests), 1)
 
 
 def evaluate(plan: PlanConfig, shape: Shape, size: int, workload: Workload) -> dict:
     cfg = candidate_config(plan, shape, size)
     t0 = time.perf_counter()
     res = run_cluster(cfg, workload)
-    df = res.requests
-    ok = df[df["output_len"] > 0]
-    good = ok[(ok["ttft_s"] <= cfg.slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= cfg.slo.tpot_s)]
-    frac = len(good) / max(len(df), 1)
+    frac = goodput_fraction(res.requests, cfg.slo)
     n_p = sum(g.count for g in cfg.replicas if g.role == "prefill")
     n_d = sum(g.count for g in cfg.replicas if g.role == "decode")
     return {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "pp": shape.pp, "size": size,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from servesim.simulator.cluster.autoscale.cost import cost_summary
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from servesim.simulator.collector import release_freed_heap
 from servesim.simulator.config import SimConfig
@@ -67,6 +68,8 @@ class ClusterResult:
     steps: pd.DataFrame  # every replica's steps + a replica column
     summary: dict
     wall_time_s: float
+    # Extra CSV files of the run by name (autoscaling: scale_events, scale_timeline, replica_lifetimes)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
@@ -102,7 +105,14 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
                                               cluster.turns.num_abandoned if cluster.turns is not None else 0)
     if cluster.cfg.pd is not None:
         summary["pd"] = _pd_summary(cluster, requests)
-    return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s)
+    summary["cost"] = cost_summary(cluster, summary["sim_duration_s"], requests)
+    tables = {}
+    if cluster.autoscaler is not None:
+        from servesim.simulator.cluster.autoscale.summary import autoscale_summary, autoscale_tables
+
+        summary["autoscale"] = autoscale_summary(cluster, summary["sim_duration_s"])
+        tables = autoscale_tables(cluster)
+    return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s, tables)
 
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
@@ -243,4 +253,4 @@ def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta
     resolved["workload"] = workload_meta
     return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps,
                                timeseries=res.metrics.tables().timeseries(res.summary["sim_duration_s"]), config=resolved,
-                               summary=res.summary, overwrite=overwrite, identity=identity)
+                               summary=res.summary, overwrite=overwrite, identity=identity, extra_csv=res.tables)
