@@ -72,6 +72,13 @@ def replay(
                                       help="SLO as vllm bench writes it: ttft:MS tpot:MS e2el:MS"),
     frontend: bool = typer.Option(False, "--frontend/--no-frontend",
                                   help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
+    replicates: int = typer.Option(1, "--replicates", rich_help_panel="replicates",
+                                   help="rerun over N seeds and cost-model draws; intervals per metric (docs/UNCERTAINTY.md)"),
+    workers: int = typer.Option(None, "--workers", rich_help_panel="replicates",
+                                help="replicates run in parallel (default: CPU cores)"),
+    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model",
+                                            rich_help_panel="replicates",
+                                            help="each replicate draws step-time factors from the cost model's measured error"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.running import run
@@ -81,13 +88,20 @@ def replay(
     _check_outputs(out, step_trace, overwrite)  # before any work: a refused --out costs nothing
     cfg = _replay_config(_build_config(model, gpu, tp, cost_model, seed, sets, engine, pp),
                          macro_steps, fast_forward, frontend, goodput)
-    wl = _workload(trace, fmt, max_requests, rate_scale, seed, dataset_name, dict(
-        num_prompts=num_prompts, request_rate=request_rate, burstiness=burstiness,
-        random_input_len=random_input_len, random_output_len=random_output_len,
-        random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len))
+    bench = dict(num_prompts=num_prompts, request_rate=request_rate, burstiness=burstiness,
+                 random_input_len=random_input_len, random_output_len=random_output_len,
+                 random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len)
+    wl = _workload(trace, fmt, max_requests, rate_scale, seed, dataset_name, bench)
     _check_choice(executor, "--executor", ("sim", "gpu"), "executor")
     _check_choice(clock, "--clock", ("model", "measured"), "clock")
     _check_choice(sampling, "--sampling", ("source", "greedy"), "sampling")
+    if replicates != 1:
+        from servesim.commands.replicate_runs import replay_replicates
+
+        regenerate = (lambda s: _workload(trace, fmt, max_requests, rate_scale, s, dataset_name, bench)) \
+            if dataset_name is not None else (lambda s: wl)  # a generated workload is reseeded; a trace is fixed
+        return replay_replicates(cfg, regenerate, replicates, out, overwrite=overwrite, workers=workers, perturb=perturb_cost_model,
+                                 refused=dict(step_trace=step_trace, executor=executor != "sim"))
     err = make_console(stderr=True)
     cfg, exe = _gpu_executor(cfg, device, clock, sampling, err) if executor == "gpu" else (cfg, None)
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "

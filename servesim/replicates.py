@@ -1,0 +1,244 @@
+"""Replicates: one run repeated over N independent seeds (and cost-model draws), with intervals.
+
+    servesim replay TRACE --replicates 8 [--workers 4] [--no-perturb-cost-model]
+    servesim cluster CONFIG.yaml --replicates 8
+    servesim plan PLAN.yaml --replicates 8 --probability 0.9
+
+One seeded generator per run stays the rule. Replicate k runs with its own seed, derived from the
+base seed by numpy's SeedSequence (entropy = base seed, spawn_key = (k,)): replicate 0 keeps the
+base seed itself (the plain run's seed), replicate k >= 1 the first 32-bit word of its child's state.
+Each replicate's seed is written into its run.json and config.yaml, so any replicate reruns alone,
+byte for byte. With cost-model perturbation on (the default), replicate k also runs the `perturbed`
+cost model with one factor per kind of step drawn from the base model's measured error
+(simulator/cost_model/perturbed.py) by a generator of its own (spawn_key (k, 0)); the factors go
+into its config.yaml.
+
+`--replicates 1` is no replicate machinery at all: the plain run, the same files byte for byte.
+
+    OUT/                      marker "replicates"
+      summary.json            every numeric figure as the mean over the replicates, plus a
+                              `replicates` section: seeds, what varies, and per metric the mean,
+                              sd, 95 % CI of the mean and 90 % prediction interval (intervals.py)
+      replicates.csv          one row per replicate: seed, cost-model factors, headline metrics
+      replicates/r00 ... rNN  each replicate's own result folder (a replay or cluster result)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesim.traces.errors import InputError
+
+REPLICATES_DIR = "replicates"
+MAX_REPLICATES = 1000
+
+
+def check_replicates(n: Any, flag: str = "--replicates") -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPLICATES:
+        raise InputError(f"got {n!r}", field=flag, allowed=f"an integer from 1 to {MAX_REPLICATES}")
+    return n
+
+
+def replicate_seed(base_seed: int, k: int) -> int:
+    """The seed of replicate k (0: the base seed itself)."""
+    if k == 0:
+        return base_seed
+    return int(np.random.SeedSequence(_entropy(base_seed), spawn_key=(k,)).generate_state(1, np.uint32)[0])
+
+
+def factor_rng(base_seed: int, k: int) -> np.random.Generator:
+    """Replicate k's generator of cost-model factors: independent of every run's own generator."""
+    return np.random.default_rng(np.random.SeedSequence(_entropy(base_seed), spawn_key=(k, 0)))
+
+
+def _entropy(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"got {seed!r}", field="seed", allowed="an integer >= 0 (replicates derive theirs from it)")
+    return seed
+
+
+@dataclass(slots=True)
+class Perturbation:
+    """The cost-model error replicates draw from: sigma of the log step time per step kind."""
+
+    sigmas: dict[str, float]
+    source: str
+
+
+def cost_model_perturbation(cfg) -> Perturbation:
+    from servesim.simulator.cost_model.perturbed import residual_sigmas
+
+    sigmas, source = residual_sigmas(cfg)
+    return Perturbation(sigmas, source)
+
+
+def perturbed_config(cfg, seed: int, factors: dict[str, float] | None):
+    """A copy of SimConfig ``cfg`` with ``seed``, its cost model wrapped in `perturbed` when factors."""
+    from servesim.simulator.config import CostModelConfig
+
+    out = copy.deepcopy(cfg)
+    out.seed = seed
+    if factors is not None:
+        cm = cfg.cost_model
+        out.cost_model = CostModelConfig(name="perturbed", params={
+            "base": cm.name, "base_params": dict(cm.params), "factors": dict(factors)},
+            cpu_overhead=copy.deepcopy(cm.cpu_overhead))
+    return out
+
+
+@dataclass(slots=True)
+class Replicate:
+    """One replicate's settings: its index, seed and cost-model factors (None: unperturbed)."""
+
+    index: int
+    seed: int
+    factors: dict[str, float] | None
+
+    @property
+    def name(self) -> str:
+        return f"r{self.index:02d}"
+
+
+def plan_replicates(base_seed: int, n: int, perturbation: Perturbation | None) -> list[Replicate]:
+    from servesim.simulator.cost_model.perturbed import draw_factors
+
+    return [Replicate(k, replicate_seed(base_seed, k),
+                      None if perturbation is None else draw_factors(perturbation.sigmas, factor_rng(base_seed, k)))
+            for k in range(check_replicates(n))]
+
+
+# --- running them -----------------------------------------------------------------------------------
+
+Job = Callable[[], dict]  # a picklable callable: runs one replicate (writing its folder), returns its summary
+
+
+def run_jobs(jobs: list[Job], workers: int | None, done: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Run the replicates' jobs, each its own run: in this process with one worker, else on a
+    spawn process pool (the sweep's local backend's rules: workers die with the driver, Ctrl-C
+    stops them). Returns the summaries in replicate order; ``done(index, summary)`` as each ends."""
+    from servesim.scenario.backends import _stop_workers, default_workers, die_with_parent
+
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"got {workers!r}", field="--workers", allowed="an integer >= 1 (default: the CPU cores)")
+    workers = min(workers or default_workers(len(jobs)), len(jobs))
+    out: dict[int, dict] = {}
+    if workers == 1:
+        for i, job in enumerate(jobs):
+            out[i] = job()
+            if done is not None:
+                done(i, out[i])
+        return [out[i] for i in range(len(jobs))]
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
+    try:
+        futures = {pool.submit(job): i for i, job in enumerate(jobs)}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                out[futures[fut]] = fut.result()
+                if done is not None:
+                    done(futures[fut], out[futures[fut]])
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+    return [out[i] for i in range(len(jobs))]
+
+
+@dataclass(slots=True)
+class ReplayJob:
+    """One replay replicate: simulate ``workload`` under ``cfg`` and write ``out_dir``."""
+
+    cfg: Any
+    workload: Any
+    out_dir: str
+
+    def __call__(self) -> dict:
+        from servesim.running import run
+
+        return run(self.cfg, self.workload, out_dir=self.out_dir).summary
+
+
+def run_replay_replicates(cfg, workload_for: Callable[[int], Any], n: int, out_dir: str | Path, *,
+                          perturb: bool = True, workers: int | None = None, overwrite: bool = False,
+                          done: Callable[[int, dict], None] | None = None) -> dict:
+    """N replicates of a replay into out_dir (layout in the module docstring); returns the
+    replicate summary (summary.json). ``workload_for(seed)`` gives replicate's workload: the same
+    trace every time, or a generated one reseeded."""
+    from servesim.replicate_summary import describe_variation, write_replicate_folder
+
+    perturbation = cost_model_perturbation(cfg) if perturb else None
+    reps = plan_replicates(cfg.seed, n, perturbation)
+    workloads = [workload_for(r.seed) for r in reps]
+    generated = any(w is not workloads[0] for w in workloads[1:])
+    variation = describe_variation(cfg, generated=generated, cluster=False, perturbation=perturbation)
+
+    def jobs(root: Path) -> list[Job]:
+        return [ReplayJob(perturbed_config(cfg, r.seed, r.factors), w, str(root / r.name))
+                for r, w in zip(reps, workloads)]
+
+    return write_replicate_folder(out_dir, reps, jobs, variation, workers=workers, overwrite=overwrite, done=done)
+
+
+@dataclass(slots=True)
+class ClusterJob:
+    """One cluster replicate: run ``cfg`` (a ClusterConfig) on ``workload`` and write ``out_dir``."""
+
+    cfg: Any
+    workload: Any
+    meta: dict
+    out_dir: str
+
+    def __call__(self) -> dict:
+        from servesim.identity import run_identity
+        from servesim.simulator.cluster import run_cluster, write_cluster_results
+
+        res = run_cluster(self.cfg, self.workload)
+        write_cluster_results(self.out_dir, res, self.meta, overwrite=False, identity=run_identity(self.cfg.seed, []))
+        return res.summary
+
+
+def cluster_replicate(cfg, rep: Replicate):
+    """A ClusterConfig for replicate ``rep``: the routers' seed and every replica's engine seed
+    derived from rep.seed (replica i: replicate_seed(rep.seed, i + 1)), each replica's cost model
+    perturbed by rep.factors (one machine type's error is shared by its replicas)."""
+    groups, i = [], 0
+    for g in cfg.replicas:
+        sim = perturbed_config(g.sim, replicate_seed(rep.seed, i + 1) if rep.index else g.sim.seed, rep.factors)
+        groups.append(dataclasses.replace(g, sim=sim))
+        i += g.count
+    return dataclasses.replace(cfg, replicas=groups, seed=rep.seed)
+
+
+def cluster_perturbation(cfg) -> Perturbation:
+    """The perturbation of a cluster's replicas: the first group's model error (groups on other
+    models or GPUs draw the same factors: documented in docs/UNCERTAINTY.md)."""
+    return cost_model_perturbation(cfg.replicas[0].sim)
+
+
+def run_cluster_replicates(cfg, workload_for: Callable[[int], Any], meta: dict, n: int, out_dir: str | Path, *,
+                           perturb: bool = True, workers: int | None = None, overwrite: bool = False,
+                           done: Callable[[int, dict], None] | None = None) -> dict:
+    from servesim.replicate_summary import describe_variation, write_replicate_folder
+
+    perturbation = cluster_perturbation(cfg) if perturb else None
+    reps = plan_replicates(cfg.seed, n, perturbation)
+    workloads = [workload_for(r.seed) for r in reps]
+    generated = any(w is not workloads[0] for w in workloads[1:])
+    variation = describe_variation(cfg.replicas[0].sim, generated=generated, cluster=True, perturbation=perturbation)
+
+    def jobs(root: Path) -> list[Job]:
+        return [ClusterJob(cluster_replicate(cfg, r), w, meta, str(root / r.name)) for r, w in zip(reps, workloads)]
+
+    return write_replicate_folder(out_dir, reps, jobs, variation, workers=workers, overwrite=overwrite, done=done)
