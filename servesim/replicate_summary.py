@@ -22,6 +22,7 @@ LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
 OTHER_KEYS = ("throughput.requests_per_s", "throughput.output_tokens_per_s", "throughput.total_tokens_per_s",
               "goodput.requests_per_s", "goodput.fraction_meeting_slo", "num_finished", "num_rejected",
               "num_preemptions", "prefix_cache_hit_rate", "kv_usage_mean", "sim_duration_s")
+WALL_CLOCK_KEYS = ("wall_time_s", "sim_speedup_x")
 INTERVAL_METHOD = (f"over the replicates, each one i.i.d. draw: mean; {CI_LEVEL:.0%} Student t-interval of the mean "
                    f"(ci_low, ci_high: mean -/+ t * sd / sqrt(n)); {PI_LEVEL:.0%} prediction interval for one more "
                    "run (pi_low, pi_high: mean -/+ t * sd * sqrt(1 + 1/n)); servesim/intervals.py")
@@ -93,7 +94,8 @@ def combine(summaries: list[dict], reps, variation: dict) -> dict:
         if all(v is not None and math.isfinite(v) for v in values):
             metrics[key] = interval([float(v) for v in values]).as_dict()
     out = _mean_tree(summaries)
-    out.pop("wall_time_s", None)
+    for key in WALL_CLOCK_KEYS:  # how long each simulation took: no figure of the serving system
+        out.pop(key, None)
     out["replicates"] = {
         "num_replicates": len(summaries), "base_seed": reps[0].seed, "seeds": [r.seed for r in reps],
         "cost_model_factors": [r.factors for r in reps], **variation, "interval_method": INTERVAL_METHOD,
