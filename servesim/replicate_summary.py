@@ -42,7 +42,7 @@ def describe_variation(cfg, *, generated: bool, cluster: bool, perturbation) -> 
     if cfg.structured_output.rate > 0:
         varies.append("which requests wait for a grammar compile (structured_output.rate)")
     if cluster:
-        varies.append("routing ties (the routers' shared generator)")
+        varies.append("routing ties: the draws of the routers' shared generator (routers that draw)")
     if perturbation is not None:
         sig = ", ".join(f"{k} {v:.3f}" for k, v in perturbation.sigmas.items())
         varies.append(f"cost-model error: one step-time factor per step kind per replicate, log-normal with sigma "
@@ -115,10 +115,14 @@ def replicates_csv(summaries: list[dict], reps) -> str:
     return buf.getvalue()
 
 
-def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path], list], variation: dict, *,
-                           workers: int | None, overwrite: bool, done=None) -> dict:
+def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path], list], variation: dict,
+                           base_config: dict, *, workers: int | None, overwrite: bool, done=None) -> dict:
     """Run the jobs into a staging folder's replicates/ and publish it as out_dir (marker
-    "replicates") when all are done: a killed run leaves no half folder."""
+    "replicates") when all are done: a killed run leaves no half folder. config.yaml: the settings
+    the replicates share (``base_config``: base seed, unperturbed cost model) with a `replicates:`
+    section; `compare` reads it like a run's."""
+    import yaml
+
     from servesim.replicates import REPLICATES_DIR, run_jobs
     from servesim.simulator.outdir import staged_output
 
@@ -129,6 +133,9 @@ def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path],
         summary = combine(summaries, reps, variation)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         (tmp / "replicates.csv").write_text(replicates_csv(summaries, reps))
+        config = {**base_config, "replicates": {"num_replicates": len(reps),
+                                                "perturb_cost_model": reps[0].factors is not None}}
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return summary
 
 

@@ -170,17 +170,18 @@ class ReplayJob:
         return run(self.cfg, self.workload, out_dir=self.out_dir).summary
 
 
-def run_replay_replicates(cfg, workload_for: Callable[[int], Any], n: int, out_dir: str | Path, *,
+def run_replay_replicates(cfg, workload_for: Callable[[Replicate], Any], n: int, out_dir: str | Path, *,
                           perturb: bool = True, workers: int | None = None, overwrite: bool = False,
                           done: Callable[[int, dict], None] | None = None) -> dict:
     """N replicates of a replay into out_dir (layout in the module docstring); returns the
-    replicate summary (summary.json). ``workload_for(seed)`` gives replicate's workload: the same
-    trace every time, or a generated one reseeded."""
+    replicate summary (summary.json). ``workload_for(replicate)`` gives a replicate's workload: the
+    same trace every time (the same object: nothing to say about arrival noise), or a generated one
+    reseeded."""
     from servesim.replicate_summary import describe_variation, write_replicate_folder
 
     perturbation = cost_model_perturbation(cfg) if perturb else None
     reps = plan_replicates(cfg.seed, n, perturbation)
-    workloads = [workload_for(r.seed) for r in reps]
+    workloads = [workload_for(r) for r in reps]
     generated = any(w is not workloads[0] for w in workloads[1:])
     variation = describe_variation(cfg, generated=generated, cluster=False, perturbation=perturbation)
 
@@ -188,7 +189,10 @@ def run_replay_replicates(cfg, workload_for: Callable[[int], Any], n: int, out_d
         return [ReplayJob(perturbed_config(cfg, r.seed, r.factors), w, str(root / r.name))
                 for r, w in zip(reps, workloads)]
 
-    return write_replicate_folder(out_dir, reps, jobs, variation, workers=workers, overwrite=overwrite, done=done)
+    from servesim.simulator.config import to_dict
+
+    base = {**to_dict(cfg), "workload": workloads[0].spec if workloads[0].spec is not None else {"name": workloads[0].name}}
+    return write_replicate_folder(out_dir, reps, jobs, variation, base, workers=workers, overwrite=overwrite, done=done)
 
 
 @dataclass(slots=True)
@@ -227,18 +231,21 @@ def cluster_perturbation(cfg) -> Perturbation:
     return cost_model_perturbation(cfg.replicas[0].sim)
 
 
-def run_cluster_replicates(cfg, workload_for: Callable[[int], Any], meta: dict, n: int, out_dir: str | Path, *,
+def run_cluster_replicates(cfg, workload_for: Callable[[Replicate], Any], meta: dict, n: int, out_dir: str | Path, *,
                            perturb: bool = True, workers: int | None = None, overwrite: bool = False,
                            done: Callable[[int, dict], None] | None = None) -> dict:
     from servesim.replicate_summary import describe_variation, write_replicate_folder
 
     perturbation = cluster_perturbation(cfg) if perturb else None
     reps = plan_replicates(cfg.seed, n, perturbation)
-    workloads = [workload_for(r.seed) for r in reps]
+    workloads = [workload_for(r) for r in reps]
     generated = any(w is not workloads[0] for w in workloads[1:])
     variation = describe_variation(cfg.replicas[0].sim, generated=generated, cluster=True, perturbation=perturbation)
 
     def jobs(root: Path) -> list[Job]:
         return [ClusterJob(cluster_replicate(cfg, r), w, meta, str(root / r.name)) for r, w in zip(reps, workloads)]
 
-    return write_replicate_folder(out_dir, reps, jobs, variation, workers=workers, overwrite=overwrite, done=done)
+    from servesim.simulator.cluster.config import cluster_config_to_dict
+
+    base = {**cluster_config_to_dict(cfg), "workload": meta}
+    return write_replicate_folder(out_dir, reps, jobs, variation, base, workers=workers, overwrite=overwrite, done=done)

@@ -204,8 +204,8 @@ def test_probability_meeting_with_wilson_interval():
 def test_replicates_folder_with_a_generated_workload(tmp_path):
     from servesim.traces.bench import BenchConfig, bench_workload
 
-    def workload_for(seed):
-        return bench_workload(BenchConfig(dataset_name="random", num_prompts=30, request_rate=15.0, seed=seed,
+    def workload_for(rep):
+        return bench_workload(BenchConfig(dataset_name="random", num_prompts=30, request_rate=15.0, seed=rep.seed,
                                           random_input_len=64, random_output_len=16))
 
     s = run_replay_replicates(SimConfig(), workload_for, 3, tmp_path / "r", perturb=False, workers=1)

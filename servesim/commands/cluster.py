@@ -58,6 +58,10 @@ def cluster_command(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
     smoke: bool = typer.Option(False, "--smoke", help="a few requests only (CI, quick looks; numbers not meaningful)"),
+    replicates: int = typer.Option(1, "--replicates", help="rerun over N seeds and cost-model draws (docs/UNCERTAINTY.md)"),
+    workers: int = typer.Option(None, "--workers", help="replicates run in parallel (default: CPU cores)"),
+    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model",
+                                            help="each replicate draws step-time factors from the cost model's error"),
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
     from servesim.cli import freeze_startup_objects, on_interrupt
@@ -78,6 +82,17 @@ def cluster_command(
     on_interrupt(f"nothing was written to {out}/ (results are written when the run finishes); "
                  "run the same command again to start over", unless_published=out)
     freeze_startup_objects()
+    if replicates != 1:
+        from servesim.commands.replicate_runs import cluster_replicates
+
+        from servesim.replicates import replicate_seed
+
+        regenerate = (lambda r: load_cluster_workload({**wl_spec, "seed": replicate_seed(wl_spec.get("seed") or 0, r.index)},
+                                                      trace, config.parent, smoke)) \
+            if "generator" in wl_spec and trace is None else (lambda r: wl)  # a generator is reseeded; a trace is fixed
+        meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests), "attribution": wl.attribution}
+        return cluster_replicates(cfg, regenerate, meta, replicates, out, overwrite=overwrite, workers=workers,
+                                  perturb=perturb_cost_model)
     with claim_output(out, overwrite=overwrite) as out:  # out: ~ expanded
         res = run_cluster(cfg, wl)
         meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),

@@ -98,8 +98,8 @@ def replay(
     if replicates != 1:
         from servesim.commands.replicate_runs import replay_replicates
 
-        regenerate = (lambda s: _workload(trace, fmt, max_requests, rate_scale, s, dataset_name, bench)) \
-            if dataset_name is not None else (lambda s: wl)  # a generated workload is reseeded; a trace is fixed
+        regenerate = (lambda r: _workload(trace, fmt, max_requests, rate_scale, r.seed, dataset_name, bench)) \
+            if dataset_name is not None else (lambda r: wl)  # a generated workload is reseeded; a trace is fixed
         return replay_replicates(cfg, regenerate, replicates, out, overwrite=overwrite, workers=workers, perturb=perturb_cost_model,
                                  refused=dict(step_trace=step_trace, executor=executor != "sim"))
     err = make_console(stderr=True)
