@@ -91,7 +91,7 @@ def perturbed_config(cfg, seed: int, factors: dict[str, float] | None):
     if factors is not None:
         cm = cfg.cost_model
         out.cost_model = CostModelConfig(name="perturbed", params={
-            "base": cm.name, "base_params": dict(cm.params), "factors": dict(factors)},
+            **copy.deepcopy(cm.params), "base": cm.name, "factors": dict(factors)},
             cpu_overhead=copy.deepcopy(cm.cpu_overhead))
     return out
 

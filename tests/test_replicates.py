@@ -97,7 +97,19 @@ def test_perturbed_model_scales_each_kind_exactly():
                                      {"prefill": 1, "decode": float("nan"), "mixed": 1}])
 def test_bad_factors_are_refused(factors):
     with pytest.raises(InputError, match="factors"):
-        make_cost_model("perturbed", model="llama-3.1-8b", gpu="h100", tp=1, factors=factors)
+        make_cost_model("perturbed", model="llama-3.1-8b", gpu="h100", tp=1, base="roofline", factors=factors)
+
+
+def test_a_perturbed_model_needs_its_base_and_passes_the_rest_to_it():
+    ones = {"prefill": 1, "decode": 1, "mixed": 1}
+    with pytest.raises(InputError, match="params.base"):
+        make_cost_model("perturbed", model="llama-3.1-8b", gpu="h100", factors=ones)
+    with pytest.raises(InputError, match="skew_alphaz"):  # the base's own parameter check
+        make_cost_model("perturbed", model="llama-3.1-8b", gpu="h100", base="calibrated", factors=ones, skew_alphaz=0)
+    shape = StepShape((1,) * 8, (300,) * 8, 8)
+    cal = make_cost_model("calibrated", model="llama-3.1-8b", gpu="h100", skew_alpha=0.0)
+    p = make_cost_model("perturbed", model="llama-3.1-8b", gpu="h100", base="calibrated", factors=ones, skew_alpha=0.0)
+    assert p.step_time_s(shape) == cal.step_time_s(shape)
 
 
 def test_perturbing_a_perturbed_model_is_refused():

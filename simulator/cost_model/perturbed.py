@@ -15,7 +15,7 @@ replicate from the replicate's own generator; sigma_kind comes from the base mod
 
 Factors are fixed per run, not per step: a per-step draw would average out over the thousands of
 steps of a run, while the question is "which machine is this really" (a systematic error).
-The factors are written into the replicate's config.yaml (cost_model.params.factors), so any
+The factors are written into the replicate's config.yaml (cost_model.params: base, factors), so any
 replicate reruns byte for byte from its folder alone.
 """
 
@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import StepShape, check_params, make_cost_model, register_cost_model
+from .base import StepShape, make_cost_model, register_cost_model
 from servesim.traces.errors import InputError
 
 STEP_KINDS = ("prefill", "decode", "mixed")
@@ -76,15 +76,18 @@ class PerturbedCostModel:
 
 @register_cost_model("perturbed")
 def make_perturbed(model: Any = None, gpu: Any = None, tp: int | None = None, **params: Any) -> PerturbedCostModel:
-    """``base`` (a cost-model name), ``base_params`` (its parameters) and ``factors``
-    ({prefill, decode, mixed}: positive multipliers of the step time)."""
-    host = {k: params.pop(k) for k in ("host", "disable_custom_all_reduce") if k in params}
-    check_params("perturbed", params, {"base", "base_params", "factors"})
-    base_name = params.get("base", "roofline")
-    if base_name == "perturbed":
+    """``base`` (the perturbed model's registry name), ``factors`` ({prefill, decode, mixed}:
+    positive multipliers of the step time); every other parameter is the base model's, so
+    `--set cost_model.name=perturbed --set cost_model.params.base=calibrated ...` keeps the
+    base's own parameters where they were."""
+    base_name = params.pop("base", None)
+    factors = check_factors(params.pop("factors", None))
+    if not isinstance(base_name, str) or not base_name:
+        raise InputError(f"got {base_name!r}", field="cost_model.params.base",
+                         allowed="the name of the cost model to perturb, e.g. roofline or calibrated")
+    if base_name.strip().lower() == "perturbed":
         raise InputError("a perturbed model cannot perturb another", field="cost_model.params.base")
-    base = make_cost_model(base_name, model=model, gpu=gpu, tp=tp, **host, **dict(params.get("base_params") or {}))
-    return PerturbedCostModel(base, check_factors(params.get("factors")))
+    return PerturbedCostModel(make_cost_model(base_name, model=model, gpu=gpu, tp=tp, **params), factors)
 
 
 def check_factors(factors: Any) -> dict[str, float]:
