@@ -20,6 +20,13 @@ def plan_command(
                                                                 "with --overwrite)"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
+    replicates: int = typer.Option(None, "--replicates", help="runs per candidate (default: search.replicates, 1)"),
+    probability: float = typer.Option(None, "--probability",
+                                      help="with replicates: the fraction of them that must meet the SLO "
+                                           "(default: search.probability, 0.9)"),
+    workers: int = typer.Option(None, "--workers", help="a candidate's replicates in parallel (default: CPU cores)"),
+    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model",
+                                            help="each replicate draws step-time factors from the cost model's error"),
 ) -> None:
     """Sweep deployments (early stop per shape), print the cost/goodput table, write CSV and PNG."""
     from servesim.cli import on_interrupt
@@ -30,6 +37,14 @@ def plan_command(
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     plan = PlanConfig.from_yaml(config)
+    if replicates is not None or probability is not None:
+        from servesim.simulator.cluster.plan import plan_config_from_dict
+        from servesim.simulator.yaml_input import safe_load_bounded
+
+        data = safe_load_bounded(config.read_text(), str(config))  # the same checks as the file's own keys
+        space = {**(data.get("search") or {}), **({"replicates": replicates} if replicates is not None else {}),
+                  **({"probability": probability} if probability is not None else {})}
+        plan = plan_config_from_dict({**data, "search": space}, str(config))
     spec = dict(plan.workload)
     if max_requests is not None:
         spec["max_requests"] = max_requests
@@ -37,22 +52,27 @@ def plan_command(
         spec["rate_scale"] = rate_scale
     wl = load_plan_workload(spec, trace, base_dir=config.parent)
     err, console = make_console(stderr=True), make_console()
+    reps = plan.search.replicates
     err.print(f"plan: {len(plan.search.shapes())} shape(s), {len(wl.requests)} requests, goodput threshold "
-              f"{plan.search.goodput_threshold:.0%}")
+              f"{plan.search.goodput_threshold:.0%}" + (f"; {reps} replicates per candidate, meeting the SLO in at "
+                                                        f"least {plan.search.probability:.0%} of them" if reps > 1 else ""))
 
     def progress(row: dict) -> None:
         if row["error"] is not None:
             err.print(f"  {row['shape']} x{row['size']}: [red]skipped[/] ({row['error']})")
         else:
             tag = "[green]meets SLO[/]" if row["meets_slo"] else "misses"
+            prob = f", P(meets) {row['probability']:.0%}" if "probability" in row else ""
             err.print(f"  {row['shape']} x{row['size']}: {row['num_gpus']} GPU(s), goodput "
-                      f"{row['goodput_fraction']:.1%} {tag} ({row['wall_s']:.1f} s)")
+                      f"{row['goodput_fraction']:.1%}{prob} {tag} ({row['wall_s']:.1f} s)")
 
     on_interrupt(f"nothing was written to {out}/ (results are written when the search finishes); "
                  "run the same command again to start over", unless_published=out)
     cost_label = "cost ($/h)" if plan.gpu_cost_per_hour else "cost (GPUs)"
     with staged_output(out, "plan", overwrite=overwrite) as tmp:
-        df = search(plan, wl, progress)
+        from servesim.replicate_plan import plan_evaluator
+
+        df = search(plan, wl, progress, plan_evaluator(plan, perturb=perturb_cost_model, workers=workers))
         df.to_csv(tmp / "plan.csv", index=False)
         plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label)
     print_plan(console, df, cost_label)
@@ -63,17 +83,19 @@ def print_plan(console, df, cost_label: str) -> None:
     from rich.table import Table
 
     t = Table(title="deployments evaluated (* cheapest meeting the SLO, F on the cost/goodput frontier)")
-    for c in ("", "shape", "replicas (P+D)", "GPUs", cost_label, "goodput", "rejected", "TTFT p90 (ms)",
-              "TPOT p90 (ms)"):
+    replicated = "probability" in df
+    for c in ("", "shape", "replicas (P+D)", "GPUs", cost_label, "goodput", *(("P(meets SLO) [90 % CI]",) if replicated
+              else ()), "rejected", "TTFT p90 (ms)", "TPOT p90 (ms)"):
         t.add_column(c, justify="left" if c in ("", "shape") else "right")
     for _, r in df.sort_values("cost", na_position="last").iterrows():
         if r["error"] is not None and r["error"] == r["error"]:
-            t.add_row("", r["shape"], "-", "-", "-", "[red]error[/]", "-", "-", "-")
+            t.add_row("", r["shape"], "-", "-", "-", "[red]error[/]", *(("-",) if replicated else ()), "-", "-", "-")
             continue
         mark = ("*" if r["best"] else "") + ("F" if r["frontier"] else "")
         reps = f"{r['num_prefill']}+{r['num_decode']}" if r["kind"] == "pd" else str(r["num_replicas"])
-        t.add_row(mark, r["shape"], reps, str(r["num_gpus"]), f"{r['cost']:g}", f"{r['goodput_fraction']:.1%}",
-                  str(int(r.get("num_rejected", 0))), _ms(r["ttft_p90_s"]), _ms(r["tpot_p90_s"]))
+        prob = (f"{r['probability']:.0%} [{r['probability_low']:.0%}, {r['probability_high']:.0%}]",) if replicated else ()
+        t.add_row(mark, r["shape"], reps, str(r["num_gpus"]), f"{r['cost']:g}", f"{r['goodput_fraction']:.1%}", *prob,
+                  str(round(r.get("num_rejected", 0))), _ms(r["ttft_p90_s"]), _ms(r["tpot_p90_s"]))
     console.print(t)
     if not df["best"].any():
         console.print("[yellow]no evaluated deployment meets the SLO[/]: widen the search")
