@@ -127,7 +127,7 @@ def main() -> int:
     per_request = [p.name for p in sorted((Path(args.shared) / "benchmarks" / "llmservingsim_vllm_runs").glob("*/"))]
     runs += [("per_request", p) for p in per_request if not args.only or p in args.only]
     n = args.replicates
-    jobs = [(kind, run_id, k) for kind, run_id in runs for k in range(n)]
+    jobs = [(kind, run_id, k) for k in range(n) for kind, run_id in runs]  # replicate-major: a stop keeps whole sets
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {job: pool.submit(_cached, job[0], args.shared, job[1], job[2], n) for job in jobs}
         results: dict[str, list[dict]] = {}
