@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 CI_LEVEL = 0.95  # confidence of the interval on the mean
 PI_LEVEL = 0.90  # coverage of the prediction interval (the "predicted 90 % interval" of the issue)
@@ -108,6 +109,7 @@ def normal_quantile(p: float) -> float:
     return _bisect(lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2))), p, -40.0, 40.0)
 
 
+@lru_cache(maxsize=256)  # a replicate set asks the same (p, n - 1) for every metric
 def t_quantile(p: float, dof: float) -> float:
     """Student's t quantile with ``dof`` > 0 degrees of freedom (p in (0, 1))."""
     if not 0 < p < 1 or not dof > 0:

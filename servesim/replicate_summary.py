@@ -139,6 +139,32 @@ def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path],
     return summary
 
 
+def variant_replicates(cfg, spec, n: int, perturb: bool) -> tuple[dict[str, bytes], dict]:
+    """A sweep variant over n replicates, in the worker that runs the variant (one process: the
+    backend spreads variants): its files (summary.json with the intervals, replicates.csv, config.yaml,
+    and replicate 0's requests/steps/timeseries, the base seed's run, so the variant's figures draw)
+    and the summary. A generator workload is reseeded per replicate from its own seed."""
+    import dataclasses
+    import tempfile
+
+    from servesim.replicates import REPLICATES_DIR, replicate_seed, run_replay_replicates
+    from servesim.scenario import store
+    from servesim.scenario.workload import build_workload
+
+    def workload_for(rep):
+        if spec.generator is None:
+            return fixed
+        return build_workload(dataclasses.replace(spec, seed=replicate_seed(spec.seed, rep.index)))
+
+    fixed = build_workload(spec) if spec.generator is None else None
+    with tempfile.TemporaryDirectory(prefix=store.scratch_prefix()) as tmp:
+        summary = run_replay_replicates(cfg, workload_for, n, Path(tmp) / "run", perturb=perturb, workers=1)
+        files = store.read_files(Path(tmp) / "run")
+        first = store.read_files(Path(tmp) / "run" / REPLICATES_DIR / "r00")
+    files.update({k: v for k, v in first.items() if k in ("requests.parquet", "steps.parquet", "timeseries.csv")})
+    return files, summary
+
+
 def is_replicates(folder: str | Path) -> bool:
     from servesim.simulator.outdir import result_kind
 
@@ -146,16 +172,17 @@ def is_replicates(folder: str | Path) -> bool:
 
 
 def replicate_values(folder: str | Path, key: str) -> list[float] | None:
-    """One metric's value in each replicate of a replicates folder (None when any lacks it)."""
-    from servesim.replicates import REPLICATES_DIR
-
-    values = []
-    for sub in sorted((Path(folder) / REPLICATES_DIR).iterdir()):
-        if (sub / "summary.json").is_file():
-            v = flatten(json.loads((sub / "summary.json").read_text())).get(key)
-            if v is None:
-                return None
-            values.append(float(v))
+    """One metric's value in each replicate of a replicates folder (or a sweep variant run with
+    replicates), from its replicates.csv; None when the file or the metric is missing."""
+    path = Path(folder) / "replicates.csv"
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        values = [float(r[key]) for r in rows]
+    except (KeyError, ValueError):
+        return None
     return values or None
 
 

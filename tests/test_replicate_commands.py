@@ -107,6 +107,50 @@ def test_cluster_replicates_cli(tmp_path):
     assert (tmp_path / "o" / "replicates" / "r01" / "summary.json").is_file()
 
 
+def test_replicates_key_in_a_cluster_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**CLUSTER, "replicates": 2, "workload": {"trace": "sharegpt-300", "max_requests": 8}}))
+    r = CliRunner().invoke(app, ["cluster", str(path), "--workers", "1", "--no-perturb-cost-model", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["replicates"]["num_replicates"] == 2 and s["replicates"]["cost_model_factors"] == [None, None]
+    path.write_text(yaml.safe_dump({**CLUSTER, "replicates": 0}))
+    r = CliRunner().invoke(app, ["cluster", str(path), "--out", str(tmp_path / "p")])
+    assert r.exit_code == 2 and "replicates" in r.output
+
+
+SCENARIO = {"name": "rep", "workload": {"generator": "poisson", "num_requests": 16, "arrival": {"rate_per_s": 8}},
+            "replicates": 2, "sweep": {"scheduler.max_num_seqs": [4, 64]}}
+
+
+def test_a_sweep_with_replicates(tmp_path):
+    from servesim.scenario import load_scenario
+    from servesim.scenario.runner import run_sweep
+
+    sc = load_scenario(SCENARIO)
+    assert sc.replicates == 2 and sc.perturb_cost_model
+    plain = load_scenario({k: v for k, v in SCENARIO.items() if k != "replicates"})
+    assert [v.key for v in sc.variants] != [v.key for v in plain.variants]  # a replicated variant is another result
+    outcomes = run_sweep(sc, tmp_path / "s", workers=1)
+    assert [o.status for o in outcomes] == ["ok", "ok"]
+    table = pd.read_parquet(tmp_path / "s" / "sweep.parquet")
+    assert (table["replicates.num_replicates"] == 2).all()
+    assert (table["replicates.metrics.ttft_s.p99.ci_low"] <= table["ttft_s.p99"]).all()
+    folders = sorted((tmp_path / "s" / "variants").iterdir())
+    cmp = compare_runs(folders)  # a variant's replicates.csv feeds the noise test
+    assert all(n is not None for row in cmp.noise for n in row)
+    variant = yaml.safe_load((folders[0] / "variant.yaml").read_text())
+    assert variant["replicates"] == 2  # variant.yaml reruns it with its replicates
+
+
+@pytest.mark.parametrize("bad", [0, "x", {"num_replicates": 2, "perturb": False}, {"perturb_cost_model": "no"}])
+def test_bad_scenario_replicates(bad):
+    from servesim.scenario import load_scenario
+
+    with pytest.raises(InputError, match="replicates"):
+        load_scenario({**SCENARIO, "replicates": bad})
+
+
 PLAN = {"workload": {"trace": "sharegpt-300", "max_requests": 20},
         "cluster": {"base": {"hardware": {"model": "llama-3.1-8b", "gpu": "h100"}}, "slo": {"ttft_s": 1.0, "tpot_s": 0.05}},
         "search": {"colocated": {"min": 1, "max": 2}, "replicates": 3, "probability": 0.6}}

@@ -58,7 +58,8 @@ def cluster_command(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
     smoke: bool = typer.Option(False, "--smoke", help="a few requests only (CI, quick looks; numbers not meaningful)"),
-    replicates: int = typer.Option(1, "--replicates", help="rerun over N seeds and cost-model draws (docs/UNCERTAINTY.md)"),
+    replicates: int = typer.Option(None, "--replicates", help="rerun over N seeds and cost-model draws "
+                                                              "(default: the config's replicates:, else 1; docs/UNCERTAINTY.md)"),
     workers: int = typer.Option(None, "--workers", help="replicates run in parallel (default: CPU cores)"),
     perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model",
                                             help="each replicate draws step-time factors from the cost model's error"),
@@ -71,6 +72,10 @@ def cluster_command(
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     data, wl_spec = load_cluster_yaml(config)
+    from servesim.replicates import check_replicates
+
+    in_file = data.pop("replicates", 1)
+    replicates = check_replicates(in_file, f"replicates ({config})") if replicates is None else replicates  # the flag wins
     cfg = cluster_config_from_dict(data, str(config))
     for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
         if value is not None:

@@ -73,7 +73,8 @@ def _run_locked(scenario: Scenario, root: Path, backend: str, workers: int | Non
         elif store.is_complete(store.variant_dir(root, v.name)):
             done(Outcome(v.name, "cached"))
         else:
-            tasks.append(VariantTask(v.name, v.cfg, v.workload, _extra(scenario, v), None))
+            tasks.append(VariantTask(v.name, v.cfg, v.workload, _extra(scenario, v), None,
+                                     scenario.replicates, scenario.perturb_cost_model))
     if tasks:
         get_backend(backend)(tasks, root, workers, ray_address, done)
     write_table(scenario, root)

@@ -28,6 +28,8 @@ class VariantTask:
     workload: WorkloadSpec
     extra_files: dict[str, bytes]  # variant.yaml: written with the results
     root: str | None  # write the folder here (shared filesystem); None: return the files
+    replicates: int = 1  # > 1: servesim/replicate_summary.py's variant_replicates
+    perturb_cost_model: bool = True
 
 
 @dataclass(slots=True)
@@ -63,6 +65,10 @@ def _simulate(task: VariantTask) -> tuple[dict[str, bytes], dict]:
     from servesim.running import run
     from servesim.scenario.workload import build_workload
 
+    if task.replicates > 1:
+        from servesim.replicate_summary import variant_replicates
+
+        return variant_replicates(task.cfg, task.workload, task.replicates, task.perturb_cost_model)
     wl = build_workload(task.workload)
     with tempfile.TemporaryDirectory(prefix=store.scratch_prefix()) as tmp:
         res = run(task.cfg, wl, out_dir=Path(tmp) / "run")
