@@ -16,8 +16,11 @@ from servesim.traces.bundled import DEFAULT_TRACE, bundled_trace_path  # noqa: F
 
 
 def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu: str = "h100", tp: int = 1,
-           seed: int = 0, out_dir: str | Path | None = None, overwrite: bool = False, **overrides) -> Results:
-    """Replay a trace (None: the bundled default) with vLLM 0.19 defaults; overrides use dotted keys."""
+           seed: int = 0, out_dir: str | Path | None = None, overwrite: bool = False, replicates: int = 1,
+           workers: int | None = None, perturb_cost_model: bool = True, **overrides) -> Results:
+    """Replay a trace (None: the bundled default) with vLLM 0.19 defaults; overrides use dotted keys.
+    replicates > 1 (needs out_dir): docs/UNCERTAINTY.md; the summary holds the means and intervals,
+    the frames every replicate's rows with a `replicate` column."""
     from servesim.overrides import apply_overrides
     from servesim.running import _check_arg, _is_int
 
@@ -29,6 +32,16 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
     cfg.hardware = dataclasses.replace(cfg.hardware, model=model, gpu=gpu, tp=tp)
     cfg.seed = seed
     cfg = apply_overrides(cfg, {k.replace("__", "."): v for k, v in overrides.items()})
+    if replicates != 1:
+        from servesim.replicate_summary import load_replicates
+        from servesim.replicates import check_replicates, run_replay_replicates
+
+        check_replicates(replicates, "replicates")
+        _check_arg(out_dir, out_dir is not None, "out_dir", "a folder for the replicates' results")
+        wl = load_trace(trace)
+        run_replay_replicates(cfg, lambda rep: wl, replicates, out_dir, perturb=perturb_cost_model, workers=workers,
+                              overwrite=overwrite)
+        return load_replicates(out_dir)
     return run(cfg, load_trace(trace), out_dir=out_dir, overwrite=overwrite)
 
 
@@ -43,10 +56,12 @@ def run_scenario(scenario, *, out_dir: str | Path | None = None, smoke: bool = F
 
 
 def load_results(folder: str | Path) -> Results:
-    """A finished run's folder (servesim replay --out, or one sweep variant) as Results."""
+    """A finished run's folder (servesim replay --out, or one sweep variant) as Results; a replicates
+    folder stacks its replicates' frames (a `replicate` column)."""
+    from servesim.replicate_summary import is_replicates, load_replicates
     from servesim.scenario.results import load_results as _load
 
-    return _load(folder)
+    return load_replicates(folder) if is_replicates(folder) else _load(folder)
 
 
 def load_sweep(folder: str | Path):

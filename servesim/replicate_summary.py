@@ -171,6 +171,25 @@ def is_replicates(folder: str | Path) -> bool:
     return result_kind(Path(folder)) == "replicates"
 
 
+def load_replicates(folder: str | Path):
+    """A replicates folder as Results: the replicate summary (means, `replicates` section) and every
+    replicate's requests, steps and timeseries stacked, with a `replicate` column (r00, r01, ...)."""
+    import pandas as pd
+
+    from servesim.replicates import REPLICATES_DIR
+    from servesim.running import Results
+    from servesim.scenario.results import load_results
+
+    folder = Path(folder)
+    runs = {sub.name: load_results(sub) for sub in sorted((folder / REPLICATES_DIR).iterdir()) if sub.is_dir()}
+
+    def stack(kind: str):
+        return pd.concat([getattr(r, kind).assign(replicate=name) for name, r in runs.items()], ignore_index=True)
+
+    summary = json.loads((folder / "summary.json").read_text())
+    return Results(summary, stack("requests"), stack("steps"), stack("timeseries"), folder)
+
+
 def replicate_values(folder: str | Path, key: str) -> list[float] | None:
     """One metric's value in each replicate of a replicates folder (or a sweep variant run with
     replicates), from its replicates.csv; None when the file or the metric is missing."""

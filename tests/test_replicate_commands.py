@@ -178,3 +178,18 @@ def test_plan_with_replicates_answers_with_a_probability():
 def test_bad_plan_replicate_settings(search, field):
     with pytest.raises(InputError, match=field.replace(".", r"\.")):
         plan_config_from_dict({**PLAN, "search": {"colocated": {"min": 1, "max": 2}, **search}})
+
+
+def test_api_replay_with_replicates(tmp_path):
+    from servesim.api import load_results, load_trace, replay
+    from servesim.traces.canonical import save_workload
+
+    trace = save_workload(load_trace(None, max_requests=12), tmp_path / "t.jsonl")
+    res = replay(trace, replicates=2, workers=1, out_dir=tmp_path / "r", perturb_cost_model=False,
+                 seed=3)
+    assert res.summary["replicates"]["seeds"] == [3, replicate_seed(3, 1)]
+    assert sorted(res.requests["replicate"].unique()) == ["r00", "r01"] and len(res.requests) == 24
+    again = load_results(tmp_path / "r")
+    assert again.summary == res.summary and len(again.steps) == len(res.steps)
+    with pytest.raises(InputError, match="out_dir"):
+        replay(None, replicates=2)
