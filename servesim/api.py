@@ -33,8 +33,7 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
     cfg.seed = seed
     cfg = apply_overrides(cfg, {k.replace("__", "."): v for k, v in overrides.items()})
     if replicates != 1:
-        from servesim.replicate_summary import load_replicates
-        from servesim.replicates import check_replicates, run_replay_replicates
+        from servesim.replicates import check_replicates, load_replicates, run_replay_replicates
 
         check_replicates(replicates, "replicates")
         _check_arg(out_dir, out_dir is not None, "out_dir", "a folder for the replicates' results")
@@ -58,7 +57,8 @@ def run_scenario(scenario, *, out_dir: str | Path | None = None, smoke: bool = F
 def load_results(folder: str | Path) -> Results:
     """A finished run's folder (servesim replay --out, or one sweep variant) as Results; a replicates
     folder stacks its replicates' frames (a `replicate` column)."""
-    from servesim.replicate_summary import is_replicates, load_replicates
+    from servesim.replicate_summary import is_replicates
+    from servesim.replicates import load_replicates
     from servesim.scenario.results import load_results as _load
 
     return load_replicates(folder) if is_replicates(folder) else _load(folder)

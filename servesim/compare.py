@@ -75,12 +75,12 @@ def noise_verdicts(paths: list[Path], key: str) -> list[str | None]:
     """Each run after the first against the first on metric ``key``: Welch's test over their
     replicates (servesim/intervals.py), None where either is a single run."""
     from servesim.intervals import differ
-    from servesim.replicate_summary import is_replicates, replicate_values
+    from servesim.replicate_summary import replicate_values
 
-    base = replicate_values(paths[0], key) if is_replicates(paths[0]) else None
+    base = replicate_values(paths[0], key)
     out: list[str | None] = []
     for p in paths[1:]:
-        other = replicate_values(p, key) if is_replicates(p) else None
+        other = replicate_values(p, key)
         if base is None or other is None or len(base) < 2 or len(other) < 2:
             out.append(None)
         else:

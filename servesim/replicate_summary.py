@@ -11,12 +11,12 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from servesim.intervals import CI_LEVEL, PI_LEVEL, interval
 
+REPLICATES_DIR = "replicates"  # OUT/replicates/r00 ...: each replicate's own result folder
 LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
 # Figures with an interval, besides every statistic of the latency blocks above.
 OTHER_KEYS = ("throughput.requests_per_s", "throughput.output_tokens_per_s", "throughput.total_tokens_per_s",
@@ -115,79 +115,10 @@ def replicates_csv(summaries: list[dict], reps) -> str:
     return buf.getvalue()
 
 
-def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path], list], variation: dict,
-                           base_config: dict, *, workers: int | None, overwrite: bool, done=None) -> dict:
-    """Run the jobs into a staging folder's replicates/ and publish it as out_dir (marker
-    "replicates") when all are done: a killed run leaves no half folder. config.yaml: the settings
-    the replicates share (``base_config``: base seed, unperturbed cost model) with a `replicates:`
-    section; `compare` reads it like a run's."""
-    import yaml
-
-    from servesim.replicates import REPLICATES_DIR, run_jobs
-    from servesim.simulator.outdir import staged_output
-
-    with staged_output(out_dir, "replicates", overwrite=overwrite) as tmp:
-        root = tmp / REPLICATES_DIR
-        root.mkdir()
-        summaries = run_jobs(jobs_for(root), workers, done)
-        summary = combine(summaries, reps, variation)
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (tmp / "replicates.csv").write_text(replicates_csv(summaries, reps))
-        config = {**base_config, "replicates": {"num_replicates": len(reps),
-                                                "perturb_cost_model": reps[0].factors is not None}}
-        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    return summary
-
-
-def variant_replicates(cfg, spec, n: int, perturb: bool) -> tuple[dict[str, bytes], dict]:
-    """A sweep variant over n replicates, in the worker that runs the variant (one process: the
-    backend spreads variants): its files (summary.json with the intervals, replicates.csv, config.yaml,
-    and replicate 0's requests/steps/timeseries, the base seed's run, so the variant's figures draw)
-    and the summary. A generator workload is reseeded per replicate from its own seed."""
-    import dataclasses
-    import tempfile
-
-    from servesim.replicates import REPLICATES_DIR, replicate_seed, run_replay_replicates
-    from servesim.scenario import store
-    from servesim.scenario.workload import build_workload
-
-    def workload_for(rep):
-        if spec.generator is None:
-            return fixed
-        return build_workload(dataclasses.replace(spec, seed=replicate_seed(spec.seed, rep.index)))
-
-    fixed = build_workload(spec) if spec.generator is None else None
-    with tempfile.TemporaryDirectory(prefix=store.scratch_prefix()) as tmp:
-        summary = run_replay_replicates(cfg, workload_for, n, Path(tmp) / "run", perturb=perturb, workers=1)
-        files = store.read_files(Path(tmp) / "run")
-        first = store.read_files(Path(tmp) / "run" / REPLICATES_DIR / "r00")
-    files.update({k: v for k, v in first.items() if k in ("requests.parquet", "steps.parquet", "timeseries.csv")})
-    return files, summary
-
-
 def is_replicates(folder: str | Path) -> bool:
     from servesim.simulator.outdir import result_kind
 
     return result_kind(Path(folder)) == "replicates"
-
-
-def load_replicates(folder: str | Path):
-    """A replicates folder as Results: the replicate summary (means, `replicates` section) and every
-    replicate's requests, steps and timeseries stacked, with a `replicate` column (r00, r01, ...)."""
-    import pandas as pd
-
-    from servesim.replicates import REPLICATES_DIR
-    from servesim.running import Results
-    from servesim.scenario.results import load_results
-
-    folder = Path(folder)
-    runs = {sub.name: load_results(sub) for sub in sorted((folder / REPLICATES_DIR).iterdir()) if sub.is_dir()}
-
-    def stack(kind: str):
-        return pd.concat([getattr(r, kind).assign(replicate=name) for name, r in runs.items()], ignore_index=True)
-
-    summary = json.loads((folder / "summary.json").read_text())
-    return Results(summary, stack("requests"), stack("steps"), stack("timeseries"), folder)
 
 
 def replicate_values(folder: str | Path, key: str) -> list[float] | None:

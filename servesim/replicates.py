@@ -26,6 +26,7 @@ into its config.yaml.
 from __future__ import annotations
 
 import copy
+import json
 import dataclasses
 import multiprocessing
 import os
@@ -37,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from servesim.replicate_summary import REPLICATES_DIR, describe_variation
 from servesim.traces.errors import InputError
 
-REPLICATES_DIR = "replicates"
 MAX_REPLICATES = 1000
 
 
@@ -177,8 +178,6 @@ def run_replay_replicates(cfg, workload_for: Callable[[Replicate], Any], n: int,
     replicate summary (summary.json). ``workload_for(replicate)`` gives a replicate's workload: the
     same trace every time (the same object: nothing to say about arrival noise), or a generated one
     reseeded."""
-    from servesim.replicate_summary import describe_variation, write_replicate_folder
-
     perturbation = cost_model_perturbation(cfg) if perturb else None
     reps = plan_replicates(cfg.seed, n, perturbation)
     workloads = [workload_for(r) for r in reps]
@@ -234,8 +233,6 @@ def cluster_perturbation(cfg) -> Perturbation:
 def run_cluster_replicates(cfg, workload_for: Callable[[Replicate], Any], meta: dict, n: int, out_dir: str | Path, *,
                            perturb: bool = True, workers: int | None = None, overwrite: bool = False,
                            done: Callable[[int, dict], None] | None = None) -> dict:
-    from servesim.replicate_summary import describe_variation, write_replicate_folder
-
     perturbation = cluster_perturbation(cfg) if perturb else None
     reps = plan_replicates(cfg.seed, n, perturbation)
     workloads = [workload_for(r) for r in reps]
@@ -249,3 +246,74 @@ def run_cluster_replicates(cfg, workload_for: Callable[[Replicate], Any], meta: 
 
     base = {**cluster_config_to_dict(cfg), "workload": meta}
     return write_replicate_folder(out_dir, reps, jobs, variation, base, workers=workers, overwrite=overwrite, done=done)
+
+
+# --- the folder ---------------------------------------------------------------------------------------
+
+def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path], list], variation: dict,
+                           base_config: dict, *, workers: int | None, overwrite: bool, done=None) -> dict:
+    """Run the jobs into a staging folder's replicates/ and publish it as out_dir (marker
+    "replicates") when all are done: a killed run leaves no half folder. config.yaml: the settings
+    the replicates share (``base_config``: base seed, unperturbed cost model) with a `replicates:`
+    section; `compare` reads it like a run's."""
+    import yaml
+
+    from servesim.replicate_summary import combine, replicates_csv
+    from servesim.simulator.outdir import staged_output
+
+    with staged_output(out_dir, "replicates", overwrite=overwrite) as tmp:
+        root = tmp / REPLICATES_DIR
+        root.mkdir()
+        summaries = run_jobs(jobs_for(root), workers, done)
+        summary = combine(summaries, reps, variation)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (tmp / "replicates.csv").write_text(replicates_csv(summaries, reps))
+        config = {**base_config, "replicates": {"num_replicates": len(reps),
+                                                "perturb_cost_model": reps[0].factors is not None}}
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return summary
+
+
+def variant_replicates(task, n: int, perturb: bool) -> tuple[dict[str, bytes], dict]:
+    """A sweep variant (scenario/task.py's VariantTask) over n replicates, in the worker that runs
+    the variant (one process: the backend spreads variants): its files (summary.json with the intervals, replicates.csv, config.yaml,
+    and replicate 0's requests/steps/timeseries, the base seed's run, so the variant's figures draw)
+    and the summary. A generator workload is reseeded per replicate from its own seed."""
+    import dataclasses
+    import tempfile
+
+    from servesim.scenario import store
+    from servesim.scenario.workload import build_workload
+
+    def workload_for(rep):
+        if spec.generator is None:
+            return fixed
+        return build_workload(dataclasses.replace(spec, seed=replicate_seed(spec.seed, rep.index)))
+
+    cfg, spec = task.cfg, task.workload
+    fixed = build_workload(spec) if spec.generator is None else None
+    with tempfile.TemporaryDirectory(prefix=store.scratch_prefix()) as tmp:
+        summary = run_replay_replicates(cfg, workload_for, n, Path(tmp) / "run", perturb=perturb, workers=1)
+        files = store.read_files(Path(tmp) / "run")
+        first = store.read_files(Path(tmp) / "run" / REPLICATES_DIR / "r00")
+    files.update({k: v for k, v in first.items() if k in ("requests.parquet", "steps.parquet", "timeseries.csv")})
+    files[".servesim"] = first[".servesim"]  # a variant folder reads as one run (replicate 0's frames)
+    return files, summary
+
+
+def load_replicates(folder: str | Path):
+    """A replicates folder as Results: the replicate summary (means, `replicates` section) and every
+    replicate's requests, steps and timeseries stacked, with a `replicate` column (r00, r01, ...)."""
+    import pandas as pd
+
+    from servesim.running import Results
+    from servesim.scenario.results import load_results
+
+    folder = Path(folder)
+    runs = {sub.name: load_results(sub) for sub in sorted((folder / REPLICATES_DIR).iterdir()) if sub.is_dir()}
+
+    def stack(kind: str):
+        return pd.concat([getattr(r, kind).assign(replicate=name) for name, r in runs.items()], ignore_index=True)
+
+    summary = json.loads((folder / "summary.json").read_text())
+    return Results(summary, stack("requests"), stack("steps"), stack("timeseries"), folder)

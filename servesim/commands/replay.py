@@ -12,6 +12,9 @@ from servesim.traces.errors import InputError
 
 
 SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+REPLICATES_HELP = "rerun over N derived seeds and cost-model draws; intervals per metric (docs/UNCERTAINTY.md)"
+WORKERS_HELP = "replicates run in parallel (default: CPU cores)"
+PERTURB_HELP = "each replicate draws step-time factors from the cost model's measured error"
 
 
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm", pp=1):
@@ -72,13 +75,10 @@ def replay(
                                       help="SLO as vllm bench writes it: ttft:MS tpot:MS e2el:MS"),
     frontend: bool = typer.Option(False, "--frontend/--no-frontend",
                                   help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
-    replicates: int = typer.Option(1, "--replicates", rich_help_panel="replicates",
-                                   help="rerun over N seeds and cost-model draws; intervals per metric (docs/UNCERTAINTY.md)"),
-    workers: int = typer.Option(None, "--workers", rich_help_panel="replicates",
-                                help="replicates run in parallel (default: CPU cores)"),
-    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model",
-                                            rich_help_panel="replicates",
-                                            help="each replicate draws step-time factors from the cost model's measured error"),
+    replicates: int = typer.Option(1, "--replicates", help=REPLICATES_HELP, rich_help_panel="replicates"),
+    workers: int = typer.Option(None, "--workers", help=WORKERS_HELP, rich_help_panel="replicates"),
+    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model", help=PERTURB_HELP,
+                                            rich_help_panel="replicates"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.running import run
@@ -95,13 +95,11 @@ def replay(
     _check_choice(executor, "--executor", ("sim", "gpu"), "executor")
     _check_choice(clock, "--clock", ("model", "measured"), "clock")
     _check_choice(sampling, "--sampling", ("source", "greedy"), "sampling")
-    if replicates != 1:
+    if replicates != 1:  # a generated workload is reseeded per replicate; a trace is the same in each
         from servesim.commands.replicate_runs import replay_replicates
-
-        regenerate = (lambda r: _workload(trace, fmt, max_requests, rate_scale, r.seed, dataset_name, bench)) \
-            if dataset_name is not None else (lambda r: wl)  # a generated workload is reseeded; a trace is fixed
-        return replay_replicates(cfg, regenerate, replicates, out, overwrite=overwrite, workers=workers, perturb=perturb_cost_model,
-                                 refused=dict(step_trace=step_trace, executor=executor != "sim"))
+        return replay_replicates(cfg, lambda r: wl if dataset_name is None else _workload(
+            trace, fmt, max_requests, rate_scale, r.seed, dataset_name, bench), replicates, out, overwrite=overwrite,
+            workers=workers, perturb=perturb_cost_model, refused=dict(step_trace=step_trace, executor=executor != "sim"))
     err = make_console(stderr=True)
     cfg, exe = _gpu_executor(cfg, device, clock, sampling, err) if executor == "gpu" else (cfg, None)
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "

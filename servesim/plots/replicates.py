@@ -20,7 +20,7 @@ QUANTILE_GRID = np.linspace(0.0, 1.0, 201)
 
 
 def replicate_requests(folder: Path) -> list[pd.DataFrame]:
-    from servesim.replicates import REPLICATES_DIR
+    from servesim.replicate_summary import REPLICATES_DIR
 
     return [pd.read_parquet(sub / "requests.parquet") for sub in sorted((folder / REPLICATES_DIR).iterdir())
             if (sub / "requests.parquet").is_file()]
@@ -79,8 +79,12 @@ def plot_replicates(folder: str | Path, out: str | Path) -> tuple[list[Path], Pa
     """PNGs and report.html for a replicates folder."""
     import json
 
-    from servesim.plots import _save
     from servesim.plots.report import run_table, write_report
+
+    def _save(fig, path: Path) -> Path:  # as servesim.plots._save (importing the package would be a cycle)
+        style.save(fig, path)
+        fig.clear()
+        return path
 
     folder, out = Path(folder), Path(out)
     summary = json.loads((folder / "summary.json").read_text())
