@@ -143,10 +143,10 @@ def write_compare_report(cmp: Comparison, out: Path, overwrite: bool = False) ->
         head = "<tr><th></th>" + "".join(f"<th>{html.escape(n)}</th>" for n in cmp.names) + "</tr>"
         rows = [f"<tr><td>{html.escape(k)}</td>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in vals) + "</tr>"
                 for k, vals in cmp.settings.items()]
-        for label, unit, digits, vals in cmp.metrics:
+        for (label, unit, digits, vals), noise in zip(cmp.metrics, cmp.noise):
             cells = [f"{vals[0]:,.{digits}f}" if vals[0] is not None else "–"]
-            cells += [f"{v:,.{digits}f}<br><small>{delta_text(v, vals[0], digits)}</small>" if v is not None else "–"
-                      for v in vals[1:]]
+            cells += [f"{v:,.{digits}f}<br><small>{delta_text(v, vals[0], digits)}{f' ({n})' if n else ''}</small>"
+                      if v is not None else "–" for v, n in zip(vals[1:], noise)]
             rows.append(f"<tr><td>{html.escape(label)}{f' ({unit})' if unit else ''}</td>"
                         + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         table = f"<table>{head}{''.join(rows)}</table>"
