@@ -28,6 +28,25 @@ INTERVAL_METHOD = (f"over the replicates, each one i.i.d. draw: mean; {CI_LEVEL:
                    "run (pi_low, pi_high: mean -/+ t * sd * sqrt(1 + 1/n)); servesim/intervals.py")
 
 
+MAX_REPLICATES = 1000
+
+
+def replicate_setting(value: Any, field: str) -> tuple[int, bool]:
+    """(number of replicates, perturb the cost model) from a YAML `replicates:` value: N, or
+    {num_replicates: N, perturb_cost_model: BOOL} (how a replicates folder's config.yaml writes it)."""
+    from servesim.traces.errors import InputError
+
+    allowed = f"an integer from 1 to {MAX_REPLICATES}, or {{num_replicates: N, perturb_cost_model: true|false}}"
+    num, perturb = value, True
+    if isinstance(value, dict):
+        if not value or set(value) - {"num_replicates", "perturb_cost_model"}:
+            raise InputError(f"got keys {sorted(value)}", field=field, allowed=allowed)
+        num, perturb = value.get("num_replicates", 1), value.get("perturb_cost_model", True)
+    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= MAX_REPLICATES or not isinstance(perturb, bool):
+        raise InputError(f"got {value!r:.80}", field=field, allowed=allowed)
+    return num, perturb
+
+
 def describe_variation(cfg, *, generated: bool, cluster: bool, perturbation) -> dict:
     """What differs between the replicates of a run on SimConfig ``cfg``, and what does not: said in
     the summary rather than implied (a fixed trace gives no arrival noise)."""

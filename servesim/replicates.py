@@ -38,10 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from servesim.replicate_summary import REPLICATES_DIR, describe_variation
+from servesim.replicate_summary import MAX_REPLICATES, REPLICATES_DIR, describe_variation
 from servesim.traces.errors import InputError
 
-MAX_REPLICATES = 1000
 
 
 def check_replicates(n: Any, flag: str = "--replicates") -> int:
@@ -188,9 +187,16 @@ def run_replay_replicates(cfg, workload_for: Callable[[Replicate], Any], n: int,
         return [ReplayJob(perturbed_config(cfg, r.seed, r.factors), w, str(root / r.name))
                 for r, w in zip(reps, workloads)]
 
-    from servesim.simulator.config import to_dict
+    def base(root: Path) -> dict:
+        """Replicate 0's config.yaml as written (the KV pool resolved, the workload section) with the
+        base seed and the unperturbed cost model."""
+        import yaml
 
-    base = {**to_dict(cfg), "workload": workloads[0].spec if workloads[0].spec is not None else {"name": workloads[0].name}}
+        from servesim.simulator.config import to_dict
+
+        first = yaml.safe_load((root / reps[0].name / "config.yaml").read_text())
+        return {**first, "seed": cfg.seed, "cost_model": to_dict(cfg.cost_model)}
+
     return write_replicate_folder(out_dir, reps, jobs, variation, base, workers=workers, overwrite=overwrite, done=done)
 
 
@@ -244,18 +250,21 @@ def run_cluster_replicates(cfg, workload_for: Callable[[Replicate], Any], meta: 
 
     from servesim.simulator.cluster.config import cluster_config_to_dict
 
-    base = {**cluster_config_to_dict(cfg), "workload": meta}
+    def base(root: Path) -> dict:
+        return {**cluster_config_to_dict(cfg), "workload": meta}
+
     return write_replicate_folder(out_dir, reps, jobs, variation, base, workers=workers, overwrite=overwrite, done=done)
 
 
 # --- the folder ---------------------------------------------------------------------------------------
 
 def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path], list], variation: dict,
-                           base_config: dict, *, workers: int | None, overwrite: bool, done=None) -> dict:
+                           base_config: Callable[[Path], dict], *, workers: int | None, overwrite: bool,
+                           done=None) -> dict:
     """Run the jobs into a staging folder's replicates/ and publish it as out_dir (marker
     "replicates") when all are done: a killed run leaves no half folder. config.yaml: the settings
-    the replicates share (``base_config``: base seed, unperturbed cost model) with a `replicates:`
-    section; `compare` reads it like a run's."""
+    the replicates share (``base_config(replicates root)``: base seed, unperturbed cost model) with a
+    `replicates:` key, so it reruns them all; `compare` reads it like a run's."""
     import yaml
 
     from servesim.replicate_summary import combine, replicates_csv
@@ -268,8 +277,9 @@ def write_replicate_folder(out_dir: str | Path, reps, jobs_for: Callable[[Path],
         summary = combine(summaries, reps, variation)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         (tmp / "replicates.csv").write_text(replicates_csv(summaries, reps))
-        config = {**base_config, "replicates": {"num_replicates": len(reps),
-                                                "perturb_cost_model": reps[0].factors is not None}}
+        perturbed = reps[0].factors is not None  # written the way `replicates:` reads back (replicate_setting)
+        config = {**base_config(root), "replicates": len(reps) if perturbed else {
+            "num_replicates": len(reps), "perturb_cost_model": False}}
         (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return summary
 

@@ -61,8 +61,9 @@ def cluster_command(
     replicates: int = typer.Option(None, "--replicates", help="rerun over N seeds and cost-model draws "
                                                               "(default: the config's replicates:, else 1; docs/UNCERTAINTY.md)"),
     workers: int = typer.Option(None, "--workers", help="replicates run in parallel (default: CPU cores)"),
-    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model",
-                                            help="each replicate draws step-time factors from the cost model's error"),
+    perturb_cost_model: bool = typer.Option(None, "--perturb-cost-model/--no-perturb-cost-model",
+                                            help="each replicate draws step-time factors from the cost model's error "
+                                                 "(default: the config's, else on)"),
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
     from servesim.cli import freeze_startup_objects, on_interrupt
@@ -72,10 +73,11 @@ def cluster_command(
 
     check_output(out, overwrite=overwrite)  # before any work: a refused --out costs nothing
     data, wl_spec = load_cluster_yaml(config)
-    from servesim.replicates import check_replicates
+    from servesim.replicate_summary import replicate_setting
 
-    in_file = data.pop("replicates", 1)
-    replicates = check_replicates(in_file, f"replicates ({config})") if replicates is None else replicates  # the flag wins
+    in_file, perturb_in_file = replicate_setting(data.pop("replicates", 1), f"replicates ({config})")
+    replicates = in_file if replicates is None else replicates  # the flags win over the file
+    perturb_cost_model = perturb_cost_model if perturb_cost_model is not None else perturb_in_file
     cfg = cluster_config_from_dict(data, str(config))
     for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
         if value is not None:

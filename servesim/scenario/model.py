@@ -113,15 +113,12 @@ def load_scenario(src: str | Path | dict, sets: list[str] | dict | None = None, 
 
 def _replicates(value: Any, marks: Marks) -> tuple[int, bool]:
     """`replicates: N` or `replicates: {num_replicates: N, perturb_cost_model: BOOL}`."""
-    allowed = "an integer from 1 to 1000, or {num_replicates: N, perturb_cost_model: true|false}"
-    num, perturb = value, True
-    if isinstance(value, dict):
-        if set(value) - {"num_replicates", "perturb_cost_model"}:
-            raise marks.error(f"got {sorted(value)}", ("replicates",), allowed=allowed)
-        num, perturb = value.get("num_replicates", 1), value.get("perturb_cost_model", True)
-    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= 1000 or not isinstance(perturb, bool):
-        raise marks.error(f"got {value!r}", ("replicates",), allowed=allowed)
-    return num, perturb
+    from servesim.replicate_summary import replicate_setting
+
+    try:
+        return replicate_setting(value, "replicates")
+    except InputError as exc:
+        raise marks.error(exc.detail, ("replicates",), allowed=exc.allowed) from None
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=,-]{0,99}")
