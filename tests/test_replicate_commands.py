@@ -50,14 +50,14 @@ def test_replay_replicates_prints_and_writes_intervals(tmp_path):
 def test_a_replicate_reruns_alone_from_its_config(tmp_path):
     """Any replicate's folder holds what reproduces it: its config.yaml (seed, factors) reruns to the
     same requests."""
-    r = CliRunner().invoke(app, ["replay", "--max-requests", "20", "--replicates", "3", "--workers", "1",
+    r = CliRunner().invoke(app, ["replay", "--max-requests", "8", "--replicates", "2", "--workers", "1",
                                  "--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
-    rerun = CliRunner().invoke(app, ["run", str(tmp_path / "a" / "replicates" / "r02" / "config.yaml"),
+    rerun = CliRunner().invoke(app, ["run", str(tmp_path / "a" / "replicates" / "r01" / "config.yaml"),
                                      "--out", str(tmp_path / "again"), "--workers", "1"])
     assert rerun.exit_code == 0, rerun.output
     variant = next((tmp_path / "again" / "variants").iterdir())
-    a = pd.read_parquet(tmp_path / "a" / "replicates" / "r02" / "requests.parquet")
+    a = pd.read_parquet(tmp_path / "a" / "replicates" / "r01" / "requests.parquet")
     b = pd.read_parquet(variant / "requests.parquet")
     pd.testing.assert_frame_equal(a, b)
     # and the folder's own config.yaml reruns every replicate (a scenario with `replicates:`)
