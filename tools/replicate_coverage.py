@@ -92,10 +92,21 @@ def _cached(kind: str, shared: str, run_id: str, k: int, n: int) -> dict:
     return out
 
 
+def family(key: str) -> str:
+    """TTFT, TPOT/ITL, E2E or queueing, from a check's key ("stage_0.ttft_mean", "tpot.p90")."""
+    name = key.rsplit(".", 1)[-1] if key.startswith(("stage_", "summary")) else key.split(".")[0]
+    for fam, prefixes in (("TTFT", ("ttft",)), ("TPOT / ITL", ("tpot", "itl")), ("E2E", ("e2e",)),
+                          ("queueing", ("queueing",))):
+        if name.startswith(prefixes):
+            return fam
+    return "other"
+
+
 def coverage(results: dict[str, list[dict]]) -> tuple[list[dict], int, int]:
     from servesim.intervals import interval
 
     rows, hits, total = [], 0, 0
+    by_family: dict[str, list[int]] = {}
     for run_id, reps in results.items():
         inside = checks = 0
         errs = []
@@ -105,13 +116,17 @@ def coverage(results: dict[str, list[dict]]) -> tuple[list[dict], int, int]:
             if measured is None or any(v is None for v in sims) or not measured:
                 continue
             iv = interval(sims)
-            inside += iv.pi_low <= measured <= iv.pi_high
+            hit = iv.pi_low <= measured <= iv.pi_high
+            inside += hit
             checks += 1
+            fam = by_family.setdefault(family(key), [0, 0])
+            fam[0], fam[1] = fam[0] + hit, fam[1] + 1
             errs.append((iv.mean / measured - 1, (iv.pi_high - iv.pi_low) / 2 / measured))
         rows.append({"run": reps[0]["run"], "cost_model": reps[0]["cost_model"], "inside": inside, "checks": checks,
                      "median_abs_error": sorted(abs(e) for e, _ in errs)[len(errs) // 2] if errs else None,
                      "median_half_width": sorted(w for _, w in errs)[len(errs) // 2] if errs else None})
         hits, total = hits + inside, total + checks
+    rows.append({"by_family": by_family})
     return rows, hits, total
 
 
@@ -144,9 +159,13 @@ def main() -> int:
     rows, hits, total = coverage(results)
     print(f"\n| run | cost model | measured inside the 90 % interval | median abs. error of the mean | "
           f"median half-width |\n|---|---|---:|---:|---:|")
+    families = rows.pop()["by_family"]
     for r in rows:
         print(f"| {r['run']} | {r['cost_model']} | {r['inside']}/{r['checks']} | {100 * r['median_abs_error']:.1f} % | "
               f"{100 * r['median_half_width']:.1f} % |")
+    print("\n| metric | inside / checks |\n|---|---:|")
+    for fam, (inside, checks) in sorted(families.items()):
+        print(f"| {fam} | {inside}/{checks} ({100 * inside / checks:.0f} %) |")
     print(f"\ncoverage: {hits}/{total} = {100 * hits / max(total, 1):.0f} % of the checks ({n} replicates per run)")
     return 0
 
