@@ -19,15 +19,16 @@ into its config.yaml.
       summary.json            every numeric figure as the mean over the replicates, plus a
                               `replicates` section: seeds, what varies, and per metric the mean,
                               sd, 95 % CI of the mean and 90 % prediction interval (intervals.py)
-      replicates.csv          one row per replicate: seed, cost-model factors, headline metrics
+      config.yaml             replicate 0's settings with the base seed and cost model, and replicates: N
+      replicates.csv          one row per replicate: seed, cost-model factors, every interval metric
       replicates/r00 ... rNN  each replicate's own result folder (a replay or cluster result)
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import dataclasses
+import json
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -40,7 +41,6 @@ import numpy as np
 
 from servesim.replicate_summary import MAX_REPLICATES, REPLICATES_DIR, describe_variation
 from servesim.traces.errors import InputError
-
 
 
 def check_replicates(n: Any, flag: str = "--replicates") -> int:
