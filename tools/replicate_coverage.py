@@ -1,6 +1,6 @@
 """Coverage of the replicates' 90 % prediction interval on the real runs (docs/FIDELITY.md, "Coverage").
 
-    PYTHONPATH=. python tools/replicate_coverage.py [--replicates 4] [--workers 2] [--only 60 61] [--report-only]
+    PYTHONPATH=. python tools/replicate_coverage.py [--replicates 4] [--workers 2] [--only 60 61] [--report-only] [--doc]
 
 Each real run is validated as `servesim validate` does (the same config, cost model and workload),
 once per replicate: replicate k gets the seed and the cost-model factors servesim/replicates.py gives
@@ -130,6 +130,22 @@ def coverage(results: dict[str, list[dict]]) -> tuple[list[dict], int, int]:
     return rows, hits, total
 
 
+START, END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"
+
+
+def render(rows: list[dict], hits: int, total: int, n: int) -> str:
+    families = rows.pop()["by_family"]
+    lines = ["| run | cost model | measured inside the 90 % interval | median abs. error of the mean | "
+             "median half-width |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {r['run']} | {r['cost_model']} | {r['inside']}/{r['checks']} | {100 * r['median_abs_error']:.1f} % | "
+              f"{100 * r['median_half_width']:.1f} % |" for r in rows]
+    lines += ["", "| metric | inside / checks |", "|---|---:|"]
+    lines += [f"| {fam} | {inside}/{checks} ({100 * inside / checks:.0f} %) |"
+              for fam, (inside, checks) in sorted(families.items())]
+    lines += ["", f"All checks: {hits}/{total} = {100 * hits / max(total, 1):.0f} % inside ({n} replicates per run)."]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"))
@@ -137,6 +153,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--report-only", action="store_true", help="only the runs whose replicates are all cached")
+    ap.add_argument("--doc", action="store_true", help="write the tables into docs/FIDELITY.md (between its markers)")
     args = ap.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     from servesim.simulator.validation.blis import load_experiments
@@ -157,16 +174,14 @@ def main() -> int:
             results.setdefault(run_id, []).append(fut.result())
             print(f"  {run_id} r{k} done", flush=True)
     rows, hits, total = coverage(results)
-    print(f"\n| run | cost model | measured inside the 90 % interval | median abs. error of the mean | "
-          f"median half-width |\n|---|---|---:|---:|---:|")
-    families = rows.pop()["by_family"]
-    for r in rows:
-        print(f"| {r['run']} | {r['cost_model']} | {r['inside']}/{r['checks']} | {100 * r['median_abs_error']:.1f} % | "
-              f"{100 * r['median_half_width']:.1f} % |")
-    print("\n| metric | inside / checks |\n|---|---:|")
-    for fam, (inside, checks) in sorted(families.items()):
-        print(f"| {fam} | {inside}/{checks} ({100 * inside / checks:.0f} %) |")
-    print(f"\ncoverage: {hits}/{total} = {100 * hits / max(total, 1):.0f} % of the checks ({n} replicates per run)")
+    text = render(rows, hits, total, n)
+    print("\n" + text)
+    if args.doc:
+        doc = ROOT / "docs" / "FIDELITY.md"
+        body = doc.read_text()
+        i, j = body.index(START) + len(START), body.index(END)
+        doc.write_text(body[:i] + "\n" + text + "\n" + body[j:])
+        print(f"wrote the tables into {doc}")
     return 0
 
 
