@@ -21,12 +21,15 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
            dataset_path: str | Path | None = None, num_prompts: int | None = None, request_rate: float | None = None,
            burstiness: float | None = None, max_concurrency: int | None = None, goodput: list[str] | None = None,
            frontend: bool = False, options: dict | None = None, out_dir: str | Path | None = None,
-           overwrite: bool = False, **overrides) -> Results:
+           overwrite: bool = False, replicates: int = 1, workers: int | None = None,
+           perturb_cost_model: bool = True, **overrides) -> Results:
     """`servesim replay` in Python: the same options (vllm bench's as keyword arguments, e.g.
     dataset_name="random", request_rate=8, max_concurrency=16, goodput=["ttft:500"]) with the same
     validation; other config fields as dotted keys with "__" for ".": scheduler__max_num_seqs=64.
     The `--random-*` lengths are options of dataset_name="random": random_input_len=..., etc.;
-    `options` are the trace format loader's (--trace-option), e.g. {"start_s": 36000} for ServeGen."""
+    `options` are the trace format loader's (--trace-option), e.g. {"start_s": 36000} for ServeGen.
+    replicates > 1 (needs out_dir): docs/UNCERTAINTY.md; the summary holds the means and intervals,
+    the frames every replicate's rows with a `replicate` column."""
     from servesim.bench_traffic import RANDOM_FLAGS, BenchFlags, workload_from_flags
     from servesim.replay_config import build_config, client_switches
     from servesim.running import _check_arg, _is_int
@@ -46,8 +49,18 @@ def replay(trace: str | Path | None = None, *, model: str = "llama-3.1-8b", gpu:
     flags = BenchFlags(dataset_name, None if dataset_path is None else Path(dataset_path), num_prompts,
                        request_rate, burstiness, max_concurrency, random=random)
     _check_arg(options, options is None or isinstance(options, dict), "options", "a dict of loader options, or None")
-    wl = workload_from_flags(flags, None if trace is None else Path(trace), fmt, seed, max_requests, rate_scale,
-                             options)
+    source = None if trace is None else Path(trace)
+    wl = workload_from_flags(flags, source, fmt, seed, max_requests, rate_scale, options)
+    if replicates != 1:
+        from servesim.replicates import check_replicates, load_replicates, run_replay_replicates
+
+        check_replicates(replicates, "replicates")
+        _check_arg(out_dir, out_dir is not None, "out_dir", "a folder for the replicates' results")
+        fixed = dataset_name is None and request_rate is None  # else drawn again from each replicate's seed
+        run_replay_replicates(cfg, lambda rep: wl if fixed else workload_from_flags(
+            flags, source, fmt, rep.seed, max_requests, rate_scale, options), replicates, out_dir,
+            perturb=perturb_cost_model, workers=workers, overwrite=overwrite)
+        return load_replicates(out_dir)
     return run(cfg, wl, out_dir=out_dir, overwrite=overwrite)
 
 
@@ -104,10 +117,13 @@ def run_scenario(scenario, *, out_dir: str | Path | None = None, smoke: bool = F
 
 
 def load_results(folder: str | Path) -> Results:
-    """A finished run's folder (servesim replay --out, or one sweep variant) as Results."""
+    """A finished run's folder (servesim replay --out, or one sweep variant) as Results; a replicates
+    folder stacks its replicates' frames (a `replicate` column)."""
+    from servesim.replicate_summary import is_replicates
+    from servesim.replicates import load_replicates
     from servesim.scenario.results import load_results as _load
 
-    return _load(folder)
+    return load_replicates(folder) if is_replicates(folder) else _load(folder)
 
 
 def load_sweep(folder: str | Path):

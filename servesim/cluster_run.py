@@ -70,54 +70,89 @@ def load_cluster_workload(spec: dict, trace: str | None = None, base_dir: Path |
     return load_plan_workload(spec, trace, base_dir=base_dir)
 
 
-def load_cluster_run(config, trace=None, fmt: str | None = None, max_requests: int | None = None,
-                     rate_scale: float | None = None, smoke: bool = False):
-    """The cluster file's ClusterConfig and its workload (TRACE and the flags override the file's)."""
+def _cluster_file(config, fmt: str | None, max_requests: int | None, rate_scale: float | None):
+    """(config path, ClusterConfig, workload spec with the flags applied, (replicates, perturb) the
+    file's `replicates:` key asks for)."""
+    from servesim.replicate_summary import replicate_setting
     from servesim.simulator.cluster import cluster_config_from_dict
 
     config = _path(config, "config")
     _check_limits(max_requests, rate_scale)
     data, wl_spec = load_cluster_yaml(config)
+    setting = replicate_setting(data.pop("replicates", 1), f"replicates ({config})")
     cfg = cluster_config_from_dict(data, str(config))
     for key, value in (("format", fmt), ("max_requests", max_requests), ("rate_scale", rate_scale)):
         if value is not None:
             wl_spec[key] = value
+    return config, cfg, wl_spec, setting
+
+
+def load_cluster_run(config, trace=None, fmt: str | None = None, max_requests: int | None = None,
+                     rate_scale: float | None = None, smoke: bool = False):
+    """The cluster file's ClusterConfig and its workload (TRACE and the flags override the file's)."""
+    config, cfg, wl_spec, _ = _cluster_file(config, fmt, max_requests, rate_scale)
     return cfg, load_cluster_workload(wl_spec, None if trace is None else str(trace), base_dir=config.parent,
                                       smoke=smoke)
 
 
 def run_cluster_file(config, trace=None, *, fmt: str | None = None, max_requests: int | None = None,
                      rate_scale: float | None = None, out_dir=None, overwrite: bool = False, smoke: bool = False,
-                     announce: Callable[[str], None] | None = None):
-    """Simulate the cluster file (and write the result folder when out_dir is given): (results, workload)."""
+                     announce: Callable[[str], None] | None = None, replicates: int | None = None,
+                     workers: int | None = None, perturb_cost_model: bool | None = None):
+    """Simulate the cluster file (and write the result folder when out_dir is given): (results, workload).
+    replicates (default: the file's `replicates:`, else 1) > 1 writes the replicates folder
+    (docs/UNCERTAINTY.md; needs out_dir) and returns (None, workload)."""
     from servesim.identity import run_identity
     from servesim.simulator.cluster import run_cluster, write_cluster_results
     from servesim.simulator.outdir import check_output, claim_output
 
     if out_dir is not None:
         check_output(out_dir, overwrite=overwrite)  # before any work: a refused folder costs nothing
-    cfg, wl = load_cluster_run(config, trace, fmt, max_requests, rate_scale, smoke)
+    path, cfg, wl_spec, (in_file, perturb_in_file) = _cluster_file(config, fmt, max_requests, rate_scale)
+    trace_s = None if trace is None else str(trace)
+    wl = load_cluster_workload(wl_spec, trace_s, base_dir=path.parent, smoke=smoke)
     if announce is not None:
         announce(f"cluster: {cfg.num_replicas} replica(s), {cfg.num_gpus} GPU(s), router {cfg.router.name}"
                  f"{', P/D' if cfg.pd else ''}; {len(wl.requests)} requests")
+    meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests), "attribution": wl.attribution}
+    replicates = in_file if replicates is None else replicates  # the flags win over the file
+    if replicates != 1:
+        from servesim.commands.replicate_runs import cluster_replicates
+        from servesim.replicates import replicate_seed
+
+        if out_dir is None:
+            raise InputError("replicates need a result folder", field="out_dir", allowed="a folder path")
+        regenerate = (lambda r: load_cluster_workload({**wl_spec, "seed": replicate_seed(wl_spec.get("seed") or 0, r.index)},
+                                                      trace_s, path.parent, smoke)) \
+            if "generator" in wl_spec and trace is None else (lambda r: wl)  # a generator is reseeded; a trace is fixed
+        cluster_replicates(cfg, regenerate, meta, replicates, Path(out_dir), overwrite=overwrite, workers=workers,
+                           perturb=perturb_in_file if perturb_cost_model is None else perturb_cost_model)
+        return None, wl
     if out_dir is None:
         return run_cluster(cfg, wl), wl
     with claim_output(out_dir, overwrite=overwrite) as out:  # out: ~ expanded
         res = run_cluster(cfg, wl)
-        meta = {"name": wl.name, "source": str(wl.source), "num_requests": len(wl.requests),
-                "attribution": wl.attribution}
         inputs = [str(config)] + ([str(trace)] if trace is not None else [])
         write_cluster_results(out, res, meta, overwrite=overwrite, identity=run_identity(cfg.seed, inputs))
     return res, wl
 
 
-def load_plan_run(config, trace=None, max_requests: int | None = None, rate_scale: float | None = None):
-    """The plan file's PlanConfig and its workload (TRACE and the flags override the file's)."""
-    from servesim.simulator.cluster.plan import PlanConfig, load_plan_workload
+def load_plan_run(config, trace=None, max_requests: int | None = None, rate_scale: float | None = None,
+                  replicates: int | None = None, probability: float | None = None):
+    """The plan file's PlanConfig and its workload (TRACE and the flags override the file's; so do
+    replicates and probability its search.replicates / search.probability, checked the same way)."""
+    from servesim.simulator.cluster.plan import PlanConfig, load_plan_workload, plan_config_from_dict
 
     config = _path(config, "config")
     _check_limits(max_requests, rate_scale)
     plan = PlanConfig.from_yaml(config)
+    if replicates is not None or probability is not None:
+        from servesim.simulator.yaml_input import safe_load_bounded
+
+        data = safe_load_bounded(config.read_text(), str(config))  # the same checks as the file's own keys
+        space = {**(data.get("search") or {}), **({"replicates": replicates} if replicates is not None else {}),
+                 **({"probability": probability} if probability is not None else {})}
+        plan = plan_config_from_dict({**data, "search": space}, str(config))
     spec = dict(plan.workload)
     if max_requests is not None:
         spec["max_requests"] = max_requests
@@ -128,7 +163,8 @@ def load_plan_run(config, trace=None, max_requests: int | None = None, rate_scal
 
 def run_plan_file(config, trace=None, *, max_requests: int | None = None, rate_scale: float | None = None,
                   out_dir=None, overwrite: bool = False, progress: Callable[[dict], None] | None = None,
-                  announce: Callable[[str], None] | None = None):
+                  announce: Callable[[str], None] | None = None, replicates: int | None = None,
+                  probability: float | None = None, workers: int | None = None, perturb_cost_model: bool = True):
     """Search the plan file's deployments: the plan table (a DataFrame); with out_dir, plan.csv and
     frontier.png there. A plan with an `autoscale:` section also searches autoscaled fleets
     (simulator/cluster/plan_autoscale.py): their table is the result's attrs["autoscaled"] (and
@@ -140,11 +176,17 @@ def run_plan_file(config, trace=None, *, max_requests: int | None = None, rate_s
 
     if out_dir is not None:
         check_output(out_dir, overwrite=overwrite)
-    plan, wl = load_plan_run(config, trace, max_requests, rate_scale)
+    from servesim.replicate_plan import plan_evaluator
+
+    plan, wl = load_plan_run(config, trace, max_requests, rate_scale, replicates, probability)
     auto_search = autoscale_search(plan, str(config))  # checked before any run
+    reps = plan.search.replicates
     if announce is not None:
         announce(f"plan: {len(plan.search.shapes())} shape(s), {len(wl.requests)} requests, goodput threshold "
-                 f"{plan.search.goodput_threshold:.0%}")
+                 f"{plan.search.goodput_threshold:.0%}" + (f"; {reps} replicates per candidate, meeting the SLO in "
+                                                           f"at least {plan.search.probability:.0%} of them"
+                                                           if reps > 1 else ""))
+    evaluator = plan_evaluator(plan, perturb=perturb_cost_model, workers=workers)
 
     def autoscaled():
         return search_autoscaled(plan, auto_search, wl, lambda r: announce and announce(
@@ -153,12 +195,12 @@ def run_plan_file(config, trace=None, *, max_requests: int | None = None, rate_s
                f"goodput {r['goodput_fraction']:.1%}, ${r['usd_per_day']:,.0f}/day ({r['wall_s']:.1f} s)")))
 
     if out_dir is None:
-        df = search(plan, wl, progress)
+        df = search(plan, wl, progress, evaluator)
         if auto_search is not None:
             df.attrs["autoscaled"] = autoscaled()
         return df
     with staged_output(out_dir, "plan", overwrite=overwrite) as tmp:
-        df = search(plan, wl, progress)
+        df = search(plan, wl, progress, evaluator)
         df.to_csv(tmp / "plan.csv", index=False)
         plot_frontier(df, plan.search.goodput_threshold, tmp / "frontier.png", cost_label(plan))
         if auto_search is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -38,6 +38,9 @@ class Comparison:
     summaries: list[dict]
     settings: dict[str, list]
     metrics: list[tuple[str, str, int, list[float | None]]]
+    # Per metric row, per run after the first: whether it differs from the baseline beyond noise
+    # ("beyond noise" / "within noise"), or None when either is a single run (replicate_summary.py).
+    noise: list[list[str | None]] = field(default_factory=list)
 
 
 def compare_runs(folders: list[str | Path]) -> Comparison:
@@ -59,12 +62,30 @@ def compare_runs(folders: list[str | Path]) -> Comparison:
     flat = [_flatten(c or {}) for c in configs]
     keys = sorted(set().union(*flat))
     settings = {k: [f.get(k) for f in flat] for k in keys if len({json.dumps(f.get(k), default=str) for f in flat}) > 1}
-    metrics = []
+    metrics, noise = [], []
     for key, label, scale, unit, digits in METRICS:
         values = [_get(s, key) for s in summaries]
         if any(v is not None for v in values):
             metrics.append((label, unit, digits, [None if v is None else v * scale for v in values]))
-    return Comparison(paths, names, summaries, settings, metrics)
+            noise.append(noise_verdicts(paths, key))
+    return Comparison(paths, names, summaries, settings, metrics, noise)
+
+
+def noise_verdicts(paths: list[Path], key: str) -> list[str | None]:
+    """Each run after the first against the first on metric ``key``: Welch's test over their
+    replicates (servesim/intervals.py), None where either is a single run."""
+    from servesim.intervals import differ
+    from servesim.replicate_summary import replicate_values
+
+    base = replicate_values(paths[0], key)
+    out: list[str | None] = []
+    for p in paths[1:]:
+        other = replicate_values(p, key)
+        if base is None or other is None or len(base) < 2 or len(other) < 2:
+            out.append(None)
+        else:
+            out.append("beyond noise" if differ(base, other).beyond_noise else "within noise")
+    return out
 
 
 def _names(paths: list[Path]) -> list[str]:
@@ -122,10 +143,10 @@ def write_compare_report(cmp: Comparison, out: Path, overwrite: bool = False) ->
         head = "<tr><th></th>" + "".join(f"<th>{html.escape(n)}</th>" for n in cmp.names) + "</tr>"
         rows = [f"<tr><td>{html.escape(k)}</td>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in vals) + "</tr>"
                 for k, vals in cmp.settings.items()]
-        for label, unit, digits, vals in cmp.metrics:
+        for (label, unit, digits, vals), noise in zip(cmp.metrics, cmp.noise):
             cells = [f"{vals[0]:,.{digits}f}" if vals[0] is not None else "–"]
-            cells += [f"{v:,.{digits}f}<br><small>{delta_text(v, vals[0], digits)}</small>" if v is not None else "–"
-                      for v in vals[1:]]
+            cells += [f"{v:,.{digits}f}<br><small>{delta_text(v, vals[0], digits)}{f' ({n})' if n else ''}</small>"
+                      if v is not None else "–" for v, n in zip(vals[1:], noise)]
             rows.append(f"<tr><td>{html.escape(label)}{f' ({unit})' if unit else ''}</td>"
                         + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         table = f"<table>{head}{''.join(rows)}</table>"

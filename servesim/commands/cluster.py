@@ -22,6 +22,12 @@ def cluster_command(
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite",
                                    help="replace an earlier servesim result in --out"),
     smoke: bool = typer.Option(False, "--smoke", help="a few requests only (CI, quick looks; numbers not meaningful)"),
+    replicates: int = typer.Option(None, "--replicates", help="rerun over N seeds and cost-model draws "
+                                                              "(default: the config's replicates:, else 1; docs/UNCERTAINTY.md)"),
+    workers: int = typer.Option(None, "--workers", help="replicates run in parallel (default: CPU cores)"),
+    perturb_cost_model: bool = typer.Option(None, "--perturb-cost-model/--no-perturb-cost-model",
+                                            help="each replicate draws step-time factors from the cost model's error "
+                                                 "(default: the config's, else on)"),
 ) -> None:
     """Replay a trace on N replicas behind a router (or P/D-disaggregated) and summarise it."""
     from servesim.cli import freeze_startup_objects, on_interrupt
@@ -33,7 +39,10 @@ def cluster_command(
                  "run the same command again to start over", unless_published=out)
     freeze_startup_objects()
     res, wl = run_cluster_file(config, trace, fmt=fmt, max_requests=max_requests, rate_scale=rate_scale,
-                               out_dir=out, overwrite=overwrite, smoke=smoke, announce=err.print)
+                               out_dir=out, overwrite=overwrite, smoke=smoke, announce=err.print,
+                               replicates=replicates, workers=workers, perturb_cost_model=perturb_cost_model)
+    if res is None:  # replicates: their intervals are printed
+        return
     console = make_console()
     print_cluster_summary(console, res.summary, wl.name)
     print_replicas(console, res)

@@ -38,10 +38,15 @@ def compare_command(
     t = Table(title=f"metrics (change against {cmp.names[0]})")
     for col in ("metric", *cmp.names):
         t.add_column(col, justify="left" if col == "metric" else "right")
-    for label, unit, digits, values in cmp.metrics:
+    for (label, unit, digits, values), noise in zip(cmp.metrics, cmp.noise):
         cells = ["–" if values[0] is None else f"{values[0]:,.{digits}f}"]
-        cells += ["–" if v is None else f"{v:,.{digits}f} {delta_text(v, values[0], digits)}" for v in values[1:]]
+        cells += ["–" if v is None else f"{v:,.{digits}f} {delta_text(v, values[0], digits)}"
+                  + (f" [{'bold' if n == 'beyond noise' else 'dim'}]{n}[/]" if n else "")
+                  for v, n in zip(values[1:], noise)]
         t.add_row(f"{label} ({unit})" if unit else label, *cells)
     console.print(t)
+    if any(n for row in cmp.noise for n in row):
+        console.print("beyond noise: Welch's t-test over the replicates at 5 % (servesim/intervals.py); "
+                      "replicate folders show their means")
     if out is not None:
         console.print(f"report: {write_compare_report(cmp, out, overwrite)}")

@@ -33,6 +33,9 @@ HELP = {
     "label": "the result's label (file name prefix; default the backend, servesim)",
     "metadata": "with --save-result: KEY=VALUE pairs written into the result",
 }
+REPLICATES_HELP = "rerun over N derived seeds and cost-model draws; intervals per metric (docs/UNCERTAINTY.md)"
+WORKERS_HELP = "replicates run in parallel (default: CPU cores)"
+PERTURB_HELP = "each replicate draws step-time factors from the cost model's measured error"
 
 
 def _build_config(model, gpu, tp, cost_model, seed, sets, engine="vllm", pp=1):
@@ -93,6 +96,10 @@ def replay(
     metadata: list[str] = typer.Option([], "--metadata", rich_help_panel=BENCH, help=HELP["metadata"]),
     frontend: bool = typer.Option(False, "--frontend/--no-frontend",
                                   help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
+    replicates: int = typer.Option(1, "--replicates", help=REPLICATES_HELP, rich_help_panel="replicates"),
+    workers: int = typer.Option(None, "--workers", help=WORKERS_HELP, rich_help_panel="replicates"),
+    perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model", help=PERTURB_HELP,
+                                            rich_help_panel="replicates"),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
     from servesim.running import run
@@ -109,8 +116,12 @@ def replay(
     cfg = _replay_config(_build_config(model, gpu, tp, cost_model, seed, sets, engine, pp),
                          macro_steps, fast_forward, frontend, goodput, max_concurrency)
     _check_trace_word(trace)
-    wl = workload_from_flags(flags, trace, fmt, seed, max_requests, rate_scale, parse_trace_options(trace_options))
+    options = parse_trace_options(trace_options)
+    wl = workload_from_flags(flags, trace, fmt, seed, max_requests, rate_scale, options)
     _check_executor(executor, clock, sampling)
+    if replicates != 1:  # a generated workload is reseeded per replicate; a trace is the same in each
+        return _replicates(cfg, wl, flags, (trace, fmt, max_requests, rate_scale, options), replicates, out,
+                           overwrite, workers, perturb_cost_model, dict(step_trace=step_trace, executor=executor != "sim"))
     err = make_console(stderr=True)
     cfg, exe = _gpu_executor(cfg, device, clock, sampling, err) if executor == "gpu" else (cfg, None)
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
@@ -120,6 +131,20 @@ def replay(
     with progress_reporter(err, len(wl.requests), span_s=span_s) as progress:
         res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
     _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite)
+
+
+def _replicates(cfg, wl, flags, source, replicates, out, overwrite, workers, perturb, refused):
+    """--replicates N (docs/UNCERTAINTY.md): `source` is (trace, fmt, max_requests, rate_scale, options);
+    a generated workload (--dataset-name, or arrivals drawn at --request-rate) is drawn again from each
+    replicate's seed; a trace with its own arrivals is the same in each."""
+    from servesim.bench_traffic import workload_from_flags
+    from servesim.commands.replicate_runs import replay_replicates
+
+    trace, fmt, max_requests, rate_scale, options = source
+    fixed = flags.dataset_name is None and flags.request_rate is None
+    return replay_replicates(cfg, lambda r: wl if fixed else workload_from_flags(
+        flags, trace, fmt, r.seed, max_requests, rate_scale, options), replicates, out, overwrite=overwrite,
+        workers=workers, perturb=perturb, refused=refused)
 
 
 def _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite) -> None:

@@ -129,6 +129,8 @@ def plot_results(folder: str | Path, out: str | Path | None = None, *,
     folder = Path(folder).expanduser()
     is_sweep = (folder / "sweep.parquet").is_file() or (folder / "sweep.json").is_file()  # finished or not
     plot = plot_sweep if is_sweep else plot_run
+    if result_kind(folder) == "replicates":  # servesim/replicates.py: bands over the replicates
+        from servesim.plots.replicates import plot_replicates as plot
     if plot is plot_run and not (folder / "summary.json").is_file():
         _not_results(folder)
     target = Path(out).expanduser() if out is not None else folder / "plots"

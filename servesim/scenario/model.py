@@ -46,7 +46,8 @@ class Variant:
         sim = to_dict(self.cfg)
         if self.cfg.derive_num_gpu_blocks:
             sim["cache"].pop("num_gpu_blocks")  # derived from GPU memory at run time
-        return {**out, "workload": _plain(self.workload.to_scenario()), **sim}
+        reps = {"replicates": scenario.base["replicates"]} if "replicates" in scenario.base else {}
+        return {**out, "workload": _plain(self.workload.to_scenario()), **reps, **sim}
 
 
 @dataclass(slots=True)
@@ -59,6 +60,10 @@ class Scenario:
     smoke: bool = False
     notes: list[str] = field(default_factory=list)  # e.g. "--set pins a swept key"
     base: dict[str, Any] = field(default_factory=dict)  # the tree after extends and --set, sweep aside
+    # `replicates:` (servesim/replicates.py): each variant run over this many derived seeds and
+    # cost-model draws, its summary the mean with intervals (docs/UNCERTAINTY.md)
+    replicates: int = 1
+    perturb_cost_model: bool = True
 
     def tree(self) -> dict[str, Any]:
         """The scenario as resolved (extends merged, --set applied), sweep included."""
@@ -97,11 +102,23 @@ def load_scenario(src: str | Path | dict, sets: list[str] | dict | None = None, 
     default_name = Path(source).stem if source else "scenario"
     name = _check_name(data.pop("name", default_name), marks)
     description = str(data.pop("description", ""))
-    built = [_variant(i, data, marks, combo, smoke) for i, combo in enumerate(expand(axes))]
+    replicates, perturb = _replicates(data.get("replicates", 1), marks)
+    extra_key = {"replicates": [replicates, perturb]} if replicates > 1 else {}  # 1: the plain run's hash
+    built = [_variant(i, data, marks, combo, smoke, extra_key) for i, combo in enumerate(expand(axes))]
     if all(exc is not None for _, exc in built):
         raise built[0][1]  # nothing could run: this is an error in the scenario, not in a variant
     variants = [v for v, _ in built]
-    return Scenario(name, description, source, axes, variants, smoke, notes, copy.deepcopy(data))
+    return Scenario(name, description, source, axes, variants, smoke, notes, copy.deepcopy(data), replicates, perturb)
+
+
+def _replicates(value: Any, marks: Marks) -> tuple[int, bool]:
+    """`replicates: N` or `replicates: {num_replicates: N, perturb_cost_model: BOOL}`."""
+    from servesim.replicate_summary import replicate_setting
+
+    try:
+        return replicate_setting(value, "replicates")
+    except InputError as exc:
+        raise marks.error(exc.detail, ("replicates",), allowed=exc.allowed) from None
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=,-]{0,99}")
@@ -140,7 +157,8 @@ def _resolve(data: dict, marks: Marks, combo, smoke: bool) -> tuple[dict, SimCon
     return params, cfg, wl.smoke() if smoke else wl
 
 
-def _variant(index: int, data: dict, marks: Marks, combo, smoke: bool) -> tuple[Variant, InputError | None]:
+def _variant(index: int, data: dict, marks: Marks, combo, smoke: bool,
+             extra_key: dict | None = None) -> tuple[Variant, InputError | None]:
     params = {key: value for axis, i in combo for key, value in zip(axis.keys, axis.points[i])}
     try:
         params, cfg, wl = _resolve(data, marks, combo, smoke)
@@ -149,7 +167,7 @@ def _variant(index: int, data: dict, marks: Marks, combo, smoke: bool) -> tuple[
     except InputError as exc:
         key = _hash({"invalid": _plain(params), "smoke": smoke})
         return Variant(index, params, None, None, str(exc), key, _folder(params, key)), exc
-    key = _hash({"version": RESULT_VERSION, "sim": to_dict(cfg), "workload": wl.to_dict()})
+    key = _hash({"version": RESULT_VERSION, "sim": to_dict(cfg), "workload": wl.to_dict(), **(extra_key or {})})
     return Variant(index, params, cfg, wl, None, key, _folder(params, key)), None
 
 

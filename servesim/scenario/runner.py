@@ -73,11 +73,22 @@ def _run_locked(scenario: Scenario, root: Path, backend: str, workers: int | Non
         elif store.is_complete(store.variant_dir(root, v.name)):
             done(Outcome(v.name, "cached"))
         else:
-            tasks.append(VariantTask(v.name, v.cfg, v.workload, _extra(scenario, v), None))
+            tasks.append(VariantTask(v.name, v.cfg, v.workload, _extra(scenario, v), None, _simulate(scenario)))
     if tasks:
         get_backend(backend)(tasks, root, workers, ray_address, done)
     write_table(scenario, root)
     return [outcomes[v.name] for v in scenario.variants]
+
+
+def _simulate(scenario: Scenario):
+    """How each variant runs: None (one run), or over the scenario's replicates (docs/UNCERTAINTY.md)."""
+    if scenario.replicates == 1:
+        return None
+    from functools import partial
+
+    from servesim.replicates import variant_replicates
+
+    return partial(variant_replicates, n=scenario.replicates, perturb=scenario.perturb_cost_model)
 
 
 def _extra(scenario: Scenario, v: Variant) -> dict[str, bytes]:

@@ -24,7 +24,7 @@ from servesim.traces.errors import InputError
 from servesim.traces.synthetic_config import dataclass_in
 
 # Scenario-level keys besides the SimConfig fields.
-SCENARIO_KEYS = ("name", "description", "workload", "sweep", "smoke")
+SCENARIO_KEYS = ("name", "description", "workload", "sweep", "smoke", "replicates")
 
 
 class SchemaError(InputError):

@@ -13,6 +13,7 @@ import json
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ class VariantTask:
     workload: WorkloadSpec
     extra_files: dict[str, bytes]  # variant.yaml: written with the results
     root: str | None  # write the folder here (shared filesystem); None: return the files
+    # How the variant is simulated into (files, summary); None: one run (_simulate). A scenario with
+    # `replicates:` sets servesim/replicates.py's variant_replicates (a module-level function, so the
+    # task still pickles to a pool worker or a Ray node).
+    simulate: Callable[[VariantTask], tuple[dict[str, bytes], dict]] | None = None
 
 
 @dataclass(slots=True)
@@ -46,7 +51,7 @@ def execute(task: VariantTask) -> Outcome:
     """Build the workload, simulate, collect the files; publish them when the task has a root."""
     t0 = time.perf_counter()
     try:
-        files, summary = _simulate(task)
+        files, summary = (task.simulate or _simulate)(task)
         status, error = "ok", None
     except Exception as exc:  # noqa: BLE001 - one failing variant must not stop the sweep
         files = {"error.txt": traceback.format_exc().encode()}

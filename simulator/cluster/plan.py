@@ -58,6 +58,10 @@ class SearchSpace:
     pd_ratios: tuple[tuple[int, int], ...] = ()  # (prefill, decode) units
     pd_max_scale: int = 4  # a ratio (p, d) is tried as (p*k, d*k) for k = 1..pd_max_scale
     goodput_threshold: float = 0.9  # fraction of all requests that must meet TTFT and TPOT
+    # Replicates per candidate (servesim/replicate_plan.py): a candidate meets the SLO when at least
+    # `probability` of its replicates reach the goodput threshold. 1: one run decides.
+    replicates: int = 1
+    probability: float = 0.9
 
     def shapes(self) -> list[Shape]:
         par = [(tp, pp) for tp in self.tp for pp in self.pp]
@@ -119,7 +123,7 @@ def plan_config_from_dict(data: Any, path: str | None = None) -> PlanConfig:
 
 
 def _search(raw: dict, path: str | None) -> SearchSpace:
-    _known(raw, ("tp", "pp", "colocated", "pd", "goodput_threshold"), "search.", path)
+    _known(raw, ("tp", "pp", "colocated", "pd", "goodput_threshold", "replicates", "probability"), "search.", path)
     tp, pp = (_degrees(raw, key, path) for key in ("tp", "pp"))
     col = raw.get("colocated", {"min": 1, "max": 8} if "pd" not in raw else None)
     colocated = None
@@ -142,7 +146,12 @@ def _search(raw: dict, path: str | None) -> SearchSpace:
         raise InputError(f"got {thr!r}", path=path, field="search.goodput_threshold", allowed="a number in (0, 1]")
     if colocated is None and not ratios:
         raise InputError("nothing to search", path=path, field="search", allowed="colocated and/or pd.ratios")
-    return SearchSpace(tp, pp, colocated, ratios, scale, float(thr))
+    reps, prob = raw.get("replicates", 1), raw.get("probability", 0.9)
+    if isinstance(reps, bool) or not isinstance(reps, int) or not 1 <= reps <= 1000:
+        raise InputError(f"got {reps!r}", path=path, field="search.replicates", allowed="an integer from 1 to 1000")
+    if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 < prob <= 1:
+        raise InputError(f"got {prob!r}", path=path, field="search.probability", allowed="a number in (0, 1]")
+    return SearchSpace(tp, pp, colocated, ratios, scale, float(thr), reps, float(prob))
 
 
 def _degrees(raw: dict, key: str, path: str | None) -> tuple[int, ...]:
@@ -190,18 +199,29 @@ def evaluate(plan: PlanConfig, shape: Shape, size: int, workload: Workload) -> d
     t0 = time.perf_counter()
     res = run_cluster(cfg, workload)
     frac = goodput_fraction(res.requests, cfg.slo)
+    return {**candidate_row(plan, shape, size, cfg), "goodput_fraction": frac,
+            "meets_slo": frac >= plan.search.goodput_threshold,
+            "ttft_p90_s": res.summary["ttft_s"]["p90"], "tpot_p90_s": res.summary["tpot_s"]["p90"],
+            "num_finished": res.summary["num_finished"], "num_rejected": res.summary["num_rejected"],
+            "wall_s": time.perf_counter() - t0, "error": None}
+
+
+def candidate_row(plan: PlanConfig, shape: Shape, size: int, cfg: ClusterConfig) -> dict:
+    """The plan table's columns that describe a candidate (its figures are the evaluator's)."""
     n_p = sum(g.count for g in cfg.replicas if g.role == "prefill")
     n_d = sum(g.count for g in cfg.replicas if g.role == "decode")
     return {"shape": shape.label, "kind": shape.kind, "tp": shape.tp, "pp": shape.pp, "size": size,
             "num_replicas": cfg.num_replicas, "num_prefill": n_p, "num_decode": n_d, "num_gpus": cfg.num_gpus,
-            "cost": cost_per_hour(plan, cfg), "goodput_fraction": frac,
-            "meets_slo": frac >= plan.search.goodput_threshold,
-            "ttft_p90_s": res.summary["ttft_s"]["p90"], "tpot_p90_s": res.summary["tpot_s"]["p90"],
-            "num_finished": res.summary["num_finished"], "num_rejected": res.summary["num_rejected"], "wall_s": time.perf_counter() - t0, "error": None}
+            "cost": cost_per_hour(plan, cfg)}
 
 
-def search(plan: PlanConfig, workload: Workload, progress: Callable[[dict], None] | None = None) -> pd.DataFrame:
-    """Sweep every shape upwards, stopping a shape at its first size that meets the SLO."""
+Evaluate = Callable[[PlanConfig, Shape, int, Workload], dict]
+
+
+def search(plan: PlanConfig, workload: Workload, progress: Callable[[dict], None] | None = None,
+           evaluate: Evaluate = evaluate) -> pd.DataFrame:
+    """Sweep every shape upwards, stopping a shape at its first size that meets the SLO. ``evaluate``
+    runs one candidate into a row (one run here; servesim/replicate_plan.py's over replicates)."""
     rows = []
     for shape in plan.search.shapes():
         for size in plan.search.sizes(shape):
