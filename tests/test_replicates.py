@@ -36,7 +36,7 @@ def _mask_wall(text: str) -> str:
 
 
 def test_replicates_1_is_the_plain_run_byte_for_byte(tmp_path):
-    args = ["replay", "--max-requests", "40", "--dataset-name", "random", "--num-prompts", "40",
+    args = ["replay", "--dataset-name", "random", "--num-prompts", "40",
             "--request-rate", "20", "--random-input-len", "64", "--random-output-len", "16"]
     r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "plain")])
     assert r.exit_code == 0, r.output
