@@ -33,6 +33,7 @@ HELP = {
     "label": "the result's label (file name prefix; default the backend, servesim)",
     "metadata": "with --save-result: KEY=VALUE pairs written into the result",
 }
+REPS = "replicates"
 REPLICATES_HELP = "rerun over N derived seeds and cost-model draws; intervals per metric (docs/UNCERTAINTY.md)"
 WORKERS_HELP = "replicates run in parallel (default: CPU cores)"
 PERTURB_HELP = "each replicate draws step-time factors from the cost model's measured error"
@@ -96,16 +97,13 @@ def replay(
     metadata: list[str] = typer.Option([], "--metadata", rich_help_panel=BENCH, help=HELP["metadata"]),
     frontend: bool = typer.Option(False, "--frontend/--no-frontend",
                                   help="model the OpenAI HTTP frontend (as seen by a benchmark client)"),
-    replicates: int = typer.Option(1, "--replicates", help=REPLICATES_HELP, rich_help_panel="replicates"),
-    workers: int = typer.Option(None, "--workers", help=WORKERS_HELP, rich_help_panel="replicates"),
+    replicates: int = typer.Option(1, "--replicates", help=REPLICATES_HELP, rich_help_panel=REPS),
+    workers: int = typer.Option(None, "--workers", help=WORKERS_HELP, rich_help_panel=REPS),
     perturb_cost_model: bool = typer.Option(True, "--perturb-cost-model/--no-perturb-cost-model", help=PERTURB_HELP,
-                                            rich_help_panel="replicates"),
+                                            rich_help_panel=REPS),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
-    from servesim.running import run
-    from servesim.cli import freeze_startup_objects, on_interrupt
     from servesim.bench_traffic import BenchFlags, parse_trace_options, workload_from_flags
-    from servesim.report import make_console, progress_reporter
 
     _check_outputs(out, step_trace, overwrite, trace_events)  # before any work: a refused --out costs nothing
     results = _result_options(percentile_metrics, metric_percentiles, save_result, save_detailed, result_dir,
@@ -122,6 +120,18 @@ def replay(
     if replicates != 1:  # a generated workload is reseeded per replicate; a trace is the same in each
         return _replicates(cfg, wl, flags, (trace, fmt, max_requests, rate_scale, options), replicates, out,
                            overwrite, workers, perturb_cost_model, dict(step_trace=step_trace, executor=executor != "sim"))
+    res, exe, cfg = _run(cfg, wl, out, overwrite, step_trace, (executor, device, clock, sampling))
+    _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite)
+
+
+def _run(cfg, wl, out, overwrite, step_trace, executor_options):
+    """The replay itself, with progress and the interrupt note: (results, the GPU executor or None,
+    the config it ran: the GPU runner's changes made)."""
+    from servesim.cli import freeze_startup_objects, on_interrupt
+    from servesim.report import make_console, progress_reporter
+    from servesim.running import run
+
+    executor, device, clock, sampling = executor_options
     err = make_console(stderr=True)
     cfg, exe = _gpu_executor(cfg, device, clock, sampling, err) if executor == "gpu" else (cfg, None)
     on_interrupt(f"nothing was written to {out}/ (results are written when the replay finishes; "
@@ -130,7 +140,7 @@ def replay(
     span_s = wl.requests[-1].arrival_time_s if wl.requests else None
     with progress_reporter(err, len(wl.requests), span_s=span_s) as progress:
         res = run(cfg, wl, out_dir=out, step_trace=step_trace, progress=progress, executor=exe, overwrite=overwrite)
-    _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, step_trace, overwrite)
+    return res, exe, cfg
 
 
 def _replicates(cfg, wl, flags, source, replicates, out, overwrite, workers, perturb, refused):
