@@ -23,7 +23,7 @@ from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.encoder_cache import EncoderCacheManager, compute_mm_encoder_budget, free_encoder_inputs
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
-from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.interface import SchedulerCapabilities, StrandedRequest
 from servesim.scheduler.kv.mamba import make_mamba_split
 from servesim.scheduler.kv.manager import KVCacheManager, PrefixCacheStats
 from servesim.scheduler.output import (
@@ -34,6 +34,7 @@ from servesim.scheduler.prefix_lookup import cpu_cached_prefix_tokens, gpu_cache
 from servesim.scheduler.pyset import set_order
 from servesim.scheduler.policies import SchedulingPolicy, make_policy
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
+from servesim.scheduler.stranded import stranded_head
 
 
 class Scheduler:
@@ -144,10 +145,11 @@ class Scheduler:
             self._check_encoder_fits(request)
         if self.block_hasher is not None:
             request.attach_block_hasher(self.block_hasher, self.block_size)
-        if self._never_fits(request):
+        reject_reason = self._never_fits(request)
+        if reject_reason is not None:
             # It would block the head of the queue forever: finish it as ignored, never schedule.
             request.status = RequestStatus.FINISHED_IGNORED
-            self._ignored.append(RequestOutput(request.request_id, [], "length", 0))
+            self._ignored.append(RequestOutput(request.request_id, [], "length", 0, reject_reason=reject_reason))
             return
         self.requests[request.request_id] = request
         self.kv_cache_manager.note_request(request)
@@ -176,13 +178,21 @@ class Scheduler:
                     f"({self.encoder_cache_manager.cache_size}) holds (0: the model takes no multimodal input); "
                     "raise scheduler.mm_max_tokens_per_item to the model's largest item")
 
-    def _never_fits(self, request: Request) -> bool:
+    def _never_fits(self, request: Request) -> str | None:
+        """Why the request's prompt can never be scheduled (a REJECT_REASONS name), or None."""
         if request.num_prompt_tokens > self.max_model_len:
-            return True
-        return self.kv_cache_manager.blocks_needed(request.num_prompt_tokens) > self._max_request_blocks
+            return "prompt_exceeds_max_model_len"
+        if self.kv_cache_manager.blocks_needed(request.num_prompt_tokens) > self._max_request_blocks:
+            return "exceeds_kv_pool"
+        return None
+
+    def stranded_request(self) -> StrandedRequest | None:
+        """The head waiting request if it can never be admitted as things stand (scheduler/stranded.py)."""
+        return stranded_head(self)
 
     def take_ignored_outputs(self) -> list[RequestOutput]:
-        """Requests finished as FINISHED_IGNORED at add_request time (prompt can never fit)."""
+        """Requests finished as FINISHED_IGNORED at add_request time (prompt can never fit), each
+        with its reject_reason."""
         out, self._ignored = self._ignored, []
         return out
 

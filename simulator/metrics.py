@@ -249,15 +249,16 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
     if r.status == "timed_out" or r.reject_reason is not None:
         # Latencies stay empty (NaN) so the request never counts in a percentile or CDF; a timed-out
         # request keeps what it streamed (output_len, first_scheduled_s), a failure as vllm bench counts.
-        timed_out = r.status == "timed_out"
+        # A request aborted as stranded (status "aborted") keeps what it streamed as a timed-out one does.
+        ran = r.status in ("timed_out", "aborted")
         values = dict.fromkeys(_LATENCY_COLUMNS, math.nan)
         values.update(request_id=r.request_id, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
-                      output_len=n if timed_out else 0, output_len_target=r.output_len_target, itl_s=[],
-                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if timed_out else 0,
-                      finish_reason="abort" if timed_out else None, status="timed_out" if timed_out else "rejected",
-                      reject_reason=None if timed_out else r.reject_reason, grammar_wait_s=r.grammar_wait_s,
-                      input_wait_s=r.input_wait_s)
-        if timed_out:
+                      output_len=n if ran else 0, output_len_target=r.output_len_target, itl_s=[],
+                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if ran else 0,
+                      finish_reason="abort" if ran else None, status=r.status if ran else "rejected",
+                      reject_reason=None if r.status == "timed_out" else r.reject_reason,
+                      grammar_wait_s=r.grammar_wait_s, input_wait_s=r.input_wait_s)
+        if ran:
             values.update(first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s))
     else:
         values = {
