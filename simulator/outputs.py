@@ -20,7 +20,7 @@ import yaml
 from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig, to_dict
 from servesim.simulator.engine_result import EngineResult
-from servesim.simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
+from servesim.simulator.outdir import check_output, make_staging, mark, naming, publish_dir  # noqa: F401  (publish_dir: re-exported)
 from servesim.simulator.summary import summarize
 
 
@@ -239,15 +239,16 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
     out_dir = check_output(out_dir, overwrite=overwrite)
     tmp = make_staging(out_dir)
     try:
-        mark(tmp, kind)
-        write_requests_parquet(requests, tmp / "requests.parquet")
-        write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
-        write_csv(timeseries, tmp / "timeseries.csv")
-        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
-        if identity is not None:  # servesim/identity.py: what produced the folder
-            (tmp / "run.json").write_text(json.dumps(identity, indent=1, default=str) + "\n")
-        publish_dir(tmp, out_dir)
+        with naming(out_dir):  # a full disk names the result folder, not nothing
+            mark(tmp, kind)
+            write_requests_parquet(requests, tmp / "requests.parquet")
+            write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+            write_csv(timeseries, tmp / "timeseries.csv")
+            (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
+            if identity is not None:  # servesim/identity.py: what produced the folder
+                (tmp / "run.json").write_text(json.dumps(identity, indent=1, default=str) + "\n")
+            publish_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
