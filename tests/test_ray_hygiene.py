@@ -1,0 +1,97 @@
+"""Ray like local: the private local cluster's processes never outlive the driver (the reaper), its
+temporary folder is private and removed, and SIGTERM / Ctrl-C keep servesim's handlers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servesim.scenario import ray_reaper
+from servesim.scenario.ray_session import MARKER_NAME, our_signal_handlers, private_cluster
+
+LINUX = sys.platform.startswith("linux")
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not LINUX, reason="the reaper finds processes through /proc")
+def test_the_reaper_kills_marked_processes_and_removes_the_folder_when_the_driver_ends(tmp_path):
+    with private_cluster() as temp_dir:
+        folder = temp_dir.parent
+        assert oct(folder.stat().st_mode & 0o777) == "0o700" and folder.name.startswith("servesim-ray-")
+        token = os.environ[MARKER_NAME]
+        marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # inherits the marker
+        (temp_dir).mkdir()
+        log = open(temp_dir / "agent.log", "w")  # noqa: SIM115 - held open by the "agent" below
+        agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=log,
+                                 env={k: v for k, v in os.environ.items() if k != MARKER_NAME})
+        log.close()
+        unmarked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                    env={k: v for k, v in os.environ.items() if k != MARKER_NAME})
+        held = open(temp_dir / "driver.log", "w")  # noqa: SIM115 - the driver holds a file there too
+        got = ray_reaper.marked_pids(f"{MARKER_NAME}={token}".encode(), str(folder), spared=os.getpid())
+        assert sorted(got) == sorted([marked.pid, agent.pid])  # by its environment; by its open log file
+        assert ray_reaper.marked_pids(f"{MARKER_NAME}={token}".encode(), str(folder), spared=agent.pid) == [marked.pid]
+        (temp_dir / "session_x").mkdir()
+    held.close()  # this process (the driver) was spared while it held it
+    assert MARKER_NAME not in os.environ
+    assert marked.wait(timeout=10) == -signal.SIGKILL and agent.wait(timeout=10) == -signal.SIGKILL
+    assert unmarked.poll() is None  # not ours: left alone
+    unmarked.kill()
+    unmarked.wait()
+    assert not folder.exists()
+
+
+@pytest.mark.skipif(not LINUX, reason="the reaper finds processes through /proc")
+def test_the_reaper_outlives_a_sigkilled_driver(tmp_path):
+    """A driver process (here a child python) SIGKILLed mid-run: its marked children are killed."""
+    pid_file = tmp_path / "pids"
+    driver = subprocess.Popen([sys.executable, "-c", f"""
+import subprocess, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from servesim.scenario.ray_session import private_cluster
+with private_cluster() as d:
+    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+    open({str(pid_file)!r}, 'w').write(f'{{child.pid}} {{d.parent}}')
+    time.sleep(60)
+"""])
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child_pid, folder = pid_file.read_text().split()
+    driver.kill()
+    driver.wait()
+    for _ in range(100):
+        if not _alive(int(child_pid)) and not Path(folder).exists():
+            break
+        time.sleep(0.1)
+    assert not _alive(int(child_pid)) and not Path(folder).exists()
+
+
+def test_signal_handlers_come_back_after_a_library_replaces_them():
+    def ours(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with our_signal_handlers():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what ray.init does (its own handler)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGTERM) is ours
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
