@@ -95,3 +95,51 @@ def test_signal_handlers_come_back_after_a_library_replaces_them():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def _ray_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::|log_monitor|dashboard.py|default_worker"],
+                         capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line and "<defunct>" not in line]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LINUX, reason="the reaper finds processes through /proc")
+@pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])
+def test_a_ray_sweep_driver_killed_mid_run_leaves_no_ray_process(tmp_path, sig, status):
+    """The edges2/ray_sweep_kill.sh reproducer: SIGTERM gives servesim's note and 143; after SIGKILL
+    no Ray process outlives the driver for more than a few seconds; no folder is left in /tmp."""
+    pytest.importorskip("ray")
+    if _ray_processes():
+        pytest.skip("Ray processes already running on this machine")
+    (tmp_path / "sweep.yaml").write_text(
+        "name: raykill\nworkload: {trace: sharegpt-300}\nhardware: {model: llama-3.1-8b, gpu: h100}\n"
+        "scheduler: {max_model_len: 8192}\nsweep:\n  scheduler.max_num_seqs: [16, 32, 64, 128]\n"
+        "  workload.rate_scale: [1.0, 3.0]\n")
+    before = set(Path(tempfile_dir()).glob("servesim-ray-*"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    driver = subprocess.Popen([sys.executable, "-m", "servesim", "run", "sweep.yaml", "--backend", "ray", "--workers",
+                               "2", "--out", "out"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    for _ in range(1800):
+        if any("ray::execute" in p for p in _ray_processes()):
+            break
+        time.sleep(0.1)
+    time.sleep(2)
+    driver.send_signal(sig)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == status, out
+    if sig == signal.SIGTERM:
+        assert "terminated: finished variants are kept in out/variants/" in out and "Traceback" not in out
+    for _ in range(100):
+        if not _ray_processes() and set(Path(tempfile_dir()).glob("servesim-ray-*")) <= before:
+            break
+        time.sleep(0.1)
+    assert _ray_processes() == []
+    assert set(Path(tempfile_dir()).glob("servesim-ray-*")) <= before
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
