@@ -27,6 +27,7 @@ def test_fuzz_long():
 
 
 @pytest.mark.fuzz
+@pytest.mark.slow  # also slow: `-m "not slow"` (which replaces addopts' -m 'not fuzz') must not start 2 h
 def test_fuzz_ten_million_steps():
     """The issue-42 run: 10^7 schedule() steps (about 2 h on one core of the reference machine at
     ~1,300 steps/s). SERVESIM_FUZZ_STEPS and SERVESIM_FUZZ_SEED choose another length or seed; the
