@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from servesim.gpu_runner.ops import Backend, backend_module
 from servesim.gpu_runner.ops.metadata import AttentionMetadata
+from servesim.gpu_runner.memory import check_fits
 from servesim.gpu_runner.weights import LayerWeights, Llama3RopeScaling, ModelConfig, ModelWeights, random_weights
 
 
@@ -93,6 +94,9 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         backend: Backend = "torch",
     ) -> LlamaModel:
+        """Random weights at the config's shapes; refused before allocating when they do not fit
+        in the device's free memory (gpu_runner/memory.py)."""
+        check_fits(config, dtype, device)
         return cls(config, random_weights(config, seed=seed, dtype=dtype, device=device), backend=backend)
 
     def allocate_kv_cache(

@@ -61,6 +61,20 @@ class SchedulerCapabilities:
             raise ValueError(f"prefix_cache must be one of {PREFIX_CACHE_KINDS} or None, got {self.prefix_cache!r}")
 
 
+@dataclass(slots=True, frozen=True)
+class StrandedRequest:
+    """A waiting request the scheduler can never admit as the engine stands (`stranded_request`)."""
+
+    request_id: str
+    reason: str  # one of STRANDED_REASONS: which admission rule it can never pass
+    detail: str  # the numbers: what it needs and what the scheduler has
+
+
+# kv_pool: its KV blocks (the full-ISL check, or its first chunk) exceed the whole free pool;
+# token_budget: chunked prefill is off and its tokens exceed the per-step token budget.
+STRANDED_REASONS = ("kv_pool", "token_budget")
+
+
 @runtime_checkable
 class KVCacheUsage(Protocol):
     """The part of a scheduler's KV cache manager callers read (the engine, once per step)."""
@@ -96,7 +110,8 @@ class SchedulerInterface(Protocol):
         ...
 
     def take_ignored_outputs(self) -> list[RequestOutput]:
-        """Outputs of requests the scheduler refused at `add_request` (returned once)."""
+        """Outputs of requests the scheduler refused at `add_request` (returned once), each with
+        the rule it failed in `reject_reason` (simulator/liveness.py REJECT_REASONS)."""
         ...
 
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus,
@@ -125,6 +140,19 @@ class SchedulerInterface(Protocol):
     def next_event_s(self) -> float | None:
         """The earliest simulated time at which this scheduler's state changes by itself (e.g. a
         Continuum pin expiring); None when nothing is pending. The engine's idle wait wakes then."""
+        ...
+
+    def stranded_request(self) -> StrandedRequest | None:
+        """The head waiting request (the one the policy would admit next) if it can never be
+        admitted as the engine stands, and why; None otherwise. "As the engine stands": nothing
+        runs, no request holds KV (the whole pool is free), the whole token budget is free and the
+        prefix cache holds what it holds now (only another request running changes it), so the
+        very admission checks schedule() runs fail for it now and at every later step. Blocked
+        waits (grammar, remote KV, streaming input) are never stranded. Changes no state (no LRU
+        touch, no stats). vLLM 0.19.1 waits on such a request forever (its scheduler refuses a
+        request only at add_request); the engine aborts it unless liveness.stranded_requests is
+        "wait" (docs/LIVENESS.md). A scheduler that refuses or aborts such requests itself
+        (SGLang) always answers None."""
         ...
 
     # --- state queries ----------------------------------------------------------------------------

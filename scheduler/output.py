@@ -144,6 +144,9 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | "error" | "repetition" | None
     num_cached_tokens: int  # prefix-cache hit at admission (0 if never admitted)
     stop_reason: int | str | None = None
+    # Set on a request the scheduler refused at add_request (take_ignored_outputs): the rule it
+    # failed, in the admission vocabulary (simulator/liveness.py REJECT_REASONS).
+    reject_reason: str | None = None
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ from servesim.scheduler.encoder_cache import (EncoderCache, EncoderCacheManager,
 from servesim.scheduler.encoder_decoder_cache import (EncoderDecoderCacheManager, check_encoder_decoder_config,
                                                       check_request_inputs)
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
-from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.interface import SchedulerCapabilities, StrandedRequest
 from servesim.scheduler.kv.mamba import make_mamba_split
 from servesim.scheduler.kv.manager import KVCacheManager, PrefixCacheStats
 from servesim.scheduler.output import (
@@ -37,6 +37,7 @@ from servesim.scheduler.prefix_lookup import cpu_cached_prefix_tokens, gpu_cache
 from servesim.scheduler.pyset import set_order
 from servesim.scheduler.policies import SchedulingPolicy, make_policy
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
+from servesim.scheduler.stranded import stranded_head
 
 
 class Scheduler:
@@ -149,10 +150,11 @@ class Scheduler:
                                  self.encoder_cache_manager.cache_size)
         if self.block_hasher is not None:
             request.attach_block_hasher(self.block_hasher, self.block_size)
-        if self._never_fits(request):
+        reject_reason = self._never_fits(request)
+        if reject_reason is not None:
             # It would block the head of the queue forever: finish it as ignored, never schedule.
             request.status = RequestStatus.FINISHED_IGNORED
-            self._ignored.append(RequestOutput(request.request_id, [], "length", 0))
+            self._ignored.append(RequestOutput(request.request_id, [], "length", 0, reject_reason=reject_reason))
             return
         self.requests[request.request_id] = request
         self.kv_cache_manager.note_request(request)
@@ -168,14 +170,23 @@ class Scheduler:
         else:
             self.waiting.add_request(request)
 
-    def _never_fits(self, request: Request) -> bool:
+    def _never_fits(self, request: Request) -> str | None:
+        """Why the request's prompt can never be scheduled (a REJECT_REASONS name), or None. An
+        encoder-decoder request also holds its encoder input's cross-attention blocks."""
         if request.num_prompt_tokens > self.max_model_len:
-            return True
+            return "prompt_exceeds_max_model_len"
         num_encoder = request.mm_features[0].num_embeds if self.is_encoder_decoder else 0
-        return self.kv_cache_manager.blocks_needed(request.num_prompt_tokens, num_encoder) > self._max_request_blocks
+        if self.kv_cache_manager.blocks_needed(request.num_prompt_tokens, num_encoder) > self._max_request_blocks:
+            return "exceeds_kv_pool"
+        return None
+
+    def stranded_request(self) -> StrandedRequest | None:
+        """The head waiting request if it can never be admitted as things stand (scheduler/stranded.py)."""
+        return stranded_head(self)
 
     def take_ignored_outputs(self) -> list[RequestOutput]:
-        """Requests finished as FINISHED_IGNORED at add_request time (prompt can never fit)."""
+        """Requests finished as FINISHED_IGNORED at add_request time (prompt can never fit), each
+        with its reject_reason."""
         out, self._ignored = self._ignored, []
         return out
 

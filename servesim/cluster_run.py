@@ -30,12 +30,9 @@ def _check_limits(max_requests, rate_scale) -> None:
 
 def load_cluster_yaml(path: Path) -> tuple[dict, dict]:
     """(cluster config dict, workload section) from a YAML file; `workload:` is optional."""
-    from servesim.simulator.yaml_input import safe_load_bounded
+    from servesim.simulator.yaml_input import read_text_bounded, safe_load_bounded
 
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InputError(f"cannot read cluster config: {e.strerror}", path=str(path)) from None
+    text = read_text_bounded(path, "cluster config")
     data = safe_load_bounded(text, str(path))
     if not isinstance(data, dict):
         raise InputError("a cluster config must be a mapping", path=str(path))

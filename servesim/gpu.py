@@ -88,6 +88,7 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
     `model` (a gpu_runner LlamaModel already on the device, e.g. real weights) when given."""
     import torch
 
+    from servesim.gpu_runner.memory import check_fits
     from servesim.gpu_runner.model import LlamaModel
     from servesim.gpu_runner.runner import GpuExecutor, require_device
     from servesim.scheduler.worker import TokenSource
@@ -100,12 +101,14 @@ def make_gpu_executor(cfg: SimConfig, device: str = "cuda", clock: str = "model"
     cache, _ = resolve_cache(cfg)
     torch_dtype = model.dtype if model is not None else {"fp32": torch.float32, "fp16": torch.float16,
                                                          "bf16": torch.bfloat16}[dtype or ("bf16" if dev.type == "cuda" else "fp32")]
-    kv_gib = (2 * mcfg.num_layers * cache.num_gpu_blocks * cache.block_size * mcfg.num_kv_heads * mcfg.head_dim
-              * torch.tensor([], dtype=torch_dtype).element_size()) / 2**30
+    kv_bytes = (2 * mcfg.num_layers * cache.num_gpu_blocks * cache.block_size * mcfg.num_kv_heads * mcfg.head_dim
+                * torch.tensor([], dtype=torch_dtype).element_size())
+    kv_gib = kv_bytes / 2**30
     if dev.type == "cpu" and kv_gib > CPU_KV_LIMIT_GIB:
         raise InputError(f"the KV cache would take {kv_gib:.1f} GiB on the CPU", field="cache.num_gpu_blocks",
                          allowed=f"a smaller pool, e.g. --set cache.num_gpu_blocks=1024 (limit {CPU_KV_LIMIT_GIB} GiB)")
-    if model is None:
+    if model is None:  # a given model's weights are already in memory
+        check_fits(mcfg, torch_dtype, dev, kv_bytes)  # weights and KV together, before allocating either
         model = LlamaModel.random(mcfg, seed=cfg.seed, dtype=torch_dtype, device=dev,
                                   backend=backend or ("triton" if dev.type == "cuda" else "torch"))
     # Always attached: every step pairs the predicted with the measured time.

@@ -140,6 +140,8 @@ def print_summary(console: Console, s: dict, workload, out: Path | None) -> None
         f"finished {s['num_finished']}/{s['num_requests']}, rejected {s.get('num_rejected', 0)}"
         + (f", {s['num_timed_out']} timed out (failed: clients gave up; excluded from latencies)"
            if s.get("num_timed_out") else "")
+        + (f", {s['num_aborted']} aborted (failed: could never be admitted; excluded from latencies)"
+           if s.get("num_aborted") else "")
         + f" in {s['sim_duration_s']:.1f} s simulated "
         f"({s['wall_time_s']:.2f} s wall{_speed(s)}), {s['num_steps']} steps\n"
         f"throughput {tp['requests_per_s']:.2f} req/s, {tp['output_tokens_per_s']:.0f} output tok/s, "

@@ -25,6 +25,7 @@ from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
 from servesim.traces.transforms import rate_scale, request_limit
 from servesim.traces.workload import Workload
+from servesim.traces.streams import is_stream
 
 
 if TYPE_CHECKING:
@@ -92,11 +93,12 @@ def load_trace(trace: str | Path | None, fmt: str = "auto", max_requests: int | 
     if options and trace is None:
         raise InputError("the bundled trace takes no loader options", field="options", allowed="a trace file")
     wl = load_bundled(DEFAULT_TRACE) if trace is None else load_workload(trace, fmt, **(options or {}))
+    stream = trace is not None and is_stream(trace)  # read once: no result can name it to rebuild
     if rate_scale_factor is not None and rate_scale_factor != 1.0:
         wl = rate_scale(wl, rate_scale_factor)
     if max_requests is not None:
         wl = request_limit(wl, max_requests)
-    wl.spec = {"trace": DEFAULT_TRACE if trace is None else str(Path(trace).resolve()), "format": fmt,
+    wl.spec = None if stream else {"trace": DEFAULT_TRACE if trace is None else str(Path(trace).resolve()), "format": fmt,
                **({"options": dict(options)} if options else {}),
                **({"rate_scale": rate_scale_factor} if rate_scale_factor not in (None, 1.0) else {}),
                **({"max_requests": max_requests} if max_requests is not None else {})}

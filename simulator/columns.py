@@ -8,7 +8,9 @@ the very frame the run's columns always made.
 
 A column is a 1-D numpy array (numbers: int64, float64 with NaN where a value is missing) or a
 list (objects: ids, reasons, a request's inter-token gaps). `t[name]` always answers an array
-(an object array for a list, built once); `t[mask]` keeps the rows where a boolean array is true.
+(an object array for a list, built once); `t[mask]` keeps the rows where a boolean array is true
+(the table itself when it is true everywhere). A Columns is read-only: no reader changes a column
+in place (the arrays are shared between a table and its selections).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class Columns:
         """The rows where the boolean mask is true, in order."""
         if mask.dtype != np.bool_ or mask.shape != (self._len,):
             raise ValueError(f"a row mask is a boolean array of {self._len} values")
+        if mask.all():  # every row: this very table (read-only), not a copy of each column
+            return self  # (every request finished: the summary's and the bench figures' selections)
         rows = np.flatnonzero(mask).tolist()
         data: dict[str, np.ndarray | list] = {}
         for name in self.columns:

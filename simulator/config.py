@@ -94,6 +94,9 @@ class SloConfig:
             raise InputError("SLO thresholds must be > 0", field="slo")
 
 
+STRANDED_POLICIES = ("abort", "wait")
+
+
 @dataclass(slots=True)
 class LivenessConfig:
     """The watchdog (simulator/liveness.py): a run whose requests make no progress (no output token,
@@ -102,8 +105,15 @@ class LivenessConfig:
 
     max_steps_without_progress: int = 100_000
     max_sim_s_without_progress: float = 3600.0
+    # A request the scheduler can never admit as the engine stands (SchedulerInterface.stranded_request):
+    # "abort" it (status "aborted", reject_reason "stranded_<why>") and go on, or "wait" on it as
+    # vLLM 0.19.1 does (the watchdog then stops the run with StallError). docs/LIVENESS.md.
+    stranded_requests: str = "abort"
 
     def __post_init__(self) -> None:
+        if self.stranded_requests not in STRANDED_POLICIES:
+            raise InputError(f"got {self.stranded_requests!r}", field="liveness.stranded_requests",
+                             allowed=" or ".join(repr(p) for p in STRANDED_POLICIES))
         if self.max_steps_without_progress < 1:
             raise InputError("must be >= 1", field="liveness.max_steps_without_progress")
         if not self.max_sim_s_without_progress > 0:

@@ -106,6 +106,7 @@ class Engine:
         if self.turns is not None:
             self.on_finish = self.turns.chain(on_finish, answer_delay_s(cfg.frontend, name))
         self.watchdog = Watchdog(cfg.liveness)
+        self._stranded_policy = cfg.liveness.stranded_requests
         self.deadlines = ClientDeadlines()
         self._timeout_s = cfg.client.timeout_s
         self._wake: simpy.Event | None = None  # what the idle loop waits for (an arrival, close(), notify())
@@ -231,7 +232,9 @@ class Engine:
             self.book.metrics.requests[spec.request_id].grammar_wait_s = compile_s
             self.grammar_times.start_timer(self.env, compile_s, spec.request_id, self._grammar_ready)
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
-            self._rejected(out.request_id, self.admission.scheduler_refusal_reason())
+            if out.reject_reason is None:
+                raise RuntimeError(f"{self.name}: the scheduler refused {out.request_id} without a reject_reason")
+            self._rejected(out.request_id, out.reject_reason)
 
     def _grammar_ready(self, request_id: str) -> None:
         self.scheduler.mark_grammar_ready(request_id)
@@ -278,7 +281,7 @@ class Engine:
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
             rec, row = self.record_schedule(so, now)
-            if self.watchdog.due(self.book.num_steps, now):
+            if self.watchdog.due(self.book.num_steps, now) and not self.abort_stranded(now):
                 raise self.watchdog.stall_error(self.name, sched, self.book.num_steps, now, self.book.num_preemptions)
             mro, gpu_s = self.executor.execute(so)
             cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
@@ -302,8 +305,9 @@ class Engine:
             if (so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids and not had_in_flight
                     and idle_is_stable and sched.has_unfinished_requests()):
                 # Nothing ran and nothing changed: the same schedule() would decide the same nothing
-                # again at this instant.
-                yield self.idle_event()
+                # again at this instant (unless the head can never be admitted: aborted, go on).
+                if not self.abort_stranded(now):
+                    yield self.idle_event()
 
     def _apply_oldest(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         """Wait for the oldest in-flight step's GPU end, then apply its output (a generator)."""
@@ -382,6 +386,24 @@ class Engine:
     def mark_progress(self, now: float) -> None:
         """Something advanced (a token, a finish, a rejection): restart the watchdog's window."""
         self.watchdog.mark(now, self.book.num_steps, self.book.num_preemptions)
+
+    def abort_stranded(self, now: float) -> bool:
+        """Abort the scheduler's stranded head (SchedulerInterface.stranded_request: it can never be
+        admitted, and it blocks every request behind it) unless liveness.stranded_requests is
+        "wait" (vLLM's behaviour: the watchdog then stops the run). True when one was aborted."""
+        if self._stranded_policy != "abort":
+            return False
+        stranded = self.scheduler.stranded_request()
+        if stranded is None:
+            return False
+        rid = stranded.request_id
+        self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED, now_s=now)
+        self.book.record_stranded(rid, f"stranded_{stranded.reason}", stranded.detail)
+        self.clients.on_done()
+        self.mark_progress(now)
+        if self.on_finish is not None:
+            self.on_finish(rid, "abort")
+        return True
 
     def raise_stall(self, why: str, limit: str = "") -> None:
         raise self.watchdog.error(self.name, self.scheduler, why, self.book.num_preemptions, limit)

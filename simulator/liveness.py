@@ -8,13 +8,18 @@ our own for a pool that can never hold the request:
     no_room_to_generate           prompt exactly max_model_len long: not one output token fits
                                   (vLLM: "... plus the number of requested output tokens (at least
                                   1) is longer than the maximum model length of M")
+    exceeds_max_model_len         vLLM engine: prompt + output_len (the client's max_tokens) longer
+                                  than max_model_len: vLLM's OpenAI server answers 400 ("This
+                                  model's maximum context length is M tokens. However, you
+                                  requested K output tokens and your prompt contains N input
+                                  tokens ..."; vllm/renderers/params.py TokenizeParams, 0.19.1)
     exceeds_kv_pool               prompt + output (capped at max_model_len) needs more KV blocks
                                   than the whole pool has: it could never be scheduled to the end
                                   (vLLM engine; SGLang clamps max_new_tokens to the pool itself and
                                   refuses only prompts that cannot fit, reported with this reason)
 
-A prompt + output longer than max_model_len is not rejected: it runs and stops at max_model_len
-(finish_reason "length"), as in vLLM.
+SGLang's engine keeps its own rule instead: it clamps max_new_tokens to what the context and the
+pool leave (finish_reason "length").
 
 The watchdog (Engine) counts steps and simulated seconds since the last progress (an output token,
 or a request finished or rejected); past `liveness.max_steps_without_progress` or
@@ -30,7 +35,7 @@ from servesim.scheduler import CacheConfig, SchedulerConfig
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.traces.errors import InputError
 
-REJECT_REASONS = ("prompt_exceeds_max_model_len", "no_room_to_generate", "exceeds_kv_pool")
+REJECT_REASONS = ("prompt_exceeds_max_model_len", "no_room_to_generate", "exceeds_max_model_len", "exceeds_kv_pool")
 
 
 class StallError(InputError):
@@ -50,7 +55,9 @@ class Admission:
     extra_slots: int  # speculative + lookahead tokens a step may hold beyond the sequence
     full_groups: int = 1  # full-attention KV groups (1, or 0 for a sliding-window-only layout)
     window_blocks: int | None = None  # a sliding-window group's most blocks (window + one step's chunk)
-    pool_rule: bool = True  # False: the scheduler bounds requests by the pool itself (SGLang)
+    # False: the scheduler bounds requests by the pool and the context itself (SGLang clamps
+    # max_new_tokens): neither the pool rule nor vLLM's API-server rule on prompt + max_tokens.
+    pool_rule: bool = True
     # attention='groups': the most blocks of each group that does not grow with the sequence
     # (windows, chunks, Mamba state: scheduler/kv/kinds.py admission_shape)
     bounded_groups: tuple[int, ...] = ()
@@ -85,19 +92,14 @@ class Admission:
             return "prompt_exceeds_max_model_len"
         if prompt_len == self.max_model_len:
             return "no_room_to_generate"
+        if self.pool_rule and prompt_len + output_len > self.max_model_len:
+            return "exceeds_max_model_len"
         if self.pool_rule:
             # KV slots it will hold at most: every token but the last sampled one, plus drafts.
             tokens = min(prompt_len + max(output_len, 1) - 1 + self.extra_slots, self.max_model_len)
             if self.blocks_needed(tokens) > self.usable_blocks:
                 return "exceeds_kv_pool"
         return None
-
-    def scheduler_refusal_reason(self) -> str:
-        """Why the scheduler itself refused a request that passed admission: SGLang refuses prompts
-        within a few tokens of min(max_model_len, pool) (its input-length margin)."""
-        if self.blocks_needed(self.max_model_len) > self.usable_blocks:
-            return "exceeds_kv_pool"
-        return "no_room_to_generate"
 
 
 def diagnose(name: str, sched: SchedulerInterface, why: str, num_preemptions: int, limit: str, max_listed: int = 5) -> str:
@@ -112,6 +114,9 @@ def diagnose(name: str, sched: SchedulerInterface, why: str, num_preemptions: in
         cause = (f"{num_preemptions} preemptions since the last progress: the requests keep preempting each "
                  "other (a livelock; vLLM's priority policy breaks ties by arrival time). A larger KV pool, "
                  "scheduler.scheduler_reserve_full_isl=true or fewer concurrent long prompts avoid it")
+    elif (stranded := sched.stranded_request()) is not None:
+        cause = (f"{stranded.request_id} can never be admitted ({stranded.reason}: {stranded.detail}) and blocks "
+                 "the requests behind it, as in vLLM 0.19.1; liveness.stranded_requests=abort aborts it and goes on")
     else:
         cause = ("nothing could be scheduled: no waiting request can be admitted and nothing running can "
                  "advance (KV pool or token budget too small for these requests)")

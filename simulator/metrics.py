@@ -7,7 +7,7 @@ prefill tokens while they cover positions inside the prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -77,23 +77,27 @@ class MetricsCollector(MetricsRecorder):
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
         if any(r.status == "timed_out" or r.reject_reason is not None for r in records):
-            cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
+            rows: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
             for r in records:
-                _append_row(cols, r, r.itl_s)
-        else:  # every request completed (or is still running): one comprehension per column
-            cols = _completed_columns(records)
+                _append_row(rows, r, r.itl_s)
+            column: Callable[[str], list] = rows.pop  # each list dropped once converted
+        else:  # every request completed (or is still running): one comprehension per column, when asked
+            built = _completed_columns(records)
+
+            def column(name: str) -> list:
+                return built.pop(name)()
         data: dict[str, np.ndarray | list] = {}
         all_none: list[str] = []
         for name in REQUEST_COLUMNS:
             kind = _REQUEST_KINDS.get(name)
             if kind == "f":
-                data[name], missing = float_column(cols[name])
+                data[name], missing = float_column(column(name))
                 if missing:
                     all_none.append(name)
             elif kind == "i":
-                data[name] = np.array(cols[name], dtype=np.int64)
+                data[name] = np.array(column(name), dtype=np.int64)
             else:
-                data[name] = cols[name]
+                data[name] = column(name)
         return Columns(data, REQUEST_COLUMNS, all_none)
 
     def requests_frame(self) -> pd.DataFrame:
@@ -249,15 +253,16 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
     if r.status == "timed_out" or r.reject_reason is not None:
         # Latencies stay empty (NaN) so the request never counts in a percentile or CDF; a timed-out
         # request keeps what it streamed (output_len, first_scheduled_s), a failure as vllm bench counts.
-        timed_out = r.status == "timed_out"
+        # A request aborted as stranded (status "aborted") keeps what it streamed as a timed-out one does.
+        ran = r.status in ("timed_out", "aborted")
         values = dict.fromkeys(_LATENCY_COLUMNS, math.nan)
         values.update(request_id=r.request_id, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
-                      output_len=n if timed_out else 0, output_len_target=r.output_len_target, itl_s=[],
-                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if timed_out else 0,
-                      finish_reason="abort" if timed_out else None, status="timed_out" if timed_out else "rejected",
-                      reject_reason=None if timed_out else r.reject_reason, grammar_wait_s=r.grammar_wait_s,
-                      input_wait_s=r.input_wait_s)
-        if timed_out:
+                      output_len=n if ran else 0, output_len_target=r.output_len_target, itl_s=[],
+                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if ran else 0,
+                      finish_reason="abort" if ran else None, status=r.status if ran else "rejected",
+                      reject_reason=None if r.status == "timed_out" else r.reject_reason,
+                      grammar_wait_s=r.grammar_wait_s, input_wait_s=r.input_wait_s)
+        if ran:
             values.update(first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s))
     else:
         values = {
@@ -275,29 +280,31 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
         cols[c].append(v)
 
 
-def _completed_columns(records: list[RequestRecord]) -> dict[str, list]:
-    """The requests-frame columns when no request timed out or was rejected: the very values
-    _append_row's completed branch appends, a column at a time (a cluster hour has 360 k rows)."""
+def _completed_columns(records: list[RequestRecord]) -> dict[str, Callable[[], list]]:
+    """The requests-frame columns when no request timed out or was rejected, each built when called:
+    the very values _append_row's completed branch appends. request_columns converts each to its
+    array before building the next, so one column's Python objects exist at a time (1 M requests:
+    ~30 MB a column of floats, not ~600 MB for all of them)."""
     n_out = [len(r.token_times_s) for r in records]
     return {
-        "request_id": [r.request_id for r in records], "arrival_s": [r.arrival_s for r in records],
-        "prompt_len": [r.prompt_len for r in records], "output_len": n_out,
-        "output_len_target": [r.output_len_target for r in records],
-        "first_scheduled_s": [r.first_scheduled_s for r in records],
-        "first_token_s": [r.first_token_s for r in records], "finish_s": [r.finish_s for r in records],
-        "queueing_s": [_sub(r.first_scheduled_s, r.arrival_s) for r in records],
-        "ttft_s": [_sub(r.first_token_s, r.arrival_s) for r in records],
-        "tpot_s": [(r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) if n > 1 else None
-                   for r, n in zip(records, n_out)],
-        "e2e_s": [_sub(r.finish_s, r.arrival_s) for r in records],
-        "itl_s": [r.itl_s for r in records],
-        "num_preemptions": [r.num_preemptions for r in records],
-        "num_cached_tokens": [r.num_cached_tokens for r in records],
-        "finish_reason": [r.finish_reason for r in records],
-        "status": ["completed" if r.finish_reason is not None else None for r in records],
-        "reject_reason": [None] * len(records),
-        "grammar_wait_s": [r.grammar_wait_s for r in records],
-        "input_wait_s": [r.input_wait_s for r in records],
+        "request_id": lambda: [r.request_id for r in records], "arrival_s": lambda: [r.arrival_s for r in records],
+        "prompt_len": lambda: [r.prompt_len for r in records], "output_len": lambda: n_out,
+        "output_len_target": lambda: [r.output_len_target for r in records],
+        "first_scheduled_s": lambda: [r.first_scheduled_s for r in records],
+        "first_token_s": lambda: [r.first_token_s for r in records], "finish_s": lambda: [r.finish_s for r in records],
+        "queueing_s": lambda: [_sub(r.first_scheduled_s, r.arrival_s) for r in records],
+        "ttft_s": lambda: [_sub(r.first_token_s, r.arrival_s) for r in records],
+        "tpot_s": lambda: [(r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) if n > 1 else None
+                           for r, n in zip(records, n_out)],
+        "e2e_s": lambda: [_sub(r.finish_s, r.arrival_s) for r in records],
+        "itl_s": lambda: [r.itl_s for r in records],
+        "num_preemptions": lambda: [r.num_preemptions for r in records],
+        "num_cached_tokens": lambda: [r.num_cached_tokens for r in records],
+        "finish_reason": lambda: [r.finish_reason for r in records],
+        "status": lambda: ["completed" if r.finish_reason is not None else None for r in records],
+        "reject_reason": lambda: [None] * len(records),
+        "grammar_wait_s": lambda: [r.grammar_wait_s for r in records],
+        "input_wait_s": lambda: [r.input_wait_s for r in records],
     }
 
 

@@ -114,6 +114,19 @@ def check_writable(out: Path, flag: str) -> None:
                          allowed="a folder you can write to") from None
 
 
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """An OSError raised inside without a path (a write() that hit a full disk, pyarrow's I/O
+    errors) is raised again naming `path`, the output the user gave: never a bare "No space left
+    on device". Errors that name their own file pass unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, f"{e.strerror or e} (while writing)", str(path)) from None
+
+
 def clean_stale(out_dir: Path) -> None:
     """Remove what a killed run left beside out_dir (only our own tagged staging names)."""
     out_dir = Path(out_dir)
@@ -225,8 +238,9 @@ def staged_output(out_dir: str | Path, kind: str, *, overwrite: bool = False, fl
     with claim_output(out_dir, overwrite=overwrite, flag=flag) as out:
         tmp = make_staging(out)
         try:
-            yield tmp
-            mark(tmp, kind)
-            publish_dir(tmp, out)
+            with naming(out):
+                yield tmp
+                mark(tmp, kind)
+                publish_dir(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

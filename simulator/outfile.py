@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from servesim.simulator.outdir import TMP_TAG, check_writable, umask
+from servesim.simulator.outdir import TMP_TAG, check_writable, naming, umask
 from servesim.traces.errors import InputError
 
 
@@ -47,9 +47,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{TMP_TAG}.", dir=path.parent)
     os.close(fd)
     try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a result gets the usual mode
-        os.replace(tmp, path)
+        with naming(path):
+            yield Path(tmp)
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a result gets the usual mode
+            os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -20,7 +20,7 @@ import yaml
 from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig, to_dict
 from servesim.simulator.engine_result import EngineResult
-from servesim.simulator.outdir import check_output, make_staging, mark, publish_dir  # noqa: F401  (publish_dir: re-exported)
+from servesim.simulator.outdir import check_output, make_staging, mark, naming, publish_dir  # noqa: F401  (publish_dir: re-exported)
 from servesim.simulator.summary import summarize
 
 
@@ -186,20 +186,71 @@ def _gaps_array(items: list, pa):
     return pa.LargeListArray.from_arrays(_numbers_array(offsets, pa), flat)
 
 
+# Rows per Parquet row group of a large table: each group's Arrow arrays are built, encoded and
+# written before the next (a 1 M-request table's strings, gaps and encoded pages are never all in
+# memory at once); a smaller table is one group, as before.
+ROW_GROUP_ROWS = 131_072
+
+
 def write_parquet(table, path: Path, dictionary: tuple[str, ...] = ()) -> None:
     """A table to a parquet file (snappy, as pandas writes it). Dictionary encoding only for
     the columns named in `dictionary` and the string columns but request_id: floats are nearly
     all distinct (a dictionary of them was half of the Azure hour's writing, and its
-    requests.parquet was 8.6 MB with it, 6.9 MB without), unique ids likewise."""
+    requests.parquet was 8.6 MB with it, 6.9 MB without), unique ids likewise. A table longer
+    than ROW_GROUP_ROWS is written in row groups of that many rows, one at a time, under the
+    whole table's schema (a column of None alone in one group is typed as in the whole)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     cols = _columns(table)
-    arrays = [_arrow_column(cols, name, pa) for name in cols.columns]
-    out = pa.table(arrays, names=cols.columns)
-    encoded = [f.name for f in out.schema
-               if f.name in dictionary or (pa.types.is_large_string(f.type) and f.name != "request_id")]
-    pq.write_table(out, path, compression="snappy", use_dictionary=encoded)
+    schema = _schema(cols, pa) if len(cols) > ROW_GROUP_ROWS else None
+    if schema is None:  # one group (or a column only pyarrow's own inference can type: whole)
+        out = pa.table([_arrow_column(cols, name, pa) for name in cols.columns], names=cols.columns)
+        pq.write_table(out, path, compression="snappy", use_dictionary=_dictionary_columns(out.schema, dictionary, pa))
+        return
+    index = np.arange(len(cols))
+    with pq.ParquetWriter(path, schema, compression="snappy",
+                          use_dictionary=_dictionary_columns(schema, dictionary, pa)) as writer:
+        for start in range(0, len(cols), ROW_GROUP_ROWS):
+            part = cols.take((index >= start) & (index < start + ROW_GROUP_ROWS))
+            arrays = [_arrow_column(part, f.name, pa) for f in schema]
+            writer.write_table(pa.table([a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)],
+                                        schema=schema))
+            del part, arrays
+
+
+def _dictionary_columns(schema, dictionary: tuple[str, ...], pa) -> list[str]:
+    return [f.name for f in schema if f.name in dictionary or (pa.types.is_large_string(f.type)
+                                                               and f.name != "request_id")]
+
+
+def _schema(cols: Columns, pa):
+    """The Arrow schema _arrow_column gives the whole table, found without converting it; None
+    when a column needs pyarrow's own inference (then the table is written whole)."""
+    fields = []
+    for name in cols.columns:
+        values = cols.raw(name)
+        if name in cols.none_in_frame:
+            kind = pa.null()
+        elif isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+            kind = pa.from_numpy_dtype(values.dtype)
+        else:
+            items = values if isinstance(values, list) else values.tolist()
+            kinds = set(map(type, items))
+            if kinds <= {type(None)}:
+                kind = pa.null()
+            elif kinds <= {str, type(None)}:
+                kind = pa.large_string()
+            elif kinds <= {np.ndarray, list} and all(len(v) == 0 if type(v) is list else
+                                                     v.dtype == np.float64 and v.ndim == 1 for v in items):
+                total = sum(map(len, items))
+                kind = pa.list_(pa.float64()) if total < 2**31 else pa.large_list(pa.float64())
+                if total == 0:
+                    kind = pa.list_(pa.null())
+            else:
+                return None
+        fields.append(pa.field(name, kind))
+    return pa.schema(fields)
 
 
 # Per-request and per-step columns with few distinct values (counts, reasons): dictionary-encoded.
@@ -240,17 +291,18 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
     out_dir = check_output(out_dir, overwrite=overwrite)
     tmp = make_staging(out_dir)
     try:
-        mark(tmp, kind)
-        write_requests_parquet(requests, tmp / "requests.parquet")
-        write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
-        write_csv(timeseries, tmp / "timeseries.csv")
-        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
-        for name, table in (extra_csv or {}).items():  # e.g. a cluster's autoscaling tables: NAME.csv
-            table.to_csv(tmp / f"{name}.csv", index=False)
-        if identity is not None:  # servesim/identity.py: what produced the folder
-            (tmp / "run.json").write_text(json.dumps(identity, indent=1, default=str) + "\n")
-        publish_dir(tmp, out_dir)
+        with naming(out_dir):  # a full disk names the result folder, not nothing
+            mark(tmp, kind)
+            write_requests_parquet(requests, tmp / "requests.parquet")
+            write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+            write_csv(timeseries, tmp / "timeseries.csv")
+            (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
+            for name, table in (extra_csv or {}).items():  # e.g. a cluster's autoscaling tables: NAME.csv
+                table.to_csv(tmp / f"{name}.csv", index=False)
+            if identity is not None:  # servesim/identity.py: what produced the folder
+                (tmp / "run.json").write_text(json.dumps(identity, indent=1, default=str) + "\n")
+            publish_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

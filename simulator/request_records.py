@@ -38,8 +38,12 @@ class RequestRecord:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     finish_reason: str | None = None
-    reject_reason: str | None = None  # set when the request could never run (simulator/liveness.py)
-    status: str | None = None  # "timed_out" once the client gave up; otherwise derived in requests_frame
+    # Why the request could never run (rejected at arrival: simulator/liveness.py) or never finish
+    # (aborted as stranded: "stranded_<why>", scheduler/stranded.py).
+    reject_reason: str | None = None
+    # "timed_out" once the client gave up, "aborted" once the engine aborted it as stranded;
+    # otherwise derived in requests_frame
+    status: str | None = None
     grammar_wait_s: float | None = None  # structured output: its grammar's compile time (None: no grammar)
     input_wait_s: float | None = None  # streaming input: time parked waiting for its next chunk (None: none)
     # Inter-token gaps (s) as the first requests frame built from this record computed them (a view
@@ -98,6 +102,13 @@ class MetricsRecorder:
         rec.finish_s = t
         rec.finish_reason = reason
         rec.num_cached_tokens = num_cached_tokens
+
+    def on_stranded(self, request_id: str, reason: str) -> None:
+        """The engine aborted the request: it could never be admitted (what it streamed stays recorded)."""
+        rec = self.requests[request_id]
+        rec.finish_reason = "abort"
+        rec.status = "aborted"
+        rec.reject_reason = reason
 
     def on_timeout(self, request_id: str) -> None:
         """The client gave up; the server aborted the request (what it streamed stays recorded)."""

@@ -11,6 +11,7 @@ have written them one by one.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import IO
 
@@ -127,6 +128,16 @@ class StepBook:
     def record_reject(self, request_id: str, reason: str) -> None:
         self.metrics.on_reject(request_id, reason)
         self.num_done += 1
+
+    def record_stranded(self, request_id: str, reason: str, detail: str) -> None:
+        """The engine aborted a request the scheduler could never admit (Engine.abort_stranded);
+        one warning line names it, as rejections are never silent."""
+        self.metrics.on_stranded(request_id, reason)
+        self.num_done += 1
+        logging.getLogger("servesim").warning(
+            "WARNING: request %s aborted (%s): it can never be admitted: %s. vLLM 0.19.1 waits on it forever, "
+            "blocking the requests behind it; liveness.stranded_requests=wait keeps that (docs/LIVENESS.md)",
+            request_id, reason, detail)
 
     def record_gone(self, request_id: str) -> None:
         """A client gave up (its deadline passed): the request is done for the run."""

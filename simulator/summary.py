@@ -47,6 +47,14 @@ def rejection_summary(req) -> dict:
             "rejected_by_reason": {str(k): int(v) for k, v in sorted(_reason_counts(req, rejected).items())}}
 
 
+def aborted_summary(req) -> dict:
+    """summary.json's num_aborted / aborted_by_reason: requests the engine aborted because they could
+    never be admitted (liveness.stranded_requests "abort"; their reason "stranded_<why>")."""
+    aborted = np.asarray(req["status"]) == "aborted"
+    return {"num_aborted": int(aborted.sum()),
+            "aborted_by_reason": {str(k): int(v) for k, v in sorted(_reason_counts(req, aborted).items())}}
+
+
 def rejection_warning(req, max_ids: int = 5) -> str | None:
     """One loud line for requests that could never run (None when there are none): the reasons
     by count (ties in order of first appearance), then the first ids."""
@@ -112,6 +120,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         "num_finished": int(len(ok)),
         **rejections,
         "num_timed_out": int((req["status"] == "timed_out").sum()),
+        **aborted_summary(req),
         "num_ignored": rejections["num_rejected"],  # the older name, kept for readers of old summaries
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,

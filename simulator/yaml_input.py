@@ -8,6 +8,7 @@ such a file is refused with a message instead of hanging until the kernel kills 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -17,6 +18,22 @@ from servesim.traces.errors import InputError
 
 MAX_YAML_BYTES = 8 * 2**20  # a scenario or config is a few KB; 8 MiB leaves room for inline lists
 MAX_YAML_NODES = 1_000_000  # nodes after expanding aliases (a long inline sweep list is ~10^4)
+
+
+def read_text_bounded(path: str | Path, what: str) -> str:
+    """A YAML file's text, read once (a pipe or /dev/stdin too) and at most MAX_YAML_BYTES: an
+    endless stream is refused, not read into memory. InputError naming `path` (and `what` it is)
+    for an OS error: permission denied, a folder, a missing file."""
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as fh:
+            text = fh.read(MAX_YAML_BYTES + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"cannot read {what}: {reason}", path=str(path)) from None
+    if len(text) > MAX_YAML_BYTES:
+        raise InputError(f"the {what} is longer than {MAX_YAML_BYTES // 2**20} MiB", path=str(path),
+                         allowed=f"at most {MAX_YAML_BYTES // 2**20} MiB")
+    return text
 
 
 def compose_bounded(text: str, path: str | None = None) -> Node | None:

@@ -2,9 +2,10 @@
 
 Every schedule() and update_from_output() is followed by the scheduler's check_invariants() and a
 shadow-KV check (a running request's KV covers its computed tokens; a drained engine holds no KV);
-every episode must end with each request completed or rejected, or stop with the watchdog's
-StallError for the one stall vLLM itself has (the priority-tie preemption livelock). Anything else
-(an invariant failure, a crash, an unexplained stall) is a finding.
+every episode must end with each request completed, rejected or aborted as stranded (a request the
+scheduler can never admit, which vLLM itself would wait on forever: docs/LIVENESS.md section 3), or
+stop with the watchdog's StallError for the one stall vLLM itself has (the priority-tie preemption
+livelock). Anything else (an invariant failure, a crash, an unexplained stall) is a finding.
 
     python tests/fuzz_driver.py --steps 1000000 --seed 1     # the long run (prints figures)
 """
@@ -43,6 +44,7 @@ class Figures:
     requests: int = 0
     completed: int = 0
     rejected: int = 0
+    aborted: int = 0  # stranded requests the engine aborted (liveness.stranded_requests "abort")
     refused_configs: int = 0  # start-up checks refused the sampled config (counted, not run)
     livelocks: int = 0  # watchdog stops on vLLM's priority-tie livelock
     livelock_kinds: dict = field(default_factory=dict)  # (engine, policy, reserve_full_isl) -> count
@@ -173,6 +175,7 @@ def episode(rng: np.random.Generator, figs: Figures) -> None:
         req = eng.metrics.requests_frame()
         figs.completed += int((req["status"] == "completed").sum())
         figs.rejected += int((req["status"] == "rejected").sum())
+        figs.aborted += int((req["status"] == "aborted").sum())
         if int(req["status"].isna().sum()):
             figs.findings.append(f"{engine_name}: {int(req['status'].isna().sum())} requests neither done nor rejected")
     except StallError as e:
@@ -218,7 +221,7 @@ def main() -> None:
             print(f"{figs.steps} steps, {figs.episodes} episodes, {time.perf_counter() - t0:.0f} s", flush=True)
     wall = time.perf_counter() - t0
     print(f"seed {args.seed}: {figs.steps} schedule() steps, {figs.episodes} episodes, {figs.requests} requests "
-          f"({figs.completed} completed, {figs.rejected} rejected), {figs.refused_configs} configs refused at "
+          f"({figs.completed} completed, {figs.rejected} rejected, {figs.aborted} aborted as stranded), {figs.refused_configs} configs refused at "
           f"start-up, {figs.livelocks} priority livelocks stopped by the watchdog, {len(figs.findings)} findings, "
           f"{wall:.0f} s wall")
     for kind, n in sorted(figs.livelock_kinds.items()):

@@ -122,7 +122,7 @@ _HELD: list[int] = []
 CLI_CASES = [
     # --- files ---------------------------------------------------------------------------------
     ("missing-trace", "replay {in}/nope.jsonl", None, 2, ["nope.jsonl: file not found"]),
-    ("trace-is-folder", "replay {in}", None, 2, ["file not found"]),
+    ("trace-is-folder", "replay {in}", None, 2, ["this is a folder, not a trace file"]),
     ("empty-jsonl", "replay {in}/empty.jsonl", None, 2, ["empty.jsonl: the file is empty"]),
     ("empty-csv", "replay {in}/empty.csv --format lengths", None, 2, ["empty.csv: the file is empty"]),
     ("empty-after-gunzip", "replay {in}/blank.jsonl.gz", None, 2, ["empty (after decompression)"]),

@@ -199,8 +199,8 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     rows.to_parquet(tmp_path / "b.parquet")
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
     one = dataclasses.replace(records[0], finish_s=None, finish_reason=None)
-    pd.testing.assert_frame_equal(pd.DataFrame(M._completed_columns([one]), columns=M.REQUEST_COLUMNS),
-                                  _rows([one]))
+    built = {name: column() for name, column in M._completed_columns([one]).items()}  # each built when called
+    pd.testing.assert_frame_equal(pd.DataFrame(built, columns=M.REQUEST_COLUMNS), _rows([one]))
 
 
 def _rows(records):

@@ -41,7 +41,7 @@ def _sync_step(s, check: bool = True):
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_r1_prompt_of_max_model_len_is_rejected_and_the_run_finishes(engine):
     cfg = apply_overrides(SimConfig(), {**SMALL, "engine": engine})
-    res = run(cfg, _wl(("a", 0.0, 64, 4), ("b", 0.0, 65, 4), ("c", 0.0, 63, 4)))
+    res = run(cfg, _wl(("a", 0.0, 64, 4), ("b", 0.0, 65, 4), ("c", 0.0, 63, 4), ("d", 0.0, 63, 1)))
     rows = res.requests.set_index("request_id")
     assert rows.loc["a", "status"] == "rejected" and rows.loc["a", "reject_reason"] == "no_room_to_generate"
     assert rows.loc["b", "reject_reason"] == "prompt_exceeds_max_model_len"
@@ -49,12 +49,17 @@ def test_r1_prompt_of_max_model_len_is_rejected_and_the_run_finishes(engine):
     s = res.summary
     if engine == "sglang":  # SGLang's own input-length check keeps a margin of a few tokens
         assert rows.loc["c", "reject_reason"] == "no_room_to_generate"
-        assert (s["num_completed"], s["num_rejected"], s["e2e_s"]["count"]) == (0, 3, 0)
+        assert rows.loc["d", "reject_reason"] == "no_room_to_generate"
+        assert (s["num_completed"], s["num_rejected"], s["e2e_s"]["count"]) == (0, 4, 0)
         return
-    assert rows.loc["c", "status"] == "completed" and rows.loc["c", "output_len"] == 1  # capped at max_model_len
-    assert (s["num_completed"], s["num_rejected"]) == (1, 2)
-    assert s["rejected_by_reason"] == {"no_room_to_generate": 1, "prompt_exceeds_max_model_len": 1}
+    # 63 + 4 > 64: vLLM's API server answers 400 (prompt + max_tokens beyond the context)
+    assert rows.loc["c", "status"] == "rejected" and rows.loc["c", "reject_reason"] == "exceeds_max_model_len"
+    assert rows.loc["d", "status"] == "completed" and rows.loc["d", "output_len"] == 1  # 63 + 1 fits exactly
+    assert (s["num_completed"], s["num_rejected"]) == (1, 3)
+    assert s["rejected_by_reason"] == {"exceeds_max_model_len": 1, "no_room_to_generate": 1,
+                                       "prompt_exceeds_max_model_len": 1}
     assert s["e2e_s"]["count"] == 1  # rejected requests stay out of percentiles
+    assert s["bench_serve"]["failed"] == 3  # counted as failures, as vllm bench serve counts a 400
 
 
 def test_rejection_warning_names_count_reasons_and_first_ids():
@@ -80,11 +85,11 @@ def test_r2_request_larger_than_the_pool_is_rejected_not_hung(engine):
     cfg = apply_overrides(SimConfig(), {"engine": engine, "cache.num_gpu_blocks": 5, "cache.block_size": 16,
                                         "scheduler.max_model_len": 80, "scheduler.max_num_batched_tokens": 16,
                                         "scheduler.max_num_seqs": 4})
-    res = run(cfg, _wl(("big", 0.0, 32, 100), ("ok", 0.0, 20, 5), ("huge", 0.0, 70, 5)))
+    res = run(cfg, _wl(("big", 0.0, 32, 48), ("ok", 0.0, 20, 5), ("huge", 0.0, 70, 5)))
     rows = res.requests.set_index("request_id")
     assert rows.loc["ok", "status"] == "completed"
     if engine == "sglang":  # SGLang clamps max_new_tokens to what the pool holds; refuses what cannot fit
-        assert rows.loc["big", "status"] == "completed" and 0 < rows.loc["big", "output_len"] < 100
+        assert rows.loc["big", "status"] == "completed" and 0 < rows.loc["big", "output_len"] < 48
         assert rows.loc["huge", "reject_reason"] == "exceeds_kv_pool"
     else:
         assert rows.loc["big", "reject_reason"] == "exceeds_kv_pool"
@@ -97,14 +102,17 @@ def test_admission_rules():
     assert adm.reject_reason(64, 1) == "no_room_to_generate"
     assert adm.reject_reason(40, 10) == "exceeds_kv_pool"  # 49 KV slots (the last token has none) > 3 x 16
     assert adm.reject_reason(40, 9) is None  # 48 slots: exactly 3 blocks
-    assert adm.reject_reason(10, 1000) == "exceeds_kv_pool"  # it would run to max_model_len: 64 slots
+    assert adm.reject_reason(10, 1000) == "exceeds_max_model_len"  # vLLM's API server: 400
+    assert adm.reject_reason(10, 54) == "exceeds_kv_pool"  # 63 slots: 4 blocks > 3
     roomy = Admission(max_model_len=64, block_size=16, usable_blocks=4, extra_slots=0)
-    assert roomy.reject_reason(10, 1000) is None  # runs and stops at max_model_len (vLLM: "length")
+    assert roomy.reject_reason(10, 54) is None and roomy.reject_reason(10, 55) == "exceeds_max_model_len"
+    sglang = Admission(max_model_len=64, block_size=16, usable_blocks=1, extra_slots=0, pool_rule=False)
+    assert sglang.reject_reason(10, 1000) is None  # SGLang clamps max_new_tokens itself
     # a sliding-window layout whose window covers the whole request holds every block (fuzz finding)
     window = Admission.of(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=84, max_model_len=26,
                                           enable_chunked_prefill=False),
                           CacheConfig(block_size=2, num_gpu_blocks=13, sliding_window=33))
-    assert window.reject_reason(21, 10) == "exceeds_kv_pool" and window.reject_reason(9, 5) is None
+    assert window.reject_reason(21, 5) == "exceeds_kv_pool" and window.reject_reason(9, 5) is None
     hybrid = Admission(max_model_len=64, block_size=16, usable_blocks=5, extra_slots=0, window_blocks=2)
     assert hybrid.blocks_needed(48) == 3 + 2 and hybrid.reject_reason(40, 9) is None
     assert hybrid.reject_reason(40, 10) == "exceeds_kv_pool"

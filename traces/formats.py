@@ -22,6 +22,7 @@ from typing import Any
 from servesim.traces.errors import InputError, field_error
 from servesim.traces.registry import FORMATS, FormatInfo, available_formats, encoding_of, get_format, register_format
 from servesim.traces.rows import is_gzip, open_text
+from servesim.traces.streams import is_stream, os_error, spooled
 from servesim.traces.workload import Workload
 
 __all__ = ["available_formats", "load_workload", "register_format", "sniff_format"]
@@ -106,19 +107,34 @@ def sniff_format(path: str | Path) -> str:
 
 
 def load_workload(path: str | Path, fmt: str = "auto", **options: Any) -> Workload:
-    """Load a trace file as a Workload. `options` go to the format's loader (see its docstring)."""
+    """Load a trace file as a Workload. `options` go to the format's loader (see its docstring).
+    A stream (/dev/stdin, a FIFO, a process substitution) is read once, bounded (traces/streams.py)."""
     file = Path(path)
+    if not is_stream(file):
+        return _load_named(file, fmt, options, file)
+    with spooled(file) as copy:
+        wl = _load_named(copy, fmt, options, file)
+    wl.source = f"{file} (a stream, read once)"
+    return wl
+
+
+def _load_named(file: Path, fmt: str, options: dict[str, Any], shown: Path) -> Workload:
+    """_load, every error naming `shown` (the path the user gave) instead of a stream's copy."""
     try:
         return _load(file, fmt, options)
     except InputError as exc:
-        if exc.path is not None:
+        if exc.path is not None and exc.path != str(file):
             raise
         # Errors raised without a file (options, request invariants) still name the file.
-        raise InputError(exc.detail, path=str(file), line=exc.line, field=exc.field,
+        raise InputError(exc.detail, path=str(shown), line=exc.line, field=exc.field,
                          allowed=exc.allowed) from None
+    except OSError as exc:  # permission denied, a read error: named, never a traceback
+        raise os_error(exc, shown, "read the trace") from None
 
 
 def _load(file: Path, fmt: str, options: dict[str, Any]) -> Workload:
+    if file.is_dir():
+        raise InputError("this is a folder, not a trace file", path=str(file), allowed="a trace file")
     if not file.is_file():
         raise InputError("file not found", path=str(file))
     check_readable(file)

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from servesim.scheduler.hashing import TokenProvenance
-from servesim.scheduler.interface import SchedulerCapabilities
+from servesim.scheduler.interface import SchedulerCapabilities, StrandedRequest
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.output import (
     EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats, SpecDecodingStats,
@@ -107,7 +107,7 @@ class SGLangScheduler(BatchingMixin):
         if max_new < 1:
             # SGLang aborts a prompt that cannot fit; like vLLM we finish it as ignored.
             request.status = RequestStatus.FINISHED_IGNORED
-            self._pending.append(RequestOutput(rid, [], "length", 0))
+            self._pending.append(RequestOutput(rid, [], "length", 0, reject_reason=self._refusal_reason(request)))
             return
         request.max_tokens = min(request.max_tokens, max_new)
         self.requests[rid] = request
@@ -124,9 +124,21 @@ class SGLangScheduler(BatchingMixin):
         pool_tokens = self.config.num_pages * ps
         return min(request.max_tokens, self.max_req_len - n - 1, pool_tokens - paged - ps - 1)
 
+    def _refusal_reason(self, request: Request) -> str:
+        """Which of _clamp_max_new_tokens' bounds left no output room: the context length
+        (max_model_len, less SGLang's input margin) or the pool (max_req_len is the smaller)."""
+        if request.num_prompt_tokens >= self.max_req_len - MAX_INPUT_MARGIN:
+            return "no_room_to_generate" if self.max_req_len == self.max_model_len - 1 else "exceeds_kv_pool"
+        return "exceeds_kv_pool"  # the prompt's pages leave no page to decode into
+
     def _enqueue(self, request: Request) -> None:
         self.waiting.append(request)
         self.entry_seq[request.request_id] = next(self._seq)
+
+    def stranded_request(self) -> StrandedRequest | None:
+        """Never one: SGLang clamps max_new_tokens to the pool, refuses a prompt that cannot fit
+        and aborts a request that cannot decode even alone (its own rules, not a wait)."""
+        return None
 
     def take_ignored_outputs(self) -> list[RequestOutput]:
         out, self._pending = self._pending, []
@@ -282,7 +294,8 @@ class SGLangScheduler(BatchingMixin):
         if request in self.running:
             self.running.remove(request)
         self.kv_cache_manager.release(request, 0, insert=False)
-        self._pending.append(RequestOutput(request.request_id, [], "abort", request.num_cached_tokens or 0))
+        self._pending.append(RequestOutput(request.request_id, [], "abort", request.num_cached_tokens or 0,
+                                           reject_reason="exceeds_kv_pool"))
         self._drop(request)
 
     def _drop(self, request: Request) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
+from servesim.scenario.ray_session import our_signal_handlers, private_cluster
 from servesim.scenario.task import Outcome, VariantTask, execute
 from servesim.scheduler.registry import Registry
 from servesim.traces.errors import InputError, field_error
@@ -133,40 +134,66 @@ def _write_crash(task: VariantTask, exc: Exception) -> None:
 def run_ray(tasks: list[VariantTask], root: Path, workers: int | None, address: str | None,
             done: Callable[[Outcome], None]) -> None:
     """One Ray task per variant; results come back through the object store (a cluster's nodes
-    need not share our filesystem) and are published here as each finishes (ray.wait)."""
+    need not share our filesystem) and are published here as each finishes (ray.wait). A local
+    cluster of our own is private and leaves nothing behind (ray_session.py)."""
     env = {} if address else local_ray_env()
     saved = {k: os.environ.get(k) for k in env}
     imported_before = "ray" in sys.modules
     os.environ.update(env)  # before Ray is imported: it reads these once
-    ray = _import_ray()
-    if env and imported_before and not ray.is_initialized():
-        _reread_ray_settings(ray)
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers or default_workers(len(tasks)), include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False)
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(execute)
-        refs = {remote.remote(task): task for task in tasks}
-        pending = list(refs)
-        while pending:
-            finished, pending = ray.wait(pending, num_returns=1)
-            for ref in finished:
+        ray = _import_ray()
+        if env and imported_before and not ray.is_initialized():
+            _reread_ray_settings(ray)
+        if ray.is_initialized():  # the caller's own Ray session: used as it is, left running
+            _run_ray_tasks(ray, tasks, done)
+        elif address:
+            with our_signal_handlers():
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            try:
+                _run_ray_tasks(ray, tasks, done)
+            finally:
+                ray.shutdown()
+        else:
+            with private_cluster() as temp_dir:
+                with our_signal_handlers():
+                    ray.init(num_cpus=workers or default_workers(len(tasks)), include_dashboard=False,
+                             logging_level=logging.ERROR, log_to_driver=False, _temp_dir=str(temp_dir))
                 try:
-                    outcome = ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - the task or its node died
-                    task = refs[ref]
-                    outcome = Outcome(task.name, "error", f"ray task died: {type(exc).__name__}: {exc}",
-                                      files={"error.txt": repr(exc).encode(), **task.extra_files})
-                done(outcome)
+                    _run_ray_tasks(ray, tasks, done)
+                finally:
+                    ray.shutdown()
     finally:
-        if started:
-            ray.shutdown()
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def _run_ray_tasks(ray, tasks: list[VariantTask], done: Callable[[Outcome], None]) -> None:
+    remote = ray.remote(num_cpus=1, max_retries=0)(execute)
+    refs = {remote.remote(task): task for task in tasks}
+    pending = list(refs)
+    while pending:
+        finished, pending = _interruptible(ray.wait, pending, num_returns=1)
+        for ref in finished:
+            try:
+                outcome = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - the task or its node died
+                task = refs[ref]
+                outcome = Outcome(task.name, "error", f"ray task died: {type(exc).__name__}: {exc}",
+                                  files={"error.txt": repr(exc).encode(), **task.extra_files})
+            done(outcome)
+
+
+def _interruptible(call, *args, **kwargs):
+    """call(*args, **kwargs), letting an interrupt through as itself: a signal handler's exception
+    (Ctrl-C's KeyboardInterrupt, SIGTERM's) raised while Ray's Cython code waits comes back
+    wrapped in a SystemError ("returned a result with an exception set")."""
+    try:
+        return call(*args, **kwargs)
+    except SystemError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 def local_ray_env() -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
-from servesim.simulator.yaml_input import compose_bounded
+from servesim.simulator.yaml_input import compose_bounded, read_text_bounded
 from servesim.traces.errors import InputError
 
 Path_ = tuple  # a key path inside the scenario tree, e.g. ("cache", "block_size")
@@ -52,10 +52,7 @@ def dotted(path: Path_) -> str:
 def load_yaml(file: str | Path) -> tuple[dict, Marks]:
     """Parse one YAML file into plain data plus the mark of every key."""
     file = Path(file)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read scenario: {exc.strerror}", path=str(file)) from None
+    text = read_text_bounded(file, "scenario")
     node = compose_bounded(text, str(file))
     marks = Marks({(): Mark(str(file), 1)})
     if node is None:

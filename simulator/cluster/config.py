@@ -170,12 +170,9 @@ class ClusterConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ClusterConfig:
-        from servesim.simulator.yaml_input import safe_load_bounded
+        from servesim.simulator.yaml_input import read_text_bounded, safe_load_bounded
 
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise InputError(f"cannot read: {e.strerror}", path=str(path)) from None
+        text = read_text_bounded(path, "cluster config")
         data = safe_load_bounded(text, str(path))
         return cluster_config_from_dict(data, str(path))
 

@@ -86,12 +86,9 @@ class PlanConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PlanConfig:
-        from servesim.simulator.yaml_input import safe_load_bounded
+        from servesim.simulator.yaml_input import read_text_bounded, safe_load_bounded
 
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise InputError(f"cannot read plan config: {e.strerror}", path=str(path)) from None
+        text = read_text_bounded(path, "plan config")
         data = safe_load_bounded(text, str(path))
         return plan_config_from_dict(data, str(path))
 
