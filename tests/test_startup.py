@@ -82,3 +82,21 @@ def test_api_results_build_their_frames_on_first_read(tmp_path):
             "assert 'pandas' in sys.modules and len(frame) == res.summary['num_requests'] and res.requests is frame\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_a_replay_needs_neither_torch_nor_triton_nor_ray(tmp_path):
+    """`make run` installs the core only (Makefile): a replay, a scenario and a cluster run must not
+    import the GPU runner's or the Ray backend's packages."""
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from servesim.api import replay, run_scenario\n"
+        f"replay(max_requests=20, out_dir={str(tmp_path / 'r')!r})\n"
+        f"run_scenario('scenarios/whisper_asr_encoder_budget.yaml', smoke=True, out_dir={str(tmp_path / 's')!r})\n"
+        "print(sorted(m for m in ('torch', 'triton', 'ray', 'gguf') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

