@@ -15,7 +15,6 @@ matched by step number. `finished` / `rejected` / `timed_out` end the list as a 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,21 +37,16 @@ class Span:
 
 def read_step_records(path: str | Path) -> Iterator[dict]:
     """The step trace's records (JSON lines), each with `step`, `num_scheduled_tokens`, `preempted`."""
+    from servesim.traces.rows import iter_json_rows
+
     file = Path(path).expanduser()
     if not file.is_file():
         raise InputError("file not found", path=str(file), field="--step-trace")
-    with open(file, encoding="utf-8") as fh:
-        for line, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON ({exc.msg})", path=str(file), line=line) from None
-            if not isinstance(rec, dict) or "step" not in rec or "num_scheduled_tokens" not in rec:
-                raise InputError("not a step-trace record", path=str(file), line=line, field="step",
-                                 allowed="the JSON lines `replay --step-trace` writes")
-            yield rec
+    for line, rec in iter_json_rows(file):  # a bad line: InputError naming the file and line
+        if "step" not in rec or "num_scheduled_tokens" not in rec:
+            raise InputError("not a step-trace record", path=str(file), line=line, field="step",
+                             allowed="the JSON lines `replay --step-trace` writes")
+        yield rec
 
 
 def _end(row) -> tuple[str, float]:
