@@ -86,8 +86,20 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     kill_marked(marker, folder, driver)
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_folder(marker, folder, driver)
     return 0
+
+
+def remove_folder(marker: bytes, folder: str, spared: int = 0) -> bool:
+    """Remove `folder`, again while something still writes into it (a killed process's last file
+    makes rmtree's final rmdir fail, ENOTEMPTY, on a loaded machine): whether it is gone."""
+    for _ in range(KILL_ROUNDS):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.exists(folder):
+            return True
+        kill_marked(marker, folder, spared)
+        time.sleep(ROUND_S)
+    return not os.path.exists(folder)
 
 
 if __name__ == "__main__":
