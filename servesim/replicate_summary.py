@@ -75,11 +75,16 @@ def describe_variation(cfg, *, generated: bool, cluster: bool, perturbation) -> 
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves (not bool) of a summary as dotted keys; lists are left out."""
-    from servesim.scenario.table import flatten as flatten_all
-
-    return {k: v for k, v in flatten_all(tree, prefix).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """Numeric leaves (not bool) of a summary as dotted keys; lists are left out. (Not
+    scenario/table.py's flatten: that module imports this one.)"""
+    out: dict[str, float] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = value
+    return out
 
 
 def _mean_tree(trees: list[Any]) -> Any:

@@ -25,6 +25,7 @@ import time
 
 KILL_ROUNDS = 50  # at most 5 s of rounds 0.1 s apart: enough for a raylet's last spawn to show up
 ROUND_S = 0.1
+GRACE_S = 3.0  # how long the folder is watched after its removal
 
 
 def marked_pids(marker: bytes, folder: str, spared: int = 0) -> list[int]:
@@ -87,6 +88,14 @@ def main(argv: list[str]) -> int:
         pass
     kill_marked(marker, folder, driver)
     remove_folder(marker, folder, driver)
+    # A straggler (a Ray process the kill rounds had not seen yet, or the exiting driver's own Ray
+    # shutdown at interpreter exit) may make the session folder again just after: watch a while.
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(ROUND_S)
+        if os.path.exists(folder) or marked_pids(marker, folder, driver):
+            kill_marked(marker, folder, driver)
+            remove_folder(marker, folder, driver)
     return 0
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MARKER_NAME = "SERVESIM_RAY_REAPER"
-REAPER_WAIT_S = 10.0  # how long a finished sweep waits for the reaper to clear up
+REAPER_WAIT_S = 15.0  # how long a finished sweep waits for the reaper (its kill rounds, then 3 s of watching)
 
 
 @contextlib.contextmanager
