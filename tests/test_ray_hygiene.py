@@ -113,9 +113,12 @@ def test_a_ray_sweep_driver_killed_mid_run_leaves_no_ray_process(tmp_path, sig, 
     if _ray_processes():
         pytest.skip("Ray processes already running on this machine")
     (tmp_path / "sweep.yaml").write_text(
-        "name: raykill\nworkload: {trace: sharegpt-300}\nhardware: {model: llama-3.1-8b, gpu: h100}\n"
+        # Variants of a few seconds each (the compiled build runs the bundled trace in 0.3 s): the
+        # signal must land while the sweep runs.
+        "name: raykill\nworkload: {generator: poisson, num_requests: 60000, arrival: {rate_per_s: 40},\n"
+        "  prompt_len: 512, output_len: 256}\nhardware: {model: llama-3.1-8b, gpu: h100}\n"
         "scheduler: {max_model_len: 8192}\nsweep:\n  scheduler.max_num_seqs: [16, 32, 64, 128]\n"
-        "  workload.rate_scale: [1.0, 3.0]\n")
+        "  workload.arrival.rate_per_s: [20, 40]\n")
     before = set(Path(tempfile_dir()).glob("servesim-ray-*"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     driver = subprocess.Popen([sys.executable, "-m", "servesim", "run", "sweep.yaml", "--backend", "ray", "--workers",

@@ -88,6 +88,9 @@ def main(argv: list[str]) -> int:
         pass
     kill_marked(marker, folder, driver)
     remove_folder(marker, folder, driver)
+    with contextlib.suppress(OSError):  # the driver, if alive, waits for this line, not for the watch below
+        sys.stdout.write("removed\n")
+        sys.stdout.flush()
     # A straggler (a Ray process the kill rounds had not seen yet, or the exiting driver's own Ray
     # shutdown at interpreter exit) may make the session folder again just after: watch a while.
     deadline = time.monotonic() + GRACE_S

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MARKER_NAME = "SERVESIM_RAY_REAPER"
-REAPER_WAIT_S = 15.0  # how long a finished sweep waits for the reaper (its kill rounds, then 3 s of watching)
+REAPER_WAIT_S = 10.0  # how long a finished sweep waits for the reaper to clear up
 
 
 @contextlib.contextmanager
@@ -36,7 +37,7 @@ def private_cluster() -> Iterator[Path]:
     reaper = subprocess.Popen(  # started before the marker is set: it never carries it
         [sys.executable, str(Path(__file__).with_name("ray_reaper.py")), f"{MARKER_NAME}={token}", str(folder),
          str(os.getpid())],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     saved = os.environ.get(MARKER_NAME)
     os.environ[MARKER_NAME] = token  # every Ray process started from here on inherits it
     try:
@@ -46,10 +47,14 @@ def private_cluster() -> Iterator[Path]:
             os.environ.pop(MARKER_NAME, None)
         else:
             os.environ[MARKER_NAME] = saved
-        assert reaper.stdin is not None
+        assert reaper.stdin is not None and reaper.stdout is not None
         reaper.stdin.close()  # the reaper's signal; the driver dying closes it the same way
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            reaper.wait(timeout=REAPER_WAIT_S)
+        # Wait for its "removed" line (the cluster gone), not for its exit: it then watches the
+        # folder a few seconds more on its own (ray_reaper.py GRACE_S).
+        with contextlib.suppress(OSError, ValueError):
+            if select.select([reaper.stdout], [], [], REAPER_WAIT_S)[0]:
+                reaper.stdout.readline()
+            reaper.stdout.close()
 
 
 @contextlib.contextmanager
