@@ -7,7 +7,7 @@
 Each case is one `servesim replay` in a fresh child process (imports, trace loading, simulation and
 writing results included: what a user waits for) on one core; peak RSS is that child's ru_maxrss.
 "engine x" is the simulation alone (summary.json's wall_time_s: no start-up, loading or writing).
-`--set KEY=VALUE` is passed to every case (e.g. `--set scheduler.async_scheduling=false`).
+`--set KEY=VALUE` is passed to every replay case (cluster cases read their YAML) (e.g. `--set scheduler.async_scheduling=false`).
 
 Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
 - default: the bundled trace (`make run`);
@@ -18,6 +18,12 @@ Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
 - cpu-kv / cpu-kv-off: 300 requests of the bundled Mooncake sample at 0.25x on a 12,000-block pool,
   with a 512 GiB CPU KV tier (vLLM's OffloadingConnector: the fast path declines it, every step is
   simulated; it loads back 4.7 % of the tokens the GPU cache lacked) and without it;
+- spec-hour: the hour with 3 speculative tokens (n-gram drafter: no draft model) at acceptance 0.7 each;
+- pd-hour / colocated-hour: the hour at 4x its rate on 2 prefill + 2 decode replicas (P/D over a
+  50 GB/s link, `servesim cluster` with benchmarks/configs/pd_hour.yaml) and on 4 colocated replicas;
+- cluster32-lo / cluster32-kv / cluster32-prefix: 100 requests/s for 60 s on 32 replicas
+  (benchmarks/cluster_speed.py's traffic) routed by `least_outstanding`, `least_kv` and `prefix_aware`;
+- mooncake-steps: `mooncake` with the fast path off (`macro_steps: false`);
 - vidur: Vidur's own workload (../shared/data/benchmarks/speed_vidur_workload: 19,366 Azure-conv
   requests, Poisson 1 req/s), Llama-2-70B TP2 on A100, batch cap 128, 4,096 tokens per batch.
 
@@ -44,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "benchmarks" / "configs"
 SHARED = ROOT.parent / "shared" / "data"
 AZURE = SHARED / "traces" / "azure_llm_inference_2023"
 VIDUR_WL = SHARED / "benchmarks" / "speed_vidur_workload"
@@ -62,8 +69,9 @@ MOONCAKE_SAMPLE = (str(ROOT / "traces" / "data" / "mooncake_conversation_first5m
 @dataclass(frozen=True, slots=True)
 class Case:
     name: str
-    args: tuple[str, ...]  # servesim replay arguments (before --out)
+    args: tuple[str, ...]  # the command's arguments (before --out)
     needs: Path | None = None  # data file the case reads (skipped when absent)
+    command: str = "replay"  # the servesim command: replay, or cluster (args: config YAML, trace)
 
 
 def cases() -> list[Case]:
@@ -81,6 +89,18 @@ def cases() -> list[Case]:
              SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
         Case("cpu-kv-off", MOONCAKE_SAMPLE),
         Case("cpu-kv", (*MOONCAKE_SAMPLE, "--set", "kv_offload.kv_offloading_size=512")),
+        Case("spec-hour", (str(AZURE / "AzureLLMInferenceTrace_conv.csv"), "--set", "scheduler.num_spec_tokens=3",
+                           "--set", "spec_decode.acceptance=[0.7, 0.7, 0.7]"), AZURE / "AzureLLMInferenceTrace_conv.csv"),
+        Case("pd-hour", (str(CONFIGS / "pd_hour.yaml"), str(AZURE / "AzureLLMInferenceTrace_conv.csv"),
+                         "--rate-scale", "4"), AZURE / "AzureLLMInferenceTrace_conv.csv", "cluster"),
+        Case("colocated-hour", (str(CONFIGS / "colocated_hour.yaml"), str(AZURE / "AzureLLMInferenceTrace_conv.csv"),
+                                "--rate-scale", "4"), AZURE / "AzureLLMInferenceTrace_conv.csv", "cluster"),
+        Case("cluster32-lo", (str(CONFIGS / "cluster32_least_outstanding.yaml"),), command="cluster"),
+        Case("cluster32-kv", (str(CONFIGS / "cluster32_least_kv.yaml"),), command="cluster"),
+        Case("cluster32-prefix", (str(CONFIGS / "cluster32_prefix_aware.yaml"),), command="cluster"),
+        Case("mooncake-steps", (str(SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
+                                "--model", "llama-3.1-70b", "--tp", "8", "--set", "macro_steps=false"),
+             SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
         Case("vidur", (str(VIDUR_WL / "vidur_workload_servesim.csv.gz"), "--model", "llama-2-70b", "--gpu", "a100",
                        "--tp", "2", "--set", "scheduler.max_num_seqs=128",
                        "--set", "scheduler.max_num_batched_tokens=4096"), VIDUR_WL / "vidur_workload_servesim.csv.gz"),
@@ -118,7 +138,8 @@ def _child(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float
 def run_servesim(case: Case, extra: list[str]) -> Measured:
     with tempfile.TemporaryDirectory(prefix="servesim-speed-") as tmp:
         out = Path(tmp) / "out"
-        cmd = [sys.executable, "-m", "servesim", "replay", *case.args, *extra, "--out", str(out)]
+        sets = extra if case.command == "replay" else []  # `cluster` takes its settings from its YAML
+        cmd = [sys.executable, "-m", "servesim", case.command, *case.args, *sets, "--out", str(out)]
         wall, rss, code, err = _child(cmd, ROOT, child_env())
         if code != 0:
             return Measured(wall, rss, None, None, None, f"exit {code}: {err}")
@@ -157,12 +178,12 @@ def _scheduler_build(env: dict[str, str]) -> str:
 
 def _row(name: str, m: Measured, sim_s: float | None = None) -> str:
     if m.error:
-        return f"{name:12s} failed after {m.wall_s:.1f} s: {m.error}"
+        return f"{name:16s} failed after {m.wall_s:.1f} s: {m.error}"
     sim = m.sim_s if m.sim_s is not None else sim_s
     speed = f"{sim / m.wall_s:8.1f}x" if sim else "        -"
     engine = f"{sim / m.engine_wall_s:9.1f}x" if sim and m.engine_wall_s else "         -"
     steps = f"{m.num_steps / m.wall_s:9.0f}" if m.num_steps else "        -"
-    return (f"{name:12s} {m.num_requests or 0:8d} {sim or 0:9.1f} {m.wall_s:9.2f} {speed} {engine} {steps} "
+    return (f"{name:16s} {m.num_requests or 0:8d} {sim or 0:9.1f} {m.wall_s:9.2f} {speed} {engine} {steps} "
             f"{m.num_steps or 0:9d} {m.peak_rss_mib:8.0f}")
 
 
@@ -179,14 +200,14 @@ def main() -> int:
           f", {os.cpu_count()} CPUs; whole process, one child per case; "
           f"overrides: {args.set or 'none'}")
     print(f"scheduler: {_scheduler_build(child_env())}")
-    print(f"{'case':12s} {'requests':>8s} {'sim s':>9s} {'wall s':>9s} {'x real':>9s} {'engine x':>10s} {'steps/s':>9s} "
+    print(f"{'case':16s} {'requests':>8s} {'sim s':>9s} {'wall s':>9s} {'x real':>9s} {'engine x':>10s} {'steps/s':>9s} "
           f"{'steps':>9s} {'RSS MiB':>8s}")
     figures: dict[str, dict] = {}
     for case in cases():
         if args.only and case.name not in args.only:
             continue
         if case.needs is not None and not case.needs.exists():
-            print(f"{case.name:12s} skipped ({case.needs} not found)")
+            print(f"{case.name:16s} skipped ({case.needs} not found)")
             continue
         m = run_servesim(case, extra)
         print(_row(case.name, m), flush=True)
