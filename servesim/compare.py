@@ -128,10 +128,12 @@ def delta_text(value: float | None, base: float | None, digits: int) -> str:
 
 
 def write_compare_report(cmp: Comparison, out: Path, overwrite: bool = False) -> Path:
-    """report.html in a new result folder `out`: the two tables and the latency CDFs overlaid."""
+    """report.html in a new result folder `out`: the two tables, then the runs overlaid (interactive
+    latency CDFs and KV usage over time, and the latency CDFs as a PNG)."""
     import html
 
     from servesim.plots import _save
+    from servesim.plots.interactive import charts_html, overlay_charts
     from servesim.plots.report import write_report
     from servesim.plots.run import latency_cdfs
     from servesim.scenario.results import load_results
@@ -152,5 +154,6 @@ def write_compare_report(cmp: Comparison, out: Path, overwrite: bool = False) ->
         table = f"<table>{head}{''.join(rows)}</table>"
         write_report(tmp, "servesim compare: " + " vs ".join(cmp.names),
                      "Settings that differ, then each metric with its change against the first run.",
-                     table, [("Latency", [(fig, "TTFT, TPOT and E2E CDFs, one line per run")], False)])
+                     table, [("Latency", [(fig, "TTFT, TPOT and E2E CDFs, one line per run")], False)],
+                     charts_html(overlay_charts(runs)))
     return out / "report.html"

@@ -1,6 +1,7 @@
 """The report's interactive charts (plots/interactive.py, assets/charts.js): self-contained HTML, sane
-chart data, and the script driven under node with a minimal DOM (tests/data/dom_stub.js; no headless
-browser is installed here): hover, drag-zoom, double-click and legend clicks."""
+chart data, and the script driven under node with a minimal DOM (tests/data/dom_stub.js): hover, drag-zoom,
+double-click and legend clicks with exact values. tests/test_report_browser.py opens whole pages in
+headless Chromium where one is installed."""
 
 from __future__ import annotations
 

@@ -79,14 +79,18 @@ def run_charts(res, label: str = "run") -> list[dict]:
     return latency_specs({label: res}) + [state, tokens]
 
 
-def sweep_charts(sw, labels: dict[str, str]) -> list[dict]:
-    """Every finished variant's latency CDFs and KV usage over time, overlaid (one series each)."""
-    ok = sw.table[sw.table["status"] == "ok"]["variant"].tolist()
-    runs = {labels.get(name) or name: sw.variant(name) for name in ok}
+def overlay_charts(runs: dict) -> list[dict]:
+    """Runs overlaid (label -> Results, one series each): latency CDFs and KV usage over time."""
     kv = {"title": "KV-cache usage over time", "xlabel": "simulated time (s)", "ylabel": "KV cache used (%)",
           "step": True, "series": [_series(label, i, _pooled(res.timeseries["t_s"], res.timeseries["kv_cache_pct"]))
                                    for i, (label, res) in enumerate(runs.items())]}
     return latency_specs(runs) + [kv] if runs else []
+
+
+def sweep_charts(sw, labels: dict[str, str]) -> list[dict]:
+    """Every finished variant's latency CDFs and KV usage over time, overlaid (one series each)."""
+    ok = sw.table[sw.table["status"] == "ok"]["variant"].tolist()
+    return overlay_charts({labels.get(name) or name: sw.variant(name) for name in ok})
 
 
 def charts_html(specs: list[dict], prefix: str = "chart") -> str:
