@@ -68,8 +68,12 @@ def bench_workload_from_flags(flags: BenchFlags, seed: int, max_requests: int | 
     for name in ("num_prompts", "request_rate", "burstiness"):
         if getattr(flags, name) is not None:
             given[name] = getattr(flags, name)
-    path = None if flags.dataset_path is None else str(flags.dataset_path.expanduser())
-    return bench_workload(BenchConfig(dataset_name=flags.dataset_name, seed=seed, dataset_path=path, **given))
+    path = None if flags.dataset_path is None else str(flags.dataset_path.expanduser().resolve())
+    wl = bench_workload(BenchConfig(dataset_name=flags.dataset_name, seed=seed, dataset_path=path, **given))
+    # config.yaml's `workload: {bench: ...}` (servesim/scenario/workload.py) rebuilds the same traffic
+    wl.spec = {"bench": {"dataset_name": flags.dataset_name, **given, **({"dataset_path": path} if path else {})},
+               "seed": seed}
+    return wl
 
 
 def parse_trace_options(items: list[str]) -> dict:

@@ -247,3 +247,5 @@ def main() -> None:
     except InputError as e:  # raised outside a command (while parsing)
         typer.secho(f"error: {format_error(e)}", fg="red", err=True)
         sys.exit(2)
+    finally:  # a caller that goes on (a test calling main()) is the Python API again
+        _whole_process.clear()

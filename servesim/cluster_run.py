@@ -59,7 +59,7 @@ def load_cluster_workload(spec: dict, trace: str | None = None, base_dir: Path |
         spec = dict(spec)
         shape = daily_shape_from_dict(spec.pop("daily_shape"))
         return apply_daily_shape(load_cluster_workload(spec, trace, base_dir, smoke), shape)
-    if "generator" in spec and trace is None:
+    if ("generator" in spec or "bench" in spec) and trace is None:  # generated here (scenario/workload.py)
         parsed = parse_workload(spec, 0, Marks())
         return build_workload(parsed.smoke() if smoke else parsed)
     if smoke:
@@ -121,7 +121,8 @@ def run_cluster_file(config, trace=None, *, fmt: str | None = None, max_requests
             raise InputError("replicates need a result folder", field="out_dir", allowed="a folder path")
         regenerate = (lambda r: load_cluster_workload({**wl_spec, "seed": replicate_seed(wl_spec.get("seed") or 0, r.index)},
                                                       trace_s, path.parent, smoke)) \
-            if "generator" in wl_spec and trace is None else (lambda r: wl)  # a generator is reseeded; a trace is fixed
+            if ("generator" in wl_spec or "bench" in wl_spec) and trace is None \
+            else (lambda r: wl)  # a generator is reseeded; a trace is fixed
         cluster_replicates(cfg, regenerate, meta, replicates, Path(out_dir), overwrite=overwrite, workers=workers,
                            perturb=perturb_in_file if perturb_cost_model is None else perturb_cost_model)
         return None, wl

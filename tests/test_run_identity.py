@@ -76,3 +76,42 @@ def test_compare_lists_the_settings_that_differ_and_each_metric_against_the_firs
         compare([tmp_path / "a"])
     with pytest.raises(InputError, match="no summary.json"):
         compare([tmp_path / "a", tmp_path])
+
+
+def test_a_dataset_name_run_replays_from_its_config_yaml(tmp_path):
+    from servesim.api import replay
+
+    replay(dataset_name="random", num_prompts=40, request_rate=6.0, burstiness=0.5, random_input_len=300,
+           random_output_len=40, random_range_ratio=0.5, seed=3, out_dir=tmp_path / "r")
+    config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert config["workload"] == {"bench": {"dataset_name": "random", "random_input_len": 300, "random_output_len": 40,
+                                            "random_range_ratio": 0.5, "num_prompts": 40, "request_rate": 6.0,
+                                            "burstiness": 0.5}, "seed": 3}
+    run_scenario(tmp_path / "r" / "config.yaml", out_dir=tmp_path / "again")
+    [variant] = [p for p in (tmp_path / "again" / "variants").iterdir()]
+    for name in ("requests.parquet", "steps.parquet", "timeseries.csv"):
+        assert filecmp.cmp(tmp_path / "r" / name, variant / name, shallow=False), name
+
+
+def _bench_error(tmp_path, workload: str) -> str:
+    import pytest
+
+    from servesim.scenario import load_scenario
+    from servesim.traces.errors import InputError
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nworkload:\n  {workload}\n")
+    with pytest.raises(InputError) as err:
+        load_scenario(path)
+    return str(err.value)
+
+
+def test_a_bench_workload_section_is_validated_with_file_line_and_field(tmp_path):
+    msg = _bench_error(tmp_path, "bench: {dataset_name: random, num_promts: 5}")
+    assert "s.yaml" in msg and "line 3" in msg and "num_promts" in msg and "num_prompts" in msg
+    msg = _bench_error(tmp_path, "bench: {dataset_name: random, request_rate: -1}")
+    assert "workload.bench.request_rate" in msg and "> 0, or inf" in msg
+    msg = _bench_error(tmp_path, "bench: {dataset_name: tweets}")
+    assert "workload.bench.dataset_name" in msg and "sharegpt" in msg
+    msg = _bench_error(tmp_path, "{bench: {dataset_name: random}, trace: sharegpt-300}")
+    assert "exactly one of" in msg

@@ -139,7 +139,7 @@ def _check_top_level(data: dict, marks: Marks) -> None:
         if key not in valid:
             raise unknown_key(key, valid, (), marks)
     if "workload" not in data:
-        raise marks.error("a scenario needs a `workload:` section (trace: FILE or generator: NAME)", ())
+        raise marks.error("a scenario needs a `workload:` section (trace: FILE, generator: NAME or bench: {...})", ())
 
 
 def _resolve(data: dict, marks: Marks, combo, smoke: bool) -> tuple[dict, SimConfig, WorkloadSpec]:

@@ -113,10 +113,10 @@ def load_scenario_source(file: str | Path, _chain: tuple[Path, ...] = ()) -> tup
 
 
 def _drop_replaced(base: dict, over: dict) -> dict:
-    """A `workload:` that names its source (trace or generator) replaces the inherited workload
+    """A `workload:` that names its source (trace, generator or bench) replaces the inherited workload
     instead of merging into it: a trace's options mean nothing to a generator and vice versa."""
     wl = over.get("workload")
-    if isinstance(wl, dict) and ({"trace", "generator"} & set(wl)) and "workload" in base:
+    if isinstance(wl, dict) and ({"trace", "generator", "bench"} & set(wl)) and "workload" in base:
         return {k: v for k, v in base.items() if k != "workload"}
     return base
 

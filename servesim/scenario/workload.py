@@ -1,9 +1,11 @@
-"""The `workload:` section: a trace file, or a synthetic generator whose parameters mirror
-`traces.synthetic_config.SyntheticConfig` one to one.
+"""The `workload:` section: a trace file, a synthetic generator whose parameters mirror
+`traces.synthetic_config.SyntheticConfig` one to one, or `vllm bench serve`'s generated traffic whose
+parameters mirror `traces.bench.BenchConfig` (what `replay --dataset-name` writes into config.yaml).
 
     workload: {trace: ../traces/data/mooncake_conversation_first5min.jsonl.gz, max_requests: 300}
     workload: {trace: sharegpt-300}                      # a bundled sample, by name
     workload: {generator: poisson, num_requests: 500, arrival: {rate_per_s: 8}}
+    workload: {bench: {dataset_name: random, num_prompts: 200, request_rate: 8.0}, seed: 0}
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from servesim.traces.errors import InputError
 
 TRACE_KEYS: dict[str, Any] = {"trace": str, "format": str, "options": dict}
 GENERATOR_KEYS: dict[str, Any] = {"generator": str, "seed": int | None}
+BENCH_KEYS: dict[str, Any] = {"bench": dict, "seed": int | None}
+KINDS = ("trace", "generator", "bench")
 # Transforms that apply to either kind, in this order: rate, then time limit, then request count.
 COMMON_KEYS: dict[str, Any] = {"rate_scale": float | None, "time_limit_s": float | None,
                                "max_requests": int | None}
@@ -35,14 +39,16 @@ class WorkloadSpec:
     options: dict[str, Any] = field(default_factory=dict)  # format loader options
     generator: str | None = None  # synthetic generator name (traces.available_generators)
     params: dict[str, Any] = field(default_factory=dict)  # SyntheticConfig as plain data
-    seed: int = 0  # generator rng seed
+    seed: int = 0  # generator rng seed (also the bench traffic's, as `replay --seed` sets it)
+    bench: dict[str, Any] | None = None  # traces.bench.BenchConfig as plain data, seed excluded
     rate_scale: float | None = None  # 2.0 = twice the traffic
     time_limit_s: float | None = None  # keep arrivals before this time, seconds
     max_requests: int | None = None  # keep the first N requests
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        keep = ("trace", "format", "options") if self.trace is not None else ("generator", "params", "seed")
+        keep = (("trace", "format", "options") if self.trace is not None else ("bench", "seed")
+                if self.bench is not None else ("generator", "params", "seed"))
         return {k: v for k, v in out.items() if k in keep or (k in COMMON_KEYS and v is not None)}
 
     def to_scenario(self) -> dict[str, Any]:
@@ -58,10 +64,12 @@ class WorkloadSpec:
     def smoke(self) -> WorkloadSpec:
         """The same workload cut to a few requests (CI and quick looks)."""
         limit = min(self.max_requests or SMOKE_MAX_REQUESTS, SMOKE_MAX_REQUESTS)
-        params = self.params
+        params, bench = self.params, self.bench
         if self.generator is not None:  # cut inside the generator, so sessions end on a last turn
             params = {**params, "num_requests": min(params.get("num_requests") or limit, limit)}
-        return dataclasses.replace(self, max_requests=limit, params=params)
+        if bench is not None:
+            bench = {**bench, "num_prompts": min(bench.get("num_prompts") or limit, limit)}
+        return dataclasses.replace(self, max_requests=limit, params=params, bench=bench)
 
 
 def parse_workload(data: Any, default_seed: int, marks: Marks) -> WorkloadSpec:
@@ -71,11 +79,14 @@ def parse_workload(data: Any, default_seed: int, marks: Marks) -> WorkloadSpec:
 
     path = ("workload",)
     if not isinstance(data, dict):
-        raise marks.error("expected a mapping with `trace:` or `generator:`", path)
-    if ("trace" in data) == ("generator" in data):
-        raise marks.error("give exactly one of `trace:` (a file) and `generator:` (synthetic)", path)
+        raise marks.error("expected a mapping with `trace:`, `generator:` or `bench:`", path)
+    if sum(kind in data for kind in KINDS) != 1:
+        raise marks.error("give exactly one of `trace:` (a file), `generator:` (synthetic) and `bench:` "
+                          "(vllm bench serve's traffic)", path)
     common = {k: convert(data[k], hint, path + (k,), marks) for k, hint in COMMON_KEYS.items() if k in data}
     _check_transforms(common, marks)
+    if "bench" in data:
+        return _parse_bench(data, common, default_seed, marks)
     if "trace" in data:
         for key in data:
             if key not in TRACE_KEYS and key not in COMMON_KEYS:
@@ -99,6 +110,31 @@ def parse_workload(data: Any, default_seed: int, marks: Marks) -> WorkloadSpec:
     spec = WorkloadSpec(generator=name, params=synth, seed=default_seed if seed is None else seed, **common)
     _check_generator(spec, marks)
     return spec
+
+
+def _parse_bench(data: dict, common: dict, default_seed: int, marks: Marks) -> WorkloadSpec:
+    """`bench:` holds BenchConfig's fields (the `replay --dataset-name` flags, underscored); the
+    traffic is built now so an impossible value fails before anything runs."""
+    from servesim.traces.bench import BenchConfig
+
+    path = ("workload",)
+    for key in data:
+        if key not in BENCH_KEYS and key not in COMMON_KEYS:
+            raise unknown_key(key, [*BENCH_KEYS, *COMMON_KEYS], path, marks)
+    params = convert(data["bench"], dict, path + ("bench",), marks)
+    fields = [f.name for f in dataclasses.fields(BenchConfig) if f.name != "seed"]
+    for key in params:
+        if key not in fields:
+            raise unknown_key(key, fields, path + ("bench",), marks)
+    seed = convert(data.get("seed"), int | None, path + ("seed",), marks)
+    try:
+        BenchConfig(**params)
+    except (InputError, TypeError) as exc:
+        where = (exc.field or "").lstrip("-").replace("-", "_") if isinstance(exc, InputError) else ""
+        raise marks.error(exc.detail if isinstance(exc, InputError) else str(exc),
+                          ("workload", "bench", *([where] if where else [])),
+                          allowed=exc.allowed if isinstance(exc, InputError) else None) from None
+    return WorkloadSpec(bench=dict(params), seed=default_seed if seed is None else seed, **common)
 
 
 def _check_transforms(common: dict, marks: Marks) -> None:
@@ -158,6 +194,10 @@ def build_workload(spec: WorkloadSpec):
             wl = load_bundled(spec.trace, **spec.options)
         else:
             wl = load_workload(spec.trace, spec.format, **spec.options)
+    elif spec.bench is not None:
+        from servesim.traces.bench import BenchConfig, bench_workload
+
+        wl = bench_workload(BenchConfig(**spec.bench, seed=spec.seed))
     else:
         wl = make_workload(spec.generator, spec.params, np.random.default_rng(spec.seed))
     if spec.rate_scale is not None:
