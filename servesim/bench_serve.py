@@ -14,6 +14,8 @@ token totals, throughputs, `request_goodput` (None without `--goodput`), `max_ou
 std_<metric>_ms` and `p<P>_<metric>_ms` for each `--metric-percentiles` P. `--save-detailed` adds
 the per-request lists (`input_lens`, `output_lens`, `ttfts`, `itls`, `start_times`,
 `generated_texts`, `errors`), in seconds as vLLM writes them; `start_times` are simulated send times.
+`--append-result` adds the result to an existing file after a newline (one JSON object per line), as
+serve.py's "a+" mode does, and writes a new file where there is none.
 
 What differs by necessity: `backend` is "servesim" (no HTTP endpoint was called), generated texts
 are empty strings (the simulator makes no text), and `date` is the wall-clock time of writing
@@ -57,6 +59,12 @@ class BenchResultOptions:
     result_filename: str | None = None  # None: vLLM's {label}-{rate}qps[-concurrencyN]-{model}-{date}.json
     label: str | None = None  # None: the backend name
     metadata: tuple[tuple[str, str], ...] = ()  # --metadata KEY=VALUE pairs, written as top-level keys
+    append_result: bool = False  # add the result as a new line of an existing file (vLLM's "a+" mode)
+
+    @property
+    def writes(self) -> bool:
+        """Whether a result file is written: --save-result or --append-result (either, as serve.py)."""
+        return self.save_result or self.append_result
 
     def __post_init__(self) -> None:
         self.percentile_metrics = tuple(self.percentile_metrics)
@@ -72,13 +80,14 @@ class BenchResultOptions:
                 raise InputError(f"got {p!r}", field="--metric-percentiles", allowed="numbers in [0, 100]")
         if not self.metric_percentiles:
             raise InputError("no percentile given", field="--metric-percentiles", allowed="e.g. 50,90,99")
-        if not self.save_result:
+        if not self.writes:
             for flag, value in (("--save-detailed", self.save_detailed), ("--result-dir", self.result_dir),
                                 ("--result-filename", self.result_filename), ("--metadata", self.metadata),
                                 ("--label", self.label)):
                 if value:
                     raise InputError(f"{flag} without --save-result writes nothing", field=flag,
-                                     allowed="add --save-result (the result file is written only then)")
+                                     allowed="add --save-result or --append-result (the result file is "
+                                             "written only then)")
         if self.result_filename is not None and (not self.result_filename or self.result_filename.endswith("/")):
             raise InputError(f"got {self.result_filename!r}", field="--result-filename", allowed="a file name")
 
@@ -228,18 +237,52 @@ def result_path(opts: BenchResultOptions, traffic: BenchTraffic, model_id: str, 
 
 def write_result(requests, opts: BenchResultOptions, traffic: BenchTraffic, model_id: str,
                  goodput: GoodputSlo | None = None) -> Path:
-    """Write the result file (an existing file is replaced, as vLLM's "w" mode does); its path."""
+    """Write the result file; its path. An existing file is replaced, as vLLM's "w" mode does, or
+    with `append_result` kept and the result added after a newline, as its "a+" mode does (a file
+    whose lines are not JSON objects is refused rather than appended to). Written atomically: a
+    failure leaves the earlier file as it was."""
+    from servesim.simulator.outfile import atomic_text
+
     date = result_date()
     path = result_path(opts, traffic, model_id, date)
     data = result_json(requests, opts, traffic, model_id, goodput, date)
+    flag = "--result-dir" if opts.result_dir else "--result-filename"
     try:
+        earlier = _appendable(path, flag) if opts.append_result else ""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data), encoding="utf-8")
+        atomic_text(path, earlier + ("\n" if earlier else "") + json.dumps(data))
     except OSError as exc:
         raise InputError(f"cannot write the result file ({exc.strerror or exc})", path=str(path),
-                         field="--result-dir" if opts.result_dir else "--result-filename",
-                         allowed="a writable folder and file name") from None
+                         field=flag, allowed="a writable folder and file name") from None
     return path
+
+
+def check_append_target(opts: BenchResultOptions) -> None:
+    """Before the run: a named file --append-result would refuse is refused now (a name left to
+    vLLM's pattern holds the date of writing, known only then)."""
+    if opts.append_result and opts.result_filename:
+        base = Path(opts.result_dir).expanduser() if opts.result_dir else Path()
+        _appendable(base / opts.result_filename, "--result-dir" if opts.result_dir else "--result-filename")
+
+
+def _appendable(path: Path, flag: str) -> str:
+    """The text of an earlier result file to append to ("" when there is none)."""
+    if not path.exists() and not path.is_symlink():
+        return ""
+    if path.is_symlink() or not path.is_file():
+        raise InputError("--append-result adds to a regular file; this is a link or not a file", path=str(path),
+                         field=flag, allowed="a result file written by --save-result, or a new name")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            ok = isinstance(json.loads(line), dict) if line.strip() else True
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"line {number} is not a result (a JSON object): appending would mix it into "
+                             "something else", path=str(path), field="--append-result",
+                             allowed="a result file written by --save-result / --append-result, or a new name")
+    return text
 
 
 __all__ = ["BenchResultOptions", "BenchTraffic", "DEFAULT_METRIC_PERCENTILES", "DEFAULT_PERCENTILE_METRICS",

@@ -183,3 +183,35 @@ def test_trace_options_reach_the_loader(tmp_path):
     bad = CliRunner().invoke(app, ["replay", "--dataset-name", "random", "--trace-option", "a=1",
                                    "--out", str(tmp_path / "y")])
     assert bad.exit_code == 2 and "--trace-option" in bad.output
+
+
+def test_append_result_adds_a_line_as_vllm_a_plus_mode_does(tmp_path):
+    """--append-result alone writes a new file; again, the second result follows a newline (serve.py:
+    `open(..., "a+")`, "\\n" when the file is not empty); results are the same run's figures."""
+    res = tmp_path / "res.json"
+    args = ("replay", "--dataset-name", "random", "--num-prompts", 6, "--random-input-len", 32, "--random-output-len",
+            4, "--result-filename", res, "--append-result")
+    _cli(*args, "--out", tmp_path / "a")
+    first = res.read_text()
+    assert "\n" not in first and json.loads(first)["completed"] == 6
+    _cli(*args, "--request-rate", 10, "--out", tmp_path / "b")
+    lines = res.read_text().split("\n")
+    assert lines[0] == first and len(lines) == 2
+    assert (json.loads(lines[1])["request_rate"], json.loads(first)["request_rate"]) == (10.0, "inf")
+
+
+def test_append_result_refuses_a_file_that_is_not_results(tmp_path):
+    from servesim.cli import _register, app
+
+    _register()
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"a": 1}\nmy thesis notes\n')
+    bad = CliRunner().invoke(app, ["replay", "--dataset-name", "random", "--num-prompts", 4, "--random-input-len", 32,
+                                   "--random-output-len", 4, "--result-filename", str(notes), "--append-result",
+                                   "--out", str(tmp_path / "r")])
+    assert bad.exit_code == 2 and "line 2 is not a result" in bad.output and str(notes) in bad.output.replace("\n", "")
+    assert not (tmp_path / "r").exists()  # refused before the run
+    assert notes.read_text() == '{"a": 1}\nmy thesis notes\n'
+    bad = CliRunner().invoke(app, ["replay", "--dataset-name", "random", "--result-dir", str(tmp_path),
+                                   "--out", str(tmp_path / "r2")])
+    assert bad.exit_code == 2 and "--save-result or --append-result" in bad.output

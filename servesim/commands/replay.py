@@ -28,6 +28,7 @@ HELP = {
     "mp": "percentiles of those metrics, e.g. 50,90,99 (default 99)",
     "save_result": "write vllm bench serve's result JSON (its schema and file name)",
     "save_detailed": "with --save-result: the per-request lists (ttfts, itls, start_times, ...)",
+    "append_result": "add the result as a new line of an existing result file (or write a new one), as vllm bench does",
     "result_dir": "with --save-result: the folder of the result file",
     "rf": "with --save-result: the file name (default {label}-{rate}qps-{model}-{date}.json)",
     "label": "the result's label (file name prefix; default the backend, servesim)",
@@ -91,6 +92,7 @@ def replay(
     metric_percentiles: str = typer.Option("99", "--metric-percentiles", rich_help_panel=BENCH, help=HELP["mp"]),
     save_result: bool = typer.Option(False, "--save-result", rich_help_panel=BENCH, help=HELP["save_result"]),
     save_detailed: bool = typer.Option(False, "--save-detailed", rich_help_panel=BENCH, help=HELP["save_detailed"]),
+    append_result: bool = typer.Option(False, "--append-result", rich_help_panel=BENCH, help=HELP["append_result"]),
     result_dir: str = typer.Option(None, "--result-dir", rich_help_panel=BENCH, help=HELP["result_dir"]),
     result_filename: str = typer.Option(None, "--result-filename", rich_help_panel=BENCH, help=HELP["rf"]),
     label: str = typer.Option(None, "--label", rich_help_panel=BENCH, help=HELP["label"]),
@@ -103,11 +105,13 @@ def replay(
                                             rich_help_panel=REPS),
 ) -> None:
     """Replay TRACE and report TTFT, TPOT, throughput, preemptions and prefix-cache hits."""
+    from servesim.bench_serve import check_append_target
     from servesim.bench_traffic import BenchFlags, parse_trace_options, workload_from_flags
 
     _check_outputs(out, step_trace, overwrite, trace_events)  # before any work: a refused --out costs nothing
     results = _result_options(percentile_metrics, metric_percentiles, save_result, save_detailed, result_dir,
-                              result_filename, label, metadata)
+                              result_filename, label, metadata, append_result)
+    check_append_target(results)
     flags = BenchFlags(dataset_name, dataset_path, num_prompts, request_rate, burstiness, max_concurrency,
                        random=dict(random_input_len=random_input_len, random_output_len=random_output_len,
                                    random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len))
@@ -166,7 +170,7 @@ def _after_run(res, exe, out, wl, flags, results, cfg, goodput, trace_events, st
 
         write_gpu_timings(out, exe.timings)
     print_summary(make_console(), res.summary, wl, out)
-    if results.save_result:
+    if results.writes:
         _save_bench_result(res, results, flags, wl, cfg, goodput)
     if trace_events is not None:
         from servesim.perfetto import write_chrome_trace
@@ -203,18 +207,18 @@ def _replay_config(cfg, macro_steps: bool, fast_forward: bool, frontend: bool, g
 
 
 def _result_options(percentile_metrics, metric_percentiles, save_result, save_detailed, result_dir,
-                    result_filename, label, metadata):
+                    result_filename, label, metadata, append_result=False):
     from servesim.bench_serve import (BenchResultOptions, parse_metadata, parse_metric_percentiles,
                                       parse_percentile_metrics)
 
     for flag, given in (("--percentile-metrics", percentile_metrics is not None),
                         ("--metric-percentiles", metric_percentiles != "99")):
-        if given and not save_result:  # the console table has its own columns: only the file reads them
+        if given and not (save_result or append_result):  # the console table has its own columns
             raise InputError(f"{flag} shapes the result file, and without --save-result none is written",
-                             field=flag, allowed="add --save-result")
+                             field=flag, allowed="add --save-result or --append-result")
     return BenchResultOptions(parse_percentile_metrics(percentile_metrics),
                               parse_metric_percentiles(metric_percentiles), save_result, save_detailed,
-                              result_dir, result_filename, label, parse_metadata(metadata))
+                              result_dir, result_filename, label, parse_metadata(metadata), append_result)
 
 
 def _save_bench_result(res, results, flags, wl, cfg, goodput: list[str]) -> None:
