@@ -29,7 +29,8 @@ NO_COMPILE_ENV = "SERVESIM_NO_COMPILE"
 BUILD_SCRIPT = HERE / "tools" / "build_native.py"
 
 # One list, read by path (the build does not put this folder on sys.path).
-MAPPED_FOLDERS = run_path(str(HERE / "servesim" / "_layout.py"))["MAPPED_FOLDERS"]
+_LAYOUT = run_path(str(HERE / "servesim" / "_layout.py"))
+MAPPED_FOLDERS = _LAYOUT["MAPPED_FOLDERS"] + _LAYOUT["DATA_FOLDERS"]
 
 # Namespace discovery so data folders (traces/data, simulator/specs/...) count as packages and
 # their files ship as package data.

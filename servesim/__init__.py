@@ -29,7 +29,7 @@ from importlib.machinery import SOURCE_SUFFIXES, FileFinder, ModuleSpec, PathFin
 from pathlib import Path
 
 from servesim import _native
-from servesim._layout import MAPPED_FOLDERS
+from servesim._layout import DATA_FOLDERS, MAPPED_FOLDERS
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ class _CheckoutFinder(MetaPathFinder):
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
         parts = fullname.split(".")
-        if parts[0] != __name__ or len(parts) < 2 or parts[1] not in MAPPED_FOLDERS:
+        if parts[0] != __name__ or len(parts) < 2 or (parts[1] not in MAPPED_FOLDERS and parts[1] not in DATA_FOLDERS):
             return None
         if len(parts) == 2:
             # FileFinder looks up the last name component, so this is root/<folder> under the

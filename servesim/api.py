@@ -155,5 +155,8 @@ def compare(runs: list[str | Path], out_dir: str | Path | None = None, overwrite
     return cmp
 
 
-__all__ = ["Results", "cluster", "compare", "bundled_trace_path", "load_results", "load_sweep", "load_trace", "plan",
+from servesim.scenario.library import library_path, scenario_names, scenario_path, shared_data_dir  # noqa: E402
+
+__all__ = ["Results", "cluster", "compare", "bundled_trace_path", "library_path", "scenario_names", "scenario_path",
+           "shared_data_dir", "load_results", "load_sweep", "load_trace", "plan",
            "plot_results", "replay", "run", "run_scenario", "validate"]

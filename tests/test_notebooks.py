@@ -1,9 +1,13 @@
-"""The notebooks run top to bottom on the venv's kernel, and are stored without outputs."""
+"""The notebooks run top to bottom on the venv's kernel from a copy outside the repository (they
+find the shipped scenarios and the shared data through servesim.api, not the working folder), with
+`jupyter nbconvert --execute` too, and are stored without outputs."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,11 +58,28 @@ def test_stored_without_outputs(path):
 def test_notebook_runs_top_to_bottom(path, kernel_name, tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
-    book = nbformat.read(path, as_version=4)
+    elsewhere = tmp_path / "elsewhere"  # a copy outside the repository, run where it lies
+    elsewhere.mkdir()
+    book = nbformat.read(shutil.copy(path, elsewhere), as_version=4)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary folders land here
     NotebookClient(book, timeout=180, kernel_name=kernel_name,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   resources={"metadata": {"path": str(elsewhere)}}).execute()
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("servesim")]
     assert not left, f"{path.name} left temporary folders behind: {left}"
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+
+
+def test_jupyter_nbconvert_executes_a_notebook_copied_anywhere(kernel_name, tmp_path):
+    """The command a user types: `jupyter nbconvert --to notebook --execute` on a copy elsewhere."""
+    jupyter = Path(sys.executable).with_name("jupyter")
+    if not jupyter.exists():
+        pytest.skip("jupyter is not installed in this venv")
+    copy = Path(shutil.copy(ROOT / "notebooks" / "04_hybrid_and_multimodal.ipynb", tmp_path))
+    out = subprocess.run([str(jupyter), "nbconvert", "--to", "notebook", "--execute",
+                          f"--ExecutePreprocessor.kernel_name={kernel_name}",
+                          "--output", "ran.ipynb", copy.name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ran = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
+    outputs = [o for c in ran.cells if c.cell_type == "code" for o in c.outputs]
+    assert outputs and not [o for o in outputs if o.output_type == "error"]

@@ -76,7 +76,8 @@ def test_the_wheel_has_one_top_level_name_and_ships_its_data(wheel):
         assert f"servesim/{folder}/__init__.py" in names
     # Every file of the folders travels, package data included: bundled traces, model specs and HF
     # configs, the calibrated cost model index, the cost model's collective and MoE tables.
-    tracked = subprocess.run(["git", "ls-files", *MAPPED], cwd=ROOT, capture_output=True, text=True,
+    # ... and the shipped what-if library (servesim/_layout.py DATA_FOLDERS: data only, no __init__.py)
+    tracked = subprocess.run(["git", "ls-files", *MAPPED, "scenarios"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.split()
     assert not [rel for rel in tracked if f"servesim/{rel}" not in names]
     assert not [n for n in names if "__pycache__" in n or n.startswith("servesim/tests/")]
@@ -93,6 +94,8 @@ def test_the_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
             "import servesim.scheduler, servesim.traces as t\n"
             "from servesim.simulator.specs import resolve_model\n"
             "w = t.load_bundled(t.DEFAULT_TRACE)\n"
+            "from servesim.scenario.library import scenario_path\n"
+            "assert scenario_path('kv_size_preemptions').is_file()\n"
             "print(json.dumps({'scheduler': servesim.scheduler.__file__, 'n': len(w.requests),\n"
             "                  'model': resolve_model('llama-3.1-8b').name,\n"
             "                  'shadow': [m for m in ('scheduler', 'simulator', 'traces', 'gpu_runner')\n"
@@ -100,7 +103,7 @@ def test_the_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
             "                  'finders': [repr(f) for f in sys.meta_path if 'checkout' in repr(f)]}))\n")
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     got = json.loads(_run(code, cwd=tmp_path, env=env).strip().splitlines()[-1])
-    assert got["scheduler"].startswith(str(target)), got
+    assert got["scheduler"].startswith(str(target)), got  # and the library's scenarios from the wheel
     assert got["n"] > 0 and got["model"] and got["shadow"] == [] and got["finders"] == []
 
 

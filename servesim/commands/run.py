@@ -20,7 +20,7 @@ def _fmt(x, scale: float = 1.0, digits: int = 1) -> str:
 
 @app.command("run")
 def run_command(
-    scenario: Path = typer.Argument(..., help="scenario file (see scenarios/ and docs/SCENARIOS.md)"),
+    scenario: Path = typer.Argument(..., help="scenario file, or the name of a shipped one (kv_size_preemptions: scenarios/, docs/SCENARIOS.md)"),
     out: Path = typer.Option(None, "--out", help="results folder (default: runs/<scenario name>[-smoke])"),
     backend: str = typer.Option("local", "--backend", help="local (process pool) | ray"),
     workers: int = typer.Option(None, "--workers", help="parallel variants (default: CPU cores)"),

@@ -87,6 +87,9 @@ def load_scenario(src: str | Path | dict, sets: list[str] | dict | None = None, 
         data, marks, source = copy.deepcopy(src), Marks({(): Mark("<scenario dict>", None)}), None
         data.pop("extends", None)
     else:
+        from servesim.scenario.library import resolve_scenario
+
+        src = resolve_scenario(src)  # a file, or a name of the shipped library
         data, marks = load_scenario_source(src)
         source = str(Path(src).resolve())
     _check_top_level(data, marks)
