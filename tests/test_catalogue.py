@@ -54,6 +54,10 @@ def _write_inputs(d: Path) -> None:
     (d / "scen_engine.yaml").write_text("workload: {generator: poisson, num_requests: 4}\nengine: sglng\n")
     (d / "scen_generator.yaml").write_text("workload: {generator: poison, num_requests: 4}\n")
     (d / "scen_ok.yaml").write_text("name: ok\nworkload: {generator: poisson, num_requests: 4}\n")
+    (d / "scen_bench_key.yaml").write_text("workload:\n  bench: {dataset_name: random, num_promts: 4}\n")
+    (d / "scen_bench_value.yaml").write_text("workload:\n  bench: {dataset_name: random, random_range_ratio: 1.5}\n")
+    (d / "scen_two_kinds.yaml").write_text("workload: {bench: {dataset_name: random}, trace: sharegpt-300}\n")
+    (d / "not_results.json").write_text('{"completed": 1}\nmy notes, not JSON\n')
     (d / "cluster_list.yaml").write_text("- a\n- b\n")
     (d / "cluster_router.yaml").write_text("base: {hardware: {model: llama-3.1-8b, gpu: h100}}\n"
                                            "replicas: [{count: 2}]\nrouter: round_robn\n")
@@ -219,6 +223,8 @@ CLI_CASES = [
     ("bench-filename-no-save", "replay --result-filename r.json", None, 2, ["--result-filename", "--save-result"]),
     ("bench-detailed-no-save", "replay --save-detailed", None, 2, ["--save-detailed", "--save-result"]),
     ("bench-label-no-save", "replay --label sim", None, 2, ["--label", "--save-result"]),
+    ("bench-append-to-not-results", "replay --dataset-name random --num-prompts 2 --append-result "
+     "--result-filename {in}/not_results.json", None, 2, ["not_results.json", "line 2 is not a result"]),
     ("bench-percentiles-no-save", "replay --metric-percentiles 50", None, 2, ["--metric-percentiles", "--save-result"]),
     ("bench-metadata-format", "replay --save-result --metadata tp", None, 2, ["--metadata", "KEY=VALUE"]),
     ("burstgpt-bad-cell", "replay {in}/burst_bad.csv", None, 2, ["burst_bad.csv, line 3, field 'Request tokens'"]),
@@ -242,6 +248,13 @@ CLI_CASES = [
     ("scenario-cost-model", "run {in}/scen_cost.yaml", None, 2, ["did you mean 'roofline'?"]),
     ("scenario-engine", "run {in}/scen_engine.yaml", None, 2, ["did you mean 'sglang'?"]),
     ("scenario-generator", "run {in}/scen_generator.yaml", None, 2, ["did you mean 'poisson'?"]),
+    ("scenario-bench-key", "run {in}/scen_bench_key.yaml", None, 2,
+     ["scen_bench_key.yaml, line 2", "workload.bench", "did you mean num_prompts"]),
+    ("scenario-bench-value", "run {in}/scen_bench_value.yaml", None, 2,
+     ["workload.bench.random_range_ratio", "[0, 1)"]),
+    ("scenario-two-workload-kinds", "run {in}/scen_two_kinds.yaml", None, 2, ["exactly one of"]),
+    ("scenario-library-typo", "run kv_size_preemtions", None, 2, ["did you mean 'kv_size_preemptions'?"]),
+    ("scenario-library-cluster", "run cluster/pd_vs_colocated_pd", None, 2, ["cannot read scenario"]),
     ("scenario-set-typo", "run {in}/scen_ok.yaml --set scheduler.max_num_seq=3", None, 2, ["max_num_seqs"]),
     ("cluster-not-mapping", "cluster {in}/cluster_list.yaml", None, 2, ["cluster_list.yaml", "must be a mapping"]),
     ("cluster-router-typo", "cluster {in}/cluster_router.yaml", None, 2, ["did you mean 'round_robin'?"]),
