@@ -11,6 +11,11 @@
           policy: {name: target_utilization, params: {metric: outstanding, target: 32}}
           scale_up_stabilization_s: 0       # Kubernetes HPA defaults (behavior.scaleUp / scaleDown)
           scale_down_stabilization_s: 300
+          scale_up_policies:                # rate limits per period (behavior.scaleUp.policies)
+            - {type: percent, value: 100, period_s: 15}
+            - {type: pods, value: 4, period_s: 15}
+          scale_up_select_policy: max       # max | min | disabled (behavior.scaleUp.selectPolicy)
+          scale_down_policies: [{type: percent, value: 100, period_s: 15}]
           cold_start: {provision_s: 410}    # any ColdStartConfig field
 
 Every default cites its source here and in docs/AUTOSCALING.md.
@@ -23,6 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesim.traces.errors import InputError
+
+def _number(value: Any, where: str, minimum: float, strict: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > minimum if strict else value >= minimum)
+    if not ok:
+        raise InputError(f"got {value!r}", field=where, allowed=f"a finite number {'>' if strict else '>='} {minimum:g}")
+
 
 # Kaito's measured cold start of one vLLM replica on a fresh Azure A100 node (kaito-project/kaito
 # issue #2325, 2026-09-07: Qwen 27B, 51.75 GiB in 18 safetensors shards, image 5.60 GB, vLLM 0.25.1).
@@ -62,6 +74,56 @@ class ColdStartConfig:
             _number(getattr(self, name), name, minimum=0.0, strict=True)
 
 
+SCALING_POLICY_TYPES = ("pods", "percent")  # autoscaling/v2 HPAScalingPolicyType, lower-cased
+SELECT_POLICIES = ("max", "min", "disabled")  # autoscaling/v2 ScalingPolicySelect (Max, Min, Disabled)
+_MAX_PERIOD_S = 1800.0  # HPAScalingPolicy.periodSeconds: "must be greater than zero and less than or equal to 1800"
+
+
+@dataclass(slots=True, frozen=True)
+class ScalingPolicy:
+    """One rate limit of the HPA's behavior (autoscaling/v2 HPAScalingPolicy): at most `value` pods,
+    or `value` percent of the replicas at the period's start, added (or removed) per `period_s`."""
+
+    type: str
+    value: int
+    period_s: float
+
+    def __post_init__(self) -> None:
+        if self.type not in SCALING_POLICY_TYPES:
+            from servesim.scheduler.registry import unknown_name_message
+
+            raise InputError(unknown_name_message("scaling policy type", str(self.type), SCALING_POLICY_TYPES),
+                             field="type", allowed=", ".join(SCALING_POLICY_TYPES))
+        if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 1:
+            raise InputError(f"got {self.value!r}", field="value", allowed="an integer >= 1")
+        _number(self.period_s, "period_s", minimum=0.0, strict=True)
+        if self.period_s > _MAX_PERIOD_S:
+            raise InputError(f"got {self.period_s!r}", field="period_s", allowed="(0, 1800] seconds, as Kubernetes")
+        object.__setattr__(self, "period_s", float(self.period_s))  # frozen: YAML may give an int
+
+
+# Kubernetes' defaults (pkg/apis/autoscaling/v2/defaults.go, GenerateHPAScaleUpRules /
+# GenerateHPAScaleDownRules): up by the larger of 100 % and 4 pods per 15 s; down by up to 100 % per 15 s.
+K8S_SCALE_UP_POLICIES = (ScalingPolicy("percent", 100, 15.0), ScalingPolicy("pods", 4, 15.0))
+K8S_SCALE_DOWN_POLICIES = (ScalingPolicy("percent", 100, 15.0),)
+
+
+def _policies(raw, where: str) -> tuple[ScalingPolicy, ...]:
+    """A tuple of ScalingPolicy from the YAML's list of mappings (or ScalingPolicy objects)."""
+    out = []
+    for i, p in enumerate(raw):
+        if isinstance(p, ScalingPolicy):
+            out.append(p)
+            continue
+        if not isinstance(p, dict) or set(p) - {"type", "value", "period_s"} or not {"type", "value", "period_s"} <= set(p):
+            raise InputError(f"got {p!r}", field=f"{where}[{i}]", allowed="{type: pods|percent, value, period_s}")
+        try:
+            out.append(ScalingPolicy(p["type"], p["value"], p["period_s"]))
+        except InputError as e:
+            raise InputError(e.detail, field=f"{where}[{i}].{e.field}", allowed=e.allowed) from None
+    return tuple(out)
+
+
 @dataclass(slots=True)
 class PolicyConfig:
     name: str = "target_utilization"  # registry name (autoscale/policies.py: available_policies)
@@ -78,6 +140,12 @@ class PoolConfig:
     # uses no stabilization; scale-down takes the highest recommendation of the last 300 s.
     scale_up_stabilization_s: float = 0.0
     scale_down_stabilization_s: float = 300.0
+    # How fast the count may move (behavior.scaleUp/scaleDown policies and selectPolicy); an empty
+    # list: no limit (a planner outside Kubernetes).
+    scale_up_policies: tuple[ScalingPolicy, ...] = K8S_SCALE_UP_POLICIES
+    scale_up_select_policy: str = "max"
+    scale_down_policies: tuple[ScalingPolicy, ...] = K8S_SCALE_DOWN_POLICIES
+    scale_down_select_policy: str = "max"
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
 
     def __post_init__(self) -> None:
@@ -93,6 +161,17 @@ class PoolConfig:
                              field="min_replicas", allowed="min_replicas <= max_replicas")
         for name in ("scale_up_stabilization_s", "scale_down_stabilization_s"):
             _number(getattr(self, name), name, minimum=0.0)
+        for name in ("scale_up_policies", "scale_down_policies"):
+            raw = getattr(self, name)
+            if not isinstance(raw, (list, tuple)):
+                raise InputError(f"got {raw!r}", field=name, allowed="a list of {type, value, period_s}")
+            setattr(self, name, _policies(raw, name))
+        for name in ("scale_up_select_policy", "scale_down_select_policy"):
+            if getattr(self, name) not in SELECT_POLICIES:
+                from servesim.scheduler.registry import unknown_name_message
+
+                raise InputError(unknown_name_message("select policy", str(getattr(self, name)), SELECT_POLICIES),
+                                 field=name, allowed=", ".join(SELECT_POLICIES))
 
 
 @dataclass(slots=True)
@@ -114,13 +193,6 @@ class AutoscaleConfig:
         _number(self.percentile, "percentile", minimum=0.0, strict=True)
         if self.percentile > 100:
             raise InputError(f"got {self.percentile!r}", field="percentile", allowed="a number in (0, 100]")
-
-
-def _number(value: Any, where: str, minimum: float, strict: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and (value > minimum if strict else value >= minimum)
-    if not ok:
-        raise InputError(f"got {value!r}", field=where, allowed=f"a finite number {'>' if strict else '>='} {minimum:g}")
 
 
 def autoscale_config_from_dict(raw: Any, path: str | None = None) -> AutoscaleConfig:

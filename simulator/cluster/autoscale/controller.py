@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from servesim.simulator.cluster.autoscale.behavior import ScaleEvents, rate_limited
 from servesim.simulator.cluster.autoscale.cold_start import PHASES, ColdStart, cold_start_of
 from servesim.simulator.cluster.autoscale.config import AutoscaleConfig, PoolConfig
 from servesim.simulator.cluster.autoscale.cost import Lifetime
@@ -65,6 +66,7 @@ class Pool:
     starting: list[_Start] = field(default_factory=list)
     draining: list[Replica] = field(default_factory=list)
     recommendations: deque[tuple[float, int]] = field(default_factory=deque)
+    scale_events: ScaleEvents = field(default_factory=ScaleEvents)  # for the rate limits (behavior.py)
     num_built: int = 0  # replicas built so far (names: f"{label}{num_built}")
 
 
@@ -218,9 +220,9 @@ class Autoscaler:
         m = self._metrics(pool)
         current = len(pool.ready) + len(pool.starting)
         raw = pool.policy.desired(m, current)
-        target = _stabilized(pool.recommendations, now, raw, current, pc.scale_up_stabilization_s,
+        stable = _stabilized(pool.recommendations, now, raw, current, pc.scale_up_stabilization_s,
                              pc.scale_down_stabilization_s)
-        target = min(max(target, pc.min_replicas), pc.max_replicas)
+        target = rate_limited(pc, pool.scale_events, now, stable, current)  # and min/max_replicas
         if target > current:
             for _ in range(target - current):
                 self._begin_start(pool)
@@ -228,7 +230,7 @@ class Autoscaler:
             self._remove(pool, current - target)
         self.timeline.append({
             "time_s": now, "pool": pc.group, "num_ready": len(pool.ready), "num_starting": len(pool.starting),
-            "num_draining": len(pool.draining), "recommended": raw, "target": target,
+            "num_draining": len(pool.draining), "recommended": raw, "stabilized": stable, "target": target,
             "num_waiting": m.num_waiting, "num_outstanding": m.num_outstanding, "kv_usage": m.kv_usage,
             "request_rate_per_s": m.request_rate_per_s, "ttft_s": m.ttft_s, "itl_s": m.itl_s,
             "slo_attainment": m.slo_attainment})
