@@ -83,3 +83,60 @@ def test_a_cluster_scales_up_one_replica_a_minute_under_a_pods_policy():
     tl = res.tables["scale_timeline"]
     assert list(tl["stabilized"][:3]) == [4, 4, 4] and list(tl["target"][:6]) == [2, 2, 3, 3, 4, 4]
     assert res.summary["num_finished"] == 40
+
+
+def _to_zero(macro: bool = True):
+    from test_autoscale_timeline import COLD, _sim
+
+    pool = PoolConfig("both", 0, 2, PolicyConfig("target_utilization", {"metric": "outstanding", "target": 4}),
+                      scale_down_stabilization_s=0.0, cold_start=COLD)
+    return ClusterConfig(replicas=[ReplicaGroup(1, _sim(macro))], router=RouterConfig("round_robin"),
+                         autoscale=AutoscaleConfig([pool], interval_s=10.0, window_s=10.0))
+
+
+def test_scale_to_zero_is_exact_on_the_fast_path():
+    import pandas as pd
+
+    from servesim.traces.workload import RequestSpec, Workload
+
+    specs = [RequestSpec(f"r{i}", t, 300, 150) for i, t in enumerate([0.1, 0.4, 31.0, 31.5, 32.0, 75.0, 75.2])]
+    wl = Workload(specs, "gaps", "test")
+    fast, slow = run_cluster(_to_zero(True), wl), run_cluster(_to_zero(False), wl)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps)
+    assert fast.summary["autoscale"]["activator"]["num_held"] >= 2 and fast.summary["num_finished"] == 7
+
+
+def test_scale_to_zero_holds_requests_until_a_replica_is_ready():
+    """Idle: the last replica drains and the pool sits at zero (no GPU-time); a request that comes
+    meanwhile is held, the next decision asks for one replica (activation), and the held requests
+    are routed the moment it is ready, in arrival order; nothing is lost."""
+    from test_autoscale_timeline import COLD
+
+    from servesim.simulator.cluster.autoscale.cold_start import cold_start_of
+    from servesim.traces.workload import RequestSpec, Workload
+
+    cfg = _to_zero()
+    specs = [RequestSpec(f"a{i}", 0.1 * i, 100, 20) for i in range(3)] + \
+        [RequestSpec("b0", 33.0, 100, 20), RequestSpec("b1", 35.0, 100, 20)]
+    res = run_cluster(cfg, Workload(specs, "idle gap", "test"))
+    ev = res.tables["scale_events"]
+    rows = list(ev[["time_s", "event", "replica"]].itertuples(index=False, name=None))
+    ready_s = 40.0 + cold_start_of(COLD, cfg.replicas[0].sim).total_s
+    assert rows == [(10.0, "drain", "both0"), (10.0, "removed", "both0"), (40.0, "cold_start", "both1"),
+                    (ready_s, "ready", "both1")], rows
+    req = res.requests.set_index("request_id")
+    assert list(req.loc[["b0", "b1"], "route_time_s"]) == [ready_s, ready_s]
+    assert req.loc["b0", "ttft_s"] > ready_s - 33.0  # held time is part of TTFT
+    assert res.summary["num_finished"] == 5
+    assert res.summary["autoscale"]["activator"] == {"num_held": 2, "num_releases": 1}
+    tl = res.tables["scale_timeline"]
+    assert list(tl["num_ready"][:4]) == [0, 0, 0, 0] and list(tl["num_waiting"][:4]) == [0, 0, 0, 2]
+
+
+def test_scale_to_zero_needs_the_only_front_group():
+    from test_autoscale_timeline import _sim
+
+    with pytest.raises(InputError, match="only when it is the one group"):
+        ClusterConfig(replicas=[ReplicaGroup(1, _sim(), name="a"), ReplicaGroup(1, _sim(), name="b")],
+                      autoscale=AutoscaleConfig([PoolConfig("a", 0, 2)]))

@@ -126,10 +126,12 @@ class Cluster:
         self._proof: RouterProof | None = None
         self._unread_until: list[tuple[int, int]] | None = None
         self.autoscaler = None  # simulator/cluster/autoscale/: replicas come and go; its bound replaces the proofs
+        self.activator = None  # holds requests while a pool scaled to zero has no replica (autoscale/activator.py)
         if cfg.autoscale is not None:
             from servesim.simulator.cluster.autoscale.controller import Autoscaler
 
             self.autoscaler = Autoscaler(self, cfg.autoscale)
+            self.activator = self.autoscaler.activator
             self.autoscaler.attach_all()
         elif cfg.pd is None and not self.lockstep_groups and any(r.engine.planner is not None for r in self.front):
             # Replicas with planners behind one router, whose runs may go past arrivals that the
@@ -225,6 +227,8 @@ class Cluster:
             yield self.gateway.drained()
         if self.turns is not None:
             yield from self.turns.wait_all_sent()
+        if self.activator is not None:  # held for a pool at zero: routed when a replica is ready
+            yield from self.activator.wait_empty()
         self._next_spec = len(requests)
         self._announce_next_arrival(len(requests))
         self._arrivals_done = True
@@ -302,6 +306,9 @@ class Cluster:
         return rep, RouteRecord(rep.index, self.env.now, d.reason, d.score)
 
     def _dispatch(self, spec: RequestSpec) -> None:
+        if not self.front and self.activator is not None:  # the pool is at zero: held until a replica is ready
+            self.activator.hold(spec)
+            return
         rep, rec = self._route(self.router, spec, self.front)
         self.routes[spec.request_id] = rec
         if self.cfg.pd is None:

@@ -34,8 +34,11 @@ def check_autoscale(cfg: ClusterConfig) -> None:
             raise InputError(f"the group starts with {group.count} replica(s), outside [{pool.min_replicas}, "
                              f"{pool.max_replicas}]", field=f"replicas[{labels.index(pool.group)}].count",
                              allowed="min_replicas <= count <= max_replicas")
-        if pool.min_replicas < 1:
-            raise InputError("a pool scaled to zero has nowhere to route (no gateway queue is modelled)",
-                             field=f"{where}.min_replicas", allowed="an integer >= 1")
+        if pool.min_replicas < 1:  # scale to zero: the activator holds requests (autoscale/activator.py)
+            fronts = [g for g in cfg.replicas if g.role != "decode"]
+            if group.role != "both" or len(fronts) != 1:
+                raise InputError("a pool scales to zero only when it is the one group the router picks from "
+                                 "(colocated, no other group, no P/D)", field=f"{where}.min_replicas",
+                                 allowed="an integer >= 1 here")
         make_policy(pool.policy.name, pool.policy.params, f"{where}.policy", cfg.slo)
         replica_weight_bytes(group.sim)  # the model resolves (its weights are what a cold start loads)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from servesim.simulator.cluster.autoscale.activator import Activator
 from servesim.simulator.cluster.autoscale.behavior import ScaleEvents, rate_limited
 from servesim.simulator.cluster.autoscale.cold_start import PHASES, ColdStart, cold_start_of
 from servesim.simulator.cluster.autoscale.config import AutoscaleConfig, PoolConfig
@@ -97,6 +98,9 @@ class Autoscaler:
         if cluster.cfg.pd is None and not cluster.lockstep_groups and cluster.router.name in PROVED_ROUTERS \
                 and any(r.engine.planner is not None for r in cluster.front):
             cluster.use_router_proof_autoscaled()  # the cluster is the fast path's one importer here
+        # a pool that may reach zero holds the requests that arrive meanwhile (activator.py)
+        self.activator = Activator(self.env, cluster._dispatch) if any(p.min_replicas == 0 for p in cfg.pools) \
+            else None
         self.next_decision_s = cfg.interval_s
         self.events: list[dict] = []
         self.timeline: list[dict] = []
@@ -202,7 +206,8 @@ class Autoscaler:
     def _metrics(self, pool: Pool) -> PoolMetrics:
         now = self.env.now
         w = pool.window.sample(now)
-        waiting = outstanding = 0
+        held = len(self.activator.held) if self.activator is not None and pool.group.role != "decode" else 0
+        waiting = outstanding = held  # requests held at zero replicas wait for this pool
         kv = 0.0
         for r in pool.ready:
             outstanding += r.engine.num_outstanding
@@ -220,6 +225,8 @@ class Autoscaler:
         m = self._metrics(pool)
         current = len(pool.ready) + len(pool.starting)
         raw = pool.policy.desired(m, current)
+        if current == 0 and m.num_waiting:  # KEDA's activation: a pool at zero with demand asks for one
+            raw = max(raw, 1)
         stable = _stabilized(pool.recommendations, now, raw, current, pc.scale_up_stabilization_s,
                              pc.scale_down_stabilization_s)
         target = rate_limited(pc, pool.scale_events, now, stable, current)  # and min/max_replicas
@@ -260,6 +267,8 @@ class Autoscaler:
         self._watch(rep.index, rep.engine.start())
         self.attach_all()
         self._event(pool, "ready", s.lifetime.name)
+        if self.activator is not None and candidates is self.cluster.front:
+            self.activator.release()  # what waited for a replica goes to it (and to any other ready now)
 
     def _cancel(self, pool: Pool, s: _Start) -> None:
         s.cancelled = True

@@ -43,6 +43,7 @@ def autoscale_summary(cluster: Cluster, end_s: float) -> dict:
         "max_replicas_alive": _max_alive(lives, end_s),
         "pools": [{"group": p.cfg.group, "policy": p.cfg.policy.name, "min_replicas": p.cfg.min_replicas,
                    "max_replicas": p.cfg.max_replicas, "num_ready_at_end": len(p.ready)} for p in a.pools],
+        "activator": None if a.activator is None else a.activator.summary(),  # scale to zero's held requests
     }
 
 
