@@ -1,0 +1,226 @@
+"""The vLLM scheduler's bulk path for runs of speculative-decoding verify steps.
+
+A verify step of a steady decode batch schedules, for every running request in `running` order,
+1 + num_spec_tokens tokens (the next token and its drafts), admits, preempts and finishes nobody.
+Its update claws back the rejected drafts (Scheduler._clawback_rejected), appends the 1 + accepted
+tokens and, async, caches blocks up to the verified tokens. How many drafts each step accepts is a
+pure function of the request and its output position (scheduler/worker.py: TokenSource), so the
+fast path draws a whole run's acceptances in advance and hands them here as each update's gain
+(tokens appended) and rollback (drafts rejected); this owner proves how many of the steps stay
+plain (`plan`) and applies them (`apply`), leaving the state schedule() and update_from_output()
+leave one by one.
+
+Steady state, proven per request before a run (`steady_batch`): RUNNING, not a prefill chunk, no
+stop ids, len(spec_token_ids) == num_spec_tokens and, with P output placeholders (async: 1 + the
+in-flight step's drafts; sync: 0), num_computed_tokens == num_tokens + P - 1. Then every schedule
+gives it num_new = num_tokens_with_spec + P - num_computed_tokens = 1 + num_spec_tokens and the
+invariant holds again after each update (the clawback lowers num_computed_tokens and P alike, the
+appended tokens raise num_tokens and lower P alike).
+
+A friend of Scheduler / AsyncScheduler and KVCacheManager (scheduler/bulk/__init__.py lists what
+the vLLM owners may touch; this one touches the same members).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.lazy_ids import OutputIdSource
+from servesim.scheduler.request import RequestStatus
+
+if TYPE_CHECKING:
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class SpecRunPlan:
+    """A run of verify steps of one fixed batch, as `plan` proved it.
+
+    gains[i][j] / rollbacks[i][j]: the tokens update j appends to batch[i] and the drafts it claws
+    back (update j applies step j sync, step j - 1 async: update 0 applies the step in flight when
+    the run starts). ctx[i][j]: batch[i]'s num_computed_tokens when step j is scheduled (the
+    step's context, what its price reads)."""
+
+    batch: list[Request]
+    num_steps: int
+    gains: list[list[int]]
+    rollbacks: list[list[int]]
+    ctx: list[list[int]]
+
+
+class VllmSpecRuns:
+    """Bulk verify steps of one vLLM Scheduler or AsyncScheduler (fastpath/spec_runs.py drives it)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def spec_run_blocker(self) -> str | None:
+        """Why no spec run can ever apply as configured; None: each run is proven by plan()."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        if kvm._single_full is None or kvm.block_pool.enable_kv_cache_events:
+            return ("speculative decoding with a KV layout other than one full-attention group, or KV cache "
+                    "events on: verify steps are replayed in bulk only for that layout")
+        threshold = sched.scheduler_config.long_prefill_token_threshold
+        if 0 < threshold < 1 + sched.num_spec_tokens:
+            return "speculative decoding with long_prefill_token_threshold below a verify step's tokens"
+        return None
+
+    def steady_batch(self, num_in_flight: int, in_flight_drafts: dict[str, list[int]] | None) -> list[Request] | None:
+        """The batch of the next verify steps (all of `running`, in order) when every request is in
+        the steady state (module docstring) and nothing else can enter a schedule: nothing waits,
+        no connector, no tracer, no timed policy. `in_flight_drafts`: the drafts of the step in
+        flight (async), by request. None when not proven."""
+        sched = self.scheduler
+        if (sched.connector is not None or sched.tracer is not None or sched.policy.next_event_s() is not None
+                or sched.waiting or sched.skipped_waiting or not sched.running or not sched.policy.fast_forward_safe
+                or sched._ignored):  # an ignored request's output goes out with the next update
+            return None
+        ns = sched.num_spec_tokens
+        batch = sched.running
+        if len(batch) * (1 + ns) > sched.max_num_scheduled_tokens:
+            return None
+        for r in batch:
+            if num_in_flight:
+                assert in_flight_drafts is not None
+                drafts = in_flight_drafts.get(r.request_id)
+                placeholders = -1 if drafts is None else 1 + len(drafts)
+            else:
+                placeholders = 0
+            sp = r.sampling_params
+            if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or len(r.spec_token_ids) != ns
+                    or r.num_output_placeholders != placeholders or r.discard_latest_async_tokens
+                    or r.num_computed_tokens != r.num_tokens + placeholders - 1 or r.mm_features
+                    or r.structured_output_request is not None or r.resumable
+                    or sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos)):
+                return None
+        return list(batch)
+
+    def plan(self, batch: list[Request], gains: list[list[int]], rollbacks: list[list[int]],
+             num_in_flight: int) -> SpecRunPlan:
+        """The longest prefix of the given updates' steps that stays plain: no schedule passes a
+        request over (async skip-ahead: its in-flight steps reach max_tokens), no schedule is cut
+        by max_model_len, no update stops a request (max_tokens, max_model_len), and every
+        schedule's blocks fit in the free blocks without preempting (free blocks only fall: no
+        request finishes). Step j's update is gains[i][j]'s (len(gains[i]) steps at most)."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        ns, la = sched.num_spec_tokens, sched.num_lookahead_tokens
+        max_len, bs = sched.max_model_len, kvm.block_size
+        mgr = kvm._single_full
+        assert mgr is not None
+        k = min(len(g) for g in gains)
+        ctx: list[list[int]] = []
+        allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
+        for i, r in enumerate(batch):
+            c, t, o = r.num_computed_tokens, r.num_tokens, r.num_output_tokens
+            max_tokens = r.max_tokens
+            held = len(mgr.req_to_blocks[r.request_id])
+            g, rb = gains[i], rollbacks[i]
+            cs: list[int] = []
+            for j in range(k):
+                # schedule j: not passed over (async), not cut by max_model_len
+                if (num_in_flight and o + 1 >= max_tokens) or c + 1 + ns > max_len - 1 or c + 1 + ns + la > max_len:
+                    k = j
+                    break
+                # update j: no stop
+                t += g[j]
+                o += g[j]
+                if o >= max_tokens or t >= max_len:
+                    k = j
+                    break
+                cs.append(c)
+                need = -(-(c + 1 + ns + la) // bs)
+                if need > held:
+                    allocs[j] += need - held
+                    held = need
+                c += 1 + ns - rb[j]
+            ctx.append(cs)
+        room = kvm.block_pool.free_block_queue.num_free_blocks
+        for j in range(k):
+            room -= allocs[j]
+            if room < 0:
+                k = j
+                break
+        return SpecRunPlan(batch, k, gains, rollbacks, [cs[:k] for cs in ctx])
+
+    def apply(self, plan: SpecRunPlan, source: OutputIdSource, num_in_flight: int, now_s: float,
+              final_drafts: list[list[int]]) -> list[int]:
+        """Apply the plan's schedules and updates (plan.num_steps of each); the async run's last step
+        stays scheduled, its update to come. `source`: the output id stream the updates append
+        from (each request's next outputs, in order); final_drafts[i]: batch[i]'s spec_token_ids
+        after the run's last update. `now_s`: that update's time. Returns the free-block count
+        after each schedule (the step rows' kv usage)."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        assert mgr is not None
+        pool = kvm.block_pool
+        ns, la, bs = sched.num_spec_tokens, sched.num_lookahead_tokens, kvm.block_size
+        k, batch = plan.num_steps, plan.batch
+        caching = kvm.enable_caching
+        # Tokens first (their block hashes: caching only reads blocks already full), then the KV
+        # events in stepping's order: (phase, request): schedule j is phase 2j (allocation, then
+        # caching), update j phase 2j + 1 (async caching).
+        events: list[tuple[int, int, int, int]] = []
+        allocs = [0] * k
+        for i, r in enumerate(batch):
+            g, rb, cs = plan.gains[i], plan.rollbacks[i], plan.ctx[i]
+            o = r.num_output_tokens
+            r.append_output_tokens_from(source, o, sum(g[:k]))
+            t = r.num_tokens - sum(g[:k])
+            rid = r.request_id
+            held = len(mgr.req_to_blocks[rid])
+            cached = mgr.num_cached_block.get(rid, 0)
+            for j in range(k):
+                c = cs[j]
+                need = -(-(c + 1 + ns + la) // bs)
+                if need > held:
+                    events.append((2 * j, i, 0, need - held))
+                    allocs[j] += need - held
+                    held = need
+                if caching:
+                    upto = min(c + 1 + ns, t)
+                    if upto // bs > cached:
+                        events.append((2 * j, i, 1, upto))
+                        cached = upto // bs
+                t += g[j]
+                if caching and num_in_flight and (t - 1) // bs > cached:
+                    events.append((2 * j + 1, i, 1, t - 1))
+                    cached = (t - 1) // bs
+            # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
+            r.num_computed_tokens = cs[k - 1] + 1 + ns - rb[k - 1]
+            if num_in_flight:
+                r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
+            r.spec_token_ids = final_drafts[i]
+        events.sort()
+        reqs_to_blocks = mgr.req_to_blocks
+        for _, i, kind, arg in events:
+            r = batch[i]
+            if kind == 0:
+                reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
+            else:
+                mgr.cache_blocks(r, arg)
+        free = pool.free_block_queue.num_free_blocks + sum(allocs)
+        free_after: list[int] = []
+        for n in allocs:
+            free -= n
+            free_after.append(free)
+        sched.prev_step_scheduled_req_ids = {r.request_id for r in batch}
+        sched.finished_req_ids = set()
+        sched.now_s = now_s
+        return free_after
+
+    def prefix_stats_taken(self) -> tuple[int, int]:
+        """(hits, queries) the run's first update takes (make_stats: what was pending); the later
+        ones take none (no lookup inside a run: nothing waits)."""
+        stats = self.scheduler.kv_cache_manager.make_prefix_cache_stats()
+        return stats.hits, stats.queries
+
+    def usages_at(self, num_free_blocks: Sequence[int]) -> list[float]:
+        """BlockPool.get_usage's float at each free-block count."""
+        total = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        return [1.0 - n / total if total else 0.0 for n in num_free_blocks]

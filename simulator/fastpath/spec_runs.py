@@ -1,0 +1,265 @@
+"""Exact macro-steps for speculative decoding: runs of verify steps applied at once (a `RunPlanner`).
+
+A verify step of a steady batch (scheduler/bulk/spec.py) schedules 1 + num_spec_tokens tokens for
+every running request; how many drafts it accepts is a pure function of the request and its output
+position (TokenSource.accepted_run), so a run's acceptances, and with them every step's token
+counts, contexts, block allocations and rollbacks, are known before it is applied. The planner
+draws them in growing chunks (16, 64, 256, ... steps: an arrival usually cuts a run long before
+its own bound), lets the scheduler's bulk owner prove the steps plain (`VllmSpecRuns.plan`: no
+finish, no skip-ahead, no max_model_len cut, blocks without preemption), prices each step with
+the executor's own call on its exact StepShape, times the steps with the stepping loop's float
+arithmetic (kernels.step_timeline: every update strictly before the next arrival, every schedule
+before the first client deadline) and applies the run: scheduler and KV state (bulk owner),
+worker state, step rows, token times, the progress callback, and (async) the last step left in
+flight with the SchedulerOutput and ModelRunnerOutput stepping would have left.
+
+Sync loop (nothing in flight): k x (schedule, its update). Async loop (step S in flight): k x
+(schedule, the previous step's update), the first update being S's; the run's last step stays in
+flight. Runs end before any request finishes (the finishing update is stepped) and apply only to
+a single engine (no router, no finish callback, no client slots; nothing in the frontend).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import simpy
+
+from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
+from servesim.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.request import Request
+from servesim.scheduler.step_shape import StepShape
+from servesim.simulator.engine import Engine, InFlight
+from servesim.simulator.executor import SimExecutor
+from servesim.simulator.fastpath.timeline import exact_delays
+from servesim.simulator.kernels import step_timeline
+from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
+
+MAX_SPEC_STEPS = 4096  # one run's length cap (as MacroPlanner's)
+FIRST_CHUNK_STEPS = 16  # steps drawn first; each next chunk grows the run 4x
+
+
+class SpecPlanner:
+    """The fast path of one engine with speculative decoding (implements RunPlanner)."""
+
+    def __init__(self, engine: Engine, runs: VllmSpecRuns, sim: SimExecutor) -> None:
+        self.engine = engine
+        self.runs = runs
+        self.sim = sim
+        self.num_spec_tokens = engine.scheduler.num_spec_tokens  # type: ignore[attr-defined]
+        self.next_arrival_s = 0.0  # 0 = unknown: no run starts
+        self.arrival_bound: Callable[[int], float] | None = None
+        self.collides: Callable[[Sequence[float]], int] | None = None
+        self.until_s = -1.0  # the last update time of the last run: no arrival may precede it
+        self.num_macro_steps = 0
+        self.num_macro_runs = 0
+
+    # --- RunPlanner --------------------------------------------------------------------------------
+    def has_pending_run(self) -> bool:
+        return False  # runs are applied when planned, never deferred
+
+    def await_pending_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
+        raise AssertionError("a spec run is never pending")
+        yield  # a generator, as the protocol says
+
+    def before_submit(self, now: float) -> None:
+        if not now > self.until_s:  # a run's bound was wrong: not exact
+            raise AssertionError(f"{self.engine.name}: a request arrived inside a spec run (before {self.until_s!r} s)")
+
+    def load_drop(self) -> int:
+        return 0
+
+    def expect_next_arrival(self, t_s: float) -> None:
+        self.next_arrival_s = t_s
+
+    def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
+        self.arrival_bound = bound
+
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+        self.collides = collides
+
+    # --- planning ----------------------------------------------------------------------------------
+    def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
+        """Apply a run of verify steps from this loop-top state, or None (the loop steps)."""
+        engine = self.engine
+        if (not now < self.next_arrival_s or engine.clients.num_in_frontend or engine.on_finish is not None
+                or self.arrival_bound is not None or self.collides is not None
+                or engine.clients.max_concurrency is not None
+                or engine.watchdog.due(engine.book.num_steps + 1, now)):
+            return None
+        num_in_flight = len(in_flight)
+        drafts_s: dict[str, list[int]] | None = None
+        if num_in_flight:
+            so_s, mro_s = in_flight[0][0], in_flight[0][1]
+            drafts_s = so_s.scheduled_spec_decode_tokens
+        batch = self.runs.steady_batch(num_in_flight, drafts_s)
+        if batch is None:
+            return None
+        ids = [r.request_id for r in batch]
+        worker = self.sim.batch
+        first_k = [worker.num_sampled(rid) for rid in ids]  # each one's next output position
+        gains0: list[int] = []
+        rollbacks0: list[int] = []
+        if num_in_flight:  # update 0 applies S: its sampled tokens and drafts
+            if set(so_s.num_scheduled_tokens) != set(ids) or mro_s.draft_token_ids is None:
+                return None
+            for r in batch:
+                rid = r.request_id
+                idx = mro_s.req_id_to_index.get(rid)
+                got = 0 if idx is None else len(mro_s.sampled_token_ids[idx])
+                if not got or rid not in mro_s.draft_token_ids or r.num_output_tokens + got != worker.num_sampled(rid):
+                    return None
+                gains0.append(got)
+                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))  # type: ignore[union-attr]
+        return self._run(now, in_flight, batch, ids, first_k, gains0, rollbacks0)
+
+    def _run(self, now: float, in_flight: InFlight, batch: list[Request], ids: list[str], first_k: list[int],
+             gains0: list[int], rollbacks0: list[int]) -> list[float] | None:
+        engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
+        num_in_flight = len(in_flight)
+        n = len(batch)
+        cpu_s = engine.cpu.step_s(n, n * (1 + ns))
+        later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
+        accepted: list[list[int]] = [[] for _ in batch]
+        next_k = list(first_k)
+        gpu: list[float] = []
+        m = FIRST_CHUNK_STEPS
+        while True:
+            for i, rid in enumerate(ids):  # draw steps len(accepted[i]) .. m - 1
+                more = tokens.accepted_run(rid, next_k[i], m - len(accepted[i]), ns)
+                accepted[i] += more
+                next_k[i] += len(more) + sum(more)
+            gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
+            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
+            gpu += self._prices(plan, len(gpu), plan.num_steps)
+            tl = step_timeline(now, gpu[:plan.num_steps], num_in_flight, cpu_s, later_s, deadline_s,
+                               engine.gpu_free_at)
+            if len(tl[0]) < plan.num_steps or plan.num_steps < m or m >= MAX_SPEC_STEPS:
+                break
+            m = min(4 * m, MAX_SPEC_STEPS)
+        k = len(tl[0])
+        if k < 2:
+            return None
+        plan.num_steps = k
+        return exact_delays(now, self._apply(now, in_flight, plan, ids, accepted, first_k, gpu[:k], tl))
+
+    def _updates(self, accepted: list[list[int]], gains0: list[int],
+                 rollbacks0: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each update's gain and rollback per request (SpecRunPlan): sync, update j applies step
+        j; async, update 0 applies the step in flight, update j step j - 1."""
+        ns = self.num_spec_tokens
+        if not gains0:
+            return [[1 + a for a in acc] for acc in accepted], [[ns - a for a in acc] for acc in accepted]
+        gains = [[g0] + [1 + a for a in acc[:-1]] for g0, acc in zip(gains0, accepted)]
+        rollbacks = [[r0] + [ns - a for a in acc[:-1]] for r0, acc in zip(rollbacks0, accepted)]
+        return gains, rollbacks
+
+    def _prices(self, plan: SpecRunPlan, first: int, end: int) -> list[float]:
+        """GPU times of steps first..end-1: SimExecutor.execute's float on each step's StepShape
+        (1 + num_spec_tokens new tokens per request on its context; every request samples)."""
+        sim = self.sim
+        n = len(plan.batch)
+        new = (1 + self.num_spec_tokens,) * n
+        extra_s = sim.sampler.seconds(n) if sim.sampler is not None else 0.0
+        step_time_s = sim.cost_model.step_time_s
+        ctx = plan.ctx
+        return [step_time_s(StepShape(new, tuple([c[j] for c in ctx]), n, ())) + extra_s for j in range(first, end)]
+
+    # --- applying ------------------------------------------------------------------------------------
+    def _apply(self, now: float, in_flight: InFlight, plan: SpecRunPlan, ids: list[str], accepted: list[list[int]],
+               first_k: list[int], gpu: list[float], tl: tuple[list[float], list[float], list[float]]) -> float:
+        """Apply the planned run (its num_steps steps) as stepping would; returns the last update's time."""
+        engine, sim, runs, ns = self.engine, self.sim, self.runs, self.num_spec_tokens
+        sched, book = engine.scheduler, engine.book
+        sched_t, ends, upd_t = tl
+        k, batch = plan.num_steps, plan.batch
+        tokens = sim.batch.tokens
+        sim.forget(sched.finished_req_ids)  # the run's first schedule hands them to the worker
+        # the worker sampled every scheduled step: its drafts then are the target's next tokens
+        last_k = [k0 + k + sum(acc[:k]) for k0, acc in zip(first_k, accepted)]
+        sim.batch.sample_verify_run(ids, [lk - k0 for lk, k0 in zip(last_k, first_k)])
+        async_ = bool(in_flight)
+        if async_:
+            # after update k - 1 (step k - 2's): drafts proposed after step k - 2's tokens
+            final = [tokens.drafts(rid, lk - 1 - acc[k - 1], ns) for rid, lk, acc in zip(ids, last_k, accepted)]
+        else:
+            final = [tokens.drafts(rid, lk, ns) for rid, lk in zip(ids, last_k)]
+        hits0, queries0 = runs.prefix_stats_taken()
+        free_after = runs.apply(plan, tokens, len(in_flight), upd_t[-1], final)
+        self._rows(plan, in_flight, gpu, sched_t, upd_t, free_after, hits0, queries0)
+        self._token_times(plan, upd_t)
+        book.num_steps += k
+        book.arrived_since_step = []
+        engine.mark_progress(upd_t[-1])
+        n = len(batch)
+        sim.last_shape = StepShape((1 + ns,) * n, tuple([c[k - 1] for c in plan.ctx]), n, ())
+        if async_:
+            in_flight.popleft()
+            prev_k = [lk - 1 - acc[k - 1] for lk, acc in zip(last_k, accepted)]  # step k - 1's first output
+            so = SchedulerOutput([], CachedRequestData(req_ids=list(ids)), {rid: 1 + ns for rid in ids}, n * (1 + ns),
+                                 {rid: tokens.drafts(rid, pk - 1 - acc[k - 2], ns) if k >= 2 else []
+                                  for rid, pk, acc in zip(ids, prev_k, accepted)},
+                                 [0] * sched.kv_cache_manager.num_kv_cache_groups, set(), set())
+            mro = ModelRunnerOutput(list(ids), {rid: i for i, rid in enumerate(ids)},
+                                    [tokens.tokens(rid, pk, 1 + acc[k - 1]) for rid, pk, acc in zip(ids, prev_k, accepted)],
+                                    {rid: f for rid, f in zip(ids, [tokens.drafts(rid, lk, ns) for rid, lk in zip(ids, last_k)])})
+            in_flight.append((so, mro, ends[-1], None, len(book.metrics.steps) - 1))
+        engine.gpu_free_at = ends[-1]
+        self.until_s = upd_t[-1]
+        self.num_macro_steps += k
+        self.num_macro_runs += 1
+        return upd_t[-1]
+
+    def _rows(self, plan: SpecRunPlan, in_flight: InFlight, gpu: list[float], sched_t: list[float],
+              upd_t: list[float], free_after: list[int], hits0: int, queries0: int) -> None:
+        """The steps' rows as StepBook.record_schedule / record_update write them (counts after each
+        schedule; the update completes a row: sync its own, async the next one's), the in-flight
+        step's row completed by update 0, and the progress callback at the updates it runs at."""
+        engine, ns = self.engine, self.num_spec_tokens
+        book = engine.book
+        steps = book.metrics.steps
+        k, n = plan.num_steps, len(plan.batch)
+        running, waiting = engine.scheduler.get_request_counts()
+        usages = self.runs.usages_at(free_after)
+        base = book.num_steps
+        rows = []
+        for j in range(k):
+            row = steps.append(base + j, sched_t[j], n, 0, n * (1 + ns), usages[j], running, waiting, 0)
+            steps.set_gpu_time(row, gpu[j])
+            rows.append(row)
+        if in_flight:
+            done = [in_flight[0][4]] + rows[:-1]  # update j completes the previous step's row
+        else:
+            done = rows
+        for j, row in enumerate(done):
+            steps.set_update(row, upd_t[j], hits0 if j == 0 else 0, queries0 if j == 0 else 0)
+        book.prefix_hits += hits0
+        book.prefix_queries += queries0
+        if book.progress is not None:
+            for j in range(k):
+                if (base + j + 1) % PROGRESS_EVERY_STEPS == 0:  # update j runs after schedule j
+                    book.progress(upd_t[j], book.num_done)
+
+    def _token_times(self, plan: SpecRunPlan, upd_t: list[float]) -> None:
+        """Each update's tokens at its time (MetricsRecorder.on_step_outputs, update by update)."""
+        records = self.engine.book.metrics.requests
+        k = plan.num_steps
+        for r, g in zip(plan.batch, plan.gains):
+            rec = records[r.request_id]
+            times: list[float] = []
+            for j in range(k):
+                times += [upd_t[j]] * g[j]
+            if rec.first_token_s is None:
+                rec.first_token_s = upd_t[0]
+            rec.token_times_s.extend(array("d", times))
+
+
+def spec_planner_for(engine: Engine, sim: SimExecutor) -> tuple[SpecPlanner | None, str | None]:
+    """The spec-decode fast path for a vLLM engine (planner, None) or why there is none (None, why)."""
+    runs = VllmSpecRuns(engine.scheduler)  # type: ignore[arg-type]
+    why = runs.spec_run_blocker()
+    if why is not None:
+        return None, why
+    return SpecPlanner(engine, runs, sim), None
