@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servesim.scheduler.lazy_ids import OutputIdSource
+from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
@@ -213,6 +214,21 @@ class VllmSpecRuns:
         sched.finished_req_ids = set()
         sched.now_s = now_s
         return free_after
+
+    def finished_req_ids(self) -> set[str]:
+        """The requests finished since the previous schedule(): the run's first schedule hands them
+        to the worker (the scheduler's own set, replaced by apply())."""
+        return self.scheduler.finished_req_ids
+
+    def verify_step_output(self, req_ids: list[str], drafts: list[list[int]]) -> SchedulerOutput:
+        """The SchedulerOutput of a run's last verify step (async: left in flight), as
+        update_from_output reads it: 1 + num_spec_tokens tokens per request, drafts[i] verified
+        for req_ids[i]. Block ids are not repeated: no executor reads an output after its step ran."""
+        sched = self.scheduler
+        n = 1 + sched.num_spec_tokens
+        return SchedulerOutput([], CachedRequestData(req_ids=list(req_ids)), {rid: n for rid in req_ids},
+                               n * len(req_ids), dict(zip(req_ids, drafts)),
+                               [0] * sched.kv_cache_manager.num_kv_cache_groups, set(), set())
 
     def prefix_stats_taken(self) -> tuple[int, int]:
         """(hits, queries) the run's first update takes (make_stats: what was pending); the later

@@ -28,7 +28,7 @@ from typing import Any
 import simpy
 
 from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
-from servesim.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.output import ModelRunnerOutput
 from servesim.scheduler.request import Request
 from servesim.scheduler.step_shape import StepShape
 from servesim.simulator.engine import Engine, InFlight
@@ -48,7 +48,7 @@ class SpecPlanner:
         self.engine = engine
         self.runs = runs
         self.sim = sim
-        self.num_spec_tokens = engine.scheduler.num_spec_tokens  # type: ignore[attr-defined]
+        self.num_spec_tokens = engine.cfg.scheduler.num_spec_tokens
         self.next_arrival_s = 0.0  # 0 = unknown: no run starts
         self.arrival_bound: Callable[[int], float] | None = None
         self.collides: Callable[[Sequence[float]], int] | None = None
@@ -172,11 +172,11 @@ class SpecPlanner:
                first_k: list[int], gpu: list[float], tl: tuple[list[float], list[float], list[float]]) -> float:
         """Apply the planned run (its num_steps steps) as stepping would; returns the last update's time."""
         engine, sim, runs, ns = self.engine, self.sim, self.runs, self.num_spec_tokens
-        sched, book = engine.scheduler, engine.book
+        book = engine.book
         sched_t, ends, upd_t = tl
         k, batch = plan.num_steps, plan.batch
         tokens = sim.batch.tokens
-        sim.forget(sched.finished_req_ids)  # the run's first schedule hands them to the worker
+        sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
         # the worker sampled every scheduled step: its drafts then are the target's next tokens
         last_k = [k0 + k + sum(acc[:k]) for k0, acc in zip(first_k, accepted)]
         sim.batch.sample_verify_run(ids, [lk - k0 for lk, k0 in zip(last_k, first_k)])
@@ -198,10 +198,9 @@ class SpecPlanner:
         if async_:
             in_flight.popleft()
             prev_k = [lk - 1 - acc[k - 1] for lk, acc in zip(last_k, accepted)]  # step k - 1's first output
-            so = SchedulerOutput([], CachedRequestData(req_ids=list(ids)), {rid: 1 + ns for rid in ids}, n * (1 + ns),
-                                 {rid: tokens.drafts(rid, pk - 1 - acc[k - 2], ns) if k >= 2 else []
-                                  for rid, pk, acc in zip(ids, prev_k, accepted)},
-                                 [0] * sched.kv_cache_manager.num_kv_cache_groups, set(), set())
+            # step k - 1 verifies the drafts update k - 2 gave (proposed after step k - 3's tokens; k >= 2)
+            so = runs.verify_step_output(ids, [tokens.drafts(rid, pk - 1 - acc[k - 2], ns)
+                                               for rid, pk, acc in zip(ids, prev_k, accepted)])
             mro = ModelRunnerOutput(list(ids), {rid: i for i, rid in enumerate(ids)},
                                     [tokens.tokens(rid, pk, 1 + acc[k - 1]) for rid, pk, acc in zip(ids, prev_k, accepted)],
                                     {rid: f for rid, f in zip(ids, [tokens.drafts(rid, lk, ns) for rid, lk in zip(ids, last_k)])})
