@@ -125,7 +125,11 @@ class SpecPlanner:
         accepted: list[list[int]] = [[] for _ in batch]
         next_k = list(first_k)
         gpu: list[float] = []
-        m = FIRST_CHUNK_STEPS
+        sched_t: list[float] = []
+        ends: list[float] = []
+        upd_t: list[float] = []
+        t, free_at = now, engine.gpu_free_at
+        m = 2  # a run's least steps: most attempts end here (an arrival or a finish is near)
         while True:
             for i, rid in enumerate(ids):  # draw steps len(accepted[i]) .. m - 1
                 more = tokens.accepted_run(rid, next_k[i], m - len(accepted[i]), ns)
@@ -133,15 +137,24 @@ class SpecPlanner:
                 next_k[i] += len(more) + sum(more)
             gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
             plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
-            gpu += self._prices(plan, len(gpu), plan.num_steps)
-            tl = step_timeline(now, gpu[:plan.num_steps], num_in_flight, cpu_s, later_s, deadline_s,
-                               engine.gpu_free_at)
-            if len(tl[0]) < plan.num_steps or plan.num_steps < m or m >= MAX_SPEC_STEPS:
+            cut = False
+            for j in range(len(gpu), plan.num_steps):  # priced and timed one by one: none past the cut
+                gpu += self._prices(plan, j, j + 1)
+                s, e, u = step_timeline(t, gpu[j:], num_in_flight, cpu_s, later_s, deadline_s, free_at)
+                if not s:
+                    cut = True
+                    break
+                sched_t += s
+                ends += e
+                upd_t += u
+                t, free_at = u[0], e[0]
+            if cut or plan.num_steps < m or m >= MAX_SPEC_STEPS:
                 break
-            m = min(4 * m, MAX_SPEC_STEPS)
-        k = len(tl[0])
+            m = min(FIRST_CHUNK_STEPS if m < FIRST_CHUNK_STEPS else 4 * m, MAX_SPEC_STEPS)
+        k = len(sched_t)
         if k < 2:
             return None
+        tl = (sched_t, ends, upd_t)
         plan.num_steps = k
         return exact_delays(now, self._apply(now, in_flight, plan, ids, accepted, first_k, gpu[:k], tl))
 
