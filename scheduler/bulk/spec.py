@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from servesim.scheduler.lazy_ids import OutputIdSource
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
-from servesim.scheduler.request import RequestStatus
+from servesim.scheduler.request import RequestStatus, check_stop
 
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request
@@ -50,6 +50,18 @@ class SpecRunPlan:
     gains: list[list[int]]
     rollbacks: list[list[int]]
     ctx: list[list[int]]
+    steps_each: list[int]  # schedules of the run that take batch[i] (its first steps_each[i])
+    finish_at: list[int | None]  # the update that stops batch[i] inside the run (async), or None
+
+    def cut(self, num_steps: int) -> None:
+        """Keep the first num_steps steps (a prefix of a plan is a plan: an arrival cut it)."""
+        self.num_steps = num_steps
+        self.steps_each = [min(m, num_steps) for m in self.steps_each]
+        self.finish_at = [None if f is None or f >= num_steps else f for f in self.finish_at]
+
+    def batch_at(self, j: int) -> list[int]:
+        """The indices into `batch` of the requests step j schedules."""
+        return [i for i, m in enumerate(self.steps_each) if m > j]
 
 
 class VllmSpecRuns:
@@ -102,19 +114,29 @@ class VllmSpecRuns:
 
     def plan(self, batch: list[Request], gains: list[list[int]], rollbacks: list[list[int]],
              num_in_flight: int) -> SpecRunPlan:
-        """The longest prefix of the given updates' steps that stays plain: no schedule passes a
-        request over (async skip-ahead: its in-flight steps reach max_tokens), no schedule is cut
-        by max_model_len, no update stops a request (max_tokens, max_model_len), and every
-        schedule's blocks fit in the free blocks without preempting (free blocks only fall: no
-        request finishes). Step j's update is gains[i][j]'s (len(gains[i]) steps at most)."""
+        """The longest prefix of the given updates' steps that stays plain: no schedule is cut by
+        max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
+        the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
+        frees go to the free queue's tail) and every step schedules someone. Step j's update is
+        gains[i][j]'s (len(gains[i]) steps at most).
+
+        max_tokens: sync, the run ends before an update that would stop a request. Async (nothing
+        waits: steady_batch), the run goes through: a request whose in-flight steps reach
+        max_tokens is passed over by the schedule (vLLM's skip-ahead) and the update stops it
+        (its tokens cut at max_tokens), or an update stops it with its next step already
+        scheduled (that step's tokens are then dropped); either way its seat and blocks admit
+        nobody. `SpecRunPlan.finish_at` says at which update, `steps_each` how many schedules
+        took it."""
         sched = self.scheduler
         kvm = sched.kv_cache_manager
         ns, la = sched.num_spec_tokens, sched.num_lookahead_tokens
         max_len, bs = sched.max_model_len, kvm.block_size
         mgr = kvm._single_full
         assert mgr is not None
+        through = num_in_flight == 1
         k = min(len(g) for g in gains)
         ctx: list[list[int]] = []
+        finish_at: list[int | None] = []
         allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
         for i, r in enumerate(batch):
             c, t, o = r.num_computed_tokens, r.num_tokens, r.num_output_tokens
@@ -122,15 +144,15 @@ class VllmSpecRuns:
             held = len(mgr.req_to_blocks[r.request_id])
             g, rb = gains[i], rollbacks[i]
             cs: list[int] = []
+            fin: int | None = None
             for j in range(k):
-                # schedule j: not passed over (async), not cut by max_model_len
-                if (num_in_flight and o + 1 >= max_tokens) or c + 1 + ns > max_len - 1 or c + 1 + ns + la > max_len:
-                    k = j
+                if num_in_flight and o + 1 >= max_tokens:  # passed over; update j stops it
+                    if through and t + max_tokens - o < max_len:
+                        fin = j
+                    else:
+                        k = j
                     break
-                # update j: no stop
-                t += g[j]
-                o += g[j]
-                if o >= max_tokens or t >= max_len:
+                if c + 1 + ns > max_len - 1 or c + 1 + ns + la > max_len:  # schedule j cut by max_model_len
                     k = j
                     break
                 cs.append(c)
@@ -138,23 +160,38 @@ class VllmSpecRuns:
                 if need > held:
                     allocs[j] += need - held
                     held = need
+                if o + g[j] >= max_tokens:  # update j stops it
+                    if through and t + max_tokens - o < max_len:
+                        fin = j
+                    else:
+                        k = j
+                    break
+                t += g[j]
+                o += g[j]
+                if t >= max_len:
+                    k = j
+                    break
                 c += 1 + ns - rb[j]
             ctx.append(cs)
+            finish_at.append(fin)
         room = kvm.block_pool.free_block_queue.num_free_blocks
         for j in range(k):
             room -= allocs[j]
             if room < 0:
                 k = j
                 break
-        return SpecRunPlan(batch, k, gains, rollbacks, [cs[:k] for cs in ctx])
+        k = min(k, max([min(len(cs), k) for cs in ctx]))  # the last step schedules someone
+        return SpecRunPlan(batch, k, gains, rollbacks, [cs[:k] for cs in ctx],
+                           [min(len(cs), k) for cs in ctx],
+                           [None if f is None or f >= k else f for f in finish_at])
 
-    def apply(self, plan: SpecRunPlan, source: OutputIdSource, num_in_flight: int, now_s: float,
+    def apply(self, plan: SpecRunPlan, source: OutputIdSource, num_in_flight: int, upd_t: Sequence[float],
               final_drafts: list[list[int]]) -> list[int]:
-        """Apply the plan's schedules and updates (plan.num_steps of each); the async run's last step
-        stays scheduled, its update to come. `source`: the output id stream the updates append
-        from (each request's next outputs, in order); final_drafts[i]: batch[i]'s spec_token_ids
-        after the run's last update. `now_s`: that update's time. Returns the free-block count
-        after each schedule (the step rows' kv usage)."""
+        """Apply the plan's schedules and updates (plan.num_steps of each, update j at upd_t[j]); the
+        async run's last step stays scheduled, its update to come. `source`: the output id stream
+        the updates append from (each request's next outputs, in order); final_drafts[i]:
+        batch[i]'s spec_token_ids after the run's last update (unfinished requests). Returns the
+        free-block count after each schedule (the step rows' kv usage)."""
         sched = self.scheduler
         kvm = sched.kv_cache_manager
         mgr = kvm._single_full
@@ -164,56 +201,96 @@ class VllmSpecRuns:
         k, batch = plan.num_steps, plan.batch
         caching = kvm.enable_caching
         # Tokens first (their block hashes: caching only reads blocks already full), then the KV
-        # events in stepping's order: (phase, request): schedule j is phase 2j (allocation, then
-        # caching), update j phase 2j + 1 (async caching).
+        # events in stepping's order: (phase, request, kind): schedule j is phase 2j (allocation,
+        # then caching), update j phase 2j + 1 (async caching, then a finish).
         events: list[tuple[int, int, int, int]] = []
         allocs = [0] * k
         for i, r in enumerate(batch):
             g, rb, cs = plan.gains[i], plan.rollbacks[i], plan.ctx[i]
+            m, fin = plan.steps_each[i], plan.finish_at[i]
+            num_updates = k if fin is None else fin + 1
             o = r.num_output_tokens
-            r.append_output_tokens_from(source, o, sum(g[:k]))
-            t = r.num_tokens - sum(g[:k])
+            gained = g[:num_updates]
+            if fin is not None:
+                gained[fin] = r.max_tokens - o - sum(g[:fin])  # cut at max_tokens
+            r.append_output_tokens_from(source, o, sum(gained))
+            t = r.num_tokens - sum(gained)
             rid = r.request_id
             held = len(mgr.req_to_blocks[rid])
             cached = mgr.num_cached_block.get(rid, 0)
-            for j in range(k):
-                c = cs[j]
-                need = -(-(c + 1 + ns + la) // bs)
-                if need > held:
-                    events.append((2 * j, i, 0, need - held))
-                    allocs[j] += need - held
-                    held = need
-                if caching:
-                    upto = min(c + 1 + ns, t)
-                    if upto // bs > cached:
-                        events.append((2 * j, i, 1, upto))
-                        cached = upto // bs
-                t += g[j]
+            for j in range(num_updates):
+                if j < m:
+                    c = cs[j]
+                    need = -(-(c + 1 + ns + la) // bs)
+                    if need > held:
+                        events.append((2 * j, i, 0, need - held))
+                        allocs[j] += need - held
+                        held = need
+                    if caching:
+                        upto = min(c + 1 + ns, t)
+                        if upto // bs > cached:
+                            events.append((2 * j, i, 1, upto))
+                            cached = upto // bs
+                t += gained[j]
                 if caching and num_in_flight and (t - 1) // bs > cached:
                     events.append((2 * j + 1, i, 1, t - 1))
                     cached = (t - 1) // bs
+            if fin is not None:
+                events.append((2 * fin + 1, i, 2, 0))
+                continue
             # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
             r.num_computed_tokens = cs[k - 1] + 1 + ns - rb[k - 1]
             if num_in_flight:
                 r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
             r.spec_token_ids = final_drafts[i]
+        freed = self._apply_events(batch, events, k, upd_t)
+        free = pool.free_block_queue.num_free_blocks + sum(allocs) - sum(freed)
+        free_after: list[int] = []
+        for n, f in zip(allocs, freed):
+            free -= n
+            free_after.append(free)
+            free += f  # schedule j + 1 follows update j
+        self._after(plan)
+        sched.now_s = upd_t[k - 1]
+        return free_after
+
+    def _apply_events(self, batch: list[Request], events: list[tuple[int, int, int, int]], k: int,
+                      upd_t: Sequence[float]) -> list[int]:
+        """Allocations, cachings and finishes in stepping's order; returns the blocks each update frees."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        assert mgr is not None
+        pool = kvm.block_pool
+        queue = pool.free_block_queue
+        freed = [0] * k
         events.sort()
         reqs_to_blocks = mgr.req_to_blocks
-        for _, i, kind, arg in events:
+        for phase, i, kind, arg in events:
             r = batch[i]
             if kind == 0:
                 reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
-            else:
+            elif kind == 1:
                 mgr.cache_blocks(r, arg)
-        free = pool.free_block_queue.num_free_blocks + sum(allocs)
-        free_after: list[int] = []
-        for n in allocs:
-            free -= n
-            free_after.append(free)
-        sched.prev_step_scheduled_req_ids = {r.request_id for r in batch}
-        sched.finished_req_ids = set()
-        sched.now_s = now_s
-        return free_after
+            else:  # update_from_output's stop: the stop rule sets the status, then _free_request
+                sched.now_s = upd_t[phase // 2]
+                if not check_stop(r, sched.max_model_len):
+                    raise AssertionError(f"{r.request_id}: a spec run's update did not finish it")
+                before = queue.num_free_blocks
+                sched._free_request(r)
+                freed[phase // 2] += queue.num_free_blocks - before
+        return freed
+
+    def _after(self, plan: SpecRunPlan) -> None:
+        """The scheduler's queues and sets after the run: finished requests out of `running`, the
+        ids finished by the last update still to hand over, the last step's batch."""
+        sched = self.scheduler
+        k = plan.num_steps
+        done = {r for r, f in zip(plan.batch, plan.finish_at) if f is not None}
+        if done:
+            sched.running = [r for r in sched.running if r not in done]
+        sched.finished_req_ids = {r.request_id for r, f in zip(plan.batch, plan.finish_at) if f == k - 1}
+        sched.prev_step_scheduled_req_ids = {r.request_id for r, m in zip(plan.batch, plan.steps_each) if m == k}
 
     def finished_req_ids(self) -> set[str]:
         """The requests finished since the previous schedule(): the run's first schedule hands them

@@ -22,6 +22,7 @@ a single engine (no router, no finish callback, no client slots; nothing in the 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ class SpecPlanner:
         self.until_s = -1.0  # the last update time of the last run: no arrival may precede it
         self.num_macro_steps = 0
         self.num_macro_runs = 0
+        self.num_bulk_finishes = 0  # requests finished inside a run's bulk update
 
     # --- RunPlanner --------------------------------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -119,8 +121,6 @@ class SpecPlanner:
              gains0: list[int], rollbacks0: list[int]) -> list[float] | None:
         engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
         num_in_flight = len(in_flight)
-        n = len(batch)
-        cpu_s = engine.cpu.step_s(n, n * (1 + ns))
         later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
         accepted: list[list[int]] = [[] for _ in batch]
         next_k = list(first_k)
@@ -139,8 +139,11 @@ class SpecPlanner:
             plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
             cut = False
             for j in range(len(gpu), plan.num_steps):  # priced and timed one by one: none past the cut
-                gpu += self._prices(plan, j, j + 1)
-                s, e, u = step_timeline(t, gpu[j:], num_in_flight, cpu_s, later_s, deadline_s, free_at)
+                rows = plan.batch_at(j)
+                n = len(rows)
+                gpu.append(self._price(plan, rows, j))
+                s, e, u = step_timeline(t, gpu[j:], num_in_flight, engine.cpu.step_s(n, n * (1 + ns)), later_s,
+                                        deadline_s, free_at)
                 if not s:
                     cut = True
                     break
@@ -154,9 +157,8 @@ class SpecPlanner:
         k = len(sched_t)
         if k < 2:
             return None
-        tl = (sched_t, ends, upd_t)
-        plan.num_steps = k
-        return exact_delays(now, self._apply(now, in_flight, plan, ids, accepted, first_k, gpu[:k], tl))
+        plan.cut(k)
+        return exact_delays(now, self._apply(in_flight, plan, accepted, first_k, gpu[:k], (sched_t, ends, upd_t)))
 
     def _updates(self, accepted: list[list[int]], gains0: list[int],
                  rollbacks0: list[int]) -> tuple[list[list[int]], list[list[int]]]:
@@ -169,100 +171,112 @@ class SpecPlanner:
         rollbacks = [[r0] + [ns - a for a in acc[:-1]] for r0, acc in zip(rollbacks0, accepted)]
         return gains, rollbacks
 
-    def _prices(self, plan: SpecRunPlan, first: int, end: int) -> list[float]:
-        """GPU times of steps first..end-1: SimExecutor.execute's float on each step's StepShape
-        (1 + num_spec_tokens new tokens per request on its context; every request samples)."""
+    def _price(self, plan: SpecRunPlan, rows: list[int], j: int) -> float:
+        """GPU time of step j (batch `rows`): SimExecutor.execute's float on its StepShape (1 +
+        num_spec_tokens new tokens per request on its context; every request samples)."""
         sim = self.sim
-        n = len(plan.batch)
-        new = (1 + self.num_spec_tokens,) * n
+        n = len(rows)
         extra_s = sim.sampler.seconds(n) if sim.sampler is not None else 0.0
-        step_time_s = sim.cost_model.step_time_s
         ctx = plan.ctx
-        return [step_time_s(StepShape(new, tuple([c[j] for c in ctx]), n, ())) + extra_s for j in range(first, end)]
+        return sim.cost_model.step_time_s(StepShape((1 + self.num_spec_tokens,) * n,
+                                                    tuple([ctx[i][j] for i in rows]), n, ())) + extra_s
 
     # --- applying ------------------------------------------------------------------------------------
-    def _apply(self, now: float, in_flight: InFlight, plan: SpecRunPlan, ids: list[str], accepted: list[list[int]],
-               first_k: list[int], gpu: list[float], tl: tuple[list[float], list[float], list[float]]) -> float:
+    def _apply(self, in_flight: InFlight, plan: SpecRunPlan, accepted: list[list[int]], first_k: list[int],
+               gpu: list[float], tl: tuple[list[float], list[float], list[float]]) -> float:
         """Apply the planned run (its num_steps steps) as stepping would; returns the last update's time."""
         engine, sim, runs, ns = self.engine, self.sim, self.runs, self.num_spec_tokens
         book = engine.book
         sched_t, ends, upd_t = tl
         k, batch = plan.num_steps, plan.batch
+        ids = [r.request_id for r in batch]
         tokens = sim.batch.tokens
-        sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
-        # the worker sampled every scheduled step: its drafts then are the target's next tokens
-        last_k = [k0 + k + sum(acc[:k]) for k0, acc in zip(first_k, accepted)]
-        sim.batch.sample_verify_run(ids, [lk - k0 for lk, k0 in zip(last_k, first_k)])
         async_ = bool(in_flight)
-        if async_:
-            # after update k - 1 (step k - 2's): drafts proposed after step k - 2's tokens
-            final = [tokens.drafts(rid, lk - 1 - acc[k - 1], ns) for rid, lk, acc in zip(ids, last_k, accepted)]
-        else:
-            final = [tokens.drafts(rid, lk, ns) for rid, lk in zip(ids, last_k)]
+        sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
+        # positions[i][j]: batch[i]'s first new output of step j (the worker's count then), j <= its steps
+        positions: list[list[int]] = []
+        for k0, acc, m in zip(first_k, accepted, plan.steps_each):
+            pos = [k0]
+            for a in acc[:m]:
+                pos.append(pos[-1] + 1 + a)
+            positions.append(pos)
+        sim.batch.sample_verify_run(ids, [pos[-1] - pos[0] for pos in positions])
+        # drafts after the run's last update: proposed after step k - 2's tokens (async) or k - 1's
+        final = [tokens.drafts(rid, pos[k - 1] if async_ else pos[k], ns) if m == k else []
+                 for rid, pos, m in zip(ids, positions, plan.steps_each)]
         hits0, queries0 = runs.prefix_stats_taken()
-        free_after = runs.apply(plan, tokens, len(in_flight), upd_t[-1], final)
-        self._rows(plan, in_flight, gpu, sched_t, upd_t, free_after, hits0, queries0)
+        free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final)
+        finishes = sorted((f, i) for i, f in enumerate(plan.finish_at) if f is not None)
         self._token_times(plan, upd_t)
+        for f, i in finishes:  # each update's finishes after its tokens, in batch order
+            r = batch[i]
+            engine.record_finish(r.request_id, upd_t[f], r.get_finished_reason(), r.num_cached_tokens or 0)
+        sim.forget({ids[i] for f, i in finishes if f < k - 1})  # handed over by the run's later schedules
+        self._rows(plan, in_flight, gpu, sched_t, upd_t, free_after, hits0, queries0, [f for f, _ in finishes])
         book.num_steps += k
         book.arrived_since_step = []
         engine.mark_progress(upd_t[-1])
-        n = len(batch)
-        sim.last_shape = StepShape((1 + ns,) * n, tuple([c[k - 1] for c in plan.ctx]), n, ())
+        last = plan.batch_at(k - 1)
+        sim.last_shape = StepShape((1 + ns,) * len(last), tuple([plan.ctx[i][k - 1] for i in last]), len(last), ())
         if async_:
             in_flight.popleft()
-            prev_k = [lk - 1 - acc[k - 1] for lk, acc in zip(last_k, accepted)]  # step k - 1's first output
-            # step k - 1 verifies the drafts update k - 2 gave (proposed after step k - 3's tokens; k >= 2)
-            so = runs.verify_step_output(ids, [tokens.drafts(rid, pk - 1 - acc[k - 2], ns)
-                                               for rid, pk, acc in zip(ids, prev_k, accepted)])
-            mro = ModelRunnerOutput(list(ids), {rid: i for i, rid in enumerate(ids)},
-                                    [tokens.tokens(rid, pk, 1 + acc[k - 1]) for rid, pk, acc in zip(ids, prev_k, accepted)],
-                                    {rid: f for rid, f in zip(ids, [tokens.drafts(rid, lk, ns) for rid, lk in zip(ids, last_k)])})
+            last_ids = [ids[i] for i in last]
+            # step k - 1 verifies the drafts update k - 2 gave (proposed after step k - 3's tokens)
+            so = runs.verify_step_output(last_ids, [tokens.drafts(ids[i], positions[i][k - 2], ns) for i in last])
+            mro = ModelRunnerOutput(last_ids, {rid: x for x, rid in enumerate(last_ids)},
+                                    [tokens.tokens(ids[i], positions[i][k - 1], 1 + accepted[i][k - 1]) for i in last],
+                                    {ids[i]: tokens.drafts(ids[i], positions[i][k], ns) for i in last})
             in_flight.append((so, mro, ends[-1], None, len(book.metrics.steps) - 1))
         engine.gpu_free_at = ends[-1]
         self.until_s = upd_t[-1]
         self.num_macro_steps += k
         self.num_macro_runs += 1
+        self.num_bulk_finishes += len(finishes)
         return upd_t[-1]
 
     def _rows(self, plan: SpecRunPlan, in_flight: InFlight, gpu: list[float], sched_t: list[float],
-              upd_t: list[float], free_after: list[int], hits0: int, queries0: int) -> None:
+              upd_t: list[float], free_after: list[int], hits0: int, queries0: int, finish_updates: list[int]) -> None:
         """The steps' rows as StepBook.record_schedule / record_update write them (counts after each
-        schedule; the update completes a row: sync its own, async the next one's), the in-flight
-        step's row completed by update 0, and the progress callback at the updates it runs at."""
+        schedule; the update completes a row: sync its own, async the previous step's), the
+        in-flight step's row completed by update 0, and the progress callback at the updates it
+        runs at (the requests done by then: finish_updates, ascending, are the run's finishes)."""
         engine, ns = self.engine, self.num_spec_tokens
         book = engine.book
         steps = book.metrics.steps
-        k, n = plan.num_steps, len(plan.batch)
-        running, waiting = engine.scheduler.get_request_counts()
+        k = plan.num_steps
+        running_end, waiting = engine.scheduler.get_request_counts()
         usages = self.runs.usages_at(free_after)
         base = book.num_steps
         rows = []
         for j in range(k):
+            n = len(plan.batch_at(j))
+            running = running_end + len(finish_updates) - bisect_left(finish_updates, j)  # not stopped before j
             row = steps.append(base + j, sched_t[j], n, 0, n * (1 + ns), usages[j], running, waiting, 0)
             steps.set_gpu_time(row, gpu[j])
             rows.append(row)
-        if in_flight:
-            done = [in_flight[0][4]] + rows[:-1]  # update j completes the previous step's row
-        else:
-            done = rows
+        done = [in_flight[0][4]] + rows[:-1] if in_flight else rows  # update j completes these rows
         for j, row in enumerate(done):
             steps.set_update(row, upd_t[j], hits0 if j == 0 else 0, queries0 if j == 0 else 0)
         book.prefix_hits += hits0
         book.prefix_queries += queries0
         if book.progress is not None:
+            done_before = book.num_done - len(finish_updates)
             for j in range(k):
                 if (base + j + 1) % PROGRESS_EVERY_STEPS == 0:  # update j runs after schedule j
-                    book.progress(upd_t[j], book.num_done)
+                    book.progress(upd_t[j], done_before + bisect_right(finish_updates, j))
 
     def _token_times(self, plan: SpecRunPlan, upd_t: list[float]) -> None:
-        """Each update's tokens at its time (MetricsRecorder.on_step_outputs, update by update)."""
+        """Each update's tokens at its time (MetricsRecorder.on_step_outputs, update by update; a
+        request's last update brings its tokens up to max_tokens only)."""
         records = self.engine.book.metrics.requests
         k = plan.num_steps
-        for r, g in zip(plan.batch, plan.gains):
+        for r, g, f in zip(plan.batch, plan.gains, plan.finish_at):
             rec = records[r.request_id]
             times: list[float] = []
-            for j in range(k):
+            for j in range(k if f is None else f):
                 times += [upd_t[j]] * g[j]
+            if f is not None:  # the request holds every token it was given now
+                times += [upd_t[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
             if rec.first_token_s is None:
                 rec.first_token_s = upd_t[0]
             rec.token_times_s.extend(array("d", times))
