@@ -21,6 +21,7 @@ a single engine (no router, no finish callback, no client slots; nothing in the 
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
@@ -39,7 +40,7 @@ from servesim.simulator.kernels import step_timeline
 from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
 
 MAX_SPEC_STEPS = 4096  # one run's length cap (as MacroPlanner's)
-FIRST_CHUNK_STEPS = 16  # steps drawn first; each next chunk grows the run 4x
+FIRST_CHUNK_STEPS = 16  # steps drawn first when no arrival or deadline bounds the run; each next chunk doubles it
 
 
 class SpecPlanner:
@@ -129,7 +130,9 @@ class SpecPlanner:
         ends: list[float] = []
         upd_t: list[float] = []
         t, free_at = now, engine.gpu_free_at
-        m = 2  # a run's least steps: most attempts end here (an arrival or a finish is near)
+        m = self._first_chunk(batch, min(later_s, deadline_s) - max(now, free_at))
+        if m < 2:
+            return None
         while True:
             for i, rid in enumerate(ids):  # draw steps len(accepted[i]) .. m - 1
                 more = tokens.accepted_run(rid, next_k[i], m - len(accepted[i]), ns)
@@ -153,12 +156,28 @@ class SpecPlanner:
                 t, free_at = u[0], e[0]
             if cut or plan.num_steps < m or m >= MAX_SPEC_STEPS:
                 break
-            m = min(FIRST_CHUNK_STEPS if m < FIRST_CHUNK_STEPS else 4 * m, MAX_SPEC_STEPS)
+            m = min(2 * m, MAX_SPEC_STEPS)
         k = len(sched_t)
         if k < 2:
             return None
         plan.cut(k)
         return exact_delays(now, self._apply(in_flight, plan, accepted, first_k, gpu[:k], (sched_t, ends, upd_t)))
+
+    def _first_chunk(self, batch: list[Request], horizon_s: float) -> int:
+        """How many steps to draw first: about as many as fit in horizon_s (to the next arrival or
+        deadline), each taking about the GPU time of a verify step of the batch as it is now (or
+        its CPU time, if longer); 0 when not even two do. Only the work depends on it: a chunk
+        cut short or too long gives the same run, and a run not tried is stepped."""
+        if horizon_s == math.inf:
+            return FIRST_CHUNK_STEPS
+        n, ns = len(batch), self.num_spec_tokens
+        shape = StepShape((1 + ns,) * n, tuple([r.num_computed_tokens for r in batch]), n, ())
+        period_s = max(self.sim.cost_model.step_time_s(shape), self.engine.cpu.step_s(n, n * (1 + ns)))
+        if not period_s > 0:
+            return FIRST_CHUNK_STEPS
+        if horizon_s < period_s:
+            return 0  # not even the second update fits (the step before an arrival): step it
+        return min(MAX_SPEC_STEPS, int(horizon_s / period_s) + 2)
 
     def _updates(self, accepted: list[list[int]], gains0: list[int],
                  rollbacks0: list[int]) -> tuple[list[list[int]], list[list[int]]]:
