@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from servesim.scheduler.lazy_ids import OutputIdSource
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
 
 if TYPE_CHECKING:
+    from servesim.scheduler.async_scheduler import AsyncScheduler
     from servesim.scheduler.request import Request
     from servesim.scheduler.scheduler import Scheduler
 
@@ -186,73 +187,93 @@ class VllmSpecRuns:
                            [None if f is None or f >= k else f for f in finish_at])
 
     def apply(self, plan: SpecRunPlan, source: OutputIdSource, num_in_flight: int, upd_t: Sequence[float],
-              final_drafts: list[list[int]]) -> list[int]:
+              final_drafts: list[list[int]], tail: Sequence[int] = ()) -> list[int]:
         """Apply the plan's schedules and updates (plan.num_steps of each, update j at upd_t[j]); the
         async run's last step stays scheduled, its update to come. `source`: the output id stream
         the updates append from (each request's next outputs, in order); final_drafts[i]:
-        batch[i]'s spec_token_ids after the run's last update (unfinished requests). Returns the
-        free-block count after each schedule (the step rows' kv usage)."""
+        batch[i]'s spec_token_ids after the run's last update (unfinished requests). `tail`
+        (async): the loop's next schedule, at the last update's time, is applied too (the batch
+        indices it schedules: plan.batch_at(num_steps) of the plan before its cut), its update
+        left to the loop with the last step's. Returns the free-block count after each schedule
+        (the step rows' kv usage)."""
         sched = self.scheduler
-        kvm = sched.kv_cache_manager
-        mgr = kvm._single_full
-        assert mgr is not None
-        pool = kvm.block_pool
-        ns, la, bs = sched.num_spec_tokens, sched.num_lookahead_tokens, kvm.block_size
-        k, batch = plan.num_steps, plan.batch
-        caching = kvm.enable_caching
+        pool = sched.kv_cache_manager.block_pool
+        k = plan.num_steps
         # Tokens first (their block hashes: caching only reads blocks already full), then the KV
         # events in stepping's order: (phase, request, kind): schedule j is phase 2j (allocation,
         # then caching), update j phase 2j + 1 (async caching, then a finish).
         events: list[tuple[int, int, int, int]] = []
-        allocs = [0] * k
-        for i, r in enumerate(batch):
-            g, rb, cs = plan.gains[i], plan.rollbacks[i], plan.ctx[i]
-            m, fin = plan.steps_each[i], plan.finish_at[i]
-            num_updates = k if fin is None else fin + 1
-            o = r.num_output_tokens
-            gained = g[:num_updates]
-            if fin is not None:
-                gained[fin] = r.max_tokens - o - sum(g[:fin])  # cut at max_tokens
-            r.append_output_tokens_from(source, o, sum(gained))
-            t = r.num_tokens - sum(gained)
-            rid = r.request_id
-            held = len(mgr.req_to_blocks[rid])
-            cached = mgr.num_cached_block.get(rid, 0)
-            for j in range(num_updates):
-                if j < m:
-                    c = cs[j]
-                    need = -(-(c + 1 + ns + la) // bs)
-                    if need > held:
-                        events.append((2 * j, i, 0, need - held))
-                        allocs[j] += need - held
-                        held = need
-                    if caching:
-                        upto = min(c + 1 + ns, t)
-                        if upto // bs > cached:
-                            events.append((2 * j, i, 1, upto))
-                            cached = upto // bs
-                t += gained[j]
-                if caching and num_in_flight and (t - 1) // bs > cached:
-                    events.append((2 * j + 1, i, 1, t - 1))
-                    cached = (t - 1) // bs
-            if fin is not None:
-                events.append((2 * fin + 1, i, 2, 0))
-                continue
-            # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
-            r.num_computed_tokens = cs[k - 1] + 1 + ns - rb[k - 1]
-            if num_in_flight:
-                r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
-            r.spec_token_ids = final_drafts[i]
-        freed = self._apply_events(batch, events, k, upd_t)
+        allocs = [0] * (k + 1 if tail else k)
+        in_tail = set(tail)
+        for i in range(len(plan.batch)):
+            self._request_events(plan, i, source, num_in_flight, final_drafts[i], i in in_tail, events, allocs)
+        freed = self._apply_events(plan.batch, events, k, upd_t) + [0]
         free = pool.free_block_queue.num_free_blocks + sum(allocs) - sum(freed)
         free_after: list[int] = []
         for n, f in zip(allocs, freed):
             free -= n
             free_after.append(free)
             free += f  # schedule j + 1 follows update j
-        self._after(plan)
+        self._after(plan, [plan.batch[i] for i in tail] if tail else None)
         sched.now_s = upd_t[k - 1]
         return free_after
+
+    def _request_events(self, plan: SpecRunPlan, i: int, source: OutputIdSource, num_in_flight: int,
+                        final_drafts: list[int], in_tail: bool, events: list[tuple[int, int, int, int]],
+                        allocs: list[int]) -> None:
+        """batch[i]'s part of apply(): its tokens appended, its KV events (and blocks per schedule
+        into allocs), its counters after the run (a finished request's are left as its stop leaves
+        them: nothing reads them)."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        assert mgr is not None
+        ns, la, bs = sched.num_spec_tokens, sched.num_lookahead_tokens, kvm.block_size
+        caching = kvm.enable_caching
+        k, r = plan.num_steps, plan.batch[i]
+        g, rb, cs = plan.gains[i], plan.rollbacks[i], plan.ctx[i]
+        m, fin = plan.steps_each[i], plan.finish_at[i]
+        num_updates = k if fin is None else fin + 1
+        o = r.num_output_tokens
+        gained = g[:num_updates]
+        if fin is not None:
+            gained[fin] = r.max_tokens - o - sum(g[:fin])  # cut at max_tokens
+        r.append_output_tokens_from(source, o, sum(gained))
+        t = r.num_tokens - sum(gained)
+        rid = r.request_id
+        held = len(mgr.req_to_blocks[rid])
+        cached = mgr.num_cached_block.get(rid, 0)
+        for j in range(num_updates + in_tail):
+            if j < m or j == k:  # schedule j takes it (j == k: the tail)
+                c = cs[j]
+                need = -(-(c + 1 + ns + la) // bs)
+                if need > held:
+                    events.append((2 * j, i, 0, need - held))
+                    allocs[j] += need - held
+                    held = need
+                if caching:
+                    upto = min(c + 1 + ns, t)
+                    if upto // bs > cached:
+                        events.append((2 * j, i, 1, upto))
+                        cached = upto // bs
+            if j == k:
+                break
+            t += gained[j]
+            if caching and num_in_flight and (t - 1) // bs > cached:
+                events.append((2 * j + 1, i, 1, t - 1))
+                cached = (t - 1) // bs
+        if fin is not None:
+            events.append((2 * fin + 1, i, 2, 0))
+        elif in_tail:  # after the tail's schedule: two steps in flight
+            r.num_computed_tokens = cs[k] + 1 + ns
+            r.num_output_placeholders = 2 * (1 + ns)
+            r.spec_token_ids = cast("AsyncScheduler", sched)._spec_placeholders  # the tail: async only
+        else:
+            # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
+            r.num_computed_tokens = cs[k - 1] + 1 + ns - rb[k - 1]
+            if num_in_flight:
+                r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
+            r.spec_token_ids = final_drafts
 
     def _apply_events(self, batch: list[Request], events: list[tuple[int, int, int, int]], k: int,
                       upd_t: Sequence[float]) -> list[int]:
@@ -281,14 +302,19 @@ class VllmSpecRuns:
                 freed[phase // 2] += queue.num_free_blocks - before
         return freed
 
-    def _after(self, plan: SpecRunPlan) -> None:
+    def _after(self, plan: SpecRunPlan, tail: list[Request] | None) -> None:
         """The scheduler's queues and sets after the run: finished requests out of `running`, the
-        ids finished by the last update still to hand over, the last step's batch."""
+        ids finished by the last update still to hand over (the tail's schedule hands them over),
+        the last schedule's batch."""
         sched = self.scheduler
         k = plan.num_steps
         done = {r for r, f in zip(plan.batch, plan.finish_at) if f is not None}
         if done:
             sched.running = [r for r in sched.running if r not in done]
+        if tail is not None:
+            sched.finished_req_ids = set()
+            sched.prev_step_scheduled_req_ids = {r.request_id for r in tail}
+            return
         sched.finished_req_ids = {r.request_id for r, f in zip(plan.batch, plan.finish_at) if f == k - 1}
         sched.prev_step_scheduled_req_ids = {r.request_id for r, m in zip(plan.batch, plan.steps_each) if m == k}
 

@@ -25,12 +25,13 @@ import math
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
 from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
-from servesim.scheduler.output import ModelRunnerOutput
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
 from servesim.scheduler.step_shape import StepShape
 from servesim.simulator.engine import Engine, InFlight
@@ -41,6 +42,16 @@ from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
 
 MAX_SPEC_STEPS = 4096  # one run's length cap (as MacroPlanner's)
 FIRST_CHUNK_STEPS = 16  # steps drawn first when no arrival or deadline bounds the run; each next chunk doubles it
+
+
+@dataclass(slots=True, frozen=True)
+class Tail:
+    """An async run's tail: the loop's next schedule, at the run's last update time, whose own
+    update (after the previous step's) meets the next arrival: applied with the run, left in flight."""
+
+    rows: list[int]  # the batch indices it schedules
+    gpu_s: float  # its GPU time
+    end_s: float  # its GPU end
 
 
 class SpecPlanner:
@@ -160,8 +171,19 @@ class SpecPlanner:
         k = len(sched_t)
         if k < 2:
             return None
+        tail: Tail | None = None
+        if cut and num_in_flight and t < deadline_s and not engine.watchdog.due(engine.book.num_steps + k + 1, t):
+            # The update after schedule k meets the arrival, not schedule k itself: the loop schedules
+            # it at t, the last update's time, before the arrival; the run does too (its tail).
+            rows = plan.batch_at(k)
+            n = len(rows)
+            start = t + engine.cpu.step_s(n, n * (1 + ns))
+            if free_at > start:  # the loop's max(now + cpu_s, GPU free)
+                start = free_at
+            tail = Tail(rows, gpu[k], start + gpu[k])
         plan.cut(k)
-        return exact_delays(now, self._apply(in_flight, plan, accepted, first_k, gpu[:k], (sched_t, ends, upd_t)))
+        return exact_delays(now, self._apply(in_flight, plan, accepted, first_k, gpu[:k], (sched_t, ends, upd_t),
+                                             tail))
 
     def _first_chunk(self, batch: list[Request], horizon_s: float) -> int:
         """How many steps to draw first: about as many as fit in horizon_s (to the next arrival or
@@ -202,8 +224,9 @@ class SpecPlanner:
 
     # --- applying ------------------------------------------------------------------------------------
     def _apply(self, in_flight: InFlight, plan: SpecRunPlan, accepted: list[list[int]], first_k: list[int],
-               gpu: list[float], tl: tuple[list[float], list[float], list[float]]) -> float:
-        """Apply the planned run (its num_steps steps) as stepping would; returns the last update's time."""
+               gpu: list[float], tl: tuple[list[float], list[float], list[float]], tail: Tail | None) -> float:
+        """Apply the planned run (its num_steps steps, and its tail) as stepping would; returns the
+        last update's time."""
         engine, sim, runs, ns = self.engine, self.sim, self.runs, self.num_spec_tokens
         book = engine.book
         sched_t, ends, upd_t = tl
@@ -214,7 +237,10 @@ class SpecPlanner:
         sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
         # positions[i][j]: batch[i]'s first new output of step j (the worker's count then), j <= its steps
         positions: list[list[int]] = []
-        for k0, acc, m in zip(first_k, accepted, plan.steps_each):
+        in_tail = set(tail.rows) if tail is not None else set()
+        for i, (k0, acc, m) in enumerate(zip(first_k, accepted, plan.steps_each)):
+            if i in in_tail:
+                m += 1  # the tail's step samples it too
             pos = [k0]
             for a in acc[:m]:
                 pos.append(pos[-1] + 1 + a)
@@ -224,34 +250,61 @@ class SpecPlanner:
         final = [tokens.drafts(rid, pos[k - 1] if async_ else pos[k], ns) if m == k else []
                  for rid, pos, m in zip(ids, positions, plan.steps_each)]
         hits0, queries0 = runs.prefix_stats_taken()
-        free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final)
+        free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final, tail.rows if tail is not None else ())
         finishes = sorted((f, i) for i, f in enumerate(plan.finish_at) if f is not None)
         self._token_times(plan, upd_t)
         for f, i in finishes:  # each update's finishes after its tokens, in batch order
             r = batch[i]
             engine.record_finish(r.request_id, upd_t[f], r.get_finished_reason(), r.num_cached_tokens or 0)
-        sim.forget({ids[i] for f, i in finishes if f < k - 1})  # handed over by the run's later schedules
+        # handed over by the run's later schedules (the tail's hands over the last update's too)
+        sim.forget({ids[i] for f, i in finishes if f < k - 1 or tail is not None})
         self._rows(plan, in_flight, gpu, sched_t, upd_t, free_after, hits0, queries0, [f for f, _ in finishes])
         book.num_steps += k
         book.arrived_since_step = []
         engine.mark_progress(upd_t[-1])
         last = plan.batch_at(k - 1)
         sim.last_shape = StepShape((1 + ns,) * len(last), tuple([plan.ctx[i][k - 1] for i in last]), len(last), ())
+        engine.gpu_free_at = ends[-1]
         if async_:
             in_flight.popleft()
-            last_ids = [ids[i] for i in last]
-            # step k - 1 verifies the drafts update k - 2 gave (proposed after step k - 3's tokens)
-            so = runs.verify_step_output(last_ids, [tokens.drafts(ids[i], positions[i][k - 2], ns) for i in last])
-            mro = ModelRunnerOutput(last_ids, {rid: x for x, rid in enumerate(last_ids)},
-                                    [tokens.tokens(ids[i], positions[i][k - 1], 1 + accepted[i][k - 1]) for i in last],
-                                    {ids[i]: tokens.drafts(ids[i], positions[i][k], ns) for i in last})
-            in_flight.append((so, mro, ends[-1], None, len(book.metrics.steps) - 1))
-        engine.gpu_free_at = ends[-1]
+            in_flight.append(self._in_flight(plan, ids, positions, accepted, k - 1, last, ends[-1],
+                                             len(book.metrics.steps) - 1))
+        if tail is not None:
+            self._tail_row(plan, tail, upd_t[-1], free_after[k])
+            sim.last_shape = StepShape((1 + ns,) * len(tail.rows), tuple([plan.ctx[i][k] for i in tail.rows]),
+                                       len(tail.rows), ())
+            in_flight.append(self._in_flight(plan, ids, positions, accepted, k, tail.rows, tail.end_s,
+                                             len(book.metrics.steps) - 1))
+            engine.gpu_free_at = tail.end_s
         self.until_s = upd_t[-1]
-        self.num_macro_steps += k
+        self.num_macro_steps += k + (tail is not None)
         self.num_macro_runs += 1
         self.num_bulk_finishes += len(finishes)
         return upd_t[-1]
+
+    def _in_flight(self, plan: SpecRunPlan, ids: list[str], positions: list[list[int]], accepted: list[list[int]],
+                   j: int, rows: list[int], end_s: float, row: int) -> tuple[SchedulerOutput, ModelRunnerOutput,
+                                                                        float, None, int]:
+        """The loop's in-flight entry of the run's step j (batch `rows`): its SchedulerOutput (the
+        drafts update j - 1 gave: proposed after step j - 2's tokens), its sampled tokens and
+        drafts, its GPU end and its steps row."""
+        ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
+        step_ids = [ids[i] for i in rows]
+        so = self.runs.verify_step_output(step_ids, [tokens.drafts(ids[i], positions[i][j - 1], ns) for i in rows])
+        mro = ModelRunnerOutput(step_ids, {rid: x for x, rid in enumerate(step_ids)},
+                                [tokens.tokens(ids[i], positions[i][j], 1 + accepted[i][j]) for i in rows],
+                                {ids[i]: tokens.drafts(ids[i], positions[i][j + 1], ns) for i in rows})
+        return so, mro, end_s, None, row
+
+    def _tail_row(self, plan: SpecRunPlan, tail: Tail, t: float, num_free_blocks: int) -> None:
+        """The tail step's row, as StepBook.record_schedule writes it (its update completes it later)."""
+        book = self.engine.book
+        n = len(tail.rows)
+        running, waiting = self.engine.scheduler.get_request_counts()
+        row = book.metrics.steps.append(book.num_steps, t, n, 0, n * (1 + self.num_spec_tokens),
+                                        self.runs.usages_at([num_free_blocks])[0], running, waiting, 0)
+        book.metrics.steps.set_gpu_time(row, tail.gpu_s)
+        book.num_steps += 1
 
     def _rows(self, plan: SpecRunPlan, in_flight: InFlight, gpu: list[float], sched_t: list[float],
               upd_t: list[float], free_after: list[int], hits0: int, queries0: int, finish_updates: list[int]) -> None:
