@@ -23,7 +23,9 @@ the vLLM owners may touch; this one touches the same members).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -136,44 +138,44 @@ class VllmSpecRuns:
         assert mgr is not None
         through = num_in_flight == 1
         k = min(len(g) for g in gains)
+        lim = min(max_len - 1, max_len - la) - 1 - ns  # a schedule's context at most this (no cut)
         ctx: list[list[int]] = []
         finish_at: list[int | None] = []
         allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
         for i, r in enumerate(batch):
-            c, t, o = r.num_computed_tokens, r.num_tokens, r.num_output_tokens
-            max_tokens = r.max_tokens
-            held = len(mgr.req_to_blocks[r.request_id])
-            g, rb = gains[i], rollbacks[i]
-            cs: list[int] = []
+            c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
+            g = gains[i][:k]
+            cum = list(accumulate(g))  # outputs update j brings in all: cum[j]
+            cs = list(accumulate([1 + ns - x for x in rollbacks[i][:k - 1]], initial=c0))  # schedule j's context
+            # The first step where something happens, in the order the loop meets them at a step:
+            # passed over at schedule j (async: its in-flight steps reach max_tokens), schedule j
+            # cut by max_model_len, update j stopping it (max_tokens), update j reaching max_model_len.
+            skip = (0 if o0 + 1 >= max_tokens else bisect_left(cum, max_tokens - o0 - 1) + 1) if num_in_flight else k
+            cut = bisect_right(cs, lim)
+            stop = bisect_left(cum, max_tokens - o0)
+            too_long = bisect_left(cum, max_len - t0)
+            first = min(skip, cut, stop, too_long, k)
             fin: int | None = None
-            for j in range(k):
-                if num_in_flight and o + 1 >= max_tokens:  # passed over; update j stops it
-                    if through and t + max_tokens - o < max_len:
-                        fin = j
-                    else:
-                        k = j
-                    break
-                if c + 1 + ns > max_len - 1 or c + 1 + ns + la > max_len:  # schedule j cut by max_model_len
-                    k = j
-                    break
-                cs.append(c)
-                need = -(-(c + 1 + ns + la) // bs)
-                if need > held:
-                    allocs[j] += need - held
-                    held = need
-                if o + g[j] >= max_tokens:  # update j stops it
-                    if through and t + max_tokens - o < max_len:
-                        fin = j
-                    else:
-                        k = j
-                    break
-                t += g[j]
-                o += g[j]
-                if t >= max_len:
-                    k = j
-                    break
-                c += 1 + ns - rb[j]
-            ctx.append(cs)
+            num_scheduled = first
+            if first == k:
+                pass
+            elif first == skip or first == cut:
+                if first == skip and through and t0 + max_tokens - o0 < max_len:
+                    fin = first  # its update stops it, its tokens cut at max_tokens
+                else:
+                    k = first
+            else:
+                num_scheduled = first + 1
+                if first == stop and through and t0 + max_tokens - o0 < max_len:
+                    fin = first
+                else:
+                    k = first
+            if num_scheduled:
+                held = len(mgr.req_to_blocks[r.request_id])
+                need = -(-(cs[num_scheduled - 1] + 1 + ns + la) // bs)
+                for b in range(held + 1, need + 1):  # block b is first needed at schedule j
+                    allocs[bisect_right(cs, (b - 1) * bs - 1 - ns - la)] += 1
+            ctx.append(cs[:num_scheduled])
             finish_at.append(fin)
         room = kvm.block_pool.free_block_queue.num_free_blocks
         for j in range(k):

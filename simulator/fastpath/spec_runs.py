@@ -320,8 +320,9 @@ class SpecPlanner:
         usages = self.runs.usages_at(free_after)
         base = book.num_steps
         rows = []
+        scheduled = sorted(plan.steps_each)  # step j's batch: the requests scheduled more than j times
         for j in range(k):
-            n = len(plan.batch_at(j))
+            n = len(scheduled) - bisect_right(scheduled, j)
             running = running_end + len(finish_updates) - bisect_left(finish_updates, j)  # not stopped before j
             row = steps.append(base + j, sched_t[j], n, 0, n * (1 + ns), usages[j], running, waiting, 0)
             steps.set_gpu_time(row, gpu[j])
