@@ -96,12 +96,13 @@ class TokenSource:
         continues over concatenated bytes), so each draw hashes only "k:i"."""
         prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode())
         crc32 = zlib.crc32
-        probs = self.acceptance[:num_drafts]
+        # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact floats)
+        limits = [p * 2**32 for p in self.acceptance[:num_drafts]]
         out: list[int] = []
         for _ in range(num_steps):
             n = 0
-            for p in probs:
-                if crc32(b"%d:%d" % (k, n), prefix) / 2**32 >= p:
+            for limit in limits:
+                if crc32(b"%d:%d" % (k, n), prefix) >= limit:
                     break
                 n += 1
             out.append(n)
