@@ -136,8 +136,9 @@ class TokenSource:
 
     def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
         """Drafts proposed after output k-1: the target's own next tokens, so acceptance is what
-        the acceptance model says (a rejected draft is simply not used)."""
-        return [oracle_token(req_id, k + i) for i in range(num_spec_tokens)]
+        the acceptance model says (a rejected draft is simply not used). oracle_token's ids,
+        through tokens()' cached registers."""
+        return self.tokens(req_id, k, num_spec_tokens)
 
 
 class _WorkerRequest:

@@ -111,7 +111,8 @@ class VllmSpecRuns:
                     or r.num_output_placeholders != placeholders or r.discard_latest_async_tokens
                     or r.num_computed_tokens != r.num_tokens + placeholders - 1 or r.mm_features
                     or r.structured_output_request is not None or r.resumable
-                    or sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos)):
+                    or sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos)
+                    or sp.min_tokens > r.max_tokens):  # max_tokens would not stop it (check_stop)
                 return None
         return list(batch)
 

@@ -4,19 +4,21 @@ A verify step of a steady batch (scheduler/bulk/spec.py) schedules 1 + num_spec_
 every running request; how many drafts it accepts is a pure function of the request and its output
 position (TokenSource.accepted_run), so a run's acceptances, and with them every step's token
 counts, contexts, block allocations and rollbacks, are known before it is applied. The planner
-draws them in growing chunks (16, 64, 256, ... steps: an arrival usually cuts a run long before
-its own bound), lets the scheduler's bulk owner prove the steps plain (`VllmSpecRuns.plan`: no
-finish, no skip-ahead, no max_model_len cut, blocks without preemption), prices each step with
-the executor's own call on its exact StepShape, times the steps with the stepping loop's float
-arithmetic (kernels.step_timeline: every update strictly before the next arrival, every schedule
-before the first client deadline) and applies the run: scheduler and KV state (bulk owner),
-worker state, step rows, token times, the progress callback, and (async) the last step left in
+draws them in chunks (the first sized to the time left before the next arrival, then doubling),
+lets the scheduler's bulk owner prove the steps plain and find the finishes inside
+(`VllmSpecRuns.plan`: no max_model_len cut, blocks without preemption; async, a request reaching
+max_tokens is passed over and stopped inside the run), prices each step with the executor's own
+call on its exact StepShape, times the steps with the stepping loop's float arithmetic
+(kernels.step_timeline: every update strictly before the next arrival, every schedule before the
+first client deadline) and applies the run: scheduler and KV state (bulk owner), worker state,
+step rows, token times, finishes, the progress callback, and (async) the last step left in
 flight with the SchedulerOutput and ModelRunnerOutput stepping would have left.
 
-Sync loop (nothing in flight): k x (schedule, its update). Async loop (step S in flight): k x
-(schedule, the previous step's update), the first update being S's; the run's last step stays in
-flight. Runs end before any request finishes (the finishing update is stepped) and apply only to
-a single engine (no router, no finish callback, no client slots; nothing in the frontend).
+Sync loop (nothing in flight): k x (schedule, its update); runs end before an update that stops
+a request. Async loop (step S in flight): k x (schedule, the previous step's update), the first
+update being S's; the run's last step stays in flight, and where the next update meets the
+arrival the loop's next schedule (the tail) is applied too. Only for a single engine (no router,
+no finish callback, no client slots; nothing in the frontend).
 """
 
 from __future__ import annotations
