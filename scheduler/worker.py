@@ -88,6 +88,27 @@ class TokenSource:
             n += 1
         return n
 
+    def accepted_run(self, req_id: str, k: int, num_steps: int, num_drafts: int) -> list[int]:
+        """num_accepted of num_steps consecutive verify steps of num_drafts drafts each, the first
+        one's first new output being the k-th (each next step's: k + 1 + accepted): a run of
+        steps drawn in bulk (simulator/fastpath/spec_runs.py). The same u as _uniform: zlib's
+        CRC-32 of "seed:req_id:k:i" continued from the register after "seed:req_id:" (CRC-32
+        continues over concatenated bytes), so each draw hashes only "k:i"."""
+        prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode())
+        crc32 = zlib.crc32
+        # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact floats)
+        limits = [p * 2**32 for p in self.acceptance[:num_drafts]]
+        out: list[int] = []
+        for _ in range(num_steps):
+            n = 0
+            for limit in limits:
+                if crc32(b"%d:%d" % (k, n), prefix) >= limit:
+                    break
+                n += 1
+            out.append(n)
+            k += 1 + n
+        return out
+
     def tokens(self, req_id: str, k: int, n: int) -> list[int]:
         """Output tokens k .. k + n - 1 of req_id (a run of decode steps samples them in bulk):
         oracle_token's crc32 of "req_id:k", continued byte by byte from the crc of "req_id:" (the
@@ -115,8 +136,9 @@ class TokenSource:
 
     def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
         """Drafts proposed after output k-1: the target's own next tokens, so acceptance is what
-        the acceptance model says (a rejected draft is simply not used)."""
-        return [oracle_token(req_id, k + i) for i in range(num_spec_tokens)]
+        the acceptance model says (a rejected draft is simply not used). oracle_token's ids,
+        through tokens()' cached registers."""
+        return self.tokens(req_id, k, num_spec_tokens)
 
 
 class _WorkerRequest:
@@ -190,6 +212,19 @@ class BatchTracker:
             state.num_out += n
             state.num_tokens += n
         return RunTokens(self.tokens, req_ids, first, counts)
+
+    def num_sampled(self, req_id: str) -> int:
+        """Output tokens req_id has sampled so far (the next step's first new output is this one)."""
+        return self._requests[req_id].num_out
+
+    def sample_verify_run(self, req_ids: list[str], counts: list[int]) -> None:
+        """A run of verify steps sampled counts[i] tokens for req_ids[i] (its accepted drafts plus one
+        a step, drawn by TokenSource.accepted_run): the worker state advances as by its sample()s."""
+        requests = self._requests
+        for rid, n in zip(req_ids, counts):
+            state = requests[rid]
+            state.num_out += n
+            state.num_tokens += n
 
     def sample(self, so: SchedulerOutput, req_ids: list[str], sample: list[bool],
                chosen: dict[str, int] | None = None) -> ModelRunnerOutput:

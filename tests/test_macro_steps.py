@@ -102,7 +102,6 @@ def test_harness_covers_every_shipped_input():
 
 
 @pytest.mark.parametrize("sets, reason", [
-    ({"scheduler.num_spec_tokens": 2, "spec_decode.acceptance": [0.8, 0.6]}, "speculative"),
     ({"scheduler.policy": "continuum"}, "continuum"),
     ({"macro_steps": False}, "off"),
 ])

@@ -62,7 +62,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
         "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
-        "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py",
+        "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py", "bulk/spec.py",
     ),
     # The engine (the reference core and the objects it owns) around every scheduler call, what it
     # calls at every step (step table, request records, the simulated executor), the fast path's
@@ -72,7 +72,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "step_table.py", "request_records.py", "executor.py", "request_factory.py", "step_book.py",
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
-        "fastpath/planner.py",
+        "fastpath/planner.py", "fastpath/spec_runs.py",
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

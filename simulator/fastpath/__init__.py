@@ -11,6 +11,7 @@ run's summary records it): a feature with no bulk support declines here, it neve
     through.py   runs through finishes (the batch shrinks as requests finish inside the run)
     deferred.py  a cluster replica's runs applied when a request is routed to it
     router_proofs.py  what each router proves about where the coming arrivals go
+    spec_runs.py SpecPlanner: runs of speculative-decoding verify steps (vLLM engines)
 
 The scheduler's side of a run is its bulk owner (the scheduler's bulk decode path), which only
 this package uses.
@@ -82,8 +83,6 @@ def planner_for(engine: Engine) -> PlannerChoice:
         why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"
     elif cfg.hardware.pp > 1:
         why = "pipeline parallelism: a batch per stage in flight, timed stage by stage"
-    elif cfg.scheduler.num_spec_tokens:
-        why = "speculative decoding: acceptance draws change the batch's token counts step by step"
     elif not isinstance(executor, SimExecutor):
         why = "the executor is not the simulated one (GPU runner: every step runs the model)"
     elif engine.book.step_trace is not None:
@@ -92,9 +91,25 @@ def planner_for(engine: Engine) -> PlannerChoice:
         why = FRONTEND_LOOP_DECLINED
     else:
         why = runs.decode_run_blocker()
+    if why is None and cfg.scheduler.num_spec_tokens:  # verify steps: fastpath/spec_runs.py
+        return _spec_choice(engine, runs, executor)
     if why is not None:
         return PlannerChoice(None, why)
     assert runs is not None
     from servesim.simulator.fastpath.planner import MacroPlanner
     assert isinstance(executor, SimExecutor)
     return PlannerChoice(MacroPlanner(engine, runs, executor), None)
+
+
+SPEC_DECLINED = "speculative decoding: acceptance draws change the batch's token counts step by step"
+
+
+def _spec_choice(engine: Engine, runs: object, executor: object) -> PlannerChoice:
+    """The spec-decode planner for a vLLM engine; other schedulers' bulk paths replay no verify steps."""
+    from servesim.scheduler.bulk.vllm import VllmDecodeRuns
+    from servesim.simulator.fastpath.spec_runs import spec_planner_for
+
+    if not isinstance(runs, VllmDecodeRuns) or not isinstance(executor, SimExecutor):
+        return PlannerChoice(None, SPEC_DECLINED)
+    planner, why = spec_planner_for(engine, executor)
+    return PlannerChoice(planner, why)

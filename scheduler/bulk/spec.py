@@ -1,0 +1,348 @@
+"""The vLLM scheduler's bulk path for runs of speculative-decoding verify steps.
+
+A verify step of a steady decode batch schedules, for every running request in `running` order,
+1 + num_spec_tokens tokens (the next token and its drafts), admits, preempts and finishes nobody.
+Its update claws back the rejected drafts (Scheduler._clawback_rejected), appends the 1 + accepted
+tokens and, async, caches blocks up to the verified tokens. How many drafts each step accepts is a
+pure function of the request and its output position (scheduler/worker.py: TokenSource), so the
+fast path draws a whole run's acceptances in advance and hands them here as each update's gain
+(tokens appended) and rollback (drafts rejected); this owner proves how many of the steps stay
+plain (`plan`) and applies them (`apply`), leaving the state schedule() and update_from_output()
+leave one by one.
+
+Steady state, proven per request before a run (`steady_batch`): RUNNING, not a prefill chunk, no
+stop ids, len(spec_token_ids) == num_spec_tokens and, with P output placeholders (async: 1 + the
+in-flight step's drafts; sync: 0), num_computed_tokens == num_tokens + P - 1. Then every schedule
+gives it num_new = num_tokens_with_spec + P - num_computed_tokens = 1 + num_spec_tokens and the
+invariant holds again after each update (the clawback lowers num_computed_tokens and P alike, the
+appended tokens raise num_tokens and lower P alike).
+
+A friend of Scheduler / AsyncScheduler and KVCacheManager (scheduler/bulk/__init__.py lists what
+the vLLM owners may touch; this one touches the same members).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from itertools import accumulate
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from servesim.scheduler.lazy_ids import OutputIdSource
+from servesim.scheduler.output import CachedRequestData, SchedulerOutput
+from servesim.scheduler.request import RequestStatus, check_stop
+
+if TYPE_CHECKING:
+    from servesim.scheduler.async_scheduler import AsyncScheduler
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class SpecRunPlan:
+    """A run of verify steps of one fixed batch, as `plan` proved it.
+
+    gains[i][j] / rollbacks[i][j]: the tokens update j appends to batch[i] and the drafts it claws
+    back (update j applies step j sync, step j - 1 async: update 0 applies the step in flight when
+    the run starts). ctx[i][j]: batch[i]'s num_computed_tokens when step j is scheduled (the
+    step's context, what its price reads)."""
+
+    batch: list[Request]
+    num_steps: int
+    gains: list[list[int]]
+    rollbacks: list[list[int]]
+    ctx: list[list[int]]
+    steps_each: list[int]  # schedules of the run that take batch[i] (its first steps_each[i])
+    finish_at: list[int | None]  # the update that stops batch[i] inside the run (async), or None
+
+    def cut(self, num_steps: int) -> None:
+        """Keep the first num_steps steps (a prefix of a plan is a plan: an arrival cut it)."""
+        self.num_steps = num_steps
+        self.steps_each = [min(m, num_steps) for m in self.steps_each]
+        self.finish_at = [None if f is None or f >= num_steps else f for f in self.finish_at]
+
+    def batch_at(self, j: int) -> list[int]:
+        """The indices into `batch` of the requests step j schedules."""
+        return [i for i, m in enumerate(self.steps_each) if m > j]
+
+
+class VllmSpecRuns:
+    """Bulk verify steps of one vLLM Scheduler or AsyncScheduler (fastpath/spec_runs.py drives it)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def spec_run_blocker(self) -> str | None:
+        """Why no spec run can ever apply as configured; None: each run is proven by plan()."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        if kvm._single_full is None or kvm.block_pool.enable_kv_cache_events:
+            return ("speculative decoding with a KV layout other than one full-attention group, or KV cache "
+                    "events on: verify steps are replayed in bulk only for that layout")
+        threshold = sched.scheduler_config.long_prefill_token_threshold
+        if 0 < threshold < 1 + sched.num_spec_tokens:
+            return "speculative decoding with long_prefill_token_threshold below a verify step's tokens"
+        return None
+
+    def steady_batch(self, num_in_flight: int, in_flight_drafts: dict[str, list[int]] | None) -> list[Request] | None:
+        """The batch of the next verify steps (all of `running`, in order) when every request is in
+        the steady state (module docstring) and nothing else can enter a schedule: nothing waits,
+        no connector, no tracer, no timed policy. `in_flight_drafts`: the drafts of the step in
+        flight (async), by request. None when not proven."""
+        sched = self.scheduler
+        if (sched.connector is not None or sched.tracer is not None or sched.policy.next_event_s() is not None
+                or sched.waiting or sched.skipped_waiting or not sched.running or not sched.policy.fast_forward_safe
+                or sched._ignored):  # an ignored request's output goes out with the next update
+            return None
+        ns = sched.num_spec_tokens
+        batch = sched.running
+        if len(batch) * (1 + ns) > sched.max_num_scheduled_tokens:
+            return None
+        for r in batch:
+            if num_in_flight:
+                assert in_flight_drafts is not None
+                drafts = in_flight_drafts.get(r.request_id)
+                placeholders = -1 if drafts is None else 1 + len(drafts)
+            else:
+                placeholders = 0
+            sp = r.sampling_params
+            if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or len(r.spec_token_ids) != ns
+                    or r.num_output_placeholders != placeholders or r.discard_latest_async_tokens
+                    or r.num_computed_tokens != r.num_tokens + placeholders - 1 or r.mm_features
+                    or r.structured_output_request is not None or r.resumable
+                    or sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos)
+                    or sp.min_tokens > r.max_tokens):  # max_tokens would not stop it (check_stop)
+                return None
+        return list(batch)
+
+    def plan(self, batch: list[Request], gains: list[list[int]], rollbacks: list[list[int]],
+             num_in_flight: int) -> SpecRunPlan:
+        """The longest prefix of the given updates' steps that stays plain: no schedule is cut by
+        max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
+        the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
+        frees go to the free queue's tail) and every step schedules someone. Step j's update is
+        gains[i][j]'s (len(gains[i]) steps at most).
+
+        max_tokens: sync, the run ends before an update that would stop a request. Async (nothing
+        waits: steady_batch), the run goes through: a request whose in-flight steps reach
+        max_tokens is passed over by the schedule (vLLM's skip-ahead) and the update stops it
+        (its tokens cut at max_tokens), or an update stops it with its next step already
+        scheduled (that step's tokens are then dropped); either way its seat and blocks admit
+        nobody. `SpecRunPlan.finish_at` says at which update, `steps_each` how many schedules
+        took it."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        ns, la = sched.num_spec_tokens, sched.num_lookahead_tokens
+        max_len, bs = sched.max_model_len, kvm.block_size
+        mgr = kvm._single_full
+        assert mgr is not None
+        through = num_in_flight == 1
+        k = min(len(g) for g in gains)
+        lim = min(max_len - 1, max_len - la) - 1 - ns  # a schedule's context at most this (no cut)
+        ctx: list[list[int]] = []
+        finish_at: list[int | None] = []
+        allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
+        for i, r in enumerate(batch):
+            c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
+            g = gains[i][:k]
+            cum = list(accumulate(g))  # outputs update j brings in all: cum[j]
+            cs = list(accumulate([1 + ns - x for x in rollbacks[i][:k - 1]], initial=c0))  # schedule j's context
+            # The first step where something happens, in the order the loop meets them at a step:
+            # passed over at schedule j (async: its in-flight steps reach max_tokens), schedule j
+            # cut by max_model_len, update j stopping it (max_tokens), update j reaching max_model_len.
+            skip = (0 if o0 + 1 >= max_tokens else bisect_left(cum, max_tokens - o0 - 1) + 1) if num_in_flight else k
+            cut = bisect_right(cs, lim)
+            stop = bisect_left(cum, max_tokens - o0)
+            too_long = bisect_left(cum, max_len - t0)
+            first = min(skip, cut, stop, too_long, k)
+            fin: int | None = None
+            num_scheduled = first
+            if first == k:
+                pass
+            elif first == skip or first == cut:
+                if first == skip and through and t0 + max_tokens - o0 < max_len:
+                    fin = first  # its update stops it, its tokens cut at max_tokens
+                else:
+                    k = first
+            else:
+                num_scheduled = first + 1
+                if first == stop and through and t0 + max_tokens - o0 < max_len:
+                    fin = first
+                else:
+                    k = first
+            if num_scheduled:
+                held = len(mgr.req_to_blocks[r.request_id])
+                need = -(-(cs[num_scheduled - 1] + 1 + ns + la) // bs)
+                for b in range(held + 1, need + 1):  # block b is first needed at schedule j
+                    allocs[bisect_right(cs, (b - 1) * bs - 1 - ns - la)] += 1
+            ctx.append(cs[:num_scheduled])
+            finish_at.append(fin)
+        room = kvm.block_pool.free_block_queue.num_free_blocks
+        for j in range(k):
+            room -= allocs[j]
+            if room < 0:
+                k = j
+                break
+        k = min(k, max([min(len(cs), k) for cs in ctx]))  # the last step schedules someone
+        return SpecRunPlan(batch, k, gains, rollbacks, [cs[:k] for cs in ctx],
+                           [min(len(cs), k) for cs in ctx],
+                           [None if f is None or f >= k else f for f in finish_at])
+
+    def apply(self, plan: SpecRunPlan, source: OutputIdSource, num_in_flight: int, upd_t: Sequence[float],
+              final_drafts: list[list[int]], tail: Sequence[int] = ()) -> list[int]:
+        """Apply the plan's schedules and updates (plan.num_steps of each, update j at upd_t[j]); the
+        async run's last step stays scheduled, its update to come. `source`: the output id stream
+        the updates append from (each request's next outputs, in order); final_drafts[i]:
+        batch[i]'s spec_token_ids after the run's last update (unfinished requests). `tail`
+        (async): the loop's next schedule, at the last update's time, is applied too (the batch
+        indices it schedules: plan.batch_at(num_steps) of the plan before its cut), its update
+        left to the loop with the last step's. Returns the free-block count after each schedule
+        (the step rows' kv usage)."""
+        sched = self.scheduler
+        pool = sched.kv_cache_manager.block_pool
+        k = plan.num_steps
+        # Tokens first (their block hashes: caching only reads blocks already full), then the KV
+        # events in stepping's order: (phase, request, kind): schedule j is phase 2j (allocation,
+        # then caching), update j phase 2j + 1 (async caching, then a finish).
+        events: list[tuple[int, int, int, int]] = []
+        allocs = [0] * (k + 1 if tail else k)
+        in_tail = set(tail)
+        for i in range(len(plan.batch)):
+            self._request_events(plan, i, source, num_in_flight, final_drafts[i], i in in_tail, events, allocs)
+        freed = self._apply_events(plan.batch, events, k, upd_t) + [0]
+        free = pool.free_block_queue.num_free_blocks + sum(allocs) - sum(freed)
+        free_after: list[int] = []
+        for n, f in zip(allocs, freed):
+            free -= n
+            free_after.append(free)
+            free += f  # schedule j + 1 follows update j
+        self._after(plan, [plan.batch[i] for i in tail] if tail else None)
+        sched.now_s = upd_t[k - 1]
+        return free_after
+
+    def _request_events(self, plan: SpecRunPlan, i: int, source: OutputIdSource, num_in_flight: int,
+                        final_drafts: list[int], in_tail: bool, events: list[tuple[int, int, int, int]],
+                        allocs: list[int]) -> None:
+        """batch[i]'s part of apply(): its tokens appended, its KV events (and blocks per schedule
+        into allocs), its counters after the run (a finished request's are left as its stop leaves
+        them: nothing reads them)."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        assert mgr is not None
+        ns, la, bs = sched.num_spec_tokens, sched.num_lookahead_tokens, kvm.block_size
+        caching = kvm.enable_caching
+        k, r = plan.num_steps, plan.batch[i]
+        g, rb, cs = plan.gains[i], plan.rollbacks[i], plan.ctx[i]
+        m, fin = plan.steps_each[i], plan.finish_at[i]
+        num_updates = k if fin is None else fin + 1
+        o = r.num_output_tokens
+        gained = g[:num_updates]
+        if fin is not None:
+            gained[fin] = r.max_tokens - o - sum(g[:fin])  # cut at max_tokens
+        r.append_output_tokens_from(source, o, sum(gained))
+        t = r.num_tokens - sum(gained)
+        rid = r.request_id
+        held = len(mgr.req_to_blocks[rid])
+        cached = mgr.num_cached_block.get(rid, 0)
+        for j in range(num_updates + in_tail):
+            if j < m or j == k:  # schedule j takes it (j == k: the tail)
+                c = cs[j]
+                need = -(-(c + 1 + ns + la) // bs)
+                if need > held:
+                    events.append((2 * j, i, 0, need - held))
+                    allocs[j] += need - held
+                    held = need
+                if caching:
+                    upto = min(c + 1 + ns, t)
+                    if upto // bs > cached:
+                        events.append((2 * j, i, 1, upto))
+                        cached = upto // bs
+            if j == k:
+                break
+            t += gained[j]
+            if caching and num_in_flight and (t - 1) // bs > cached:
+                events.append((2 * j + 1, i, 1, t - 1))
+                cached = (t - 1) // bs
+        if fin is not None:
+            events.append((2 * fin + 1, i, 2, 0))
+        elif in_tail:  # after the tail's schedule: two steps in flight
+            r.num_computed_tokens = cs[k] + 1 + ns
+            r.num_output_placeholders = 2 * (1 + ns)
+            r.spec_token_ids = cast("AsyncScheduler", sched)._spec_placeholders  # the tail: async only
+        else:
+            # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
+            r.num_computed_tokens = cs[k - 1] + 1 + ns - rb[k - 1]
+            if num_in_flight:
+                r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
+            r.spec_token_ids = final_drafts
+
+    def _apply_events(self, batch: list[Request], events: list[tuple[int, int, int, int]], k: int,
+                      upd_t: Sequence[float]) -> list[int]:
+        """Allocations, cachings and finishes in stepping's order; returns the blocks each update frees."""
+        sched = self.scheduler
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        assert mgr is not None
+        pool = kvm.block_pool
+        queue = pool.free_block_queue
+        freed = [0] * k
+        events.sort()
+        reqs_to_blocks = mgr.req_to_blocks
+        for phase, i, kind, arg in events:
+            r = batch[i]
+            if kind == 0:
+                reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
+            elif kind == 1:
+                mgr.cache_blocks(r, arg)
+            else:  # update_from_output's stop: the stop rule sets the status, then _free_request
+                sched.now_s = upd_t[phase // 2]
+                if not check_stop(r, sched.max_model_len):
+                    raise AssertionError(f"{r.request_id}: a spec run's update did not finish it")
+                before = queue.num_free_blocks
+                sched._free_request(r)
+                freed[phase // 2] += queue.num_free_blocks - before
+        return freed
+
+    def _after(self, plan: SpecRunPlan, tail: list[Request] | None) -> None:
+        """The scheduler's queues and sets after the run: finished requests out of `running`, the
+        ids finished by the last update still to hand over (the tail's schedule hands them over),
+        the last schedule's batch."""
+        sched = self.scheduler
+        k = plan.num_steps
+        done = {r for r, f in zip(plan.batch, plan.finish_at) if f is not None}
+        if done:
+            sched.running = [r for r in sched.running if r not in done]
+        if tail is not None:
+            sched.finished_req_ids = set()
+            sched.prev_step_scheduled_req_ids = {r.request_id for r in tail}
+            return
+        sched.finished_req_ids = {r.request_id for r, f in zip(plan.batch, plan.finish_at) if f == k - 1}
+        sched.prev_step_scheduled_req_ids = {r.request_id for r, m in zip(plan.batch, plan.steps_each) if m == k}
+
+    def finished_req_ids(self) -> set[str]:
+        """The requests finished since the previous schedule(): the run's first schedule hands them
+        to the worker (the scheduler's own set, replaced by apply())."""
+        return self.scheduler.finished_req_ids
+
+    def verify_step_output(self, req_ids: list[str], drafts: list[list[int]]) -> SchedulerOutput:
+        """The SchedulerOutput of a run's last verify step (async: left in flight), as
+        update_from_output reads it: 1 + num_spec_tokens tokens per request, drafts[i] verified
+        for req_ids[i]. Block ids are not repeated: no executor reads an output after its step ran."""
+        sched = self.scheduler
+        n = 1 + sched.num_spec_tokens
+        return SchedulerOutput([], CachedRequestData(req_ids=list(req_ids)), {rid: n for rid in req_ids},
+                               n * len(req_ids), dict(zip(req_ids, drafts)),
+                               [0] * sched.kv_cache_manager.num_kv_cache_groups, set(), set())
+
+    def prefix_stats_taken(self) -> tuple[int, int]:
+        """(hits, queries) the run's first update takes (make_stats: what was pending); the later
+        ones take none (no lookup inside a run: nothing waits)."""
+        stats = self.scheduler.kv_cache_manager.make_prefix_cache_stats()
+        return stats.hits, stats.queries
+
+    def usages_at(self, num_free_blocks: Sequence[int]) -> list[float]:
+        """BlockPool.get_usage's float at each free-block count."""
+        total = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        return [1.0 - n / total if total else 0.0 for n in num_free_blocks]

@@ -1,0 +1,366 @@
+"""Exact macro-steps for speculative decoding: runs of verify steps applied at once (a `RunPlanner`).
+
+A verify step of a steady batch (scheduler/bulk/spec.py) schedules 1 + num_spec_tokens tokens for
+every running request; how many drafts it accepts is a pure function of the request and its output
+position (TokenSource.accepted_run), so a run's acceptances, and with them every step's token
+counts, contexts, block allocations and rollbacks, are known before it is applied. The planner
+draws them in chunks (the first sized to the time left before the next arrival, then doubling),
+lets the scheduler's bulk owner prove the steps plain and find the finishes inside
+(`VllmSpecRuns.plan`: no max_model_len cut, blocks without preemption; async, a request reaching
+max_tokens is passed over and stopped inside the run), prices each step with the executor's own
+call on its exact StepShape, times the steps with the stepping loop's float arithmetic
+(kernels.step_timeline: every update strictly before the next arrival, every schedule before the
+first client deadline) and applies the run: scheduler and KV state (bulk owner), worker state,
+step rows, token times, finishes, the progress callback, and (async) the last step left in
+flight with the SchedulerOutput and ModelRunnerOutput stepping would have left.
+
+Sync loop (nothing in flight): k x (schedule, its update); runs end before an update that stops
+a request. Async loop (step S in flight): k x (schedule, the previous step's update), the first
+update being S's; the run's last step stays in flight, and where the next update meets the
+arrival the loop's next schedule (the tail) is applied too. Only for a single engine (no router,
+no finish callback, no client slots; nothing in the frontend).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from servesim.scheduler.request import Request
+from servesim.scheduler.step_shape import StepShape
+from servesim.simulator.engine import Engine, InFlight
+from servesim.simulator.executor import SimExecutor
+from servesim.simulator.fastpath.timeline import exact_delays
+from servesim.simulator.kernels import step_timeline
+from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
+
+MAX_SPEC_STEPS = 4096  # one run's length cap (as MacroPlanner's)
+FIRST_CHUNK_STEPS = 16  # steps drawn first when no arrival or deadline bounds the run; each next chunk doubles it
+
+
+@dataclass(slots=True, frozen=True)
+class Tail:
+    """An async run's tail: the loop's next schedule, at the run's last update time, whose own
+    update (after the previous step's) meets the next arrival: applied with the run, left in flight."""
+
+    rows: list[int]  # the batch indices it schedules
+    gpu_s: float  # its GPU time
+    end_s: float  # its GPU end
+
+
+class SpecPlanner:
+    """The fast path of one engine with speculative decoding (implements RunPlanner)."""
+
+    def __init__(self, engine: Engine, runs: VllmSpecRuns, sim: SimExecutor) -> None:
+        self.engine = engine
+        self.runs = runs
+        self.sim = sim
+        self.num_spec_tokens = engine.cfg.scheduler.num_spec_tokens
+        self.next_arrival_s = 0.0  # 0 = unknown: no run starts
+        self.arrival_bound: Callable[[int], float] | None = None
+        self.collides: Callable[[Sequence[float]], int] | None = None
+        self.until_s = -1.0  # the last update time of the last run: no arrival may precede it
+        self.num_macro_steps = 0
+        self.num_macro_runs = 0
+        self.num_bulk_finishes = 0  # requests finished inside a run's bulk update
+
+    # --- RunPlanner --------------------------------------------------------------------------------
+    def has_pending_run(self) -> bool:
+        return False  # runs are applied when planned, never deferred
+
+    def await_pending_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
+        raise AssertionError("a spec run is never pending")
+        yield  # a generator, as the protocol says
+
+    def before_submit(self, now: float) -> None:
+        if not now > self.until_s:  # a run's bound was wrong: not exact
+            raise AssertionError(f"{self.engine.name}: a request arrived inside a spec run (before {self.until_s!r} s)")
+
+    def load_drop(self) -> int:
+        return 0
+
+    def expect_next_arrival(self, t_s: float) -> None:
+        self.next_arrival_s = t_s
+
+    def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
+        self.arrival_bound = bound
+
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+        self.collides = collides
+
+    # --- planning ----------------------------------------------------------------------------------
+    def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
+        """Apply a run of verify steps from this loop-top state, or None (the loop steps)."""
+        engine = self.engine
+        if (not now < self.next_arrival_s or engine.clients.num_in_frontend or engine.on_finish is not None
+                or self.arrival_bound is not None or self.collides is not None
+                or engine.clients.max_concurrency is not None
+                or engine.watchdog.due(engine.book.num_steps + 1, now)):
+            return None
+        num_in_flight = len(in_flight)
+        drafts_s: dict[str, list[int]] | None = None
+        if num_in_flight:
+            so_s, mro_s = in_flight[0][0], in_flight[0][1]
+            drafts_s = so_s.scheduled_spec_decode_tokens
+        batch = self.runs.steady_batch(num_in_flight, drafts_s)
+        if batch is None:
+            return None
+        ids = [r.request_id for r in batch]
+        worker = self.sim.batch
+        first_k = [worker.num_sampled(rid) for rid in ids]  # each one's next output position
+        gains0: list[int] = []
+        rollbacks0: list[int] = []
+        if num_in_flight:  # update 0 applies S: its sampled tokens and drafts
+            if set(so_s.num_scheduled_tokens) != set(ids) or mro_s.draft_token_ids is None:
+                return None
+            for r in batch:
+                rid = r.request_id
+                idx = mro_s.req_id_to_index.get(rid)
+                got = 0 if idx is None else len(mro_s.sampled_token_ids[idx])
+                if not got or rid not in mro_s.draft_token_ids or r.num_output_tokens + got != worker.num_sampled(rid):
+                    return None
+                gains0.append(got)
+                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))  # type: ignore[union-attr]
+        return self._run(now, in_flight, batch, ids, first_k, gains0, rollbacks0)
+
+    def _run(self, now: float, in_flight: InFlight, batch: list[Request], ids: list[str], first_k: list[int],
+             gains0: list[int], rollbacks0: list[int]) -> list[float] | None:
+        engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
+        num_in_flight = len(in_flight)
+        later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
+        accepted: list[list[int]] = [[] for _ in batch]
+        next_k = list(first_k)
+        gpu: list[float] = []
+        sched_t: list[float] = []
+        ends: list[float] = []
+        upd_t: list[float] = []
+        t, free_at = now, engine.gpu_free_at
+        m = self._first_chunk(batch, min(later_s, deadline_s) - max(now, free_at))
+        if m < 2:
+            return None
+        while True:
+            for i, rid in enumerate(ids):  # draw steps len(accepted[i]) .. m - 1
+                more = tokens.accepted_run(rid, next_k[i], m - len(accepted[i]), ns)
+                accepted[i] += more
+                next_k[i] += len(more) + sum(more)
+            gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
+            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
+            cut = False
+            for j in range(len(gpu), plan.num_steps):  # priced and timed one by one: none past the cut
+                rows = plan.batch_at(j)
+                n = len(rows)
+                gpu.append(self._price(plan, rows, j))
+                s, e, u = step_timeline(t, gpu[j:], num_in_flight, engine.cpu.step_s(n, n * (1 + ns)), later_s,
+                                        deadline_s, free_at)
+                if not s:
+                    cut = True
+                    break
+                sched_t += s
+                ends += e
+                upd_t += u
+                t, free_at = u[0], e[0]
+            if cut or plan.num_steps < m or m >= MAX_SPEC_STEPS:
+                break
+            m = min(2 * m, MAX_SPEC_STEPS)
+        k = len(sched_t)
+        if k < 2:
+            return None
+        tail: Tail | None = None
+        if cut and num_in_flight and t < deadline_s and not engine.watchdog.due(engine.book.num_steps + k + 1, t):
+            # The update after schedule k meets the arrival, not schedule k itself: the loop schedules
+            # it at t, the last update's time, before the arrival; the run does too (its tail).
+            rows = plan.batch_at(k)
+            n = len(rows)
+            start = t + engine.cpu.step_s(n, n * (1 + ns))
+            if free_at > start:  # the loop's max(now + cpu_s, GPU free)
+                start = free_at
+            tail = Tail(rows, gpu[k], start + gpu[k])
+        plan.cut(k)
+        return exact_delays(now, self._apply(in_flight, plan, accepted, first_k, gpu[:k], (sched_t, ends, upd_t),
+                                             tail))
+
+    def _first_chunk(self, batch: list[Request], horizon_s: float) -> int:
+        """How many steps to draw first: about as many as fit in horizon_s (to the next arrival or
+        deadline), each taking about the GPU time of a verify step of the batch as it is now (or
+        its CPU time, if longer); 0 when not even two do. Only the work depends on it: a chunk
+        cut short or too long gives the same run, and a run not tried is stepped."""
+        if horizon_s == math.inf:
+            return FIRST_CHUNK_STEPS
+        n, ns = len(batch), self.num_spec_tokens
+        shape = StepShape((1 + ns,) * n, tuple([r.num_computed_tokens for r in batch]), n, ())
+        period_s = max(self.sim.cost_model.step_time_s(shape), self.engine.cpu.step_s(n, n * (1 + ns)))
+        if not period_s > 0:
+            return FIRST_CHUNK_STEPS
+        if horizon_s < period_s:
+            return 0  # not even the second update fits (the step before an arrival): step it
+        return min(MAX_SPEC_STEPS, int(horizon_s / period_s) + 2)
+
+    def _updates(self, accepted: list[list[int]], gains0: list[int],
+                 rollbacks0: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each update's gain and rollback per request (SpecRunPlan): sync, update j applies step
+        j; async, update 0 applies the step in flight, update j step j - 1."""
+        ns = self.num_spec_tokens
+        if not gains0:
+            return [[1 + a for a in acc] for acc in accepted], [[ns - a for a in acc] for acc in accepted]
+        gains = [[g0] + [1 + a for a in acc[:-1]] for g0, acc in zip(gains0, accepted)]
+        rollbacks = [[r0] + [ns - a for a in acc[:-1]] for r0, acc in zip(rollbacks0, accepted)]
+        return gains, rollbacks
+
+    def _price(self, plan: SpecRunPlan, rows: list[int], j: int) -> float:
+        """GPU time of step j (batch `rows`): SimExecutor.execute's float on its StepShape (1 +
+        num_spec_tokens new tokens per request on its context; every request samples)."""
+        sim = self.sim
+        n = len(rows)
+        extra_s = sim.sampler.seconds(n) if sim.sampler is not None else 0.0
+        ctx = plan.ctx
+        return sim.cost_model.step_time_s(StepShape((1 + self.num_spec_tokens,) * n,
+                                                    tuple([ctx[i][j] for i in rows]), n, ())) + extra_s
+
+    # --- applying ------------------------------------------------------------------------------------
+    def _apply(self, in_flight: InFlight, plan: SpecRunPlan, accepted: list[list[int]], first_k: list[int],
+               gpu: list[float], tl: tuple[list[float], list[float], list[float]], tail: Tail | None) -> float:
+        """Apply the planned run (its num_steps steps, and its tail) as stepping would; returns the
+        last update's time."""
+        engine, sim, runs, ns = self.engine, self.sim, self.runs, self.num_spec_tokens
+        book = engine.book
+        sched_t, ends, upd_t = tl
+        k, batch = plan.num_steps, plan.batch
+        ids = [r.request_id for r in batch]
+        tokens = sim.batch.tokens
+        async_ = bool(in_flight)
+        sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
+        # positions[i][j]: batch[i]'s first new output of step j (the worker's count then), j <= its steps
+        positions: list[list[int]] = []
+        in_tail = set(tail.rows) if tail is not None else set()
+        for i, (k0, acc, m) in enumerate(zip(first_k, accepted, plan.steps_each)):
+            if i in in_tail:
+                m += 1  # the tail's step samples it too
+            pos = [k0]
+            for a in acc[:m]:
+                pos.append(pos[-1] + 1 + a)
+            positions.append(pos)
+        sim.batch.sample_verify_run(ids, [pos[-1] - pos[0] for pos in positions])
+        # drafts after the run's last update: proposed after step k - 2's tokens (async) or k - 1's
+        final = [tokens.drafts(rid, pos[k - 1] if async_ else pos[k], ns) if m == k else []
+                 for rid, pos, m in zip(ids, positions, plan.steps_each)]
+        hits0, queries0 = runs.prefix_stats_taken()
+        free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final, tail.rows if tail is not None else ())
+        finishes = sorted((f, i) for i, f in enumerate(plan.finish_at) if f is not None)
+        self._token_times(plan, upd_t)
+        for f, i in finishes:  # each update's finishes after its tokens, in batch order
+            r = batch[i]
+            engine.record_finish(r.request_id, upd_t[f], r.get_finished_reason(), r.num_cached_tokens or 0)
+        # handed over by the run's later schedules (the tail's hands over the last update's too)
+        sim.forget({ids[i] for f, i in finishes if f < k - 1 or tail is not None})
+        self._rows(plan, in_flight, gpu, sched_t, upd_t, free_after, hits0, queries0, [f for f, _ in finishes])
+        book.num_steps += k
+        book.arrived_since_step = []
+        engine.mark_progress(upd_t[-1])
+        last = plan.batch_at(k - 1)
+        sim.last_shape = StepShape((1 + ns,) * len(last), tuple([plan.ctx[i][k - 1] for i in last]), len(last), ())
+        engine.gpu_free_at = ends[-1]
+        if async_:
+            in_flight.popleft()
+            in_flight.append(self._in_flight(plan, ids, positions, accepted, k - 1, last, ends[-1],
+                                             len(book.metrics.steps) - 1))
+        if tail is not None:
+            self._tail_row(plan, tail, upd_t[-1], free_after[k])
+            sim.last_shape = StepShape((1 + ns,) * len(tail.rows), tuple([plan.ctx[i][k] for i in tail.rows]),
+                                       len(tail.rows), ())
+            in_flight.append(self._in_flight(plan, ids, positions, accepted, k, tail.rows, tail.end_s,
+                                             len(book.metrics.steps) - 1))
+            engine.gpu_free_at = tail.end_s
+        self.until_s = upd_t[-1]
+        self.num_macro_steps += k + (tail is not None)
+        self.num_macro_runs += 1
+        self.num_bulk_finishes += len(finishes)
+        return upd_t[-1]
+
+    def _in_flight(self, plan: SpecRunPlan, ids: list[str], positions: list[list[int]], accepted: list[list[int]],
+                   j: int, rows: list[int], end_s: float, row: int) -> tuple[SchedulerOutput, ModelRunnerOutput,
+                                                                        float, None, int]:
+        """The loop's in-flight entry of the run's step j (batch `rows`): its SchedulerOutput (the
+        drafts update j - 1 gave: proposed after step j - 2's tokens), its sampled tokens and
+        drafts, its GPU end and its steps row."""
+        ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
+        step_ids = [ids[i] for i in rows]
+        so = self.runs.verify_step_output(step_ids, [tokens.drafts(ids[i], positions[i][j - 1], ns) for i in rows])
+        mro = ModelRunnerOutput(step_ids, {rid: x for x, rid in enumerate(step_ids)},
+                                [tokens.tokens(ids[i], positions[i][j], 1 + accepted[i][j]) for i in rows],
+                                {ids[i]: tokens.drafts(ids[i], positions[i][j + 1], ns) for i in rows})
+        return so, mro, end_s, None, row
+
+    def _tail_row(self, plan: SpecRunPlan, tail: Tail, t: float, num_free_blocks: int) -> None:
+        """The tail step's row, as StepBook.record_schedule writes it (its update completes it later)."""
+        book = self.engine.book
+        n = len(tail.rows)
+        running, waiting = self.engine.scheduler.get_request_counts()
+        row = book.metrics.steps.append(book.num_steps, t, n, 0, n * (1 + self.num_spec_tokens),
+                                        self.runs.usages_at([num_free_blocks])[0], running, waiting, 0)
+        book.metrics.steps.set_gpu_time(row, tail.gpu_s)
+        book.num_steps += 1
+
+    def _rows(self, plan: SpecRunPlan, in_flight: InFlight, gpu: list[float], sched_t: list[float],
+              upd_t: list[float], free_after: list[int], hits0: int, queries0: int, finish_updates: list[int]) -> None:
+        """The steps' rows as StepBook.record_schedule / record_update write them (counts after each
+        schedule; the update completes a row: sync its own, async the previous step's), the
+        in-flight step's row completed by update 0, and the progress callback at the updates it
+        runs at (the requests done by then: finish_updates, ascending, are the run's finishes)."""
+        engine, ns = self.engine, self.num_spec_tokens
+        book = engine.book
+        steps = book.metrics.steps
+        k = plan.num_steps
+        running_end, waiting = engine.scheduler.get_request_counts()
+        usages = self.runs.usages_at(free_after)
+        base = book.num_steps
+        rows = []
+        scheduled = sorted(plan.steps_each)  # step j's batch: the requests scheduled more than j times
+        for j in range(k):
+            n = len(scheduled) - bisect_right(scheduled, j)
+            running = running_end + len(finish_updates) - bisect_left(finish_updates, j)  # not stopped before j
+            row = steps.append(base + j, sched_t[j], n, 0, n * (1 + ns), usages[j], running, waiting, 0)
+            steps.set_gpu_time(row, gpu[j])
+            rows.append(row)
+        done = [in_flight[0][4]] + rows[:-1] if in_flight else rows  # update j completes these rows
+        for j, row in enumerate(done):
+            steps.set_update(row, upd_t[j], hits0 if j == 0 else 0, queries0 if j == 0 else 0)
+        book.prefix_hits += hits0
+        book.prefix_queries += queries0
+        if book.progress is not None:
+            done_before = book.num_done - len(finish_updates)
+            for j in range(k):
+                if (base + j + 1) % PROGRESS_EVERY_STEPS == 0:  # update j runs after schedule j
+                    book.progress(upd_t[j], done_before + bisect_right(finish_updates, j))
+
+    def _token_times(self, plan: SpecRunPlan, upd_t: list[float]) -> None:
+        """Each update's tokens at its time (MetricsRecorder.on_step_outputs, update by update; a
+        request's last update brings its tokens up to max_tokens only)."""
+        records = self.engine.book.metrics.requests
+        k = plan.num_steps
+        for r, g, f in zip(plan.batch, plan.gains, plan.finish_at):
+            rec = records[r.request_id]
+            times: list[float] = []
+            for j in range(k if f is None else f):
+                times += [upd_t[j]] * g[j]
+            if f is not None:  # the request holds every token it was given now
+                times += [upd_t[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
+            if rec.first_token_s is None:
+                rec.first_token_s = upd_t[0]
+            rec.token_times_s.extend(array("d", times))
+
+
+def spec_planner_for(engine: Engine, sim: SimExecutor) -> tuple[SpecPlanner | None, str | None]:
+    """The spec-decode fast path for a vLLM engine (planner, None) or why there is none (None, why)."""
+    runs = VllmSpecRuns(engine.scheduler)  # type: ignore[arg-type]
+    why = runs.spec_run_blocker()
+    if why is not None:
+        return None, why
+    return SpecPlanner(engine, runs, sim), None
