@@ -17,6 +17,7 @@ from servesim.scheduler.request import Request, SamplingParams
 
 if TYPE_CHECKING:
     from servesim.scheduler.hashing import TokenProvenance
+    from servesim.scheduler.kv.coordinator import BlocksByGroup
     from servesim.scheduler.scheduler import Scheduler
 
 PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
@@ -33,12 +34,21 @@ def probe_request(sched: Scheduler, token_ids: Sequence[int], lora_id: int | Non
 def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
                              provenance: TokenProvenance | None) -> int:
     """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
-    len(token_ids) - 1. With full attention only, hash a growing head of the prompt (8, 32, 128,
+    len(token_ids) - 1 (gpu_prefix_hit)."""
+    return gpu_prefix_hit(sched, token_ids, lora_id, provenance)[1]
+
+
+def gpu_prefix_hit(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
+                   provenance: TokenProvenance | None) -> tuple[BlocksByGroup, int, Request | None]:
+    """(the hit blocks of each KV group, the hit in tokens, the probe last looked up) of
+    gpu_cached_prefix_tokens; the probe is None when nothing was looked up (caching off, a prompt
+    under two tokens). With full attention only, hash a growing head of the prompt (8, 32, 128,
     ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than the
-    lookups."""
+    lookups. The probe then holds the hash of the first block missed, if the prompt reaches past
+    it (a fast-path reader compares it with blocks a pending run caches: fastpath/planned_reads.py)."""
     kvm = sched.kv_cache_manager
     if not kvm.enable_caching or len(token_ids) < 2:
-        return 0
+        return (), 0, None
     max_hit = len(token_ids) - 1
     # A head's hit is the prompt's hit up to the head's end only for plain full attention
     # (a sliding window or eagle's dropped last block depend on where the prompt ends).
@@ -48,9 +58,9 @@ def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id
         head = token_ids[:n_tokens]
         req = probe_request(sched, head, lora_id, provenance)
         kvm.note_lookup(req)  # a private block it could hit is published first
-        _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
+        blocks, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
         if len(head) == len(token_ids) or hit < len(head) // sched.block_size * sched.block_size:
-            return hit
+            return blocks, hit, req
         n_tokens *= 4
 
 

@@ -214,7 +214,7 @@ class PrefixAware(Router):
         keys, reasons = [], []
         for c in candidates:
             sched, provenance = c.engine.scheduler, c.engine.token_provenance(spec)
-            gpu = sched.cached_prefix_tokens(tokens, spec.lora_id, provenance)
+            gpu = c.engine.cached_prefix_tokens(tokens, spec.lora_id, provenance)
             cpu = sched.cpu_cached_prefix_tokens(tokens, spec.lora_id, provenance, gpu) if caching else 0
             worth = self.cpu_hit_worth(c, cpu)
             hit = gpu + worth
