@@ -31,6 +31,43 @@ def probe_request(sched: Scheduler, token_ids: Sequence[int], lora_id: int | Non
                    block_hasher=sched.block_hasher, token_provenance=head_provenance)
 
 
+class _SharedProbes:
+    """The probes of the last prompt looked up, shared by every scheduler that keys blocks alike.
+
+    A router asks each replica in turn about one prompt (the same `token_ids` tuple: only a tuple
+    is shared, whose ids cannot change between the questions). A probe is
+    never changed by a lookup (note_lookup reads its key root, find_longest_cache_hit its hashes),
+    and its hashes are a function of the ids, the block size, the hash algorithm, the LoRA id and
+    the prompt's provenance alone (Request's block hasher or provenance keys; a probe carries no
+    salt and no multimodal item): schedulers equal in those get the same hashes from one probe.
+    Holds the prompt, so its identity cannot be reused by another object while it is the key."""
+
+    __slots__ = ("token_ids", "probes")
+
+    def __init__(self) -> None:
+        self.token_ids: Sequence[int] | None = None
+        self.probes: dict[tuple, Request] = {}
+
+    def probe(self, sched: Scheduler, token_ids: Sequence[int], n_tokens: int, lora_id: int | None,
+              provenance: TokenProvenance | None) -> Request:
+        """probe_request(sched, token_ids[:n_tokens], lora_id, provenance), or its equal made
+        for another scheduler of this prompt."""
+        if type(token_ids) is not tuple:
+            return probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        if token_ids is not self.token_ids:
+            self.token_ids = token_ids
+            self.probes = {}
+        key = (n_tokens, sched.block_size, sched.cache_config.hash_algo, lora_id,
+               None if provenance is None else provenance.prompt)
+        req = self.probes.get(key)
+        if req is None:
+            req = self.probes[key] = probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        return req
+
+
+_SHARED = _SharedProbes()
+
+
 def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
                              provenance: TokenProvenance | None) -> int:
     """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
@@ -55,11 +92,11 @@ def gpu_prefix_hit(sched: Scheduler, token_ids: Sequence[int], lora_id: int | No
     growing = sched.cache_config.attention == "full" and not sched.scheduler_config.use_eagle
     n_tokens = 8 * sched.block_size if growing else len(token_ids)
     while True:
-        head = token_ids[:n_tokens]
-        req = probe_request(sched, head, lora_id, provenance)
+        n_head = min(n_tokens, len(token_ids))
+        req = _SHARED.probe(sched, token_ids, n_head, lora_id, provenance)
         kvm.note_lookup(req)  # a private block it could hit is published first
-        blocks, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
-        if len(head) == len(token_ids) or hit < len(head) // sched.block_size * sched.block_size:
+        blocks, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, n_head))
+        if n_head == len(token_ids) or hit < n_head // sched.block_size * sched.block_size:
             return blocks, hit, req
         n_tokens *= 4
 

@@ -210,7 +210,9 @@ class PrefixAware(Router):
 
     def choose(self, spec, candidates, now_s):
         caching = any(c.engine.scheduler.capabilities.prefix_cache is not None for c in candidates)
-        tokens = spec.token_ids() if caching else ()  # no prompt to build when nothing caches
+        # no prompt to build when nothing caches; a tuple, which each replica's lookup may share
+        # (scheduler/prefix_lookup.py: one probe for every replica that keys blocks alike)
+        tokens = tuple(spec.token_ids()) if caching else ()
         keys, reasons = [], []
         for c in candidates:
             sched, provenance = c.engine.scheduler, c.engine.token_provenance(spec)

@@ -64,38 +64,72 @@ if TYPE_CHECKING:
 
 
 class _RunBlocks:
-    """One pending run's KV block arithmetic, derived at its first read (nothing of the replica
+    """One pending run's KV block arithmetic, derived when first read (nothing of the replica
     changes between the plan and its application but what a read publishes, which moves no
-    block): the free count before it, each request's (c0, blocks held, steps scheduled), and
-    the blocks freed by the updates that finish requests."""
+    block): the free count before it and each request's (c0, blocks held, steps scheduled);
+    the blocks freed by the updates that finish requests, and those requests the in-flight
+    step's update finishes (skip-ahead), when first asked."""
 
-    __slots__ = ("plan", "free0", "starts", "skipped", "fin_update", "fin_cum")
+    __slots__ = ("plan", "sched", "block_size", "free0", "starts", "_skipped", "fin_update", "fin_cum")
 
     def __init__(self, plan: DeferredRun, sched: Scheduler, block_size: int) -> None:
         kvm = sched.kv_cache_manager
         mgr = kvm._single_full
         assert mgr is not None
         held_of = mgr.req_to_blocks
-        self.plan = plan
+        self.plan, self.sched, self.block_size = plan, sched, block_size
         self.free0 = kvm.block_pool.free_block_queue.num_free_blocks
-        never = plan.max_steps + 1  # scheduled in every step the run can reach
+        never = plan.max_steps  # scheduled in every step the run can reach
         each = plan.each
         self.starts = [(r.num_computed_tokens, len(held_of.get(r.request_id, ())),
                         never if each is None else each[i]) for i, r in enumerate(plan.reqs)]
-        in_run = {id(r) for r in plan.reqs}
-        # the requests the in-flight step's update finishes (skip-ahead: scheduled by no step of the run)
-        self.skipped: list[Request] = [r for r in sched.running if id(r) not in in_run]
+        self._skipped: list[Request] | None = None
+        self.fin_update: list[int] | None = None
+        self.fin_cum: list[int] = []
+
+    def skipped(self) -> list[Request]:
+        """The requests the in-flight step's update finishes (skip-ahead: in no step of the run)."""
+        if self._skipped is None:
+            if self.plan.load_drop:
+                in_run = {id(r) for r in self.plan.reqs}
+                self._skipped = [r for r in self.sched.running if id(r) not in in_run]
+            else:
+                self._skipped = []
+        return self._skipped
+
+    def allocations(self, j: int) -> int:
+        """Blocks schedules 0..j allocate."""
+        bs, out = self.block_size, 0
+        for c0, held, n in self.starts:
+            need = -(-(c0 + min(j + 1, n)) // bs) - held
+            if need > 0:
+                out += need
+        return out
+
+    def free_blocks(self, j: int) -> int:
+        """Free blocks after schedules 0..j and updates 0..j-1."""
+        if self.fin_update is None:
+            self._derive_frees()
+        assert self.fin_update is not None
+        k = bisect_left(self.fin_update, j)  # the finishes at updates before j
+        return self.free0 - self.allocations(j) + (self.fin_cum[k - 1] if k else 0)
+
+    def _derive_frees(self) -> None:
+        """fin_update (ascending) and fin_cum: the blocks freed by the finishes at those updates
+        and before (a block is freed by the last finisher holding it)."""
+        plan, bs = self.plan, self.block_size
+        mgr = self.sched.kv_cache_manager._single_full
+        assert mgr is not None
+        held_of = mgr.req_to_blocks
         finishers: list[tuple[int, Sequence[KVCacheBlock], int]] = [
-            (0, held_of.get(r.request_id, ()), 0) for r in self.skipped]
-        if each is not None:
-            for i, r in enumerate(plan.reqs):
-                c0, held, n = self.starts[i]
+            (0, held_of.get(r.request_id, ()), 0) for r in self.skipped()]
+        if plan.each is not None:
+            for r, (c0, held, n) in zip(plan.reqs, self.starts):
                 if n < plan.max_steps:  # finishes at update n (a run through finishes)
-                    finishers.append((n, held_of.get(r.request_id, ()), max(0, -(-(c0 + n) // block_size) - held)))
+                    finishers.append((n, held_of.get(r.request_id, ()), max(0, -(-(c0 + n) // bs) - held)))
         finishers.sort(key=lambda f: f[0])  # stable: the order within an update changes no count
         refs: dict[int, int] = {}  # references left on a held block, where finishes dropped some
-        self.fin_update: list[int] = []
-        self.fin_cum: list[int] = []
+        self.fin_update = []
         total = 0
         for u, held_blocks, new in finishers:
             freed = new  # the run's new blocks are the finisher's alone
@@ -108,20 +142,6 @@ class _RunBlocks:
             total += freed
             self.fin_update.append(u)
             self.fin_cum.append(total)
-
-    def allocations(self, j: int, block_size: int) -> int:
-        """Blocks schedules 0..j allocate."""
-        out = 0
-        for c0, held, n in self.starts:
-            need = -(-(c0 + min(j + 1, n)) // block_size) - held
-            if need > 0:
-                out += need
-        return out
-
-    def free_blocks(self, j: int, block_size: int) -> int:
-        """Free blocks after schedules 0..j and updates 0..j-1."""
-        k = bisect_left(self.fin_update, j)  # the finishes at updates before j
-        return self.free0 - self.allocations(j, block_size) + (self.fin_cum[k - 1] if k else 0)
 
 
 class PlannedReads:
@@ -162,7 +182,7 @@ class PlannedReads:
         plan = self.deferred.pending
         assert plan is not None
         j = self._updates_before_now(plan)
-        return self.kv.usage_at(self._run_blocks(plan).free_blocks(j, self.kv.kvm.block_size))
+        return self.kv.usage_at(self._run_blocks(plan).free_blocks(j))
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
                              provenance: TokenProvenance | None) -> int:
@@ -184,18 +204,19 @@ class PlannedReads:
                    num_prompt_tokens: int) -> bool:
         """Whether the run's schedules 0..j and updates 0..j-1 leave this lookup's answer alone."""
         j = self._updates_before_now(plan)
-        bs = self.kv.kvm.block_size
-        run = self._run_blocks(plan)
-        free_hits = {b.block_id for b in hit_blocks if b.ref_cnt == 0}
+        kv = self.kv
+        bs = kv.kvm.block_size
+        free_hits = {b.block_id for b in hit_blocks if not b.ref_cnt}
         if free_hits:
-            popped = run.allocations(j, bs)
-            queue = self.kv.kvm.block_pool.free_block_queue
-            if popped and queue.index_of_first(free_hits, popped) < popped:
+            popped = self._run_blocks(plan).allocations(j)
+            if popped and kv.kvm.block_pool.free_block_queue.index_of_first(free_hits, popped) < popped:
                 return False  # an allocation evicts a hit block
         m = hit // bs  # the first block missed
         if m >= min(num_prompt_tokens - 1, probe.num_tokens) // bs:
             return True  # the lookup never looks at block m (the last prompt token is recomputed)
         miss = probe.block_hashes[m]
-        if self.kv.steps_before_caching(plan.reqs, j + 1, m, miss) <= j:
+        if kv.steps_before_caching(plan.reqs, j + 1, m, miss) <= j:
             return False
-        return not (j >= 1 and run.skipped and self.kv.steps_before_caching(run.skipped, 2, m, miss) <= 1)
+        if j == 0 or not plan.load_drop:
+            return True
+        return kv.steps_before_caching(self._run_blocks(plan).skipped(), 2, m, miss) > 1
