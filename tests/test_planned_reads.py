@@ -149,10 +149,34 @@ def test_every_read_is_what_stepping_shows(monkeypatch, router_cls, router, wl, 
     assert macro == plain and len(macro) == len(w.requests)
 
 
+class _NeverChanged(PlannedReads):  # (test doubles are subclasses: a compiled class's methods cannot be patched)
+    def _unchanged(self, *args):
+        return True
+
+
+class _UnappliedUsage(PlannedReads):
+    def kv_usage(self):
+        return self.engine.scheduler.kv_cache_manager.usage
+
+
+def _with_reads(monkeypatch, cls: type[PlannedReads]) -> None:
+    """Every cluster built from now on answers its reads with a `cls`."""
+    init = Cluster.__init__
+
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        for r in self.replicas:
+            p = r.engine.planner
+            if p is not None and p.reads is not None:
+                p.reads = cls(r.engine, p.deferred, p.reads.kv)
+
+    monkeypatch.setattr(Cluster, "__init__", patched)
+
+
 def test_the_prefix_check_is_what_keeps_reads_exact(monkeypatch):
     """Without the check (a pending run's steps never change a lookup) the evicting case's reads
     differ from stepping's: the differential tests above can fail."""
-    monkeypatch.setattr(PlannedReads, "_unchanged", lambda self, *a: True)
+    _with_reads(monkeypatch, _NeverChanged)
     w = _evicting(250, 40.0, 1)
     macro = _keys_seen(monkeypatch, PrefixAware, _config("prefix_aware", True, 2, **_EVICTING), w)
     plain = _keys_seen(monkeypatch, PrefixAware, _config("prefix_aware", False, 2, **_EVICTING), w)
@@ -161,7 +185,7 @@ def test_the_prefix_check_is_what_keeps_reads_exact(monkeypatch):
 
 def test_kv_usage_from_the_plan_is_what_keeps_least_kv_exact(monkeypatch):
     """Reading the scheduler's own (unapplied) usage instead of the plan's differs from stepping."""
-    monkeypatch.setattr(PlannedReads, "kv_usage", lambda self: self.engine.scheduler.kv_cache_manager.usage)
+    _with_reads(monkeypatch, _UnappliedUsage)
     w = _plain(150, 100.0, 1)
     macro = _keys_seen(monkeypatch, LeastKv, _config("least_kv", True, 6), w)
     plain = _keys_seen(monkeypatch, LeastKv, _config("least_kv", False, 6), w)

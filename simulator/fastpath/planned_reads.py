@@ -70,8 +70,6 @@ class _RunBlocks:
     the blocks freed by the updates that finish requests, and those requests the in-flight
     step's update finishes (skip-ahead), when first asked."""
 
-    __slots__ = ("plan", "sched", "block_size", "free0", "starts", "_skipped", "fin_update", "fin_cum")
-
     def __init__(self, plan: DeferredRun, sched: Scheduler, block_size: int) -> None:
         kvm = sched.kv_cache_manager
         mgr = kvm._single_full
@@ -84,6 +82,7 @@ class _RunBlocks:
         self.starts = [(r.num_computed_tokens, len(held_of.get(r.request_id, ())),
                         never if each is None else each[i]) for i, r in enumerate(plan.reqs)]
         self._skipped: list[Request] | None = None
+        self._cached_floor: int | None = None
         self.fin_update: list[int] | None = None
         self.fin_cum: list[int] = []
 
@@ -96,6 +95,17 @@ class _RunBlocks:
             else:
                 self._skipped = []
         return self._skipped
+
+    def cached_floor(self) -> int:
+        """The fewest blocks any request of the run (skip-ahead ones included) has cached: none
+        of them caches a block below it again."""
+        if self._cached_floor is None:
+            mgr = self.sched.kv_cache_manager._single_full
+            assert mgr is not None
+            cached = mgr.num_cached_block
+            self._cached_floor = min([cached.get(r.request_id, 0) for r in self.plan.reqs]
+                                     + [cached.get(r.request_id, 0) for r in self.skipped()])
+        return self._cached_floor
 
     def allocations(self, j: int) -> int:
         """Blocks schedules 0..j allocate."""
@@ -194,29 +204,32 @@ class PlannedReads:
         plan = self.deferred.pending
         assert plan is not None
         blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
-        if probe is None or self._unchanged(plan, blocks[0], hit, probe, len(token_ids)):
+        if probe is None or self._unchanged(plan, self._updates_before_now(plan), blocks[0], hit, probe,
+                                            len(token_ids)):
             return hit
         self.num_reads_applied += 1
         self.deferred.apply_at(engine.env.now, engine.in_flight, routed=False)
         return sched.cached_prefix_tokens(token_ids, lora_id, provenance)
 
-    def _unchanged(self, plan: DeferredRun, hit_blocks: Sequence[KVCacheBlock], hit: int, probe: Request,
+    def _unchanged(self, plan: DeferredRun, j: int, hit_blocks: Sequence[KVCacheBlock], hit: int, probe: Request,
                    num_prompt_tokens: int) -> bool:
         """Whether the run's schedules 0..j and updates 0..j-1 leave this lookup's answer alone."""
-        j = self._updates_before_now(plan)
         kv = self.kv
         bs = kv.kvm.block_size
+        run = self._run_blocks(plan)
         free_hits = {b.block_id for b in hit_blocks if not b.ref_cnt}
         if free_hits:
-            popped = self._run_blocks(plan).allocations(j)
+            popped = run.allocations(j)
             if popped and kv.kvm.block_pool.free_block_queue.index_of_first(free_hits, popped) < popped:
                 return False  # an allocation evicts a hit block
         m = hit // bs  # the first block missed
         if m >= min(num_prompt_tokens - 1, probe.num_tokens) // bs:
             return True  # the lookup never looks at block m (the last prompt token is recomputed)
+        if m < run.cached_floor():
+            return True  # every request of the run has cached its block m already
         miss = probe.block_hashes[m]
         if kv.steps_before_caching(plan.reqs, j + 1, m, miss) <= j:
             return False
         if j == 0 or not plan.load_drop:
             return True
-        return kv.steps_before_caching(self._run_blocks(plan).skipped(), 2, m, miss) > 1
+        return kv.steps_before_caching(run.skipped(), 2, m, miss) > 1
