@@ -168,7 +168,7 @@ def _with_reads(monkeypatch, cls: type[PlannedReads]) -> None:
         for r in self.replicas:
             p = r.engine.planner
             if p is not None and p.reads is not None:
-                p.reads = cls(r.engine, p.deferred, p.reads.kv)
+                p.reads = cls(r.engine, p.deferred, p.reads.kv, p.reads.sched)
 
     monkeypatch.setattr(Cluster, "__init__", patched)
 

@@ -157,8 +157,9 @@ class _RunBlocks:
 class PlannedReads:
     """A state-reading router's reads of one engine, answered from its pending deferred run."""
 
-    def __init__(self, engine: Engine, deferred: DeferredRuns, kv: KVDecodeRuns) -> None:
+    def __init__(self, engine: Engine, deferred: DeferredRuns, kv: KVDecodeRuns, sched: Scheduler) -> None:
         self.engine = engine
+        self.sched = sched  # the engine's (vLLM) scheduler
         self.deferred = deferred
         self.kv = kv
         self._blocks: _RunBlocks | None = None  # of the last plan read
@@ -173,12 +174,12 @@ class PlannedReads:
         if not isinstance(runs, VllmDecodeRuns):
             return None
         deferred.commuting_arrivals = False
-        return PlannedReads(engine, deferred, runs.kv)
+        return PlannedReads(engine, deferred, runs.kv, runs.scheduler)
 
     def _run_blocks(self, plan: DeferredRun) -> _RunBlocks:
         blocks = self._blocks
         if blocks is None or blocks.plan is not plan:
-            blocks = self._blocks = _RunBlocks(plan, self.engine.scheduler, self.kv.kvm.block_size)
+            blocks = self._blocks = _RunBlocks(plan, self.sched, self.kv.kvm.block_size)
         return blocks
 
     def _updates_before_now(self, plan: DeferredRun) -> int:
@@ -199,8 +200,7 @@ class PlannedReads:
         """The scheduler's cached_prefix_tokens as stepping shows it now: looked up on the
         unapplied state where the run's steps before now cannot change it, after applying them
         otherwise (the module docstring)."""
-        engine = self.engine
-        sched = engine.scheduler
+        engine, sched = self.engine, self.sched
         plan = self.deferred.pending
         assert plan is not None
         blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
