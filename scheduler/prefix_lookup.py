@@ -46,7 +46,10 @@ class _SharedProbes:
 
     def __init__(self) -> None:
         self.token_ids: Sequence[int] | None = None
-        self.probes: dict[tuple, Request] = {}
+        # by (head length, block size, hash algorithm, LoRA id, id of the provenance's prompt
+        # segments): (those segments, the probe); identity, not equality, is what is compared (the
+        # replicas share one segments tuple: simulator/request_factory.py), kept alive by the entry
+        self.probes: dict[tuple, tuple[object, Request]] = {}
 
     def probe(self, sched: Scheduler, token_ids: Sequence[int], n_tokens: int, lora_id: int | None,
               provenance: TokenProvenance | None) -> Request:
@@ -57,11 +60,13 @@ class _SharedProbes:
         if token_ids is not self.token_ids:
             self.token_ids = token_ids
             self.probes = {}
-        key = (n_tokens, sched.block_size, sched.cache_config.hash_algo, lora_id,
-               None if provenance is None else provenance.prompt)
-        req = self.probes.get(key)
-        if req is None:
-            req = self.probes[key] = probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        prompt = None if provenance is None else provenance.prompt
+        key = (n_tokens, sched.block_size, sched.cache_config.hash_algo, lora_id, id(prompt))
+        entry = self.probes.get(key)
+        if entry is not None and entry[0] is prompt:
+            return entry[1]
+        req = probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        self.probes[key] = (prompt, req)
         return req
 
 
