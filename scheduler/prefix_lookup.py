@@ -17,6 +17,7 @@ from servesim.scheduler.request import Request, SamplingParams
 
 if TYPE_CHECKING:
     from servesim.scheduler.hashing import TokenProvenance
+    from servesim.scheduler.kv.coordinator import BlocksByGroup
     from servesim.scheduler.scheduler import Scheduler
 
 PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
@@ -30,27 +31,78 @@ def probe_request(sched: Scheduler, token_ids: Sequence[int], lora_id: int | Non
                    block_hasher=sched.block_hasher, token_provenance=head_provenance)
 
 
+class _SharedProbes:
+    """The probes of the last prompt looked up, shared by every scheduler that keys blocks alike.
+
+    A router asks each replica in turn about one prompt (the same `token_ids` tuple: only a tuple
+    is shared, whose ids cannot change between the questions). A probe is
+    never changed by a lookup (note_lookup reads its key root, find_longest_cache_hit its hashes),
+    and its hashes are a function of the ids, the block size, the hash algorithm, the LoRA id and
+    the prompt's provenance alone (Request's block hasher or provenance keys; a probe carries no
+    salt and no multimodal item): schedulers equal in those get the same hashes from one probe.
+    Holds the prompt, so its identity cannot be reused by another object while it is the key."""
+
+    __slots__ = ("token_ids", "probes")
+
+    def __init__(self) -> None:
+        self.token_ids: Sequence[int] | None = None
+        # by (head length, block size, hash algorithm, LoRA id, id of the provenance's prompt
+        # segments): (those segments, the probe); identity, not equality, is what is compared (the
+        # replicas share one segments tuple: simulator/request_factory.py), kept alive by the entry
+        self.probes: dict[tuple, tuple[object, Request]] = {}
+
+    def probe(self, sched: Scheduler, token_ids: Sequence[int], n_tokens: int, lora_id: int | None,
+              provenance: TokenProvenance | None) -> Request:
+        """probe_request(sched, token_ids[:n_tokens], lora_id, provenance), or its equal made
+        for another scheduler of this prompt."""
+        if type(token_ids) is not tuple:
+            return probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        if token_ids is not self.token_ids:
+            self.token_ids = token_ids
+            self.probes = {}
+        prompt = None if provenance is None else provenance.prompt
+        key = (n_tokens, sched.block_size, sched.cache_config.hash_algo, lora_id, id(prompt))
+        entry = self.probes.get(key)
+        if entry is not None and entry[0] is prompt:
+            return entry[1]
+        req = probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        self.probes[key] = (prompt, req)
+        return req
+
+
+_SHARED = _SharedProbes()
+
+
 def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
                              provenance: TokenProvenance | None) -> int:
     """Leading prompt tokens get_computed_blocks would hit now: whole blocks, capped at
-    len(token_ids) - 1. With full attention only, hash a growing head of the prompt (8, 32, 128,
+    len(token_ids) - 1 (gpu_prefix_hit)."""
+    return gpu_prefix_hit(sched, token_ids, lora_id, provenance)[1]
+
+
+def gpu_prefix_hit(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
+                   provenance: TokenProvenance | None) -> tuple[BlocksByGroup, int, Request | None]:
+    """(the hit blocks of each KV group, the hit in tokens, the probe last looked up) of
+    gpu_cached_prefix_tokens; the probe is None when nothing was looked up (caching off, a prompt
+    under two tokens). With full attention only, hash a growing head of the prompt (8, 32, 128,
     ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than the
-    lookups."""
+    lookups. The probe then holds the hash of the first block missed, if the prompt reaches past
+    it (a fast-path reader compares it with blocks a pending run caches: fastpath/planned_reads.py)."""
     kvm = sched.kv_cache_manager
     if not kvm.enable_caching or len(token_ids) < 2:
-        return 0
+        return (), 0, None
     max_hit = len(token_ids) - 1
     # A head's hit is the prompt's hit up to the head's end only for plain full attention
     # (a sliding window or eagle's dropped last block depend on where the prompt ends).
     growing = sched.cache_config.attention == "full" and not sched.scheduler_config.use_eagle
     n_tokens = 8 * sched.block_size if growing else len(token_ids)
     while True:
-        head = token_ids[:n_tokens]
-        req = probe_request(sched, head, lora_id, provenance)
+        n_head = min(n_tokens, len(token_ids))
+        req = _SHARED.probe(sched, token_ids, n_head, lora_id, provenance)
         kvm.note_lookup(req)  # a private block it could hit is published first
-        _, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, len(head)))
-        if len(head) == len(token_ids) or hit < len(head) // sched.block_size * sched.block_size:
-            return hit
+        blocks, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, n_head))
+        if n_head == len(token_ids) or hit < n_head // sched.block_size * sched.block_size:
+            return blocks, hit, req
         n_tokens *= 4
 
 

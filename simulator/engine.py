@@ -151,7 +151,19 @@ class Engine:
 
     @property
     def kv_usage(self) -> float:
+        """KV-cache usage (a router's signal) as stepping would show it now (a planner's pending
+        run answers for the steps it has not applied: RunPlanner.planned_kv_usage)."""
+        if self.planner is not None and self.planner.has_pending_run():
+            return self.planner.planned_kv_usage()
         return self.scheduler.kv_cache_manager.usage
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
+                             provenance: TokenProvenance | None) -> int:
+        """The scheduler's cached_prefix_tokens (a prefix-aware router's signal) as stepping would
+        show it now (RunPlanner.planned_prefix_tokens, while a planner's run is pending)."""
+        if self.planner is not None and self.planner.has_pending_run():
+            return self.planner.planned_prefix_tokens(token_ids, lora_id, provenance)
+        return self.scheduler.cached_prefix_tokens(token_ids, lora_id, provenance)
 
     @property
     def all_arrived(self) -> bool:
@@ -202,10 +214,10 @@ class Engine:
         if self.planner is not None:
             self.planner.expect_arrivals_by_load(bound)
 
-    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None, reads_state: bool = False) -> None:
         """Let a planner apply runs when a request is routed here (RunPlanner.defer_runs)."""
         if self.planner is not None:
-            self.planner.defer_runs(collides)
+            self.planner.defer_runs(collides, reads_state)
 
     def _add(self, spec: RequestSpec, sent_s: float) -> None:
         sched, now = self.scheduler, self.env.now

@@ -33,11 +33,35 @@ class RequestFactory:
     def provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash
         them; real ids, or prefix_cache_keys: token_ids)."""
-        runs = spec.token_segments() if self.keys_from_provenance else None
-        if runs is None:
+        if not self.keys_from_provenance:
             return None
-        return TokenProvenance(tuple([TokenSegment(*run) for run in runs]),
-                               self.executor.output_token_source(spec.request_id))
+        segments = _LAST.segments_of(spec)
+        if segments is None:
+            return None
+        return TokenProvenance(segments, self.executor.output_token_source(spec.request_id))
+
+
+class _LastSegments:
+    """The prompt segments of the last spec asked about. A prefix-aware router asks every replica
+    about one spec in turn (Engine.token_provenance), and the segments are a function of the spec
+    alone (RequestSpec.token_segments; specs are not changed in place). Holds the spec, so its
+    identity cannot be reused by another object while it is the key."""
+
+    __slots__ = ("spec", "segments")
+
+    def __init__(self) -> None:
+        self.spec: RequestSpec | None = None
+        self.segments: tuple[TokenSegment, ...] | None = None
+
+    def segments_of(self, spec: RequestSpec) -> tuple[TokenSegment, ...] | None:
+        if spec is not self.spec:
+            runs = spec.token_segments()
+            self.segments = None if runs is None else tuple([TokenSegment(*run) for run in runs])
+            self.spec = spec
+        return self.segments
+
+
+_LAST = _LastSegments()
 
 
 def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig, encoder_decoder: bool = False) -> None:

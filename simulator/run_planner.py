@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import simpy
 
+from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 # The loop's steps in flight, oldest first: (schedule, its output, GPU end s, step-trace record, steps row)
@@ -67,7 +68,19 @@ class RunPlanner(Protocol):
         its num_outstanding stays >= load."""
         ...
 
-    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
-        """Runs may be applied when a request is routed here (a router that reads only the load).
-        collides(times): index of the first of the ascending `times` that is a dispatch time."""
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None, reads_state: bool = False) -> None:
+        """Runs may be applied when a request is routed here (a router that reads only the load;
+        `reads_state`: its KV usage and prefix cache too, through planned_kv_usage and
+        planned_prefix_tokens). collides(times): index of the first of the ascending `times`
+        that is a dispatch time."""
+        ...
+
+    def planned_kv_usage(self) -> float:
+        """KV usage as stepping shows it now, while a run is pending (has_pending_run)."""
+        ...
+
+    def planned_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
+                              provenance: TokenProvenance | None) -> int:
+        """The scheduler's cached_prefix_tokens as stepping shows it now, while a run is pending
+        (has_pending_run); may apply the run's steps before now first."""
         ...

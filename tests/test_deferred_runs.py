@@ -121,11 +121,11 @@ def test_other_load_only_routers_defer_too(router):
     _assert_same(run_cluster(plain, wl), macro)
 
 
-def test_round_robin_and_kv_readers_do_not_defer():
-    """round_robin already knows each replica's next arrival; least_kv reads KV usage, which a
-    run changes: neither defers."""
+def test_round_robin_does_not_defer():
+    """round_robin already knows each replica's next arrival (the KV and prefix readers defer:
+    tests/test_planned_reads.py)."""
     wl = _workload(200, 100.0, seed=7)
-    for router in ("round_robin", "least_kv"):
+    for router in ("round_robin",):
         cfg = ClusterConfig(replicas=[ReplicaGroup(8, sim_config_from_dict({}))], router=RouterConfig(router),
                             routing_latency_s=0.001)
         cluster = Cluster(cfg, wl)

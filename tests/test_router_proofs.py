@@ -25,12 +25,14 @@ class Stub:
 
 
 def test_every_proof_names_a_registered_router():
-    assert ROUTER_PROOFS.names() == ["jsq_power_of_two", "least_outstanding", "round_robin", "session_affinity"]
+    assert ROUTER_PROOFS.names() == ["jsq_power_of_two", "least_kv", "least_outstanding", "prefix_aware", "round_robin",
+                                     "session_affinity"]
     for name in ROUTER_PROOFS.names():
         assert name in ROUTERS
         proof = proof_for(make_router(name, {}, np.random.default_rng(0)))
         assert proof is not None
-        for member in ("reads_all_candidates", "reads_only_load", "arrivals_elsewhere", "arrivals_unread"):
+        for member in ("reads_all_candidates", "reads_only_load", "reads_planned_state", "arrivals_elsewhere",
+                       "arrivals_unread"):
             assert hasattr(proof, member), (name, member)  # RouterProof's members
 
 
@@ -40,7 +42,7 @@ def test_an_unknown_name_gets_the_registrys_did_you_mean():
 
 
 def test_routers_without_a_proof_get_none():
-    for name in ("least_kv", "prefix_aware", "vllm_dp"):
+    for name in ("vllm_dp",):
         assert name in ROUTERS and name not in ROUTER_PROOFS
         assert proof_for(make_router(name, {}, np.random.default_rng(0))) is None
 

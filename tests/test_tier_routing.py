@@ -156,9 +156,12 @@ class _Sched:
 def _replicas(*tiers: tuple[int, int], outstanding: tuple[int, ...] | None = None) -> list[Replica]:
     cfg = SimConfig(scheduler=SchedulerConfig(max_num_seqs=8))
     loads = outstanding or (0,) * len(tiers)
-    return [Replica(i, f"r{i}", "both", cfg, SimpleNamespace(scheduler=_Sched(g, c), num_outstanding=n, cfg=cfg,
+    scheds = [_Sched(g, c) for g, c in tiers]
+    # the router reads the GPU hit through the engine (Engine.cached_prefix_tokens), the CPU tier's from the scheduler
+    return [Replica(i, f"r{i}", "both", cfg, SimpleNamespace(scheduler=s, num_outstanding=n, cfg=cfg,
+                                                             cached_prefix_tokens=s.cached_prefix_tokens,
                                                              token_provenance=lambda spec: None))
-            for i, ((g, c), n) in enumerate(zip(tiers, loads))]
+            for i, (s, n) in enumerate(zip(scheds, loads))]
 
 
 SPEC = RequestSpec("q", 0.0, 128, 1)

@@ -63,6 +63,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
         "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py", "bulk/spec.py",
+        "prefix_lookup.py",  # a prefix-aware router's lookup, on every replica at every decision
     ),
     # The engine (the reference core and the objects it owns) around every scheduler call, what it
     # calls at every step (step table, request records, the simulated executor), the fast path's
@@ -73,6 +74,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
         "fastpath/planner.py", "fastpath/spec_runs.py",
+        "fastpath/planned_reads.py",  # a state-reading router's reads, on every replica at every decision
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

@@ -104,14 +104,20 @@ class KVDecodeRuns:
         schedule would then hit one block more. A hash not yet computed (tokens still to come)
         may match; one already computed is compared. apply_decode_run caches block m of a
         request at step max(0, (m + 1) * block_size - c0 - e)."""
+        m = num_hit_blocks
+        if m >= (head.num_tokens - 1) // self.kvm.block_size:
+            return num_steps  # the lookup never looks past block m - 1 (the last token is recomputed)
+        return self.steps_before_caching(requests, num_steps, m, head.block_hashes[m])
+
+    def steps_before_caching(self, requests: Sequence[Request], num_steps: int, m: int, miss: bytes) -> int:
+        """Steps (of at most num_steps) before any of the run's `requests` caches its block m
+        (0-based) under a hash that may equal `miss`: a hash not yet computed (tokens still to
+        come) may; one already computed is compared. apply_decode_run caches block m of a request
+        at step max(0, (m + 1) * block_size - c0 - e)."""
         kvm = self.kvm
         bs = kvm.block_size
-        m = num_hit_blocks
-        if m >= (head.num_tokens - 1) // bs:
-            return num_steps  # the lookup never looks past block m - 1 (the last token is recomputed)
         mgr = kvm._single_full
         assert mgr is not None
-        miss = head.block_hashes[m]
         for r in requests:
             if mgr.num_cached_block.get(r.request_id, 0) > m:
                 continue  # its block m is cached already (and was missed)

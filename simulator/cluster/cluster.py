@@ -149,8 +149,8 @@ class Cluster:
         dispatch_sorted = all(a <= b for a, b in zip(self._dispatch_s, self._dispatch_s[1:]))
         for pos, r in enumerate(self.front):
             r.engine.expect_arrivals_by_load(partial(self._arrival_bound, pos))
-            if proof is not None and proof.reads_only_load and dispatch_sorted:
-                r.engine.defer_runs(self._first_dispatch_at)
+            if proof is not None and (proof.reads_only_load or proof.reads_planned_state) and dispatch_sorted:
+                r.engine.defer_runs(self._first_dispatch_at, reads_state=not proof.reads_only_load)
         if proof is not None and not proof.reads_all_candidates:
             self._unread_until = [(-1, pos) for pos in range(len(self.front))]
 

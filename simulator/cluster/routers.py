@@ -210,16 +210,19 @@ class PrefixAware(Router):
 
     def choose(self, spec, candidates, now_s):
         caching = any(c.engine.scheduler.capabilities.prefix_cache is not None for c in candidates)
-        tokens = spec.token_ids() if caching else ()  # no prompt to build when nothing caches
-        keys, reasons = [], []
-        for c in candidates:
-            sched, provenance = c.engine.scheduler, c.engine.token_provenance(spec)
-            gpu = sched.cached_prefix_tokens(tokens, spec.lora_id, provenance)
-            cpu = sched.cpu_cached_prefix_tokens(tokens, spec.lora_id, provenance, gpu) if caching else 0
-            worth = self.cpu_hit_worth(c, cpu)
-            hit = gpu + worth
-            load = c.engine.num_outstanding / c.cfg.scheduler.max_num_seqs
-            reasons.append("prefix" if gpu > 0 else "cpu_prefix" if worth > 0 else "load")
-            keys.append((-(hit / spec.prompt_len - self.load_weight * load),))
-        i = _least(keys)
-        return Decision(i, reasons[i], -keys[i][0])
+        # no prompt to build when nothing caches; a tuple, which each replica's lookup may share
+        # (scheduler/prefix_lookup.py: one probe for every replica that keys blocks alike)
+        tokens = tuple(spec.token_ids()) if caching else ()
+        lora_id, prompt_len, load_weight = spec.lora_id, spec.prompt_len, self.load_weight
+        best, best_key, best_reason = 0, 0.0, ""
+        for i, c in enumerate(candidates):
+            engine = c.engine
+            provenance = engine.token_provenance(spec)
+            gpu = engine.cached_prefix_tokens(tokens, lora_id, provenance)
+            cpu = engine.scheduler.cpu_cached_prefix_tokens(tokens, lora_id, provenance, gpu) if caching else 0
+            worth = self.cpu_hit_worth(c, cpu) if cpu > 0 else 0.0
+            key = -((gpu + worth) / prompt_len - load_weight * (engine.num_outstanding / c.cfg.scheduler.max_num_seqs))
+            if i == 0 or key < best_key:  # _least's rule: the smallest, ties to the lowest index
+                best, best_key = i, key
+                best_reason = "prefix" if gpu > 0 else "cpu_prefix" if worth > 0 else "load"
+        return Decision(best, best_reason, -best_key)

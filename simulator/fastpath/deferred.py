@@ -87,7 +87,9 @@ class DeferredRuns:
         self.engine = engine
         self.clock = clock
         self.applier = applier
-        # a routed arrival commutes with an update that finishes nobody (MacroPlanner._past_arrival)
+        # a routed arrival commutes with an update that finishes nobody (MacroPlanner._past_arrival);
+        # off where a router reads more than the load (that update caches blocks a later read of
+        # the prefix cache would see early: fastpath/planned_reads.py)
         self.commuting_arrivals = commuting_arrivals
         # collides(times): index of the first of the ascending times that is a dispatch time; None: off
         self.collides: Callable[[Sequence[float]], int] | None = None
@@ -187,14 +189,15 @@ class DeferredRuns:
         so, mro, _end, rec, row = in_flight.popleft()
         self.engine.apply_output(so, mro, rec, row)
 
-    def apply_at(self, t: float, in_flight: InFlight) -> None:
-        """A request is routed here at t: apply the run as the eager path would have with t as
-        its bound (updates strictly before t, then the tail step the loop schedules at the last
-        of them), leaving two steps in flight."""
+    def apply_at(self, t: float, in_flight: InFlight, routed: bool = True) -> None:
+        """A request is routed here at t (or, `routed` False, a router's read needs the state at t:
+        fastpath/planned_reads.py): apply the run as the eager path would have with t as its
+        bound (updates strictly before t, then the tail step the loop schedules at the last of
+        them), leaving two steps in flight."""
         plan = self.pending
         assert plan is not None
         self.pending = None
-        self.num_deferred_routed += 1
+        self.num_deferred_routed += routed
         applier = self.applier
         j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)
         assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"

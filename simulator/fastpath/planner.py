@@ -36,9 +36,11 @@ from typing import Any
 import simpy
 
 from servesim.scheduler.bulk.interface import DecodeRuns
+from servesim.scheduler.hashing import TokenProvenance
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.fastpath.deferred import DeferredRuns
+from servesim.simulator.fastpath.planned_reads import PlannedReads
 from servesim.simulator.fastpath.runs import RunApplier
 from servesim.simulator.fastpath.timeline import RunClock, Timeline, batch_at, exact_delays
 
@@ -60,6 +62,7 @@ class MacroPlanner:
         # The next arrival from outside; 0 = unknown (a run then never starts).
         self.next_arrival_s = 0.0
         self.arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
+        self.reads: PlannedReads | None = None  # a state-reading router's, with deferred runs
 
     # --- RunPlanner: what the engine calls ---------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -84,8 +87,21 @@ class MacroPlanner:
     def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
         self.arrival_bound = bound
 
-    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None, reads_state: bool = False) -> None:
+        if reads_state:  # the router reads KV usage or the prefix cache (fastpath/planned_reads.py)
+            self.reads = PlannedReads.for_runs(self.engine, self.runs, self.deferred)
+            if self.reads is None:
+                return  # not answered from this bulk path's plans: runs are not deferred
         self.deferred.collides = collides
+
+    def planned_kv_usage(self) -> float:
+        assert self.reads is not None, "a router read KV usage of a deferred run it did not announce"
+        return self.reads.kv_usage()
+
+    def planned_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
+                              provenance: TokenProvenance | None) -> int:
+        assert self.reads is not None, "a router read the prefix cache of a deferred run it did not announce"
+        return self.reads.cached_prefix_tokens(token_ids, lora_id, provenance)
 
     # --- counters (tests and benchmarks read them) ---------------------------------------------------
     @property

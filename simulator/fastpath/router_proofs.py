@@ -51,6 +51,11 @@ class RouterProof(Protocol):
     # router that reads nothing (round_robin) leaves it False: its arrivals_unread already names
     # each replica's own next arrival exactly, and deferring would only add the waiting.
     reads_only_load: bool
+    # True: a decision reads a candidate's KV usage and prefix cache as well as its load, and only
+    # through Engine.kv_usage, Engine.cached_prefix_tokens and Engine.num_outstanding, which a
+    # replica with a deferred run answers from its plan as stepping shows them (fastpath/
+    # planned_reads.py): its runs may be deferred as reads_only_load's are.
+    reads_planned_state: bool
 
     def arrivals_elsewhere(self, candidate: int, load: int, candidates: Sequence[Replica],
                            upcoming: Sequence[RequestSpec], first: int) -> int:
@@ -89,6 +94,7 @@ class RoundRobinProof:
 
     reads_all_candidates = False
     reads_only_load = False
+    reads_planned_state = False
 
     def __init__(self, router: RoundRobin) -> None:
         self._router = router
@@ -106,6 +112,7 @@ class LeastOutstandingProof:
 
     reads_all_candidates = True
     reads_only_load = True
+    reads_planned_state = False
 
     def __init__(self, router: Router) -> None:
         pass
@@ -130,6 +137,30 @@ def requests_before_win(candidate: int, load: int, candidates: Sequence[Replica]
     return need + sum([load - n for n in loads[candidate + 1:] if n < load])
 
 
+class StateReadingProof:
+    """least_kv and prefix_aware read every candidate's KV usage or prefix cache, which change
+    within a run, so no decision is proved to go elsewhere; what they read, a replica with a
+    deferred run answers from its plan (fastpath/planned_reads.py), so those runs go on through
+    the arrivals routed elsewhere. Stateless."""
+
+    reads_all_candidates = True
+    reads_only_load = False
+    reads_planned_state = True
+
+    def __init__(self, router: Router) -> None:
+        pass
+
+    def arrivals_elsewhere(self, candidate, load, candidates, upcoming, first):
+        return 0  # every decision reads state a run changes
+
+    def arrivals_unread(self, candidate, candidates, upcoming, first):
+        return 0  # every decision reads every candidate
+
+
+ROUTER_PROOFS.add("least_kv", StateReadingProof)
+ROUTER_PROOFS.add("prefix_aware", StateReadingProof)
+
+
 @ROUTER_PROOFS.register("jsq_power_of_two")
 class PowerOfTwoProof:
     """A jsq_power_of_two decision reads only the loads of the pair it draws; the proof draws the
@@ -143,6 +174,7 @@ class PowerOfTwoProof:
 
     reads_all_candidates = False  # a decision reads only the two drawn
     reads_only_load = True  # ... and only their loads
+    reads_planned_state = False
 
     def __init__(self, router: PowerOfTwo) -> None:
         self._router = router
@@ -199,6 +231,7 @@ class SessionAffinityProof:
 
     reads_all_candidates = False  # a session's turn reads nothing; only the fallback reads loads
     reads_only_load = True
+    reads_planned_state = False
 
     def __init__(self, router: Router) -> None:
         self._pins: _SessionPins | None = None  # the arrival sequence's targets

@@ -1,0 +1,235 @@
+"""Planned reads: what a router that reads KV usage or the prefix cache sees of a replica whose run
+is deferred, exactly as stepping would show it.
+
+least_kv reads every replica's KV usage and prefix_aware every replica's prefix cache (both the
+load too) at every decision. A deferred run (fastpath/deferred.py) is planned, not applied, so the
+scheduler's own state is the run's start; these reads answer from the plan instead, and only the
+replica the request goes to applies its run (Engine.submit). Everything below is about one
+pending run, planned at a loop top at now_s with one step in flight, read at a dispatch time t:
+no update of a plan lands on a dispatch time, so j = bisect_left(upd_t, t) updates (0..j-1) and
+j + 1 schedules (0..j; schedule 0 at now_s, schedule i at update i - 1's time) precede the read,
+as in stepping, whatever the same-instant order of the dispatch and the loop top at now_s.
+
+KV usage (BlockPool.get_usage) is 1 - free / (num_gpu_blocks - 1), and during a plain decode run
+the free count moves only by the run's own operations (scheduler/bulk/kv.py, apply_decode_run):
+schedule i gives request r its block b when step i first needs it (c0 + i + 1 > (b - 1) x
+block_size: it holds cdiv(c0 + min(i + 1, n), block_size) blocks after schedule i, n the steps it
+is scheduled), and a request finishing at update u (the async skip-ahead's at update 0, a run
+through finishes' at update each[i]) drops one reference from each of its blocks; a block whose
+count reaches 0 is free again (the run's new blocks are its alone; prompt blocks it shares with
+another request are freed only by the last holder). So the free count after j updates and j + 1
+schedules is free0 - allocations(0..j) + freed(updates < j): KVDecodeRuns.decode_run_fit
+already proved no allocation of the run needs a block that was not free when it began.
+
+Prefix cache: the router's lookup (scheduler/prefix_lookup.py, gpu_prefix_hit) finds the
+longest run of leading prompt blocks whose hashes are in the map, stopping at the first miss m.
+The run's steps before t change that answer only by
+  - evicting a hit block: schedule i's allocations pop blocks from the front of the free queue
+    (the first allocations(0..j) of today's queue: decode_run_fit), and a popped block leaves the
+    map; a hit block that is free now and among them may shorten the hit;
+  - caching block m of a request under the miss's hash: an update caches the blocks its tokens
+    fill (AsyncScheduler), so block m of request r enters the map at update (m + 1) x block_size
+    - c0 - 1 (KVDecodeRuns.steps_before_caching: step s = that update + 1, before the read iff
+    s <= j); a hash not computed yet may match, one already computed is compared; the requests
+    the in-flight step's update finishes (skip-ahead) cache their last block there too.
+Frees keep a block's hash (it stays hit until evicted) and no run touches a block. Where neither
+can happen before t the lookup on the unapplied state is stepping's answer; otherwise the replica
+applies its run up to t first (DeferredRuns.apply_at, as a routed arrival would: exact) and is
+looked up then. A lookup may publish private blocks (KVCacheManager.note_lookup); the run's
+blocks cached after it enter the map directly instead of being published: the same map, since a
+private key is no other block's (block_pool.py, "Private blocks").
+
+Only the vLLM scheduler's bulk path (scheduler/bulk/vllm.py: one full-attention group) is read so;
+the planner defers no run under a state-reading router otherwise (MacroPlanner.defer_runs).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from servesim.scheduler.bulk.interface import DecodeRuns
+from servesim.scheduler.bulk.kv import KVDecodeRuns
+from servesim.scheduler.bulk.vllm import VllmDecodeRuns
+from servesim.scheduler.prefix_lookup import gpu_prefix_hit
+
+if TYPE_CHECKING:
+    from servesim.scheduler.hashing import TokenProvenance
+    from servesim.scheduler.kv.block import KVCacheBlock
+    from servesim.scheduler.request import Request
+    from servesim.scheduler.scheduler import Scheduler
+    from servesim.simulator.engine import Engine
+    from servesim.simulator.fastpath.deferred import DeferredRun, DeferredRuns
+
+
+class _RunBlocks:
+    """One pending run's KV block arithmetic, derived when first read (nothing of the replica
+    changes between the plan and its application but what a read publishes, which moves no
+    block): the free count before it and each request's (c0, blocks held, steps scheduled);
+    the blocks freed by the updates that finish requests, and those requests the in-flight
+    step's update finishes (skip-ahead), when first asked."""
+
+    def __init__(self, plan: DeferredRun, sched: Scheduler, block_size: int) -> None:
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        assert mgr is not None
+        held_of = mgr.req_to_blocks
+        self.plan, self.sched, self.block_size = plan, sched, block_size
+        self.free0 = kvm.block_pool.free_block_queue.num_free_blocks
+        never = plan.max_steps  # scheduled in every step the run can reach
+        each = plan.each
+        self.starts = [(r.num_computed_tokens, len(held_of.get(r.request_id, ())),
+                        never if each is None else each[i]) for i, r in enumerate(plan.reqs)]
+        self._skipped: list[Request] | None = None
+        self._cached_floor: int | None = None
+        self.fin_update: list[int] | None = None
+        self.fin_cum: list[int] = []
+
+    def skipped(self) -> list[Request]:
+        """The requests the in-flight step's update finishes (skip-ahead: in no step of the run)."""
+        if self._skipped is None:
+            if self.plan.load_drop:
+                in_run = {id(r) for r in self.plan.reqs}
+                self._skipped = [r for r in self.sched.running if id(r) not in in_run]
+            else:
+                self._skipped = []
+        return self._skipped
+
+    def cached_floor(self) -> int:
+        """The fewest blocks any request of the run (skip-ahead ones included) has cached: none
+        of them caches a block below it again."""
+        if self._cached_floor is None:
+            mgr = self.sched.kv_cache_manager._single_full
+            assert mgr is not None
+            cached = mgr.num_cached_block
+            self._cached_floor = min([cached.get(r.request_id, 0) for r in self.plan.reqs]
+                                     + [cached.get(r.request_id, 0) for r in self.skipped()])
+        return self._cached_floor
+
+    def allocations(self, j: int) -> int:
+        """Blocks schedules 0..j allocate."""
+        bs, out = self.block_size, 0
+        for c0, held, n in self.starts:
+            need = -(-(c0 + min(j + 1, n)) // bs) - held
+            if need > 0:
+                out += need
+        return out
+
+    def free_blocks(self, j: int) -> int:
+        """Free blocks after schedules 0..j and updates 0..j-1."""
+        if self.fin_update is None:
+            self._derive_frees()
+        assert self.fin_update is not None
+        k = bisect_left(self.fin_update, j)  # the finishes at updates before j
+        return self.free0 - self.allocations(j) + (self.fin_cum[k - 1] if k else 0)
+
+    def _derive_frees(self) -> None:
+        """fin_update (ascending) and fin_cum: the blocks freed by the finishes at those updates
+        and before (a block is freed by the last finisher holding it)."""
+        plan, bs = self.plan, self.block_size
+        mgr = self.sched.kv_cache_manager._single_full
+        assert mgr is not None
+        held_of = mgr.req_to_blocks
+        finishers: list[tuple[int, Sequence[KVCacheBlock], int]] = [
+            (0, held_of.get(r.request_id, ()), 0) for r in self.skipped()]
+        if plan.each is not None:
+            for r, (c0, held, n) in zip(plan.reqs, self.starts):
+                if n < plan.max_steps:  # finishes at update n (a run through finishes)
+                    finishers.append((n, held_of.get(r.request_id, ()), max(0, -(-(c0 + n) // bs) - held)))
+        finishers.sort(key=lambda f: f[0])  # stable: the order within an update changes no count
+        refs: dict[int, int] = {}  # references left on a held block, where finishes dropped some
+        self.fin_update = []
+        total = 0
+        for u, held_blocks, new in finishers:
+            freed = new  # the run's new blocks are the finisher's alone
+            for b in held_blocks:
+                if b.is_null:
+                    continue
+                left = refs.get(b.block_id, b.ref_cnt) - 1
+                refs[b.block_id] = left
+                freed += left == 0
+            total += freed
+            self.fin_update.append(u)
+            self.fin_cum.append(total)
+
+
+class PlannedReads:
+    """A state-reading router's reads of one engine, answered from its pending deferred run."""
+
+    def __init__(self, engine: Engine, deferred: DeferredRuns, kv: KVDecodeRuns, sched: Scheduler) -> None:
+        self.engine = engine
+        self.sched = sched  # the engine's (vLLM) scheduler
+        self.deferred = deferred
+        self.kv = kv
+        self._blocks: _RunBlocks | None = None  # of the last plan read
+        self.num_reads_applied = 0  # prefix reads that applied the pending run first
+
+    @staticmethod
+    def for_runs(engine: Engine, runs: DecodeRuns, deferred: DeferredRuns) -> PlannedReads | None:
+        """The planned reads of an engine whose runs are deferred behind a state-reading router;
+        None where they are not answered (a bulk path other than vLLM's: its runs then step past
+        no arrival). Turns off the deferred runs' commuting arrivals (DeferredRuns.apply_at): an
+        update applied before its time caches blocks a later prefix read would see early."""
+        if not isinstance(runs, VllmDecodeRuns):
+            return None
+        deferred.commuting_arrivals = False
+        return PlannedReads(engine, deferred, runs.kv, runs.scheduler)
+
+    def _run_blocks(self, plan: DeferredRun) -> _RunBlocks:
+        blocks = self._blocks
+        if blocks is None or blocks.plan is not plan:
+            blocks = self._blocks = _RunBlocks(plan, self.sched, self.kv.kvm.block_size)
+        return blocks
+
+    def _updates_before_now(self, plan: DeferredRun) -> int:
+        now = self.engine.env.now
+        j = bisect_left(plan.upd_t, now)
+        assert j < len(plan.upd_t) and plan.upd_t[j] > now, "a deferred run read past its end or at an update"
+        return j
+
+    def kv_usage(self) -> float:
+        """The KV usage stepping shows now (the module docstring)."""
+        plan = self.deferred.pending
+        assert plan is not None
+        j = self._updates_before_now(plan)
+        return self.kv.usage_at(self._run_blocks(plan).free_blocks(j))
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
+                             provenance: TokenProvenance | None) -> int:
+        """The scheduler's cached_prefix_tokens as stepping shows it now: looked up on the
+        unapplied state where the run's steps before now cannot change it, after applying them
+        otherwise (the module docstring)."""
+        engine, sched = self.engine, self.sched
+        plan = self.deferred.pending
+        assert plan is not None
+        blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
+        if probe is None or self._unchanged(plan, self._updates_before_now(plan), blocks[0], hit, probe,
+                                            len(token_ids)):
+            return hit
+        self.num_reads_applied += 1
+        self.deferred.apply_at(engine.env.now, engine.in_flight, routed=False)
+        return sched.cached_prefix_tokens(token_ids, lora_id, provenance)
+
+    def _unchanged(self, plan: DeferredRun, j: int, hit_blocks: Sequence[KVCacheBlock], hit: int, probe: Request,
+                   num_prompt_tokens: int) -> bool:
+        """Whether the run's schedules 0..j and updates 0..j-1 leave this lookup's answer alone."""
+        kv = self.kv
+        bs = kv.kvm.block_size
+        run = self._run_blocks(plan)
+        free_hits = {b.block_id for b in hit_blocks if not b.ref_cnt}
+        if free_hits:
+            popped = run.allocations(j)
+            if popped and kv.kvm.block_pool.free_block_queue.index_of_first(free_hits, popped) < popped:
+                return False  # an allocation evicts a hit block
+        m = hit // bs  # the first block missed
+        if m >= min(num_prompt_tokens - 1, probe.num_tokens) // bs:
+            return True  # the lookup never looks at block m (the last prompt token is recomputed)
+        if m < run.cached_floor():
+            return True  # every request of the run has cached its block m already
+        miss = probe.block_hashes[m]
+        if kv.steps_before_caching(plan.reqs, j + 1, m, miss) <= j:
+            return False
+        if j == 0 or not plan.load_drop:
+            return True
+        return kv.steps_before_caching(run.skipped(), 2, m, miss) > 1
