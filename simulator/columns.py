@@ -11,24 +11,45 @@ list (objects: ids, reasons, a request's inter-token gaps). `t[name]` always ans
 (an object array for a list, built once); `t[mask]` keeps the rows where a boolean array is true
 (the table itself when it is true everywhere). A Columns is read-only: no reader changes a column
 in place (the arrays are shared between a table and its selections).
+
+A list column of float arrays may come with its values laid end to end in one buffer (`flat`: a
+FlatList, e.g. every request's inter-token gaps, which the summary pools and the result file
+stores as one list array): readers of every row take the buffer rather than concatenating the
+rows again, and a row range (`rows`) keeps its part of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(slots=True, frozen=True)
+class FlatList:
+    """A list column's float arrays laid end to end: row i is values[offsets[i]:offsets[i + 1]]
+    (offsets int64, one more than the rows, offsets[0] == 0). Read-only: the rows are views of it."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def rows(self, start: int, stop: int) -> FlatList:
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        return FlatList(self.values[first:last], self.offsets[start:stop + 1] - first)
 
 
 class Columns:
     """Named columns of one length, in order (see the module docstring)."""
 
-    __slots__ = ("columns", "_data", "_arrays", "_len", "_none")
+    __slots__ = ("columns", "_data", "_arrays", "_len", "_none", "_flat")
 
     def __init__(self, data: dict[str, np.ndarray | list], columns: Sequence[str] | None = None,
-                 none_in_frame: Iterable[str] = ()) -> None:
+                 none_in_frame: Iterable[str] = (), flat: dict[str, FlatList] | None = None) -> None:
         """`none_in_frame`: float columns whose every value is missing, which the frame shows as
-        None (object), as pandas types a column of None alone (float_column says which)."""
+        None (object), as pandas types a column of None alone (float_column says which). `flat`:
+        list columns whose rows are exactly the slices of a FlatList (the rows' values as they are
+        in the list: the FlatList is the same values, not other ones)."""
         self.columns: list[str] = list(data) if columns is None else list(columns)
         lengths = {len(data[name]) for name in self.columns}
         if len(lengths) > 1:
@@ -37,6 +58,10 @@ class Columns:
         self._arrays: dict[str, np.ndarray] = {}
         self._len = lengths.pop() if lengths else 0
         self._none = frozenset(none_in_frame)
+        self._flat = dict(flat or {})
+        for name, fl in self._flat.items():
+            if len(fl.offsets) != self._len + 1:
+                raise ValueError(f"column {name!r}: {len(fl.offsets) - 1} flat rows, the table has {self._len}")
 
     @staticmethod
     def of_frame(frame) -> Columns:
@@ -61,6 +86,15 @@ class Columns:
     @property
     def empty(self) -> bool:
         return self._len == 0
+
+    def flat(self, name: str) -> FlatList | None:
+        """The list column's rows laid end to end in one buffer, where the table has it (None: not kept)."""
+        return self._flat.get(name)
+
+    def rows(self, start: int, stop: int) -> Columns:
+        """Rows start..stop-1 (slices: views of the arrays, flat buffers kept)."""
+        data = {name: self._data[name][start:stop] for name in self.columns}
+        return Columns(data, self.columns, self._none, {n: fl.rows(start, stop) for n, fl in self._flat.items()})
 
     def raw(self, name: str) -> np.ndarray | list:
         """The column as stored (a list stays a list)."""

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.simulator.columns import Columns, float_column
+from servesim.simulator.columns import Columns, FlatList, float_column
+from servesim.simulator.order_stats import percentiles
 from servesim.simulator.request_records import MetricsRecorder, RequestRecord
 from servesim.simulator.step_table import StepTable
 
@@ -70,8 +71,12 @@ class MetricsCollector(MetricsRecorder):
         (columns() keeps one)."""
         records = list(self.requests.values())
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
-        for r, itl in zip(stale, _itl_lists(stale)):
+        pooled = _pooled_gaps(stale)
+        for r, itl in zip(stale, _gap_views(pooled)):
             r.itl_s = itl
+        # Every row's gaps are views of the one pooled buffer, in row order: the table keeps it, so
+        # the summary and the result file read it rather than concatenating the rows again.
+        flat = {"itl_s": pooled} if len(stale) == len(records) else {}
         for r in records:
             if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
@@ -81,6 +86,7 @@ class MetricsCollector(MetricsRecorder):
             for r in records:
                 _append_row(rows, r, r.itl_s)
             column: Callable[[str], list] = rows.pop  # each list dropped once converted
+            flat = {}  # a rejected or timed-out row's gaps are left out ([]): not the pooled rows
         else:  # every request completed (or is still running): one comprehension per column, when asked
             built = _completed_columns(records)
 
@@ -98,7 +104,7 @@ class MetricsCollector(MetricsRecorder):
                 data[name] = np.array(column(name), dtype=np.int64)
             else:
                 data[name] = column(name)
-        return Columns(data, REQUEST_COLUMNS, all_none)
+        return Columns(data, REQUEST_COLUMNS, all_none, flat)
 
     def requests_frame(self) -> pd.DataFrame:
         """A new requests frame (tables() keeps one)."""
@@ -227,27 +233,46 @@ def _series(start: np.ndarray | None, values: list, ticks: np.ndarray) -> dict[s
             "prefill_tokens_per_s": per_s[0], "decode_tokens_per_s": per_s[1]}
 
 
-def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:
-    """Each request's inter-token gaps: one np.diff over every request's token times laid end to end,
-    then a slice per request (a gap inside a slice is the same subtraction np.diff per request made;
-    the gap that straddles two requests is never taken). Converting each request's times to an array
-    separately cost more than the whole rest of the frame.
+def _pooled_gaps(records: list[RequestRecord]) -> FlatList:
+    """Every request's inter-token gaps laid end to end (request order), with each request's
+    offsets: one np.diff over every request's token times laid end to end, less the gaps that
+    straddle two requests (a gap kept is the same subtraction np.diff per request made). Converting
+    each request's times to an array separately cost more than the whole rest of the frame.
 
-    A slice is a view of the one gaps array (8 bytes a gap; as lists of floats a cluster hour's
-    65 M gaps took ~2 GB per frame); a request with no gap gets [] as before, so a column with no
-    gap at all keeps its parquet type. requests.parquet is byte-identical either way."""
+    Read-only: each request's itl_s is a view of it (_gap_views; 8 bytes a gap: as lists of floats
+    a cluster hour's 65 M gaps took ~2 GB per frame), and the summary's statistics and
+    requests.parquet's list column read the buffer itself."""
     lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
     # the arrays' buffers laid end to end in one copy (bytes.join reads each array's buffer: no
     # numpy view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
     flat = np.frombuffer(b"".join([r.token_times_s for r in records]), dtype=np.float64)
-    gaps = np.diff(flat) if flat.size else flat
-    ends = np.cumsum(lens).tolist()
-    return [gaps[e - n:e - 1] if n > 1 else [] for e, n in zip(ends, lens.tolist())]
+    num_gaps = np.maximum(lens - 1, 0)
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum(num_gaps, out=offsets[1:])
+    if flat.size > 1:
+        gaps = np.diff(flat)
+        firsts = (np.cumsum(lens) - lens)[(lens > 0)][1:]  # each request's first token but the first's
+        if firsts.size:  # the gap into a request's first token straddles two requests
+            keep = np.ones(gaps.size, dtype=bool)
+            keep[firsts - 1] = False
+            gaps = gaps[keep]
+    else:
+        gaps = np.empty(0)
+    del flat
+    gaps.flags.writeable = False
+    return FlatList(gaps, offsets)
+
+
+def _gap_views(pooled: FlatList) -> list[np.ndarray | list]:
+    """Each request's gaps: a view of the pooled buffer; [] for a request with none (so a column
+    with no gap at all keeps its parquet type). requests.parquet is byte-identical either way."""
+    values, ends = pooled.values, pooled.offsets.tolist()
+    return [values[a:b] if b > a else [] for a, b in zip(ends[:-1], ends[1:])]
 
 
 def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list) -> None:
     """One request's values onto the requests-frame columns (completed, rejected or timed out);
-    `itl` is its inter-token gaps (_itl_lists)."""
+    `itl` is its inter-token gaps (_gap_views)."""
     times = r.token_times_s
     n = len(times)
     if r.status == "timed_out" or r.reject_reason is not None:
@@ -343,10 +368,8 @@ def stats(values, scratch: bool = False) -> dict:
     if arr.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "count": 0}
     out = {"mean": float(arr.mean())}
-    # All four in one call: one partition of the array, not four (each value is the same interpolation).
-    for p, value in zip(PERCENTILES, np.percentile(arr, PERCENTILES, overwrite_input=own).tolist()):
+    # All four from one selection (each value numpy's own percentile: simulator/order_stats.py).
+    for p, value in zip(PERCENTILES, percentiles(arr, PERCENTILES, own=own)):
         out[f"p{p}"] = value
     out["count"] = int(arr.size)
     return out
-
-
