@@ -86,9 +86,10 @@ class MetricsCollector(MetricsRecorder):
             for r in records:
                 _append_row(rows, r, r.itl_s)
             column: Callable[[str], list] = rows.pop  # each list dropped once converted
+            pending: dict = rows
             flat = {}  # a rejected or timed-out row's gaps are left out ([]): not the pooled rows
         else:  # every request completed (or is still running): one comprehension per column, when asked
-            built = _completed_columns(records)
+            built = pending = _completed_columns(records)
 
             def column(name: str) -> list:
                 return built.pop(name)()
@@ -96,7 +97,13 @@ class MetricsCollector(MetricsRecorder):
         all_none: list[str] = []
         for name in REQUEST_COLUMNS:
             kind = _REQUEST_KINDS.get(name)
-            if kind == "f":
+            event = _SINCE_ARRIVAL.get(name)
+            if event is not None:  # every row's event time less its arrival: NaN where the event is
+                pending.pop(name, None)  # missing (as _sub's None), missing everywhere where it is
+                data[name] = data[event] - data["arrival_s"]
+                if event in all_none:
+                    all_none.append(name)
+            elif kind == "f":
                 data[name], missing = float_column(column(name))
                 if missing:
                     all_none.append(name)
@@ -307,7 +314,8 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
 
 def _completed_columns(records: list[RequestRecord]) -> dict[str, Callable[[], list]]:
     """The requests-frame columns when no request timed out or was rejected, each built when called:
-    the very values _append_row's completed branch appends. request_columns converts each to its
+    the very values _append_row's completed branch appends (those since arrival are taken from the
+    columns: _SINCE_ARRIVAL). request_columns converts each to its
     array before building the next, so one column's Python objects exist at a time (1 M requests:
     ~30 MB a column of floats, not ~600 MB for all of them)."""
     n_out = [len(r.token_times_s) for r in records]
@@ -317,11 +325,8 @@ def _completed_columns(records: list[RequestRecord]) -> dict[str, Callable[[], l
         "output_len_target": lambda: [r.output_len_target for r in records],
         "first_scheduled_s": lambda: [r.first_scheduled_s for r in records],
         "first_token_s": lambda: [r.first_token_s for r in records], "finish_s": lambda: [r.finish_s for r in records],
-        "queueing_s": lambda: [_sub(r.first_scheduled_s, r.arrival_s) for r in records],
-        "ttft_s": lambda: [_sub(r.first_token_s, r.arrival_s) for r in records],
         "tpot_s": lambda: [(r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) if n > 1 else None
                            for r, n in zip(records, n_out)],
-        "e2e_s": lambda: [_sub(r.finish_s, r.arrival_s) for r in records],
         "itl_s": lambda: [r.itl_s for r in records],
         "num_preemptions": lambda: [r.num_preemptions for r in records],
         "num_cached_tokens": lambda: [r.num_cached_tokens for r in records],
@@ -342,6 +347,9 @@ _REQUEST_KINDS = {"arrival_s": "f", "prompt_len": "i", "output_len": "i", "outpu
                   "first_scheduled_s": "f", "first_token_s": "f", "finish_s": "f", "queueing_s": "f",
                   "ttft_s": "f", "tpot_s": "f", "e2e_s": "f", "num_preemptions": "i", "num_cached_tokens": "i",
                   "grammar_wait_s": "f", "input_wait_s": "f"}
+# Columns that are an event's time less the arrival, by the event's column: computed on the
+# columns (the same float64 subtraction per row as _sub, NaN where the event is missing), after both.
+_SINCE_ARRIVAL = {"queueing_s": "first_scheduled_s", "ttft_s": "first_token_s", "e2e_s": "finish_s"}
 # Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
 _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
 

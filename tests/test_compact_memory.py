@@ -199,8 +199,11 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     rows.to_parquet(tmp_path / "b.parquet")
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
     one = dataclasses.replace(records[0], finish_s=None, finish_reason=None)
-    built = {name: column() for name, column in M._completed_columns([one]).items()}  # each built when called
-    pd.testing.assert_frame_equal(pd.DataFrame(built, columns=M.REQUEST_COLUMNS), _rows([one]))
+    alone = M.MetricsCollector()
+    alone.requests = {one.request_id: one}
+    pd.testing.assert_frame_equal(alone.requests_frame(), _rows([one]))
+    # every column built when called: those since arrival come from the columns, not from these
+    assert set(M._completed_columns([one])) == set(M.REQUEST_COLUMNS) - set(M._SINCE_ARRIVAL)
 
 
 def _rows(records):
