@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 PERCENTILES = (50, 90, 95, 99)
+# Rows of the requests table built per chunk when the records are released as they go
+# (request_columns(release=True)): small enough that a chunk's Python objects are a few MB.
+RELEASE_ROWS = 65_536
 
 
 class MetricsCollector(MetricsRecorder):
@@ -34,20 +37,22 @@ class MetricsCollector(MetricsRecorder):
         self._tables: RunTables | None = None  # its frames, likewise (tables())
         # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
         self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
+        self._released = False  # the records went into columns() (request_columns(release=True))
 
     # --- tables -------------------------------------------------------------------------------
-    def columns(self) -> RunColumns:
+    def columns(self, release: bool = False) -> RunColumns:
         """The requests and steps as columns (simulator/columns.py: no pandas), built once and kept:
         for after the run, when the records no longer change (the summary, the result files and
         the frames share them; they hold every inter-token gap, so building them again per
         reader set the peak memory of long runs). The run's step rows move into them (viewed,
-        not copied: ~44 MB on the Azure hour)."""
+        not copied: ~44 MB on the Azure hour). `release`: the records go as the table is built
+        (request_columns): for a run whose records nobody reads again (running.py's replay)."""
         if self._columns is None:
             if self._adopted_steps is not None:
                 steps = Columns.of_frame(self._adopted_steps[0])
             else:
                 steps = StepTable.move_to_columns([self.steps])
-            self._columns = RunColumns(self.request_columns(), steps)
+            self._columns = RunColumns(self.request_columns(release), steps)
         return self._columns
 
     def tables(self) -> RunTables:
@@ -66,51 +71,48 @@ class MetricsCollector(MetricsRecorder):
         self._adopted_steps = (steps, steps.copy(deep=False))
         self._tables = self._columns = None  # built before (if at all), they hold other steps
 
-    def request_columns(self) -> Columns:
+    def request_columns(self, release: bool = False) -> Columns:
         """The requests table (REQUEST_COLUMNS) built anew, column by column, never a dict per row
-        (columns() keeps one)."""
-        records = list(self.requests.values())
+        (columns() keeps one). `release`: for after the run, when nothing reads the records again
+        (columns(release=True)): the collector lets go of them and each chunk of RELEASE_ROWS
+        rows' records is dropped once its rows are columns, so the records and the table are
+        never both whole in memory (a 1 M-request run: ~0.3 GB each)."""
+        if self._released:
+            assert self._columns is not None
+            return self._columns.requests
+        records: list = list(self.requests.values())
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
         pooled = _pooled_gaps(stale)
-        for r, itl in zip(stale, _gap_views(pooled)):
-            r.itl_s = itl
+        views = _gap_views(pooled)
         # Every row's gaps are views of the one pooled buffer, in row order: the table keeps it, so
         # the summary and the result file read it rather than concatenating the rows again.
         flat = {"itl_s": pooled} if len(stale) == len(records) else {}
+        if release and flat:  # the records go: no need to keep each one's gaps on it
+            itls = views
+        else:  # kept on the records: a cluster's merged table reuses its replicas' (cluster/results.py)
+            for r, itl in zip(stale, views):
+                r.itl_s = itl
+            itls = [r.itl_s for r in records]
+        del views, stale
         for r in records:
             if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
-        if any(r.status == "timed_out" or r.reject_reason is not None for r in records):
-            rows: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
-            for r in records:
-                _append_row(rows, r, r.itl_s)
-            column: Callable[[str], list] = rows.pop  # each list dropped once converted
-            pending: dict = rows
+        by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in records)
+        if by_row:
             flat = {}  # a rejected or timed-out row's gaps are left out ([]): not the pooled rows
-        else:  # every request completed (or is still running): one comprehension per column, when asked
-            built = pending = _completed_columns(records)
-
-            def column(name: str) -> list:
-                return built.pop(name)()
-        data: dict[str, np.ndarray | list] = {}
-        all_none: list[str] = []
-        for name in REQUEST_COLUMNS:
-            kind = _REQUEST_KINDS.get(name)
-            event = _SINCE_ARRIVAL.get(name)
-            if event is not None:  # every row's event time less its arrival: NaN where the event is
-                pending.pop(name, None)  # missing (as _sub's None), missing everywhere where it is
-                data[name] = data[event] - data["arrival_s"]
-                if event in all_none:
-                    all_none.append(name)
-            elif kind == "f":
-                data[name], missing = float_column(column(name))
-                if missing:
-                    all_none.append(name)
-            elif kind == "i":
-                data[name] = np.array(column(name), dtype=np.int64)
-            else:
-                data[name] = column(name)
+        if release:  # (cleared, not replaced: whoever holds the dict lets go of them too)
+            self.requests.clear()
+            self._released = True
+        step = RELEASE_ROWS if release else max(len(records), 1)
+        parts = []
+        for start in range(0, len(records), step):
+            stop = min(start + step, len(records))
+            parts.append(_request_part(records[start:stop], itls[start:stop], by_row))
+            if release:
+                records[start:stop] = [None] * (stop - start)
+                itls[start:stop] = [None] * (stop - start)
+        data, all_none = _joined(parts) if parts else _request_part([], [], False)
         return Columns(data, REQUEST_COLUMNS, all_none, flat)
 
     def requests_frame(self) -> pd.DataFrame:
@@ -312,7 +314,59 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
         cols[c].append(v)
 
 
-def _completed_columns(records: list[RequestRecord]) -> dict[str, Callable[[], list]]:
+def _request_part(records: list[RequestRecord], itls: list, by_row: bool) -> tuple[dict, list[str]]:
+    """Some requests' rows of the requests table as columns, and the float columns all missing
+    in them (request_columns); `itls` each request's gaps, `by_row`: some request of the run timed
+    out or was rejected (the row path, _append_row)."""
+    if by_row:
+        rows: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
+        for r, itl in zip(records, itls):
+            _append_row(rows, r, itl)
+        column: Callable[[str], list] = rows.pop  # each list dropped once converted
+        pending: dict = rows
+    else:  # every request completed (or is still running): one comprehension per column, when asked
+        built = pending = _completed_columns(records, itls)
+
+        def column(name: str) -> list:
+            return built.pop(name)()
+    data: dict[str, np.ndarray | list] = {}
+    all_none: list[str] = []
+    for name in REQUEST_COLUMNS:
+        kind = _REQUEST_KINDS.get(name)
+        event = _SINCE_ARRIVAL.get(name)
+        if event is not None:  # every row's event time less its arrival: NaN where the event is
+            pending.pop(name, None)  # missing (as _sub's None), missing everywhere where it is
+            data[name] = data[event] - data["arrival_s"]
+            if event in all_none:
+                all_none.append(name)
+        elif kind == "f":
+            data[name], missing = float_column(column(name))
+            if missing:
+                all_none.append(name)
+        elif kind == "i":
+            data[name] = np.array(column(name), dtype=np.int64)
+        else:
+            data[name] = column(name)
+    return data, all_none
+
+
+def _joined(parts: list[tuple[dict, list[str]]]) -> tuple[dict, list[str]]:
+    """Consecutive row chunks' columns as one table's (a float column all missing where it is in
+    every chunk, as float_column says of the whole)."""
+    if len(parts) == 1:
+        return parts[0]
+    data: dict[str, np.ndarray | list] = {}
+    for name in REQUEST_COLUMNS:
+        pieces = [p[0].pop(name) for p in parts]
+        if isinstance(pieces[0], np.ndarray):
+            data[name] = np.concatenate(pieces)
+        else:
+            data[name] = [v for piece in pieces for v in piece]
+        del pieces
+    return data, [name for name in parts[0][1] if all(name in p[1] for p in parts)]
+
+
+def _completed_columns(records: list[RequestRecord], itls: list) -> dict[str, Callable[[], list]]:
     """The requests-frame columns when no request timed out or was rejected, each built when called:
     the very values _append_row's completed branch appends (those since arrival are taken from the
     columns: _SINCE_ARRIVAL). request_columns converts each to its
@@ -327,7 +381,7 @@ def _completed_columns(records: list[RequestRecord]) -> dict[str, Callable[[], l
         "first_token_s": lambda: [r.first_token_s for r in records], "finish_s": lambda: [r.finish_s for r in records],
         "tpot_s": lambda: [(r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) if n > 1 else None
                            for r, n in zip(records, n_out)],
-        "itl_s": lambda: [r.itl_s for r in records],
+        "itl_s": lambda: itls,
         "num_preemptions": lambda: [r.num_preemptions for r in records],
         "num_cached_tokens": lambda: [r.num_cached_tokens for r in records],
         "finish_reason": lambda: [r.finish_reason for r in records],

@@ -203,7 +203,7 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     alone.requests = {one.request_id: one}
     pd.testing.assert_frame_equal(alone.requests_frame(), _rows([one]))
     # every column built when called: those since arrival come from the columns, not from these
-    assert set(M._completed_columns([one])) == set(M.REQUEST_COLUMNS) - set(M._SINCE_ARRIVAL)
+    assert set(M._completed_columns([one], [one.itl_s])) == set(M.REQUEST_COLUMNS) - set(M._SINCE_ARRIVAL)
 
 
 def _rows(records):
