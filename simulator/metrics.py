@@ -37,7 +37,7 @@ class MetricsCollector(MetricsRecorder):
         self._tables: RunTables | None = None  # its frames, likewise (tables())
         # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
         self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
-        self._released = False  # the records went into columns() (request_columns(release=True))
+        self._released: Columns | None = None  # the table the records went into (request_columns(release=True))
 
     # --- tables -------------------------------------------------------------------------------
     def columns(self, release: bool = False) -> RunColumns:
@@ -77,9 +77,8 @@ class MetricsCollector(MetricsRecorder):
         (columns(release=True)): the collector lets go of them and each chunk of RELEASE_ROWS
         rows' records is dropped once its rows are columns, so the records and the table are
         never both whole in memory (a 1 M-request run: ~0.3 GB each)."""
-        if self._released:
-            assert self._columns is not None
-            return self._columns.requests
+        if self._released is not None:
+            return self._released
         records: list = list(self.requests.values())
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
         pooled = _pooled_gaps(stale)
@@ -103,7 +102,6 @@ class MetricsCollector(MetricsRecorder):
             flat = {}  # a rejected or timed-out row's gaps are left out ([]): not the pooled rows
         if release:  # (cleared, not replaced: whoever holds the dict lets go of them too)
             self.requests.clear()
-            self._released = True
         step = RELEASE_ROWS if release else max(len(records), 1)
         parts = []
         for start in range(0, len(records), step):
@@ -113,7 +111,10 @@ class MetricsCollector(MetricsRecorder):
                 records[start:stop] = [None] * (stop - start)
                 itls[start:stop] = [None] * (stop - start)
         data, all_none = _joined(parts) if parts else _request_part([], [], False)
-        return Columns(data, REQUEST_COLUMNS, all_none, flat)
+        table = Columns(data, REQUEST_COLUMNS, all_none, flat)
+        if release:
+            self._released = table
+        return table
 
     def requests_frame(self) -> pd.DataFrame:
         """A new requests frame (tables() keeps one)."""
