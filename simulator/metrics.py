@@ -80,36 +80,32 @@ class MetricsCollector(MetricsRecorder):
         if self._released is not None:
             return self._released
         records: list = list(self.requests.values())
-        stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
-        pooled = _pooled_gaps(stale)
-        views = _gap_views(pooled)
-        # Every row's gaps are views of the one pooled buffer, in row order: the table keeps it, so
-        # the summary and the result file read it rather than concatenating the rows again.
-        flat = {"itl_s": pooled} if len(stale) == len(records) else {}
-        if release and flat:  # the records go: no need to keep each one's gaps on it
-            itls = views
-        else:  # kept on the records: a cluster's merged table reuses its replicas' (cluster/results.py)
-            for r, itl in zip(stale, views):
-                r.itl_s = itl
-            itls = [r.itl_s for r in records]
-        del views, stale
         for r in records:
             if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
         by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in records)
-        if by_row:
-            flat = {}  # a rejected or timed-out row's gaps are left out ([]): not the pooled rows
+        stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
+        pooled = _pooled_gaps(stale)
+        # Every row's gaps are views of the one pooled buffer, in row order: the table keeps it, so
+        # the summary and the result file read it rather than concatenating the rows again (a
+        # rejected or timed-out row's gaps are left out, []: then not the pooled rows).
+        flat = {"itl_s": pooled} if len(stale) == len(records) and not by_row else {}
+        itls: list | None = None  # released with the buffer kept: the table builds the views if read
+        if not (release and flat):  # kept on the records: a cluster's merged table reuses its
+            for r, itl in zip(stale, pooled.row_list()):  # replicas' (cluster/results.py)
+                r.itl_s = itl
+            itls = [r.itl_s for r in records]
+        del stale
         if release:  # (cleared, not replaced: whoever holds the dict lets go of them too)
             self.requests.clear()
         step = RELEASE_ROWS if release else max(len(records), 1)
         parts = []
         for start in range(0, len(records), step):
             stop = min(start + step, len(records))
-            parts.append(_request_part(records[start:stop], itls[start:stop], by_row))
+            parts.append(_request_part(records[start:stop], None if itls is None else itls[start:stop], by_row))
             if release:
                 records[start:stop] = [None] * (stop - start)
-                itls[start:stop] = [None] * (stop - start)
         data, all_none = _joined(parts) if parts else _request_part([], [], False)
         table = Columns(data, REQUEST_COLUMNS, all_none, flat)
         if release:
@@ -249,7 +245,7 @@ def _pooled_gaps(records: list[RequestRecord]) -> FlatList:
     straddle two requests (a gap kept is the same subtraction np.diff per request made). Converting
     each request's times to an array separately cost more than the whole rest of the frame.
 
-    Read-only: each request's itl_s is a view of it (_gap_views; 8 bytes a gap: as lists of floats
+    Read-only: each request's itl_s is a view of it (FlatList.row_list; 8 bytes a gap: as lists of floats
     a cluster hour's 65 M gaps took ~2 GB per frame), and the summary's statistics and
     requests.parquet's list column read the buffer itself."""
     lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
@@ -273,16 +269,9 @@ def _pooled_gaps(records: list[RequestRecord]) -> FlatList:
     return FlatList(gaps, offsets)
 
 
-def _gap_views(pooled: FlatList) -> list[np.ndarray | list]:
-    """Each request's gaps: a view of the pooled buffer; [] for a request with none (so a column
-    with no gap at all keeps its parquet type). requests.parquet is byte-identical either way."""
-    values, ends = pooled.values, pooled.offsets.tolist()
-    return [values[a:b] if b > a else [] for a, b in zip(ends[:-1], ends[1:])]
-
-
 def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list) -> None:
     """One request's values onto the requests-frame columns (completed, rejected or timed out);
-    `itl` is its inter-token gaps (_gap_views)."""
+    `itl` is its inter-token gaps (FlatList.row_list)."""
     times = r.token_times_s
     n = len(times)
     if r.status == "timed_out" or r.reject_reason is not None:
@@ -315,10 +304,14 @@ def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list)
         cols[c].append(v)
 
 
-def _request_part(records: list[RequestRecord], itls: list, by_row: bool) -> tuple[dict, list[str]]:
+def _request_part(records: list[RequestRecord], itls: list | None, by_row: bool) -> tuple[dict, list[str]]:
     """Some requests' rows of the requests table as columns, and the float columns all missing
-    in them (request_columns); `itls` each request's gaps, `by_row`: some request of the run timed
-    out or was rejected (the row path, _append_row)."""
+    in them (request_columns); `itls` each request's gaps (None: no itl_s column, the table's
+    flat buffer holds it), `by_row`: some request of the run timed out or was rejected (the row
+    path, _append_row)."""
+    lazy_gaps = itls is None
+    if itls is None:
+        itls = [[]] * len(records)  # (not read: the column is dropped below)
     if by_row:
         rows: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
         for r, itl in zip(records, itls):
@@ -335,7 +328,9 @@ def _request_part(records: list[RequestRecord], itls: list, by_row: bool) -> tup
     for name in REQUEST_COLUMNS:
         kind = _REQUEST_KINDS.get(name)
         event = _SINCE_ARRIVAL.get(name)
-        if event is not None:  # every row's event time less its arrival: NaN where the event is
+        if name == "itl_s" and lazy_gaps:
+            pending.pop(name, None)
+        elif event is not None:  # every row's event time less its arrival: NaN where the event is
             pending.pop(name, None)  # missing (as _sub's None), missing everywhere where it is
             data[name] = data[event] - data["arrival_s"]
             if event in all_none:
@@ -358,6 +353,8 @@ def _joined(parts: list[tuple[dict, list[str]]]) -> tuple[dict, list[str]]:
         return parts[0]
     data: dict[str, np.ndarray | list] = {}
     for name in REQUEST_COLUMNS:
+        if name not in parts[0][0]:  # a column the table builds from its flat buffer
+            continue
         pieces = [p[0].pop(name) for p in parts]
         if isinstance(pieces[0], np.ndarray):
             data[name] = np.concatenate(pieces)

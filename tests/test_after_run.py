@@ -40,7 +40,7 @@ def test_pooled_gaps_are_each_requests_own_diffs_end_to_end():
     assert pooled.offsets.tolist() == [0, 0, 0, 1, 4, 4, 5, 5]
     assert pooled.values.tobytes() == np.concatenate(expected).tobytes()
     assert not pooled.values.flags.writeable  # the rows are views of it: nobody reorders it
-    views = M._gap_views(pooled)
+    views = pooled.row_list()
     for view, want in zip(views, expected):
         assert (view == [] if len(want) == 0 else view.tobytes() == want.tobytes())
     assert M._pooled_gaps([]).values.size == 0 and M._pooled_gaps([_record("a", [1.0])]).offsets.tolist() == [0, 0]
