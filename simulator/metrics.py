@@ -7,15 +7,16 @@ prefill tokens while they cover positions inside the prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.simulator.columns import Columns, FlatList, float_column
+from servesim.simulator.columns import Columns
 from servesim.simulator.order_stats import percentiles
-from servesim.simulator.request_records import MetricsRecorder, RequestRecord
+from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
+from servesim.simulator.request_table import REQUEST_COLUMNS, joined_parts, pooled_gaps, request_part  # noqa: F401
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class MetricsCollector(MetricsRecorder):
                 r.reject_reason = "exceeds_kv_pool"
         by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in records)
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
-        pooled = _pooled_gaps(stale)
+        pooled = pooled_gaps(stale)
         # Every row's gaps are views of the one pooled buffer, in row order: the table keeps it, so
         # the summary and the result file read it rather than concatenating the rows again (a
         # rejected or timed-out row's gaps are left out, []: then not the pooled rows).
@@ -103,10 +104,10 @@ class MetricsCollector(MetricsRecorder):
         parts = []
         for start in range(0, len(records), step):
             stop = min(start + step, len(records))
-            parts.append(_request_part(records[start:stop], None if itls is None else itls[start:stop], by_row))
+            parts.append(request_part(records[start:stop], None if itls is None else itls[start:stop], by_row))
             if release:
                 records[start:stop] = [None] * (stop - start)
-        data, all_none = _joined(parts) if parts else _request_part([], [], False)
+        data, all_none = joined_parts(parts) if parts else request_part([], [], False)
         table = Columns(data, REQUEST_COLUMNS, all_none, flat)
         if release:
             self._released = table
@@ -237,177 +238,6 @@ def _series(start: np.ndarray | None, values: list, ticks: np.ndarray) -> dict[s
     return {"running": np.where(valid, running[take], 0), "waiting": np.where(valid, waiting[take], 0),
             "kv_cache_pct": np.where(valid, 100.0 * kv_usage[take], 0.0),
             "prefill_tokens_per_s": per_s[0], "decode_tokens_per_s": per_s[1]}
-
-
-def _pooled_gaps(records: list[RequestRecord]) -> FlatList:
-    """Every request's inter-token gaps laid end to end (request order), with each request's
-    offsets: one np.diff over every request's token times laid end to end, less the gaps that
-    straddle two requests (a gap kept is the same subtraction np.diff per request made). Converting
-    each request's times to an array separately cost more than the whole rest of the frame.
-
-    Read-only: each request's itl_s is a view of it (FlatList.row_list; 8 bytes a gap: as lists of floats
-    a cluster hour's 65 M gaps took ~2 GB per frame), and the summary's statistics and
-    requests.parquet's list column read the buffer itself."""
-    lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
-    # the arrays' buffers laid end to end in one copy (bytes.join reads each array's buffer: no
-    # numpy view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
-    flat = np.frombuffer(b"".join([r.token_times_s for r in records]), dtype=np.float64)
-    num_gaps = np.maximum(lens - 1, 0)
-    offsets = np.zeros(len(records) + 1, dtype=np.int64)
-    np.cumsum(num_gaps, out=offsets[1:])
-    if flat.size > 1:
-        gaps = np.diff(flat)
-        firsts = (np.cumsum(lens) - lens)[(lens > 0)][1:]  # each request's first token but the first's
-        if firsts.size:  # the gap into a request's first token straddles two requests
-            keep = np.ones(gaps.size, dtype=bool)
-            keep[firsts - 1] = False
-            gaps = gaps[keep]
-    else:
-        gaps = np.empty(0)
-    del flat
-    gaps.flags.writeable = False
-    return FlatList(gaps, offsets)
-
-
-def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list) -> None:
-    """One request's values onto the requests-frame columns (completed, rejected or timed out);
-    `itl` is its inter-token gaps (FlatList.row_list)."""
-    times = r.token_times_s
-    n = len(times)
-    if r.status == "timed_out" or r.reject_reason is not None:
-        # Latencies stay empty (NaN) so the request never counts in a percentile or CDF; a timed-out
-        # request keeps what it streamed (output_len, first_scheduled_s), a failure as vllm bench counts.
-        # A request aborted as stranded (status "aborted") keeps what it streamed as a timed-out one does.
-        ran = r.status in ("timed_out", "aborted")
-        values = dict.fromkeys(_LATENCY_COLUMNS, math.nan)
-        values.update(request_id=r.request_id, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
-                      output_len=n if ran else 0, output_len_target=r.output_len_target, itl_s=[],
-                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if ran else 0,
-                      finish_reason="abort" if ran else None, status=r.status if ran else "rejected",
-                      reject_reason=None if r.status == "timed_out" else r.reject_reason,
-                      grammar_wait_s=r.grammar_wait_s, input_wait_s=r.input_wait_s)
-        if ran:
-            values.update(first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s))
-    else:
-        values = {
-            "request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len,
-            "output_len": n, "output_len_target": r.output_len_target,
-            "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s, "finish_s": r.finish_s,
-            "queueing_s": _sub(r.first_scheduled_s, r.arrival_s), "ttft_s": _sub(r.first_token_s, r.arrival_s),
-            "tpot_s": (times[-1] - times[0]) / (n - 1) if n > 1 else None, "e2e_s": _sub(r.finish_s, r.arrival_s),
-            "itl_s": itl,
-            "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
-            "finish_reason": r.finish_reason, "status": "completed" if r.finish_reason is not None else None,
-            "reject_reason": None, "grammar_wait_s": r.grammar_wait_s, "input_wait_s": r.input_wait_s,
-        }
-    for c, v in values.items():
-        cols[c].append(v)
-
-
-def _request_part(records: list[RequestRecord], itls: list | None, by_row: bool) -> tuple[dict, list[str]]:
-    """Some requests' rows of the requests table as columns, and the float columns all missing
-    in them (request_columns); `itls` each request's gaps (None: no itl_s column, the table's
-    flat buffer holds it), `by_row`: some request of the run timed out or was rejected (the row
-    path, _append_row)."""
-    lazy_gaps = itls is None
-    if itls is None:
-        itls = [[]] * len(records)  # (not read: the column is dropped below)
-    if by_row:
-        rows: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
-        for r, itl in zip(records, itls):
-            _append_row(rows, r, itl)
-        column: Callable[[str], list] = rows.pop  # each list dropped once converted
-        pending: dict = rows
-    else:  # every request completed (or is still running): one comprehension per column, when asked
-        built = pending = _completed_columns(records, itls)
-
-        def column(name: str) -> list:
-            return built.pop(name)()
-    data: dict[str, np.ndarray | list] = {}
-    all_none: list[str] = []
-    for name in REQUEST_COLUMNS:
-        kind = _REQUEST_KINDS.get(name)
-        event = _SINCE_ARRIVAL.get(name)
-        if name == "itl_s" and lazy_gaps:
-            pending.pop(name, None)
-        elif event is not None:  # every row's event time less its arrival: NaN where the event is
-            pending.pop(name, None)  # missing (as _sub's None), missing everywhere where it is
-            data[name] = data[event] - data["arrival_s"]
-            if event in all_none:
-                all_none.append(name)
-        elif kind == "f":
-            data[name], missing = float_column(column(name))
-            if missing:
-                all_none.append(name)
-        elif kind == "i":
-            data[name] = np.array(column(name), dtype=np.int64)
-        else:
-            data[name] = column(name)
-    return data, all_none
-
-
-def _joined(parts: list[tuple[dict, list[str]]]) -> tuple[dict, list[str]]:
-    """Consecutive row chunks' columns as one table's (a float column all missing where it is in
-    every chunk, as float_column says of the whole)."""
-    if len(parts) == 1:
-        return parts[0]
-    data: dict[str, np.ndarray | list] = {}
-    for name in REQUEST_COLUMNS:
-        if name not in parts[0][0]:  # a column the table builds from its flat buffer
-            continue
-        pieces = [p[0].pop(name) for p in parts]
-        if isinstance(pieces[0], np.ndarray):
-            data[name] = np.concatenate(pieces)
-        else:
-            data[name] = [v for piece in pieces for v in piece]
-        del pieces
-    return data, [name for name in parts[0][1] if all(name in p[1] for p in parts)]
-
-
-def _completed_columns(records: list[RequestRecord], itls: list) -> dict[str, Callable[[], list]]:
-    """The requests-frame columns when no request timed out or was rejected, each built when called:
-    the very values _append_row's completed branch appends (those since arrival are taken from the
-    columns: _SINCE_ARRIVAL). request_columns converts each to its
-    array before building the next, so one column's Python objects exist at a time (1 M requests:
-    ~30 MB a column of floats, not ~600 MB for all of them)."""
-    n_out = [len(r.token_times_s) for r in records]
-    return {
-        "request_id": lambda: [r.request_id for r in records], "arrival_s": lambda: [r.arrival_s for r in records],
-        "prompt_len": lambda: [r.prompt_len for r in records], "output_len": lambda: n_out,
-        "output_len_target": lambda: [r.output_len_target for r in records],
-        "first_scheduled_s": lambda: [r.first_scheduled_s for r in records],
-        "first_token_s": lambda: [r.first_token_s for r in records], "finish_s": lambda: [r.finish_s for r in records],
-        "tpot_s": lambda: [(r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) if n > 1 else None
-                           for r, n in zip(records, n_out)],
-        "itl_s": lambda: itls,
-        "num_preemptions": lambda: [r.num_preemptions for r in records],
-        "num_cached_tokens": lambda: [r.num_cached_tokens for r in records],
-        "finish_reason": lambda: [r.finish_reason for r in records],
-        "status": lambda: ["completed" if r.finish_reason is not None else None for r in records],
-        "reject_reason": lambda: [None] * len(records),
-        "grammar_wait_s": lambda: [r.grammar_wait_s for r in records],
-        "input_wait_s": lambda: [r.input_wait_s for r in records],
-    }
-
-
-REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
-                   "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
-                   "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason",
-                   "grammar_wait_s", "input_wait_s"]
-# How request_columns stores each column: "f" float64 (NaN where missing), "i" int64; the rest as lists.
-_REQUEST_KINDS = {"arrival_s": "f", "prompt_len": "i", "output_len": "i", "output_len_target": "i",
-                  "first_scheduled_s": "f", "first_token_s": "f", "finish_s": "f", "queueing_s": "f",
-                  "ttft_s": "f", "tpot_s": "f", "e2e_s": "f", "num_preemptions": "i", "num_cached_tokens": "i",
-                  "grammar_wait_s": "f", "input_wait_s": "f"}
-# Columns that are an event's time less the arrival, by the event's column: computed on the
-# columns (the same float64 subtraction per row as _sub, NaN where the event is missing), after both.
-_SINCE_ARRIVAL = {"queueing_s": "first_scheduled_s", "ttft_s": "first_token_s", "e2e_s": "finish_s"}
-# Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
-_LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
-
-
-def _sub(a: float | None, b: float) -> float | None:
-    return None if a is None else a - b
 
 
 def stats(values, scratch: bool = False) -> dict:

@@ -14,6 +14,7 @@ import pytest
 
 from servesim.simulator import metrics as M
 from servesim.simulator import outputs as O
+from servesim.simulator import request_table as T
 from servesim.simulator.bench_metrics import bench_serve_result, concat_gaps
 from servesim.simulator.build import build_engine
 from servesim.simulator.columns import Columns, FlatList
@@ -35,7 +36,7 @@ def _record(rid: str, times: list[float], **kw) -> RequestRecord:
 def test_pooled_gaps_are_each_requests_own_diffs_end_to_end():
     times = [[], [1.0], [1.0, 1.25], [2.0, 2.0, 2.5, 4.0], [], [0.5, 9.0], [3.0]]
     recs = [_record(str(i), t) for i, t in enumerate(times)]
-    pooled = M._pooled_gaps(recs)
+    pooled = T.pooled_gaps(recs)
     expected = [np.diff(np.array(t)) for t in times]
     assert pooled.offsets.tolist() == [0, 0, 0, 1, 4, 4, 5, 5]
     assert pooled.values.tobytes() == np.concatenate(expected).tobytes()
@@ -43,7 +44,7 @@ def test_pooled_gaps_are_each_requests_own_diffs_end_to_end():
     views = pooled.row_list()
     for view, want in zip(views, expected):
         assert (view == [] if len(want) == 0 else view.tobytes() == want.tobytes())
-    assert M._pooled_gaps([]).values.size == 0 and M._pooled_gaps([_record("a", [1.0])]).offsets.tolist() == [0, 0]
+    assert T.pooled_gaps([]).values.size == 0 and T.pooled_gaps([_record("a", [1.0])]).offsets.tolist() == [0, 0]
 
 
 def _collector(workload: Workload) -> M.MetricsCollector:

@@ -186,6 +186,7 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     import pandas as pd
 
     from servesim.simulator import metrics as M
+    from servesim.simulator import request_table as T
 
     eng = build_engine(SimConfig(), load_bundled())
     res = eng.run()
@@ -203,15 +204,16 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     alone.requests = {one.request_id: one}
     pd.testing.assert_frame_equal(alone.requests_frame(), _rows([one]))
     # every column built when called: those since arrival come from the columns, not from these
-    assert set(M._completed_columns([one], [one.itl_s])) == set(M.REQUEST_COLUMNS) - set(M._SINCE_ARRIVAL)
+    assert set(T.completed_columns([one], [one.itl_s])) == set(T.REQUEST_COLUMNS) - set(T.SINCE_ARRIVAL)
 
 
 def _rows(records):
     import pandas as pd
 
     from servesim.simulator import metrics as M
+    from servesim.simulator import request_table as T
 
     cols = {c: [] for c in M.REQUEST_COLUMNS}
     for r in records:
-        M._append_row(cols, r, r.itl_s)
+        T.append_row(cols, r, r.itl_s)
     return pd.DataFrame(cols, columns=M.REQUEST_COLUMNS)
