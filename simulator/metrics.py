@@ -16,7 +16,7 @@ import numpy as np
 from servesim.simulator.columns import Columns
 from servesim.simulator.order_stats import percentiles
 from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
-from servesim.simulator.request_table import REQUEST_COLUMNS, joined_parts, pooled_gaps, request_part  # noqa: F401
+from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, pooled_gaps, request_part  # noqa: F401
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
@@ -101,13 +101,16 @@ class MetricsCollector(MetricsRecorder):
         if release:  # (cleared, not replaced: whoever holds the dict lets go of them too)
             self.requests.clear()
         step = RELEASE_ROWS if release else max(len(records), 1)
-        parts = []
-        for start in range(0, len(records), step):
-            stop = min(start + step, len(records))
-            parts.append(request_part(records[start:stop], None if itls is None else itls[start:stop], by_row))
-            if release:
+        if len(records) <= step:  # one chunk: its columns are the table's
+            data, all_none = request_part(records, itls, by_row)
+        else:
+            joined = JoinedRows(len(records))
+            for start in range(0, len(records), step):
+                stop = min(start + step, len(records))
+                joined.add(request_part(records[start:stop], None if itls is None else itls[start:stop], by_row))
                 records[start:stop] = [None] * (stop - start)
-        data, all_none = joined_parts(parts) if parts else request_part([], [], False)
+            data, all_none = joined.data, sorted(joined.all_none or ())
+        del records
         table = Columns(data, REQUEST_COLUMNS, all_none, flat)
         if release:
             self._released = table

@@ -122,22 +122,32 @@ def request_part(records: list[RequestRecord], itls: list | None, by_row: bool) 
     return data, all_none
 
 
-def joined_parts(parts: list[tuple[dict, list[str]]]) -> tuple[dict, list[str]]:
-    """Consecutive row chunks' columns as one table's (a float column all missing where it is in
-    every chunk, as float_column says of the whole)."""
-    if len(parts) == 1:
-        return parts[0]
-    data: dict[str, np.ndarray | list] = {}
-    for name in REQUEST_COLUMNS:
-        if name not in parts[0][0]:  # a column the table builds from its flat buffer
-            continue
-        pieces = [p[0].pop(name) for p in parts]
-        if isinstance(pieces[0], np.ndarray):
-            data[name] = np.concatenate(pieces)
-        else:
-            data[name] = [v for piece in pieces for v in piece]
-        del pieces
-    return data, [name for name in parts[0][1] if all(name in p[1] for p in parts)]
+class JoinedRows:
+    """Consecutive row chunks' columns laid into one table's as they come: each chunk's arrays are
+    copied into the table's (allocated whole at the first chunk) and dropped, so the chunks are
+    never all in memory beside the table; a float column is all missing where it is in every chunk
+    (as float_column says of the whole)."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.num_rows = num_rows
+        self.data: dict[str, np.ndarray | list] = {}
+        self.all_none: set[str] | None = None
+        self._at = 0
+
+    def add(self, part: tuple[dict, list[str]]) -> None:
+        data, all_none = part
+        num = 0
+        for name, values in data.items():
+            num = len(values)
+            if isinstance(values, np.ndarray):
+                out = self.data.get(name)
+                if out is None:
+                    out = self.data[name] = np.empty(self.num_rows, dtype=values.dtype)
+                out[self._at:self._at + num] = values
+            else:
+                self.data.setdefault(name, []).extend(values)
+        self._at += num
+        self.all_none = set(all_none) if self.all_none is None else self.all_none & set(all_none)
 
 
 def completed_columns(records: list[RequestRecord], itls: list) -> dict[str, Callable[[], list]]:
