@@ -22,6 +22,12 @@ Measured on the 2-core development machine (shared, so wall times are noisy), pe
                   before (0422afb)   after (token ids in int32 arrays, frames built once)
     synthetic_1m       2061 MiB          1767 MiB
     mooncake           4449 MiB          1170 MiB
+synthetic_1m with the records let go as they become the requests table (a chunk of rows at a
+time, no view per request's gaps: MetricsCollector.columns(release=True)), compiled, the machine
+loaded: 1873 MiB at 1262eb6, 1820 MiB after. By phase (RSS, one process, compiled): workload
+built 648 MiB, simulated 1518, requests table built 1690 (1791 before), summary 1772, written
+1836 (1859 before): the simulation alone passes 1.5 GB, and the records' freed memory is not
+reused by the table's arrays, so 1.5 GB needs the records kept as columns from each finish on.
 --writing, 1,000,000 requests (pure Python, the machine loaded): simulated 1764 MiB, simulated and
 written 1779 MiB (ratio 1.01), with results written a Parquet row group at a time and no copies of
 an all-finished table; before those, a 200,000-request run's stages peaked at 329 MiB simulated and

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.simulator.columns import notna
+from servesim.simulator.columns import Columns, notna
+from servesim.simulator.order_stats import median_and_percentiles
 from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:
@@ -77,17 +78,22 @@ def per_request(requests) -> pd.DataFrame:
     return rows
 
 
-def concat_gaps(column) -> np.ndarray:
+def concat_gaps(table) -> tuple[np.ndarray, bool]:
     """A requests table's itl_s entries (float64 arrays, or [] where a request has no gap) laid end
-    to end as one float64 array, in order."""
-    parts = [v for v in column if len(v)]
-    return np.concatenate(parts).astype(np.float64, copy=False) if parts else np.empty(0)
+    to end as one float64 array, in order, and whether that array is new (a scratch copy the
+    caller may reorder): the table's own pooled buffer where it keeps one (Columns.flat: read-only,
+    shared), else the rows concatenated."""
+    flat = table.flat("itl_s") if isinstance(table, Columns) else None
+    if flat is not None:
+        return flat.values, False
+    parts = [v for v in table["itl_s"] if len(v)]
+    return (np.concatenate(parts).astype(np.float64, copy=False), True) if parts else (np.empty(0), True)
 
 
 def _itl_ms(done) -> np.ndarray:
     """Every completed request's per-chunk ITLs (ms) end to end, as per_request's lists laid out flat
     (the same products, in the same order), without a Python list per request."""
-    gaps = concat_gaps(done["itl_s"])
+    gaps, _ = concat_gaps(done)
     positive = gaps[gaps > 0]  # a copy: scaled in place (the same products), one array less at once
     del gaps
     positive *= 1e3
@@ -118,12 +124,11 @@ def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...],
     empty = values.size == 0
     mean = None if empty else float(values.mean())
     std = None if empty else float(values.std())
+    # the median and every percentile from one selection (each value numpy's own: order_stats.py)
+    median, found = (None, [None] * len(percentiles)) if empty else median_and_percentiles(values, percentiles, own=scratch)
     out[f"mean_{name}_ms"] = mean
-    out[f"median_{name}_ms"] = None if empty else float(np.median(values, overwrite_input=scratch))
+    out[f"median_{name}_ms"] = median
     out[f"std_{name}_ms"] = std
-    # every percentile from one partition (each value the same interpolation as its own call)
-    found = ([None] * len(percentiles) if empty or not percentiles
-             else np.percentile(values, list(percentiles), overwrite_input=scratch).tolist())
     for p, value in zip(percentiles, found):
         out[f"p{p:g}_{name}_ms"] = value
     return out

@@ -11,32 +11,66 @@ list (objects: ids, reasons, a request's inter-token gaps). `t[name]` always ans
 (an object array for a list, built once); `t[mask]` keeps the rows where a boolean array is true
 (the table itself when it is true everywhere). A Columns is read-only: no reader changes a column
 in place (the arrays are shared between a table and its selections).
+
+A list column of float arrays may come with its values laid end to end in one buffer (`flat`: a
+FlatList, e.g. every request's inter-token gaps, which the summary pools and the result file
+stores as one list array): readers of every row take the buffer rather than concatenating the
+rows again, and a row range (`rows`) keeps its part of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(slots=True, frozen=True)
+class FlatList:
+    """A list column's float arrays laid end to end: row i is values[offsets[i]:offsets[i + 1]]
+    (offsets int64, one more than the rows, offsets[0] == 0). Read-only: the rows are views of it."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def rows(self, start: int, stop: int) -> FlatList:
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        return FlatList(self.values[first:last], self.offsets[start:stop + 1] - first)
+
+    def row_list(self) -> list[np.ndarray | list]:
+        """Each row as a view of the buffer; [] for a row with no value (so a column with no value
+        at all keeps its parquet type, as a list of empty lists)."""
+        values, ends = self.values, self.offsets.tolist()
+        return [values[a:b] if b > a else [] for a, b in zip(ends[:-1], ends[1:])]
 
 
 class Columns:
     """Named columns of one length, in order (see the module docstring)."""
 
-    __slots__ = ("columns", "_data", "_arrays", "_len", "_none")
+    __slots__ = ("columns", "_data", "_arrays", "_len", "_none", "_flat")
 
     def __init__(self, data: dict[str, np.ndarray | list], columns: Sequence[str] | None = None,
-                 none_in_frame: Iterable[str] = ()) -> None:
+                 none_in_frame: Iterable[str] = (), flat: dict[str, FlatList] | None = None) -> None:
         """`none_in_frame`: float columns whose every value is missing, which the frame shows as
-        None (object), as pandas types a column of None alone (float_column says which)."""
+        None (object), as pandas types a column of None alone (float_column says which). `flat`:
+        list columns whose rows are exactly the slices of a FlatList (the rows' values as they are
+        in the list: the FlatList is the same values, not other ones); such a column may be left
+        out of `data`: its list of row views is then built when first read (never, for a replay's
+        summary and result files, which read the buffer: 1 M requests' views are ~0.1 GB)."""
         self.columns: list[str] = list(data) if columns is None else list(columns)
-        lengths = {len(data[name]) for name in self.columns}
+        flat = dict(flat or {})
+        lengths = {len(data[name]) if name in data else len(flat[name].offsets) - 1 for name in self.columns}
         if len(lengths) > 1:
             raise ValueError(f"columns of different lengths: {sorted(lengths)}")
         self._data = data
         self._arrays: dict[str, np.ndarray] = {}
         self._len = lengths.pop() if lengths else 0
         self._none = frozenset(none_in_frame)
+        self._flat = flat
+        for name, fl in self._flat.items():
+            if len(fl.offsets) != self._len + 1:
+                raise ValueError(f"column {name!r}: {len(fl.offsets) - 1} flat rows, the table has {self._len}")
 
     @staticmethod
     def of_frame(frame) -> Columns:
@@ -51,7 +85,7 @@ class Columns:
         return self._len
 
     def __contains__(self, name: object) -> bool:
-        return name in self._data
+        return name in self._data or name in self._flat
 
     @property
     def none_in_frame(self) -> frozenset[str]:
@@ -62,9 +96,26 @@ class Columns:
     def empty(self) -> bool:
         return self._len == 0
 
+    def flat(self, name: str) -> FlatList | None:
+        """The list column's rows laid end to end in one buffer, where the table has it (None: not kept)."""
+        return self._flat.get(name)
+
+    def rows(self, start: int, stop: int) -> Columns:
+        """Rows start..stop-1 (slices: views of the arrays, flat buffers kept)."""
+        data = {name: self._data[name][start:stop] for name in self.columns if name in self._data}
+        return Columns(data, self.columns, self._none, {n: fl.rows(start, stop) for n, fl in self._flat.items()})
+
     def raw(self, name: str) -> np.ndarray | list:
         """The column as stored (a list stays a list)."""
-        return self._data[name]
+        return self._column(name)
+
+    def _column(self, name: str) -> np.ndarray | list:
+        values = self._data.get(name)
+        if values is None:
+            if name not in self._flat:
+                raise KeyError(name)
+            values = self._data[name] = self._flat[name].row_list()
+        return values
 
     def __getitem__(self, key: str | np.ndarray) -> np.ndarray | Columns:
         if isinstance(key, str):
@@ -73,7 +124,7 @@ class Columns:
 
     def array(self, name: str) -> np.ndarray:
         """The column as a numpy array (object dtype for a list; built once)."""
-        values = self._data[name]
+        values = self._column(name)
         if isinstance(values, np.ndarray):
             return values
         out = self._arrays.get(name)
@@ -91,7 +142,7 @@ class Columns:
         rows = np.flatnonzero(mask).tolist()
         data: dict[str, np.ndarray | list] = {}
         for name in self.columns:
-            values = self._data[name]
+            values = self._column(name)
             data[name] = values[mask] if isinstance(values, np.ndarray) else [values[i] for i in rows]
         return Columns(data, self.columns, self._none)
 
@@ -99,7 +150,7 @@ class Columns:
         """The pandas DataFrame of these columns (pandas imported here, on first use)."""
         import pandas as pd
 
-        data = {name: [None] * self._len if name in self._none else self._data[name] for name in self.columns}
+        data = {name: [None] * self._len if name in self._none else self._column(name) for name in self.columns}
         return pd.DataFrame(data, columns=self.columns, copy=False)
 
 

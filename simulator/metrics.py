@@ -7,20 +7,25 @@ prefill tokens while they cover positions inside the prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.simulator.columns import Columns, float_column
-from servesim.simulator.request_records import MetricsRecorder, RequestRecord
+from servesim.simulator.columns import Columns
+from servesim.simulator.order_stats import percentiles
+from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
+from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, pooled_gaps, request_part  # noqa: F401
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
     import pandas as pd
 
 PERCENTILES = (50, 90, 95, 99)
+# Rows of the requests table built per chunk when the records are released as they go
+# (request_columns(release=True)): small enough that a chunk's Python objects are a few MB.
+RELEASE_ROWS = 65_536
 
 
 class MetricsCollector(MetricsRecorder):
@@ -33,20 +38,22 @@ class MetricsCollector(MetricsRecorder):
         self._tables: RunTables | None = None  # its frames, likewise (tables())
         # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
         self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
+        self._released: Columns | None = None  # the table the records went into (request_columns(release=True))
 
     # --- tables -------------------------------------------------------------------------------
-    def columns(self) -> RunColumns:
+    def columns(self, release: bool = False) -> RunColumns:
         """The requests and steps as columns (simulator/columns.py: no pandas), built once and kept:
         for after the run, when the records no longer change (the summary, the result files and
         the frames share them; they hold every inter-token gap, so building them again per
         reader set the peak memory of long runs). The run's step rows move into them (viewed,
-        not copied: ~44 MB on the Azure hour)."""
+        not copied: ~44 MB on the Azure hour). `release`: the records go as the table is built
+        (request_columns): for a run whose records nobody reads again (running.py's replay)."""
         if self._columns is None:
             if self._adopted_steps is not None:
                 steps = Columns.of_frame(self._adopted_steps[0])
             else:
                 steps = StepTable.move_to_columns([self.steps])
-            self._columns = RunColumns(self.request_columns(), steps)
+            self._columns = RunColumns(self.request_columns(release), steps)
         return self._columns
 
     def tables(self) -> RunTables:
@@ -65,40 +72,49 @@ class MetricsCollector(MetricsRecorder):
         self._adopted_steps = (steps, steps.copy(deep=False))
         self._tables = self._columns = None  # built before (if at all), they hold other steps
 
-    def request_columns(self) -> Columns:
+    def request_columns(self, release: bool = False) -> Columns:
         """The requests table (REQUEST_COLUMNS) built anew, column by column, never a dict per row
-        (columns() keeps one)."""
-        records = list(self.requests.values())
-        stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
-        for r, itl in zip(stale, _itl_lists(stale)):
-            r.itl_s = itl
+        (columns() keeps one). `release`: for after the run, when nothing reads the records again
+        (columns(release=True)): the collector lets go of them and each chunk of RELEASE_ROWS
+        rows' records is dropped once its rows are columns, so the records and the table are
+        never both whole in memory (a 1 M-request run: ~0.3 GB each)."""
+        if self._released is not None:
+            return self._released
+        records: list = list(self.requests.values())
         for r in records:
             if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
                 # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
                 r.reject_reason = "exceeds_kv_pool"
-        if any(r.status == "timed_out" or r.reject_reason is not None for r in records):
-            rows: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
-            for r in records:
-                _append_row(rows, r, r.itl_s)
-            column: Callable[[str], list] = rows.pop  # each list dropped once converted
-        else:  # every request completed (or is still running): one comprehension per column, when asked
-            built = _completed_columns(records)
-
-            def column(name: str) -> list:
-                return built.pop(name)()
-        data: dict[str, np.ndarray | list] = {}
-        all_none: list[str] = []
-        for name in REQUEST_COLUMNS:
-            kind = _REQUEST_KINDS.get(name)
-            if kind == "f":
-                data[name], missing = float_column(column(name))
-                if missing:
-                    all_none.append(name)
-            elif kind == "i":
-                data[name] = np.array(column(name), dtype=np.int64)
-            else:
-                data[name] = column(name)
-        return Columns(data, REQUEST_COLUMNS, all_none)
+        by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in records)
+        stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
+        pooled = pooled_gaps(stale)
+        # Every row's gaps are views of the one pooled buffer, in row order: the table keeps it, so
+        # the summary and the result file read it rather than concatenating the rows again (a
+        # rejected or timed-out row's gaps are left out, []: then not the pooled rows).
+        flat = {"itl_s": pooled} if len(stale) == len(records) and not by_row else {}
+        itls: list | None = None  # released with the buffer kept: the table builds the views if read
+        if not (release and flat):  # kept on the records: a cluster's merged table reuses its
+            for r, itl in zip(stale, pooled.row_list()):  # replicas' (cluster/results.py)
+                r.itl_s = itl
+            itls = [r.itl_s for r in records]
+        del stale
+        if release:  # (cleared, not replaced: whoever holds the dict lets go of them too)
+            self.requests.clear()
+        step = RELEASE_ROWS if release else max(len(records), 1)
+        if len(records) <= step:  # one chunk: its columns are the table's
+            data, all_none = request_part(records, itls, by_row)
+        else:
+            joined = JoinedRows(len(records))
+            for start in range(0, len(records), step):
+                stop = min(start + step, len(records))
+                joined.add(request_part(records[start:stop], None if itls is None else itls[start:stop], by_row))
+                records[start:stop] = [None] * (stop - start)
+            data, all_none = joined.data, sorted(joined.all_none or ())
+        del records
+        table = Columns(data, REQUEST_COLUMNS, all_none, flat)
+        if release:
+            self._released = table
+        return table
 
     def requests_frame(self) -> pd.DataFrame:
         """A new requests frame (tables() keeps one)."""
@@ -227,104 +243,6 @@ def _series(start: np.ndarray | None, values: list, ticks: np.ndarray) -> dict[s
             "prefill_tokens_per_s": per_s[0], "decode_tokens_per_s": per_s[1]}
 
 
-def _itl_lists(records: list[RequestRecord]) -> list[np.ndarray | list]:
-    """Each request's inter-token gaps: one np.diff over every request's token times laid end to end,
-    then a slice per request (a gap inside a slice is the same subtraction np.diff per request made;
-    the gap that straddles two requests is never taken). Converting each request's times to an array
-    separately cost more than the whole rest of the frame.
-
-    A slice is a view of the one gaps array (8 bytes a gap; as lists of floats a cluster hour's
-    65 M gaps took ~2 GB per frame); a request with no gap gets [] as before, so a column with no
-    gap at all keeps its parquet type. requests.parquet is byte-identical either way."""
-    lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
-    # the arrays' buffers laid end to end in one copy (bytes.join reads each array's buffer: no
-    # numpy view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
-    flat = np.frombuffer(b"".join([r.token_times_s for r in records]), dtype=np.float64)
-    gaps = np.diff(flat) if flat.size else flat
-    ends = np.cumsum(lens).tolist()
-    return [gaps[e - n:e - 1] if n > 1 else [] for e, n in zip(ends, lens.tolist())]
-
-
-def _append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list) -> None:
-    """One request's values onto the requests-frame columns (completed, rejected or timed out);
-    `itl` is its inter-token gaps (_itl_lists)."""
-    times = r.token_times_s
-    n = len(times)
-    if r.status == "timed_out" or r.reject_reason is not None:
-        # Latencies stay empty (NaN) so the request never counts in a percentile or CDF; a timed-out
-        # request keeps what it streamed (output_len, first_scheduled_s), a failure as vllm bench counts.
-        # A request aborted as stranded (status "aborted") keeps what it streamed as a timed-out one does.
-        ran = r.status in ("timed_out", "aborted")
-        values = dict.fromkeys(_LATENCY_COLUMNS, math.nan)
-        values.update(request_id=r.request_id, arrival_s=r.arrival_s, prompt_len=r.prompt_len,
-                      output_len=n if ran else 0, output_len_target=r.output_len_target, itl_s=[],
-                      num_preemptions=r.num_preemptions, num_cached_tokens=r.num_cached_tokens if ran else 0,
-                      finish_reason="abort" if ran else None, status=r.status if ran else "rejected",
-                      reject_reason=None if r.status == "timed_out" else r.reject_reason,
-                      grammar_wait_s=r.grammar_wait_s, input_wait_s=r.input_wait_s)
-        if ran:
-            values.update(first_scheduled_s=r.first_scheduled_s, queueing_s=_sub(r.first_scheduled_s, r.arrival_s))
-    else:
-        values = {
-            "request_id": r.request_id, "arrival_s": r.arrival_s, "prompt_len": r.prompt_len,
-            "output_len": n, "output_len_target": r.output_len_target,
-            "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s, "finish_s": r.finish_s,
-            "queueing_s": _sub(r.first_scheduled_s, r.arrival_s), "ttft_s": _sub(r.first_token_s, r.arrival_s),
-            "tpot_s": (times[-1] - times[0]) / (n - 1) if n > 1 else None, "e2e_s": _sub(r.finish_s, r.arrival_s),
-            "itl_s": itl,
-            "num_preemptions": r.num_preemptions, "num_cached_tokens": r.num_cached_tokens,
-            "finish_reason": r.finish_reason, "status": "completed" if r.finish_reason is not None else None,
-            "reject_reason": None, "grammar_wait_s": r.grammar_wait_s, "input_wait_s": r.input_wait_s,
-        }
-    for c, v in values.items():
-        cols[c].append(v)
-
-
-def _completed_columns(records: list[RequestRecord]) -> dict[str, Callable[[], list]]:
-    """The requests-frame columns when no request timed out or was rejected, each built when called:
-    the very values _append_row's completed branch appends. request_columns converts each to its
-    array before building the next, so one column's Python objects exist at a time (1 M requests:
-    ~30 MB a column of floats, not ~600 MB for all of them)."""
-    n_out = [len(r.token_times_s) for r in records]
-    return {
-        "request_id": lambda: [r.request_id for r in records], "arrival_s": lambda: [r.arrival_s for r in records],
-        "prompt_len": lambda: [r.prompt_len for r in records], "output_len": lambda: n_out,
-        "output_len_target": lambda: [r.output_len_target for r in records],
-        "first_scheduled_s": lambda: [r.first_scheduled_s for r in records],
-        "first_token_s": lambda: [r.first_token_s for r in records], "finish_s": lambda: [r.finish_s for r in records],
-        "queueing_s": lambda: [_sub(r.first_scheduled_s, r.arrival_s) for r in records],
-        "ttft_s": lambda: [_sub(r.first_token_s, r.arrival_s) for r in records],
-        "tpot_s": lambda: [(r.token_times_s[-1] - r.token_times_s[0]) / (n - 1) if n > 1 else None
-                           for r, n in zip(records, n_out)],
-        "e2e_s": lambda: [_sub(r.finish_s, r.arrival_s) for r in records],
-        "itl_s": lambda: [r.itl_s for r in records],
-        "num_preemptions": lambda: [r.num_preemptions for r in records],
-        "num_cached_tokens": lambda: [r.num_cached_tokens for r in records],
-        "finish_reason": lambda: [r.finish_reason for r in records],
-        "status": lambda: ["completed" if r.finish_reason is not None else None for r in records],
-        "reject_reason": lambda: [None] * len(records),
-        "grammar_wait_s": lambda: [r.grammar_wait_s for r in records],
-        "input_wait_s": lambda: [r.input_wait_s for r in records],
-    }
-
-
-REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_len", "output_len", "output_len_target", "first_scheduled_s",
-                   "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s", "itl_s",
-                   "num_preemptions", "num_cached_tokens", "finish_reason", "status", "reject_reason",
-                   "grammar_wait_s", "input_wait_s"]
-# How request_columns stores each column: "f" float64 (NaN where missing), "i" int64; the rest as lists.
-_REQUEST_KINDS = {"arrival_s": "f", "prompt_len": "i", "output_len": "i", "output_len_target": "i",
-                  "first_scheduled_s": "f", "first_token_s": "f", "finish_s": "f", "queueing_s": "f",
-                  "ttft_s": "f", "tpot_s": "f", "e2e_s": "f", "num_preemptions": "i", "num_cached_tokens": "i",
-                  "grammar_wait_s": "f", "input_wait_s": "f"}
-# Latency fields a rejected request leaves empty (NaN), so it never counts in a percentile or CDF.
-_LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_s", "ttft_s", "tpot_s", "e2e_s")
-
-
-def _sub(a: float | None, b: float) -> float | None:
-    return None if a is None else a - b
-
-
 def stats(values, scratch: bool = False) -> dict:
     """Mean, PERCENTILES and count of values (None and NaN left out). scratch: values is an array
     nobody reads afterwards (e.g. concat_gaps' result), so the percentiles may reorder it in place
@@ -343,10 +261,8 @@ def stats(values, scratch: bool = False) -> dict:
     if arr.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "count": 0}
     out = {"mean": float(arr.mean())}
-    # All four in one call: one partition of the array, not four (each value is the same interpolation).
-    for p, value in zip(PERCENTILES, np.percentile(arr, PERCENTILES, overwrite_input=own).tolist()):
+    # All four from one selection (each value numpy's own percentile: simulator/order_stats.py).
+    for p, value in zip(PERCENTILES, percentiles(arr, PERCENTILES, own=own)):
         out[f"p{p}"] = value
     out["count"] = int(arr.size)
     return out
-
-

@@ -125,6 +125,9 @@ def _arrow_column(cols: Columns, name: str, pa):
     n = len(cols)
     if name in cols.none_in_frame:
         return pa.nulls(n)
+    flat = cols.flat(name)
+    if flat is not None:  # the rows' values already end to end (a run's pooled gaps)
+        return _list_array(flat.values, flat.offsets, pa)
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
         return _numbers_array(values, pa)
     items = values if isinstance(values, list) else values.tolist()
@@ -176,11 +179,19 @@ def _gaps_array(items: list, pa):
     """Float arrays (or [] for none), one per row, as one Arrow list array built from their offsets
     and every value end to end."""
     lens = np.fromiter((len(v) for v in items), dtype=np.int64, count=len(items))
-    total = int(lens.sum())
-    offsets = np.zeros(len(items) + 1, dtype=np.int32 if total < 2**31 else np.int64)
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
-    # no gap at all: a list of nulls, as pandas types a column of empty lists
-    flat = _numbers_array(np.concatenate([v for v in items if len(v)]), pa) if total else pa.nulls(0)
+    parts = [v for v in items if len(v)]
+    return _list_array(np.concatenate(parts) if parts else np.empty(0), offsets, pa)
+
+
+def _list_array(values: np.ndarray, offsets: np.ndarray, pa):
+    """Rows values[offsets[i]:offsets[i + 1]] (offsets from 0) as an Arrow list array: 32-bit
+    offsets while they fit, else a large list; no value at all: a list of nulls, as pandas types
+    a column of empty lists."""
+    total = int(offsets[-1])
+    offsets = offsets.astype(np.int32 if total < 2**31 else np.int64, copy=False)
+    flat = _numbers_array(values, pa) if total else pa.nulls(0)
     if offsets.dtype == np.int32:
         return pa.ListArray.from_arrays(_numbers_array(offsets, pa), flat)
     return pa.LargeListArray.from_arrays(_numbers_array(offsets, pa), flat)
@@ -208,11 +219,10 @@ def write_parquet(table, path: Path, dictionary: tuple[str, ...] = ()) -> None:
         out = pa.table([_arrow_column(cols, name, pa) for name in cols.columns], names=cols.columns)
         pq.write_table(out, path, compression="snappy", use_dictionary=_dictionary_columns(out.schema, dictionary, pa))
         return
-    index = np.arange(len(cols))
     with pq.ParquetWriter(path, schema, compression="snappy",
                           use_dictionary=_dictionary_columns(schema, dictionary, pa)) as writer:
         for start in range(0, len(cols), ROW_GROUP_ROWS):
-            part = cols.take((index >= start) & (index < start + ROW_GROUP_ROWS))
+            part = cols.rows(start, min(start + ROW_GROUP_ROWS, len(cols)))
             arrays = [_arrow_column(part, f.name, pa) for f in schema]
             writer.write_table(pa.table([a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)],
                                         schema=schema))
@@ -230,8 +240,14 @@ def _schema(cols: Columns, pa):
     fields = []
     for name in cols.columns:
         values = cols.raw(name)
+        flat = cols.flat(name)
         if name in cols.none_in_frame:
             kind = pa.null()
+        elif flat is not None:
+            total = int(flat.offsets[-1])
+            kind = pa.list_(pa.float64()) if total < 2**31 else pa.large_list(pa.float64())
+            if total == 0:
+                kind = pa.list_(pa.null())
         elif isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
             kind = pa.from_numpy_dtype(values.dtype)
         else:

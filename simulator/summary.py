@@ -104,7 +104,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     ok = finished_requests(req)
     # Every gap end to end is the summary's largest array (~65 M in a cluster hour): its statistics
     # are taken now and the array dropped before bench_serve_result builds its own.
-    itl_stats = stats(concat_gaps(ok.raw("itl_s")), scratch=True)
+    itl_stats = stats(*concat_gaps(ok))
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())
     dur = max(sim_duration_s, 1e-12)

@@ -186,6 +186,7 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     import pandas as pd
 
     from servesim.simulator import metrics as M
+    from servesim.simulator import request_table as T
 
     eng = build_engine(SimConfig(), load_bundled())
     res = eng.run()
@@ -199,16 +200,20 @@ def test_completed_requests_frame_by_column_equals_the_row_path(tmp_path):
     rows.to_parquet(tmp_path / "b.parquet")
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
     one = dataclasses.replace(records[0], finish_s=None, finish_reason=None)
-    built = {name: column() for name, column in M._completed_columns([one]).items()}  # each built when called
-    pd.testing.assert_frame_equal(pd.DataFrame(built, columns=M.REQUEST_COLUMNS), _rows([one]))
+    alone = M.MetricsCollector()
+    alone.requests = {one.request_id: one}
+    pd.testing.assert_frame_equal(alone.requests_frame(), _rows([one]))
+    # every column built when called: those since arrival come from the columns, not from these
+    assert set(T.completed_columns([one], [one.itl_s])) == set(T.REQUEST_COLUMNS) - set(T.SINCE_ARRIVAL)
 
 
 def _rows(records):
     import pandas as pd
 
     from servesim.simulator import metrics as M
+    from servesim.simulator import request_table as T
 
     cols = {c: [] for c in M.REQUEST_COLUMNS}
     for r in records:
-        M._append_row(cols, r, r.itl_s)
+        T.append_row(cols, r, r.itl_s)
     return pd.DataFrame(cols, columns=M.REQUEST_COLUMNS)

@@ -1,0 +1,127 @@
+"""After the run: every request's gaps pooled once (Columns.flat), the records let go a chunk of rows
+at a time (MetricsCollector.columns(release=True)) and tables written in row groups from row slices
+(Columns.rows): each gives exactly the table, summary and file bytes of the plain build."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from array import array
+
+import numpy as np
+import pytest
+
+from servesim.simulator import metrics as M
+from servesim.simulator import outputs as O
+from servesim.simulator import request_table as T
+from servesim.simulator.bench_metrics import bench_serve_result, concat_gaps
+from servesim.simulator.build import build_engine
+from servesim.simulator.columns import Columns, FlatList
+from servesim.simulator.config import SimConfig
+from servesim.simulator.request_records import RequestRecord
+from servesim.simulator.summary import summarize
+from servesim.traces.bundled import load_bundled
+from servesim.traces.workload import Workload
+
+
+def _record(rid: str, times: list[float], **kw) -> RequestRecord:
+    r = RequestRecord(rid, 0.5, 16, max(len(times), 1), first_scheduled_s=0.6, **kw)
+    r.token_times_s = array("d", times)
+    if times:
+        r.first_token_s, r.finish_s, r.finish_reason = times[0], times[-1], "length"
+    return r
+
+
+def test_pooled_gaps_are_each_requests_own_diffs_end_to_end():
+    times = [[], [1.0], [1.0, 1.25], [2.0, 2.0, 2.5, 4.0], [], [0.5, 9.0], [3.0]]
+    recs = [_record(str(i), t) for i, t in enumerate(times)]
+    pooled = T.pooled_gaps(recs)
+    expected = [np.diff(np.array(t)) for t in times]
+    assert pooled.offsets.tolist() == [0, 0, 0, 1, 4, 4, 5, 5]
+    assert pooled.values.tobytes() == np.concatenate(expected).tobytes()
+    assert not pooled.values.flags.writeable  # the rows are views of it: nobody reorders it
+    views = pooled.row_list()
+    for view, want in zip(views, expected):
+        assert (view == [] if len(want) == 0 else view.tobytes() == want.tobytes())
+    assert T.pooled_gaps([]).values.size == 0 and T.pooled_gaps([_record("a", [1.0])]).offsets.tolist() == [0, 0]
+
+
+def _collector(workload: Workload) -> M.MetricsCollector:
+    return build_engine(SimConfig(), workload).run().metrics
+
+
+def _frames_equal(a: Columns, b: Columns) -> None:
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a.frame(), b.frame(), check_exact=True)
+    assert a.none_in_frame == b.none_in_frame
+
+
+def _edge_workload() -> Workload:
+    specs = load_bundled().requests[:30]
+    specs[3] = dataclasses.replace(specs[3], prompt_len=10**7, prompt_token_ids=None)  # rejected
+    specs[5] = dataclasses.replace(specs[5], timeout_s=1e-6)  # its client gives up at once
+    return Workload(specs, "edge", "test")
+
+
+def _small() -> Workload:
+    return Workload(load_bundled().requests[:60], "small", "test")
+
+
+@pytest.mark.parametrize("workload", [_small, _edge_workload], ids=["completed", "rejected_timed_out"])
+def test_released_records_give_the_plain_table_in_chunks(workload, monkeypatch, tmp_path):
+    metrics = _collector(workload())
+    kept = copy.deepcopy(metrics)
+    plain = kept.request_columns()
+    monkeypatch.setattr(M, "RELEASE_ROWS", 7)  # several chunks, the last one short
+    released = metrics.request_columns(release=True)
+    _frames_equal(released, plain)
+    assert not metrics.requests and metrics.request_columns() is released  # the records are gone
+    assert (released.flat("itl_s") is None) == (plain.flat("itl_s") is None)
+    O.write_requests_parquet(plain, tmp_path / "a.parquet")
+    O.write_requests_parquet(released, tmp_path / "b.parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_released_run_summary_equals_the_kept_one():
+    metrics = _collector(_small())
+    kept = copy.deepcopy(metrics)
+    metrics.columns(release=True)
+    slo = SimConfig().slo
+    a = summarize(metrics, 100.0, 1.0, slo, 500, 3, 9)
+    b = summarize(kept, 100.0, 1.0, slo, 500, 3, 9)
+    assert json.dumps(a) == json.dumps(b)
+
+
+def test_the_pooled_buffer_is_what_concatenating_the_rows_gives():
+    cols = _collector(Workload(load_bundled().requests[:40], "small", "test")).request_columns()
+    flat = cols.flat("itl_s")
+    assert flat is not None
+    gaps, new = concat_gaps(cols)
+    assert gaps is flat.values and not new  # shared, read-only: a reader copies before reordering
+    rows = [v for v in cols.raw("itl_s") if len(v)]
+    assert gaps.tobytes() == np.concatenate(rows).tobytes()
+    as_list = Columns({n: cols.raw(n) for n in cols.columns}, cols.columns, cols.none_in_frame)  # no flat
+    again, new = concat_gaps(as_list)
+    assert new and again.tobytes() == gaps.tobytes()
+    assert json.dumps(bench_serve_result(cols)) == json.dumps(bench_serve_result(as_list))
+
+
+@pytest.mark.parametrize("group_rows", [1, 6, 10_000])
+def test_row_groups_from_row_slices_write_the_same_bytes(group_rows, monkeypatch, tmp_path):
+    cols = _collector(Workload(load_bundled().requests[:23], "small", "test")).request_columns()
+    without = Columns({n: cols.raw(n) for n in cols.columns}, cols.columns, cols.none_in_frame)
+    monkeypatch.setattr(O, "ROW_GROUP_ROWS", group_rows)
+    O.write_requests_parquet(cols, tmp_path / "flat.parquet")
+    O.write_requests_parquet(without, tmp_path / "rows.parquet")
+    assert (tmp_path / "flat.parquet").read_bytes() == (tmp_path / "rows.parquet").read_bytes()
+    part = cols.rows(5, 11)
+    assert len(part) == 6 and part["request_id"].tolist() == cols["request_id"][5:11].tolist()
+    assert part.flat("itl_s").values.tobytes() == np.concatenate(
+        [v for v in cols.raw("itl_s")[5:11] if len(v)]).tobytes()
+
+
+def test_a_flat_list_must_cover_the_rows():
+    with pytest.raises(ValueError, match="flat rows"):
+        Columns({"x": [[1.0]]}, flat={"x": FlatList(np.array([1.0]), np.array([0, 1, 1]))})
