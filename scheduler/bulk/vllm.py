@@ -68,6 +68,11 @@ class VllmDecodeRuns:
     def finished_req_ids(self) -> set[str]:
         return self.scheduler.finished_req_ids
 
+    def connector_passes_decode_steps(self) -> bool:
+        """Whether the scheduler's KV connector does nothing in a plain decode step: none here (a
+        connector loads and saves at steps); P/D's decode side says otherwise (bulk/pd.py)."""
+        return self.scheduler.connector is None
+
     def usage_at(self, num_free_blocks: int) -> float:
         return self.kv.usage_at(num_free_blocks)
 
@@ -93,7 +98,7 @@ class VllmDecodeRuns:
         admit it). A waiting request schedule() reaches must stay refused through the run
         (_refused_head_hit). Conservative: any state not recognised answers 0."""
         sched = self.scheduler
-        if (sched.connector is not None or sched.num_spec_tokens or sched.num_lookahead_tokens
+        if (not self.connector_passes_decode_steps() or sched.num_spec_tokens or sched.num_lookahead_tokens
                 or sched.tracer is not None or sched.policy.next_event_s() is not None):
             return 0
         running = sched.running

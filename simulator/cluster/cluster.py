@@ -105,6 +105,7 @@ class Cluster:
         self.decoders = [r for r in self.replicas if r.role == "decode"]
         self.timelines: dict[str, PDTimeline] = {}
         self.links: list[KVLink] = []
+        self.pending_handoffs_s: list[float] = []  # a heap: when hand-offs now pending land (fastpath/pd_runs.py)
         if cfg.pd is not None:
             self.decode_router = make_router(cfg.pd.decode_router.name, cfg.pd.decode_router.params, self.rng,
                                              "pd.decode_router")
@@ -135,6 +136,10 @@ class Cluster:
             # Replicas with planners behind one router, whose runs may go past arrivals that the
             # router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
             self._use_router_proof()
+        elif cfg.pd is not None and any(r.engine.planner is not None for r in self.decoders):
+            from servesim.simulator.fastpath.pd_runs import attach_pd_bounds
+
+            attach_pd_bounds(self)  # decode replicas' runs end before the next hand-off or landing
 
     def _use_router_proof(self) -> None:
         """Hand each front replica the router's proof of when a request can next reach it. The
@@ -320,6 +325,7 @@ class Cluster:
         delay = self.cfg.pd.handoff_latency_s
         if delay > 0:
             self.env.timeout(delay).callbacks.append(lambda _ev: self._handoff(request_id))
+            heapq.heappush(self.pending_handoffs_s, self.env.now + delay)  # the timeout's own time
         else:
             self._handoff(request_id)
 

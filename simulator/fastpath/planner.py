@@ -60,6 +60,9 @@ class MacroPlanner:
         # The next arrival from outside; 0 = unknown (a run then never starts).
         self.next_arrival_s = 0.0
         self.arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
+        # The next outside event's bound, recomputed at each loop top instead of announced (a P/D
+        # decode replica's: fastpath/pd_runs.py); None: the announced next arrival.
+        self.next_arrival_fn: Callable[[], float] | None = None
 
     # --- RunPlanner: what the engine calls ---------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -116,6 +119,8 @@ class MacroPlanner:
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
         """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance)."""
         engine = self.engine
+        if self.next_arrival_fn is not None:
+            self.next_arrival_s = self.next_arrival_fn()
         if not now < self.next_arrival_s or engine.clients.num_in_frontend:
             return None
         runs, applier, clock = self.runs, self.applier, self.clock
