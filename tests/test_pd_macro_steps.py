@@ -10,9 +10,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 from servesim.simulator.cluster import (
-    Cluster, ClusterConfig, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, sim_config_from_dict,
+    Cluster, ClusterConfig, KVLink, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, sim_config_from_dict,
 )
 from servesim.traces.synthetic import make_workload
 
@@ -71,6 +72,9 @@ CASES = {
     "least-kv": {"decode_router": RouterConfig("least_kv"), "handoff_latency_s": 0.002},
     "round-robin-lanes-shared": {"decode_router": RouterConfig("round_robin"),
                                  "link": LinkConfig(sharing="lanes", lanes=3, scope="shared", latency_s=0.0)},
+    # requests wait for blocks on both sides, decode replicas preempt (recomputing locally)
+    "tight-pools": {"sim": {"cache.num_gpu_blocks": 270, "scheduler.max_model_len": 4160},
+                    "decode_router": RouterConfig("least_kv"), "n_prefill": 1},
 }
 
 
@@ -79,3 +83,71 @@ CASES = {
 def test_pd_macro_steps_identical(case, async_):
     cluster, _ = _both(_workload(120, 12.0, seed=7), async_=async_, **CASES[case])
     assert _macro_fraction(cluster) > 0.3  # the decode replicas did run in bulk
+
+
+def test_tight_pools_preempt_on_the_decode_side():
+    """The tight-pools case exercises what it claims: decode replicas preempt and requests wait."""
+    cluster, res = _both(_workload(120, 30.0, seed=7, output_median=150), **CASES["tight-pools"])
+    assert sum(r.engine.num_preemptions for r in cluster.replicas if r.role == "decode") > 20
+    assert _macro_fraction(cluster) > 0.15  # preemptions and waits for blocks cut runs short
+
+
+def test_link_next_event_is_when_the_clock_next_calls_done():
+    """KVLink.next_event_s: a transfer in its latency counts from its join, one on the wire from
+    the server's next wake (fair) or its lane's landing (lanes); exact floats, as the clock reads them."""
+    env = simpy.Environment()
+    link = KVLink(env, LinkConfig(bandwidth_bytes_per_s=1e9, latency_s=0.001))
+    landed: list[float] = []
+    assert link.next_event_s() == float("inf")
+    link.transfer(1_000_000, lambda: landed.append(env.now))
+    assert link.next_event_s() == 0.001  # joins at 0.001
+    env.run(until=0.0015)
+    assert link.next_event_s() == 0.001 + 1_000_000 / 1e9  # the server's wake
+    env.process(_later(env, 0.0015, lambda: link.transfer(1_000_000, lambda: landed.append(env.now))))
+    env.run(until=0.0016)
+    assert link.next_event_s() == 0.001 + 1_000_000 / 1e9  # the second joins at 0.0025, later
+    env.run(until=0.0021)
+    assert landed == [0.001 + 1_000_000 / 1e9] and link.next_event_s() == 0.0015 + 0.001
+    env.run()
+    assert len(landed) == 2 and link.next_event_s() == float("inf")
+    lanes = KVLink(env, LinkConfig(bandwidth_bytes_per_s=2e9, latency_s=0.0, sharing="lanes", lanes=2))
+    t0 = env.now
+    lanes.transfer(1_000_000, lambda: None)
+    assert lanes.next_event_s() == t0  # not yet on its lane: it joins now
+    env.run(until=t0 + 0.0001)
+    assert lanes.next_event_s() == t0 + ((t0 + 0.001) - t0)  # its landing as the timeout reads it
+
+
+def _later(env, t, fn):
+    yield env.timeout(t - env.now)
+    fn()
+
+
+def test_parked_requests_are_passed_over_and_a_new_one_stops_runs():
+    """The decode side's bulk path: a request parked for its transfer lets runs go on (no waiting
+    head, no admissible waiter); a request not yet parked, or one whose KV landed, stops them."""
+    from servesim.scheduler.bulk import decode_runs_for
+    from servesim.scheduler.request import RequestStatus
+    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, RemotePrefillConnector, _pd_scheduler
+    from servesim.simulator.startup import resolve_cache
+    from tests.sched_helpers import req, step
+
+    cfg = sim_config_from_dict({"scheduler.async_scheduling": False})
+    sched = _pd_scheduler(DecodeSchedulerMixin, cfg, resolve_cache(cfg)[0])
+    started: list[str] = []
+    conn = sched.connector = RemotePrefillConnector(lambda r, n: started.append(r.request_id))
+    runs = decode_runs_for(sched)
+    for i in range(3):  # three requests decoding locally (no connector: their prompts run here)
+        sched.add_request(req(sched, f"r{i}", 64, max_tokens=50))
+    step(sched)  # prefill + first token
+    assert runs.decode_run_horizon(100, 0) > 2
+    conn.expect("p")
+    sched.add_request(req(sched, "p", 300, max_tokens=20))
+    assert runs.decode_run_horizon(100, 0) == 0  # its first schedule reserves blocks and starts the transfer
+    step(sched)
+    assert started == ["p"] and sched.requests["p"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert runs._waiting_head(3) is None and not runs.anyone_admissible_waits()
+    h = runs.decode_run_horizon(100, 0)
+    assert h > 2
+    sched.mark_kv_received("p")
+    assert runs.decode_run_horizon(100, 0) == 0  # the landed request is admitted at the next schedule

@@ -46,6 +46,11 @@ class PDDecodeRuns(VllmDecodeRuns):
         return all(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.request_id not in landed
                    for r in sched.skipped_waiting)
 
+    def anyone_admissible_waits(self) -> bool:
+        """False while only parked requests wait: a seat or blocks freed inside a run admit none of
+        them (they are promoted only when their transfer lands, which no run goes past)."""
+        return not self.connector_passes_decode_steps() and super().anyone_admissible_waits()
+
     def _waiting_head(self, num_batch: int) -> Request | None:
         """No head while only parked requests wait: a schedule pops and puts them back unread."""
         if not self.scheduler.waiting and self.connector_passes_decode_steps():

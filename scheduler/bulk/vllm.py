@@ -68,6 +68,12 @@ class VllmDecodeRuns:
     def finished_req_ids(self) -> set[str]:
         return self.scheduler.finished_req_ids
 
+    def anyone_admissible_waits(self) -> bool:
+        """Whether a waiting request could take a seat or blocks a finish frees: any waiting one
+        here (P/D's decode side passes over those parked for a transfer: bulk/pd.py)."""
+        sched = self.scheduler
+        return bool(sched.waiting or sched.skipped_waiting)
+
     def connector_passes_decode_steps(self) -> bool:
         """Whether the scheduler's KV connector does nothing in a plain decode step: none here (a
         connector loads and saves at steps); P/D's decode side says otherwise (bulk/pd.py)."""
@@ -120,7 +126,7 @@ class VllmDecodeRuns:
         max_len = sched.max_model_len
         ph = num_in_flight
         num_batch = 0
-        anyone_waits = bool(sched.waiting or sched.skipped_waiting)
+        anyone_waits = self.anyone_admissible_waits()
         through = through_finishes and ph == 1 and not anyone_waits
         caps: list[int] = []  # through: each request's steps before its last (decode_run_steps)
         for r in running:

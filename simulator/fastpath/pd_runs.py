@@ -24,11 +24,12 @@ replica's state and brings none of these events earlier. Each time is a lower bo
 keeps every schedule and update of a run strictly before it, and Engine.submit / kv_received
 assert that none went past (MacroPlanner.before_submit).
 
-Finishes inside a run are only the async skip-ahead's, at the run's first update, applied when the
-run is (MacroPlanner: no run through finishes where a finish callback listens); the cluster's
-decode-finish callback then only counts the request final (its transfer has started: a decode-side
-lookup hits at most num_tokens - 1 tokens, so every admitted request loads at least one), and the
-last final closes idle engines, whose end times nothing reads.
+Finishes inside a run are only the async skip-ahead's, at the run's first update, heard when the
+run is applied, before their time (MacroPlanner.finishes_heard_any_time; no run goes through
+finishes where a finish callback listens). The cluster's decode-finish callback
+(Cluster._on_decode_finish) then only counts the request final: its transfer has started (a
+decode-side lookup hits at most num_tokens - 1 tokens, so every admitted request loads at least
+one), and the last final closes the engines, all idle but this one, whose end nothing reads.
 
 Declined (the reason goes in the run's summary): a gateway before the router, session turns, an
 autoscaler (replicas come and go) and lockstep (DP) groups, whose timing this bound does not cover.
@@ -117,6 +118,7 @@ def attach_pd_bounds(cluster: Cluster) -> None:
             r.engine.set_planner(None, why or "a P/D decode replica's planner must be the MacroPlanner")
             continue
         planner.next_arrival_fn = partial(bounds.bound_s, _links_to(cluster, r))
+        planner.finishes_heard_any_time = True  # Cluster._on_decode_finish: module docstring
 
 
 def _links_to(cluster: Cluster, decode: Replica) -> list[KVLink]:
