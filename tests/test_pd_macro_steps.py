@@ -151,3 +151,25 @@ def test_parked_requests_are_passed_over_and_a_new_one_stops_runs():
     assert h > 2
     sched.mark_kv_received("p")
     assert runs.decode_run_horizon(100, 0) == 0  # the landed request is admitted at the next schedule
+
+
+def test_what_the_bound_does_not_cover_declines_with_a_reason():
+    """Gateways, session turns, autoscaling and lockstep groups: the decode replicas step, and the
+    summary says why (pd_runs.pd_declined); a plain P/D cluster's decode replicas keep their planner."""
+    from types import SimpleNamespace
+
+    from servesim.simulator.fastpath.pd_runs import pd_declined
+
+    def fake(**kw):
+        base = {"gateway": None, "turns": None, "cfg": SimpleNamespace(autoscale=None), "lockstep_groups": []}
+        return SimpleNamespace(**{**base, **kw})
+
+    assert pd_declined(fake()) is None
+    assert "gateway" in pd_declined(fake(gateway=object()))
+    assert "session turns" in pd_declined(fake(turns=object()))
+    assert "autoscaler" in pd_declined(fake(cfg=SimpleNamespace(autoscale=object())))
+    assert "lockstep" in pd_declined(fake(lockstep_groups=[[0, 1]]))
+    cluster = Cluster(_config(True), _workload(4, 10.0, seed=1))
+    for r in cluster.replicas:
+        assert (r.engine.planner is not None) == (r.role == "decode"), r.name
+        assert (r.engine.planner_declined is None) == (r.role == "decode"), r.name

@@ -136,10 +136,16 @@ class Cluster:
             # Replicas with planners behind one router, whose runs may go past arrivals that the
             # router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
             self._use_router_proof()
-        elif cfg.pd is not None and any(r.engine.planner is not None for r in self.decoders):
+        if cfg.pd is not None:
+            self._use_pd_bounds()  # decode replicas' runs end before the next hand-off or landing
+
+    def _use_pd_bounds(self) -> None:
+        """The P/D decode replicas' outside-event bounds, or their planners declined with the reason
+        (simulator/fastpath/pd_runs.py, imported only where a decode replica has a planner)."""
+        if any(r.engine.planner is not None for r in self.decoders):
             from servesim.simulator.fastpath.pd_runs import attach_pd_bounds
 
-            attach_pd_bounds(self)  # decode replicas' runs end before the next hand-off or landing
+            attach_pd_bounds(self)
 
     def _use_router_proof(self) -> None:
         """Hand each front replica the router's proof of when a request can next reach it. The
@@ -202,6 +208,7 @@ class Cluster:
         self.replicas.append(rep)
         if rep.role == "decode":
             self.pd_links.add_decoder(rep)
+            self._use_pd_bounds()  # autoscaled: declined
         return rep
 
     def _kv_bytes_table(self) -> dict[tuple[tuple[int, int], tuple[int, int]], int]:
