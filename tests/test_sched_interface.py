@@ -101,10 +101,16 @@ def test_the_bulk_decode_paths_implement_their_contract(sched):
 
 
 def test_the_bulk_decode_path_is_declared_not_told_by_type():
-    """A scheduler names its bulk path (SchedulerCapabilities.decode_runs); the P/D schedulers,
-    subclasses of vLLM's that change what a step does, name none, and an engine on them steps."""
-    assert [s.capabilities.decode_runs for s in all_schedulers()] == ["vllm", "vllm", "sglang", "sglang", None, None]
-    assert all(decode_runs_for(s) is None for s in pd_schedulers())
+    """A scheduler names its bulk path (SchedulerCapabilities.decode_runs); of the P/D schedulers,
+    subclasses of vLLM's, the prefill side (delayed frees, stalls) names none and steps, the decode
+    side names its own (scheduler/bulk/pd.py), not the vLLM path it inherits."""
+    from servesim.scheduler.bulk.pd import PDDecodeRuns
+
+    assert [s.capabilities.decode_runs for s in all_schedulers()] == ["vllm", "vllm", "sglang", "sglang",
+                                                                      "pd_decode", None]
+    decode, prefill = pd_schedulers()
+    assert type(decode_runs_for(decode)) is PDDecodeRuns
+    assert decode_runs_for(prefill) is None
 
 
 def test_capabilities_are_declared_not_probed():
@@ -114,7 +120,8 @@ def test_capabilities_are_declared_not_probed():
     assert sglang().capabilities == SchedulerCapabilities(1, False, "radix", "sglang")
     assert sglang(overlap_schedule=True, enable_radix_cache=False).capabilities == SchedulerCapabilities(2, False, None, "sglang")
     # P/D schedulers are vLLM's (async by default, as SimConfig's vLLM 0.19 defaults).
-    assert all(s.capabilities == SchedulerCapabilities(2, True, "block_hash", None) for s in pd_schedulers())
+    assert [s.capabilities for s in pd_schedulers()] == [SchedulerCapabilities(2, True, "block_hash", "pd_decode"),
+                                                         SchedulerCapabilities(2, True, "block_hash", None)]
     with pytest.raises(ValueError, match="max_steps_in_flight"):
         SchedulerCapabilities(3, True, None)
     with pytest.raises(dataclasses.FrozenInstanceError):

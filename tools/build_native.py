@@ -62,7 +62,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
         "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
-        "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py", "bulk/spec.py",
+        "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py", "bulk/spec.py", "bulk/pd.py",
         "prefix_lookup.py",  # a prefix-aware router's lookup, on every replica at every decision
     ),
     # The engine (the reference core and the objects it owns) around every scheduler call, what it

@@ -19,6 +19,9 @@ sees. The right is declared here, member by member:
   `block_pool` (its free queue: allocations pop it in order), `coordinator`, `enable_caching`,
   `block_size`, `max_model_len`; allocates and caches through the group manager and the pool as
   allocate_slots does, and records lookups through get_computed_blocks.
+- `pd.PDDecodeRuns` on the P/D decode schedulers (simulator/cluster/pd.py): vLLM's, with the
+  requests parked for a KV transfer passed over; reads `waiting`, `skipped_waiting` and
+  `finished_recving_kv_req_ids`.
 - `sglang.SGLangDecodeRuns` on `SGLangScheduler` (scheduler/sglang/scheduler.py, batching.py):
   reads `running`, `waiting`, `ghosts`, `batch_is_full`, `chunked_req`, `last_batch`, `config`,
   `_pending` (an abort the next update reports); calls `_merge_last_batch` and `_finish`; writes
@@ -50,11 +53,13 @@ def _builtins() -> None:
     """The built-in owners, registered on the first lookup. Here, not in their modules: an owner's
     module has no import-time side effect (the build executes a compiled module's source again to
     check it: tests/test_compile_transform.py)."""
+    from servesim.scheduler.bulk.pd import PDDecodeRuns
     from servesim.scheduler.bulk.sglang import SGLangDecodeRuns
     from servesim.scheduler.bulk.vllm import VllmDecodeRuns
 
     DECODE_RUNS.add("vllm", VllmDecodeRuns)
     DECODE_RUNS.add("sglang", SGLangDecodeRuns)
+    DECODE_RUNS.add("pd_decode", PDDecodeRuns)
 
 
 # name -> owner factory (SchedulerCapabilities.decode_runs names one)

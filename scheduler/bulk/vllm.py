@@ -68,6 +68,17 @@ class VllmDecodeRuns:
     def finished_req_ids(self) -> set[str]:
         return self.scheduler.finished_req_ids
 
+    def anyone_admissible_waits(self) -> bool:
+        """Whether a waiting request could take a seat or blocks a finish frees: any waiting one
+        here (P/D's decode side passes over those parked for a transfer: bulk/pd.py)."""
+        sched = self.scheduler
+        return bool(sched.waiting or sched.skipped_waiting)
+
+    def connector_passes_decode_steps(self) -> bool:
+        """Whether the scheduler's KV connector does nothing in a plain decode step: none here (a
+        connector loads and saves at steps); P/D's decode side says otherwise (bulk/pd.py)."""
+        return self.scheduler.connector is None
+
     def usage_at(self, num_free_blocks: int) -> float:
         return self.kv.usage_at(num_free_blocks)
 
@@ -93,7 +104,7 @@ class VllmDecodeRuns:
         admit it). A waiting request schedule() reaches must stay refused through the run
         (_refused_head_hit). Conservative: any state not recognised answers 0."""
         sched = self.scheduler
-        if (sched.connector is not None or sched.num_spec_tokens or sched.num_lookahead_tokens
+        if (not self.connector_passes_decode_steps() or sched.num_spec_tokens or sched.num_lookahead_tokens
                 or sched.tracer is not None or sched.policy.next_event_s() is not None):
             return 0
         running = sched.running
@@ -115,7 +126,7 @@ class VllmDecodeRuns:
         max_len = sched.max_model_len
         ph = num_in_flight
         num_batch = 0
-        anyone_waits = bool(sched.waiting or sched.skipped_waiting)
+        anyone_waits = self.anyone_admissible_waits()
         through = through_finishes and ph == 1 and not anyone_waits
         caps: list[int] = []  # through: each request's steps before its last (decode_run_steps)
         for r in running:

@@ -105,6 +105,7 @@ class Cluster:
         self.decoders = [r for r in self.replicas if r.role == "decode"]
         self.timelines: dict[str, PDTimeline] = {}
         self.links: list[KVLink] = []
+        self.pending_handoffs_s: list[float] = []  # a heap: when hand-offs now pending land (fastpath/pd_runs.py)
         if cfg.pd is not None:
             self.decode_router = make_router(cfg.pd.decode_router.name, cfg.pd.decode_router.params, self.rng,
                                              "pd.decode_router")
@@ -137,6 +138,16 @@ class Cluster:
             # Replicas with planners behind one router, whose runs may go past arrivals that the
             # router provably sends elsewhere (a P/D handoff or a lockstep group has other readers).
             self._use_router_proof()
+        if cfg.pd is not None:
+            self._use_pd_bounds()  # decode replicas' runs end before the next hand-off or landing
+
+    def _use_pd_bounds(self) -> None:
+        """The P/D decode replicas' outside-event bounds, or their planners declined with the reason
+        (simulator/fastpath/pd_runs.py, imported only where a decode replica has a planner)."""
+        if any(r.engine.planner is not None for r in self.decoders):
+            from servesim.simulator.fastpath.pd_runs import attach_pd_bounds
+
+            attach_pd_bounds(self)
 
     def _use_router_proof(self) -> None:
         """Hand each front replica the router's proof of when a request can next reach it. The
@@ -199,6 +210,7 @@ class Cluster:
         self.replicas.append(rep)
         if rep.role == "decode":
             self.pd_links.add_decoder(rep)
+            self._use_pd_bounds()  # autoscaled: declined
         return rep
 
     def _kv_bytes_table(self) -> dict[tuple[tuple[int, int], tuple[int, int]], int]:
@@ -327,6 +339,7 @@ class Cluster:
         delay = self.cfg.pd.handoff_latency_s
         if delay > 0:
             self.env.timeout(delay).callbacks.append(lambda _ev: self._handoff(request_id))
+            heapq.heappush(self.pending_handoffs_s, self.env.now + delay)  # the timeout's own time
         else:
             self._handoff(request_id)
 

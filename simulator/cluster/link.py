@@ -39,17 +39,41 @@ class KVLink:
         self._last_s = 0.0
         self._changed: simpy.Event | None = None
         self._server: simpy.Process | None = None
+        # When calls of done() can next come (next_event_s): the clock's readings at which the
+        # transfers still in their latency join the wire, at which the lanes' transfers land, and
+        # at which the fair server next wakes (inf: it is not running). Heaps, entries past dropped.
+        self._joins_s: list[float] = []
+        self._lands_s: list[float] = []
+        self._wake_s = float("inf")
 
     def transfer(self, nbytes: int, done: Callable[[], None]) -> None:
         """Send nbytes; call done() (inside the simulation) when the last byte arrives."""
+        now = self.env.now
+        heapq.heappush(self._joins_s, now + self.cfg.latency_s if self.cfg.latency_s > 0 else now)
         self.env.process(self._send(nbytes, done))
+
+    def next_event_s(self) -> float:
+        """No transfer on this link lands before this time, from its state now (a lower bound:
+        the P/D fast path's, simulator/fastpath/pd_runs.py). A transfer in its latency lands no
+        earlier than it joins (timeouts are the clock's now + delay, as recorded); one on a lane
+        lands at its recorded time; one shared fairly lands no earlier than the server's next
+        wake as now scheduled, since a join only slows those on the wire (the joiner itself is
+        counted by its join time until the server has seen it, in that same instant)."""
+        now = self.env.now
+        for times in (self._joins_s, self._lands_s):
+            while times and times[0] < now:
+                heapq.heappop(times)
+        return min(self._joins_s[0] if self._joins_s else self._wake_s,
+                   self._lands_s[0] if self._lands_s else self._wake_s, self._wake_s)
 
     def _send(self, nbytes: int, done: Callable[[], None]):
         if self.cfg.latency_s > 0:
             yield self.env.timeout(self.cfg.latency_s)
         if self._lanes is not None:
             end_s = self._on_lane(nbytes)
-            yield self.env.timeout(end_s - self.env.now)
+            now = self.env.now
+            heapq.heappush(self._lands_s, now + (end_s - now))
+            yield self.env.timeout(end_s - now)
             self._complete(nbytes, done)
             return
         self._advance()
@@ -84,6 +108,7 @@ class KVLink:
             tag = self._heap[0][0]
             wait = max(tag - self._virtual, 0.0) * len(self._heap) / bw
             self._changed = env.event()
+            self._wake_s = env.now + wait
             yield env.timeout(wait) | self._changed
             self._advance()
             # Finish every transfer whose tag has been reached; the tolerance absorbs float rounding.
@@ -91,6 +116,7 @@ class KVLink:
             while self._heap and self._heap[0][0] <= self._virtual + eps:
                 _, _, nbytes, done = heapq.heappop(self._heap)
                 self._complete(nbytes, done)
+        self._wake_s = float("inf")
 
     def _complete(self, nbytes: int, done: Callable[[], None]) -> None:
         self.bytes_sent += nbytes

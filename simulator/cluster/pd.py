@@ -109,9 +109,14 @@ class StallAwareMixin:
     """
 
     _stalled = False
-    # A P/D step does what the vLLM bulk decode path does not replay (KV transfers, delayed
-    # frees, stalls): macro-steps never apply (SchedulerCapabilities.decode_runs).
+    # A prefill step does what the vLLM bulk decode path does not replay (delayed frees, stalls):
+    # macro-steps never apply (SchedulerCapabilities.decode_runs). The decode side names its own.
     decode_runs: ClassVar[str | None] = None
+
+    @property
+    def stalled(self) -> bool:
+        """The last schedule ran nothing with nothing running: only an outside event wakes it."""
+        return self._stalled
 
     def schedule(self, now_s: float | None = None):
         out = super().schedule(now_s)
@@ -128,6 +133,11 @@ class StallAwareMixin:
 
 class DecodeSchedulerMixin(StallAwareMixin):
     """A decode-side scheduler: set `connector` to a RemotePrefillConnector."""
+
+    # Between hand-offs and landings its steps are vLLM's plain decode steps, the parked requests
+    # passed over (scheduler/bulk/pd.py); a run's schedules leave `_stalled` False, as each of
+    # them would (a run needs running requests: a stalled schedule had none, nor has any since).
+    decode_runs: ClassVar[str | None] = "pd_decode"
 
     def mark_kv_received(self, request_id: str) -> None:
         self._stalled = False
@@ -165,6 +175,16 @@ class PrefillEngine(Engine):
         refuse_kv_offload(cfg, "a P/D prefill engine's connector is the P/D one")
         super().__init__(cfg, scheduler=_pd_scheduler(PrefillSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
         self.scheduler.connector = RemoteDecodeConnector()
+        # The clock's reading when the loop applies the step it waits for (None: it waits for none).
+        # Its prompts finish, and are handed off, no earlier (simulator/fastpath/pd_runs.py).
+        self.awaited_update_s: float | None = None
+
+    def _apply_oldest(self, in_flight):
+        """Engine._apply_oldest, noting when the update it waits for lands (the timeout's own sum)."""
+        end_s, now = in_flight[0][2], self.env.now
+        self.awaited_update_s = now + (end_s - now) if end_s > now else now
+        yield from super()._apply_oldest(in_flight)
+        self.awaited_update_s = None
 
     def kv_sent(self, request_id: str) -> None:
         self.scheduler.finish_sending(request_id)
@@ -182,5 +202,7 @@ class DecodeEngine(Engine):
         self.connector = connector
 
     def kv_received(self, request_id: str) -> None:
+        if self.planner is not None:  # a landing is an arrival: no run may have gone past it
+            self.planner.before_submit(self.env.now)
         self.scheduler.mark_kv_received(request_id)
         self.notify()

@@ -63,6 +63,12 @@ class MacroPlanner:
         self.next_arrival_s = 0.0
         self.arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
         self.reads: PlannedReads | None = None  # a state-reading router's, with deferred runs
+        # The next outside event's bound, recomputed at each loop top instead of announced (a P/D
+        # decode replica's: fastpath/pd_runs.py); None: the announced next arrival.
+        self.next_arrival_fn: Callable[[], float] | None = None
+        # The finish callback reads no clock and nothing a run changes, so it may hear the in-flight
+        # step's finishes when the run is applied, before their time (P/D decode replicas: pd_runs.py).
+        self.finishes_heard_any_time = False
 
     # --- RunPlanner: what the engine calls ---------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -132,6 +138,8 @@ class MacroPlanner:
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
         """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance)."""
         engine = self.engine
+        if self.next_arrival_fn is not None:
+            self.next_arrival_s = self.next_arrival_fn()
         if not now < self.next_arrival_s or engine.clients.num_in_frontend:
             return None
         runs, applier, clock = self.runs, self.applier, self.clock
@@ -150,7 +158,8 @@ class MacroPlanner:
         if k < 2 or engine.watchdog.due(engine.book.num_steps + 1, now):
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = runs.decode_run_requests()
-        if len(reqs) < engine.scheduler.get_request_counts()[0] and not self._finishes_stay_inside():
+        if len(reqs) < engine.scheduler.get_request_counts()[0] and not (
+                self.finishes_heard_any_time or self._finishes_stay_inside()):
             return None
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and min(each) >= k:

@@ -1,0 +1,175 @@
+"""P/D decode replicas on the fast path (simulator/fastpath/pd_runs.py, scheduler/bulk/pd.py):
+whole outputs byte-identical to plain stepping (requests, steps, the summary with its P/D TTFT
+split and link stats), across link sharing modes and scopes, hand-off latencies, decode routers,
+sync and async scheduling and pools tight enough that requests wait for blocks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+
+from servesim.simulator.cluster import (
+    Cluster, ClusterConfig, KVLink, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, sim_config_from_dict,
+)
+from servesim.traces.synthetic import make_workload
+
+
+def _workload(n: int, rate: float, seed: int, output_median: int = 80):
+    return make_workload("poisson", {
+        "num_requests": n, "arrival": {"rate_per_s": rate},
+        "prompt_len": {"dist": "lognormal", "median": 400, "sigma": 0.6, "max_value": 3000},
+        "output_len": {"dist": "lognormal", "median": output_median, "sigma": 0.6, "max_value": 400},
+    }, np.random.default_rng(seed))
+
+
+def _config(macro: bool, async_: bool = True, n_prefill: int = 2, n_decode: int = 2, sim: dict | None = None,
+            **pd_kw) -> ClusterConfig:
+    s = sim_config_from_dict({"scheduler.async_scheduling": async_, "macro_steps": macro, **(sim or {})})
+    return ClusterConfig(replicas=[ReplicaGroup(n_prefill, s, role="prefill"), ReplicaGroup(n_decode, s, role="decode")],
+                         pd=PDConfig(**pd_kw), routing_latency_s=0.001)
+
+
+_RUN_ONLY = {"wall_time_s", "sim_speedup_x", "fast_path_declined"}  # how the run went, not what it simulated
+
+
+def _drop_run_only(x):
+    if isinstance(x, dict):
+        return {k: _drop_run_only(v) for k, v in x.items() if k not in _RUN_ONLY}
+    if isinstance(x, list):
+        return [_drop_run_only(v) for v in x]
+    return x
+
+
+def _summary(res) -> str:
+    return json.dumps(_drop_run_only(res.summary), sort_keys=True, default=str)
+
+
+def _both(wl, **kw):
+    plain_c = Cluster(_config(False, **kw), wl)
+    plain = plain_c.run()
+    macro_c = Cluster(_config(True, **kw), wl)
+    macro = macro_c.run()
+    pd.testing.assert_frame_equal(plain.requests, macro.requests)
+    pd.testing.assert_frame_equal(plain.steps, macro.steps)
+    assert _summary(plain) == _summary(macro)
+    return macro_c, macro
+
+
+def _macro_fraction(cluster: Cluster) -> float:
+    decoders = [r.engine for r in cluster.replicas if r.role == "decode"]
+    return sum(e.planner.num_macro_steps for e in decoders) / sum(e.book.num_steps for e in decoders)
+
+
+CASES = {
+    "fair": {},
+    "fair-slow": {"link": LinkConfig(bandwidth_bytes_per_s=2e9)},
+    "lanes": {"link": LinkConfig(sharing="lanes", lanes=2, bandwidth_bytes_per_s=4e9)},
+    "shared-handoff": {"link": LinkConfig(scope="shared", bandwidth_bytes_per_s=8e9), "handoff_latency_s": 0.005},
+    "least-kv": {"decode_router": RouterConfig("least_kv"), "handoff_latency_s": 0.002},
+    "round-robin-lanes-shared": {"decode_router": RouterConfig("round_robin"),
+                                 "link": LinkConfig(sharing="lanes", lanes=3, scope="shared", latency_s=0.0)},
+    # requests wait for blocks on both sides, decode replicas preempt (recomputing locally)
+    "tight-pools": {"sim": {"cache.num_gpu_blocks": 270, "scheduler.max_model_len": 4160},
+                    "decode_router": RouterConfig("least_kv"), "n_prefill": 1},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("async_", [True, False])
+def test_pd_macro_steps_identical(case, async_):
+    cluster, _ = _both(_workload(120, 12.0, seed=7), async_=async_, **CASES[case])
+    assert _macro_fraction(cluster) > 0.3  # the decode replicas did run in bulk
+
+
+def test_tight_pools_preempt_on_the_decode_side():
+    """The tight-pools case exercises what it claims: decode replicas preempt and requests wait."""
+    cluster, res = _both(_workload(120, 30.0, seed=7, output_median=150), **CASES["tight-pools"])
+    assert sum(r.engine.num_preemptions for r in cluster.replicas if r.role == "decode") > 20
+    assert _macro_fraction(cluster) > 0.15  # preemptions and waits for blocks cut runs short
+
+
+def test_link_next_event_is_when_the_clock_next_calls_done():
+    """KVLink.next_event_s: a transfer in its latency counts from its join, one on the wire from
+    the server's next wake (fair) or its lane's landing (lanes); exact floats, as the clock reads them."""
+    env = simpy.Environment()
+    link = KVLink(env, LinkConfig(bandwidth_bytes_per_s=1e9, latency_s=0.001))
+    landed: list[float] = []
+    assert link.next_event_s() == float("inf")
+    link.transfer(1_000_000, lambda: landed.append(env.now))
+    assert link.next_event_s() == 0.001  # joins at 0.001
+    env.run(until=0.0015)
+    assert link.next_event_s() == 0.001 + 1_000_000 / 1e9  # the server's wake
+    env.process(_later(env, 0.0015, lambda: link.transfer(1_000_000, lambda: landed.append(env.now))))
+    env.run(until=0.0016)
+    assert link.next_event_s() == 0.001 + 1_000_000 / 1e9  # the second joins at 0.0025, later
+    env.run(until=0.0021)
+    assert landed == [0.001 + 1_000_000 / 1e9] and link.next_event_s() == 0.0015 + 0.001
+    env.run()
+    assert len(landed) == 2 and link.next_event_s() == float("inf")
+    lanes = KVLink(env, LinkConfig(bandwidth_bytes_per_s=2e9, latency_s=0.0, sharing="lanes", lanes=2))
+    t0 = env.now
+    lanes.transfer(1_000_000, lambda: None)
+    assert lanes.next_event_s() == t0  # not yet on its lane: it joins now
+    env.run(until=t0 + 0.0001)
+    assert lanes.next_event_s() == t0 + ((t0 + 0.001) - t0)  # its landing as the timeout reads it
+
+
+def _later(env, t, fn):
+    yield env.timeout(t - env.now)
+    fn()
+
+
+def test_parked_requests_are_passed_over_and_a_new_one_stops_runs():
+    """The decode side's bulk path: a request parked for its transfer lets runs go on (no waiting
+    head, no admissible waiter); a request not yet parked, or one whose KV landed, stops them."""
+    from servesim.scheduler.bulk import decode_runs_for
+    from servesim.scheduler.request import RequestStatus
+    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, RemotePrefillConnector, _pd_scheduler
+    from servesim.simulator.startup import resolve_cache
+    from tests.sched_helpers import req, step
+
+    cfg = sim_config_from_dict({"scheduler.async_scheduling": False})
+    sched = _pd_scheduler(DecodeSchedulerMixin, cfg, resolve_cache(cfg)[0])
+    started: list[str] = []
+    conn = sched.connector = RemotePrefillConnector(lambda r, n: started.append(r.request_id))
+    runs = decode_runs_for(sched)
+    for i in range(3):  # three requests decoding locally (no connector: their prompts run here)
+        sched.add_request(req(sched, f"r{i}", 64, max_tokens=50))
+    step(sched)  # prefill + first token
+    assert runs.decode_run_horizon(100, 0) > 2
+    conn.expect("p")
+    sched.add_request(req(sched, "p", 300, max_tokens=20))
+    assert runs.decode_run_horizon(100, 0) == 0  # its first schedule reserves blocks and starts the transfer
+    step(sched)
+    assert started == ["p"] and sched.requests["p"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert runs._waiting_head(3) is None and not runs.anyone_admissible_waits()
+    h = runs.decode_run_horizon(100, 0)
+    assert h > 2
+    sched.mark_kv_received("p")
+    assert runs.decode_run_horizon(100, 0) == 0  # the landed request is admitted at the next schedule
+
+
+def test_what_the_bound_does_not_cover_declines_with_a_reason():
+    """Gateways, session turns, autoscaling and lockstep groups: the decode replicas step, and the
+    summary says why (pd_runs.pd_declined); a plain P/D cluster's decode replicas keep their planner."""
+    from types import SimpleNamespace
+
+    from servesim.simulator.fastpath.pd_runs import pd_declined
+
+    def fake(**kw):
+        base = {"gateway": None, "turns": None, "cfg": SimpleNamespace(autoscale=None), "lockstep_groups": []}
+        return SimpleNamespace(**{**base, **kw})
+
+    assert pd_declined(fake()) is None
+    assert "gateway" in pd_declined(fake(gateway=object()))
+    assert "session turns" in pd_declined(fake(turns=object()))
+    assert "autoscaler" in pd_declined(fake(cfg=SimpleNamespace(autoscale=object())))
+    assert "lockstep" in pd_declined(fake(lockstep_groups=[[0, 1]]))
+    cluster = Cluster(_config(True), _workload(4, 10.0, seed=1))
+    for r in cluster.replicas:
+        assert (r.engine.planner is not None) == (r.role == "decode"), r.name
+        assert (r.engine.planner_declined is None) == (r.role == "decode"), r.name
