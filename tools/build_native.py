@@ -72,7 +72,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "step_table.py", "request_records.py", "executor.py", "request_factory.py", "step_book.py",
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
-        "fastpath/planner.py",
+        "fastpath/planner.py", "fastpath/run_length.py",
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

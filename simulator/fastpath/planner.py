@@ -39,6 +39,7 @@ from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.fastpath.deferred import DeferredRuns
+from servesim.simulator.fastpath.run_length import PlanGate
 from servesim.simulator.fastpath.runs import RunApplier
 from servesim.simulator.fastpath.timeline import RunClock, Timeline, batch_at, exact_delays
 
@@ -60,6 +61,7 @@ class MacroPlanner:
         # The next arrival from outside; 0 = unknown (a run then never starts).
         self.next_arrival_s = 0.0
         self.arrival_bound: Callable[[int], float] | None = None  # expect_arrivals_by_load
+        self.gate = PlanGate()  # backs off while attempts fail (fastpath/run_length.py)
 
     # --- RunPlanner: what the engine calls ---------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -114,7 +116,16 @@ class MacroPlanner:
 
     # --- planning ----------------------------------------------------------------------------------
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
-        """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance)."""
+        """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance), when
+        the gate lets this loop top attempt one (fastpath/run_length.py)."""
+        if not self.gate.should_try():
+            return None
+        num_before = self.applier.num_macro_steps
+        delays_s = self._plan(now, in_flight)
+        self.gate.record(self.applier.num_macro_steps - num_before, self.deferred.pending is not None)
+        return delays_s
+
+    def _plan(self, now: float, in_flight: InFlight) -> list[float] | None:
         engine = self.engine
         if not now < self.next_arrival_s or engine.clients.num_in_frontend:
             return None
