@@ -51,11 +51,16 @@ def test_a_run_ends_the_backoff_and_its_length_caps_the_skip():
     assert pattern == "a" * FREE_FAILURES + ".a..a....a........a" + ".........." + "a" + ".........." + "a"
 
 
-def test_one_step_tails_fail_and_deferred_runs_succeed():
+def test_one_step_tails_are_neutral_and_deferred_runs_succeed():
     gate = PlanGate()
-    for _ in range(FREE_FAILURES):
+    for _ in range(FREE_FAILURES - 1):
         assert gate.should_try()
-        gate.record(1, False)  # an async tail step alone: no run
+        gate.record(0, False)
+    assert gate.should_try()
+    gate.record(1, False)  # an async tail step alone: neither a failure nor a run
+    assert (gate.num_failures, gate.skip_left, gate.num_runs) == (FREE_FAILURES - 1, 0, 0)
+    assert gate.should_try()
+    gate.record(0, False)
     assert gate.skip_left == 1
     assert not gate.should_try() and gate.should_try()
     gate.record(0, True)  # a cluster replica's deferred run

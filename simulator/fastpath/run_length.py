@@ -8,8 +8,8 @@ trace (first 3,000 requests, Llama-3.1-70B TP8) made 19,172 attempts for 1 run, 
 simulation's time. On the Azure conversation hour (first 5,000 requests) a success followed at
 most 11 failed attempts (1-4 for 96 % of its 3,855 runs).
 
-`PlanGate` counts consecutive failed attempts (an attempt that applied fewer than two steps and
-left no run pending). After `FREE_FAILURES` of them it skips the next loop tops, 1, 2, 4, ...
+`PlanGate` counts consecutive failed attempts (an attempt that applied nothing and left no run
+pending; an async tail step alone, one step applied, neither fails nor ends the backoff). After `FREE_FAILURES` of them it skips the next loop tops, 1, 2, 4, ...
 of them, doubling after each further failure, capped by the runs measured so far: the mean
 length of the runs this planner applied (at least `MIN_SKIP_CAP`, at most `MAX_SKIP`; `MAX_SKIP`
 before any run). Skipping s loop tops misses at most the first s steps of a run that became
@@ -67,6 +67,8 @@ class PlanGate:
             self.num_run_steps += num_steps_applied
             self.num_failures = 0
             return
+        if num_steps_applied:
+            return  # a tail step alone: no run, but no failed proof either (it saved a schedule)
         self.num_failures += 1
         if self.num_failures >= FREE_FAILURES:
             self.skip_left = min(1 << min(self.num_failures - FREE_FAILURES, 30), self.skip_cap())
