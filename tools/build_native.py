@@ -73,7 +73,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "step_table.py", "request_records.py", "executor.py", "request_factory.py", "step_book.py",
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
-        "fastpath/planner.py", "fastpath/spec_runs.py",
+        "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/run_length.py",
         "fastpath/planned_reads.py",  # a state-reading router's reads, on every replica at every decision
     ),
 }

@@ -35,6 +35,11 @@ _NUM_GROUP_SUFFIXES: Final = 16
 _GROUP_SUFFIXES: Final[list[bytes]] = [g.to_bytes(4, "big", signed=False) for g in range(_NUM_GROUP_SUFFIXES)]
 
 
+def _group_suffix(group_id: int) -> bytes:
+    """What make_block_hash_with_group_id appends to every block hash of group group_id."""
+    return _GROUP_SUFFIXES[group_id] if group_id < _NUM_GROUP_SUFFIXES else group_id.to_bytes(4, "big", signed=False)
+
+
 def get_block_hash(key: bytes) -> bytes:
     return key[:-4]
 
@@ -144,7 +149,31 @@ class BlockPool:
                 blk.private_hash = hashes[num_cached_blocks + i]
             self.num_private_cached += len(new_full_blocks)
             return
-        new_hashes: list[bytes] | None = [] if self.enable_kv_cache_events else None
+        if self.enable_kv_cache_events:
+            self._cache_with_events(request, new_full_blocks, num_cached_blocks, num_full_blocks, block_size, group_id)
+            return
+        # One pass, in bulk (a prefill chunk caches hundreds of blocks): the group's key suffix is
+        # made once and each key goes into the map with one dict call when it is new (the common
+        # case); a duplicate goes through BlockHashToBlockMap.insert. The same entries, in the same
+        # order, as entering each block with insert().
+        suffix = _group_suffix(group_id)
+        hashes = request.block_hashes
+        cache_map = self.cached_block_hash_to_block
+        entries = cache_map._cache
+        i = num_cached_blocks
+        for blk in new_full_blocks:
+            if not blk.is_null:  # the null block: sliding-window positions that were skipped
+                key = hashes[i] + suffix
+                assert blk._block_hash is None, "block already has a hash"
+                blk._block_hash = key
+                if entries.setdefault(key, blk) is not blk:
+                    cache_map.insert(key, blk)
+            i += 1
+
+    def _cache_with_events(self, request: Request, new_full_blocks: list[KVCacheBlock], num_cached_blocks: int,
+                           num_full_blocks: int, block_size: int, group_id: int) -> None:
+        """cache_full_blocks with KV cache events on: each block entered, then one BlockStored."""
+        new_hashes: list[bytes] = []
         for i, blk in enumerate(new_full_blocks):
             if blk.is_null:  # sliding-window positions that were skipped
                 continue
@@ -152,27 +181,42 @@ class BlockPool:
             key = make_block_hash_with_group_id(block_hash, group_id)
             blk.block_hash = key
             self.cached_block_hash_to_block.insert(key, blk)
-            if new_hashes is not None:
-                new_hashes.append(block_hash)
-        if new_hashes is not None:
-            parent = request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
-            tokens = request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
-            self.kv_event_queue.append(
-                BlockStored(tuple(new_hashes), parent, tuple(tokens), block_size, request.lora_id)
-            )
+            new_hashes.append(block_hash)
+        parent = request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None
+        tokens = request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
+        self.kv_event_queue.append(BlockStored(tuple(new_hashes), parent, tuple(tokens), block_size, request.lora_id))
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the front of the free queue, evicting their cached hashes (LRU)."""
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
-        if self.enable_caching:
-            for block in ret:
-                self._maybe_evict_cached_block(block)
-                block.ref_cnt += 1
-        else:
+        if not self.enable_caching:
             for block in ret:
                 block.ref_cnt += 1
+            return ret
+        # _maybe_evict_cached_block for each, inlined for the common cases (a prefill chunk pops
+        # hundreds of blocks, on a full pool most of them still cached, each the one block under
+        # its key): the same map operations in the same order. A key holding other blocks too
+        # (duplicates) is put back and left to _maybe_evict_cached_block, which pops it again and
+        # puts back what remains: the map ends as its single pop would leave it.
+        entries = self.cached_block_hash_to_block._cache
+        events = self.enable_kv_cache_events
+        for block in ret:
+            key = block._block_hash
+            if key is not None:
+                popped = entries.pop(key, None)
+                if popped is block:
+                    block._block_hash = None
+                    if events:
+                        self.kv_event_queue.append(BlockRemoved((get_block_hash(key),)))
+                elif popped is not None:
+                    entries[key] = popped
+                    self._maybe_evict_cached_block(block)
+            elif block.private_hash is not None:
+                block.private_hash = None  # no map entry to drop: nobody else could have hit it
+                self.num_private_cached -= 1
+            block.ref_cnt += 1
         return ret
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:

@@ -6,6 +6,7 @@ simulator. `planner_for(engine)` builds the planner for an engine, or says why t
 run's summary records it): a feature with no bulk support declines here, it never answers wrong.
 
     planner.py   MacroPlanner: proves and plans runs of plain decode steps (exact macro-steps)
+    run_length.py  PlanGate: whether a loop top attempts a run (backs off while attempts fail)
     timeline.py  RunClock: a run's prices and times, with the stepping loop's float arithmetic
     runs.py      RunApplier: applies a planned run to the engine, the scheduler and the executor
     through.py   runs through finishes (the batch shrinks as requests finish inside the run)

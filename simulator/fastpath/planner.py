@@ -41,6 +41,7 @@ from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.fastpath.deferred import DeferredRuns
 from servesim.simulator.fastpath.planned_reads import PlannedReads
+from servesim.simulator.fastpath.run_length import PlanGate
 from servesim.simulator.fastpath.runs import RunApplier
 from servesim.simulator.fastpath.timeline import RunClock, Timeline, batch_at, exact_delays
 
@@ -69,6 +70,7 @@ class MacroPlanner:
         # The finish callback reads no clock and nothing a run changes, so it may hear the in-flight
         # step's finishes when the run is applied, before their time (P/D decode replicas: pd_runs.py).
         self.finishes_heard_any_time = False
+        self.gate = PlanGate()  # backs off while attempts fail (fastpath/run_length.py)
 
     # --- RunPlanner: what the engine calls ---------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -136,7 +138,16 @@ class MacroPlanner:
 
     # --- planning ----------------------------------------------------------------------------------
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
-        """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance)."""
+        """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance), when
+        the gate lets this loop top attempt one (fastpath/run_length.py)."""
+        if not self.gate.should_try():
+            return None
+        num_before = self.applier.num_macro_steps
+        delays_s = self._plan(now, in_flight)
+        self.gate.record(self.applier.num_macro_steps - num_before, self.deferred.pending is not None)
+        return delays_s
+
+    def _plan(self, now: float, in_flight: InFlight) -> list[float] | None:
         engine = self.engine
         if self.next_arrival_fn is not None:
             self.next_arrival_s = self.next_arrival_fn()
