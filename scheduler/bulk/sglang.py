@@ -199,7 +199,7 @@ class SGLangDecodeRuns:
                 r.append_output_tokens_from(tokens.source, tokens.first[i], m)
             else:
                 r.num_output_placeholders += n
-        finish_at = None
+        finish_at: list[list[Request]] | None = None
         if steps_each is not None:
             finish_at = [[] for _ in range(n)]
             for i, m in enumerate(steps_each):

@@ -67,7 +67,7 @@ class BatchingMixin:
 
     @property
     def _mixed_chunk(self: SGLangScheduler) -> bool:
-        return self.config.enable_mixed_chunk and self.config.enable_chunked_prefill
+        return self.config.enable_mixed_chunk and self.config.enable_chunked_prefill is True
 
     def _fill_from_waiting(self: SGLangScheduler, adder: PrefillAdder, try_preemption: bool) -> None:
         cfg = self.config
@@ -123,7 +123,8 @@ class BatchingMixin:
             if self.running and self._check_decode_mem(self.running):
                 for r in self.running:
                     mem.grow(r.request_id, r.num_computed_tokens + 1)
-                batch.kind, batch.decode, self.running = "mixed", self.running, []
+                decoding: list[Request] = []  # the running batch rides along in this one
+                batch.kind, batch.decode, self.running = "mixed", self.running, decoding
         return batch
 
     # --- decode ----------------------------------------------------------------------------------

@@ -44,14 +44,16 @@ class SGLangScheduler(BatchingMixin):
         if missing:
             raise ValueError(f"SGLangConfig fields still None: {', '.join(missing)} "
                              "(fill them from the shared configs: simulator.scheduler_kinds.sglang.map_sglang_config)")
+        page_size, enable_radix_cache = config.page_size, config.enable_radix_cache
+        assert page_size is not None and enable_radix_cache is not None  # resolved: checked just above
         self.config = config
         self.max_model_len = max_model_len
         self.log_stats = log_stats
-        self.page_size = config.page_size
+        self.page_size = page_size
         hc = config.hicache
-        self.hicache = HiCacheController(hc, config.page_size, config.num_pages * config.page_size) \
+        self.hicache = HiCacheController(hc, page_size, config.num_pages * page_size) \
             if hc.enable_hierarchical_cache else None
-        self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache,
+        self.kv_cache_manager = SGLangMemory(config.num_pages, page_size, enable_radix_cache,
                                              self.hicache, hc.hicache_write_policy, check_resolved(config))
         # Tokens a decode step computes per request: 1, or a speculative verify's 1 + k (k drafts,
         # placeholders here: the worker proposes them and draws their acceptance).
@@ -230,7 +232,7 @@ class SGLangScheduler(BatchingMixin):
             if request is None or request.is_finished():
                 continue  # finished while this step ran (overlap's extra forward): dropped
             new_ids = list(sampled[index[rid]]) if sampled and rid in index else []
-            if rid in spec and new_ids:
+            if spec_stats is not None and rid in spec and new_ids:
                 self._accept_drafts(request, len(spec[rid]), len(new_ids) - 1, info, spec_stats)
             # A request retracted after this step was scheduled keeps the token (SGLang drops it and
             # samples it again; the sampled tokens are the same here).
