@@ -82,6 +82,11 @@ class TreeNode:
         assert parent is not None, f"{self!r} has no parent (the root)"
         return parent
 
+    def __hash__(self) -> int:
+        # Written out: a compiled class defining __lt__ does not inherit object's hash. The id is
+        # unique in its tree and never changes (equality stays identity).
+        return self.id
+
     def __lt__(self, other: TreeNode) -> bool:  # heap tie-break: older access, then creation
         return (self.last_access, self.id) < (other.last_access, other.id)
 
