@@ -140,7 +140,7 @@ class BatchingMixin:
             retracted, self.new_token_ratio = self._retract_decode()
             preempted.extend(retracted)
         else:
-            self.new_token_ratio = max(self.new_token_ratio - cfg.ratio_decay, cfg.min_ratio)
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         if len(self.running) < initial_bs:
             self.batch_is_full = False
         if not self.running:

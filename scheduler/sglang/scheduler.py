@@ -78,7 +78,9 @@ class SGLangScheduler(BatchingMixin):
         self.batch_is_full = False
         self.chunked_req: Request | None = None
         self.last_batch: Batch | None = None
-        self.new_token_ratio = config.init_ratio
+        # new_token_ratio's bounds and decay (the config's derived values, read at every decode step)
+        self.init_ratio, self.min_ratio, self.ratio_decay = config.init_ratio, config.min_ratio, config.ratio_decay
+        self.new_token_ratio = self.init_ratio
         self.entry_seq: dict[str, int] = {}  # FCFS time: order of entry into the waiting queue
         self._seq = itertools.count()
         self.rng = random.Random(config.seed)
@@ -104,7 +106,7 @@ class SGLangScheduler(BatchingMixin):
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
         if not self.requests:
-            self.new_token_ratio = self.config.init_ratio  # SGLang re-inits it when idle
+            self.new_token_ratio = self.init_ratio  # SGLang re-inits it when idle
         max_new = self._clamp_max_new_tokens(request)
         if max_new < 1:
             # SGLang aborts a prompt that cannot fit; like vLLM we finish it as ignored.
@@ -220,7 +222,8 @@ class SGLangScheduler(BatchingMixin):
         self._set_now(now_s)
         outputs = self.take_ignored_outputs()
         finished = [o.request_id for o in outputs]
-        _, info = self._steps.pop(id(scheduler_output), (None, StepInfo()))
+        step = self._steps.pop(id(scheduler_output), None)
+        info = StepInfo() if step is None else step[1]
         sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
         spec = scheduler_output.scheduled_spec_decode_tokens
         k = self.config.speculative_num_steps
