@@ -129,7 +129,6 @@ class BatchingMixin:
 
     # --- decode ----------------------------------------------------------------------------------
     def _update_running_batch(self: SGLangScheduler, preempted: list[Request]) -> Batch | None:
-        cfg = self.config
         mem = self.kv_cache_manager
         initial_bs = len(self.running) + len(self.ghosts)
         self.ghosts.clear()  # filter_batch: finished requests leave the running batch here
