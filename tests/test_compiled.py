@@ -23,11 +23,13 @@ from servesim import _native
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import build_native  # noqa: E402
-# The golden traces and the vLLM-parity tests, the contract and policy plug-in tests, and the
-# engine's: exact timelines, macro-steps through finishes, deferred cluster runs.
+# The golden traces and the vLLM-parity tests, the contract and policy plug-in tests, the
+# engine's (exact timelines, macro-steps through finishes, deferred cluster runs) and SGLang's
+# bulk decode path against stepping.
 OTHER_BUILD_TESTS = ("tests/test_sched_golden.py", "tests/test_sched_vllm_parity_fixes.py",
                      "tests/test_sched_interface.py", "tests/test_sched_policies.py", "tests/test_sim_engine.py",
-                     "tests/test_macro_runs.py", "tests/test_deferred_runs.py")
+                     "tests/test_macro_runs.py", "tests/test_deferred_runs.py", "tests/test_sglang_decode_run.py",
+                     "tests/test_sglang_macro_steps.py")
 
 
 def _fresh_build() -> bool:
@@ -178,10 +180,10 @@ def _replay(out: Path, compiled: bool, *extra: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["async", "sync"])
+@pytest.mark.parametrize("loop", ["async", "sync", "sglang"])
 def test_replay_is_byte_identical_pure_and_compiled(loop, tmp_path):
     _need_build()
-    extra = () if loop == "async" else ("--set", "scheduler.async_scheduling=false")
+    extra = {"async": (), "sync": ("--set", "scheduler.async_scheduling=false"), "sglang": ("--engine", "sglang")}[loop]
     _replay(tmp_path / "pure", False, *extra)
     _replay(tmp_path / "compiled", True, *extra)
     for name in ("requests.parquet", "steps.parquet"):

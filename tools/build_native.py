@@ -51,19 +51,23 @@ if TYPE_CHECKING:
 # module that does not exist stops the build with an error naming it.
 # ---------------------------------------------------------------------------------------------
 COMPILED: dict[str, tuple[str, ...]] = {
-    # The vLLM scheduling hot path and its bulk decode path (scheduler/bulk/: it reads the
-    # scheduler's and the KV manager's native attributes, so it is compiled with them; SGLang's
-    # stays interpreted with SGLang). Interpreted on purpose: cold code (config validation, step
-    # traces, invariants, registries), SGLang (typed too loosely for mypyc's run-time checks),
-    # hashing.py (its block hasher is a closure carrying an attribute) and the policies (registered
-    # by a class decorator, which keeps mypyc from making them native classes; a native class
-    # would refuse the interpreted subclasses the policies exist for).
+    # The vLLM and SGLang scheduling hot paths and their bulk decode paths (scheduler/bulk/: each
+    # reads its scheduler's and memory's native attributes, so it is compiled with them). SGLang's
+    # radix trees are compiled together (HiRadixCache and MambaRadixCache subclass RadixCache).
+    # Interpreted on purpose: cold code (config validation, step traces, invariants, registries,
+    # SGLang's HiCache controller and configs), hashing.py (its block hasher is a closure carrying
+    # an attribute) and the policies, vLLM's and SGLang's orderings (registered by a decorator at
+    # import, which keeps mypyc from making them native classes; a native class would refuse the
+    # interpreted subclasses the policies exist for).
     "scheduler": (
         "_schedule.py", "scheduler.py", "async_scheduler.py", "request.py", "output.py", "queues.py",
         "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
         "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py", "bulk/spec.py", "bulk/pd.py",
         "prefix_lookup.py",  # a prefix-aware router's lookup, on every replica at every decision
+        "sglang/radix_cache.py", "sglang/hiradix_cache.py", "sglang/mamba_radix_cache.py", "sglang/memory.py",
+        "sglang/prefill_adder.py", "sglang/output.py", "sglang/batching.py", "sglang/scheduler.py",
+        "bulk/sglang_memory.py", "bulk/sglang.py",
     ),
     # The engine (the reference core and the objects it owns) around every scheduler call, what it
     # calls at every step (step table, request records, the simulated executor), the fast path's

@@ -199,7 +199,7 @@ class SGLangDecodeRuns:
                 r.append_output_tokens_from(tokens.source, tokens.first[i], m)
             else:
                 r.num_output_placeholders += n
-        finish_at = None
+        finish_at: list[list[Request]] | None = None
         if steps_each is not None:
             finish_at = [[] for _ in range(n)]
             for i, m in enumerate(steps_each):
@@ -229,7 +229,7 @@ class SGLangDecodeRuns:
         # order: the same float as stepping).
         if dropped or cfg.enable_priority_scheduling:
             sched.batch_is_full = False
-        ratio, decay, floor = sched.new_token_ratio, cfg.ratio_decay, cfg.min_ratio
+        ratio, decay, floor = sched.new_token_ratio, sched.ratio_decay, sched.min_ratio
         for _ in range(num_steps):
             ratio = max(ratio - decay, floor)
         sched.new_token_ratio = ratio

@@ -67,7 +67,7 @@ class BatchingMixin:
 
     @property
     def _mixed_chunk(self: SGLangScheduler) -> bool:
-        return self.config.enable_mixed_chunk and self.config.enable_chunked_prefill
+        return self.config.enable_mixed_chunk and self.config.enable_chunked_prefill is True
 
     def _fill_from_waiting(self: SGLangScheduler, adder: PrefillAdder, try_preemption: bool) -> None:
         cfg = self.config
@@ -123,12 +123,12 @@ class BatchingMixin:
             if self.running and self._check_decode_mem(self.running):
                 for r in self.running:
                     mem.grow(r.request_id, r.num_computed_tokens + 1)
-                batch.kind, batch.decode, self.running = "mixed", self.running, []
+                decoding: list[Request] = []  # the running batch rides along in this one
+                batch.kind, batch.decode, self.running = "mixed", self.running, decoding
         return batch
 
     # --- decode ----------------------------------------------------------------------------------
     def _update_running_batch(self: SGLangScheduler, preempted: list[Request]) -> Batch | None:
-        cfg = self.config
         mem = self.kv_cache_manager
         initial_bs = len(self.running) + len(self.ghosts)
         self.ghosts.clear()  # filter_batch: finished requests leave the running batch here
@@ -139,7 +139,7 @@ class BatchingMixin:
             retracted, self.new_token_ratio = self._retract_decode()
             preempted.extend(retracted)
         else:
-            self.new_token_ratio = max(self.new_token_ratio - cfg.ratio_decay, cfg.min_ratio)
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         if len(self.running) < initial_bs:
             self.batch_is_full = False
         if not self.running:

@@ -59,7 +59,7 @@ class HiRadixCache(RadixCache):
         host_len, dev = 0, node
         while dev.evicted:
             host_len += len(dev.key)
-            dev = dev.parent
+            dev = dev.up()
         return dev, matched - host_len, node, host_len
 
     def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
@@ -75,7 +75,7 @@ class HiRadixCache(RadixCache):
             matched -= n
         while node.evicted:
             matched -= len(node.key)
-            node = node.parent
+            node = node.up()
         return matched
 
     def peek_host_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
@@ -148,7 +148,7 @@ class HiRadixCache(RadixCache):
         last, chain = node, []
         while node.evicted:
             chain.append(node)
-            node = node.parent
+            node = node.up()
         chain.reverse()
         ancestor = node
         num_tokens = sum(len(n.key) for n in chain)
@@ -181,7 +181,7 @@ class HiRadixCache(RadixCache):
             node = last
             while node is not ancestor:
                 node.loading = False
-                node = node.parent
+                node = node.up()
             done.append(last)
         return done
 
@@ -200,7 +200,7 @@ class HiRadixCache(RadixCache):
                 continue
             if x.host_value is None and self.write_back:
                 self.write_backup(x, write_back=True)
-            parent = x.parent
+            parent = x.up()
             if x.host_value is not None:
                 self.pool.free(x.value)
                 x.value, x.evicted = [], True
@@ -222,12 +222,13 @@ class HiRadixCache(RadixCache):
     def _drop_host_subtree(self, node: TreeNode) -> None:
         for child in list(node.children.values()):
             self._drop_host_subtree(child)
+        assert node.host_value is not None, node  # below a device node only host-only nodes hang
         self.ctl.host_pool.free(node.host_value)
         self._unlink(node)
 
     def _unlink(self, node: TreeNode) -> None:
         """Take a host-only node out of the tree (it holds no device tokens: sizes are unchanged)."""
-        parent = node.parent
+        parent = node.up()
         del parent.children[self._child_key(node.extra, node.key)]
         self._leaves.discard(node)
         if parent is not self.root and not parent.children:
@@ -240,9 +241,10 @@ class HiRadixCache(RadixCache):
         freed = 0
         while freed < num_tokens and leaves:
             x = heapq.heappop(leaves)
+            assert x.host_value is not None, x  # an evicted node lives on host
             self.ctl.host_pool.free(x.host_value)
             freed += len(x.key)
-            parent = x.parent
+            parent = x.up()
             self._unlink(x)
             if parent is not self.root and parent.evicted and not parent.children and parent not in self._pinned:
                 heapq.heappush(leaves, parent)

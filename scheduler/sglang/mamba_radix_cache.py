@@ -75,7 +75,7 @@ class MambaRadixCache(RadixCache):
         """The deepest node at or above `node` holding a state (or the root), and its depth."""
         while node is not self.root and node.mamba_slot is None:
             matched -= len(node.key)
-            node = node.parent
+            node = node.up()
         return node, matched
 
     def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
@@ -92,7 +92,7 @@ class MambaRadixCache(RadixCache):
         while up is not self.root:
             up.last_access = now
             self._offer(up)
-            up = up.parent
+            up = up.up()
         return best, depth
 
     def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
@@ -152,13 +152,13 @@ class MambaRadixCache(RadixCache):
         self.pool.free(node.value)
         self._delete_leaf(node)
         freed = len(node.key)
-        parent = node.parent
+        parent = node.up()
         while (parent is not self.root and parent.mamba_slot is None and not parent.children
                and parent.lock_ref == 0):
             self.pool.free(parent.value)
             self._delete_leaf(parent)
             freed += len(parent.key)
-            parent = parent.parent
+            parent = parent.up()
         if parent is not self.root:
             self._offer(parent)
         return freed
@@ -166,7 +166,7 @@ class MambaRadixCache(RadixCache):
     def _depth(self, node: TreeNode) -> int:
         depth = 0
         while node is not self.root:
-            depth, node = depth + 1, node.parent
+            depth, node = depth + 1, node.up()
         return depth
 
     def evict_mamba(self, num_slots: int) -> int:
@@ -190,6 +190,7 @@ class MambaRadixCache(RadixCache):
 
     def reset(self) -> None:
         for node in self.mamba_nodes:
+            assert node.mamba_slot is not None, node  # mamba_nodes: the nodes holding a slot
             self.mamba_pool.free(node.mamba_slot)
         self.mamba_nodes.clear()
         self.mamba_evictable_size_ = self.mamba_protected_size_ = 0

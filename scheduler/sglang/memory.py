@@ -57,9 +57,13 @@ class SGLangMemory:
         self.mamba_tree: MambaRadixCache | None = None
         if self.mamba_pool is not None and enable_radix_cache:
             self.mamba_tree = MambaRadixCache(page_size, self.pool, self.mamba_pool)
-        self.tree = self.mamba_tree if self.mamba_tree is not None else \
-            RadixCache(page_size, self.pool) if hicache is None else \
-            HiRadixCache(page_size, self.pool, hicache, write_policy)
+        # With HiCache, the tree with a host tier (its host-side operations are reached through
+        # hi_tree, the same object as `tree`; None without HiCache).
+        self.hi_tree: HiRadixCache | None = None
+        if self.mamba_tree is None and hicache is not None:
+            self.hi_tree = HiRadixCache(page_size, self.pool, hicache, write_policy)
+        self.tree: RadixCache = self.mamba_tree if self.mamba_tree is not None else \
+            self.hi_tree if self.hi_tree is not None else RadixCache(page_size, self.pool)
         self.cache_enabled = enable_radix_cache
         self.reqs: dict[str, ReqKV] = {}
         # HiCache: waiting requests whose load from host is in flight (request id -> its last node),
@@ -93,16 +97,17 @@ class SGLangMemory:
                         ) -> tuple[list[int], TreeNode | None, int, TreeNode | None, int]:
         """`match` plus, with HiCache, the host-only part beyond it: (pages, node, tokens, last host
         node, host-only tokens); one match (SGLang's MatchResult), so hits are counted once."""
-        if self.hicache is None or not self.cache_enabled:
+        if self.hi_tree is None or not self.cache_enabled:
             return (*self.match(request, limit), None, 0)
-        dev, n, host_node, host_len = self.tree.match_prefix_host(request.all_token_ids[:limit], extra_key(request))
+        dev, n, host_node, host_len = self.hi_tree.match_prefix_host(request.all_token_ids[:limit], extra_key(request))
         return self.tree.path_pages(dev), dev, n, host_node, host_len
 
     # --- HiCache load back ---------------------------------------------------------------------------
     def start_load_back(self, rid: str, host_node: TreeNode) -> bool:
         """init_load_back: start loading the request's host-tier prefix; True when a load was
         issued (the request then waits for it: is_loading)."""
-        num_tokens = self.tree.load_back(host_node)
+        assert self.hi_tree is not None, "a host-tier match comes from HiRadixCache only"
+        num_tokens = self.hi_tree.load_back(host_node)
         if num_tokens == 0:
             return False
         self.loading[rid] = host_node
@@ -115,10 +120,10 @@ class SGLangMemory:
     def check_hicache_events(self) -> None:
         """check_hicache_events: acknowledge finished writes (unlocking their nodes) and loads
         (their requests may be scheduled now)."""
-        if self.hicache is None:
+        if self.hi_tree is None:
             return
-        self.tree.writing_check()
-        done = set(map(id, self.tree.loading_check()))
+        self.hi_tree.writing_check()
+        done = set(map(id, self.hi_tree.loading_check()))
         for rid in [r for r, node in self.loading.items() if id(node) in done]:
             del self.loading[rid]
 
@@ -144,9 +149,9 @@ class SGLangMemory:
     def peek_host(self, token_ids: Sequence[int], lora_id: Hashable = None) -> int:
         """Tokens past `peek`'s that a match would find on the host tier only, changing nothing
         (0 without HiCache)."""
-        if self.hicache is None or not self.cache_enabled:
+        if self.hi_tree is None or not self.cache_enabled:
             return 0
-        return self.tree.peek_host_prefix(token_ids, None if lora_id is None else (lora_id, None))
+        return self.hi_tree.peek_host_prefix(token_ids, None if lora_id is None else (lora_id, None))
 
     def admit(self, rid: str, prefix_pages: list[int], node: TreeNode | None, prefix_len: int) -> ReqKV:
         """Start a block table on the cached prefix; the prefix path is locked from here on."""
@@ -233,6 +238,7 @@ class SGLangMemory:
         n_pages = aligned // self.page_size
         took = False
         if self.mamba_tree is not None:
+            assert mamba_slot is not None, "a hybrid request inserts with the state after its tokens"
             already, exists = self.mamba_tree.insert_with_state(tokens, kv.pages[:n_pages], extra_key(request),
                                                                 mamba_slot)
             took = not exists
@@ -257,6 +263,7 @@ class SGLangMemory:
             return
         node, matched = self.tree.match_prefix(request.all_token_ids[:aligned], extra_key(request))
         assert matched == aligned, (matched, aligned)
+        assert kv.last_node is not None, "with the cache on, a request locks its matched node (the root at least)"
         self.tree.inc_lock_ref(node)
         self.tree.dec_lock_ref(kv.last_node)
         kv.last_node, kv.cached_len = node, aligned
@@ -269,6 +276,7 @@ class SGLangMemory:
         if self.cache_enabled:
             if insert:  # hybrid: the request's own state goes to the tree (SGLang donates it)
                 took = self._insert(request, kv, kv_len, kv.mamba_slot)[1]
+            assert kv.last_node is not None, "with the cache on, a request locks its matched node (the root at least)"
             self.tree.dec_lock_ref(kv.last_node)
         if kv.mamba_slot is not None and not took:
             self.mamba_pool.free(kv.mamba_slot)

@@ -130,7 +130,7 @@ def _dfs_weight(waiting: list, ctx: QueueContext) -> None:
         stack.extend(node.children.values())
     for node in reversed(order):
         if node is not root:
-            weight[node.parent] += weight[node]
+            weight[node.up()] += weight[node]
     out: list = []
     stack2: list[tuple[TreeNode, bool]] = [(root, False)]
     while stack2:

@@ -68,8 +68,8 @@ class PrefillAdder:
         self.rem_input_tokens = cfg.max_prefill_tokens - mixed_decode_tokens
         self.rem_chunk_tokens: int | None = (
             cfg.chunked_prefill_size - mixed_decode_tokens if cfg.enable_chunked_prefill else None)
-        self.rem_total_token_offset: float = mixed_decode_tokens
-        self.cur_rem_token_offset: float = mixed_decode_tokens
+        self.rem_total_token_offset = float(mixed_decode_tokens)
+        self.cur_rem_token_offset = float(mixed_decode_tokens)
         self.rem_total_token_offset += sum(self._running_offset(r) for r in running + ghosts)
         self.entry_seq = entry_seq
         self._preempt = preempt
@@ -116,6 +116,7 @@ class PrefillAdder:
     # --- the chunked request -----------------------------------------------------------------------
     def add_chunked_req(self, req: Request) -> Request | None:
         """Give the chunked request its next chunk; returns it while chunks remain."""
+        assert self.rem_chunk_tokens is not None, "a chunked request exists only with chunked prefill on"
         rem = min(self.rem_chunk_tokens, int(self.rem_total_tokens))
         if rem <= 0:
             return req  # no room this round: it keeps its place (SGLang would schedule 0 tokens)
@@ -144,7 +145,8 @@ class PrefillAdder:
         try:
             if total >= self.rem_total_tokens or not self._state_available():
                 return AddReqResult.NO_TOKEN
-            if rnd.host_hit_len > 0 and self.memory.start_load_back(req.request_id, rnd.host_node):
+            if rnd.host_node is not None and rnd.host_hit_len > 0 and self.memory.start_load_back(
+                    req.request_id, rnd.host_node):
                 # SGLang's add_one_req calls init_load_back here and runs the request in this batch,
                 # its forward waiting on the load stream layer by layer; here it waits for the
                 # load and is scheduled once loading_check acknowledges it (docs/SGLANG_MODEL.md).
@@ -173,37 +175,38 @@ class PrefillAdder:
         self.memory.admit(req.request_id, rnd.prefix_pages, rnd.node, rnd.prefix_len)
         self.can_run_list.append(Admission(req, rnd.prefix_len, extend_len, continuing=False))
 
-    def _add_req_state(self, r: Request, insert_sorted: bool = False) -> None:
+    def _add_req_state(self, states: list[tuple[float, int]], r: Request, insert_sorted: bool = False) -> None:
         ratio = 1.0 if r.sampling_params.ignore_eos else self.new_token_ratio
         tokens_left = r.max_tokens * ratio - r.num_output_tokens
         if tokens_left <= 0:
             return
         state = (tokens_left, r.num_prompt_tokens + r.num_output_tokens)
         if not insert_sorted:
-            self.req_states.append(state)
+            states.append(state)
             return
         i = 0
-        while i < len(self.req_states) and self.req_states[i][0] < tokens_left:
+        while i < len(states) and states[i][0] < tokens_left:
             i += 1
-        self.req_states.insert(i, state)
+        states.insert(i, state)
 
     def _add_one_req_ignore_eos(self, req: Request, rnd: RoundInput) -> AddReqResult:
         """Admit only if, finishing the requests in order of remaining tokens, KV never runs out."""
         need = self.ceil_paged_tokens(rnd.extend_len)
         if need > min(self.cur_rem_tokens, self.rem_total_tokens) or not self._state_available():
             return AddReqResult.NO_TOKEN
-        if self.req_states is None:
-            self.req_states = []
-            self._add_req_state(req)
+        states = self.req_states
+        if states is None:
+            states = self.req_states = []
+            self._add_req_state(states, req)
             for r in self.running + self.ghosts + [a.request for a in self.can_run_list]:
-                self._add_req_state(r)
-            self.req_states.sort(key=lambda s: s[0])
+                self._add_req_state(states, r)
+            states.sort(key=lambda s: s[0])
         else:
-            self._add_req_state(req, insert_sorted=True)
+            self._add_req_state(states, req, insert_sorted=True)
         cur_rem = self.cur_rem_tokens - need
         freed = 0
-        for i, (tokens_left, tokens_occupied) in enumerate(self.req_states):
-            bs = len(self.req_states) - i
+        for i, (tokens_left, tokens_occupied) in enumerate(states):
+            bs = len(states) - i
             if cur_rem + freed - tokens_left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
                 return AddReqResult.NO_TOKEN
             freed += tokens_occupied

@@ -76,6 +76,17 @@ class TreeNode:
         self.mamba_slot: int | None = None
         self.mamba_lock_ref = 0
 
+    def up(self) -> TreeNode:
+        """The parent: every node in a tree but the root has one (the root's parent is None)."""
+        parent = self.parent
+        assert parent is not None, f"{self!r} has no parent (the root)"
+        return parent
+
+    def __hash__(self) -> int:
+        # Written out: a compiled class defining __lt__ does not inherit object's hash. The id is
+        # unique in its tree and never changes (equality stays identity).
+        return self.id
+
     def __lt__(self, other: TreeNode) -> bool:  # heap tie-break: older access, then creation
         return (self.last_access, self.id) < (other.last_access, other.id)
 
@@ -204,13 +215,13 @@ class RadixCache:
         parts = []
         while node is not self.root:
             parts.append(node.value)
-            node = node.parent
+            node = node.up()
         return [p for part in reversed(parts) for p in part]
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after n tokens; the new upper node inherits its lock count and access time."""
         ps = self.page_size
-        parent = child.parent
+        parent = child.up()
         upper = TreeNode(next(self._ids), child.key[:n], child.value[:n // ps], parent, child.extra)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
@@ -255,7 +266,7 @@ class RadixCache:
                 self.evictable_size_ -= len(node.key)
                 self.protected_size_ += len(node.key)
             node.lock_ref += 1
-            node = node.parent
+            node = node.up()
 
     def dec_lock_ref(self, node: TreeNode) -> None:
         while node is not self.root:
@@ -267,7 +278,7 @@ class RadixCache:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._offer(node)
-            node = node.parent
+            node = node.up()
 
     # --- eviction --------------------------------------------------------------------------------
     def _offer(self, node: TreeNode) -> None:
@@ -300,12 +311,13 @@ class RadixCache:
         if self.pool is not None:
             self.pool.free(node.value)
         self._delete_leaf(node)
-        if node.parent is not self.root:
-            self._offer(node.parent)
+        parent = node.up()
+        if parent is not self.root:
+            self._offer(parent)
         return len(node.key)
 
     def _delete_leaf(self, node: TreeNode) -> None:
-        parent = node.parent
+        parent = node.up()
         del parent.children[self._child_key(node.extra, node.key)]
         self._leaves.discard(node)
         if parent is not self.root and not parent.children:

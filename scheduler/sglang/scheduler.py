@@ -44,14 +44,16 @@ class SGLangScheduler(BatchingMixin):
         if missing:
             raise ValueError(f"SGLangConfig fields still None: {', '.join(missing)} "
                              "(fill them from the shared configs: simulator.scheduler_kinds.sglang.map_sglang_config)")
+        page_size, enable_radix_cache = config.page_size, config.enable_radix_cache
+        assert page_size is not None and enable_radix_cache is not None  # resolved: checked just above
         self.config = config
         self.max_model_len = max_model_len
         self.log_stats = log_stats
-        self.page_size = config.page_size
+        self.page_size = page_size
         hc = config.hicache
-        self.hicache = HiCacheController(hc, config.page_size, config.num_pages * config.page_size) \
+        self.hicache = HiCacheController(hc, page_size, config.num_pages * page_size) \
             if hc.enable_hierarchical_cache else None
-        self.kv_cache_manager = SGLangMemory(config.num_pages, config.page_size, config.enable_radix_cache,
+        self.kv_cache_manager = SGLangMemory(config.num_pages, page_size, enable_radix_cache,
                                              self.hicache, hc.hicache_write_policy, check_resolved(config))
         # Tokens a decode step computes per request: 1, or a speculative verify's 1 + k (k drafts,
         # placeholders here: the worker proposes them and draws their acceptance).
@@ -76,7 +78,9 @@ class SGLangScheduler(BatchingMixin):
         self.batch_is_full = False
         self.chunked_req: Request | None = None
         self.last_batch: Batch | None = None
-        self.new_token_ratio = config.init_ratio
+        # new_token_ratio's bounds and decay (the config's derived values, read at every decode step)
+        self.init_ratio, self.min_ratio, self.ratio_decay = config.init_ratio, config.min_ratio, config.ratio_decay
+        self.new_token_ratio = self.init_ratio
         self.entry_seq: dict[str, int] = {}  # FCFS time: order of entry into the waiting queue
         self._seq = itertools.count()
         self.rng = random.Random(config.seed)
@@ -102,7 +106,7 @@ class SGLangScheduler(BatchingMixin):
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
         if not self.requests:
-            self.new_token_ratio = self.config.init_ratio  # SGLang re-inits it when idle
+            self.new_token_ratio = self.init_ratio  # SGLang re-inits it when idle
         max_new = self._clamp_max_new_tokens(request)
         if max_new < 1:
             # SGLang aborts a prompt that cannot fit; like vLLM we finish it as ignored.
@@ -218,7 +222,8 @@ class SGLangScheduler(BatchingMixin):
         self._set_now(now_s)
         outputs = self.take_ignored_outputs()
         finished = [o.request_id for o in outputs]
-        _, info = self._steps.pop(id(scheduler_output), (None, StepInfo()))
+        step = self._steps.pop(id(scheduler_output), None)
+        info = StepInfo() if step is None else step[1]
         sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
         spec = scheduler_output.scheduled_spec_decode_tokens
         k = self.config.speculative_num_steps
@@ -230,7 +235,7 @@ class SGLangScheduler(BatchingMixin):
             if request is None or request.is_finished():
                 continue  # finished while this step ran (overlap's extra forward): dropped
             new_ids = list(sampled[index[rid]]) if sampled and rid in index else []
-            if rid in spec and new_ids:
+            if spec_stats is not None and rid in spec and new_ids:
                 self._accept_drafts(request, len(spec[rid]), len(new_ids) - 1, info, spec_stats)
             # A request retracted after this step was scheduled keeps the token (SGLang drops it and
             # samples it again; the sampled tokens are the same here).
