@@ -155,7 +155,34 @@ def compare(runs: list[str | Path], out_dir: str | Path | None = None, overwrite
     return cmp
 
 
-from servesim.scenario.library import library_path, scenario_names, scenario_path, shared_data_dir  # noqa: E402
+def scenario_path(name: str) -> Path:
+    """A shipped what-if scenario's file by name, from any folder (servesim/scenario/library.py)."""
+    from servesim.scenario.library import scenario_path as _path  # the scenario package imports pandas
+
+    return _path(name)
+
+
+def scenario_names() -> list[str]:
+    """The shipped what-if scenarios' names."""
+    from servesim.scenario.library import scenario_names as _names
+
+    return _names()
+
+
+def library_path(name: str) -> Path:
+    """Any file of the shipped library by name ("cluster/pd_vs_colocated_pd", "plan/...")."""
+    from servesim.scenario.library import library_path as _path
+
+    return _path(name)
+
+
+def shared_data_dir() -> Path | None:
+    """The shared measurements folder: $SERVESIM_SHARED_DATA, else shared/data beside the checkout."""
+    from servesim.scenario.library import shared_data_dir as _dir
+
+    return _dir()
+
+
 
 __all__ = ["Results", "cluster", "compare", "bundled_trace_path", "library_path", "scenario_names", "scenario_path",
            "shared_data_dir", "load_results", "load_sweep", "load_trace", "plan",
