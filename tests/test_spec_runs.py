@@ -3,12 +3,10 @@ runs of verify steps give byte-identical outputs to stepping, and decline what t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from servesim.overrides import apply_overrides
@@ -29,15 +27,12 @@ def _workload(n: int = 60, rate: float = 3.0, seed: int = 1, out: tuple[int, int
 
 
 def _pair(sets: dict, wl):
-    """Run with and without the fast path; whole outputs must be equal. Returns the macro engine."""
+    """Run with and without the fast path; whole outputs must be equal (test_macro_steps._pair:
+    requests, steps, prefix stats, step count), the summaries too. Returns the macro engine."""
+    from test_macro_steps import _pair as whole_pair
+
+    plain, macro, eng = whole_pair(sets, wl)
     cfg = apply_overrides(SimConfig(), sets)
-    plain = build_engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
-    eng = build_engine(dataclasses.replace(cfg, macro_steps=True), wl)
-    macro = eng.run()
-    pd.testing.assert_frame_equal(plain.metrics.requests_frame(), macro.metrics.requests_frame(), check_exact=True)
-    pd.testing.assert_frame_equal(plain.metrics.steps_frame(), macro.metrics.steps_frame(), check_exact=True)
-    assert (plain.prefix_hits, plain.prefix_queries, plain.num_steps) == (macro.prefix_hits, macro.prefix_queries,
-                                                                         macro.num_steps)
     summaries = [json.dumps(summarize(r.metrics, r.sim_duration_s, 0.0, cfg.slo, len(wl.requests), r.prefix_hits,
                                       r.prefix_queries), sort_keys=True, default=str) for r in (plain, macro)]
     assert summaries[0] == summaries[1]
