@@ -167,6 +167,10 @@ class SimConfig:
     # derives the keys from the trace's id streams without hashing ids; "token_ids" hashes every
     # block's ids as vLLM does. Hits and misses are identical; real token ids are always hashed.
     prefix_cache_keys: str = "provenance"
+    # False: each step's row is folded into the summary's step figures and the 1-second series as the
+    # run goes, then dropped (simulator/step_fold.py): no steps.parquet, the same summary and series.
+    # For runs of ~10^8 steps (a day of a busy fleet), whose rows would not fit in memory.
+    step_rows: bool = True
     # Deprecated: the old sync-only fast-forward, replaced by macro_steps (True turns them on).
     fast_forward: bool = False
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
@@ -211,6 +215,8 @@ class SimConfig:
         if self.prefix_cache_keys not in PREFIX_CACHE_KEYS:
             raise InputError(f"got {self.prefix_cache_keys!r}", field="prefix_cache_keys",
                              allowed=" | ".join(PREFIX_CACHE_KEYS))
+        if not isinstance(self.step_rows, bool):
+            raise InputError(f"expected true or false, got {self.step_rows!r}", field="step_rows")
         if not isinstance(self.macro_steps, bool):
             raise InputError(f"expected true or false, got {self.macro_steps!r}", field="macro_steps")
         from servesim.simulator.startup import check_startup  # imports the specs (a cycle at module level)

@@ -94,7 +94,7 @@ class Engine:
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
-        self.book = StepBook(MetricsCollector(), step_trace, progress)
+        self.book = StepBook(MetricsCollector(cfg.step_rows), step_trace, progress)
         # Who sends the workload's requests, when, through which frontend, and when each output
         # reaches them (simulator/client.py).
         self.clients = Clients(self.env, cfg.frontend if cfg.frontend.enabled else None, cfg.client.max_concurrency,

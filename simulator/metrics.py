@@ -17,6 +17,8 @@ from servesim.simulator.columns import Columns
 from servesim.simulator.order_stats import percentiles
 from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
 from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, pooled_gaps, request_part  # noqa: F401
+from servesim.simulator.step_fold import (FOLDED_COLUMNS, MAX_DENSE_TICKS, RANK_COLUMNS,  # noqa: F401 (re-exported)
+                                          SERIES_COLUMNS, RunFolds, StepFigures, fold_columns)
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
@@ -32,13 +34,14 @@ class MetricsCollector(MetricsRecorder):
     """A run's records (MetricsRecorder, filled by the engine) and what is built from them after it:
     the requests and steps as columns and frames, the time series."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, keep_step_rows: bool = True) -> None:
+        super().__init__(keep_step_rows)
         self._columns: RunColumns | None = None  # built once, after the run (columns())
         self._tables: RunTables | None = None  # its frames, likewise (tables())
         # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
         self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
         self._released: Columns | None = None  # the table the records went into (request_columns(release=True))
+        self._folds: RunFolds | None = None  # the steps' figures and series (step_folds())
 
     # --- tables -------------------------------------------------------------------------------
     def columns(self, release: bool = False) -> RunColumns:
@@ -51,17 +54,31 @@ class MetricsCollector(MetricsRecorder):
         if self._columns is None:
             if self._adopted_steps is not None:
                 steps = Columns.of_frame(self._adopted_steps[0])
-            else:
+            elif self.steps.keep_rows:
                 steps = StepTable.move_to_columns([self.steps])
-            self._columns = RunColumns(self.request_columns(release), steps)
+            else:  # folded as the run went (step_rows: false): no rows, the figures and series remain
+                steps = StepTable().columns()
+            self._columns = RunColumns(self.request_columns(release), steps, self.step_folds())
         return self._columns
+
+    def step_folds(self) -> RunFolds:
+        """What the run's steps are read for (the summary's figures, the 1-second series): this
+        engine's own fold, or the folds a cluster's merged collector adopted (adopt_step_folds)."""
+        if self._folds is None:
+            self._folds = RunFolds({0: self.steps.finish_fold()}, grouped=False, rows_kept=self.steps.keep_rows)
+        return self._folds
+
+    def adopt_step_folds(self, folds: RunFolds) -> None:
+        """Report `folds` (a cluster's replicas', grouped) as this collector's steps' figures and series."""
+        self._folds = folds
+        self._columns = self._tables = None
 
     def tables(self) -> RunTables:
         """The requests and steps frames of columns(), built once and kept."""
         if self._tables is None:
             cols = self.columns()
             steps = self._adopted_steps[0] if self._adopted_steps is not None else cols.steps.frame()
-            self._tables = RunTables(cols.requests.frame(), steps)
+            self._tables = RunTables(cols.requests.frame(), steps, cols.folds)
         return self._tables
 
     def adopt_steps_frame(self, steps: pd.DataFrame) -> None:
@@ -129,9 +146,7 @@ class MetricsCollector(MetricsRecorder):
 
     def timeseries_frame(self, end_s: float) -> pd.DataFrame:
         """1-second ticks: state at the last step that started at or before each tick."""
-        if self._columns is not None:
-            return timeseries_from_steps(self._columns.steps, end_s).frame()
-        return timeseries_from_steps(Columns.of_frame(self.steps_frame()), end_s).frame()
+        return self.step_folds().series(end_s).frame()
 
 
 @dataclass(slots=True)
@@ -139,13 +154,11 @@ class RunColumns:
     """A finished run's requests and steps as columns, built once (MetricsCollector.columns())."""
 
     requests: Columns
-    steps: Columns
-    _timeseries: dict = field(default_factory=dict)  # end_s -> Columns
+    steps: Columns  # no rows when the run kept none (step_rows: false)
+    folds: RunFolds  # the steps' figures and series, whether the rows were kept or not
 
     def timeseries(self, end_s: float) -> Columns:
-        if end_s not in self._timeseries:
-            self._timeseries[end_s] = timeseries_from_steps(self.steps, end_s)
-        return self._timeseries[end_s]
+        return self.folds.series(end_s)
 
 
 @dataclass(slots=True)
@@ -154,93 +167,39 @@ class RunTables:
 
     requests: pd.DataFrame
     steps: pd.DataFrame
+    folds: RunFolds
     _timeseries: dict = field(default_factory=dict)  # end_s -> frame
 
     def timeseries(self, end_s: float) -> pd.DataFrame:
         if end_s not in self._timeseries:
-            self._timeseries[end_s] = timeseries_from_steps(Columns.of_frame(self.steps), end_s).frame()
+            self._timeseries[end_s] = self.folds.series(end_s).frame()
         return self._timeseries[end_s]
 
 
-# Runs longer than this many seconds get a sparse series (timeseries_from_steps): 11.6 days of
-# 1-s rows is ~50 MB of columns; a trace spanning years would otherwise take gigabytes.
-MAX_DENSE_TICKS = 1_000_000
-TIMESERIES_COLUMNS = ["t_s", "running", "waiting", "kv_cache_pct", "prefill_tokens_per_s", "decode_tokens_per_s"]
-# A group's series (steps with a `replica` column) adds these per replica: `running_rank<i>`, ...
-RANK_COLUMNS = ("running", "waiting", "kv_cache_pct")
-_STEP_SERIES = ("num_prefill_tokens", "num_decode_tokens", "num_running", "num_waiting", "kv_usage")
+TIMESERIES_COLUMNS = SERIES_COLUMNS
 
 
 def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
-    """1-second ticks from the steps: state at the last step that started at or before each tick,
-    tokens per second over [t, t + 1). Every second of the run up to MAX_DENSE_TICKS seconds; a
-    longer run (a trace spanning weeks) keeps only the seconds in which a step started and the
-    second after each (where the series falls back to idle), so the series is sized by the steps,
-    never by the simulated span.
+    """The 1-second series of step rows as columns (simulator/step_fold.py, which the run's own
+    series comes from: state at the last step that started at or before each tick, tokens per
+    second over [t, t + 1)). Steps of several replicas, each in its own step order, with a
+    `replica` column (a cluster's) give the group's series. Only the series' columns are read
+    (start_s, the token counts, num_running, num_waiting, kv_usage)."""
+    def part(rows) -> dict[str, np.ndarray]:
+        n = len(steps["start_s"][rows])
+        return {c: steps[c][rows] if c in steps else np.zeros(n, dtype=np.int64) for c in FOLDED_COLUMNS}
 
-    Steps of several replicas, each in its own step order, with a `replica` column (a cluster's:
-    the ranks of a data-parallel deployment, simulator/cluster/) give the group's series: each
-    replica's own series, then the counts (running, waiting, tokens per second) summed over the
-    replicas and KV usage their mean (each replica has its own pool; DP ranks' pools are equal,
-    so the mean is the group's usage), with each replica's running, waiting and KV usage beside
-    (`running_rank<i>`, `waiting_rank<i>`, `kv_cache_pct_rank<i>`, i its `replica` value)."""
-    ticks = _ticks(None if steps.empty else steps["start_s"], end_s)
-    if steps.empty:
-        return Columns({"t_s": ticks, **_series(None, [], ticks)}, TIMESERIES_COLUMNS)
-    if "replica" not in steps:
-        return Columns({"t_s": ticks, **_series(steps["start_s"], [steps[c] for c in _STEP_SERIES], ticks)},
-                       TIMESERIES_COLUMNS)
+    if "replica" not in steps or steps.empty:
+        return RunFolds({0: fold_columns(part(slice(None)))}, grouped=False).series(end_s)
     rep = steps["replica"]
     order = np.argsort(rep, kind="stable") if np.any(rep[1:] < rep[:-1]) else None  # a cluster's: in order
     sorted_rep = rep if order is None else rep[order]
     bounds = [0, *(np.flatnonzero(np.diff(sorted_rep)) + 1).tolist(), len(rep)]
-    per: dict[int, dict[str, np.ndarray]] = {}
+    folds = {}
     for a, b in zip(bounds[:-1], bounds[1:]):
         rows = slice(a, b) if order is None else order[a:b]
-        per[int(sorted_rep[a])] = _series(steps["start_s"][rows], [steps[c][rows] for c in _STEP_SERIES], ticks)
-    data = {"t_s": ticks}
-    for col in TIMESERIES_COLUMNS[1:]:
-        stacked = np.stack([p[col] for p in per.values()])
-        data[col] = stacked.mean(axis=0) if col == "kv_cache_pct" else stacked.sum(axis=0)
-    for i, p in per.items():
-        data.update({f"{col}_rank{i}": p[col] for col in RANK_COLUMNS})
-    return Columns(data)
-
-
-def _ticks(start: np.ndarray | None, end_s: float) -> np.ndarray:
-    """The series' tick times (whole seconds, ascending; see timeseries_from_steps)."""
-    n = math.floor(max(end_s, 0.0)) + 1
-    if n <= MAX_DENSE_TICKS:
-        return np.arange(0.0, float(n))
-    if start is None or not len(start):
-        return np.array([0.0, float(n - 1)])
-    sec = np.unique(np.floor(start))
-    return np.union1d(np.union1d(sec, sec + 1.0), [0.0, float(n - 1)])
-
-
-def _series(start: np.ndarray | None, values: list, ticks: np.ndarray) -> dict[str, np.ndarray]:
-    """One engine's series at `ticks` (TIMESERIES_COLUMNS but t_s) from its steps' start times
-    and _STEP_SERIES columns, in step order; start None: no steps."""
-    n = len(ticks)
-    if start is None:
-        zeros_i, zeros_f = np.zeros(n, dtype=np.int64), np.zeros(n)
-        return {"running": zeros_i, "waiting": zeros_i, "kv_cache_pct": zeros_f,
-                "prefill_tokens_per_s": zeros_f, "decode_tokens_per_s": zeros_f}
-    prefill, decode, running, waiting, kv_usage = values
-    idx = np.searchsorted(start, ticks, side="right") - 1
-    valid = idx >= 0
-    take = np.where(valid, idx, 0)
-    sec = np.floor(start)
-    if n and ticks[-1] == n - 1:  # every second from 0: a step's second is its tick's index
-        pos, keep = sec.astype(np.int64), None
-    else:  # sparse ticks hold every second a step started in (and may stop short of a step)
-        pos = np.searchsorted(ticks, sec)
-        keep = (pos < n) & (ticks[np.minimum(pos, n - 1)] == sec)
-        pos = pos[keep]
-    per_s = [np.bincount(pos, weights=w if keep is None else w[keep], minlength=n)[:n] for w in (prefill, decode)]
-    return {"running": np.where(valid, running[take], 0), "waiting": np.where(valid, waiting[take], 0),
-            "kv_cache_pct": np.where(valid, 100.0 * kv_usage[take], 0.0),
-            "prefill_tokens_per_s": per_s[0], "decode_tokens_per_s": per_s[1]}
+        folds[int(sorted_rep[a])] = fold_columns(part(rows))
+    return RunFolds(folds, grouped=True).series(end_s)
 
 
 def stats(values, scratch: bool = False) -> dict:

@@ -107,7 +107,8 @@ def write_results(out_dir: str | Path, cfg: SimConfig, res: EngineResult, summar
         timeseries = with_hicache_series(timeseries, res.hicache_rows or [])
     if res.kv_offload is not None:
         timeseries = res.kv_offload.with_series(timeseries, with_step_series)
-    return write_result_folder(out_dir, "replay", requests=cols.requests, steps=cols.steps,
+    return write_result_folder(out_dir, "replay", requests=cols.requests,
+                               steps=cols.steps if cols.folds.rows_kept else None,
                                timeseries=timeseries, config=resolved,
                                summary=summary, overwrite=overwrite, identity=identity)
 
@@ -303,14 +304,16 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
     """The one atomic result writer (replay and cluster runs): requests.parquet, steps.parquet,
     timeseries.csv, config.yaml, summary.json (and run.json, the run's identity, when given; NAME.csv for each extra_csv table), written into a staging folder renamed at the end (a
     killed run leaves no complete-looking folder); `kind` goes into the folder's marker. The
-    tables are Columns or pandas DataFrames."""
+    tables are Columns or pandas DataFrames; steps None: a run that kept no step rows (step_rows:
+    false) has no steps.parquet."""
     out_dir = check_output(out_dir, overwrite=overwrite)
     tmp = make_staging(out_dir)
     try:
         with naming(out_dir):  # a full disk names the result folder, not nothing
             mark(tmp, kind)
             write_requests_parquet(requests, tmp / "requests.parquet")
-            write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+            if steps is not None:
+                write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
             write_csv(timeseries, tmp / "timeseries.csv")
             (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")

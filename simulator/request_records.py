@@ -57,9 +57,10 @@ class MetricsRecorder:
     """Per-request records (`requests`: request_id -> RequestRecord) and step rows (`steps`) of
     one engine's run, filled as the engine goes."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_step_rows: bool = True) -> None:
         self.requests: dict[str, RequestRecord] = {}
-        self.steps = StepTable()
+        # keep_step_rows False: the rows are folded as they go (StepTable), not kept
+        self.steps = StepTable(keep_step_rows)
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
 

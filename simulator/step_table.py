@@ -14,6 +14,13 @@ cluster hour has ~17 M steps, whose rows as lists held ~7 GB of boxed numbers; a
 _CHUNK past the last packing) wait in lists, and are packed into the arrays a chunk at a time by
 `struct`: an `array` converts each value it is given through the C argument parser (~5x a list
 append, ~4x struct's conversion), which on the Azure hour cost ~5 % of the run.
+
+What the rows are read for after the run (the summary's step figures, the time series) is folded
+from them (simulator/step_fold.py) in blocks aligned on the row number. A table that does not keep
+its rows (`keep_rows=False`: a config's `step_rows: false`) folds each block as the run goes and
+drops it, FOLD_LAG rows behind the newest (a step's times are completed at its update, after
+later steps may have been scheduled); a table that keeps them folds them once the run is over.
+Both fold the same blocks, so both give the same figures and series, byte for byte.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servesim.simulator.columns import Columns
+from servesim.simulator.step_fold import FOLD_BLOCK, FOLDED_COLUMNS, StepFold
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,6 +42,10 @@ STEP_COLUMNS = ["step", "start_s", "duration_s", "gpu_time_s", "num_requests", "
                 "num_decode_tokens", "kv_usage", "num_running", "num_waiting", "num_preemptions",
                 "prefix_hit_tokens", "prefix_query_tokens"]
 _CHUNK = 4096  # rows waiting as Python numbers before they are packed (~1.7 MB at most)
+# Rows kept unfolded behind the newest (keep_rows=False): a step's duration and prefix stats are
+# set at its update, while at most a pipeline's depth of later steps (async scheduling: one more)
+# have been scheduled; completing a row already folded is an error, never a silent loss.
+FOLD_LAG = 64
 
 
 class StepTable:
@@ -48,7 +60,8 @@ class StepTable:
     lists named after the columns, at r - `_num_packed`; every column has as many rows.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_rows: bool = True) -> None:
+        self.keep_rows = keep_rows
         # The rows not packed yet, one list per column (STEP_COLUMNS' names): declared one by one,
         # so the compiled engine (tools/build_native.py) reads them as native attributes.
         self.step: list[int] = []
@@ -69,6 +82,12 @@ class StepTable:
         # After move_to_columns: this table's rows as views of the columns they moved to (its own
         # are then None: the run is over, and a row added after would fail loudly, not vanish).
         self._moved: Columns | None = None
+        # The rows folded so far (a prefix, in FOLD_BLOCK blocks), and those of them no longer in
+        # the arrays (keep_rows=False: row r is at _packed[name][r - _num_dropped]).
+        self.fold = StepFold()
+        self._num_folded = 0
+        self._num_dropped = 0
+        self._fold_done = False
 
     def __len__(self) -> int:
         return self._num_packed + len(self.step) if self._moved is None else len(self._moved)
@@ -77,8 +96,8 @@ class StepTable:
                num_decode_tokens: int, kv_usage: float, num_running: int, num_waiting: int,
                num_preemptions: int) -> int:
         """A step just scheduled; its times and prefix stats are filled in later. Returns its row."""
-        if self._moved is not None:
-            raise RuntimeError("a step row added after the table's rows moved to columns (move_to_columns)")
+        if self._moved is not None or self._fold_done:
+            raise RuntimeError("a step row added after the run's rows were folded or moved to columns")
         steps = self.step
         steps.append(step)
         self.start_s.append(start_s)
@@ -102,7 +121,7 @@ class StepTable:
         if i >= 0:
             self.gpu_time_s[i] = gpu_time_s
         else:  # packed since (a step still in flight when its chunk filled)
-            self._packed_arrays()["gpu_time_s"][row] = gpu_time_s
+            self._packed_arrays()["gpu_time_s"][self._packed_row(row)] = gpu_time_s
 
     def set_update(self, row: int, update_s: float, prefix_hit_tokens: int, prefix_query_tokens: int) -> None:
         """The step's output was applied at update_s (the step's duration ends there)."""
@@ -113,9 +132,17 @@ class StepTable:
             self.prefix_query_tokens[i] = prefix_query_tokens
             return
         packed = self._packed_arrays()
-        packed["duration_s"][row] = update_s - packed["start_s"][row]
-        packed["prefix_hit_tokens"][row] = prefix_hit_tokens
-        packed["prefix_query_tokens"][row] = prefix_query_tokens
+        r = self._packed_row(row)
+        packed["duration_s"][r] = update_s - packed["start_s"][r]
+        packed["prefix_hit_tokens"][r] = prefix_hit_tokens
+        packed["prefix_query_tokens"][r] = prefix_query_tokens
+
+    def _packed_row(self, row: int) -> int:
+        """Where packed row `row` is in the arrays; an error for a row already folded."""
+        if row < self._num_folded:
+            raise RuntimeError(f"step row {row} completed after it was folded (more than FOLD_LAG={FOLD_LAG} "
+                               "steps in flight)")
+        return row - self._num_dropped
 
     def extend_decode_run(self, first_step: int, start_s: list[float], duration_s: list[float],
                           gpu_time_s: list[float], num_requests: int | list[int], kv_usage: Iterable[float],
@@ -126,8 +153,8 @@ class StepTable:
         request's lookups: it stays blocked). duration_s may be one shorter than start_s (the last
         step's update is still to come: set_update completes it, prefix stats included).
         num_requests and num_running may be lists, a value per step (a run through finishes)."""
-        if self._moved is not None:
-            raise RuntimeError("step rows added after the table's rows moved to columns (move_to_columns)")
+        if self._moved is not None or self._fold_done:
+            raise RuntimeError("step rows added after the run's rows were folded or moved to columns")
         k = len(start_s)
         steps = self.step
         steps.extend(range(first_step, first_step + k))
@@ -163,6 +190,38 @@ class StepTable:
             packed[name].frombytes(struct.pack(f"{n}{_TYPECODES[name]}", *rows))
             rows.clear()
         self._num_packed += n
+        if not self.keep_rows:
+            self._fold_blocks(lag=FOLD_LAG)
+
+    def _fold_blocks(self, lag: int) -> None:
+        """Fold the packed rows in whole FOLD_BLOCK blocks, leaving at least `lag` unfolded; a table
+        that does not keep its rows drops each block from its arrays once folded."""
+        packed = self._packed_arrays()
+        while self._num_packed - self._num_folded >= FOLD_BLOCK + lag:
+            self._fold_rows(packed, self._num_folded, self._num_folded + FOLD_BLOCK)
+        if not self.keep_rows and self._num_folded > self._num_dropped:
+            drop = self._num_folded - self._num_dropped
+            for arr in packed.values():
+                del arr[:drop]
+            self._num_dropped = self._num_folded
+
+    def _fold_rows(self, packed: dict[str, array], start: int, stop: int) -> None:
+        a, b = start - self._num_dropped, stop - self._num_dropped
+        self.fold.fold({name: np.frombuffer(packed[name], dtype=_DTYPES[name])[a:b] for name in FOLDED_COLUMNS})
+        self._num_folded = stop
+
+    def finish_fold(self) -> StepFold:
+        """Every row folded (the run is over: no row is completed after this): the table's fold."""
+        if not self._fold_done:
+            if self._moved is not None:
+                raise RuntimeError("the table's rows moved to columns before they were folded")
+            self._pack()
+            packed = self._packed_arrays()
+            self._fold_blocks(lag=0)
+            if self._num_packed > self._num_folded:  # the last, shorter block
+                self._fold_rows(packed, self._num_folded, self._num_packed)
+            self._fold_done = True
+        return self.fold
 
     def _drop_rows(self) -> None:
         """Empty the unpacked rows' lists (their rows were packed; appending is refused after)."""
@@ -178,6 +237,8 @@ class StepTable:
 
     def _arrays(self) -> dict[str, array]:
         """Every row packed: the columns' arrays (the table keeps them)."""
+        if not self.keep_rows:
+            raise RuntimeError("the run kept no step rows (step_rows: false): read its fold (finish_fold)")
         self._pack()
         return self._packed_arrays()
 
@@ -207,6 +268,8 @@ class StepTable:
         not copied: the columns view its arrays (MetricsCollector.columns, after a run)."""
         if not tables:
             return StepTable().columns()
+        for t in tables:  # what is read of the rows is folded before they move
+            t.finish_fold()
         sizes = [len(t) for t in tables]
         arrays = [t._arrays() for t in tables]
         for t in tables:  # the table's own rows are gone (the views below keep what they need)

@@ -76,31 +76,23 @@ def warn_rejected(req) -> None:
         logging.getLogger("servesim").warning("WARNING: %s", msg)
 
 
-def _step_figures(steps) -> tuple[float, int]:
-    """(mean KV usage, preemptions) over the steps (0 for none)."""
-    if not len(steps):
-        return 0.0, 0
-    return float(np.asarray(steps["kv_usage"]).mean()), int(np.asarray(steps["num_preemptions"]).sum())
-
-
 def brief_summary(collector: MetricsCollector, prefix_hits: int, prefix_queries: int) -> dict:
     """A few of summarize()'s values, the same expressions on the same columns, without the
     latency statistics of every gap (a cluster's replica table: 32 replicas of 2 M gaps each)."""
     cols = collector.columns()
-    req, steps = cols.requests, cols.steps
+    req, steps = cols.requests, cols.folds.figures()
     ok = finished_requests(req)
-    kv_mean, preemptions = _step_figures(steps)
     return {"num_finished": int(len(ok)), "num_rejected": int(_rejected(req).sum()),
-            "num_steps": int(len(steps)), "ttft_p50_s": stats(ok["ttft_s"])["p50"],
+            "num_steps": steps.num_steps, "ttft_p50_s": stats(ok["ttft_s"])["p50"],
             "tpot_p50_s": stats(ok["tpot_s"])["p50"],
             "prefix_cache_hit_rate": prefix_hits / prefix_queries if prefix_queries else 0.0,
-            "kv_usage_mean": kv_mean, "num_preemptions": preemptions}
+            "kv_usage_mean": steps.kv_usage_mean, "num_preemptions": steps.num_preemptions}
 
 
 def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: float, slo, num_requests: int,
               prefix_hits: int, prefix_queries: int) -> dict:
     cols = collector.columns()
-    req, steps = cols.requests, cols.steps
+    req, steps = cols.requests, cols.folds.figures()
     ok = finished_requests(req)
     # Every gap end to end is the summary's largest array (~65 M in a cluster hour): its statistics
     # are taken now and the array dropped before bench_serve_result builds its own.
@@ -113,7 +105,6 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     if slo.e2e_s is not None:
         meets &= ok["e2e_s"] <= slo.e2e_s
     num_good = int(meets.sum())
-    kv_mean, preemptions = _step_figures(steps)
     rejections = rejection_summary(req)
     return {
         "num_requests": num_requests,
@@ -124,7 +115,7 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         "num_ignored": rejections["num_rejected"],  # the older name, kept for readers of old summaries
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
-        "num_steps": int(len(steps)),
+        "num_steps": steps.num_steps,
         "ttft_s": stats(ok["ttft_s"]),
         "tpot_s": stats(tpot),
         "itl_s": itl_stats,
@@ -137,11 +128,13 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         },
         "goodput": {"slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "requests_per_s": num_good / dur,
                     "fraction_meeting_slo": num_good / max(len(ok), 1)},
-        "num_preemptions": preemptions,
+        "num_preemptions": steps.num_preemptions,
         "prefix_cache_hit_rate": prefix_hits / prefix_queries if prefix_queries else 0.0,
         "prefix_cache_hit_tokens": prefix_hits,
         "prefix_cache_query_tokens": prefix_queries,
-        "kv_usage_mean": kv_mean,
+        "kv_usage_mean": steps.kv_usage_mean,
+        # Only when the rows were folded and dropped as the run went (step_rows: false): no steps file.
+        **({} if cols.folds.rows_kept else {"step_rows_kept": False}),
         # The same run in `vllm bench serve --save-result` terms (completed/failed, *_ms statistics).
         "bench_serve": bench_serve_result(req, GoodputSlo(ttft_ms=slo.ttft_s * 1e3, tpot_ms=slo.tpot_s * 1e3,
                                                           e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3)),

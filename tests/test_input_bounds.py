@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from servesim.simulator import metrics
+from servesim.simulator import metrics, step_fold
 from servesim.simulator.columns import Columns
 from servesim.traces.errors import InputError
 from servesim.traces.formats import load_workload
@@ -56,7 +56,7 @@ def test_a_run_spanning_weeks_gets_a_sparse_series_equal_to_the_dense_one_at_its
     sparse = metrics.timeseries_from_steps(steps, 2e6 + 3).frame()
     assert sparse["t_s"].tolist() == [0.0, 1.0, 5.0, 6.0, 2e6, 2e6 + 1, 2e6 + 3]
     assert sparse["prefill_tokens_per_s"].tolist() == [10.0, 0.0, 3.0, 0.0, 8.0, 0.0, 0.0]
-    monkeypatch.setattr(metrics, "MAX_DENSE_TICKS", 10**8)
+    monkeypatch.setattr(step_fold, "MAX_DENSE_TICKS", 10**8)
     dense = metrics.timeseries_from_steps(steps, 2e6 + 3).frame().set_index("t_s")
     assert len(dense) == 2_000_004
     assert dense.loc[sparse["t_s"]].reset_index().equals(sparse)

@@ -7,7 +7,8 @@ import pytest
 
 from servesim.report import load_lines, time_unit
 from servesim.simulator.columns import Columns
-from servesim.simulator.summary_metrics.load import _busy_s, load
+from servesim.simulator.step_fold import fold_columns, step_figures
+from servesim.simulator.summary_metrics.load import load
 
 
 def _requests(arrival, queueing, service_s=0.5):
@@ -16,7 +17,19 @@ def _requests(arrival, queueing, service_s=0.5):
                     "finish_s": arrival + queueing + service_s})
 
 
-STEPS = Columns({"start_s": np.array([0.0, 0.5, 3.0]), "duration_s": np.array([1.0, 1.0, 0.5])})
+def _figures(*engines):
+    """StepFigures of engines' steps given as (start_s, duration_s) lists, each in start order."""
+    folds = []
+    for start, duration in engines:
+        n = len(start)
+        zeros = np.zeros(n, dtype=np.int64)
+        folds.append(fold_columns({"start_s": np.asarray(start, float), "duration_s": np.asarray(duration, float),
+                                   "num_prefill_tokens": zeros, "num_decode_tokens": zeros, "num_running": zeros,
+                                   "num_waiting": zeros, "kv_usage": np.zeros(n), "num_preemptions": zeros}))
+    return step_figures(folds)
+
+
+STEPS = _figures(([0.0, 0.5, 3.0], [1.0, 1.0, 0.5]))
 
 
 def test_a_queue_growing_at_slope_4_is_five_times_overloaded():
@@ -42,7 +55,9 @@ def test_too_few_requests_give_no_diagnosis():
 
 
 def test_busy_time_is_the_union_of_overlapping_steps():
-    assert _busy_s(np.array([2.0, 0.0, 0.5]), np.array([1.0, 1.0, 0.2])) == pytest.approx(2.0)
+    assert STEPS.busy_s == 2.0
+    # engines' steps overlap too: the union over all of them
+    assert _figures(([2.0], [1.0]), ([0.0, 0.5], [1.0, 0.2])).busy_s == 2.0
 
 
 @pytest.mark.parametrize("values, unit", [([0.04, 0.2], "ms"), ([2.0, 59.0], "s"), ([30.0, 1139.8], "min"),

@@ -103,6 +103,14 @@ def step_hit_rate_over_time(steps: pd.DataFrame, edges: np.ndarray) -> tuple[np.
     return (edges[:-1] + edges[1:]) / 2, rate
 
 
+FOLDED_NOTE = "step rows not kept (step_rows: false)"
+
+
+def _rows_kept(res) -> bool:
+    """Whether the run kept its step rows (a run with step_rows: false has only their figures)."""
+    return res.summary.get("step_rows_kept", True) is not False
+
+
 def preemptions_and_hits(res, title: str = "Preemptions and prefix-cache hits over time"):
     steps, req = res.steps, res.requests
     end = float(max(res.summary.get("sim_duration_s") or 0.0, steps["start_s"].max() if len(steps) else 0.0))
@@ -110,18 +118,12 @@ def preemptions_and_hits(res, title: str = "Preemptions and prefix-cache hits ov
     width = edges[1] - edges[0]
     fig = style.figure(10, 4.8)
     ax_p, ax_h = style.subplots(fig, 2, 1, sharex=True)[:, 0]
-    counts, _ = np.histogram(steps["start_s"], bins=edges, weights=steps["num_preemptions"])
-    ax_p.bar(edges[:-1], counts, width=width, align="edge", color=style.PALETTE[3], alpha=0.8,
-             label=f"per {width:.3g} s bin")
-    ax_p.set_ylabel("preemptions")
-    total = int(steps["num_preemptions"].sum())
-    ax_p.set_title(f"Preemptions (total {total})")
-    cum = ax_p.twinx()
-    cum.plot(steps["start_s"], steps["num_preemptions"].cumsum(), color="0.2", lw=1.2, label="cumulative")
-    cum.set_ylabel("cumulative")
-    cum.spines["right"].set_visible(True)
-    cum.grid(False)
-    per_step = "prefix_query_tokens" in steps and steps["prefix_query_tokens"].sum() > 0
+    if not _rows_kept(res):  # the total is known, not when
+        style.note(ax_p, f"{FOLDED_NOTE}: {int(res.summary.get('num_preemptions') or 0)} preemptions in all")
+        ax_p.set_title("Preemptions")
+    else:
+        _preemption_bars(ax_p, steps, edges, width)
+    per_step = _rows_kept(res) and "prefix_query_tokens" in steps and steps["prefix_query_tokens"].sum() > 0
     mid, rate = step_hit_rate_over_time(steps, edges) if per_step else hit_rate_over_time(req, edges)
     label = "lookups in bin" if per_step else "requests finishing in bin"
     ax_h.plot(mid, 100 * rate, marker="o", ms=3, color=style.PALETTE[2], label=label)
@@ -136,14 +138,30 @@ def preemptions_and_hits(res, title: str = "Preemptions and prefix-cache hits ov
     return fig
 
 
+def _preemption_bars(ax_p, steps, edges: np.ndarray, width: float) -> None:
+    """Preemptions per bin and cumulative, from the step rows."""
+    counts, _ = np.histogram(steps["start_s"], bins=edges, weights=steps["num_preemptions"])
+    ax_p.bar(edges[:-1], counts, width=width, align="edge", color=style.PALETTE[3], alpha=0.8,
+             label=f"per {width:.3g} s bin")
+    ax_p.set_ylabel("preemptions")
+    total = int(steps["num_preemptions"].sum())
+    ax_p.set_title(f"Preemptions (total {total})")
+    cum = ax_p.twinx()
+    cum.plot(steps["start_s"], steps["num_preemptions"].cumsum(), color="0.2", lw=1.2, label="cumulative")
+    cum.set_ylabel("cumulative")
+    cum.spines["right"].set_visible(True)
+    cum.grid(False)
+
+
 def batch_composition(res, title: str = "Batch composition"):
     """What each step computed: prefill vs decode tokens over time, and the step-size histogram."""
     steps = res.steps
     fig = style.figure(11, 3.8)
     ax_t, ax_h = style.subplots(fig, 1, 2, width_ratios=(1.6, 1))[0]
     if steps.empty:
-        style.note(ax_t, "no steps")
-        style.note(ax_h, "no steps")
+        why = "no steps" if _rows_kept(res) else FOLDED_NOTE
+        style.note(ax_t, why)
+        style.note(ax_h, why)
         return fig
     edges = _bins(float(steps["start_s"].max()) + 1e-9, 60)
     idx = np.clip(np.digitize(steps["start_s"], edges) - 1, 0, len(edges) - 2)

@@ -20,8 +20,22 @@ def load_results(folder: str | Path):
         err = folder / "error.txt"
         why = err.read_text().strip().splitlines()[-1] if err.is_file() else "no summary.json"
         raise FileNotFoundError(f"{folder} holds no completed run ({why})")
-    return Results(store.load_json(folder / store.SUMMARY), pd.read_parquet(folder / "requests.parquet"),
-                   pd.read_parquet(folder / "steps.parquet"), pd.read_csv(folder / "timeseries.csv"), folder)
+    summary = store.load_json(folder / store.SUMMARY)
+    return Results(summary, pd.read_parquet(folder / "requests.parquet"), _steps(folder, summary),
+                   pd.read_csv(folder / "timeseries.csv"), folder)
+
+
+def _steps(folder: Path, summary: dict) -> pd.DataFrame:
+    """steps.parquet; a run that kept no step rows (step_rows: false) has none: no rows, its columns."""
+    path = folder / "steps.parquet"
+    if summary.get("step_rows_kept", True) is not False or path.is_file():
+        return pd.read_parquet(path)
+    from servesim.simulator.step_table import StepTable
+
+    steps = StepTable().frame()
+    if summary.get("cluster") is not None:
+        steps.insert(0, "replica", pd.Series([], dtype="int64"))
+    return steps
 
 
 @dataclass(slots=True)

@@ -139,6 +139,7 @@ class ClusterConfig:
             raise InputError(f"got {self.routing_latency_s!r}", field="routing_latency_s",
                              allowed="a number >= 0 (s)")
         _check_nodes(self.replicas)
+        _check_step_rows(self.replicas)
         roles = {g.role for g in self.replicas}
         if self.pd is None and roles != {"both"}:
             raise InputError(f"roles {sorted(roles)} need a pd section", field="replicas[].role",
@@ -186,6 +187,16 @@ def _check_gateway(cfg: ClusterConfig) -> None:
     if cfg.gateway.enabled and cfg.pd is not None:
         raise InputError("the gateway is modelled in front of colocated replicas only", field="gateway.enabled",
                          allowed="false with a pd section")
+
+
+def _check_step_rows(groups: list[ReplicaGroup]) -> None:
+    """One steps file or none: every group keeps its step rows, or none does (the cluster's figures
+    and series are folded alike either way)."""
+    kept = {g.sim.step_rows for g in groups}
+    if len(kept) > 1:
+        names = [f"replicas[{i}]" for i, g in enumerate(groups) if not g.sim.step_rows]
+        raise InputError(f"step_rows is false for {', '.join(names)} only", field="replicas[].sim.step_rows",
+                         allowed="the same value for every group (set it once in base:)")
 
 
 def _check_nodes(groups: list[ReplicaGroup]) -> None:

@@ -31,6 +31,7 @@ from servesim.simulator.outputs import hicache_summary
 from servesim.simulator.summary import brief_summary, summarize, warn_rejected
 from servesim.simulator.outputs import build_summary, write_result_folder
 from servesim.simulator.session_metrics import has_sessions, session_summary
+from servesim.simulator.step_fold import RunFolds
 from servesim.simulator.step_table import StepTable
 from servesim.simulator.summary_metrics.classes import add_gateway_figures
 
@@ -73,18 +74,7 @@ class ClusterResult:
 
 
 def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
-    # Every replica's steps in one frame, each value copied once and held once (a cluster hour has
-    # ~17 M steps): each replica's own frame is a view of its rows, the merged collector's the whole.
-    tables = [r.engine.metrics.steps for r in cluster.replicas]
-    bounds = np.cumsum([0] + [len(t) for t in tables])
-    # each column's freed arrays go back to the system before the next is copied (collector.py)
-    steps = StepTable.move_to_frame(tables, release_freed_heap)
-    for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
-        r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
-    # The merged frame (not the replicas' views, taken above) says whose each step is: its time
-    # series is then the group's, summed over the replicas (metrics.timeseries_from_steps).
-    steps.insert(0, "replica", np.repeat(np.array([r.index for r in cluster.replicas], dtype=np.int64),
-                                         np.diff(bounds)))
+    steps = _steps_frame(cluster)
     reps = []
     for r in cluster.replicas:
         res = r.engine.result(wall_time_s)
@@ -94,6 +84,8 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     for spec in cluster.sent_requests():
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
     merged.adopt_steps_frame(steps)
+    merged.adopt_step_folds(RunFolds({r.index: r.engine.metrics.steps.finish_fold() for r in cluster.replicas},
+                                     grouped=True, rows_kept=_keeps_rows(cluster)))
     # The summary and requests.parquet share merged's one requests frame (tables()), which
     # _requests_frame extends with the routing columns.
     summary = _summary(cluster, reps, merged, wall_time_s)
@@ -113,6 +105,31 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
         summary["autoscale"] = autoscale_summary(cluster, summary["sim_duration_s"])
         tables = autoscale_tables(cluster)
     return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s, tables)
+
+
+def _keeps_rows(cluster: Cluster) -> bool:
+    """Whether the replicas kept their step rows (one setting for all: ClusterConfig checks it)."""
+    return all(r.engine.metrics.steps.keep_rows for r in cluster.replicas)
+
+
+def _steps_frame(cluster: Cluster) -> pd.DataFrame:
+    """Every replica's steps in one frame with a `replica` column, each value copied once and held
+    once (a cluster hour has ~17 M steps): each replica's own frame is a view of its rows (adopted),
+    the merged collector's the whole, whose series is then the group's. No rows (step_rows:
+    false): the frame is empty, the figures and series come from the replicas' folds."""
+    tables = [r.engine.metrics.steps for r in cluster.replicas]
+    if not _keeps_rows(cluster):
+        steps = StepTable().frame()
+        steps.insert(0, "replica", np.zeros(0, dtype=np.int64))
+        return steps
+    bounds = np.cumsum([0] + [len(t) for t in tables])
+    # each column's freed arrays go back to the system before the next is copied (collector.py)
+    steps = StepTable.move_to_frame(tables, release_freed_heap)
+    for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
+        r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
+    steps.insert(0, "replica", np.repeat(np.array([r.index for r in cluster.replicas], dtype=np.int64),
+                                         np.diff(bounds)))
+    return steps
 
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
@@ -246,11 +263,13 @@ def _replica_brief(rr: ReplicaResult) -> dict:
 
 def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta: dict,
                           overwrite: bool = False, identity: dict | None = None) -> Path:
-    """requests.parquet, steps.parquet, timeseries.csv (the group's 1-s series: counts summed over
-    the replicas, KV usage their mean, each replica's running / waiting / KV usage beside;
-    metrics.timeseries_from_steps), summary.json, config.yaml, through the replay's atomic writer."""
+    """requests.parquet, steps.parquet (unless the rows were folded: step_rows false), timeseries.csv
+    (the group's 1-s series: counts summed over the replicas, KV usage their mean, each replica's
+    running / waiting / KV usage beside; simulator/step_fold.py), summary.json, config.yaml,
+    through the replay's atomic writer."""
     resolved = cluster_config_to_dict(res.config)
     resolved["workload"] = workload_meta
-    return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps,
+    kept = res.metrics.step_folds().rows_kept
+    return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps if kept else None,
                                timeseries=res.metrics.tables().timeseries(res.summary["sim_duration_s"]), config=resolved,
                                summary=res.summary, overwrite=overwrite, identity=identity, extra_csv=res.tables)

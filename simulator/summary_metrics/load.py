@@ -31,11 +31,10 @@ MIN_REQUESTS = 10  # fewer finished requests give no trend worth fitting
 
 @register_metric("load")
 def load(requests, steps, sim_duration_s):
-    if any(c not in requests for c in ("arrival_s", "queueing_s", "ttft_s", "finish_s")) or \
-            any(c not in steps for c in ("start_s", "duration_s")):
+    if any(c not in requests for c in ("arrival_s", "queueing_s", "ttft_s", "finish_s")):
         return None  # a table without the timings (a metric called on a few columns)
     arrival = np.asarray(requests["arrival_s"], dtype=float)
-    if len(arrival) < MIN_REQUESTS or not len(steps):
+    if len(arrival) < MIN_REQUESTS or not steps.num_steps:
         return None
     span_s = float(arrival.max() - arrival.min())
     if span_s <= 0:
@@ -47,7 +46,7 @@ def load(requests, steps, sim_duration_s):
     mean_ttft = float(np.nanmean(ttft))
     queue_share = float(np.nanmean(queueing)) / mean_ttft if mean_ttft > 0 else 0.0
     offered = (len(arrival) - 1) / span_s
-    busy_s = _busy_s(np.asarray(steps["start_s"], dtype=float), np.asarray(steps["duration_s"], dtype=float))
+    busy_s = steps.busy_s
     return {"offered_requests_per_s": offered, "served_requests_per_s": offered / factor,
             "arrival_span_s": span_s, "queueing_growth": growth, "overload_factor": factor,
             "queueing_share_of_ttft": queue_share,
@@ -55,11 +54,3 @@ def load(requests, steps, sim_duration_s):
             "busy_fraction": busy_s / sim_duration_s if sim_duration_s > 0 else None,
             "drain_s": float(np.nanmax(np.asarray(requests["finish_s"], dtype=float)) - arrival.max())}
 
-
-def _busy_s(start: np.ndarray, duration: np.ndarray) -> float:
-    """Length of the union of the intervals [start, start + duration)."""
-    order = np.argsort(start, kind="stable")
-    start, end = start[order], start[order] + duration[order]
-    reach = np.maximum.accumulate(end)
-    gaps = np.maximum(start[1:] - reach[:-1], 0.0)  # idle time before each step
-    return float(reach[-1] - start[0] - gaps.sum())
