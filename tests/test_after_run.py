@@ -46,6 +46,15 @@ def test_pooled_gaps_are_each_requests_own_diffs_end_to_end():
     assert T.pooled_gaps([]).values.size == 0 and T.pooled_gaps([_record("a", [1.0])]).offsets.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 7, 1 << 22])
+def test_pooled_gaps_are_the_same_however_the_requests_are_chunked(monkeypatch, chunk_tokens):
+    rng = np.random.default_rng(0)
+    times = [np.cumsum(rng.random(int(n))).tolist() for n in rng.choice([0, 1, 2, 5, 40], 200)]
+    monkeypatch.setattr(T, "POOL_CHUNK_TOKENS", chunk_tokens)
+    pooled = T.pooled_gaps([_record(str(i), t) for i, t in enumerate(times)])
+    assert pooled.values.tobytes() == np.concatenate([np.diff(np.array(t)) for t in times]).tobytes()
+
+
 def _collector(workload: Workload) -> M.MetricsCollector:
     return build_engine(SimConfig(), workload).run().metrics
 

@@ -75,17 +75,15 @@ class ClusterResult:
 
 def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     steps = _steps_frame(cluster)
-    reps = []
-    for r in cluster.replicas:
-        res = r.engine.result(wall_time_s)
-        res.metrics.tables()  # each record keeps its gaps (a view), which the merged frame reuses
-        reps.append(ReplicaResult(r.index, r.name, r.role, r.cfg, res, r.num_routed))
+    reps = [ReplicaResult(r.index, r.name, r.role, r.cfg, r.engine.result(wall_time_s), r.num_routed)
+            for r in cluster.replicas]  # (each engine's result first: its clients' token times delivered)
     merged = MetricsCollector()
     for spec in cluster.sent_requests():
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
     merged.adopt_steps_frame(steps)
     merged.adopt_step_folds(RunFolds({r.index: r.engine.metrics.steps.finish_fold() for r in cluster.replicas},
                                      grouped=True, rows_kept=_keeps_rows(cluster)))
+    _share_gaps(merged, reps)
     # The summary and requests.parquet share merged's one requests frame (tables()), which
     # _requests_frame extends with the routing columns.
     summary = _summary(cluster, reps, merged, wall_time_s)
@@ -105,6 +103,22 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
         summary["autoscale"] = autoscale_summary(cluster, summary["sim_duration_s"])
         tables = autoscale_tables(cluster)
     return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s, tables)
+
+
+def _share_gaps(merged: MetricsCollector, reps: list[ReplicaResult]) -> None:
+    """Every inter-token gap computed once, into one buffer: the merged table's (built here, pooled
+    over its records), which the replicas' tables then view wherever a replica's record has the very
+    token times a merged record has (a colocated request's; a P/D request's decode side). A day of
+    a fleet streams ~10^8-10^9 tokens: one buffer, not one per replica plus the copies the summary
+    and bench_serve's statistics would concatenate from rows."""
+    merged.columns()  # each merged record keeps its gaps, a view of the table's one buffer
+    gaps = {id(rec.token_times_s): rec.itl_s for rec in merged.requests.values() if len(rec.token_times_s)}
+    for rr in reps:
+        for rec in rr.result.metrics.requests.values():
+            shared = gaps.get(id(rec.token_times_s))
+            if shared is not None:
+                rec.itl_s = shared
+        rr.result.metrics.tables()  # its rows view the shared gaps (request_columns keeps what is current)
 
 
 def _keeps_rows(cluster: Cluster) -> bool:
