@@ -89,6 +89,12 @@ class MetricsCollector(MetricsRecorder):
         self._adopted_steps = (steps, steps.copy(deep=False))
         self._tables = self._columns = None  # built before (if at all), they hold other steps
 
+    def release_records(self) -> None:
+        """Let go of the records once the tables are built (columns()): the requests table stays,
+        and request_columns answers it from then on (a cluster's collectors, after its results)."""
+        self._released = self.columns().requests
+        self.requests.clear()
+
     def request_columns(self, release: bool = False) -> Columns:
         """The requests table (REQUEST_COLUMNS) built anew, column by column, never a dict per row
         (columns() keeps one). `release`: for after the run, when nothing reads the records again
