@@ -136,13 +136,15 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
                          finish_s=back.finish_s, token_times_s=back.token_times_s, itl_s=back.itl_s,
                          num_preemptions=front.num_preemptions + back.num_preemptions,
                          num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason,
-                         reject_reason=back.reject_reason)
+                         reject_reason=back.reject_reason, status=back.status)  # timed out on the decode side
 
 
 def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
     df = merged.tables().requests
-    if len(cluster.routes) < len(df):  # the gateway refused some: no replica, no route
+    if len(cluster.routes) < len(df) and cluster.cfg.pd is None:  # the gateway refused some: no replica, no route
         return _frame_with_unrouted(cluster, df)
+    if len(cluster.routes) < len(df):  # P/D behind a gateway that refused some: empty routing columns for those
+        return _pd_frame_with_unrouted(cluster, df)
     routes = [cluster.routes[rid] for rid in df["request_id"]]
     pos = 1
     if cluster.cfg.pd is None:
@@ -163,8 +165,8 @@ def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
 
 
 def _frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
-    """The routing columns where some requests never reached the router (colocated replicas:
-    ClusterConfig refuses a gateway with P/D): empty for those."""
+    """The routing columns where some requests never reached the router (colocated replicas):
+    empty for those."""
     routes = [cluster.routes.get(rid) for rid in df["request_id"]]
     df.insert(1, "replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
     df.insert(2, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
@@ -173,8 +175,26 @@ def _frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _pd_frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
+    """A P/D run's routing and P/D columns where the gateway refused some requests: empty for those
+    (no prefill or decode replica, no transfer)."""
+    routes = [cluster.routes.get(rid) for rid in df["request_id"]]
+    tls = [cluster.timelines.get(rid) for rid in df["request_id"]]
+    df.insert(1, "prefill_replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
+    df.insert(2, "decode_replica", pd.array([t.decode.replica if t is not None and t.decode else None for t in tls],
+                                            dtype="Int64"))
+    df.insert(3, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
+    df.insert(4, "route_reason", [None if r is None else r.reason for r in routes])
+    df.insert(5, "route_score", [None if r is None else r.score for r in routes])
+    _add_pd_columns(cluster, df)
+    return df
+
+
 def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
-    tls = [cluster.timelines[rid] for rid in df["request_id"]]
+    from servesim.simulator.cluster.cluster import PDTimeline
+
+    none = PDTimeline()  # a request the gateway refused: no P/D milestone
+    tls = [cluster.timelines.get(rid, none) for rid in df["request_id"]]
     arrival, first_sched, first_tok = (df[c].to_numpy(dtype=float) for c in
                                        ("arrival_s", "first_scheduled_s", "first_token_s"))
     nan = float("nan")
