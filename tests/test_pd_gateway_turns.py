@@ -314,3 +314,21 @@ def test_replay_serial_turns_macro_steps_on_and_off_give_the_same_outputs():
     pd.testing.assert_frame_equal(off.metrics.requests_frame(), on.metrics.requests_frame(), check_exact=True)
     pd.testing.assert_frame_equal(off.metrics.steps_frame(), on.metrics.steps_frame(), check_exact=True)
     assert on.planner_declined == TURNS_DECLINED
+
+
+# --- replicas an autoscaler adds mid-run ------------------------------------------------------------------
+def test_replicas_added_mid_run_free_gateway_slots_and_release_turns():
+    """A replica that becomes ready mid-run is hooked like the first ones: its finishes free the
+    gateway's slots (else the queue would never drain) and release the turns; it steps."""
+    from test_autoscale_timeline import _scripted
+
+    base = _scripted([(0, 1), (2, 3)])
+    c = dataclasses.replace(base, gateway=gw(max_in_flight=2))
+    wl = Workload([RequestSpec(f"r{i}", 0.1 + i * 0.2, 200, 200) for i in range(40)], "steady", "test")
+    cluster = Cluster(c, wl)
+    res = cluster.run()
+    df = res.requests
+    assert len(cluster.replicas) == 3 and (df["replica"] > 0).sum() > 0  # the added ones served some
+    assert df["status"].eq("completed").all() and res.summary["gateway"]["num_dispatched"] == 40
+    assert all(r.engine.planner is None for r in cluster.replicas)
+    assert {r["fast_path_declined"] for r in res.summary["replicas"]} == {GATEWAY_DECLINED}
