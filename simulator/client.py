@@ -132,7 +132,7 @@ class Clients:
         job = step_delivery(outputs, self._metrics.requests, now + fe.engine_hop_s, fe.output_service_s(len(outputs)))
         loop.drain(now)  # what arrived by now is served: the queue stays a hop long
         loop.post(job)
-        if job.num_finished and (self.max_concurrency is not None or self.on_answer_delivered is not None):
+        if (self.max_concurrency is not None or self.on_answer_delivered is not None) and job.num_finished:
             # A finished request's slot frees (and its session's next turn is timed) when its client
             # has the last chunk: read the loop as the job arrives (its delivery time is known then)
             # rather than at the next intake.

@@ -191,23 +191,21 @@ def _pd_frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
-    from servesim.simulator.cluster.cluster import PDTimeline
-
-    none = PDTimeline()  # a request the gateway refused: no P/D milestone
-    tls = [cluster.timelines.get(rid, none) for rid in df["request_id"]]
+    tls = [cluster.timelines.get(rid) for rid in df["request_id"]]  # None: the gateway refused it
     arrival, first_sched, first_tok = (df[c].to_numpy(dtype=float) for c in
                                        ("arrival_s", "first_scheduled_s", "first_token_s"))
     nan = float("nan")
-    done = np.array([t.prefill_done_s if t.decode is not None and t.prefill_done_s is not None else nan for t in tls])
-    t_start = np.array([nan if t.transfer_start_s is None else t.transfer_start_s for t in tls])
-    t_end = np.array([nan if t.transfer_end_s is None else t.transfer_end_s for t in tls])
+    done = np.array([t.prefill_done_s if t is not None and t.decode is not None and t.prefill_done_s is not None
+                     else nan for t in tls])
+    t_start = np.array([nan if t is None or t.transfer_start_s is None else t.transfer_start_s for t in tls])
+    t_end = np.array([nan if t is None or t.transfer_end_s is None else t.transfer_end_s for t in tls])
     df["prefill_queue_s"] = first_sched - arrival
     df["prefill_s"] = done - first_sched
     df["transfer_s"] = t_end - done
     df["first_decode_s"] = first_tok - t_end
     df["kv_link_s"] = t_end - t_start
-    df["kv_tokens"] = [t.external_tokens for t in tls]
-    df["kv_bytes"] = [t.kv_bytes for t in tls]
+    df["kv_tokens"] = [0 if t is None else t.external_tokens for t in tls]
+    df["kv_bytes"] = [0 if t is None else t.kv_bytes for t in tls]
 
 
 def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollector, wall_time_s: float) -> dict:
