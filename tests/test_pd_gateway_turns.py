@@ -254,6 +254,12 @@ def test_pd_turn_whose_parent_comes_later_is_refused():
     assert err.value.field == "parent_request_id"
 
 
+def test_serial_must_be_a_bool():
+    with pytest.raises(InputError) as err:
+        build_engine(cfg(frontend=FrontendConfig(enabled=True, serial="yes")), session_workload())
+    assert err.value.field == "frontend.serial"
+
+
 # --- macro-steps on vs off: whole outputs equal -----------------------------------------------------------
 def _sessions(n: int = 30, seed: int = 4) -> Workload:
     return make_workload("sessions", {
