@@ -52,6 +52,9 @@ class Clients:
         self._frontend_drained: simpy.Event | None = None
         # Admission and flow control between the clients and the frontend (simulator/gateway/), or None.
         self.gateway: Gateway | None = None
+        # (request id, when its client has the last output) for each finish the serial loop
+        # delivers: what releases a closed-loop session turn (simulator/sessions.py), or None.
+        self.on_answer_delivered: Callable[[str, float], None] | None = None
 
     def send_all(self, requests: Iterable[RequestSpec]):
         """SimPy process: send every request at its time (or when a slot frees), then return once
@@ -129,12 +132,17 @@ class Clients:
         job = step_delivery(outputs, self._metrics.requests, now + fe.engine_hop_s, fe.output_service_s(len(outputs)))
         loop.drain(now)  # what arrived by now is served: the queue stays a hop long
         loop.post(job)
-        if self.max_concurrency is not None and job.num_finished:
-            # A finished request's slot frees when its client has the last chunk: read the loop as
-            # the job arrives (its delivery time is known then) rather than at the next intake.
+        if (self.max_concurrency is not None or self.on_answer_delivered is not None) and job.num_finished:
+            # A finished request's slot frees (and its session's next turn is timed) when its client
+            # has the last chunk: read the loop as the job arrives (its delivery time is known then)
+            # rather than at the next intake.
             self.env.timeout(job.arrival_s - now).callbacks.append(lambda _event: loop.drain(self.env.now))
 
     def _delivered(self, job: StepDelivery, done_s: float) -> None:
+        if self.on_answer_delivered is not None:
+            for rec, fin in zip(job.records, job.finished):
+                if fin:
+                    self.on_answer_delivered(rec.request_id, done_s)
         if self.max_concurrency is None:
             return
         for _ in range(job.num_finished):

@@ -44,7 +44,7 @@ from servesim.simulator.pipeline_clock import pipeline_clock_for
 from servesim.simulator.request_factory import RequestFactory, check_multimodal
 from servesim.simulator.run_planner import InFlight, RunPlanner
 from servesim.simulator.sampling import sampler_cost_for
-from servesim.simulator.sessions import SessionTurns, answer_delay_s, plan_turns
+from servesim.simulator.sessions import SessionTurns, hook_engine, plan_turns
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.simulator.step_book import StepBook
@@ -104,7 +104,7 @@ class Engine:
         plan = plan_turns(workload.requests) if workload is not None else None
         self.turns = None if plan is None else SessionTurns(self.env, plan, self.clients.send)
         if self.turns is not None:
-            self.on_finish = self.turns.chain(on_finish, answer_delay_s(cfg.frontend, name))
+            self.on_finish = hook_engine(self.turns, self, on_finish)
         self.watchdog = Watchdog(cfg.liveness)
         self._stranded_policy = cfg.liveness.stranded_requests
         self.deadlines = ClientDeadlines()

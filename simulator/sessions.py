@@ -8,7 +8,11 @@ finishes at engine time f, each of its children is sent at
     f + answer_delay_s + think_time_s
 
 where answer_delay_s is the frontend's constant output delay (0 without a frontend): the time the
-client has the last token, which is the finish time the run's outputs record. A parent that got no
+client has the last token, which is the finish time the run's outputs record. With the frontend's
+serial event loop (frontend.serial) that time is when the loop delivers the output job of the step
+that finished the parent (simulator/frontend.py ApiServerLoop), which depends on the loop's queue:
+the turn waits for that delivery (Clients.on_answer_delivered) and is sent think_time_s after it,
+again the finish time the outputs record. A parent that got no
 answer (rejected, or its client gave up) ends its session there: its descendants are never sent
 and are counted as abandoned (summary `sessions.num_turns_abandoned`).
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
@@ -42,6 +46,9 @@ TURNS_DECLINED = ("closed-loop session turns: a turn is sent a think time after 
 
 # What a parent's finish reason means for its children: these got no answer to build on.
 _NO_ANSWER = (None, "abort")
+
+if TYPE_CHECKING:
+    from servesim.simulator.engine import Engine
 
 SendTurn = Callable[[RequestSpec], Generator[simpy.Event, Any, None]]
 
@@ -83,17 +90,24 @@ def plan_turns(requests: Sequence[RequestSpec]) -> TurnPlan | None:
     return TurnPlan(first, children, len(requests) - len(first))
 
 
-def answer_delay_s(frontend: FrontendConfig, where: str) -> float:
-    """Engine finish -> the client has the last token: the frontend's constant output delay. The
-    serial loop's delivery depends on its queue, which no turn is timed from: refused."""
+def answer_delay_s(frontend: FrontendConfig) -> float | None:
+    """Engine finish -> the client has the last token: the frontend's constant output delay; None
+    with the serial event loop, whose delivery depends on its queue (the turn waits for it)."""
     if not frontend.enabled:
         return 0.0
     if frontend.serial:
-        raise InputError(f"{where}: closed-loop session turns with the frontend's serial event loop",
-                         field="frontend.serial",
-                         allowed="false (each answer reaches its client a constant delay after the engine) "
-                                 "or frontend.enabled: false")
+        return None
     return frontend.output_delay_s()
+
+
+def hook_engine(turns: SessionTurns, engine: Engine, on_finish: Callable[[str, str | None], None] | None
+                ) -> Callable[[str, str | None], None]:
+    """Release turns on `engine`'s answers: returns its finish callback (chaining `on_finish`);
+    with the serial loop its Clients also report when each answer reaches the client."""
+    delay_s = answer_delay_s(engine.cfg.frontend)
+    if delay_s is None:
+        engine.clients.on_answer_delivered = turns.delivered
+    return turns.chain(on_finish, delay_s)
 
 
 class SessionTurns:
@@ -106,26 +120,45 @@ class SessionTurns:
         self._send = send  # sends a turn now (a generator: it may wait for a client slot)
         self._num_unsent = plan.num_dependent  # neither sent nor abandoned yet
         self._all_sent: simpy.Event | None = None
-        self.num_abandoned = 0  # turns never sent: an ancestor got no answer
+        self.abandoned: set[str] = set()  # turns never sent: an ancestor got no answer
+        # Answered parents whose answer the serial loop has not delivered yet -> their turns.
+        self._awaiting_delivery: dict[str, list[RequestSpec]] = {}
 
     @property
     def first_requests(self) -> list[RequestSpec]:
         return self.plan.first_requests
 
-    def on_answer(self, request_id: str, reason: str | None, delay_s: float) -> None:
+    @property
+    def num_abandoned(self) -> int:
+        return len(self.abandoned)
+
+    def on_answer(self, request_id: str, reason: str | None, delay_s: float | None) -> None:
         """Request `request_id` finished now with `reason` (None: rejected; "abort": its client gave
-        up); its client has the answer `delay_s` later."""
+        up); its client has the answer `delay_s` later (None: when the serial loop delivers it,
+        `delivered`)."""
         kids = self.plan.children.pop(request_id, None)
         if kids is None:
             return
         if reason in _NO_ANSWER:
             for spec in kids:
                 self._abandon(spec)
-            return
-        for spec in kids:
-            self.env.process(self._send_turn(spec, delay_s))
+        elif delay_s is None:
+            self._awaiting_delivery[request_id] = kids
+        else:
+            for spec in kids:
+                self.env.process(self._send_turn(spec, delay_s))
 
-    def chain(self, on_finish: Callable[[str, str | None], None] | None, delay_s: float
+    def delivered(self, request_id: str, done_s: float) -> None:
+        """The serial loop delivers `request_id`'s last output at done_s (>= now; the loop reads a
+        job no earlier than its arrival). Invariant: on_answer saw the finish first (the engine
+        records a finish before it posts the step's output job)."""
+        kids = self._awaiting_delivery.pop(request_id, None)
+        for spec in kids or ():
+            # One wait lands on done_s exactly while the clock is at least half of it (Sterbenz),
+            # that is whenever the loop's backlog is shorter than the run so far.
+            self.env.process(self._send_turn(spec, done_s - self.env.now))
+
+    def chain(self, on_finish: Callable[[str, str | None], None] | None, delay_s: float | None
               ) -> Callable[[str, str | None], None]:
         """An engine's finish callback that also releases the finished request's turns."""
         def finished(request_id: str, reason: str | None) -> None:
@@ -151,7 +184,7 @@ class SessionTurns:
         stack = [spec]
         while stack:
             turn = stack.pop()
-            self.num_abandoned += 1
+            self.abandoned.add(turn.request_id)
             stack.extend(self.plan.children.pop(turn.request_id, ()))
             self._settled()
 

@@ -262,12 +262,9 @@ def test_bad_gateway_config_is_a_clear_error(gateway, field, words):
     assert err.value.field == field and words in str(err.value)
 
 
-def test_cluster_refuses_a_gateway_with_pd_or_on_a_replica():
+def test_cluster_refuses_a_gateway_on_a_replica():
     with pytest.raises(InputError, match="replica has no gateway"):
         ClusterConfig.from_dict({"replicas": [{"count": 1, "sim": {"gateway": {"enabled": True}}}]})
-    with pytest.raises(InputError, match="colocated replicas only"):
-        ClusterConfig.from_dict({"replicas": [{"role": "prefill"}, {"role": "decode"}], "pd": {},
-                                 "gateway": {"enabled": True}})
 
 
 def test_an_engine_its_owner_feeds_refuses_a_gateway():

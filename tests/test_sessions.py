@@ -11,7 +11,6 @@ import pytest
 from servesim.scheduler import CacheConfig, SchedulerConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig, run_cluster
-from servesim.simulator.cluster.config import PDConfig
 from servesim.simulator.config import ClientConfig, CostModelConfig, SimConfig
 from servesim.simulator.cost_model.cpu_overhead import CpuOverheadConfig
 from servesim.simulator.frontend import FrontendConfig
@@ -110,12 +109,6 @@ def test_turn_waits_for_a_client_slot_and_the_frontend_delay():
     assert all(rec.finish_s is not None for rec in r.values())
 
 
-def test_serial_frontend_loop_is_refused():
-    with pytest.raises(InputError, match="serial") as err:
-        build_engine(cfg(frontend=FrontendConfig(enabled=True, serial=True)), session_workload())
-    assert err.value.field == "frontend.serial"
-
-
 def test_session_summary_and_table_are_exact():
     engine = build_engine(cfg(), session_workload())
     engine.run()
@@ -156,14 +149,6 @@ def test_cluster_round_robin_loses_the_context():
     # s-0 -> replica 0, x -> 1, s-1 -> 0 (hit), s-2 -> 1 (cold)
     assert list(df.loc[["s-0", "x", "s-1", "s-2"], "replica"]) == [0, 1, 0, 1]
     assert df.loc["s-2", "num_cached_tokens"] == 0
-
-
-def test_cluster_pd_with_turns_is_refused():
-    pd_cfg = ClusterConfig(replicas=[ReplicaGroup(count=1, role="prefill", sim=cfg()),
-                                     ReplicaGroup(count=1, role="decode", sim=cfg())], pd=PDConfig())
-    with pytest.raises(InputError, match="P/D") as err:
-        run_cluster(pd_cfg, session_workload())
-    assert err.value.field == "pd"
 
 
 # --- bad input ---------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from servesim.simulator.cluster.host_memory import check_node_memory
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
 from servesim.simulator.cluster.pd_links import PDLinks
+from servesim.simulator.cluster.request_done import RequestDone
 from servesim.simulator.cluster.routers import Decision, make_router
 from servesim.simulator.cluster.session_turns import attach_turns
 from servesim.simulator.collector import collector_paused
@@ -95,6 +96,8 @@ class Cluster:
                              field="mm_items", allowed="a single engine (servesim run / replay) for multimodal traffic")
         self.replicas = self._build_replicas()
         check_node_memory(self.replicas)  # the CPU KV tiers on each node fit its host memory
+        # Who hears that the cluster is done with a request: the gateway and the turns (request_done.py).
+        self.request_done = RequestDone(self)
         # Closed-loop session turns, dispatched after their parent's answer (simulator/sessions.py;
         # None without any); the arrival process below reads the others, in workload order.
         self.turns = attach_turns(self)
@@ -114,6 +117,7 @@ class Cluster:
             self._kv_bytes = self._kv_bytes_table()
         # Admission and flow control before the router (simulator/gateway/), or None.
         self.gateway = attach_to_cluster(self, self._dispatch)
+        self.request_done.hook_all()
         self._arrivals_done = False
         self._num_final = 0
         self._next_spec = 0  # index in workload.requests of the next request to dispatch
@@ -211,6 +215,7 @@ class Cluster:
         if rep.role == "decode":
             self.pd_links.add_decoder(rep)
             self._use_pd_bounds()  # autoscaled: declined
+        self.request_done.hook(rep)
         return rep
 
     def _kv_bytes_table(self) -> dict[tuple[tuple[int, int], tuple[int, int]], int]:
@@ -231,14 +236,11 @@ class Cluster:
             if t > env.now:
                 self._announce_next_arrival(i)
                 yield env.timeout(t - env.now)
-            if self.gateway is None:
-                self._dispatch(spec)
-            else:
-                self.gateway.offer(spec, spec.arrival_time_s)
+            self._admit(spec)
+        if self.turns is not None:  # the turns go through the gateway too: they are all sent first
+            yield from self.turns.wait_all_sent()
         if self.gateway is not None:  # what it still holds is dispatched or rejected first
             yield self.gateway.drained()
-        if self.turns is not None:
-            yield from self.turns.wait_all_sent()
         if self.activator is not None:  # held for a pool at zero: routed when a replica is ready
             yield from self.activator.wait_empty()
         self._next_spec = len(requests)
@@ -300,14 +302,21 @@ class Cluster:
         if self.cfg.routing_latency_s > 0:
             yield self.env.timeout(self.cfg.routing_latency_s)
         self._specs[spec.request_id] = spec  # as sent: its arrival_time_s is the send time
-        self._dispatch(spec)
+        self._admit(spec)
+
+    def _admit(self, spec: RequestSpec) -> None:
+        """A request its client sent at spec.arrival_time_s reaches the router now: through the gateway when there is one."""
+        if self.gateway is None:
+            self._dispatch(spec)
+        else:
+            self.gateway.offer(spec, spec.arrival_time_s)
 
     def sent_requests(self) -> list[RequestSpec]:
         """The requests as they were sent, in workload order: a session turn at its send time, a turn
         never sent (its session ended without an answer) left out."""
         if self.turns is None:
             return self.workload.requests
-        return [self._specs[s.request_id] for s in self.workload.requests if s.request_id in self.routes]
+        return [self._specs[s.request_id] for s in self.workload.requests if s.request_id not in self.turns.abandoned]
 
     def _route(self, router, spec: RequestSpec, candidates: list[Replica]) -> tuple[Replica, RouteRecord]:
         d: Decision = router.choose(spec, candidates, self.env.now)
@@ -327,6 +336,7 @@ class Cluster:
             rep.engine.submit(spec)
             return
         self.timelines[spec.request_id] = PDTimeline()
+        self._specs[spec.request_id] = spec  # as dispatched (the gateway's priority): the decode side's too
         rep.engine.submit(replace(spec, output_len=1))  # prefill plus the first token
 
     # --- completion callbacks (called from inside an engine's step) ------------------------------
@@ -334,7 +344,7 @@ class Cluster:
         tl = self.timelines[request_id]
         tl.prefill_done_s = self.env.now
         if not self.replicas[idx].engine.metrics.requests[request_id].token_times_s:
-            self._final()  # never fit on the prefill replica: reported as ignored, no decode
+            self._final(idx, request_id, reason)  # never fit on the prefill replica (or its client gave up): no decode
             return
         delay = self.cfg.pd.handoff_latency_s
         if delay > 0:
@@ -370,16 +380,21 @@ class Cluster:
             # Never fit on the decode replica: nobody will read the prefill side's KV.
             self.replicas[idx].engine.connector.forget(request_id)
             self.replicas[self.routes[request_id].replica].engine.kv_sent(request_id)
-        self._final()
+        self._final(idx, request_id, reason)
 
-    def _final(self) -> None:
+    def _final(self, idx: int, request_id: str, reason: str | None) -> None:
+        """Replica idx ended a P/D request for good: the cluster is done with it."""
         self._num_final += 1
+        if self.request_done.hooked:
+            self.request_done.done(idx, request_id, reason)
         self._maybe_close_pd()
 
     def _maybe_close_pd(self) -> None:
         # P/D engines stay open until every request is done: a handoff or a transfer can come at any
         # time, and a stalled engine that was closed would stop (pd.StallAwareMixin).
-        if self._arrivals_done and self._num_final == len(self.workload.requests):
+        # Once arrivals are done every request that will reach the router has (the gateway and the
+        # turns settled first): each routed request ends in exactly one _final.
+        if self._arrivals_done and self._num_final == len(self.routes):
             for r in self.replicas:
                 r.engine.close()
 
@@ -389,7 +404,7 @@ class Cluster:
         pin expiry is left that could wake them. Name the replica and its stuck requests."""
         pending = len(self.workload.requests) - sum(r.engine.num_done for r in self.replicas) \
             - (len(self.gateway.rejected) + len(self.gateway.gone) if self.gateway is not None else 0) \
-            if self.cfg.pd is None else len(self.workload.requests) - self._num_final
+            if self.cfg.pd is None else len(self.routes) - self._num_final
         _stuck_replica(self.replicas).engine.raise_stall(
             f"the cluster is idle with {pending} request(s) unfinished and nothing left that could wake it "
             "(no arrival, handoff, KV transfer or pin expiry)")

@@ -179,14 +179,11 @@ class ClusterConfig:
 
 
 def _check_gateway(cfg: ClusterConfig) -> None:
-    """One gateway, the cluster's, in front of colocated replicas."""
+    """One gateway, the cluster's, in front of its router (with P/D, the prefill router)."""
     for i, g in enumerate(cfg.replicas):
         if g.sim.gateway.enabled:
             raise InputError("a replica has no gateway of its own", field=f"replicas[{i}].sim.gateway.enabled",
                              allowed="false (the cluster's gateway is the top-level `gateway:`)")
-    if cfg.gateway.enabled and cfg.pd is not None:
-        raise InputError("the gateway is modelled in front of colocated replicas only", field="gateway.enabled",
-                         allowed="false with a pd section")
 
 
 def _check_step_rows(groups: list[ReplicaGroup]) -> None:

@@ -173,13 +173,15 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
                          finish_s=back.finish_s, token_times_s=back.token_times_s, itl_s=back.itl_s,
                          num_preemptions=front.num_preemptions + back.num_preemptions,
                          num_cached_tokens=front.num_cached_tokens, finish_reason=back.finish_reason,
-                         reject_reason=back.reject_reason)
+                         reject_reason=back.reject_reason, status=back.status)  # timed out on the decode side
 
 
 def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
     df = merged.tables().requests
-    if len(cluster.routes) < len(df):  # the gateway refused some: no replica, no route
+    if len(cluster.routes) < len(df) and cluster.cfg.pd is None:  # the gateway refused some: no replica, no route
         return _frame_with_unrouted(cluster, df)
+    if len(cluster.routes) < len(df):  # P/D behind a gateway that refused some: empty routing columns for those
+        return _pd_frame_with_unrouted(cluster, df)
     routes = [cluster.routes[rid] for rid in df["request_id"]]
     pos = 1
     if cluster.cfg.pd is None:
@@ -200,8 +202,8 @@ def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
 
 
 def _frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
-    """The routing columns where some requests never reached the router (colocated replicas:
-    ClusterConfig refuses a gateway with P/D): empty for those."""
+    """The routing columns where some requests never reached the router (colocated replicas):
+    empty for those."""
     routes = [cluster.routes.get(rid) for rid in df["request_id"]]
     df.insert(1, "replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
     df.insert(2, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
@@ -210,21 +212,37 @@ def _frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _pd_frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
+    """A P/D run's routing and P/D columns where the gateway refused some requests: empty for those
+    (no prefill or decode replica, no transfer)."""
+    routes = [cluster.routes.get(rid) for rid in df["request_id"]]
+    tls = [cluster.timelines.get(rid) for rid in df["request_id"]]
+    df.insert(1, "prefill_replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
+    df.insert(2, "decode_replica", pd.array([t.decode.replica if t is not None and t.decode else None for t in tls],
+                                            dtype="Int64"))
+    df.insert(3, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
+    df.insert(4, "route_reason", [None if r is None else r.reason for r in routes])
+    df.insert(5, "route_score", [None if r is None else r.score for r in routes])
+    _add_pd_columns(cluster, df)
+    return df
+
+
 def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
-    tls = [cluster.timelines[rid] for rid in df["request_id"]]
+    tls = [cluster.timelines.get(rid) for rid in df["request_id"]]  # None: the gateway refused it
     arrival, first_sched, first_tok = (df[c].to_numpy(dtype=float) for c in
                                        ("arrival_s", "first_scheduled_s", "first_token_s"))
     nan = float("nan")
-    done = np.array([t.prefill_done_s if t.decode is not None and t.prefill_done_s is not None else nan for t in tls])
-    t_start = np.array([nan if t.transfer_start_s is None else t.transfer_start_s for t in tls])
-    t_end = np.array([nan if t.transfer_end_s is None else t.transfer_end_s for t in tls])
+    done = np.array([t.prefill_done_s if t is not None and t.decode is not None and t.prefill_done_s is not None
+                     else nan for t in tls])
+    t_start = np.array([nan if t is None or t.transfer_start_s is None else t.transfer_start_s for t in tls])
+    t_end = np.array([nan if t is None or t.transfer_end_s is None else t.transfer_end_s for t in tls])
     df["prefill_queue_s"] = first_sched - arrival
     df["prefill_s"] = done - first_sched
     df["transfer_s"] = t_end - done
     df["first_decode_s"] = first_tok - t_end
     df["kv_link_s"] = t_end - t_start
-    df["kv_tokens"] = [t.external_tokens for t in tls]
-    df["kv_bytes"] = [t.kv_bytes for t in tls]
+    df["kv_tokens"] = [0 if t is None else t.external_tokens for t in tls]
+    df["kv_bytes"] = [0 if t is None else t.kv_bytes for t in tls]
 
 
 def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollector, wall_time_s: float,

@@ -12,8 +12,9 @@ once; otherwise it waits in the queue (gateway/queues.py) until a slot frees, an
 it is still waiting `queue_timeout_s` after it arrived; a queued request whose client gives up
 (its `timeout_s`, else the clients' timeout) leaves the queue at that instant, counted as timed out.
 A slot frees when the engine is done with
-the request (finished, rejected by the engine or aborted): the engine's finish, not the client's
-receipt of the last chunk (the frontend's return trip, when modelled, is not held against the cap).
+the request (finished, rejected by the engine or aborted; with P/D the last engine, normally the
+decode side: cluster/request_done.py): the engine's finish, not the client's receipt of the last
+chunk (the frontend's return trip, when modelled, is not held against the cap).
 A slot freed inside an engine step dispatches at that same instant, after the step's update (a
 zero-delay event: requests are never added to a scheduler in the middle of its update).
 

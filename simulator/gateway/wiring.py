@@ -34,7 +34,7 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
         engine.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
         engine.reject(spec.request_id, reason)
 
-    if engine.on_finish is not None:  # its owner submits (a closed loop, a cluster): not through the clients
+    if engine.workload is None:  # its owner submits (a closed loop, a cluster): not through the clients
         raise InputError("the gateway runs in front of a replay's clients; this engine's owner submits its "
                          "requests itself (a closed loop, or a cluster replica)", field="gateway.enabled",
                          allowed="false here (a cluster's gateway is its top-level `gateway:`)")
@@ -44,26 +44,34 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
 
     gateway = Gateway(engine.env, cfg, engine.clients.forward, reject, gone, engine.cfg.client.timeout_s)
     engine.clients.gateway = gateway
-    engine.on_finish = gateway.done
+    turns_heard = engine.on_finish  # closed-loop session turns (simulator/sessions.py), or None
+
+    def done(request_id: str, reason: str | None) -> None:
+        if turns_heard is not None:  # first, as in a cluster (cluster/request_done.py)
+            turns_heard(request_id, reason)
+        gateway.done(request_id)
+
+    engine.on_finish = gateway.done if turns_heard is None else done
     return gateway
 
 
 def attach_to_cluster(cluster: Cluster, dispatch: Callable[[RequestSpec], None]) -> Gateway | None:
     """The cluster's gateway between its arrivals and its router (None when off): `dispatch` routes
-    a request. Its rejections, and the requests whose clients gave up while queued, never reach a
-    replica: the gateway keeps them (`Gateway.rejected`, `Gateway.gone`), and the cluster's results
-    give each a row of its own."""
+    a request (to a replica, or with P/D to a prefill replica). Its rejections, and the requests whose
+    clients gave up while queued, never reach a replica: the gateway keeps them (`Gateway.rejected`,
+    `Gateway.gone`), and the cluster's results give each a row of its own. A slot frees when the
+    cluster is done with a request (cluster/request_done.py: with P/D, its decode side's end)."""
     cfg = cluster.cfg.gateway
     if not cfg.enabled:
         return None
     # The clients' timeout where the front replicas agree on one (a request's own timeout_s wins).
     timeouts = {r.cfg.client.timeout_s for r in cluster.front}
-    gateway = Gateway(cluster.env, cfg, lambda spec, _sent_s: dispatch(spec), lambda _spec, _sent_s, _reason: None,
-                      lambda _spec, _sent_s: None, timeouts.pop() if len(timeouts) == 1 else None)
+    done = cluster.request_done
+    gateway = Gateway(cluster.env, cfg, lambda spec, _sent_s: dispatch(spec),
+                      lambda spec, _sent_s, _reason: done.refused(spec.request_id, None),
+                      lambda spec, _sent_s: done.refused(spec.request_id, "abort"),
+                      timeouts.pop() if len(timeouts) == 1 else None)
     for policy in sorted({r.cfg.scheduler.policy for r in cluster.replicas}):
         warn_unmapped_priority(cfg, policy)
-    for r in cluster.replicas:
-        r.engine.set_planner(None, GATEWAY_DECLINED)
-        assert r.engine.on_finish is None  # colocated replicas only (ClusterConfig refuses P/D with a gateway)
-        r.engine.on_finish = gateway.done
+    done.gateway = gateway
     return gateway
