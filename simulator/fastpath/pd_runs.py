@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 from functools import partial
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from servesim.simulator.cluster.pd import PrefillEngine
@@ -110,6 +111,7 @@ def attach_pd_bounds(cluster: Cluster) -> None:
     the reason, where this module cannot bound it)."""
     why = pd_declined(cluster)
     bounds = PDBounds(cluster)
+    reads = _decode_router_reads(cluster)
     for r in cluster.decoders:
         planner = r.engine.planner
         if planner is None:
@@ -119,6 +121,35 @@ def attach_pd_bounds(cluster: Cluster) -> None:
             continue
         planner.next_arrival_fn = partial(bounds.bound_s, _links_to(cluster, r))
         planner.finishes_heard_any_time = True  # Cluster._on_decode_finish: module docstring
+        if reads is not None and r.cfg.scheduler.async_scheduling:  # paced runs (module docstring)
+            planner.defer_runs(_no_dispatch, reads_state=reads)
+            if planner.deferred.collides is not None:
+                planner.deferred.paced = True
+                planner.deferred.commuting_arrivals = False
+
+
+def _decode_router_reads(cluster: Cluster) -> bool | None:
+    """Whether the decode router's decisions read a decode replica's KV usage or prefix cache
+    (answered from a paced run's plan: fastpath/planned_reads.py), False where they read no more
+    than its load (Engine.num_outstanding, answered from the plan too: DeferredRuns.load_drop) or
+    nothing, None where its proof does not say (no proof registered: its runs stay eager)."""
+    from servesim.simulator.fastpath.router_proofs import RoundRobinProof, proof_for
+
+    proof = proof_for(cluster.decode_router)
+    if proof is None:
+        return None
+    if proof.reads_planned_state:
+        return True
+    if proof.reads_only_load or isinstance(proof, RoundRobinProof):
+        return False
+    return None
+
+
+def _no_dispatch(times: Sequence[float]) -> int:
+    """No update of a paced run needs to end before a dispatch: dispatches reach the prefill side
+    (the front router reads only the front replicas) and the hand-offs and landings they set off
+    meet a paced run at their time."""
+    return len(times)
 
 
 def _links_to(cluster: Cluster, decode: Replica) -> list[KVLink]:

@@ -183,6 +183,9 @@ class PlannedReads:
         return blocks
 
     def _updates_before_now(self, plan: DeferredRun) -> int:
+        if self.deferred.paced:  # the updates the clock has reached (fastpath/deferred.py)
+            assert plan.woken < len(plan.upd_t), "a paced run read past its end"
+            return plan.woken
         now = self.engine.env.now
         j = bisect_left(plan.upd_t, now)
         assert j < len(plan.upd_t) and plan.upd_t[j] > now, "a deferred run read past its end or at an update"
