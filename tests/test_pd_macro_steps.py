@@ -227,8 +227,10 @@ def test_paced_runs_meet_events_on_an_update_instant_as_stepping_does():
            "cost_model.cpu_overhead.per_request_s": 0.0, "cost_model.cpu_overhead.per_token_s": 0.0}
     # bytes / 2**90 B/s vanish against the clock: a transfer lands 3 x 2**-7 s after it starts
     link = LinkConfig(sharing="lanes", lanes=2, bandwidth_bytes_per_s=2.0 ** 90, latency_s=3 * 2.0 ** -7)
-    for router in ("least_kv", "least_outstanding"):
-        kw = {"sim": sim, "link": link, "decode_router": RouterConfig(router)}
+    # a hand-off latency on the grid too: its timeout, set at the prefill's update, meets a decode
+    # update set at another instant (creation order decides)
+    for router, handoff_s in (("least_kv", 0.0), ("least_outstanding", 0.0), ("least_kv", 2 * 2.0 ** -7)):
+        kw = {"sim": sim, "link": link, "decode_router": RouterConfig(router), "handoff_latency_s": handoff_s}
         runs = []
         for macro in (False, True):
             cfg = _config(macro, **kw)

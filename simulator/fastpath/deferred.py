@@ -23,6 +23,18 @@ Same-instant order: the eager path stops before an update that lands exactly on 
 steps around it, keeping SimPy's event order. A deferred plan never contains an update at a
 dispatch time (it ends before one; the cluster says which times are dispatches), so no routed
 arrival can land on one of its updates and order never depends on when the plan is applied.
+
+Paced runs (DeferredRuns.paced: P/D decode replicas, fastpath/pd_runs.py). Hand-offs and KV
+landings come at times not known in advance, so one may land on an update's very instant, where
+SimPy orders the two by when each event was created. A paced wait sets one timeout per planned
+update, exactly when and as stepping's loop sets it (at the previous update's instant, for the GPU
+end of the step that update applies: Engine._apply_oldest), so every event that reads or reaches
+the replica is processed before or after each of its updates as in stepping (by induction over the
+instants: every event is created in the same order). DeferredRun.woken counts the updates the clock
+has reached; an application at an outside event takes exactly those (the read's view too:
+planned_reads.py, load_drop), then the tail step, and the timeout already set for the next update
+applies the older step in flight, as the loop does. The plan needs no dispatch-free times, and its
+runs never go past an arrival (no commuting).
 """
 
 from __future__ import annotations
