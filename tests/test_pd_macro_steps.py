@@ -75,6 +75,14 @@ CASES = {
     # requests wait for blocks on both sides, decode replicas preempt (recomputing locally)
     "tight-pools": {"sim": {"cache.num_gpu_blocks": 270, "scheduler.max_model_len": 4160},
                     "decode_router": RouterConfig("least_kv"), "n_prefill": 1},
+    # paced runs behind the other decode routers: the prefix cache read from the plan (applied
+    # first where the run could change the answer), the load of two drawn replicas, nothing read
+    "prefix-aware-3": {"decode_router": RouterConfig("prefix_aware"), "n_decode": 3},
+    "jsq-slow": {"decode_router": RouterConfig("jsq_power_of_two"), "n_decode": 3,
+                 "link": LinkConfig(bandwidth_bytes_per_s=1e9)},
+    "least-kv-tight-slow": {"sim": {"cache.num_gpu_blocks": 400, "scheduler.max_model_len": 4160},
+                            "decode_router": RouterConfig("least_kv"), "n_prefill": 1,
+                            "link": LinkConfig(sharing="lanes", lanes=1, bandwidth_bytes_per_s=3e9)},
 }
 
 
@@ -173,3 +181,70 @@ def test_what_the_bound_does_not_cover_declines_with_a_reason():
     for r in cluster.replicas:
         assert (r.engine.planner is not None) == (r.role == "decode"), r.name
         assert (r.engine.planner_declined is None) == (r.role == "decode"), r.name
+
+
+def test_paced_runs_go_on_through_hand_offs_to_other_decoders():
+    """Behind a decode router whose reads a plan answers (least_kv here: KV usage), an async
+    decode replica's runs are paced (fastpath/deferred.py): planned, applied only when a hand-off
+    or a landing reaches that replica (or whole at their end), so most hand-offs routed
+    elsewhere leave them alone; behind a router with no proof they stay eager (bounded)."""
+    cluster, _ = _both(_workload(200, 20.0, seed=3), decode_router=RouterConfig("least_kv"))
+    planners = [r.engine.planner for r in cluster.replicas if r.role == "decode"]
+    assert all(p.deferred.paced for p in planners)
+    num_routed = sum(r.num_routed for r in cluster.replicas if r.role == "decode")
+    assert sum(p.num_deferred_runs for p in planners) > 100
+    # a run is applied early only for this replica's own hand-offs and landings (two per request)
+    assert sum(p.num_deferred_routed for p in planners) <= 2 * num_routed
+    assert _macro_fraction(cluster) > 0.6
+    sync = Cluster(_config(True, async_=False, decode_router=RouterConfig("least_kv")), _workload(4, 10.0, seed=1))
+    assert not any(r.engine.planner.deferred.paced for r in sync.replicas if r.role == "decode")
+
+
+class _DyadicCost:
+    """Every step takes 2**-7 s: with no CPU time, dyadic arrivals and a link whose transfers
+    take only its dyadic latency, every update, hand-off and landing falls on one grid, so
+    outside events land on the very instants of decode updates (SimPy orders them by creation)."""
+
+    name = "test-pd-dyadic"
+
+    def step_time_s(self, shape) -> float:
+        return 2.0 ** -7
+
+
+def test_paced_runs_meet_events_on_an_update_instant_as_stepping_does():
+    from servesim.simulator.cost_model import register_cost_model
+    from servesim.traces.workload import RequestSpec, Workload
+
+    register_cost_model("test-pd-dyadic")(lambda **kw: _DyadicCost())
+    rng = np.random.default_rng(11)
+    t, specs = 0.0, []
+    for i in range(160):
+        t += int(rng.integers(0, 6)) * 2.0 ** -7
+        specs.append(RequestSpec(f"r{i}", t, prompt_len=int(rng.integers(16, 600)),
+                                 output_len=int(rng.integers(2, 120))))
+    wl = Workload(specs, name="dyadic", source="test")
+    sim = {"cost_model.name": "test-pd-dyadic", "cost_model.cpu_overhead.fixed_s": 0.0,
+           "cost_model.cpu_overhead.per_request_s": 0.0, "cost_model.cpu_overhead.per_token_s": 0.0}
+    # bytes / 2**90 B/s vanish against the clock: a transfer lands 3 x 2**-7 s after it starts
+    link = LinkConfig(sharing="lanes", lanes=2, bandwidth_bytes_per_s=2.0 ** 90, latency_s=3 * 2.0 ** -7)
+    # a hand-off latency on the grid too: its timeout, set at the prefill's update, meets a decode
+    # update set at another instant (creation order decides)
+    for router, handoff_s in (("least_kv", 0.0), ("least_outstanding", 0.0), ("least_kv", 2 * 2.0 ** -7)):
+        kw = {"sim": sim, "link": link, "decode_router": RouterConfig(router), "handoff_latency_s": handoff_s}
+        runs = []
+        for macro in (False, True):
+            cfg = _config(macro, **kw)
+            cfg.routing_latency_s = 0.0
+            c = Cluster(cfg, wl)
+            runs.append((c, c.run()))
+        (_, plain), (cluster, res) = runs
+        pd.testing.assert_frame_equal(plain.requests, res.requests)
+        pd.testing.assert_frame_equal(plain.steps, res.steps)
+        assert _summary(plain) == _summary(res)
+        decode = [r.engine for r in cluster.replicas if r.role == "decode"]
+        assert sum(e.planner.num_deferred_routed for e in decode) > 20
+        # the case is what it claims: hand-offs and landings on a decode replica's update instants
+        starts = {rep: set(g.start_s) for rep, g in res.steps.groupby("replica")}
+        ties = sum((tl.decode.time_s in starts[tl.decode.replica]) + (tl.transfer_end_s in starts[tl.decode.replica])
+                   for tl in cluster.timelines.values() if tl.decode is not None)
+        assert ties > 50

@@ -23,12 +23,24 @@ Same-instant order: the eager path stops before an update that lands exactly on 
 steps around it, keeping SimPy's event order. A deferred plan never contains an update at a
 dispatch time (it ends before one; the cluster says which times are dispatches), so no routed
 arrival can land on one of its updates and order never depends on when the plan is applied.
+
+Paced runs (DeferredRuns.paced: P/D decode replicas, fastpath/pd_runs.py). Hand-offs and KV
+landings come at times not known in advance, so one may land on an update's very instant, where
+SimPy orders the two by when each event was created. A paced wait sets one timeout per planned
+update, exactly when and as stepping's loop sets it (at the previous update's instant, for the GPU
+end of the step that update applies: Engine._apply_oldest), so every event that reads or reaches
+the replica is processed before or after each of its updates as in stepping (by induction over the
+instants: every event is created in the same order). DeferredRun.woken counts the updates the clock
+has reached; an application at an outside event takes exactly those (the read's view too:
+planned_reads.py, load_drop), then the tail step, and the timeout already set for the next update
+applies the older step in flight, as the loop does. The plan needs no dispatch-free times, and its
+runs never go past an arrival (no commuting).
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +78,7 @@ class DeferredRun:
     resume_at_s: float | None = None  # set when applied early: the in-flight step's update time
     past_arrival: bool = False  # applied early with that update too (MacroPlanner._past_arrival)
     scheduled: list[int] | None = None  # reqs[i] is scheduled in the first scheduled[i] steps (each + extra forward)
+    woken: int = 0  # paced: the updates whose time the clock has reached (DeferredRuns.paced)
 
     def set_drop_times(self) -> None:
         """The load falls by load_drop at the first update and by one at each finishing update
@@ -93,6 +106,11 @@ class DeferredRuns:
         self.commuting_arrivals = commuting_arrivals
         # collides(times): index of the first of the ascending times that is a dispatch time; None: off
         self.collides: Callable[[Sequence[float]], int] | None = None
+        # Paced: the loop wakes at each planned update's time, with the timeout stepping would set
+        # there (module docstring, "Paced runs"), so an outside event at any time, even one landing
+        # on an update's instant, meets the run where stepping would (P/D decode replicas, whose
+        # outside events come at times not known in advance: fastpath/pd_runs.py).
+        self.paced = False
         self.pending: DeferredRun | None = None  # the planned run not yet applied
         self.num_deferred_runs = 0  # planned
         self.num_deferred_routed = 0  # applied at a routed arrival
@@ -154,6 +172,8 @@ class DeferredRuns:
         plan = self.pending
         if plan is None or not plan.drop_t:
             return 0
+        if self.paced:  # the drops at the updates the clock has reached
+            return bisect_right(plan.drop_t, plan.upd_t[plan.woken - 1]) if plan.woken else 0
         return bisect_left(plan.drop_t, self.engine.env.now)  # the drops strictly before now
 
     def await_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
@@ -161,6 +181,9 @@ class DeferredRuns:
         whole, or to the update of the oldest step in flight after an arrival applied it early."""
         plan = self.pending
         assert plan is not None
+        if self.paced:
+            yield from self._await_paced(plan, in_flight)
+            return
         env = self.engine.env
         # A routed arrival applies the run early and triggers `routed` (apply_at): the run is
         # pending while it has not. (Not `self.pending is not None`: a compiled planner would
@@ -189,6 +212,32 @@ class DeferredRuns:
         so, mro, _end, rec, row = in_flight.popleft()
         self.engine.apply_output(so, mro, rec, row)
 
+    def _await_paced(self, plan: DeferredRun, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
+        """await_run, paced: one timeout per planned update, set when and as the stepping loop sets
+        it (at the previous update's instant, for the GPU end of the step it applies: the in-flight
+        step's first, then each step's of the plan), so SimPy orders it among same-instant events
+        as stepping does. After each, plan.woken counts the updates the clock has reached; one
+        applied early (apply_at) ends the wait at the next, which applies the older step in flight
+        exactly as the loop would."""
+        env = self.engine.env
+        due0 = in_flight[0][2]  # the GPU end of the step in flight when the run was planned
+        j = 0
+        while True:
+            if j == len(plan.upd_t) and (plan.resume_at_s is not None or not self._grow(plan)):
+                break
+            due = due0 if j == 0 else plan.ends[j - 1]
+            if due > env.now:  # _apply_oldest's timeout; none where the GPU is already done
+                yield env.timeout(due - env.now)
+            if plan.resume_at_s is not None:  # applied early: this is the update the loop waits for
+                so, mro, _end, rec, row = in_flight.popleft()
+                self.engine.apply_output(so, mro, rec, row)
+                return
+            j += 1
+            plan.woken = j
+        self.pending = None
+        self.applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
+                                 plan.ends, plan.upd_t, each=plan.each)
+
     def apply_at(self, t: float, in_flight: InFlight, routed: bool = True) -> None:
         """A request is routed here at t (or, `routed` False, a router's read needs the state at t:
         fastpath/planned_reads.py): apply the run as the eager path would have with t as its
@@ -199,8 +248,9 @@ class DeferredRuns:
         self.pending = None
         self.num_deferred_routed += routed
         applier = self.applier
-        j = bisect_left(plan.upd_t, t)  # updates before t; plan.upd_t[j] > t (no update at t)
-        assert j < len(plan.upd_t) and plan.upd_t[j] > t, "deferred run: applied past its end"
+        # updates before t; plan.upd_t[j] > t (no update at t), or, paced, the updates reached
+        j = plan.woken if self.paced else bisect_left(plan.upd_t, t)
+        assert j < len(plan.upd_t) and (self.paced or plan.upd_t[j] > t), "deferred run: applied past its end"
         if j >= 1 and self.commuting_arrivals and (plan.each is None or j not in plan.each):
             # update j finishes nobody, so the load the router reads stays what stepping shows and
             # the arrival commutes with it (MacroPlanner._past_arrival): the run takes it too, the
@@ -221,4 +271,5 @@ class DeferredRuns:
         if not tailed:
             raise AssertionError(f"{self.engine.name}: a deferred run could not schedule its tail step")
         plan.resume_at_s = plan.upd_t[j]
-        plan.routed.succeed()
+        if not self.paced:  # a paced wait needs no event: its next timeout is already set
+            plan.routed.succeed()

@@ -1,8 +1,18 @@
-"""P/D decode replicas on the fast path: the earliest time anything from outside can touch one.
+"""P/D decode replicas on the fast path: paced runs, or the earliest time anything from outside
+can touch one.
 
 A decode replica's steps between outside events are vLLM's plain decode steps, its parked
-requests passed over (scheduler/bulk/pd.py), so its planner (MacroPlanner) runs them in bulk as a
-single engine's, bounded by the next outside event instead of the next arrival. What reaches a
+requests passed over (scheduler/bulk/pd.py), so its planner (MacroPlanner) runs them in bulk.
+
+Paced runs (async scheduling, a decode router with a proof: _decode_router_reads). The run is
+deferred (fastpath/deferred.py, "Paced runs") and applied when a hand-off (Engine.submit) or a
+landing (DecodeEngine.kv_received) reaches the replica, at whatever instant; the decode router
+reads it from the plan (KV usage and the prefix cache: fastpath/planned_reads.py; the load:
+DeferredRuns.load_drop). Nothing else reads a decode replica: the front router picks among the
+prefill replicas, and transfers to this replica start only at its own schedules, which a run's
+plain steps are not. Runs go on through finishes, heard when the run is applied (below).
+
+Bounded runs (otherwise), by the next outside event instead of the next arrival. What reaches a
 decode replica from outside, and the earliest time each can come (`PDBounds.bound_s`, recomputed at
 every loop top where the planner may start a run: MacroPlanner.next_arrival_fn):
 
@@ -24,12 +34,14 @@ replica's state and brings none of these events earlier. Each time is a lower bo
 keeps every schedule and update of a run strictly before it, and Engine.submit / kv_received
 assert that none went past (MacroPlanner.before_submit).
 
-Finishes inside a run are only the async skip-ahead's, at the run's first update, heard when the
-run is applied, before their time (MacroPlanner.finishes_heard_any_time; no run goes through
-finishes where a finish callback listens). The cluster's decode-finish callback
-(Cluster._on_decode_finish) then only counts the request final: its transfer has started (a
-decode-side lookup hits at most num_tokens - 1 tokens, so every admitted request loads at least
-one), and the last final closes the engines, all idle but this one, whose end nothing reads.
+Finishes inside a bounded run are only the async skip-ahead's, at the run's first update, heard
+when the run is applied, before their time; a paced run's (through finishes) are heard when it is
+applied, after their time (MacroPlanner.finishes_heard_any_time). The cluster's decode-finish
+callback (Cluster._on_decode_finish) then only counts the request final: its transfer has started
+(a decode-side lookup hits at most num_tokens - 1 tokens, so every admitted request loads at least
+one), and the last final closes the engines, all idle but this one, whose end nothing reads. The
+last final is never heard late: a paced run is applied early only for a hand-off or a landing, of
+a request not final yet, and whole at its last update, the last finish of its batch.
 
 Declined (the reason goes in the run's summary): a gateway before the router, session turns, an
 autoscaler (replicas come and go) and lockstep (DP) groups, whose timing this bound does not cover.
@@ -39,6 +51,7 @@ from __future__ import annotations
 
 import heapq
 from functools import partial
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from servesim.simulator.cluster.pd import PrefillEngine
@@ -110,6 +123,7 @@ def attach_pd_bounds(cluster: Cluster) -> None:
     the reason, where this module cannot bound it)."""
     why = pd_declined(cluster)
     bounds = PDBounds(cluster)
+    reads = _decode_router_reads(cluster)
     for r in cluster.decoders:
         planner = r.engine.planner
         if planner is None:
@@ -119,6 +133,35 @@ def attach_pd_bounds(cluster: Cluster) -> None:
             continue
         planner.next_arrival_fn = partial(bounds.bound_s, _links_to(cluster, r))
         planner.finishes_heard_any_time = True  # Cluster._on_decode_finish: module docstring
+        if reads is not None and r.cfg.scheduler.async_scheduling:  # paced runs (module docstring)
+            planner.defer_runs(_no_dispatch, reads_state=reads)
+            if planner.deferred.collides is not None:
+                planner.deferred.paced = True
+                planner.deferred.commuting_arrivals = False
+
+
+def _decode_router_reads(cluster: Cluster) -> bool | None:
+    """Whether the decode router's decisions read a decode replica's KV usage or prefix cache
+    (answered from a paced run's plan: fastpath/planned_reads.py), False where they read no more
+    than its load (Engine.num_outstanding, answered from the plan too: DeferredRuns.load_drop) or
+    nothing, None where its proof does not say (no proof registered: its runs stay eager)."""
+    from servesim.simulator.fastpath.router_proofs import RoundRobinProof, proof_for
+
+    proof = proof_for(cluster.decode_router)
+    if proof is None:
+        return None
+    if proof.reads_planned_state:
+        return True
+    if proof.reads_only_load or isinstance(proof, RoundRobinProof):
+        return False
+    return None
+
+
+def _no_dispatch(times: Sequence[float]) -> int:
+    """No update of a paced run needs to end before a dispatch: dispatches reach the prefill side
+    (the front router reads only the front replicas) and the hand-offs and landings they set off
+    meet a paced run at their time."""
+    return len(times)
 
 
 def _links_to(cluster: Cluster, decode: Replica) -> list[KVLink]:

@@ -67,8 +67,8 @@ class _RunBlocks:
     """One pending run's KV block arithmetic, derived when first read (nothing of the replica
     changes between the plan and its application but what a read publishes, which moves no
     block): the free count before it and each request's (c0, blocks held, steps scheduled);
-    the blocks freed by the updates that finish requests, and those requests the in-flight
-    step's update finishes (skip-ahead), when first asked."""
+    the updates that finish requests and the requests the in-flight step's update finishes
+    (skip-ahead), when first asked; the blocks each finish frees, when a read first gets past it."""
 
     def __init__(self, plan: DeferredRun, sched: Scheduler, block_size: int) -> None:
         kvm = sched.kv_cache_manager
@@ -84,7 +84,9 @@ class _RunBlocks:
         self._skipped: list[Request] | None = None
         self._cached_floor: int | None = None
         self.fin_update: list[int] | None = None
-        self.fin_cum: list[int] = []
+        self.fin_cum: list[int] = []  # blocks freed by the first len(fin_cum) finishers
+        self._finishers: list[tuple[int, Request, int]] = []  # (update, request, new blocks), by update
+        self._refs: dict[int, int] = {}
 
     def skipped(self) -> list[Request]:
         """The requests the in-flight step's update finishes (skip-ahead: in no step of the run)."""
@@ -119,39 +121,43 @@ class _RunBlocks:
     def free_blocks(self, j: int) -> int:
         """Free blocks after schedules 0..j and updates 0..j-1."""
         if self.fin_update is None:
-            self._derive_frees()
+            self._list_finishers()
         assert self.fin_update is not None
         k = bisect_left(self.fin_update, j)  # the finishes at updates before j
+        while len(self.fin_cum) < k:
+            self._free_next()
         return self.free0 - self.allocations(j) + (self.fin_cum[k - 1] if k else 0)
 
-    def _derive_frees(self) -> None:
-        """fin_update (ascending) and fin_cum: the blocks freed by the finishes at those updates
-        and before (a block is freed by the last finisher holding it)."""
-        plan, bs = self.plan, self.block_size
-        mgr = self.sched.kv_cache_manager._single_full
-        assert mgr is not None
-        held_of = mgr.req_to_blocks
-        finishers: list[tuple[int, Sequence[KVCacheBlock], int]] = [
-            (0, held_of.get(r.request_id, ()), 0) for r in self.skipped()]
+    def _list_finishers(self) -> None:
+        """fin_update (ascending): the updates at which requests finish; the blocks each frees are
+        counted when a read first reaches it (_free_next): reads come at growing times and a run is
+        usually applied before most of its finishes, so its blocks are rarely walked."""
+        plan = self.plan
+        finishers: list[tuple[int, Request, int]] = [(0, r, 0) for r in self.skipped()]
         if plan.each is not None:
+            bs = self.block_size
             for r, (c0, held, n) in zip(plan.reqs, self.starts):
                 if n < plan.max_steps:  # finishes at update n (a run through finishes)
-                    finishers.append((n, held_of.get(r.request_id, ()), max(0, -(-(c0 + n) // bs) - held)))
+                    finishers.append((n, r, max(0, -(-(c0 + n) // bs) - held)))
         finishers.sort(key=lambda f: f[0])  # stable: the order within an update changes no count
-        refs: dict[int, int] = {}  # references left on a held block, where finishes dropped some
-        self.fin_update = []
-        total = 0
-        for u, held_blocks, new in finishers:
-            freed = new  # the run's new blocks are the finisher's alone
-            for b in held_blocks:
-                if b.is_null:
-                    continue
-                left = refs.get(b.block_id, b.ref_cnt) - 1
-                refs[b.block_id] = left
-                freed += left == 0
-            total += freed
-            self.fin_update.append(u)
-            self.fin_cum.append(total)
+        self._finishers = finishers
+        self.fin_update = [f[0] for f in finishers]
+
+    def _free_next(self) -> None:
+        """Count the blocks the next finisher frees (a block is freed by the last finisher holding
+        it) and append the running total to fin_cum."""
+        _, r, new = self._finishers[len(self.fin_cum)]
+        mgr = self.sched.kv_cache_manager._single_full
+        assert mgr is not None
+        refs = self._refs  # references left on a held block, where finishes dropped some
+        freed = new  # the run's new blocks are the finisher's alone
+        for b in mgr.req_to_blocks.get(r.request_id, ()):
+            if b.is_null:
+                continue
+            left = refs.get(b.block_id, b.ref_cnt) - 1
+            refs[b.block_id] = left
+            freed += left == 0
+        self.fin_cum.append((self.fin_cum[-1] if self.fin_cum else 0) + freed)
 
 
 class PlannedReads:
@@ -183,6 +189,9 @@ class PlannedReads:
         return blocks
 
     def _updates_before_now(self, plan: DeferredRun) -> int:
+        if self.deferred.paced:  # the updates the clock has reached (fastpath/deferred.py)
+            assert plan.woken < len(plan.upd_t), "a paced run read past its end"
+            return plan.woken
         now = self.engine.env.now
         j = bisect_left(plan.upd_t, now)
         assert j < len(plan.upd_t) and plan.upd_t[j] > now, "a deferred run read past its end or at an update"

@@ -82,7 +82,7 @@ class MacroPlanner:
     def before_submit(self, now: float) -> None:
         if self.deferred.pending is not None:  # apply it up to this arrival (fastpath/deferred.py)
             self.deferred.apply_at(now, self.engine.in_flight)
-        if not now > self.applier.until_s:  # a run's bound was wrong: not exact
+        if not self.deferred.paced and not now > self.applier.until_s:  # a run's bound was wrong: not exact
             raise AssertionError(f"{self.engine.name}: a request arrived inside a macro-step (before "
                                  f"{self.applier.until_s!r} s)")
 
@@ -149,13 +149,17 @@ class MacroPlanner:
 
     def _plan(self, now: float, in_flight: InFlight) -> list[float] | None:
         engine = self.engine
-        if self.next_arrival_fn is not None:
+        # A paced run (P/D decode replicas, fastpath/pd_runs.py) meets every outside event at its
+        # time, so no bound cuts it and, not deferred, nothing runs eagerly either.
+        paced = self.deferred.paced and len(in_flight) == 1
+        if self.next_arrival_fn is not None and not paced:
             self.next_arrival_s = self.next_arrival_fn()
-        if not now < self.next_arrival_s or engine.clients.num_in_frontend:
+        if not (paced or now < self.next_arrival_s) or engine.clients.num_in_frontend:
             return None
         runs, applier, clock = self.runs, self.applier, self.clock
         num_in_flight = len(in_flight)
-        if num_in_flight and self.arrival_bound is None and not self._first_update_s(now) < self.next_arrival_s:
+        if (num_in_flight and not paced and self.arrival_bound is None
+                and not self._first_update_s(now) < self.next_arrival_s):
             # the run's first update (the in-flight step's) would already meet the arrival
             return [] if applier.tail_step(now, in_flight, None) else None
         # An async run may go on through finishes (fastpath/through.py) where nobody outside hears
@@ -164,7 +168,7 @@ class MacroPlanner:
         # constant load.
         deferrable = num_in_flight == 1 and self.deferred.collides is not None
         through = (num_in_flight == 1 and (deferrable or self.arrival_bound is None)
-                   and self._finishes_stay_inside())
+                   and (self._finishes_stay_inside() or (paced and self.finishes_heard_any_time)))
         k = runs.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, through)
         if k < 2 or engine.watchdog.due(engine.book.num_steps + 1, now):
             return None  # too short to pay, or the watchdog fires at the next schedule: step
@@ -179,6 +183,8 @@ class MacroPlanner:
         load_change = len(reqs) - engine.scheduler.get_request_counts()[0]
         if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each):
             return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
+        if paced:
+            return None
         if through and self.arrival_bound is not None:  # not deferred after all: the eager path's run
             k = runs.decode_run_horizon(MAX_MACRO_STEPS, num_in_flight, False)
             if k < 2:
