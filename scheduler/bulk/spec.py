@@ -12,7 +12,8 @@ leave one by one.
 
 Steady state, proven per request before a run (`steady_batch`): RUNNING, not a prefill chunk, no
 stop ids, len(spec_token_ids) == num_spec_tokens and, with P output placeholders (async: 1 + the
-in-flight step's drafts; sync: 0), num_computed_tokens == num_tokens + P - 1. Then every schedule
+in-flight step's drafts of it, none where that step ran its prefill's last chunk; sync: 0),
+num_computed_tokens == num_tokens + P - 1. Then every schedule
 gives it num_new = num_tokens_with_spec + P - num_computed_tokens = 1 + num_spec_tokens and the
 invariant holds again after each update (the clawback lowers num_computed_tokens and P alike, the
 appended tokens raise num_tokens and lower P alike).
@@ -85,11 +86,12 @@ class VllmSpecRuns:
             return "speculative decoding with long_prefill_token_threshold below a verify step's tokens"
         return None
 
-    def steady_batch(self, num_in_flight: int, in_flight_drafts: dict[str, list[int]] | None) -> list[Request] | None:
+    def steady_batch(self, in_flight: SchedulerOutput | None) -> list[Request] | None:
         """The batch of the next verify steps (all of `running`, in order) when every request is in
         the steady state (module docstring) and nothing else can enter a schedule: nothing waits,
-        no connector, no tracer, no timed policy. `in_flight_drafts`: the drafts of the step in
-        flight (async), by request. None when not proven."""
+        no connector, no tracer, no timed policy. `in_flight`: the step in flight (async), which
+        must schedule every running request: with its drafts (a verify) or none (its prefill's
+        last chunk: 1 placeholder, as a verify of no drafts). None when not proven."""
         sched = self.scheduler
         if (sched.connector is not None or sched.tracer is not None or sched.policy.next_event_s() is not None
                 or sched.waiting or sched.skipped_waiting or not sched.running or not sched.policy.fast_forward_safe
@@ -100,12 +102,12 @@ class VllmSpecRuns:
         if len(batch) * (1 + ns) > sched.max_num_scheduled_tokens:
             return None
         for r in batch:
-            if num_in_flight:
-                assert in_flight_drafts is not None
-                drafts = in_flight_drafts.get(r.request_id)
-                placeholders = -1 if drafts is None else 1 + len(drafts)
-            else:
+            if in_flight is None:
                 placeholders = 0
+            elif r.request_id in in_flight.num_scheduled_tokens:
+                placeholders = 1 + len(in_flight.scheduled_spec_decode_tokens.get(r.request_id, ()))
+            else:
+                return None
             sp = r.sampling_params
             if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or len(r.spec_token_ids) != ns
                     or r.num_output_placeholders != placeholders or r.discard_latest_async_tokens

@@ -106,11 +106,8 @@ class SpecPlanner:
                 or engine.watchdog.due(engine.book.num_steps + 1, now)):
             return None
         num_in_flight = len(in_flight)
-        drafts_s: dict[str, list[int]] | None = None
-        if num_in_flight:
-            so_s, mro_s = in_flight[0][0], in_flight[0][1]
-            drafts_s = so_s.scheduled_spec_decode_tokens
-        batch = self.runs.steady_batch(num_in_flight, drafts_s)
+        so_s = in_flight[0][0] if num_in_flight else None
+        batch = self.runs.steady_batch(so_s)
         if batch is None:
             return None
         ids = [r.request_id for r in batch]
@@ -118,7 +115,9 @@ class SpecPlanner:
         first_k = [worker.num_sampled(rid) for rid in ids]  # each one's next output position
         gains0: list[int] = []
         rollbacks0: list[int] = []
-        if num_in_flight:  # update 0 applies S: its sampled tokens and drafts
+        if so_s is not None:  # update 0 applies S: its sampled tokens and drafts
+            mro_s = in_flight[0][1]
+            drafts_s = so_s.scheduled_spec_decode_tokens
             if set(so_s.num_scheduled_tokens) != set(ids) or mro_s.draft_token_ids is None:
                 return None
             for r in batch:
@@ -128,7 +127,7 @@ class SpecPlanner:
                 if not got or rid not in mro_s.draft_token_ids or r.num_output_tokens + got != worker.num_sampled(rid):
                     return None
                 gains0.append(got)
-                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))  # type: ignore[union-attr]
+                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))
         return self._run(now, in_flight, batch, ids, first_k, gains0, rollbacks0)
 
     def _run(self, now: float, in_flight: InFlight, batch: list[Request], ids: list[str], first_k: list[int],
