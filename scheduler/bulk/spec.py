@@ -63,6 +63,18 @@ class SpecRunPlan:
         self.steps_each = [min(m, num_steps) for m in self.steps_each]
         self.finish_at = [None if f is None or f >= num_steps else f for f in self.finish_at]
 
+    def step_sums(self, first: int) -> tuple[list[int], list[int]]:
+        """(requests, context sum) of each step first .. num_steps - 1: what a verify step's price
+        reads (every request computes 1 + num_spec_tokens tokens)."""
+        k = self.num_steps
+        sizes = [0] * (k - first)
+        sums = [0] * (k - first)
+        for cs, m in zip(self.ctx, self.steps_each):
+            for j in range(first, min(m, k)):
+                sizes[j - first] += 1
+                sums[j - first] += cs[j]
+        return sizes, sums
+
     def batch_at(self, j: int) -> list[int]:
         """The indices into `batch` of the requests step j schedules."""
         return [i for i, m in enumerate(self.steps_each) if m > j]

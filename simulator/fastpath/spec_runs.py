@@ -152,20 +152,27 @@ class SpecPlanner:
                 next_k[i] += len(more) + sum(more)
             gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
             plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
-            cut = False
-            for j in range(len(gpu), plan.num_steps):  # priced and timed one by one: none past the cut
-                rows = plan.batch_at(j)
-                n = len(rows)
-                gpu.append(self._price(plan, rows, j))
-                s, e, u = step_timeline(t, gpu[j:], num_in_flight, engine.cpu.step_s(n, n * (1 + ns)), later_s,
+            # Priced and timed a batch size at a time (the CPU time reads it), none past the piece
+            # the cut falls in; the timeline continues exactly across pieces (timeline.py).
+            sizes, sums = plan.step_sums(len(gpu))
+            a, cut = 0, False
+            while a < len(sizes):
+                n, b = sizes[a], a + 1
+                while b < len(sizes) and sizes[b] == n:
+                    b += 1
+                piece = self._prices(plan, len(gpu), n, sums[a:b])
+                gpu += piece
+                s, e, u = step_timeline(t, piece, num_in_flight, engine.cpu.step_s(n, n * (1 + ns)), later_s,
                                         deadline_s, free_at)
-                if not s:
-                    cut = True
-                    break
                 sched_t += s
                 ends += e
                 upd_t += u
-                t, free_at = u[0], e[0]
+                if s:
+                    t, free_at = u[-1], e[-1]
+                if len(s) < b - a:
+                    cut = True
+                    break
+                a = b
             if cut or plan.num_steps < m or m >= MAX_SPEC_STEPS:
                 break
             m = min(2 * m, MAX_SPEC_STEPS)
@@ -212,6 +219,15 @@ class SpecPlanner:
         gains = [[g0] + [1 + a for a in acc[:-1]] for g0, acc in zip(gains0, accepted)]
         rollbacks = [[r0] + [ns - a for a in acc[:-1]] for r0, acc in zip(rollbacks0, accepted)]
         return gains, rollbacks
+
+    def _prices(self, plan: SpecRunPlan, first: int, n: int, ctx_sums: list[int]) -> list[float]:
+        """GPU times of steps first, first + 1, ... of the plan, each of n requests, their contexts
+        summing to ctx_sums: in bulk (SimExecutor.verify_step_times_s) where the cost model can,
+        else step by step on each exact StepShape (_price)."""
+        times = self.sim.verify_step_times_s(1 + self.num_spec_tokens, n, ctx_sums)
+        if times is not None:
+            return times
+        return [self._price(plan, plan.batch_at(j), j) for j in range(first, first + len(ctx_sums))]
 
     def _price(self, plan: SpecRunPlan, rows: list[int], j: int) -> float:
         """GPU time of step j (batch `rows`): SimExecutor.execute's float on its StepShape (1 +
