@@ -125,6 +125,13 @@ def test_accepted_run_is_num_accepted_step_after_step():
             for a in run:
                 assert a == source.num_accepted(rid, k, num_drafts)
                 k += 1 + a
+    many = TokenSource(seed=2, acceptance=(0.97,) * 12)  # draft indices of two digits
+    for k in (0, 5, 99_990, 999_996):  # from position 0, across digit-count boundaries
+        run, at = many.accepted_run("r", k, 40, 12), k
+        for a in run:
+            assert a == many.num_accepted("r", at, 12)
+            at += 1 + a
+    assert any(a >= 10 for a in many.accepted_run("r", 0, 40, 12))
     assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 3, 2) == [2, 2, 2]
     assert TokenSource(0, (0.0, 1.0)).accepted_run("a", 0, 3, 2) == [0, 0, 0]
     assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 2, 1) == [1, 1]  # only num_drafts positions
@@ -185,3 +192,40 @@ def test_executor_verify_prices_add_the_sampler_rows():
         ctx = list(range(100, 100 + 7 * n, 7))
         want = cm.step_time_s(StepShape((4,) * n, tuple(ctx), n, ())) + sim.sampler.seconds(n)
         assert sim.verify_step_times_s(4, n, [sum(ctx)]) == [want]
+
+
+def _cluster_pair(router: str, async_: bool, n: int = 150, replicas: int = 6):
+    """A spec-decode cluster with and without the fast path: requests and steps tables equal.
+    Returns the fast path's cluster."""
+    import pandas as pd
+
+    from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, \
+        sim_config_from_dict
+    from test_cluster_macro_steps import _workload as cluster_workload
+
+    def config(macro: bool) -> ClusterConfig:
+        sim = sim_config_from_dict({"scheduler.async_scheduling": async_, "macro_steps": macro,
+                                    **_spec([0.7, 0.5, 0.6])})
+        return ClusterConfig(replicas=[ReplicaGroup(replicas, sim)], router=RouterConfig(router), routing_latency_s=0.001)
+
+    wl = cluster_workload(n, 60.0, seed=3)
+    plain = run_cluster(config(False), wl)
+    cluster = Cluster(config(True), wl)
+    macro = cluster.run()
+    pd.testing.assert_frame_equal(plain.requests, macro.requests)
+    pd.testing.assert_frame_equal(plain.steps, macro.steps)
+    assert plain.summary["num_steps"] == macro.summary["num_steps"]
+    return cluster, macro
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "round_robin", "jsq_power_of_two"])
+@pytest.mark.parametrize("async_", [True, False])
+def test_cluster_verify_runs_identical(router, async_):
+    """Cluster replicas run verify steps in bulk up to the first arrival their router's proof cannot
+    send elsewhere (the load-reading proofs let runs pass arrivals routed elsewhere), ending before
+    any finish; whole outputs equal to stepping."""
+    cluster, res = _cluster_pair(router, async_)
+    planners = [r.engine.planner for r in cluster.replicas]
+    assert all(p is not None for p in planners)
+    assert sum(p.num_macro_steps for p in planners) > res.summary["num_steps"] // 3
+    assert sum(p.num_bulk_finishes for p in planners) == 0  # finishes are stepped: the router reads the load

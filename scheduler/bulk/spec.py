@@ -131,15 +131,16 @@ class VllmSpecRuns:
         return list(batch)
 
     def plan(self, batch: list[Request], gains: list[list[int]], rollbacks: list[list[int]],
-             num_in_flight: int) -> SpecRunPlan:
+             num_in_flight: int, through_finishes: bool = True) -> SpecRunPlan:
         """The longest prefix of the given updates' steps that stays plain: no schedule is cut by
         max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
         the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
         frees go to the free queue's tail) and every step schedules someone. Step j's update is
         gains[i][j]'s (len(gains[i]) steps at most).
 
-        max_tokens: sync, the run ends before an update that would stop a request. Async (nothing
-        waits: steady_batch), the run goes through: a request whose in-flight steps reach
+        max_tokens: sync, or async without `through_finishes` (a cluster replica, whose router
+        reads its load), the run ends before an update that would stop a request. Async
+        otherwise (nothing waits: steady_batch), the run goes through: a request whose in-flight steps reach
         max_tokens is passed over by the schedule (vLLM's skip-ahead) and the update stops it
         (its tokens cut at max_tokens), or an update stops it with its next step already
         scheduled (that step's tokens are then dropped); either way its seat and blocks admit
@@ -151,7 +152,7 @@ class VllmSpecRuns:
         max_len, bs = sched.max_model_len, kvm.block_size
         mgr = kvm._single_full
         assert mgr is not None
-        through = num_in_flight == 1
+        through = num_in_flight == 1 and through_finishes
         k = min(len(g) for g in gains)
         lim = min(max_len - 1, max_len - la) - 1 - ns  # a schedule's context at most this (no cut)
         ctx: list[list[int]] = []

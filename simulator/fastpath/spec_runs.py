@@ -17,8 +17,14 @@ flight with the SchedulerOutput and ModelRunnerOutput stepping would have left.
 Sync loop (nothing in flight): k x (schedule, its update); runs end before an update that stops
 a request. Async loop (step S in flight): k x (schedule, the previous step's update), the first
 update being S's; the run's last step stays in flight, and where the next update meets the
-arrival the loop's next schedule (the tail) is applied too. Only for a single engine (no router,
-no finish callback, no client slots; nothing in the frontend).
+arrival the loop's next schedule (the tail) is applied too. Only for an engine without a finish
+callback or client slots, with nothing in the frontend.
+
+A cluster replica's run is bounded by its router's proof (expect_arrivals_by_load): updates
+strictly before the first arrival the proof cannot send elsewhere while this replica's load stays
+what it is, and the run ends before any update that would finish a request (sync's rule, async
+too), so the load every other decision reads mid-run is the one stepping shows. Runs are never
+deferred (defer_runs is accepted and ignored: deferral is the plain decode planner's).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import simpy
 
 from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
+from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
 from servesim.scheduler.step_shape import StepShape
@@ -65,8 +72,9 @@ class SpecPlanner:
         self.sim = sim
         self.num_spec_tokens = engine.cfg.scheduler.num_spec_tokens
         self.next_arrival_s = 0.0  # 0 = unknown: no run starts
+        # A cluster router's proof (expect_arrivals_by_load): runs then end before any finish, so
+        # the load the proof reads stays what stepping shows through the run.
         self.arrival_bound: Callable[[int], float] | None = None
-        self.collides: Callable[[Sequence[float]], int] | None = None
         self.until_s = -1.0  # the last update time of the last run: no arrival may precede it
         self.num_macro_steps = 0
         self.num_macro_runs = 0
@@ -93,15 +101,21 @@ class SpecPlanner:
     def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
         self.arrival_bound = bound
 
-    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
-        self.collides = collides
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None, reads_state: bool = False) -> None:
+        pass  # runs are applied when planned (bounded by the router's proof), never deferred
+
+    def planned_kv_usage(self) -> float:
+        raise AssertionError("a spec run is never pending")
+
+    def planned_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
+                              provenance: TokenProvenance | None) -> int:
+        raise AssertionError("a spec run is never pending")
 
     # --- planning ----------------------------------------------------------------------------------
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
         """Apply a run of verify steps from this loop-top state, or None (the loop steps)."""
         engine = self.engine
         if (not now < self.next_arrival_s or engine.clients.num_in_frontend or engine.on_finish is not None
-                or self.arrival_bound is not None or self.collides is not None
                 or engine.clients.max_concurrency is not None
                 or engine.watchdog.due(engine.book.num_steps + 1, now)):
             return None
@@ -135,6 +149,9 @@ class SpecPlanner:
         engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
         num_in_flight = len(in_flight)
         later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
+        bound = self.arrival_bound
+        if bound is not None:  # the first arrival the router's proof cannot send elsewhere (constant load)
+            later_s = max(later_s, bound(engine.num_outstanding))
         accepted: list[list[int]] = [[] for _ in batch]
         next_k = list(first_k)
         gpu: list[float] = []
@@ -151,7 +168,7 @@ class SpecPlanner:
                 accepted[i] += more
                 next_k[i] += len(more) + sum(more)
             gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
-            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
+            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight, bound is None)
             # Priced and timed a batch size at a time (the CPU time reads it), none past the piece
             # the cut falls in; the timeline continues exactly across pieces (timeline.py).
             sizes, sums = plan.step_sums(len(gpu))
