@@ -24,9 +24,8 @@ the vLLM owners may touch; this one touches the same members).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import accumulate
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -78,6 +77,38 @@ class SpecRunPlan:
     def batch_at(self, j: int) -> list[int]:
         """The indices into `batch` of the requests step j schedules."""
         return [i for i, m in enumerate(self.steps_each) if m > j]
+
+
+# What ends a request's part of a run first (_first_event), in the order the loop meets them at a step
+_NONE, _SKIP, _CUT, _STOP, _TOO_LONG = 0, 1, 2, 3, 4
+
+
+def _first_event(c0: int, gains: list[int], rollbacks: list[int], k: int, ns: int, lim: int, to_max_tokens: int,
+                 to_max_len: int, async_: bool) -> tuple[int, int, list[int]]:
+    """(j, what, contexts) for one request of a run of k steps: the first step j where something
+    happens, in the order the loop meets them at a step (passed over at schedule j: async, its
+    in-flight steps reach max_tokens; schedule j cut by max_model_len: its context above lim;
+    update j stopping it: its outputs reach to_max_tokens more; update j reaching max_model_len:
+    to_max_len more tokens), or (k, _NONE); and the contexts of the schedules that take it
+    (through step j for a stop or too_long, before it otherwise). The outputs and contexts both
+    grow strictly (every update appends one token or more; a schedule adds 1 + ns tokens and a
+    clawback takes back at most ns), so a scan stops at the first."""
+    cs: list[int] = []
+    outputs = 0  # outputs the updates before step j brought
+    c = c0  # schedule j's context
+    for j in range(k):
+        if async_ and outputs + 1 >= to_max_tokens:
+            return j, _SKIP, cs
+        if c > lim:
+            return j, _CUT, cs
+        cs.append(c)
+        outputs += gains[j]
+        if outputs >= to_max_tokens:
+            return j, _STOP, cs
+        if outputs >= to_max_len:
+            return j, _TOO_LONG, cs
+        c += 1 + ns - rollbacks[j]
+    return k, _NONE, cs
 
 
 class VllmSpecRuns:
@@ -160,38 +191,25 @@ class VllmSpecRuns:
         allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
         for i, r in enumerate(batch):
             c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
-            g = gains[i][:k]
-            cum = list(accumulate(g))  # outputs update j brings in all: cum[j]
-            cs = list(accumulate([1 + ns - x for x in rollbacks[i][:k - 1]], initial=c0))  # schedule j's context
-            # The first step where something happens, in the order the loop meets them at a step:
-            # passed over at schedule j (async: its in-flight steps reach max_tokens), schedule j
-            # cut by max_model_len, update j stopping it (max_tokens), update j reaching max_model_len.
-            skip = (0 if o0 + 1 >= max_tokens else bisect_left(cum, max_tokens - o0 - 1) + 1) if num_in_flight else k
-            cut = bisect_right(cs, lim)
-            stop = bisect_left(cum, max_tokens - o0)
-            too_long = bisect_left(cum, max_len - t0)
-            first = min(skip, cut, stop, too_long, k)
+            # The first step where something happens (_first_event) and each schedule's context before it
+            first, kind, cs = _first_event(c0, gains[i], rollbacks[i], k, ns, lim, max_tokens - o0, max_len - t0,
+                                           num_in_flight > 0)
             fin: int | None = None
-            num_scheduled = first
-            if first == k:
+            num_scheduled = len(cs)
+            if kind == _NONE:
                 pass
-            elif first == skip or first == cut:
-                if first == skip and through and t0 + max_tokens - o0 < max_len:
-                    fin = first  # its update stops it, its tokens cut at max_tokens
-                else:
-                    k = first
+            elif kind == _SKIP and through and t0 + max_tokens - o0 < max_len:
+                fin = first  # its update stops it, its tokens cut at max_tokens
+            elif kind == _STOP and through and t0 + max_tokens - o0 < max_len:
+                fin = first
             else:
-                num_scheduled = first + 1
-                if first == stop and through and t0 + max_tokens - o0 < max_len:
-                    fin = first
-                else:
-                    k = first
+                k = first
             if num_scheduled:
                 held = len(mgr.req_to_blocks[r.request_id])
                 need = -(-(cs[num_scheduled - 1] + 1 + ns + la) // bs)
                 for b in range(held + 1, need + 1):  # block b is first needed at schedule j
                     allocs[bisect_right(cs, (b - 1) * bs - 1 - ns - la)] += 1
-            ctx.append(cs[:num_scheduled])
+            ctx.append(cs)
             finish_at.append(fin)
         room = kvm.block_pool.free_block_queue.num_free_blocks
         for j in range(k):
@@ -200,7 +218,7 @@ class VllmSpecRuns:
                 k = j
                 break
         k = min(k, max([min(len(cs), k) for cs in ctx]))  # the last step schedules someone
-        return SpecRunPlan(batch, k, gains, rollbacks, [cs[:k] for cs in ctx],
+        return SpecRunPlan(batch, k, gains, rollbacks, [cs if len(cs) <= k else cs[:k] for cs in ctx],
                            [min(len(cs), k) for cs in ctx],
                            [None if f is None or f >= k else f for f in finish_at])
 

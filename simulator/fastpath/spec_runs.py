@@ -381,7 +381,9 @@ class SpecPlanner:
             rec = records[r.request_id]
             times: list[float] = []
             for j in range(k if f is None else f):
-                times += [upd_t[j]] * g[j]
+                t = upd_t[j]
+                for _ in range(g[j]):
+                    times.append(t)
             if f is not None:  # the request holds every token it was given now
                 times += [upd_t[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
             if rec.first_token_s is None:
