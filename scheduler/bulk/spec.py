@@ -236,9 +236,10 @@ class VllmSpecRuns:
         pool = sched.kv_cache_manager.block_pool
         k = plan.num_steps
         # Tokens first (their block hashes: caching only reads blocks already full), then the KV
-        # events in stepping's order: (phase, request, kind): schedule j is phase 2j (allocation,
-        # then caching), update j phase 2j + 1 (async caching, then a finish).
-        events: list[tuple[int, int, int, int]] = []
+        # events in stepping's order: by phase (schedule j is phase 2j: allocation, then caching;
+        # update j phase 2j + 1: async caching, then a finish), then request, then kind. Each
+        # phase's list is filled request by request, each request's events in kind order: sorted.
+        events: list[list[tuple[int, int, int]]] = [[] for _ in range(2 * k + 2)]
         allocs = [0] * (k + 1 if tail else k)
         in_tail = set(tail)
         for i in range(len(plan.batch)):
@@ -255,7 +256,7 @@ class VllmSpecRuns:
         return free_after
 
     def _request_events(self, plan: SpecRunPlan, i: int, source: OutputIdSource, num_in_flight: int,
-                        final_drafts: list[int], in_tail: bool, events: list[tuple[int, int, int, int]],
+                        final_drafts: list[int], in_tail: bool, events: list[list[tuple[int, int, int]]],
                         allocs: list[int]) -> None:
         """batch[i]'s part of apply(): its tokens appended, its KV events (and blocks per schedule
         into allocs), its counters after the run (a finished request's are left as its stop leaves
@@ -284,22 +285,22 @@ class VllmSpecRuns:
                 c = cs[j]
                 need = -(-(c + 1 + ns + la) // bs)
                 if need > held:
-                    events.append((2 * j, i, 0, need - held))
+                    events[2 * j].append((i, 0, need - held))
                     allocs[j] += need - held
                     held = need
                 if caching:
                     upto = min(c + 1 + ns, t)
                     if upto // bs > cached:
-                        events.append((2 * j, i, 1, upto))
+                        events[2 * j].append((i, 1, upto))
                         cached = upto // bs
             if j == k:
                 break
             t += gained[j]
             if caching and num_in_flight and (t - 1) // bs > cached:
-                events.append((2 * j + 1, i, 1, t - 1))
+                events[2 * j + 1].append((i, 1, t - 1))
                 cached = (t - 1) // bs
         if fin is not None:
-            events.append((2 * fin + 1, i, 2, 0))
+            events[2 * fin + 1].append((i, 2, 0))
         elif in_tail:  # after the tail's schedule: two steps in flight
             r.num_computed_tokens = cs[k] + 1 + ns
             r.num_output_placeholders = 2 * (1 + ns)
@@ -311,7 +312,7 @@ class VllmSpecRuns:
                 r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
             r.spec_token_ids = final_drafts
 
-    def _apply_events(self, batch: list[Request], events: list[tuple[int, int, int, int]], k: int,
+    def _apply_events(self, batch: list[Request], events: list[list[tuple[int, int, int]]], k: int,
                       upd_t: Sequence[float]) -> list[int]:
         """Allocations, cachings and finishes in stepping's order; returns the blocks each update frees."""
         sched = self.scheduler
@@ -321,21 +322,21 @@ class VllmSpecRuns:
         pool = kvm.block_pool
         queue = pool.free_block_queue
         freed = [0] * k
-        events.sort()
         reqs_to_blocks = mgr.req_to_blocks
-        for phase, i, kind, arg in events:
-            r = batch[i]
-            if kind == 0:
-                reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
-            elif kind == 1:
-                mgr.cache_blocks(r, arg)
-            else:  # update_from_output's stop: the stop rule sets the status, then _free_request
-                sched.now_s = upd_t[phase // 2]
-                if not check_stop(r, sched.max_model_len):
-                    raise AssertionError(f"{r.request_id}: a spec run's update did not finish it")
-                before = queue.num_free_blocks
-                sched._free_request(r)
-                freed[phase // 2] += queue.num_free_blocks - before
+        for phase, bucket in enumerate(events):
+            for i, kind, arg in bucket:
+                r = batch[i]
+                if kind == 0:
+                    reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
+                elif kind == 1:
+                    mgr.cache_blocks(r, arg)
+                else:  # update_from_output's stop: the stop rule sets the status, then _free_request
+                    sched.now_s = upd_t[phase // 2]
+                    if not check_stop(r, sched.max_model_len):
+                        raise AssertionError(f"{r.request_id}: a spec run's update did not finish it")
+                    before = queue.num_free_blocks
+                    sched._free_request(r)
+                    freed[phase // 2] += queue.num_free_blocks - before
         return freed
 
     def _after(self, plan: SpecRunPlan, tail: list[Request] | None) -> None:
