@@ -23,6 +23,7 @@ Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
   50 GB/s link, `servesim cluster` with benchmarks/configs/pd_hour.yaml) and on 4 colocated replicas;
 - cluster32-lo / cluster32-kv / cluster32-prefix: 100 requests/s for 60 s on 32 replicas
   (benchmarks/cluster_speed.py's traffic) routed by `least_outstanding`, `least_kv` and `prefix_aware`;
+- cluster32-spec: cluster32-lo with spec-hour's speculative decoding (3 tokens at acceptance 0.7);
 - mooncake-steps: `mooncake` with the fast path off (`macro_steps: false`);
 - vidur: Vidur's own workload (../shared/data/benchmarks/speed_vidur_workload: 19,366 Azure-conv
   requests, Poisson 1 req/s), Llama-2-70B TP2 on A100, batch cap 128, 4,096 tokens per batch.
@@ -98,6 +99,7 @@ def cases() -> list[Case]:
         Case("cluster32-lo", (str(CONFIGS / "cluster32_least_outstanding.yaml"),), command="cluster"),
         Case("cluster32-kv", (str(CONFIGS / "cluster32_least_kv.yaml"),), command="cluster"),
         Case("cluster32-prefix", (str(CONFIGS / "cluster32_prefix_aware.yaml"),), command="cluster"),
+        Case("cluster32-spec", (str(CONFIGS / "cluster32_spec.yaml"),), command="cluster"),
         Case("mooncake-steps", (str(SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),
                                 "--model", "llama-3.1-70b", "--tp", "8", "--set", "macro_steps=false"),
              SHARED / "traces/mooncake_fast25/conversation_trace.jsonl.gz"),

@@ -10,6 +10,7 @@ was; u is a pure hash, so the outcome does not depend on who asks or in which or
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Final
 
@@ -34,6 +35,7 @@ def _crc32_table() -> list[int]:
 # read both per call: ~0.6 % of the hour)
 _CRC32: Final[list[int]] = _crc32_table()
 _ZERO_DIGIT: Final = 48  # b"0"[0]
+_COLON: Final = 58  # b":"[0]
 
 
 def _uniform(seed: int, req_id: str, k: int, i: int) -> float:
@@ -91,18 +93,36 @@ class TokenSource:
     def accepted_run(self, req_id: str, k: int, num_steps: int, num_drafts: int) -> list[int]:
         """num_accepted of num_steps consecutive verify steps of num_drafts drafts each, the first
         one's first new output being the k-th (each next step's: k + 1 + accepted): a run of
-        steps drawn in bulk (simulator/fastpath/spec_runs.py). The same u as _uniform: zlib's
-        CRC-32 of "seed:req_id:k:i" continued from the register after "seed:req_id:" (CRC-32
-        continues over concatenated bytes), so each draw hashes only "k:i"."""
-        prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode())
-        crc32 = zlib.crc32
-        # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact floats)
-        limits = [p * 2**32 for p in self.acceptance[:num_drafts]]
+        steps drawn in bulk (simulator/fastpath/spec_runs.py). The same u as _uniform, by zlib's
+        CRC-32 register arithmetic (as tokens()): "seed:req_id:" once, the digits of k // 10
+        once a decade of positions, then k's last digit, ":" and the draft's index."""
+        table = _CRC32
+        after_prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode()) ^ 0xFFFFFFFF
+        # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact
+        # floats), i.e. when the integer crc >= its ceiling
+        limits = [math.ceil(p * 2**32) for p in self.acceptance[:num_drafts]]
         out: list[int] = []
+        tens = -1
+        after_tens = after_prefix
         for _ in range(num_steps):
+            t = k // 10
+            if t != tens:
+                after_tens = after_prefix
+                if t:
+                    for byte in b"%d" % t:
+                        after_tens = table[(after_tens ^ byte) & 0xFF] ^ (after_tens >> 8)
+                tens = t
+            reg = table[(after_tens ^ (_ZERO_DIGIT + k - t * 10)) & 0xFF] ^ (after_tens >> 8)
+            reg = table[(reg ^ _COLON) & 0xFF] ^ (reg >> 8)
             n = 0
             for limit in limits:
-                if crc32(b"%d:%d" % (k, n), prefix) >= limit:
+                if n < 10:
+                    crc = table[(reg ^ (_ZERO_DIGIT + n)) & 0xFF] ^ (reg >> 8)
+                else:
+                    crc = reg
+                    for byte in b"%d" % n:
+                        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+                if (crc ^ 0xFFFFFFFF) >= limit:
                     break
                 n += 1
             out.append(n)

@@ -14,7 +14,8 @@ from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.worker import BatchTracker, TokenSource
-from servesim.simulator.cost_model.base import CostModel, StepShape, bulk_decode_pricer, decode_step_times_s
+from servesim.simulator.cost_model.base import (CostModel, StepShape, bulk_decode_pricer, bulk_verify_pricer,
+                                                decode_step_times_s)
 from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.sampling import SamplerCost
 
@@ -47,6 +48,8 @@ class SimExecutor:
         self.last_shape: StepShape | None = None
         self._pricer_of: CostModel | None = None  # the cost model _pricer was resolved for
         self._pricer: Callable[[list[int], int], list[float] | None] | None = None
+        self._verify_of: CostModel | None = None  # the cost model _verify was resolved for
+        self._verify: Callable[[int, int, list[int]], list[float] | None] | None = None
         self._mm_items: dict[str, tuple[MultiModalFeatureSpec, ...]] = {}  # req_id -> its items, while unfinished
 
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
@@ -92,6 +95,22 @@ class SimExecutor:
             extra = self.sampler.seconds(len(num_context_tokens))
             times = [t + extra for t in times]
         return times
+
+    def verify_step_times_s(self, num_new_tokens: int, num_requests: int,
+                            context_sums: list[int]) -> list[float] | None:
+        """GPU time of verify steps of num_requests requests computing num_new_tokens tokens each,
+        every one sampling, on contexts summing to context_sums[j]: the very floats execute()
+        would return; None where the cost model has no bulk pricer for them (VerifyRunCostModel)."""
+        model = self.cost_model
+        if self._verify_of is not model:  # resolved once per cost model, as decode_step_times_s
+            self._verify_of, self._verify = model, bulk_verify_pricer(model)
+        if self._verify is None or self.pipeline is not None:
+            return None
+        times = self._verify(num_new_tokens, num_requests, context_sums)
+        if times is None or self.sampler is None or not num_requests:
+            return times
+        extra = self.sampler.seconds(num_requests)  # execute()'s sum: every request samples
+        return [t + extra for t in times]
 
     def sample_decode_run(self, req_ids: list[str], num_context_tokens: list[int], num_steps: int,
                           finished_req_ids: set[str], steps_each: list[int] | None = None) -> RunTokens:

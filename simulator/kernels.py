@@ -173,3 +173,47 @@ class DenseRooflinePricer:
             lm_head += gather_s
         sampler = num_sampled * self.sampler_bytes * m + 2 * ko
         return self.num_layers * layer + (embed + norm + lm_head + sampler)
+
+    def verify_steps_s(self, num_new: int, num_requests: int, ctx_sums: list[int], experts_s: float,
+                       comm_s: float, gather_s: float) -> list[float]:
+        """step_s of steps whose num_requests requests each compute num_new (> 1) tokens and sample,
+        on contexts summing to ctx_sums[j] (speculative decoding's verify steps): no request is a
+        decode (a single new token), so step_s's integers are functions of num_requests and the
+        context sum alone (cp = num_new x the sum, cc = num_requests x num_new**2, no skew term),
+        and everything but attention is fixed along the steps. The same operations in the same
+        order as step_s, hence the same floats (tests/test_kernels.py); experts_s, comm_s and
+        gather_s as step_s takes them for num_requests x num_new tokens."""
+        tokens = num_requests * num_new
+        if tokens == 0:
+            return [0.0] * len(ctx_sums)
+        m = self.m
+        ko = self.ko
+        gemm = 0.0
+        for g in range(len(self.gemm_flops)):
+            compute = tokens * self.gemm_flops[g] * self.gemm_s_per_flop[g]
+            memory = (self.gemm_weight_bytes[g] + tokens * self.gemm_act_bytes[g]) * m
+            gemm += self.gemm_frac[g] * ((memory if memory > compute else compute) + ko)
+        if self.has_moe:
+            gemm += experts_s
+        elementwise = tokens * self.ew_bytes * m + self.ew_kernels * ko
+        embed = tokens * self.tok_bytes * m + ko
+        norm = tokens * self.tok_bytes * m + ko
+        compute = num_requests * self.head_flops * self.head_c
+        memory = (self.head_wbytes + num_requests * self.head_rbytes) * m
+        lm_head = (memory if memory > compute else compute) + ko
+        if self.has_gather:
+            lm_head += gather_s
+        sampler = num_requests * self.sampler_bytes * m + 2 * ko
+        head = embed + norm + lm_head + sampler
+        half_pairs = 0.5 * float(num_requests * num_new * num_new + tokens)  # step_s's 0.5 * float(cc + tokens)
+        q_bytes = tokens * self.q_bytes
+        out: list[float] = []
+        for ctx_sum in ctx_sums:
+            pairs = float(num_new * ctx_sum) + half_pairs
+            kv_tokens = ctx_sum + tokens
+            compute = pairs * self.flops_per_pair * self.attn_c
+            memory = (kv_tokens * self.kv_bytes + q_bytes) * self.attn_m
+            attn = (memory if memory > compute else compute) + self.attn_o
+            layer = gemm + attn + elementwise + comm_s
+            out.append(self.num_layers * layer + head)
+        return out

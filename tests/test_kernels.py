@@ -113,6 +113,19 @@ def test_the_compiled_roofline_pricer_is_the_reference_float_for_float():
             assert ours.step_s(new, ctx, *rest) == theirs.step_s(new, ctx, *rest)
 
 
+def test_the_compiled_verify_prices_are_the_reference_float_for_float():
+    native = _compiled()
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        args = _pricer_args(rng)
+        ours, theirs = native.DenseRooflinePricer(*args), kernels.DenseRooflinePricer(*args)
+        for _ in range(10):
+            q, n = int(rng.integers(2, 9)), int(rng.integers(0, 400))
+            sums = [int(c) for c in rng.integers(0, 200_000 * max(n, 1), int(rng.integers(0, 30)))]
+            rest = rng.uniform(0, 1e-3, 3).tolist()
+            assert ours.verify_steps_s(q, n, sums, *rest) == theirs.verify_steps_s(q, n, sums, *rest)
+
+
 def test_the_engine_uses_the_selected_build():
     from servesim.simulator import kernels as imported
 

@@ -63,6 +63,10 @@ def test_verify_runs_identical_and_mostly_bulk(async_, acceptance):
     {"seed": 5},
     {"scheduler.max_num_batched_tokens": 64, "scheduler.max_num_seqs": 16},  # the budget bounds the batch
     {"cache.block_size": 32},
+    {"cost_model.name": "calibrated"},  # no bulk verify pricer: each step priced on its StepShape
+    {"cost_model.name": "perturbed", "cost_model.params.base": "roofline",  # bulk prices, scaled
+     "cost_model.params.factors": {"prefill": 1.2, "decode": 0.8, "mixed": 1.0}},
+    {"hardware.model": "qwen3-30b-a3b", "hardware.tp": 2},  # MoE experts and the all-reduce in each price
 ])
 def test_verify_runs_identical_under_pressure(sets):
     _pair(_spec([0.7, 0.6, 0.5], **sets), _workload(80, 6.0, 2))
@@ -121,6 +125,13 @@ def test_accepted_run_is_num_accepted_step_after_step():
             for a in run:
                 assert a == source.num_accepted(rid, k, num_drafts)
                 k += 1 + a
+    many = TokenSource(seed=2, acceptance=(0.97,) * 12)  # draft indices of two digits
+    for k in (0, 5, 99_990, 999_996):  # from position 0, across digit-count boundaries
+        run, at = many.accepted_run("r", k, 40, 12), k
+        for a in run:
+            assert a == many.num_accepted("r", at, 12)
+            at += 1 + a
+    assert any(a >= 10 for a in many.accepted_run("r", 0, 40, 12))
     assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 3, 2) == [2, 2, 2]
     assert TokenSource(0, (0.0, 1.0)).accepted_run("a", 0, 3, 2) == [0, 0, 0]
     assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 2, 1) == [1, 1]  # only num_drafts positions
@@ -136,3 +147,85 @@ def test_layouts_it_does_not_replay_decline_with_the_reason():
     eng = build_engine(apply_overrides(SimConfig(), _spec([0.7, 0.7], engine="sglang")),
                        load_trace(None, max_requests=3))
     assert eng.planner is None and "speculative decoding" in eng.planner_declined
+
+
+@pytest.mark.parametrize("name,model,tp,params", [
+    ("roofline", "llama-3.1-8b", 1, {}),  # dense TP1
+    ("roofline", "llama-3.1-70b", 4, {}),  # all-reduce curve
+    ("roofline", "qwen3-30b-a3b", 2, {}),  # MoE experts
+    ("perturbed", "llama-3.1-8b", 1, {"base": "roofline", "factors": {"prefill": 1.3, "decode": 0.9, "mixed": 1.1}}),
+])
+def test_verify_prices_are_step_time_s_bit_for_bit(name, model, tp, params):
+    """The bulk verify pricer (VerifyRunCostModel) against step_time_s on each exact StepShape:
+    contexts far apart (the decodes' skew term must not enter), 1..5 drafts, batches 1..300."""
+    from servesim.simulator.cost_model import make_cost_model
+    from servesim.simulator.cost_model.base import StepShape
+
+    cm = make_cost_model(name, model=model, gpu="h100", tp=tp, **params)
+    rng = random.Random(3)
+    for _ in range(25):
+        q, n = rng.randint(2, 6), rng.choice([1, 2, rng.randint(3, 300)])
+        steps = [[rng.randint(0, 120_000) for _ in range(n)] for _ in range(rng.randint(1, 12))]
+        ref = [cm.step_time_s(StepShape((q,) * n, tuple(ctx), n, ())) for ctx in steps]
+        assert cm.verify_step_times_s(q, n, [sum(ctx) for ctx in steps]) == ref
+    assert cm.verify_step_times_s(1, 4, [100]) is None  # decodes: the decode pricer's shape, not this one
+
+
+def test_verify_prices_decline_where_step_time_s_takes_another_path():
+    """A sliding-window model (Mistral 7B v0.1) prices per layer kind (no dense pricer): no bulk verify prices, and
+    the executor says so (the planner then prices each StepShape)."""
+    from servesim.simulator.cost_model import make_cost_model
+
+    cm = make_cost_model("roofline", model="mistral-7b-v0.1", gpu="h100", tp=1)
+    assert cm.verify_step_times_s(4, 8, [1000, 2000]) is None
+
+
+def test_executor_verify_prices_add_the_sampler_rows():
+    from servesim.simulator.cost_model import make_cost_model
+    from servesim.simulator.cost_model.base import StepShape
+    from servesim.simulator.executor import SimExecutor
+    from servesim.simulator.sampling import SamplerCost
+
+    cm = make_cost_model("roofline", model="llama-3.1-8b", gpu="h100", tp=1)
+    sim = SimExecutor(cm, TokenSource(), 3, SamplerCost(1e-6, 3e-7))
+    for n in (5, 200):  # below and from 128 rows
+        ctx = list(range(100, 100 + 7 * n, 7))
+        want = cm.step_time_s(StepShape((4,) * n, tuple(ctx), n, ())) + sim.sampler.seconds(n)
+        assert sim.verify_step_times_s(4, n, [sum(ctx)]) == [want]
+
+
+def _cluster_pair(router: str, async_: bool, n: int = 150, replicas: int = 6):
+    """A spec-decode cluster with and without the fast path: requests and steps tables equal.
+    Returns the fast path's cluster."""
+    import pandas as pd
+
+    from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, \
+        sim_config_from_dict
+    from test_cluster_macro_steps import _workload as cluster_workload
+
+    def config(macro: bool) -> ClusterConfig:
+        sim = sim_config_from_dict({"scheduler.async_scheduling": async_, "macro_steps": macro,
+                                    **_spec([0.7, 0.5, 0.6])})
+        return ClusterConfig(replicas=[ReplicaGroup(replicas, sim)], router=RouterConfig(router), routing_latency_s=0.001)
+
+    wl = cluster_workload(n, 60.0, seed=3)
+    plain = run_cluster(config(False), wl)
+    cluster = Cluster(config(True), wl)
+    macro = cluster.run()
+    pd.testing.assert_frame_equal(plain.requests, macro.requests)
+    pd.testing.assert_frame_equal(plain.steps, macro.steps)
+    assert plain.summary["num_steps"] == macro.summary["num_steps"]
+    return cluster, macro
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "round_robin", "jsq_power_of_two"])
+@pytest.mark.parametrize("async_", [True, False])
+def test_cluster_verify_runs_identical(router, async_):
+    """Cluster replicas run verify steps in bulk up to the first arrival their router's proof cannot
+    send elsewhere (the load-reading proofs let runs pass arrivals routed elsewhere), ending before
+    any finish; whole outputs equal to stepping."""
+    cluster, res = _cluster_pair(router, async_)
+    planners = [r.engine.planner for r in cluster.replicas]
+    assert all(p is not None for p in planners)
+    assert sum(p.num_macro_steps for p in planners) > res.summary["num_steps"] // 3
+    assert sum(p.num_bulk_finishes for p in planners) == 0  # finishes are stepped: the router reads the load

@@ -12,7 +12,8 @@ leave one by one.
 
 Steady state, proven per request before a run (`steady_batch`): RUNNING, not a prefill chunk, no
 stop ids, len(spec_token_ids) == num_spec_tokens and, with P output placeholders (async: 1 + the
-in-flight step's drafts; sync: 0), num_computed_tokens == num_tokens + P - 1. Then every schedule
+in-flight step's drafts of it, none where that step ran its prefill's last chunk; sync: 0),
+num_computed_tokens == num_tokens + P - 1. Then every schedule
 gives it num_new = num_tokens_with_spec + P - num_computed_tokens = 1 + num_spec_tokens and the
 invariant holds again after each update (the clawback lowers num_computed_tokens and P alike, the
 appended tokens raise num_tokens and lower P alike).
@@ -23,9 +24,8 @@ the vLLM owners may touch; this one touches the same members).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import accumulate
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -62,9 +62,53 @@ class SpecRunPlan:
         self.steps_each = [min(m, num_steps) for m in self.steps_each]
         self.finish_at = [None if f is None or f >= num_steps else f for f in self.finish_at]
 
+    def step_sums(self, first: int) -> tuple[list[int], list[int]]:
+        """(requests, context sum) of each step first .. num_steps - 1: what a verify step's price
+        reads (every request computes 1 + num_spec_tokens tokens)."""
+        k = self.num_steps
+        sizes = [0] * (k - first)
+        sums = [0] * (k - first)
+        for cs, m in zip(self.ctx, self.steps_each):
+            for j in range(first, min(m, k)):
+                sizes[j - first] += 1
+                sums[j - first] += cs[j]
+        return sizes, sums
+
     def batch_at(self, j: int) -> list[int]:
         """The indices into `batch` of the requests step j schedules."""
         return [i for i, m in enumerate(self.steps_each) if m > j]
+
+
+# What ends a request's part of a run first (_first_event), in the order the loop meets them at a step
+_NONE, _SKIP, _CUT, _STOP, _TOO_LONG = 0, 1, 2, 3, 4
+
+
+def _first_event(c0: int, gains: list[int], rollbacks: list[int], k: int, ns: int, lim: int, to_max_tokens: int,
+                 to_max_len: int, async_: bool) -> tuple[int, int, list[int]]:
+    """(j, what, contexts) for one request of a run of k steps: the first step j where something
+    happens, in the order the loop meets them at a step (passed over at schedule j: async, its
+    in-flight steps reach max_tokens; schedule j cut by max_model_len: its context above lim;
+    update j stopping it: its outputs reach to_max_tokens more; update j reaching max_model_len:
+    to_max_len more tokens), or (k, _NONE); and the contexts of the schedules that take it
+    (through step j for a stop or too_long, before it otherwise). The outputs and contexts both
+    grow strictly (every update appends one token or more; a schedule adds 1 + ns tokens and a
+    clawback takes back at most ns), so a scan stops at the first."""
+    cs: list[int] = []
+    outputs = 0  # outputs the updates before step j brought
+    c = c0  # schedule j's context
+    for j in range(k):
+        if async_ and outputs + 1 >= to_max_tokens:
+            return j, _SKIP, cs
+        if c > lim:
+            return j, _CUT, cs
+        cs.append(c)
+        outputs += gains[j]
+        if outputs >= to_max_tokens:
+            return j, _STOP, cs
+        if outputs >= to_max_len:
+            return j, _TOO_LONG, cs
+        c += 1 + ns - rollbacks[j]
+    return k, _NONE, cs
 
 
 class VllmSpecRuns:
@@ -85,11 +129,12 @@ class VllmSpecRuns:
             return "speculative decoding with long_prefill_token_threshold below a verify step's tokens"
         return None
 
-    def steady_batch(self, num_in_flight: int, in_flight_drafts: dict[str, list[int]] | None) -> list[Request] | None:
+    def steady_batch(self, in_flight: SchedulerOutput | None) -> list[Request] | None:
         """The batch of the next verify steps (all of `running`, in order) when every request is in
         the steady state (module docstring) and nothing else can enter a schedule: nothing waits,
-        no connector, no tracer, no timed policy. `in_flight_drafts`: the drafts of the step in
-        flight (async), by request. None when not proven."""
+        no connector, no tracer, no timed policy. `in_flight`: the step in flight (async), which
+        must schedule every running request: with its drafts (a verify) or none (its prefill's
+        last chunk: 1 placeholder, as a verify of no drafts). None when not proven."""
         sched = self.scheduler
         if (sched.connector is not None or sched.tracer is not None or sched.policy.next_event_s() is not None
                 or sched.waiting or sched.skipped_waiting or not sched.running or not sched.policy.fast_forward_safe
@@ -100,12 +145,12 @@ class VllmSpecRuns:
         if len(batch) * (1 + ns) > sched.max_num_scheduled_tokens:
             return None
         for r in batch:
-            if num_in_flight:
-                assert in_flight_drafts is not None
-                drafts = in_flight_drafts.get(r.request_id)
-                placeholders = -1 if drafts is None else 1 + len(drafts)
-            else:
+            if in_flight is None:
                 placeholders = 0
+            elif r.request_id in in_flight.num_scheduled_tokens:
+                placeholders = 1 + len(in_flight.scheduled_spec_decode_tokens.get(r.request_id, ()))
+            else:
+                return None
             sp = r.sampling_params
             if (r.status != RequestStatus.RUNNING or r.is_prefill_chunk or len(r.spec_token_ids) != ns
                     or r.num_output_placeholders != placeholders or r.discard_latest_async_tokens
@@ -117,15 +162,16 @@ class VllmSpecRuns:
         return list(batch)
 
     def plan(self, batch: list[Request], gains: list[list[int]], rollbacks: list[list[int]],
-             num_in_flight: int) -> SpecRunPlan:
+             num_in_flight: int, through_finishes: bool = True) -> SpecRunPlan:
         """The longest prefix of the given updates' steps that stays plain: no schedule is cut by
         max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
         the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
         frees go to the free queue's tail) and every step schedules someone. Step j's update is
         gains[i][j]'s (len(gains[i]) steps at most).
 
-        max_tokens: sync, the run ends before an update that would stop a request. Async (nothing
-        waits: steady_batch), the run goes through: a request whose in-flight steps reach
+        max_tokens: sync, or async without `through_finishes` (a cluster replica, whose router
+        reads its load), the run ends before an update that would stop a request. Async
+        otherwise (nothing waits: steady_batch), the run goes through: a request whose in-flight steps reach
         max_tokens is passed over by the schedule (vLLM's skip-ahead) and the update stops it
         (its tokens cut at max_tokens), or an update stops it with its next step already
         scheduled (that step's tokens are then dropped); either way its seat and blocks admit
@@ -137,7 +183,7 @@ class VllmSpecRuns:
         max_len, bs = sched.max_model_len, kvm.block_size
         mgr = kvm._single_full
         assert mgr is not None
-        through = num_in_flight == 1
+        through = num_in_flight == 1 and through_finishes
         k = min(len(g) for g in gains)
         lim = min(max_len - 1, max_len - la) - 1 - ns  # a schedule's context at most this (no cut)
         ctx: list[list[int]] = []
@@ -145,38 +191,25 @@ class VllmSpecRuns:
         allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
         for i, r in enumerate(batch):
             c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
-            g = gains[i][:k]
-            cum = list(accumulate(g))  # outputs update j brings in all: cum[j]
-            cs = list(accumulate([1 + ns - x for x in rollbacks[i][:k - 1]], initial=c0))  # schedule j's context
-            # The first step where something happens, in the order the loop meets them at a step:
-            # passed over at schedule j (async: its in-flight steps reach max_tokens), schedule j
-            # cut by max_model_len, update j stopping it (max_tokens), update j reaching max_model_len.
-            skip = (0 if o0 + 1 >= max_tokens else bisect_left(cum, max_tokens - o0 - 1) + 1) if num_in_flight else k
-            cut = bisect_right(cs, lim)
-            stop = bisect_left(cum, max_tokens - o0)
-            too_long = bisect_left(cum, max_len - t0)
-            first = min(skip, cut, stop, too_long, k)
+            # The first step where something happens (_first_event) and each schedule's context before it
+            first, kind, cs = _first_event(c0, gains[i], rollbacks[i], k, ns, lim, max_tokens - o0, max_len - t0,
+                                           num_in_flight > 0)
             fin: int | None = None
-            num_scheduled = first
-            if first == k:
+            num_scheduled = len(cs)
+            if kind == _NONE:
                 pass
-            elif first == skip or first == cut:
-                if first == skip and through and t0 + max_tokens - o0 < max_len:
-                    fin = first  # its update stops it, its tokens cut at max_tokens
-                else:
-                    k = first
+            elif kind == _SKIP and through and t0 + max_tokens - o0 < max_len:
+                fin = first  # its update stops it, its tokens cut at max_tokens
+            elif kind == _STOP and through and t0 + max_tokens - o0 < max_len:
+                fin = first
             else:
-                num_scheduled = first + 1
-                if first == stop and through and t0 + max_tokens - o0 < max_len:
-                    fin = first
-                else:
-                    k = first
+                k = first
             if num_scheduled:
                 held = len(mgr.req_to_blocks[r.request_id])
                 need = -(-(cs[num_scheduled - 1] + 1 + ns + la) // bs)
                 for b in range(held + 1, need + 1):  # block b is first needed at schedule j
                     allocs[bisect_right(cs, (b - 1) * bs - 1 - ns - la)] += 1
-            ctx.append(cs[:num_scheduled])
+            ctx.append(cs)
             finish_at.append(fin)
         room = kvm.block_pool.free_block_queue.num_free_blocks
         for j in range(k):
@@ -185,7 +218,7 @@ class VllmSpecRuns:
                 k = j
                 break
         k = min(k, max([min(len(cs), k) for cs in ctx]))  # the last step schedules someone
-        return SpecRunPlan(batch, k, gains, rollbacks, [cs[:k] for cs in ctx],
+        return SpecRunPlan(batch, k, gains, rollbacks, [cs if len(cs) <= k else cs[:k] for cs in ctx],
                            [min(len(cs), k) for cs in ctx],
                            [None if f is None or f >= k else f for f in finish_at])
 
@@ -203,9 +236,10 @@ class VllmSpecRuns:
         pool = sched.kv_cache_manager.block_pool
         k = plan.num_steps
         # Tokens first (their block hashes: caching only reads blocks already full), then the KV
-        # events in stepping's order: (phase, request, kind): schedule j is phase 2j (allocation,
-        # then caching), update j phase 2j + 1 (async caching, then a finish).
-        events: list[tuple[int, int, int, int]] = []
+        # events in stepping's order: by phase (schedule j is phase 2j: allocation, then caching;
+        # update j phase 2j + 1: async caching, then a finish), then request, then kind. Each
+        # phase's list is filled request by request, each request's events in kind order: sorted.
+        events: list[list[tuple[int, int, int]]] = [[] for _ in range(2 * k + 2)]
         allocs = [0] * (k + 1 if tail else k)
         in_tail = set(tail)
         for i in range(len(plan.batch)):
@@ -222,7 +256,7 @@ class VllmSpecRuns:
         return free_after
 
     def _request_events(self, plan: SpecRunPlan, i: int, source: OutputIdSource, num_in_flight: int,
-                        final_drafts: list[int], in_tail: bool, events: list[tuple[int, int, int, int]],
+                        final_drafts: list[int], in_tail: bool, events: list[list[tuple[int, int, int]]],
                         allocs: list[int]) -> None:
         """batch[i]'s part of apply(): its tokens appended, its KV events (and blocks per schedule
         into allocs), its counters after the run (a finished request's are left as its stop leaves
@@ -251,22 +285,22 @@ class VllmSpecRuns:
                 c = cs[j]
                 need = -(-(c + 1 + ns + la) // bs)
                 if need > held:
-                    events.append((2 * j, i, 0, need - held))
+                    events[2 * j].append((i, 0, need - held))
                     allocs[j] += need - held
                     held = need
                 if caching:
                     upto = min(c + 1 + ns, t)
                     if upto // bs > cached:
-                        events.append((2 * j, i, 1, upto))
+                        events[2 * j].append((i, 1, upto))
                         cached = upto // bs
             if j == k:
                 break
             t += gained[j]
             if caching and num_in_flight and (t - 1) // bs > cached:
-                events.append((2 * j + 1, i, 1, t - 1))
+                events[2 * j + 1].append((i, 1, t - 1))
                 cached = (t - 1) // bs
         if fin is not None:
-            events.append((2 * fin + 1, i, 2, 0))
+            events[2 * fin + 1].append((i, 2, 0))
         elif in_tail:  # after the tail's schedule: two steps in flight
             r.num_computed_tokens = cs[k] + 1 + ns
             r.num_output_placeholders = 2 * (1 + ns)
@@ -278,7 +312,7 @@ class VllmSpecRuns:
                 r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
             r.spec_token_ids = final_drafts
 
-    def _apply_events(self, batch: list[Request], events: list[tuple[int, int, int, int]], k: int,
+    def _apply_events(self, batch: list[Request], events: list[list[tuple[int, int, int]]], k: int,
                       upd_t: Sequence[float]) -> list[int]:
         """Allocations, cachings and finishes in stepping's order; returns the blocks each update frees."""
         sched = self.scheduler
@@ -288,21 +322,21 @@ class VllmSpecRuns:
         pool = kvm.block_pool
         queue = pool.free_block_queue
         freed = [0] * k
-        events.sort()
         reqs_to_blocks = mgr.req_to_blocks
-        for phase, i, kind, arg in events:
-            r = batch[i]
-            if kind == 0:
-                reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
-            elif kind == 1:
-                mgr.cache_blocks(r, arg)
-            else:  # update_from_output's stop: the stop rule sets the status, then _free_request
-                sched.now_s = upd_t[phase // 2]
-                if not check_stop(r, sched.max_model_len):
-                    raise AssertionError(f"{r.request_id}: a spec run's update did not finish it")
-                before = queue.num_free_blocks
-                sched._free_request(r)
-                freed[phase // 2] += queue.num_free_blocks - before
+        for phase, bucket in enumerate(events):
+            for i, kind, arg in bucket:
+                r = batch[i]
+                if kind == 0:
+                    reqs_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
+                elif kind == 1:
+                    mgr.cache_blocks(r, arg)
+                else:  # update_from_output's stop: the stop rule sets the status, then _free_request
+                    sched.now_s = upd_t[phase // 2]
+                    if not check_stop(r, sched.max_model_len):
+                        raise AssertionError(f"{r.request_id}: a spec run's update did not finish it")
+                    before = queue.num_free_blocks
+                    sched._free_request(r)
+                    freed[phase // 2] += queue.num_free_blocks - before
         return freed
 
     def _after(self, plan: SpecRunPlan, tail: list[Request] | None) -> None:

@@ -93,6 +93,24 @@ def bulk_decode_pricer(model: CostModel) -> Callable[[list[int], int], list[floa
     return model.decode_step_times_s if isinstance(model, DecodeRunCostModel) else None
 
 
+@runtime_checkable
+class VerifyRunCostModel(Protocol):
+    """Optional: a cost model that prices speculative decoding's verify steps in bulk (macro-steps).
+
+    `verify_step_times_s(num_new_tokens, num_requests, context_sums)` returns the floats
+    step_time_s would return, bit for bit, for steps of num_requests requests that each compute
+    num_new_tokens (> 1) tokens and sample, on contexts summing to context_sums[j] at step j; or
+    None when it has no shortcut for these steps (each is then priced on its exact StepShape)."""
+
+    def verify_step_times_s(self, num_new_tokens: int, num_requests: int,
+                            context_sums: list[int]) -> list[float] | None: ...
+
+
+def bulk_verify_pricer(model: CostModel) -> Callable[[int, int, list[int]], list[float] | None] | None:
+    """The model's bulk verify-step method, or None: resolved once per model (bulk_decode_pricer's reason)."""
+    return model.verify_step_times_s if isinstance(model, VerifyRunCostModel) else None
+
+
 def decode_step_times_s(model: CostModel, num_context_tokens: list[int], num_steps: int,
                         bulk: Callable[[list[int], int], list[float] | None] | None = None) -> list[float]:
     """GPU time of each step of a run of plain decode steps: the model's bulk method where it has

@@ -66,6 +66,18 @@ class PerturbedCostModel:
         f = self._decode
         return [t * f for t in decode_step_times_s(self.base, num_context_tokens, num_steps)]
 
+    def verify_step_times_s(self, num_new_tokens: int, num_requests: int, context_sums: list[int]) -> list[float] | None:
+        """The base's bulk verify prices (None where it has none) scaled as step_time_s scales
+        them: no request of a verify step computes a single token, so its kind is prefill."""
+        from .base import bulk_verify_pricer
+
+        bulk = bulk_verify_pricer(self.base)
+        times = None if bulk is None else bulk(num_new_tokens, num_requests, context_sums)
+        if times is None:
+            return None
+        f = self.factors["prefill"]
+        return [t * f for t in times]
+
     def wave_correction_s(self, num_tokens: int, wave_tokens: int) -> float:
         """The base's data-parallel wave correction (0.0 when it has none), scaled as a decode."""
         from .base import wave_corrector

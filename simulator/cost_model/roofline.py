@@ -294,6 +294,26 @@ class RooflineCostModel:
                                   self._kv_bytes_per_tok, n * self._q_bytes_per_tok, self._skew_alpha,
                                   int(skew_kv))
 
+    def verify_step_times_s(self, num_new_tokens: int, num_requests: int, context_sums: list[int]) -> list[float] | None:
+        """Steps of num_requests requests computing num_new_tokens (> 1) tokens each and sampling,
+        on contexts summing to context_sums[j] (VerifyRunCostModel: speculative decoding's verify
+        steps): step_time_s's floats, bit for bit, from the batch size and the context sum alone
+        (kernels.DenseRooflinePricer.verify_steps_s); None where step_time_s takes another path."""
+        dense = self._dense
+        if dense is None or num_new_tokens < 2 or num_requests < 1:
+            return None
+        tokens = num_requests * num_new_tokens
+        experts = comm = gather = 0.0
+        if self.tp > 1 or dense.has_moe:  # as step_time_s
+            comm = 2.0 * self._ar(tokens * self._ar_bytes_per_tok) if self.tp > 1 else 0.0
+            a2a = 0.0
+            if dense.has_moe:
+                experts, a2a = self._moe.parts(tokens, tokens * self._dp)
+            comm = comm + a2a
+        if self._gather is not None:
+            gather = self._gather(num_requests)
+        return dense.verify_steps_s(num_new_tokens, num_requests, context_sums, experts, comm, gather)
+
     def _work(self, shape: StepShape) -> tuple[int, float, float, float]:
         """(tokens, query-key pairs, KV tokens read, skew KV tokens) of an average layer (roofline_work.py;
         a hybrid model's: of an attention layer, roofline_hybrid.py)."""

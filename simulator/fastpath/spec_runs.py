@@ -17,8 +17,14 @@ flight with the SchedulerOutput and ModelRunnerOutput stepping would have left.
 Sync loop (nothing in flight): k x (schedule, its update); runs end before an update that stops
 a request. Async loop (step S in flight): k x (schedule, the previous step's update), the first
 update being S's; the run's last step stays in flight, and where the next update meets the
-arrival the loop's next schedule (the tail) is applied too. Only for a single engine (no router,
-no finish callback, no client slots; nothing in the frontend).
+arrival the loop's next schedule (the tail) is applied too. Only for an engine without a finish
+callback or client slots, with nothing in the frontend.
+
+A cluster replica's run is bounded by its router's proof (expect_arrivals_by_load): updates
+strictly before the first arrival the proof cannot send elsewhere while this replica's load stays
+what it is, and the run ends before any update that would finish a request (sync's rule, async
+too), so the load every other decision reads mid-run is the one stepping shows. Runs are never
+deferred (defer_runs is accepted and ignored: deferral is the plain decode planner's).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import simpy
 
 from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
+from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
 from servesim.scheduler.step_shape import StepShape
@@ -65,8 +72,9 @@ class SpecPlanner:
         self.sim = sim
         self.num_spec_tokens = engine.cfg.scheduler.num_spec_tokens
         self.next_arrival_s = 0.0  # 0 = unknown: no run starts
+        # A cluster router's proof (expect_arrivals_by_load): runs then end before any finish, so
+        # the load the proof reads stays what stepping shows through the run.
         self.arrival_bound: Callable[[int], float] | None = None
-        self.collides: Callable[[Sequence[float]], int] | None = None
         self.until_s = -1.0  # the last update time of the last run: no arrival may precede it
         self.num_macro_steps = 0
         self.num_macro_runs = 0
@@ -93,24 +101,27 @@ class SpecPlanner:
     def expect_arrivals_by_load(self, bound: Callable[[int], float] | None) -> None:
         self.arrival_bound = bound
 
-    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None) -> None:
-        self.collides = collides
+    def defer_runs(self, collides: Callable[[Sequence[float]], int] | None, reads_state: bool = False) -> None:
+        pass  # runs are applied when planned (bounded by the router's proof), never deferred
+
+    def planned_kv_usage(self) -> float:
+        raise AssertionError("a spec run is never pending")
+
+    def planned_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None,
+                              provenance: TokenProvenance | None) -> int:
+        raise AssertionError("a spec run is never pending")
 
     # --- planning ----------------------------------------------------------------------------------
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
         """Apply a run of verify steps from this loop-top state, or None (the loop steps)."""
         engine = self.engine
         if (not now < self.next_arrival_s or engine.clients.num_in_frontend or engine.on_finish is not None
-                or self.arrival_bound is not None or self.collides is not None
                 or engine.clients.max_concurrency is not None
                 or engine.watchdog.due(engine.book.num_steps + 1, now)):
             return None
         num_in_flight = len(in_flight)
-        drafts_s: dict[str, list[int]] | None = None
-        if num_in_flight:
-            so_s, mro_s = in_flight[0][0], in_flight[0][1]
-            drafts_s = so_s.scheduled_spec_decode_tokens
-        batch = self.runs.steady_batch(num_in_flight, drafts_s)
+        so_s = in_flight[0][0] if num_in_flight else None
+        batch = self.runs.steady_batch(so_s)
         if batch is None:
             return None
         ids = [r.request_id for r in batch]
@@ -118,7 +129,9 @@ class SpecPlanner:
         first_k = [worker.num_sampled(rid) for rid in ids]  # each one's next output position
         gains0: list[int] = []
         rollbacks0: list[int] = []
-        if num_in_flight:  # update 0 applies S: its sampled tokens and drafts
+        if so_s is not None:  # update 0 applies S: its sampled tokens and drafts
+            mro_s = in_flight[0][1]
+            drafts_s = so_s.scheduled_spec_decode_tokens
             if set(so_s.num_scheduled_tokens) != set(ids) or mro_s.draft_token_ids is None:
                 return None
             for r in batch:
@@ -128,7 +141,7 @@ class SpecPlanner:
                 if not got or rid not in mro_s.draft_token_ids or r.num_output_tokens + got != worker.num_sampled(rid):
                     return None
                 gains0.append(got)
-                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))  # type: ignore[union-attr]
+                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))
         return self._run(now, in_flight, batch, ids, first_k, gains0, rollbacks0)
 
     def _run(self, now: float, in_flight: InFlight, batch: list[Request], ids: list[str], first_k: list[int],
@@ -136,6 +149,9 @@ class SpecPlanner:
         engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
         num_in_flight = len(in_flight)
         later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
+        bound = self.arrival_bound
+        if bound is not None:  # the first arrival the router's proof cannot send elsewhere (constant load)
+            later_s = max(later_s, bound(engine.num_outstanding))
         accepted: list[list[int]] = [[] for _ in batch]
         next_k = list(first_k)
         gpu: list[float] = []
@@ -152,21 +168,28 @@ class SpecPlanner:
                 accepted[i] += more
                 next_k[i] += len(more) + sum(more)
             gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
-            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight)
-            cut = False
-            for j in range(len(gpu), plan.num_steps):  # priced and timed one by one: none past the cut
-                rows = plan.batch_at(j)
-                n = len(rows)
-                gpu.append(self._price(plan, rows, j))
-                s, e, u = step_timeline(t, gpu[j:], num_in_flight, engine.cpu.step_s(n, n * (1 + ns)), later_s,
+            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight, bound is None)
+            # Priced and timed a batch size at a time (the CPU time reads it), none past the piece
+            # the cut falls in; the timeline continues exactly across pieces (timeline.py).
+            sizes, sums = plan.step_sums(len(gpu))
+            a, cut = 0, False
+            while a < len(sizes):
+                n, b = sizes[a], a + 1
+                while b < len(sizes) and sizes[b] == n:
+                    b += 1
+                piece = self._prices(plan, len(gpu), n, sums[a:b])
+                gpu += piece
+                s, e, u = step_timeline(t, piece, num_in_flight, engine.cpu.step_s(n, n * (1 + ns)), later_s,
                                         deadline_s, free_at)
-                if not s:
-                    cut = True
-                    break
                 sched_t += s
                 ends += e
                 upd_t += u
-                t, free_at = u[0], e[0]
+                if s:
+                    t, free_at = u[-1], e[-1]
+                if len(s) < b - a:
+                    cut = True
+                    break
+                a = b
             if cut or plan.num_steps < m or m >= MAX_SPEC_STEPS:
                 break
             m = min(2 * m, MAX_SPEC_STEPS)
@@ -213,6 +236,15 @@ class SpecPlanner:
         gains = [[g0] + [1 + a for a in acc[:-1]] for g0, acc in zip(gains0, accepted)]
         rollbacks = [[r0] + [ns - a for a in acc[:-1]] for r0, acc in zip(rollbacks0, accepted)]
         return gains, rollbacks
+
+    def _prices(self, plan: SpecRunPlan, first: int, n: int, ctx_sums: list[int]) -> list[float]:
+        """GPU times of steps first, first + 1, ... of the plan, each of n requests, their contexts
+        summing to ctx_sums: in bulk (SimExecutor.verify_step_times_s) where the cost model can,
+        else step by step on each exact StepShape (_price)."""
+        times = self.sim.verify_step_times_s(1 + self.num_spec_tokens, n, ctx_sums)
+        if times is not None:
+            return times
+        return [self._price(plan, plan.batch_at(j), j) for j in range(first, first + len(ctx_sums))]
 
     def _price(self, plan: SpecRunPlan, rows: list[int], j: int) -> float:
         """GPU time of step j (batch `rows`): SimExecutor.execute's float on its StepShape (1 +
@@ -349,7 +381,9 @@ class SpecPlanner:
             rec = records[r.request_id]
             times: list[float] = []
             for j in range(k if f is None else f):
-                times += [upd_t[j]] * g[j]
+                t = upd_t[j]
+                for _ in range(g[j]):
+                    times.append(t)
             if f is not None:  # the request holds every token it was given now
                 times += [upd_t[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
             if rec.first_token_s is None:
