@@ -101,9 +101,10 @@ def test_a_plan_ends_before_an_update_at_a_dispatch_time():
     assert first([0.1, 0.2, 0.3]) == 3 and first([]) == 0
     assert first([0.1, landed, 2.0]) == 1
     assert first([0.1, t, 2.0]) == 3  # the trace's time is not where the clock reads it
-    cluster.run()
-    # the clock at every submit: each engine's arrival records it (a routing latency of 0)
-    seen = [rec.arrival_s for r in cluster.front for rec in r.engine.metrics.requests.values()]
+    res = cluster.run()
+    # the clock at every submit: each engine's arrival records it (a routing latency of 0; the
+    # records are the replicas' tables once the results are built)
+    seen = [float(x) for rr in res.replicas for x in rr.result.metrics.request_columns()["arrival_s"]]
     assert sorted(seen) == cluster._landing_s
 
 

@@ -96,6 +96,23 @@ def test_calibrate_frontend_command_writes_a_usable_file(tmp_path):
     assert not (tmp_path / "frontend.yaml.partial").exists()
 
 
+def _close_read(conn) -> None:
+    """Close after reading what the client sent: a socket closed with unread bytes (a request's body
+    that arrived after the one recv, as it may on a loaded machine) resets the connection, and the
+    client would see a reset instead of the answer under test."""
+    import socket
+
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(0.5)
+        while conn.recv(65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
 class _Misbehaving:
     """A loopback server answering every request 200 with `mode`: an endless SSE stream, a body
     trickled one byte at a time, or a page that is not JSON."""
@@ -131,7 +148,7 @@ class _Misbehaving:
             except OSError:
                 pass
             finally:
-                conn.close()
+                _close_read(conn)
 
     def __enter__(self):
         return self
