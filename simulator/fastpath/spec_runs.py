@@ -353,17 +353,22 @@ class SpecPlanner:
         running_end, waiting = engine.scheduler.get_request_counts()
         usages = self.runs.usages_at(free_after)
         base = book.num_steps
-        rows = []
         scheduled = sorted(plan.steps_each)  # step j's batch: the requests scheduled more than j times
-        for j in range(k):
-            n = len(scheduled) - bisect_right(scheduled, j)
-            running = running_end + len(finish_updates) - bisect_left(finish_updates, j)  # not stopped before j
-            row = steps.append(base + j, sched_t[j], n, 0, n * (1 + ns), usages[j], running, waiting, 0)
-            steps.set_gpu_time(row, gpu[j])
-            rows.append(row)
-        done = [in_flight[0][4]] + rows[:-1] if in_flight else rows  # update j completes these rows
-        for j, row in enumerate(done):
-            steps.set_update(row, upd_t[j], hits0 if j == 0 else 0, queries0 if j == 0 else 0)
+        sizes = [len(scheduled) - bisect_right(scheduled, j) for j in range(k)]
+        nf = len(finish_updates)
+        running = [running_end + nf - bisect_left(finish_updates, j) for j in range(k)]  # not stopped before j
+        zeros = [0] * k
+        # update j completes one row: async, the step before j (the in-flight step's at update 0,
+        # this run's last row still to come); sync, its own
+        if in_flight:
+            steps.set_update(in_flight[0][4], upd_t[0], hits0, queries0)
+            durations = [upd_t[j + 1] - sched_t[j] for j in range(k - 1)]
+            hits, queries = zeros, zeros
+        else:
+            durations = [upd_t[j] - sched_t[j] for j in range(k)]
+            hits, queries = [hits0, *zeros[1:]], [queries0, *zeros[1:]]
+        steps.extend_decode_run(base, sched_t[:k], durations, gpu[:k], sizes, usages[:k], running, waiting, hits,
+                                queries, num_decode_tokens=[n * (1 + ns) for n in sizes])
         book.prefix_hits += hits0
         book.prefix_queries += queries0
         if book.progress is not None:
