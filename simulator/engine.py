@@ -101,7 +101,9 @@ class Engine:
                                self.submit, self.expect_next_arrival, self.book.metrics)
         # Closed-loop session turns sent after their parent's answer (simulator/sessions.py); None
         # when no request of the workload waits for another.
-        plan = plan_turns(workload.requests) if workload is not None else None
+        # (columns read first: a workload without closed-loop turns is not read spec by spec)
+        needs_plan = workload is not None and workload.columns.any_set("parent_request_id")
+        plan = plan_turns(workload.requests) if workload is not None and needs_plan else None
         self.turns = None if plan is None else SessionTurns(self.env, plan, self.clients.send)
         if self.turns is not None:
             self.on_finish = self.turns.chain(on_finish, answer_delay_s(cfg.frontend, name))

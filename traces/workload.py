@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import math
 from array import array
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +39,9 @@ from servesim.traces.tokens import (
     stream_tokens,
     text_stream,
 )
+
+if TYPE_CHECKING:
+    from servesim.traces.spec_columns import SpecColumns
 
 DEFAULT_PREFIX_BLOCK_LEN = 512  # Mooncake hash-id block size in tokens
 
@@ -277,7 +282,9 @@ MAX_SPAN_S = 1e8
 
 @dataclass(slots=True)
 class Workload:
-    requests: list[RequestSpec]  # sorted by (arrival_time_s, order in file)
+    # sorted by (arrival_time_s, order in file); given as any sequence of specs, kept as columns
+    # (traces/spec_columns.py: a spec is built when read, none is held for the run)
+    requests: Sequence[RequestSpec]
     name: str
     source: str  # file path or generator description
     attribution: str | None = None
@@ -287,7 +294,11 @@ class Workload:
     spec: dict | None = None
 
     def __post_init__(self) -> None:
-        times = [r.arrival_time_s for r in self.requests]
+        from servesim.traces.spec_columns import SpecColumns  # (it imports RequestSpec from here)
+
+        columns = SpecColumns.of(self.requests)
+        self.requests = columns
+        times = columns.arrival_times_s
         if any(b < a for a, b in zip(times, times[1:])):
             raise InputError(
                 f"workload {self.name!r}: requests are not sorted by arrival_time_s",
@@ -295,24 +306,26 @@ class Workload:
                 allowed="non-decreasing arrival times (use Workload.from_unsorted)",
             )
         if times and times[0] >= EPOCH_START_S:
-            self._rebase(times[0])
-        if times and self.requests[-1].arrival_time_s - self.requests[0].arrival_time_s > MAX_SPAN_S:
-            last = self.requests[-1]
+            columns = self._rebase(columns, times[0])
+        times = columns.arrival_times_s
+        if times and times[-1] - times[0] > MAX_SPAN_S:
+            last = columns[-1]
             raise InputError(
                 f"workload {self.name!r}: request {last.request_id!r} arrives at {last.arrival_time_s:.6g} s, "
-                f"{last.arrival_time_s - self.requests[0].arrival_time_s:.3g} s after the first",
+                f"{last.arrival_time_s - times[0]:.3g} s after the first",
                 field="arrival_time_s",
                 allowed=f"arrivals within {MAX_SPAN_S:.0e} s (about {MAX_SPAN_S / 3.156e7:.0f} years) of the first",
             )
 
-    def _rebase(self, first_s: float) -> None:
+    def _rebase(self, columns: SpecColumns, first_s: float) -> SpecColumns:
         """Arrivals given as absolute epoch seconds (the usual slip when converting one's own logs)
         start the trace at its first arrival instead, with a note in `source` and on the log."""
-        self.requests = [replace(r, arrival_time_s=r.arrival_time_s - first_s) for r in self.requests]
+        self.requests = columns = columns.with_arrival_times([t - first_s for t in columns.arrival_times_s])
         note = (f"arrival times rebased: the first was {first_s:.6g} s (absolute epoch seconds?), "
                 "every arrival is now relative to it")
         self.source = f"{self.source} | {note}"
         logging.getLogger("servesim").warning("WARNING: %s: %s", self.name, note)
+        return columns
 
     @classmethod
     def from_unsorted(
@@ -326,17 +339,28 @@ class Workload:
         return len(self.requests)
 
     @property
+    def columns(self) -> SpecColumns:
+        """The requests as columns (what `requests` is once built): for readers of a field of
+        every request, without building a spec per request."""
+        from servesim.traces.spec_columns import SpecColumns
+
+        columns = self.requests
+        assert isinstance(columns, SpecColumns)  # (__post_init__ made it so)
+        return columns
+
+    @property
     def duration_s(self) -> float:
         """Time of the last arrival (0 for an empty workload)."""
-        return self.requests[-1].arrival_time_s if self.requests else 0.0
+        times = self.columns.arrival_times_s
+        return times[-1] if times else 0.0
 
     def summary(self) -> dict[str, float]:
         """Counts and means, for reports and sanity checks."""
         n = len(self.requests)
         if n == 0:
             return {"num_requests": 0}
-        prompt = np.fromiter((r.prompt_len for r in self.requests), dtype=np.int64, count=n)
-        output = np.fromiter((r.output_len for r in self.requests), dtype=np.int64, count=n)
+        prompt = np.frombuffer(self.columns.prompt_lens, dtype=np.int64)
+        output = np.frombuffer(self.columns.output_lens, dtype=np.int64)
         return {
             "num_requests": n,
             "duration_s": self.duration_s,
