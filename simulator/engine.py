@@ -121,6 +121,13 @@ class Engine:
         self.sessions = SessionInputs(self.env, self.scheduler, self.notify, self.book.metrics.requests)
         self.gateway = attach_to_engine(self)  # admission and flow control in front (None: off)
 
+    def retire_finished_records(self) -> None:
+        """The caller reads no request record after the run (only the requests table): completed
+        requests' records move into columns at their finish (MetricsRecorder.retire_finished).
+        Not with the frontend's serial loop, whose output jobs write a finished record later."""
+        if self.clients.loop is None:
+            self.book.metrics.retire_finished()
+
     def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
         """Plug in a fast path (before the engine starts), or record why there is none."""
         self.planner = planner

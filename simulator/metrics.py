@@ -16,7 +16,8 @@ import numpy as np
 from servesim.simulator.columns import Columns
 from servesim.simulator.order_stats import percentiles
 from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
-from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, pooled_gaps, request_part  # noqa: F401
+from servesim.simulator.finished_records import retired_table
+from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, mark_pool_aborts, pooled_gaps, request_part  # noqa: F401
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
@@ -81,10 +82,13 @@ class MetricsCollector(MetricsRecorder):
         if self._released is not None:
             return self._released
         records: list = list(self.requests.values())
-        for r in records:
-            if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
-                # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
-                r.reject_reason = "exceeds_kv_pool"
+        if self.finished is not None and len(self.finished):  # records retired at their finish
+            table = retired_table(records, self.finished, release, RELEASE_ROWS if release else len(records) + len(self.finished))
+            if release:
+                self.requests.clear()
+                self.finished, self._released = None, table
+            return table
+        mark_pool_aborts(records)  # (only SGLang aborts on its own)
         by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in records)
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
         pooled = pooled_gaps(stale)

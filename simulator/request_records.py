@@ -18,6 +18,8 @@ from servesim.simulator.step_table import StepTable
 if TYPE_CHECKING:
     import numpy as np
 
+    from servesim.simulator.finished_records import FinishedRecords
+
 
 def _no_times() -> array:
     return array("d")
@@ -51,6 +53,7 @@ class RequestRecord:
     # instead of computing every gap again. Valid while len == max(len(token_times_s) - 1, 0) and
     # the times are unchanged (delay_outputs resets it).
     itl_s: np.ndarray | list | None = None
+    order: int = 0  # arrivals recorded before this one (its row in the requests table)
 
 
 class MetricsRecorder:
@@ -62,9 +65,23 @@ class MetricsRecorder:
         self.steps = StepTable()
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
+        # Completed requests' records moved out of `requests` at their finish (None: they stay;
+        # retire_finished turns it on)
+        self.finished: FinishedRecords | None = None
+        self._num_arrived = 0
+
+    def retire_finished(self) -> None:
+        """From now on a completed request's record leaves `requests` at its finish, into columns
+        (simulator/finished_records.py): for a caller that reads no record after the run and whose
+        engine writes none after a finish (Engine.retire_finished_records)."""
+        from servesim.simulator.finished_records import FinishedRecords
+
+        if self.finished is None:
+            self.finished = FinishedRecords()
 
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
-        self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
+        self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len, order=self._num_arrived)
+        self._num_arrived += 1
 
     def on_step_outputs(self, outputs: Sequence[RequestOutput], t: float) -> None:
         """One step's outputs (RequestOutputs: request_id, new_token_ids) applied at t: their token
@@ -102,6 +119,16 @@ class MetricsRecorder:
         rec.finish_s = t
         rec.finish_reason = reason
         rec.num_cached_tokens = num_cached_tokens
+        finished = self.finished
+        if finished is not None and finished.takes(rec):
+            finished.add(rec)
+            del self.requests[request_id]
+
+    def last_finish_s(self) -> float:
+        """The latest finish recorded (0.0: none)."""
+        end = max([r.finish_s for r in self.requests.values() if r.finish_s is not None], default=0.0)
+        retired = self.finished.last_finish_s() if self.finished is not None else None
+        return end if retired is None else max(end, retired)
 
     def on_stranded(self, request_id: str, reason: str) -> None:
         """The engine aborted the request: it could never be admitted (what it streamed stays recorded)."""
@@ -126,3 +153,5 @@ class MetricsRecorder:
                 rec.itl_s = None
             if rec.finish_s is not None:
                 rec.finish_s += delay_s
+        if self.finished is not None:
+            self.finished.delay(delay_s)

@@ -28,8 +28,13 @@ def pooled_gaps(records: list[RequestRecord]) -> FlatList:
     # the arrays' buffers laid end to end in one copy (bytes.join reads each array's buffer: no
     # numpy view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
     flat = np.frombuffer(b"".join([r.token_times_s for r in records]), dtype=np.float64)
+    return gaps_of(lens, flat)
+
+
+def gaps_of(lens: np.ndarray, flat: np.ndarray) -> FlatList:
+    """pooled_gaps of requests whose token counts are `lens` and token times `flat` (end to end)."""
     num_gaps = np.maximum(lens - 1, 0)
-    offsets = np.zeros(len(records) + 1, dtype=np.int64)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(num_gaps, out=offsets[1:])
     if flat.size > 1:
         gaps = np.diff(flat)
@@ -194,3 +199,11 @@ _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_
 
 def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
+
+
+def mark_pool_aborts(records: list[RequestRecord]) -> None:
+    """A request SGLang aborted on its own (finish "abort", not timed out, no reason): one that
+    cannot decode even alone in the pool, a rejection of reason "exceeds_kv_pool"."""
+    for r in records:
+        if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
+            r.reject_reason = "exceeds_kv_pool"
