@@ -17,7 +17,8 @@ from servesim.simulator.columns import Columns
 from servesim.simulator.order_stats import percentiles
 from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
 from servesim.simulator.finished_records import retired_table
-from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, mark_pool_aborts, pooled_gaps, request_part  # noqa: F401
+from servesim.simulator.request_table import (  # noqa: F401
+    REQUEST_COLUMNS, JoinedRows, mark_pool_aborts, pooled_gaps, request_part)
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ class MetricsCollector(MetricsRecorder):
             return self._released
         records: list = list(self.requests.values())
         if self.finished is not None and len(self.finished):  # records retired at their finish
-            table = retired_table(records, self.finished, release, RELEASE_ROWS if release else len(records) + len(self.finished))
+            chunk = RELEASE_ROWS if release else len(records) + len(self.finished)
+            table = retired_table(records, self.finished, release, chunk)
             if release:
                 self.requests.clear()
                 self.finished, self._released = None, table

@@ -34,12 +34,15 @@ def test_every_spec_reads_back_equal_in_order():
         wl.requests[4]
 
 
-def test_slices_are_columns_of_the_same_specs():
+def test_slices_are_lists_of_the_same_specs_and_rows_are_columns():
     wl = Workload(_specs(), name="w", source="hand")
     part = wl.requests[1:3]
-    assert isinstance(part, SpecColumns)
-    assert list(part) == _specs()[1:3]
-    assert list(wl.requests[::-2]) == _specs()[::-2]
+    assert isinstance(part, list) and part == _specs()[1:3]
+    part[0] = _specs()[0]  # the caller's own list
+    assert wl.requests[1] == _specs()[1]
+    assert wl.requests[::-2] == _specs()[::-2]
+    rows = wl.columns.rows(slice(1, 3))
+    assert isinstance(rows, SpecColumns) and list(rows) == _specs()[1:3]
 
 
 def test_a_field_gets_a_column_only_once_some_request_sets_it():

@@ -104,17 +104,11 @@ class SpecColumns(Sequence[RequestSpec]):
     def __getitem__(self, index: int) -> RequestSpec: ...
 
     @overload
-    def __getitem__(self, index: slice) -> SpecColumns: ...
+    def __getitem__(self, index: slice) -> list[RequestSpec]: ...
 
     def __getitem__(self, index):
-        if isinstance(index, slice):
-            out = SpecColumns()
-            out.request_ids = self.request_ids[index]
-            out.arrival_times_s = self.arrival_times_s[index]
-            out.prompt_lens = self.prompt_lens[index]
-            out.output_lens = self.output_lens[index]
-            out._sparse = {name: column[index] for name, column in self._sparse.items()}
-            return out
+        if isinstance(index, slice):  # a list of specs, as a list's slice is (the caller may change it)
+            return list(self.rows(index))
         i = range(len(self.request_ids))[index]  # IndexError and negative indices as a list's
         sparse = self._sparse
         return _spec((self.request_ids[i], self.arrival_times_s[i], self.prompt_lens[i], self.output_lens[i],
@@ -131,11 +125,21 @@ class SpecColumns(Sequence[RequestSpec]):
         for i, values in enumerate(dense):
             yield _spec((*values, *[d if c is None else c[i] for c, d in zip(columns, _SPARSE_DEFAULTS)]))
 
+    def rows(self, index: slice) -> SpecColumns:
+        """The requests of a slice, as columns."""
+        out = SpecColumns()
+        out.request_ids = self.request_ids[index]
+        out.arrival_times_s = self.arrival_times_s[index]
+        out.prompt_lens = self.prompt_lens[index]
+        out.output_lens = self.output_lens[index]
+        out._sparse = {name: column[index] for name, column in self._sparse.items()}
+        return out
+
     def with_arrival_times(self, times_s: Sequence[float]) -> SpecColumns:
-        """The same requests at these arrival times (one per request; the other columns shared)."""
+        """The same requests at these arrival times (one per request; the other columns copied)."""
         if len(times_s) != len(self):
             raise ValueError(f"{len(times_s)} arrival times for {len(self)} requests")
-        out = self[:]
+        out = self.rows(slice(None))
         out.arrival_times_s = array("d", times_s)
         return out
 
