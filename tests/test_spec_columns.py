@@ -41,6 +41,7 @@ def test_slices_are_lists_of_the_same_specs_and_rows_are_columns():
     part[0] = _specs()[0]  # the caller's own list
     assert wl.requests[1] == _specs()[1]
     assert wl.requests[::-2] == _specs()[::-2]
+    assert wl.requests + _specs()[:1] == _specs() + _specs()[:1] and _specs()[:1] + wl.requests == _specs()[:1] + _specs()
     rows = wl.columns.rows(slice(1, 3))
     assert isinstance(rows, SpecColumns) and list(rows) == _specs()[1:3]
 

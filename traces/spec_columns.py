@@ -143,6 +143,12 @@ class SpecColumns(Sequence[RequestSpec]):
         out.arrival_times_s = array("d", times_s)
         return out
 
+    def __add__(self, other: Iterable[RequestSpec]) -> list[RequestSpec]:
+        return [*self, *other]  # a list, as a list's sum is
+
+    def __radd__(self, other: Iterable[RequestSpec]) -> list[RequestSpec]:
+        return [*other, *self]
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
