@@ -36,6 +36,7 @@ from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
+from servesim.simulator.finished_records import FinishedRecords
 from servesim.simulator.gateway.wiring import attach_to_engine
 from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
@@ -126,7 +127,7 @@ class Engine:
         requests' records move into columns at their finish (MetricsRecorder.retire_finished).
         Not with the frontend's serial loop, whose output jobs write a finished record later."""
         if self.clients.loop is None:
-            self.book.metrics.retire_finished()
+            self.book.metrics.retire_finished(FinishedRecords())
 
     def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
         """Plug in a fast path (before the engine starts), or record why there is none."""

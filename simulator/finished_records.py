@@ -54,8 +54,7 @@ class FinishedRecords:
     def __len__(self) -> int:
         return len(self.request_ids)
 
-    @staticmethod
-    def takes(rec: RequestRecord) -> bool:
+    def takes(self, rec: RequestRecord) -> bool:
         """Whether rec is complete for good (nothing writes it after its finish)."""
         return (rec.finish_s is not None and rec.finish_reason is not None and rec.finish_reason != "abort"
                 and rec.status is None and rec.reject_reason is None)

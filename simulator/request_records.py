@@ -10,15 +10,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from servesim.scheduler.output import RequestOutput
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from servesim.simulator.finished_records import FinishedRecords
 
 
 def _no_times() -> array:
@@ -56,6 +54,30 @@ class RequestRecord:
     order: int = 0  # arrivals recorded before this one (its row in the requests table)
 
 
+class RetiredRecords(Protocol):
+    """Where completed records go at their finish (simulator/finished_records.py's FinishedRecords),
+    for a run whose caller reads no record afterwards."""
+
+    def takes(self, rec: RequestRecord) -> bool:
+        """Whether rec is complete for good: nothing writes it after its finish."""
+        ...
+
+    def add(self, rec: RequestRecord) -> None:
+        """Keep rec's values (the recorder then drops rec)."""
+        ...
+
+    def last_finish_s(self) -> float | None:
+        """The latest finish kept (None: none)."""
+        ...
+
+    def delay(self, delay_s: float) -> None:
+        """Every output kept reaches the client delay_s later (as delay_outputs does to a record)."""
+        ...
+
+    def __len__(self) -> int:
+        ...
+
+
 class MetricsRecorder:
     """Per-request records (`requests`: request_id -> RequestRecord) and step rows (`steps`) of
     one engine's run, filled as the engine goes."""
@@ -67,17 +89,15 @@ class MetricsRecorder:
         self.prefix_hits = 0
         # Completed requests' records moved out of `requests` at their finish (None: they stay;
         # retire_finished turns it on)
-        self.finished: FinishedRecords | None = None
+        self.finished: RetiredRecords | None = None
         self._num_arrived = 0
 
-    def retire_finished(self) -> None:
-        """From now on a completed request's record leaves `requests` at its finish, into columns
-        (simulator/finished_records.py): for a caller that reads no record after the run and whose
-        engine writes none after a finish (Engine.retire_finished_records)."""
-        from servesim.simulator.finished_records import FinishedRecords
-
+    def retire_finished(self, store: RetiredRecords) -> None:
+        """From now on a completed request's record leaves `requests` at its finish, into `store`
+        (columns: simulator/finished_records.py): for a caller that reads no record after the run
+        and whose engine writes none after a finish (Engine.retire_finished_records)."""
         if self.finished is None:
-            self.finished = FinishedRecords()
+            self.finished = store
 
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
         self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len, order=self._num_arrived)

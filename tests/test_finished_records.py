@@ -86,7 +86,7 @@ def test_a_record_reads_back_as_it_went_in():
     a = _record("a", 3, [1.0, 1.5, 2.25], num_preemptions=2, num_cached_tokens=16, grammar_wait_s=0.125)
     b = _record("b", 1, [0.875])
     for rec in (a, b):
-        assert FinishedRecords.takes(rec)
+        assert fin.takes(rec)
         fin.add(rec)
     starts = fin.starts()
     assert starts.tolist() == [0, 3, 4] and len(fin) == 2
@@ -100,10 +100,10 @@ def test_a_record_reads_back_as_it_went_in():
 
 def test_only_completed_records_are_taken():
     done = _record("a", 0, [1.0])
-    assert FinishedRecords.takes(done)
+    assert FinishedRecords().takes(done)
     for change in ({"finish_reason": "abort"}, {"status": "timed_out"}, {"reject_reason": "too_long"},
                    {"finish_s": None}, {"finish_reason": None}):
         rec = _record("a", 0, [1.0])
         for k, v in change.items():
             setattr(rec, k, v)
-        assert not FinishedRecords.takes(rec), change
+        assert not FinishedRecords().takes(rec), change

@@ -21,7 +21,7 @@ from dataclasses import MISSING, fields
 from operator import attrgetter
 from typing import Any, overload
 
-from servesim.traces.workload import RequestSpec
+from servesim.traces.request_spec import RequestSpec
 
 # The columns every request has, in RequestSpec's field order (its first four fields).
 _DENSE = ("request_id", "arrival_time_s", "prompt_len", "output_len")
