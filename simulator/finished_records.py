@@ -25,6 +25,7 @@ from servesim.simulator.columns import Columns, FlatList
 from servesim.simulator.request_records import RequestRecord
 from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, gaps_of, mark_pool_aborts, request_part
 
+_GATHER_ROWS = 65_536  # rows whose token times are gathered into row order at once (pooled_gaps)
 _FLOATS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "grammar_wait_s", "input_wait_s")
 _INTS = ("order", "prompt_len", "output_len_target", "num_preemptions", "num_cached_tokens")
 
@@ -131,14 +132,20 @@ class ArrivalRows:
         times laid end to end in the same order)."""
         live_lens = np.fromiter((len(r.token_times_s) for r in self.live), dtype=np.int64, count=len(self.live))
         lens = np.concatenate([np.frombuffer(self.finished.num_tokens, dtype=np.int64), live_lens])
-        times = np.concatenate([np.frombuffer(self.finished.token_times_s, dtype=np.float64),
-                                np.frombuffer(b"".join([r.token_times_s for r in self.live]), dtype=np.float64)])
+        times = np.frombuffer(self.finished.token_times_s, dtype=np.float64)
+        if live_lens.any():  # (copied only then: live rows with tokens are few, timed-out ones)
+            times = np.concatenate([times, np.frombuffer(b"".join([r.token_times_s for r in self.live]))])
         starts = np.concatenate([self._starts[:-1], self._starts[-1] + np.cumsum(live_lens) - live_lens])
         row_lens, row_starts = lens[self.perm], starts[self.perm]
-        # each row's times in turn: a row's k-th time is times[row_start + k]
-        before = np.cumsum(row_lens) - row_lens
-        index = np.repeat(row_starts - before, row_lens) + np.arange(int(row_lens.sum()), dtype=np.int64)
-        return gaps_of(row_lens, times[index])
+        out = np.empty(int(row_lens.sum()))
+        at = 0
+        for a in range(0, len(row_lens), _GATHER_ROWS):  # a chunk's index at a time, not every token's
+            rl, rs = row_lens[a:a + _GATHER_ROWS], row_starts[a:a + _GATHER_ROWS]
+            n = int(rl.sum())  # a row's k-th time is times[row_start + k]
+            out[at:at + n] = times[np.repeat(rs - (np.cumsum(rl) - rl), rl) + np.arange(n, dtype=np.int64)]
+            at += n
+        del times
+        return gaps_of(row_lens, out)
 
     def records(self, start: int, stop: int) -> list[RequestRecord]:
         """Rows start..stop-1 as records (a retired one built anew from its columns)."""

@@ -107,3 +107,17 @@ def test_only_completed_records_are_taken():
         for k, v in change.items():
             setattr(rec, k, v)
         assert not FinishedRecords().takes(rec), change
+
+
+def test_small_chunks_give_the_same_table(monkeypatch):
+    """Rows gathered and built a few at a time (the last chunk short) as in one go."""
+    import servesim.simulator.finished_records as FR
+    import servesim.simulator.metrics as M
+
+    sets = {"client.timeout_s": "0.4"}
+    whole, _, _, _ = _frames(sets, retire=True)
+    monkeypatch.setattr(FR, "_GATHER_ROWS", 7)
+    monkeypatch.setattr(M, "RELEASE_ROWS", 7)
+    chunked, _, _, retired = _frames(sets, retire=True)
+    assert retired > 7
+    pd.testing.assert_frame_equal(chunked, whole, check_exact=True)
