@@ -28,6 +28,11 @@ loaded: 1873 MiB at 1262eb6, 1820 MiB after. By phase (RSS, one process, compile
 built 648 MiB, simulated 1518, requests table built 1690 (1791 before), summary 1772, written
 1836 (1859 before): the simulation alone passes 1.5 GB, and the records' freed memory is not
 reused by the table's arrays, so 1.5 GB needs the records kept as columns from each finish on.
+With the workload as columns (traces/spec_columns.py), completed records moved into columns at
+their finish (simulator/finished_records.py) and the KV manager's key roots as words
+(scheduler/kv/root_set.py), compiled, the machine loaded, runs alternated with a build of
+eff0cfd: synthetic_1m 1821, 1821 MiB at eff0cfd; 1385, 1357 MiB after. What is left is the scheduler's Requests in flight: this traffic offers more than the
+engine serves, so most requests wait at once (100 k requests: 54 k in the scheduler at the peak).
 --writing, 1,000,000 requests (pure Python, the machine loaded): simulated 1764 MiB, simulated and
 written 1779 MiB (ratio 1.01), with results written a Parquet row group at a time and no copies of
 an all-finished table; before those, a 200,000-request run's stages peaked at 329 MiB simulated and

@@ -130,6 +130,7 @@ def run(cfg: SimConfig, workload: Workload, out_dir: str | Path | None = None, s
 def _run(cfg, workload, out_dir, step_trace, progress, executor, overwrite) -> Results:
     trace_buf = io.StringIO() if step_trace is not None else None
     engine = build_engine(cfg, workload, executor=executor, step_trace=trace_buf, progress=progress)
+    engine.retire_finished_records()  # nothing below reads a record: each leaves at its finish, as columns
     res = engine.run()
     # Nothing reads the run's per-request records again: they become the requests table a chunk at a
     # time and go (a 1 M-request run holds both whole otherwise, ~0.3 GB each).

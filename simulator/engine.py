@@ -36,6 +36,7 @@ from servesim.simulator.cost_model.pipeline import PipelineCost
 from servesim.simulator.deadlines import ClientDeadlines
 from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
+from servesim.simulator.finished_records import FinishedRecords
 from servesim.simulator.gateway.wiring import attach_to_engine
 from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
@@ -101,7 +102,9 @@ class Engine:
                                self.submit, self.expect_next_arrival, self.book.metrics)
         # Closed-loop session turns sent after their parent's answer (simulator/sessions.py); None
         # when no request of the workload waits for another.
-        plan = plan_turns(workload.requests) if workload is not None else None
+        # (columns read first: a workload without closed-loop turns is not read spec by spec)
+        needs_plan = workload is not None and workload.columns.any_set("parent_request_id")
+        plan = plan_turns(workload.requests) if workload is not None and needs_plan else None
         self.turns = None if plan is None else SessionTurns(self.env, plan, self.clients.send)
         if self.turns is not None:
             self.on_finish = hook_engine(self.turns, self, on_finish)
@@ -118,6 +121,13 @@ class Engine:
         # Streaming-input chunks to come (simulator/streaming_input.py).
         self.sessions = SessionInputs(self.env, self.scheduler, self.notify, self.book.metrics.requests)
         self.gateway = attach_to_engine(self)  # admission and flow control in front (None: off)
+
+    def retire_finished_records(self) -> None:
+        """The caller reads no request record after the run (only the requests table): completed
+        requests' records move into columns at their finish (MetricsRecorder.retire_finished).
+        Not with the frontend's serial loop, whose output jobs write a finished record later."""
+        if self.clients.loop is None:
+            self.book.metrics.retire_finished(FinishedRecords())
 
     def set_planner(self, planner: RunPlanner | None, declined: str | None) -> None:
         """Plug in a fast path (before the engine starts), or record why there is none."""

@@ -39,7 +39,7 @@ def engine_result(book: StepBook, now_s: float, wall_time_s: float, cache: Cache
     """The result of a run whose clock stands at `now_s`: its book's last progress report made, the
     duration up to the last finish (the clients' token times already delivered: Engine.result)."""
     metrics = book.metrics
-    end = max([r.finish_s for r in metrics.requests.values() if r.finish_s is not None], default=0.0)
+    end = metrics.last_finish_s()
     if book.progress is not None:
         book.progress(now_s, book.num_done)
     return EngineResult(metrics, end, wall_time_s, book.num_steps, book.prefix_hits, book.prefix_queries, cache,

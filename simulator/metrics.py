@@ -16,7 +16,9 @@ import numpy as np
 from servesim.simulator.columns import Columns
 from servesim.simulator.order_stats import percentiles
 from servesim.simulator.request_records import MetricsRecorder, RequestRecord  # noqa: F401  (RequestRecord: re-exported)
-from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, pooled_gaps, request_part  # noqa: F401
+from servesim.simulator.finished_records import retired_table
+from servesim.simulator.request_table import (  # noqa: F401
+    REQUEST_COLUMNS, JoinedRows, mark_pool_aborts, pooled_gaps, request_part)
 from servesim.simulator.step_fold import (FOLDED_COLUMNS, MAX_DENSE_TICKS, RANK_COLUMNS,  # noqa: F401 (re-exported)
                                           SERIES_COLUMNS, RunFolds, StepFigures, fold_columns)
 from servesim.simulator.step_table import StepTable
@@ -94,6 +96,7 @@ class MetricsCollector(MetricsRecorder):
         and request_columns answers it from then on (a cluster's collectors, after its results)."""
         self._released = self.columns().requests
         self.requests.clear()
+        self.finished = None
 
     def request_columns(self, release: bool = False) -> Columns:
         """The requests table (REQUEST_COLUMNS) built anew, column by column, never a dict per row
@@ -104,10 +107,14 @@ class MetricsCollector(MetricsRecorder):
         if self._released is not None:
             return self._released
         records: list = list(self.requests.values())
-        for r in records:
-            if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
-                # Only SGLang aborts on its own: a request that cannot decode even alone in the pool.
-                r.reject_reason = "exceeds_kv_pool"
+        if self.finished is not None and len(self.finished):  # records retired at their finish
+            chunk = RELEASE_ROWS if release else len(records) + len(self.finished)
+            table = retired_table(records, self.finished, release, chunk)
+            if release:
+                self.requests.clear()
+                self.finished, self._released = None, table
+            return table
+        mark_pool_aborts(records)  # (only SGLang aborts on its own)
         by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in records)
         stale = [r for r in records if r.itl_s is None or len(r.itl_s) != max(len(r.token_times_s) - 1, 0)]
         pooled = pooled_gaps(stale)
@@ -116,8 +123,8 @@ class MetricsCollector(MetricsRecorder):
         # rejected or timed-out row's gaps are left out, []: then not the pooled rows).
         flat = {"itl_s": pooled} if len(stale) == len(records) and not by_row else {}
         itls: list | None = None  # released with the buffer kept: the table builds the views if read
-        if not (release and flat):  # kept on the records: a cluster's merged table reuses its
-            for r, itl in zip(stale, pooled.row_list()):  # replicas' (cluster/results.py)
+        if not (release and flat):  # kept on the records: a cluster's replicas' tables reuse its
+            for r, itl in zip(stale, pooled.row_list()):  # merged table's (cluster/results.py _share_gaps)
                 r.itl_s = itl
             itls = [r.itl_s for r in records]
         del stale

@@ -70,6 +70,8 @@ def check_multimodal(workload: Workload, engine: str, sched: SchedulerConfig, en
     gets no encoder budget, and vLLM's input processor refuses images for it) and every item within
     the encoder budget and cache (vLLM sizes both to at least the model's largest item). An
     encoder-decoder model (Whisper) takes exactly one encoder input per request; no other model takes one."""
+    if not encoder_decoder and not workload.columns.any_set("mm_items"):
+        return  # nothing to check (and 1 M specs not built to find that out)
     budget, cache = compute_mm_encoder_budget(sched)
     limit = min(budget, cache)
     size_of: dict[str, int] = {}  # one content, one size: the encoder cache's accounting relies on it

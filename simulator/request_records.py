@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from servesim.scheduler.output import RequestOutput
 from servesim.simulator.step_table import StepTable
@@ -51,6 +51,31 @@ class RequestRecord:
     # instead of computing every gap again. Valid while len == max(len(token_times_s) - 1, 0) and
     # the times are unchanged (delay_outputs resets it).
     itl_s: np.ndarray | list | None = None
+    order: int = 0  # arrivals recorded before this one (its row in the requests table)
+
+
+class RetiredRecords(Protocol):
+    """Where completed records go at their finish (simulator/finished_records.py's FinishedRecords),
+    for a run whose caller reads no record afterwards."""
+
+    def takes(self, rec: RequestRecord) -> bool:
+        """Whether rec is complete for good: nothing writes it after its finish."""
+        ...
+
+    def add(self, rec: RequestRecord) -> None:
+        """Keep rec's values (the recorder then drops rec)."""
+        ...
+
+    def last_finish_s(self) -> float | None:
+        """The latest finish kept (None: none)."""
+        ...
+
+    def delay(self, delay_s: float) -> None:
+        """Every output kept reaches the client delay_s later (as delay_outputs does to a record)."""
+        ...
+
+    def __len__(self) -> int:
+        ...
 
 
 class MetricsRecorder:
@@ -63,9 +88,21 @@ class MetricsRecorder:
         self.steps = StepTable(keep_step_rows)
         self.prefix_queries = 0  # tokens looked up in the prefix cache (first admissions and resumes)
         self.prefix_hits = 0
+        # Completed requests' records moved out of `requests` at their finish (None: they stay;
+        # retire_finished turns it on)
+        self.finished: RetiredRecords | None = None
+        self._num_arrived = 0
+
+    def retire_finished(self, store: RetiredRecords) -> None:
+        """From now on a completed request's record leaves `requests` at its finish, into `store`
+        (columns: simulator/finished_records.py): for a caller that reads no record after the run
+        and whose engine writes none after a finish (Engine.retire_finished_records)."""
+        if self.finished is None:
+            self.finished = store
 
     def on_arrival(self, request_id: str, t: float, prompt_len: int, output_len: int) -> None:
-        self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len)
+        self.requests[request_id] = RequestRecord(request_id, t, prompt_len, output_len, order=self._num_arrived)
+        self._num_arrived += 1
 
     def on_step_outputs(self, outputs: Sequence[RequestOutput], t: float) -> None:
         """One step's outputs (RequestOutputs: request_id, new_token_ids) applied at t: their token
@@ -103,6 +140,16 @@ class MetricsRecorder:
         rec.finish_s = t
         rec.finish_reason = reason
         rec.num_cached_tokens = num_cached_tokens
+        finished = self.finished
+        if finished is not None and finished.takes(rec):
+            finished.add(rec)
+            del self.requests[request_id]
+
+    def last_finish_s(self) -> float:
+        """The latest finish recorded (0.0: none)."""
+        end = max([r.finish_s for r in self.requests.values() if r.finish_s is not None], default=0.0)
+        retired = self.finished.last_finish_s() if self.finished is not None else None
+        return end if retired is None else max(end, retired)
 
     def on_stranded(self, request_id: str, reason: str) -> None:
         """The engine aborted the request: it could never be admitted (what it streamed stays recorded)."""
@@ -127,3 +174,5 @@ class MetricsRecorder:
                 rec.itl_s = None
             if rec.finish_s is not None:
                 rec.finish_s += delay_s
+        if self.finished is not None:
+            self.finished.delay(delay_s)

@@ -27,29 +27,41 @@ def pooled_gaps(records: list[RequestRecord]) -> FlatList:
     a cluster hour's 65 M gaps took ~2 GB per frame), and the summary's statistics and
     requests.parquet's list column read the buffer itself."""
     lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
-    num_gaps = np.maximum(lens - 1, 0)
-    offsets = np.zeros(len(records) + 1, dtype=np.int64)
-    np.cumsum(num_gaps, out=offsets[1:])
-    gaps = np.empty(int(offsets[-1]))
-    ends = np.cumsum(lens)
-    a = 0
-    while a < len(records):
-        # the requests [a, b): at least one, at most POOL_CHUNK_TOKENS times unless one request has more
-        b = max(int(np.searchsorted(ends, ends[a] - lens[a] + POOL_CHUNK_TOKENS, side="right")), a + 1)
-        _chunk_gaps(records[a:b], lens[a:b], gaps[offsets[a]:offsets[b]])
-        a = b
-    gaps.flags.writeable = False
-    return FlatList(gaps, offsets)
+    # a chunk's arrays laid end to end in one copy (bytes.join reads each array's buffer: no numpy
+    # view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
+    return _pooled(lens, lambda a, b: np.frombuffer(b"".join([r.token_times_s for r in records[a:b]]),
+                                                    dtype=np.float64))
+
+
+def gaps_of(lens: np.ndarray, flat: np.ndarray) -> FlatList:
+    """pooled_gaps of requests whose token counts are `lens` and token times `flat` (end to end)."""
+    starts = np.cumsum(lens) - lens
+    return _pooled(lens, lambda a, b: flat[starts[a]:starts[b - 1] + lens[b - 1]])
 
 
 POOL_CHUNK_TOKENS = 1 << 22  # token times pooled at a time (32 MB of them)
 
 
-def _chunk_gaps(records: list[RequestRecord], lens: np.ndarray, out: np.ndarray) -> None:
-    """Some requests' gaps, in order, into `out` (exactly their number)."""
-    # the arrays' buffers laid end to end in one copy (bytes.join reads each array's buffer: no
-    # numpy view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
-    flat = np.frombuffer(b"".join([r.token_times_s for r in records]), dtype=np.float64)
+def _pooled(lens: np.ndarray, times_of: Callable[[int, int], np.ndarray]) -> FlatList:
+    """The gaps of requests with `lens` token times each; times_of(a, b): requests [a, b)'s token
+    times end to end (read a chunk at a time)."""
+    num_gaps = np.maximum(lens - 1, 0)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(num_gaps, out=offsets[1:])
+    gaps = np.empty(int(offsets[-1]))
+    ends = np.cumsum(lens)
+    a = 0
+    while a < len(lens):
+        # the requests [a, b): at least one, at most POOL_CHUNK_TOKENS times unless one request has more
+        b = max(int(np.searchsorted(ends, ends[a] - lens[a] + POOL_CHUNK_TOKENS, side="right")), a + 1)
+        _chunk_gaps(times_of(a, b), lens[a:b], gaps[offsets[a]:offsets[b]])
+        a = b
+    gaps.flags.writeable = False
+    return FlatList(gaps, offsets)
+
+
+def _chunk_gaps(flat: np.ndarray, lens: np.ndarray, out: np.ndarray) -> None:
+    """Some requests' gaps, in order, into `out` (exactly their number), from their token times `flat`."""
     if flat.size <= 1:
         return
     diffs = np.diff(flat)
@@ -211,3 +223,11 @@ _LATENCY_COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "queueing_
 
 def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
+
+
+def mark_pool_aborts(records: list[RequestRecord]) -> None:
+    """A request SGLang aborted on its own (finish "abort", not timed out, no reason): one that
+    cannot decode even alone in the pool, a rejection of reason "exceeds_kv_pool"."""
+    for r in records:
+        if r.finish_reason == "abort" and r.reject_reason is None and r.status != "timed_out":
+            r.reject_reason = "exceeds_kv_pool"

@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from servesim.simulator.metrics import stats
+from servesim.traces.spec_columns import SpecColumns
 from servesim.traces.workload import RequestSpec
 
 MAX_TURN_BUCKETS = 16  # turn indices reported one by one; deeper turns share the last bucket
 
 
 def has_sessions(requests: Sequence[RequestSpec]) -> bool:
-    return any(r.session_id is not None for r in requests)
+    return SpecColumns.of(requests).any_set("session_id")
 
 
 def _turn_rows(specs: Sequence[RequestSpec], table: Any) -> dict[str, np.ndarray]:

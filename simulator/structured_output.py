@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servesim.traces.errors import InputError
+from servesim.traces.spec_columns import SpecColumns
 from servesim.traces.workload import RequestSpec
 
 # JSONSchemaBench maskbench, XGrammar (default settings) TTFM p50, in ms (module docstring).
@@ -85,6 +87,6 @@ class GrammarTimes:
         env.timeout(compile_s).callbacks.append(lambda _event: on_ready(request_id))
 
 
-def workload_needs_grammar(cfg: StructuredOutputConfig, specs) -> bool:
+def workload_needs_grammar(cfg: StructuredOutputConfig, specs: Sequence[RequestSpec]) -> bool:
     """Whether any request of the run can wait for a grammar (the fast path declines then)."""
-    return cfg.rate > 0 or any(s.grammar_compile_ms is not None for s in specs)
+    return cfg.rate > 0 or SpecColumns.of(specs).any_set("grammar_compile_ms")

@@ -65,6 +65,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
         "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/vllm.py", "bulk/spec.py", "bulk/pd.py",
         "prefix_lookup.py",  # a prefix-aware router's lookup, on every replica at every decision
+        "kv/root_set.py",  # the KV manager's key roots, at every arrival
         "sglang/radix_cache.py", "sglang/hiradix_cache.py", "sglang/mamba_radix_cache.py", "sglang/memory.py",
         "sglang/prefill_adder.py", "sglang/output.py", "sglang/batching.py", "sglang/scheduler.py",
         "bulk/sglang_memory.py", "bulk/sglang.py",
@@ -74,7 +75,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
     # planner (simulator/fastpath/) and the numeric kernels (simulator/kernels.py). The cost
     # models, clients, metrics built after the run, router proofs and SimPy stay interpreted.
     "simulator": (
-        "step_table.py", "request_records.py", "executor.py", "request_factory.py", "step_book.py",
+        "step_table.py", "request_records.py", "finished_records.py", "executor.py", "request_factory.py", "step_book.py",
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
         "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/run_length.py",

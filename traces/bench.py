@@ -35,6 +35,7 @@ from servesim.traces.distributions import arrival_times
 from servesim.traces.errors import InputError
 from servesim.traces.synthetic import make_workload
 from servesim.traces.synthetic_config import ArrivalConfig, DistConfig, PrefixConfig, SyntheticConfig
+from servesim.traces.spec_columns import SpecColumns
 from servesim.traces.workload import RequestSpec, Workload
 
 DATASETS = ("random", "sharegpt", "sonnet", "shared_prefix")
@@ -169,10 +170,12 @@ def bench_workload(cfg: BenchConfig, rng: np.random.Generator | None = None) -> 
     rng = rng if rng is not None else np.random.default_rng(cfg.seed)
     send_s = arrival_schedule(cfg, rng)
     synth = replace(_synthetic(cfg), num_requests=len(send_s), arrival=ArrivalConfig("constant", 1.0))
-    base = make_workload("synthetic", synth, rng).requests
-    specs = [replace(spec, arrival_time_s=float(t)) for spec, t in zip(base, send_s)]
-    if cfg.dataset_name == "shared_prefix":
-        specs = [_with_system_prompt(spec, i, cfg) for i, spec in enumerate(specs)]
+    base = make_workload("synthetic", synth, rng).columns
+    if cfg.dataset_name == "shared_prefix":  # (a generator: the workload's columns take one spec at a time)
+        specs = SpecColumns.of(_with_system_prompt(replace(spec, arrival_time_s=float(t)), i, cfg)
+                               for i, (spec, t) in enumerate(zip(base, send_s)))
+    else:  # only the arrival times change
+        specs = base.with_arrival_times(send_s.tolist())
     return Workload(specs, name=f"bench-{cfg.dataset_name}", source=describe(cfg))
 
 

@@ -7,6 +7,7 @@ would move arrival times, because their steps could no longer agree with the tim
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from servesim.traces.errors import InputError
@@ -27,7 +28,7 @@ def _refuse_steps(workload: Workload, what: str) -> None:
                          allowed="workloads without arrival_step")
 
 
-def _derived(workload: Workload, requests: list[RequestSpec], note: str) -> Workload:
+def _derived(workload: Workload, requests: Sequence[RequestSpec], note: str) -> Workload:
     return Workload(requests, name=workload.name, source=f"{workload.source} | {note}",
                     attribution=workload.attribution)
 
@@ -53,7 +54,7 @@ def request_limit(workload: Workload, num_requests: int) -> Workload:
     """Keep the first `num_requests` requests (in arrival order)."""
     if not isinstance(num_requests, int) or isinstance(num_requests, bool) or num_requests < 0:
         raise InputError(f"got {num_requests!r}", field="num_requests", allowed="an integer >= 0")
-    return _derived(workload, workload.requests[:num_requests], f"first {num_requests}")
+    return _derived(workload, workload.columns.rows(slice(num_requests)), f"first {num_requests}")
 
 
 def time_window(workload: Workload, start_s: float, end_s: float, *, rebase: bool = True

@@ -10,6 +10,7 @@ from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.coordinator import make_coordinator
 from servesim.scheduler.kv.mamba import groups_for_run
 from servesim.scheduler.kv.single_type import KVCacheGroupSpec
+from servesim.scheduler.kv.root_set import KeyRootSet
 
 if TYPE_CHECKING:
     from servesim.scheduler.config import CacheConfig
@@ -91,7 +92,7 @@ class KVCacheManager:
         # published key's group id is that group's); KV events report every insertion as it happens.
         self._private_caching = (self.enable_caching and self._single_full is not None
                                  and not cache_config.enable_kv_cache_events)
-        self._key_roots: set[bytes] = set()
+        self._key_roots = KeyRootSet()  # (root_set.py: no object per root)
 
     @property
     def usage(self) -> float:
@@ -229,7 +230,7 @@ class KVCacheManager:
         assert mgr is not None
         self.block_pool.end_private_caching(mgr.group_id)
         self._private_caching = False
-        self._key_roots = set()
+        self._key_roots = KeyRootSet()
         return True
 
     def free(self, request: Request) -> None:

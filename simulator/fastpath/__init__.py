@@ -72,13 +72,13 @@ def planner_for(engine: Engine) -> PlannerChoice:
         why = (f"scheduler {type(sched).__name__} declares no bulk decode path "
                "(P/D and other schedulers that change what a step does step)")
     elif engine.grammar_times.may_block or (engine.workload is not None and workload_needs_grammar(
-            cfg.structured_output, engine.workload.requests)):
+            cfg.structured_output, engine.workload.columns)):
         why = GRAMMAR_DECLINED
     elif engine.turns is not None:
         why = TURNS_DECLINED
-    elif engine.workload is not None and any(s.input_chunk_offsets_s is not None for s in engine.workload.requests):
+    elif engine.workload is not None and engine.workload.columns.any_set("input_chunk_offsets_s"):
         why = SESSIONS_DECLINED
-    elif engine.workload is not None and any(spec.mm_items for spec in engine.workload.requests):
+    elif engine.workload is not None and engine.workload.columns.any_set("mm_items"):
         why = MULTIMODAL_DECLINED
     elif engine.kv_offload is not None:
         why = "the CPU KV tier (kv_offload): its copies land at times each step's end is compared with"

@@ -26,7 +26,7 @@ from servesim.traces.workload import Workload
 
 def wants_classes(workload: Workload, gateway: GatewayConfig) -> bool:
     """Whether the summary gets a `classes` block: tenants or classes in the workload, or a gateway."""
-    return gateway.enabled or any(s.tenant is not None or s.slo_class is not None for s in workload.requests)
+    return gateway.enabled or workload.columns.any_set("tenant") or workload.columns.any_set("slo_class")
 
 
 def class_summary(requests, workload: Workload, gateway: GatewayConfig, slo, sim_duration_s: float) -> dict:
