@@ -144,13 +144,7 @@ class DenseRooflinePricer:
         kv_tokens = ctx_sum + tokens
         m = self.m
         ko = self.ko
-        gemm = 0.0
-        for g in range(len(self.gemm_flops)):
-            compute = tokens * self.gemm_flops[g] * self.gemm_s_per_flop[g]
-            memory = (self.gemm_weight_bytes[g] + tokens * self.gemm_act_bytes[g]) * m
-            gemm += self.gemm_frac[g] * ((memory if memory > compute else compute) + ko)
-        if self.has_moe:
-            gemm += experts_s
+        gemm = self._gemm_s(tokens, experts_s)
         compute = pairs * self.flops_per_pair * self.attn_c
         memory = (kv_tokens * self.kv_bytes + tokens * self.q_bytes) * self.attn_m
         attn = (memory if memory > compute else compute) + self.attn_o
@@ -174,6 +168,20 @@ class DenseRooflinePricer:
         sampler = num_sampled * self.sampler_bytes * m + 2 * ko
         return self.num_layers * layer + (embed + norm + lm_head + sampler)
 
+    def _gemm_s(self, tokens: int, experts_s: float) -> float:
+        """One layer's GEMMs for `tokens` tokens, and its routed experts (has_moe): step_s's and
+        verify_steps_s' one expression."""
+        m = self.m
+        ko = self.ko
+        gemm = 0.0
+        for g in range(len(self.gemm_flops)):
+            compute = tokens * self.gemm_flops[g] * self.gemm_s_per_flop[g]
+            memory = (self.gemm_weight_bytes[g] + tokens * self.gemm_act_bytes[g]) * m
+            gemm += self.gemm_frac[g] * ((memory if memory > compute else compute) + ko)
+        if self.has_moe:
+            gemm += experts_s
+        return gemm
+
     def verify_steps_s(self, num_new: int, num_requests: int, ctx_sums: list[int], experts_s: float,
                        comm_s: float, gather_s: float) -> list[float]:
         """step_s of steps whose num_requests requests each compute num_new (> 1) tokens and sample,
@@ -188,13 +196,7 @@ class DenseRooflinePricer:
             return [0.0] * len(ctx_sums)
         m = self.m
         ko = self.ko
-        gemm = 0.0
-        for g in range(len(self.gemm_flops)):
-            compute = tokens * self.gemm_flops[g] * self.gemm_s_per_flop[g]
-            memory = (self.gemm_weight_bytes[g] + tokens * self.gemm_act_bytes[g]) * m
-            gemm += self.gemm_frac[g] * ((memory if memory > compute else compute) + ko)
-        if self.has_moe:
-            gemm += experts_s
+        gemm = self._gemm_s(tokens, experts_s)
         elementwise = tokens * self.ew_bytes * m + self.ew_kernels * ko
         embed = tokens * self.tok_bytes * m + ko
         norm = tokens * self.tok_bytes * m + ko
