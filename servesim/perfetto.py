@@ -143,7 +143,9 @@ def write_chrome_trace(folder: str | Path, out: str | Path, step_trace: str | Pa
         res = load_results(folder)
     except FileNotFoundError as exc:
         raise InputError(str(exc), path=str(folder), allowed="a finished run's folder (servesim replay --out)") from None
-    if res.summary.get("step_rows_kept", True) is False:
+    from servesim.simulator.summary import step_rows_kept
+
+    if not step_rows_kept(res.summary):
         raise InputError("the run kept no step rows (step_rows: false), and a trace's engine slices are its steps",
                          path=str(folder), allowed="a run with step_rows: true (the default)")
     records = None if step_trace is None else read_step_records(step_trace)

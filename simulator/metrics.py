@@ -6,7 +6,6 @@ prefill tokens while they cover positions inside the prompt.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING

@@ -76,6 +76,12 @@ def warn_rejected(req) -> None:
         logging.getLogger("servesim").warning("WARNING: %s", msg)
 
 
+def step_rows_kept(summary: dict) -> bool:
+    """Whether the run a summary describes kept its step rows (step_rows: false writes
+    `step_rows_kept: false` and no steps.parquet; older summaries have no key: kept)."""
+    return summary.get("step_rows_kept", True) is not False
+
+
 def brief_summary(collector: MetricsCollector, prefix_hits: int, prefix_queries: int) -> dict:
     """A few of summarize()'s values, the same expressions on the same columns, without the
     latency statistics of every gap (a cluster's replica table: 32 replicas of 2 M gaps each)."""

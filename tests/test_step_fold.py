@@ -14,7 +14,7 @@ from servesim.simulator.cluster import ClusterConfig, ReplicaGroup, RouterConfig
 from servesim.simulator.cluster.results import write_cluster_results
 from servesim.simulator.columns import Columns
 from servesim.simulator.metrics import timeseries_from_steps
-from servesim.simulator.step_fold import FOLD_BLOCK, FOLDED_COLUMNS, StepFold, fold_columns, step_figures
+from servesim.simulator.step_fold import FOLD_BLOCK, StepFold, fold_columns, step_figures
 from servesim.simulator.step_table import FOLD_LAG, StepTable
 from servesim.traces.errors import InputError
 from servesim.traces.synthetic import make_workload

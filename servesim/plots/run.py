@@ -108,7 +108,9 @@ FOLDED_NOTE = "step rows not kept (step_rows: false)"
 
 def _rows_kept(res) -> bool:
     """Whether the run kept its step rows (a run with step_rows: false has only their figures)."""
-    return res.summary.get("step_rows_kept", True) is not False
+    from servesim.simulator.summary import step_rows_kept
+
+    return step_rows_kept(res.summary)
 
 
 def preemptions_and_hits(res, title: str = "Preemptions and prefix-cache hits over time"):

@@ -28,7 +28,9 @@ def load_results(folder: str | Path):
 def _steps(folder: Path, summary: dict) -> pd.DataFrame:
     """steps.parquet; a run that kept no step rows (step_rows: false) has none: no rows, its columns."""
     path = folder / "steps.parquet"
-    if summary.get("step_rows_kept", True) is not False or path.is_file():
+    from servesim.simulator.summary import step_rows_kept
+
+    if step_rows_kept(summary) or path.is_file():
         return pd.read_parquet(path)
     from servesim.simulator.step_table import StepTable
 
