@@ -38,15 +38,8 @@ class KeyRootSet:
         return self._size
 
     def __contains__(self, root: bytes) -> bool:
-        word, slots, mask = _word(root), self._slots, self._mask
-        i = word & mask
-        while True:
-            held = slots[i]
-            if held == word:
-                return True
-            if held == 0:
-                return False
-            i = (i + 1) & mask
+        word = _word(root)
+        return self._slots[self._probe(word)] == word
 
     def add(self, root: bytes) -> None:
         if 2 * (self._size + 1) > len(self._slots):
@@ -54,17 +47,23 @@ class KeyRootSet:
         if self._insert(_word(root)):
             self._size += 1
 
-    def _insert(self, word: int) -> bool:
+    def _probe(self, word: int) -> int:
+        """The slot holding `word`, or the empty slot where it would go (one always exists: at
+        most half the slots are used)."""
         slots, mask = self._slots, self._mask
         i = word & mask
         while True:
             held = slots[i]
-            if held == word:
-                return False
-            if held == 0:
-                slots[i] = word
-                return True
+            if held == word or held == 0:
+                return i
             i = (i + 1) & mask
+
+    def _insert(self, word: int) -> bool:
+        i = self._probe(word)
+        if self._slots[i] == word:
+            return False
+        self._slots[i] = word
+        return True
 
     def _grow(self) -> None:
         old = self._slots
