@@ -198,20 +198,22 @@ class BlockPool:
         # _maybe_evict_cached_block for each, inlined for the common cases (a prefill chunk pops
         # hundreds of blocks, on a full pool most of them still cached, each the one block under
         # its key): the same map operations in the same order. A key holding other blocks too
-        # (duplicates) is put back and left to _maybe_evict_cached_block, which pops it again and
-        # puts back what remains: the map ends as its single pop would leave it.
+        # (duplicates) is left to _maybe_evict_cached_block, which pops it and puts back what
+        # remains.
         entries = self.cached_block_hash_to_block._cache
         events = self.enable_kv_cache_events
         for block in ret:
             key = block._block_hash
             if key is not None:
-                popped = entries.pop(key, None)
-                if popped is block:
+                # get, then del: two lookups of one key (the second in cache) cost less than
+                # dict.pop with a default, a method call in compiled code
+                held = entries.get(key)
+                if held is block:
+                    del entries[key]
                     block._block_hash = None
                     if events:
                         self.kv_event_queue.append(BlockRemoved((get_block_hash(key),)))
-                elif popped is not None:
-                    entries[key] = popped
+                elif held is not None:
                     self._maybe_evict_cached_block(block)
             elif block.private_hash is not None:
                 block.private_hash = None  # no map entry to drop: nobody else could have hit it
