@@ -22,9 +22,13 @@ chained from the last key (Request.update_block_hashes).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Final
+
+try:  # CPython's own SHA-256: OpenSSL's digests, without its context set-up (most of a short hash's cost)
+    from _sha256 import sha256 as _sha256
+except ImportError:  # an interpreter built without it
+    from hashlib import sha256 as _sha256
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,7 @@ def _block_ends(block_size: int, num_blocks: int) -> list[bytes]:
 
 def _seed(extra: bytes) -> bytes:
     """What base(0) chains from: the tag and the request's extra keys."""
-    return hashlib.sha256(_TAG + _field(extra)).digest()
+    return _sha256(_TAG + _field(extra)).digest()
 
 
 _PLAIN_SEED: Final = _seed(b"")  # most requests have no extra keys: their seed is hashed once
@@ -148,7 +152,7 @@ class BlockKeyPlan:
     def _close(self, base: bytes, prev_n: int, source: bytes, start: int, n: int) -> bytes:
         """Append the run (source, start, n) after a run of prev_n ids whose base is `base`: its
         base and end; the base."""
-        base = hashlib.sha256(base + prev_n.to_bytes(8, "little") + _field(source)
+        base = _sha256(base + prev_n.to_bytes(8, "little") + _field(source)
                               + start.to_bytes(8, "little")).digest()
         self.declared_end = min(self.declared_end + n, _OPEN)
         self.ends.append(self.declared_end)
