@@ -107,8 +107,7 @@ class MetricsCollector(MetricsRecorder):
             return self._released
         records: list = list(self.requests.values())
         if self.finished is not None and len(self.finished):  # records retired at their finish
-            chunk = RELEASE_ROWS if release else len(records) + len(self.finished)
-            table = retired_table(records, self.finished, release, chunk)
+            table = retired_table(records, self.finished, release)
             if release:
                 self.requests.clear()
                 self.finished, self._released = None, table
