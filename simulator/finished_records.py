@@ -164,11 +164,11 @@ def retired_table(live: list[RequestRecord], finished: FinishedRecords, release:
                     itls[row] = itl
                 data[name] = itls
         elif name in REQUEST_KINDS:
-            values = [part[name] for part, _ in parts]
-            data[name] = (values[0] if len(values) == 1 else np.concatenate(values))[perm]
-        else:
-            values = [v for part, _ in parts for v in part[name]] if len(parts) > 1 else parts[0][0][name]
-            data[name] = list(map(values.__getitem__, order))
+            arrays = [part[name] for part, _ in parts]
+            data[name] = (arrays[0] if len(arrays) == 1 else np.concatenate(arrays))[perm]
+        else:  # a list column
+            items: list = [v for part, _ in parts for v in part[name]] if len(parts) > 1 else list(parts[0][0][name])
+            data[name] = list(map(items.__getitem__, order))
     all_none = set.intersection(*(set(missing) for _, missing in parts))
     all_none |= {name for name, event in SINCE_ARRIVAL.items() if event in all_none}
     return Columns(data, REQUEST_COLUMNS, sorted(all_none), {} if by_row else {"itl_s": pooled})
