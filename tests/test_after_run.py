@@ -13,6 +13,7 @@ import pytest
 
 from servesim.simulator import metrics as M
 from servesim.simulator import outputs as O
+from servesim.simulator import bench_metrics as B
 from servesim.simulator import request_table as T
 from servesim.simulator.bench_metrics import bench_serve_result, concat_gaps
 from servesim.simulator.build import build_engine
@@ -133,3 +134,53 @@ def test_row_groups_from_row_slices_write_the_same_bytes(group_rows, monkeypatch
 def test_a_flat_list_must_cover_the_rows():
     with pytest.raises(ValueError, match="flat rows"):
         Columns({"x": [[1.0]]}, flat={"x": FlatList(np.array([1.0]), np.array([0, 1, 1]))})
+
+
+def _gaps_table(rows: list[list[float]]) -> Columns:
+    """A completed requests table whose rows' gaps are `rows` (pooled: the table's flat buffer)."""
+    lens = np.array([len(r) for r in rows], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    flat = FlatList(np.array([g for r in rows for g in r], dtype=np.float64), offsets)
+    n = len(rows)
+    data = {"request_id": [str(i) for i in range(n)], "arrival_s": np.zeros(n), "prompt_len": np.full(n, 8),
+            "output_len": lens + 1, "first_token_s": np.full(n, 0.5), "finish_s": np.full(n, 2.0),
+            "status": ["completed"] * n}
+    return Columns(data, [*data, "itl_s"], flat={"itl_s": flat})
+
+
+@pytest.mark.parametrize("rows", [
+    [[0.25, 0.0, 0.5], [0.0, 0.0], [1.5, 0.125, 0.125, 0.0, 3.0]],  # zero gaps (a chunk's tokens) among them
+    [[0.0, 0.0], [0.0]],  # no positive gap: bench_serve's ITL has no figure
+    [[0.375]],  # one gap
+], ids=["zeros", "no_positive", "one"])
+def test_one_partition_gives_the_summary_and_bench_serve_itl_figures(rows):
+    """ItlOrder's figures are np.percentile's and np.median's of each array, bit for bit, and
+    bench_serve's result is the same with the summary's partition as without it."""
+    table = _gaps_table(rows)
+    gaps, scratch = concat_gaps(table)
+    assert not scratch and gaps is table.flat("itl_s").values
+    order = B.ItlOrder.of(gaps, scratch, M.PERCENTILES)
+    assert order is not None and order.gaps is gaps
+    assert M.gap_stats(order) == M.stats(gaps) and json.dumps(M.gap_stats(order)) == json.dumps(M.stats(gaps))
+    positive = gaps[gaps > 0] * 1e3
+    if positive.size:
+        median, found = order.positive_ms()
+        assert median == float(np.median(positive)) and found == np.percentile(positive, B.BENCH_PERCENTILES).tolist()
+    else:
+        assert order.positive_ms() is None
+    shared = bench_serve_result(table, itl_order=order)
+    assert json.dumps(shared) == json.dumps(bench_serve_result(table))
+    assert gaps.tobytes() == np.array([g for r in rows for g in r]).tobytes()  # the table's buffer untouched
+
+
+def test_a_partition_of_other_gaps_or_percentiles_is_not_used():
+    table = _gaps_table([[0.25, 0.5], [1.0]])
+    other = B.ItlOrder.of(np.array([9.0, 8.0, 7.0]), False, M.PERCENTILES)
+    assert json.dumps(bench_serve_result(table, itl_order=other)) == json.dumps(bench_serve_result(table))
+    gaps, _ = concat_gaps(table)
+    mine = B.ItlOrder.of(gaps, False, M.PERCENTILES, (50, 75))
+    assert json.dumps(bench_serve_result(table, itl_order=mine)) == json.dumps(bench_serve_result(table))
+    own = B.ItlOrder.of(gaps.copy(), True, M.PERCENTILES)  # partitioned in place: nothing to share
+    assert own.gaps is None and own.mean_s == float(gaps.mean())
+    assert B.ItlOrder.of(np.array([0.5, np.nan]), False, M.PERCENTILES) is None
+    assert B.ItlOrder.of(np.empty(0), False, M.PERCENTILES) is None
