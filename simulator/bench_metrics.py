@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servesim.simulator.columns import Columns, notna
-from servesim.simulator.order_stats import (OrderStatistics, median_and_percentiles, median_from, median_ranks,
-                                            percentile_ranks, percentiles_from)
+from servesim.simulator.order_stats import (OrderStatistics, mean_and_std, median_and_percentiles, median_from,
+                                            median_ranks, percentile_ranks, percentiles_from)
 from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:
@@ -106,9 +106,11 @@ class ItlOrder:
     (the summary's itl_s) and bench_serve's ITL median and percentiles (ms, over the positive
     gaps): the positive gaps are the sorted tail past the others, and ms are the seconds times
     1e3, a monotone map (simulator/order_stats.py: the very values np.percentile and np.median
-    give on each array). Built only for a buffer with a gap and no NaN (`of`)."""
+    give on each array). Built only for a buffer with a gap and no NaN (`of`). Its partitioned
+    copy is kept as scratch, once its order statistics are read: bench_serve's ITL array (the
+    positive gaps in ms) is built in it rather than in a new array (itl_ms)."""
 
-    __slots__ = ("gaps", "mean_s", "percentiles_s", "percentiles_ms", "num_other", "stats")
+    __slots__ = ("gaps", "mean_s", "percentiles_s", "percentiles_ms", "num_other", "stats", "_scratch")
 
     def __init__(self, gaps: np.ndarray, own: bool, percentiles_s: tuple[float, ...],
                  percentiles_ms: tuple[float, ...]) -> None:
@@ -124,7 +126,9 @@ class ItlOrder:
         if num_positive:
             ranks += [self.num_other + k for k in (*median_ranks(num_positive),
                                                    *percentile_ranks(num_positive, percentiles_ms))]
-        self.stats = OrderStatistics(gaps, ranks, own=own)
+        part = gaps if own else gaps.copy()
+        self.stats = OrderStatistics(part, ranks, own=True)  # (its values at the ranks kept: part is free)
+        self._scratch: np.ndarray | None = None if own else part
 
     @staticmethod
     def of(gaps: np.ndarray, own: bool, percentiles_s: tuple[float, ...],
@@ -137,6 +141,16 @@ class ItlOrder:
     def seconds(self) -> list[float]:
         """np.percentile(gaps, percentiles_s).tolist()."""
         return percentiles_from(self.stats, self.percentiles_s)
+
+    def itl_ms(self) -> np.ndarray:
+        """_itl_ms(gaps) in the scratch buffer (once: it is then the caller's scratch)."""
+        gaps, out = self.gaps, self._scratch
+        if gaps is None or out is None:
+            raise ValueError("the gaps were partitioned in place, or their scratch was handed out")
+        self._scratch = None
+        positive = np.compress(gaps > 0, gaps, out=out[:self.stats.n - self.num_other])  # gaps[gaps > 0]
+        positive *= 1e3
+        return positive
 
     def positive_ms(self) -> tuple[float, list[float]] | None:
         """(np.median, np.percentile at percentiles_ms) of _itl_ms(gaps); None: no positive gap."""
@@ -170,8 +184,11 @@ def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...], scratc
         scratch = True
     out: dict[str, float | None] = {}
     empty = values.size == 0
-    mean = None if empty else float(values.mean())
-    std = None if empty else float(values.std())
+    if selected is not None and scratch and not empty:  # the values are read for nothing else
+        mean, std = mean_and_std(values)
+    else:
+        mean = None if empty else float(values.mean())
+        std = None if empty else float(values.std())
     # the median and every percentile from one selection (each value numpy's own: order_stats.py)
     if empty:
         median, found = None, [None] * len(percentiles)
@@ -217,7 +234,7 @@ def bench_serve_result(requests, slo: GoodputSlo | None = None, percentiles: tup
     gaps, _ = concat_gaps(done)
     shared = itl_order if itl_order is not None and itl_order.gaps is not None and itl_order.gaps is gaps and \
         tuple(itl_order.percentiles_ms) == tuple(percentiles) else None
-    itl = _itl_ms(gaps)
+    itl = _itl_ms(gaps) if shared is None else shared.itl_ms()
     del gaps
     for metric in BENCH_METRICS:
         values = itl if metric == "itl" else np.asarray(rows[f"{metric}_ms"], dtype=float)
