@@ -101,6 +101,9 @@ def _itl_ms(gaps: np.ndarray) -> np.ndarray:
     return positive
 
 
+_COMPACT_CHUNK = 1 << 16  # gaps compacted at a time (ItlOrder.itl_ms)
+
+
 class ItlOrder:
     """One partition of a gaps buffer (seconds, concat_gaps) answering both its own percentiles
     (the summary's itl_s) and bench_serve's ITL median and percentiles (ms, over the positive
@@ -148,7 +151,13 @@ class ItlOrder:
         if gaps is None or out is None:
             raise ValueError("the gaps were partitioned in place, or their scratch was handed out")
         self._scratch = None
-        positive = np.compress(gaps > 0, gaps, out=out[:self.stats.n - self.num_other])  # gaps[gaps > 0]
+        at = 0
+        for a in range(0, len(gaps), _COMPACT_CHUNK):  # gaps[gaps > 0], a cache-sized chunk at a time:
+            chunk = gaps[a:a + _COMPACT_CHUNK]  # (np.compress with `out` takes an index array and a
+            kept = chunk[chunk > 0]  # copy of every value first)
+            out[at:at + len(kept)] = kept
+            at += len(kept)
+        positive = out[:at]
         positive *= 1e3
         return positive
 

@@ -153,9 +153,12 @@ def _gaps_table(rows: list[list[float]]) -> Columns:
     [[0.0, 0.0], [0.0]],  # no positive gap: bench_serve's ITL has no figure
     [[0.375]],  # one gap
 ], ids=["zeros", "no_positive", "one"])
-def test_one_partition_gives_the_summary_and_bench_serve_itl_figures(rows):
+@pytest.mark.parametrize("chunk", [1, 2, 1 << 16])
+def test_one_partition_gives_the_summary_and_bench_serve_itl_figures(rows, chunk, monkeypatch):
     """ItlOrder's figures are np.percentile's and np.median's of each array, bit for bit, and
-    bench_serve's result is the same with the summary's partition as without it."""
+    bench_serve's result is the same with the summary's partition as without it (its ITL array
+    compacted into the partition's copy however many gaps at a time)."""
+    monkeypatch.setattr(B, "_COMPACT_CHUNK", chunk)
     table = _gaps_table(rows)
     gaps, scratch = concat_gaps(table)
     assert not scratch and gaps is table.flat("itl_s").values
@@ -168,6 +171,10 @@ def test_one_partition_gives_the_summary_and_bench_serve_itl_figures(rows):
         assert median == float(np.median(positive)) and found == np.percentile(positive, B.BENCH_PERCENTILES).tolist()
     else:
         assert order.positive_ms() is None
+    assert order.itl_ms().tobytes() == positive.tobytes()
+    with pytest.raises(ValueError, match="handed out"):
+        order.itl_ms()
+    order = B.ItlOrder.of(gaps, scratch, M.PERCENTILES)
     shared = bench_serve_result(table, itl_order=order)
     assert json.dumps(shared) == json.dumps(bench_serve_result(table))
     assert gaps.tobytes() == np.array([g for r in rows for g in r]).tobytes()  # the table's buffer untouched
