@@ -124,13 +124,13 @@ def _arrow_column(cols: Columns, name: str, pa):
     pandas hands them over), a column of None alone as nulls, each request's gaps as one list array
     (offsets and every gap end to end: no conversion per request). Built from the arrays' buffers:
     pyarrow's own conversions import pandas."""
-    values = cols.raw(name)
     n = len(cols)
     if name in cols.none_in_frame:
         return pa.nulls(n)
     flat = cols.flat(name)
-    if flat is not None:  # the rows' values already end to end (a run's pooled gaps)
+    if flat is not None:  # the rows' values already end to end (a run's pooled gaps: no view per row built)
         return _list_array(flat.values, flat.offsets, pa)
+    values = cols.raw(name)
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
         return _numbers_array(values, pa)
     items = values if isinstance(values, list) else values.tolist()
@@ -242,8 +242,8 @@ def _schema(cols: Columns, pa):
     when a column needs pyarrow's own inference (then the table is written whole)."""
     fields = []
     for name in cols.columns:
-        values = cols.raw(name)
         flat = cols.flat(name)
+        values = None if flat is not None else cols.raw(name)  # (a flat column's rows are never listed)
         if name in cols.none_in_frame:
             kind = pa.null()
         elif flat is not None:

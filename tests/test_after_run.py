@@ -220,3 +220,20 @@ def test_the_background_steps_file_is_the_one_written_alone(tmp_path):
                           timeseries=cols.timeseries(100.0), config={}, summary={})
     O.write_parquet(steps, tmp_path / "alone.parquet", O._STEP_DICTIONARY)
     assert (tmp_path / "out" / "steps.parquet").read_bytes() == (tmp_path / "alone.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("group_rows", [4, 10_000])
+def test_writing_a_pooled_column_builds_no_view_per_row(group_rows, monkeypatch, tmp_path):
+    """requests.parquet's gaps come from the flat buffer, in one group or several: the same bytes
+    as from the rows listed one by one, and no view per row is built for it."""
+    monkeypatch.setattr(O, "ROW_GROUP_ROWS", group_rows)
+    listed = _collector(_small()).request_columns()
+    listed = Columns({n: listed.raw(n) for n in listed.columns}, listed.columns, listed.none_in_frame)
+    O.write_requests_parquet(listed, tmp_path / "listed.parquet")
+    table = _collector(_small()).request_columns(release=True)  # the gaps only as the flat buffer
+
+    def no_views(self):
+        raise AssertionError("a view per row was built")
+    monkeypatch.setattr(FlatList, "row_list", no_views)
+    O.write_requests_parquet(table, tmp_path / "flat.parquet")
+    assert (tmp_path / "flat.parquet").read_bytes() == (tmp_path / "listed.parquet").read_bytes()
