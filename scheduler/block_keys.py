@@ -22,9 +22,13 @@ chained from the last key (Request.update_block_hashes).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Final
+
+try:  # CPython's own SHA-256: OpenSSL's digests, without its context set-up (most of a short hash's cost)
+    from _sha256 import sha256 as _sha256
+except ImportError:  # an interpreter built without it
+    from hashlib import sha256 as _sha256
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,7 @@ def _block_ends(block_size: int, num_blocks: int) -> list[bytes]:
 
 def _seed(extra: bytes) -> bytes:
     """What base(0) chains from: the tag and the request's extra keys."""
-    return hashlib.sha256(_TAG + _field(extra)).digest()
+    return _sha256(_TAG + _field(extra)).digest()
 
 
 _PLAIN_SEED: Final = _seed(b"")  # most requests have no extra keys: their seed is hashed once
@@ -117,34 +121,43 @@ class BlockKeyPlan:
 
     __slots__ = ("ends", "bases", "declared_end")
 
-    def __init__(self, runs: list[tuple[bytes, int, int]], num_prompt_tokens: int, open_source: bytes | None,
+    def __init__(self, prompt: tuple[TokenSegment, ...], num_prompt_tokens: int, open_source: bytes | None,
                  extra: bytes) -> None:
-        """runs: the prompt's (source, start, num_tokens) in order, summing to num_prompt_tokens;
+        """prompt: the prompt's segments in order, summing to num_prompt_tokens (at least one);
         open_source: the stream the outputs continue at its position 0 (None: not declared);
-        extra: the request's extra keys (LoRA id, cache salt) as bytes, b"" when none."""
-        if sum(n for _, _, n in runs) != num_prompt_tokens:
-            raise ValueError(f"token provenance covers {sum(n for _, _, n in runs)} ids, the prompt has "
-                             f"{num_prompt_tokens}")
-        merged: list[tuple[bytes, int, int]] = []
-        for source, start, n in runs:
-            if merged and merged[-1][0] == source and merged[-1][1] + merged[-1][2] == start:
-                prev = merged.pop()
-                merged.append((source, prev[1], prev[2] + n))
-            else:
-                merged.append((source, start, n))
+        extra: the request's extra keys (LoRA id, cache salt) as bytes, b"" when none.
+
+        One pass: a segment continuing the open run's stream where it stopped extends it; any
+        other closes the run (its base hashed) and opens the next."""
         self.ends: list[int] = []  # position after each run
         self.bases: list[bytes] = []
-        if open_source is not None:  # output id k is position k of open_source: a run without end
-            merged.append((open_source, 0, _OPEN))
-        base, prev_n, pos = _seed(extra) if extra else _PLAIN_SEED, 0, 0
-        for source, start, n in merged:
-            base = hashlib.sha256(base + prev_n.to_bytes(8, "little") + _field(source)
-                                  + start.to_bytes(8, "little")).digest()
-            pos = min(pos + n, _OPEN)
+        self.declared_end = 0  # ids from here on are hashed from their values
+        first = prompt[0]
+        source, start, n = first.source, first.start, first.num_tokens
+        base, prev_n = _seed(extra) if extra else _PLAIN_SEED, 0
+        for k in range(1, len(prompt)):
+            seg = prompt[k]
+            if seg.source == source and start + n == seg.start:
+                n += seg.num_tokens
+                continue
+            base = self._close(base, prev_n, source, start, n)
             prev_n = n
-            self.ends.append(pos)
-            self.bases.append(base)
-        self.declared_end = pos  # ids from here on are hashed from their values
+            source, start, n = seg.source, seg.start, seg.num_tokens
+        base = self._close(base, prev_n, source, start, n)
+        if self.declared_end != num_prompt_tokens:
+            raise ValueError(f"token provenance covers {self.declared_end} ids, the prompt has {num_prompt_tokens}")
+        if open_source is not None:  # output id k is position k of open_source: a run without end
+            self._close(base, n, open_source, 0, _OPEN)
+
+    def _close(self, base: bytes, prev_n: int, source: bytes, start: int, n: int) -> bytes:
+        """Append the run (source, start, n) after a run of prev_n ids whose base is `base`: its
+        base and end; the base."""
+        base = _sha256(base + prev_n.to_bytes(8, "little") + _field(source)
+                              + start.to_bytes(8, "little")).digest()
+        self.declared_end = min(self.declared_end + n, _OPEN)
+        self.ends.append(self.declared_end)
+        self.bases.append(base)
+        return base
 
     @property
     def root(self) -> bytes:
@@ -166,5 +179,8 @@ class BlockKeyPlan:
             end = (j + 1) * block_size
             while ends[t] < end:  # the run holding the block's last id (position end - 1)
                 t += 1
-            keys.append(bases[t] + encoded[j])
-            j += 1
+            # blocks j .. last - 1 all end inside run t (after the run before it ends, by the loop)
+            last = min(stop, ends[t] // block_size)
+            base = bases[t]
+            keys.extend([base + e for e in encoded[j:last]])
+            j = last

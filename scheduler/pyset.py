@@ -108,6 +108,10 @@ def _insert(table: list, mask: int, h: int, key: str) -> bool:
 
 def set_order(ids: Iterable[str]) -> list[str]:
     """The distinct ids in the order `iter(set(ids))` yields them under PYTHONHASHSEED=0."""
+    if isinstance(ids, tuple) and len(ids) < 2:
+        # A set of one id (or none) yields it alone whatever its hash: no hashing (a P/D hand-off
+        # marks one request sent and one received, scheduler.py mark_kv_sent / mark_kv_received).
+        return list(ids)
     mask = _MIN_SIZE - 1
     table: list = [None] * _MIN_SIZE
     used = 0

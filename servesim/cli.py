@@ -230,7 +230,26 @@ def quiet_third_party() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")  # inherited by worker processes
 
 
+# The variables OpenBLAS reads for its thread count (the first one set wins); a user's choice is kept.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def cap_blas_threads() -> None:
+    """One OpenBLAS thread for this process and its workers, unless the user chose a count.
+
+    Why: numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins on a
+    core for a while before it sleeps, beside the main thread that is importing everything
+    else (measured: `import numpy` took 0.13 s with one thread and 0.20 s with one per core on the
+    2-core machine). servesim does no BLAS work worth threads: the only matrix algebra is the
+    cost-model fits' least squares over three columns (simulator/cost_model/fit_ops.py), and a
+    replay none at all; parallel work is whole processes (replicates, sweeps). Must run before
+    numpy is imported (this module imports only the standard library)."""
+    if not any(name in os.environ for name in BLAS_THREAD_VARIABLES):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 def main() -> None:
+    cap_blas_threads()
     if sys.argv[1:] in (["--version"], ["-V"]):  # what typer's eager option prints, without typer
         print(_version_text())
         return

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servesim.simulator.columns import Columns, notna
-from servesim.simulator.order_stats import median_and_percentiles
+from servesim.simulator.order_stats import (OrderStatistics, mean_and_std, median_and_percentiles, median_from,
+                                            median_ranks, percentile_ranks, percentiles_from)
 from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_METRICS = ("ttft", "tpot", "e2el")
+BENCH_PERCENTILES = (50, 90, 99)  # vllm bench serve's --metric-percentiles as the summary reports them
 
 
 @dataclass(slots=True)
@@ -90,14 +92,82 @@ def concat_gaps(table) -> tuple[np.ndarray, bool]:
     return (np.concatenate(parts).astype(np.float64, copy=False), True) if parts else (np.empty(0), True)
 
 
-def _itl_ms(done) -> np.ndarray:
+def _itl_ms(gaps: np.ndarray) -> np.ndarray:
     """Every completed request's per-chunk ITLs (ms) end to end, as per_request's lists laid out flat
-    (the same products, in the same order), without a Python list per request."""
-    gaps, _ = concat_gaps(done)
+    (the same products, in the same order), without a Python list per request; `gaps` is their
+    gaps in seconds end to end (concat_gaps)."""
     positive = gaps[gaps > 0]  # a copy: scaled in place (the same products), one array less at once
-    del gaps
     positive *= 1e3
     return positive
+
+
+_COMPACT_CHUNK = 1 << 16  # gaps compacted at a time (ItlOrder.itl_ms)
+
+
+class ItlOrder:
+    """One partition of a gaps buffer (seconds, concat_gaps) answering both its own percentiles
+    (the summary's itl_s) and bench_serve's ITL median and percentiles (ms, over the positive
+    gaps): the positive gaps are the sorted tail past the others, and ms are the seconds times
+    1e3, a monotone map (simulator/order_stats.py: the very values np.percentile and np.median
+    give on each array). Built only for a buffer with a gap and no NaN (`of`). Its partitioned
+    copy is kept as scratch, once its order statistics are read: bench_serve's ITL array (the
+    positive gaps in ms) is built in it rather than in a new array (itl_ms)."""
+
+    __slots__ = ("gaps", "mean_s", "percentiles_s", "percentiles_ms", "num_other", "stats", "_scratch")
+
+    def __init__(self, gaps: np.ndarray, own: bool, percentiles_s: tuple[float, ...],
+                 percentiles_ms: tuple[float, ...]) -> None:
+        """`own`: gaps is a scratch array nobody reads afterwards (partitioned in place, not copied;
+        no reader can then share it: `gaps` is kept only while it is intact)."""
+        self.mean_s = float(gaps.mean())  # in the values' order: before any partition
+        self.gaps = None if own else gaps
+        self.percentiles_s = percentiles_s
+        self.percentiles_ms = percentiles_ms
+        self.num_other = len(gaps) - int(np.count_nonzero(gaps > 0))  # gaps of 0 (a chunk's tokens)
+        num_positive = len(gaps) - self.num_other
+        ranks = percentile_ranks(len(gaps), percentiles_s)
+        if num_positive:
+            ranks += [self.num_other + k for k in (*median_ranks(num_positive),
+                                                   *percentile_ranks(num_positive, percentiles_ms))]
+        part = gaps if own else gaps.copy()
+        self.stats = OrderStatistics(part, ranks, own=True)  # (its values at the ranks kept: part is free)
+        self._scratch: np.ndarray | None = None if own else part
+
+    @staticmethod
+    def of(gaps: np.ndarray, own: bool, percentiles_s: tuple[float, ...],
+           percentiles_ms: tuple[float, ...] = BENCH_PERCENTILES) -> ItlOrder | None:
+        """None where the buffer has no gap or a NaN (its readers then drop NaN and select alone)."""
+        if gaps.dtype != np.float64 or gaps.ndim != 1 or gaps.size == 0 or bool(np.isnan(gaps).any()):
+            return None
+        return ItlOrder(gaps, own, percentiles_s, percentiles_ms)
+
+    def seconds(self) -> list[float]:
+        """np.percentile(gaps, percentiles_s).tolist()."""
+        return percentiles_from(self.stats, self.percentiles_s)
+
+    def itl_ms(self) -> np.ndarray:
+        """_itl_ms(gaps) in the scratch buffer (once: it is then the caller's scratch)."""
+        gaps, out = self.gaps, self._scratch
+        if gaps is None or out is None:
+            raise ValueError("the gaps were partitioned in place, or their scratch was handed out")
+        self._scratch = None
+        at = 0
+        for a in range(0, len(gaps), _COMPACT_CHUNK):  # gaps[gaps > 0], a cache-sized chunk at a time:
+            chunk = gaps[a:a + _COMPACT_CHUNK]  # (np.compress with `out` takes an index array and a
+            kept = chunk[chunk > 0]  # copy of every value first)
+            out[at:at + len(kept)] = kept
+            at += len(kept)
+        positive = out[:at]
+        positive *= 1e3
+        return positive
+
+    def positive_ms(self) -> tuple[float, list[float]] | None:
+        """(np.median, np.percentile at percentiles_ms) of _itl_ms(gaps); None: no positive gap."""
+        n = self.stats.n - self.num_other
+        if not n:
+            return None
+        return (median_from(self.stats, self.num_other, n, 1e3),
+                percentiles_from(self.stats, self.percentiles_ms, self.num_other, n, 1e3))
 
 
 def _latencies(done) -> dict[str, np.ndarray]:
@@ -111,21 +181,28 @@ def _latencies(done) -> dict[str, np.ndarray]:
             "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el}
 
 
-def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...],
-           scratch: bool = False) -> dict[str, float | None]:
+def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...], scratch: bool = False,
+           selected: tuple[float, list[float]] | None = None) -> dict[str, float | None]:
     """scratch: `values` is an array nobody reads afterwards (_itl_ms' result): the median and
     percentiles reorder it in place rather than partitioning copies. Mean and std are taken first,
-    in the values' order; the others are order statistics, the same in any order."""
+    in the values' order; the others are order statistics, the same in any order. `selected`: the
+    median and percentiles already found (ItlOrder.positive_ms: values has no NaN)."""
     nan = np.isnan(values)
     if nan.any():  # filtered only when there is something to drop: a cluster hour has ~65 M ITLs
         values = values[~nan]
         scratch = True
     out: dict[str, float | None] = {}
     empty = values.size == 0
-    mean = None if empty else float(values.mean())
-    std = None if empty else float(values.std())
+    if selected is not None and scratch and not empty:  # the values are read for nothing else
+        mean, std = mean_and_std(values)
+    else:
+        mean = None if empty else float(values.mean())
+        std = None if empty else float(values.std())
     # the median and every percentile from one selection (each value numpy's own: order_stats.py)
-    median, found = (None, [None] * len(percentiles)) if empty else median_and_percentiles(values, percentiles, own=scratch)
+    if empty:
+        median, found = None, [None] * len(percentiles)
+    else:
+        median, found = selected if selected is not None else median_and_percentiles(values, percentiles, own=scratch)
     out[f"mean_{name}_ms"] = mean
     out[f"median_{name}_ms"] = median
     out[f"std_{name}_ms"] = std
@@ -134,9 +211,11 @@ def _stats(name: str, values: np.ndarray, percentiles: tuple[float, ...],
     return out
 
 
-def bench_serve_result(requests, slo: GoodputSlo | None = None,
-                       percentiles: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | int | None]:
-    """The figures `vllm bench serve --save-result` would write for this run."""
+def bench_serve_result(requests, slo: GoodputSlo | None = None, percentiles: tuple[float, ...] = BENCH_PERCENTILES,
+                       itl_order: ItlOrder | None = None) -> dict[str, float | int | None]:
+    """The figures `vllm bench serve --save-result` would write for this run. `itl_order`: a
+    partition of the gaps already taken (the summary's), used where it is of this run's completed
+    requests' very gaps buffer at these percentiles."""
     done = requests[completed_mask(requests)]
     rows = _latencies(done)
     completed = len(rows["ttft_ms"])
@@ -161,10 +240,15 @@ def bench_serve_result(requests, slo: GoodputSlo | None = None,
             if limit is not None:
                 good &= np.nan_to_num(rows[f"{metric}_ms"], nan=0.0) <= limit
         result["request_goodput"] = int(good.sum()) / duration
-    itl = _itl_ms(done)
+    gaps, _ = concat_gaps(done)
+    shared = itl_order if itl_order is not None and itl_order.gaps is not None and itl_order.gaps is gaps and \
+        tuple(itl_order.percentiles_ms) == tuple(percentiles) else None
+    itl = _itl_ms(gaps) if shared is None else shared.itl_ms()
+    del gaps
     for metric in BENCH_METRICS:
         values = itl if metric == "itl" else np.asarray(rows[f"{metric}_ms"], dtype=float)
-        result.update(_stats(metric, values, percentiles, scratch=metric == "itl"))
+        result.update(_stats(metric, values, percentiles, scratch=metric == "itl",
+                             selected=shared.positive_ms() if shared is not None and metric == "itl" else None))
     return result
 
 

@@ -64,7 +64,10 @@ class Clients:
             if spec.arrival_time_s > env.now:
                 self._expect_next(spec.arrival_time_s)
                 yield env.timeout(spec.arrival_time_s - env.now)
-            yield from self.send(spec)
+            if self.max_concurrency is None:  # no slot to wait for: send() would not wait
+                self._send_now(spec)
+            else:
+                yield from self.send(spec)
         yield from self.drain()
 
     def send(self, spec: RequestSpec):
@@ -76,11 +79,15 @@ class Clients:
             if self._slot_freed is None or self._slot_freed.triggered:
                 self._slot_freed = env.event()
             yield self._slot_freed
+        self._send_now(spec)
+
+    def _send_now(self, spec: RequestSpec) -> None:
+        """Send one request now (its slot taken)."""
         self._num_open += 1
         if self.gateway is None:
-            self.forward(spec, env.now)
+            self.forward(spec, self.env.now)
         else:  # the gateway admits, queues or rejects it (simulator/gateway/)
-            self.gateway.offer(spec, env.now)
+            self.gateway.offer(spec, self.env.now)
 
     def drain(self):
         """Wait until every request sent so far has reached the engine (a generator): what the

@@ -4,14 +4,15 @@ A RequestRecord, its boxed floats and its token-time array cost ~0.5 kB a reques
 every one to the end (1 M requests: ~0.5 GB, and the heap they fragment). A caller that reads no
 record after the run (running.py's replay, which turns them into the requests table) lets the
 recorder move each completed request's record here at its finish (MetricsRecorder.retire_finished):
-its values into one array per field, its token times onto one flat array. The requests table is
-then built from these columns and the records still live, row by row in arrival order, through
-the very code that builds it from records (request_table.request_part), so the table is the same.
+its values onto one array per field, its token times onto one flat array. The requests table is
+then built from these columns directly (retired_table): each column gathered into arrival order
+(`order`) in one take, the records still live placed among them through the very code that builds
+a table from records (request_table.request_part), so the table is the same.
 
 Only a completed request moves (finish reason set, not "abort", neither timed out nor rejected):
 nothing writes its record after its finish, except the frontend's output delay at the end of the
 run, which `delay` applies to the columns as delay_outputs does to a record. Missing floats are
-stored as NaN and read back as None (a recorded time is never NaN).
+stored as NaN (a recorded time is never NaN: NaN here means None).
 """
 
 from __future__ import annotations
@@ -23,32 +24,40 @@ import numpy as np
 
 from servesim.simulator.columns import Columns, FlatList
 from servesim.simulator.request_records import RequestRecord
-from servesim.simulator.request_table import REQUEST_COLUMNS, JoinedRows, gaps_of, mark_pool_aborts, request_part
+from servesim.simulator.request_table import (REQUEST_COLUMNS, REQUEST_KINDS, SINCE_ARRIVAL, gather_gaps,
+                                              mark_pool_aborts, request_part)
 
-_GATHER_ROWS = 65_536  # rows whose token times are gathered into row order at once (pooled_gaps)
+
 _FLOATS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "grammar_wait_s", "input_wait_s")
-_INTS = ("order", "prompt_len", "output_len_target", "num_preemptions", "num_cached_tokens")
+_INTS = ("prompt_len", "output_len_target", "num_preemptions", "num_cached_tokens")
 
 
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def _or_none(value: float) -> float | None:
-    return None if value != value else value  # NaN stands for None
-
-
 class FinishedRecords:
     """Completed requests' records as columns, in finish order (`order`: each one's arrival
-    index, its row in the requests table)."""
+    index, its row in the requests table). One attribute per field: a finish appends to each."""
 
-    __slots__ = ("request_ids", "finish_reasons", "floats", "ints", "token_times_s", "num_tokens")
+    __slots__ = ("request_ids", "finish_reasons", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+                 "grammar_wait_s", "input_wait_s", "order", "prompt_len", "output_len_target", "num_preemptions",
+                 "num_cached_tokens", "token_times_s", "num_tokens")
 
     def __init__(self) -> None:
         self.request_ids: list[str] = []
         self.finish_reasons: list[str | None] = []
-        self.floats: dict[str, array] = {name: array("d") for name in _FLOATS}
-        self.ints: dict[str, array] = {name: array("q") for name in _INTS}
+        self.arrival_s = array("d")
+        self.first_scheduled_s = array("d")  # NaN: None (likewise below)
+        self.first_token_s = array("d")
+        self.finish_s = array("d")
+        self.grammar_wait_s = array("d")
+        self.input_wait_s = array("d")
+        self.order = array("q")
+        self.prompt_len = array("q")
+        self.output_len_target = array("q")
+        self.num_preemptions = array("q")
+        self.num_cached_tokens = array("q")
         self.token_times_s = array("d")  # every request's token times, laid end to end
         self.num_tokens = array("q")  # each request's count of them
 
@@ -64,32 +73,29 @@ class FinishedRecords:
         """Move a completed record in (takes(rec) holds; the caller drops the record)."""
         self.request_ids.append(rec.request_id)
         self.finish_reasons.append(rec.finish_reason)
-        f, i = self.floats, self.ints
-        f["arrival_s"].append(rec.arrival_s)
-        f["first_scheduled_s"].append(_or_nan(rec.first_scheduled_s))
-        f["first_token_s"].append(_or_nan(rec.first_token_s))
-        f["finish_s"].append(_or_nan(rec.finish_s))
-        f["grammar_wait_s"].append(_or_nan(rec.grammar_wait_s))
-        f["input_wait_s"].append(_or_nan(rec.input_wait_s))
-        i["order"].append(rec.order)
-        i["prompt_len"].append(rec.prompt_len)
-        i["output_len_target"].append(rec.output_len_target)
-        i["num_preemptions"].append(rec.num_preemptions)
-        i["num_cached_tokens"].append(rec.num_cached_tokens)
+        self.arrival_s.append(rec.arrival_s)
+        self.first_scheduled_s.append(_or_nan(rec.first_scheduled_s))
+        self.first_token_s.append(_or_nan(rec.first_token_s))
+        self.finish_s.append(_or_nan(rec.finish_s))
+        self.grammar_wait_s.append(_or_nan(rec.grammar_wait_s))
+        self.input_wait_s.append(_or_nan(rec.input_wait_s))
+        self.order.append(rec.order)
+        self.prompt_len.append(rec.prompt_len)
+        self.output_len_target.append(rec.output_len_target)
+        self.num_preemptions.append(rec.num_preemptions)
+        self.num_cached_tokens.append(rec.num_cached_tokens)
         self.token_times_s.extend(rec.token_times_s)
         self.num_tokens.append(len(rec.token_times_s))
 
     def last_finish_s(self) -> float | None:
-        return max(self.floats["finish_s"]) if self.request_ids else None
+        return max(self.finish_s) if self.request_ids else None
 
     def delay(self, delay_s: float) -> None:
         """Every output reaches the client delay_s later (MetricsRecorder.delay_outputs): the same
         float64 addition per value, on the columns."""
-        for name in ("first_token_s", "finish_s"):
-            values = np.frombuffer(self.floats[name], dtype=np.float64) + delay_s  # NaN stays NaN
-            self.floats[name] = array("d", values.tobytes())
-        times = np.frombuffer(self.token_times_s, dtype=np.float64) + delay_s
-        self.token_times_s = array("d", times.tobytes())
+        self.first_token_s = _shifted(self.first_token_s, delay_s)  # NaN stays NaN
+        self.finish_s = _shifted(self.finish_s, delay_s)
+        self.token_times_s = _shifted(self.token_times_s, delay_s)
 
     def starts(self) -> np.ndarray:
         """Where each request's token times begin in token_times_s (one more: the end)."""
@@ -97,77 +103,86 @@ class FinishedRecords:
         np.cumsum(np.frombuffer(self.num_tokens, dtype=np.int64), out=out[1:])
         return out
 
-    def record(self, index: int, start: int) -> RequestRecord:
-        """Request `index`'s record as it was at its finish (its times from `start` in token_times_s)."""
-        f, i = self.floats, self.ints
-        n = self.num_tokens[index]
-        return RequestRecord(
-            self.request_ids[index], f["arrival_s"][index], i["prompt_len"][index], i["output_len_target"][index],
-            first_scheduled_s=_or_none(f["first_scheduled_s"][index]),
-            first_token_s=_or_none(f["first_token_s"][index]), finish_s=_or_none(f["finish_s"][index]),
-            token_times_s=self.token_times_s[start:start + n], num_preemptions=i["num_preemptions"][index],
-            num_cached_tokens=i["num_cached_tokens"][index], finish_reason=self.finish_reasons[index],
-            grammar_wait_s=_or_none(f["grammar_wait_s"][index]), input_wait_s=_or_none(f["input_wait_s"][index]),
-            order=i["order"][index])
+    def part(self) -> tuple[dict[str, np.ndarray | list], list[str]]:
+        """These rows of the requests table, in finish order, as request_part builds them from the
+        records (completed rows: none is rejected or timed out): their columns but for those since
+        arrival and the gaps (retired_table takes those on the whole table), and the float columns
+        all missing in them."""
+        times, starts = np.frombuffer(self.token_times_s, dtype=np.float64), self.starts()[:-1]
+        lens = np.frombuffer(self.num_tokens, dtype=np.int64)
+        tpot = np.full(len(self), np.nan)
+        many = lens > 1  # (times[-1] - times[0]) / (n - 1): request_part's float64 operations
+        tpot[many] = (times[starts[many] + lens[many] - 1] - times[starts[many]]) / (lens[many] - 1)
+        data: dict[str, np.ndarray | list] = {
+            "request_id": self.request_ids, "output_len": lens, "tpot_s": tpot, "finish_reason": self.finish_reasons,
+            "status": ["completed"] * len(self), "reject_reason": [None] * len(self)}
+        for name in _FLOATS:
+            data[name] = np.frombuffer(getattr(self, name), dtype=np.float64)
+        for name in _INTS:
+            data[name] = np.frombuffer(getattr(self, name), dtype=np.int64)
+        # NaN stands for None, so a column all NaN is one float_column finds all None
+        all_none = [name for name in (*_FLOATS, "tpot_s") if len(self) and bool(np.isnan(data[name]).all())]
+        return data, all_none
 
 
-class ArrivalRows:
-    """The requests table's rows in arrival order (`order`), from the records still live and those
-    retired into `finished`: each row's token times, and its record built a chunk at a time."""
-
-    def __init__(self, live: list[RequestRecord], finished: FinishedRecords) -> None:
-        self.live = live
-        self.finished = finished
-        self.num_finished = len(finished)
-        orders = np.concatenate([np.frombuffer(finished.ints["order"], dtype=np.int64),
-                                 np.fromiter((r.order for r in live), dtype=np.int64, count=len(live))])
-        self.perm = np.argsort(orders, kind="stable")  # row -> index (finished first, then live)
-        self._starts = finished.starts()
-
-    def __len__(self) -> int:
-        return len(self.perm)
-
-    def pooled_gaps(self) -> FlatList:
-        """pooled_gaps over every row's record, in row order (the same values: the same token
-        times laid end to end in the same order)."""
-        live_lens = np.fromiter((len(r.token_times_s) for r in self.live), dtype=np.int64, count=len(self.live))
-        lens = np.concatenate([np.frombuffer(self.finished.num_tokens, dtype=np.int64), live_lens])
-        times = np.frombuffer(self.finished.token_times_s, dtype=np.float64)
-        if live_lens.any():  # (copied only then: live rows with tokens are few, timed-out ones)
-            times = np.concatenate([times, np.frombuffer(b"".join([r.token_times_s for r in self.live]))])
-        starts = np.concatenate([self._starts[:-1], self._starts[-1] + np.cumsum(live_lens) - live_lens])
-        row_lens, row_starts = lens[self.perm], starts[self.perm]
-        out = np.empty(int(row_lens.sum()))
-        at = 0
-        for a in range(0, len(row_lens), _GATHER_ROWS):  # a chunk's index at a time, not every token's
-            rl, rs = row_lens[a:a + _GATHER_ROWS], row_starts[a:a + _GATHER_ROWS]
-            n = int(rl.sum())  # a row's k-th time is times[row_start + k]
-            out[at:at + n] = times[np.repeat(rs - (np.cumsum(rl) - rl), rl) + np.arange(n, dtype=np.int64)]
-            at += n
-        del times
-        return gaps_of(row_lens, out)
-
-    def records(self, start: int, stop: int) -> list[RequestRecord]:
-        """Rows start..stop-1 as records (a retired one built anew from its columns)."""
-        nf, live, finished, starts = self.num_finished, self.live, self.finished, self._starts
-        return [finished.record(k, int(starts[k])) if k < nf else live[k - nf]
-                for k in self.perm[start:stop].tolist()]
+def _shifted(values: array, delay_s: float) -> array:
+    return array("d", (np.frombuffer(values, dtype=np.float64) + delay_s).tobytes())
 
 
-def retired_table(live: list[RequestRecord], finished: FinishedRecords, release: bool, chunk_rows: int) -> Columns:
+def retired_table(live: list[RequestRecord], finished: FinishedRecords, release: bool) -> Columns:
     """The requests table (REQUEST_COLUMNS) of a run whose completed records were retired into
-    `finished` (MetricsCollector.request_columns): request_part's rows, a chunk at a time, from the
-    rows in arrival order. The retired rows are all completed, so the row path (by_row) is taken as
-    for the live ones alone; every row's gaps are pooled in row order, the table's flat buffer
-    unless by_row (then each row's gaps are views of it, as request_columns' are)."""
+    `finished` (MetricsCollector.request_columns), rows in arrival order: the retired rows'
+    columns (FinishedRecords.part) and the live records' (request_part, through the row path
+    when one of them timed out or was rejected: by_row), each column gathered into row order in
+    one take; every row's gaps pooled in row order, the table's flat buffer unless by_row (then
+    each row's gaps are views of it, as request_columns' are); the columns since arrival taken
+    on the whole table; a float column all missing where it is in every part (as float_column
+    says of the whole)."""
     mark_pool_aborts(live)
     by_row = any(r.status == "timed_out" or r.reject_reason is not None for r in live)
-    rows = ArrivalRows(live, finished)
-    pooled = rows.pooled_gaps()
-    flat = {} if by_row else {"itl_s": pooled}
+    nf = len(finished)
+    orders = np.concatenate([np.frombuffer(finished.order, dtype=np.int64),
+                             np.fromiter((r.order for r in live), dtype=np.int64, count=len(live))])
+    perm = np.argsort(orders, kind="stable")  # row -> index (the retired rows first, then the live ones)
+    pooled = _row_gaps(live, finished, perm)
     itls = None if release and not by_row else pooled.row_list()
-    joined = JoinedRows(len(rows))
-    for a in range(0, len(rows), max(chunk_rows, 1)):
-        b = min(a + chunk_rows, len(rows))
-        joined.add(request_part(rows.records(a, b), None if itls is None else itls[a:b], by_row))
-    return Columns(joined.data, REQUEST_COLUMNS, sorted(joined.all_none or ()), flat)
+    parts = [finished.part()] if nf else []
+    live_rows: list[int] = []
+    if live:
+        rows_of = np.empty(len(perm), dtype=np.int64)
+        rows_of[perm] = np.arange(len(perm))  # index -> row
+        live_rows = rows_of[nf:].tolist()
+        parts.append(request_part(live, None if itls is None else [itls[r] for r in live_rows], by_row))
+    data: dict[str, np.ndarray | list] = {}
+    order = perm.tolist()
+    for name in REQUEST_COLUMNS:
+        if name in SINCE_ARRIVAL:  # the same float64 subtraction per row as request_part's
+            data[name] = data[SINCE_ARRIVAL[name]] - data["arrival_s"]
+        elif name == "itl_s":
+            if itls is not None:  # (a live row's own: a view, or [] for a row that timed out or was rejected)
+                for row, itl in zip(live_rows, parts[-1][0][name] if live else []):
+                    itls[row] = itl
+                data[name] = itls
+        elif name in REQUEST_KINDS:
+            arrays = [part[name] for part, _ in parts]
+            data[name] = (arrays[0] if len(arrays) == 1 else np.concatenate(arrays))[perm]
+        else:  # a list column
+            items: list = [v for part, _ in parts for v in part[name]] if len(parts) > 1 else list(parts[0][0][name])
+            data[name] = list(map(items.__getitem__, order))
+    all_none = set.intersection(*(set(missing) for _, missing in parts))
+    all_none |= {name for name, event in SINCE_ARRIVAL.items() if event in all_none}
+    return Columns(data, REQUEST_COLUMNS, sorted(all_none), {} if by_row else {"itl_s": pooled})
+
+
+def _row_gaps(live: list[RequestRecord], finished: FinishedRecords, perm: np.ndarray) -> FlatList:
+    """Every row's gaps in row order (perm: row -> index, the retired rows' then the live ones'),
+    read from the retired rows' flat token times where they lie (the live rows' appended to a copy
+    only when one has a token: few, timed out)."""
+    live_lens = np.fromiter((len(r.token_times_s) for r in live), dtype=np.int64, count=len(live))
+    starts = finished.starts()
+    times = np.frombuffer(finished.token_times_s, dtype=np.float64)
+    if live_lens.any():
+        times = np.concatenate([times, np.frombuffer(b"".join([r.token_times_s for r in live]))])
+    lens = np.concatenate([np.frombuffer(finished.num_tokens, dtype=np.int64), live_lens])
+    starts = np.concatenate([starts[:-1], starts[-1] + np.cumsum(live_lens) - live_lens])
+    return gather_gaps(times, starts[perm], lens[perm])

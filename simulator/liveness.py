@@ -83,8 +83,12 @@ class Admission:
     def blocks_needed(self, num_tokens: int) -> int:
         """KV blocks a request holding num_tokens slots needs at most, over all its groups."""
         blocks = -(-num_tokens // self.block_size)
-        return (self.full_groups * blocks + (min(self.window_blocks, blocks) if self.window_blocks is not None else 0)
-                + sum(min(b, blocks) for b in self.bounded_groups))
+        needed = self.full_groups * blocks
+        if self.window_blocks is not None:
+            needed += min(self.window_blocks, blocks)
+        for b in self.bounded_groups:  # (usually none: no generator made at every arrival)
+            needed += min(b, blocks)
+        return needed
 
     def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
         """Why a request can never run, or None when it can."""

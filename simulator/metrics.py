@@ -25,6 +25,8 @@ from servesim.simulator.step_table import StepTable
 if TYPE_CHECKING:
     import pandas as pd
 
+    from servesim.simulator.bench_metrics import ItlOrder
+
 PERCENTILES = (50, 90, 95, 99)
 # Rows of the requests table built per chunk when the records are released as they go
 # (request_columns(release=True)): small enough that a chunk's Python objects are a few MB.
@@ -107,8 +109,7 @@ class MetricsCollector(MetricsRecorder):
             return self._released
         records: list = list(self.requests.values())
         if self.finished is not None and len(self.finished):  # records retired at their finish
-            chunk = RELEASE_ROWS if release else len(records) + len(self.finished)
-            table = retired_table(records, self.finished, release, chunk)
+            table = retired_table(records, self.finished, release)
             if release:
                 self.requests.clear()
                 self.finished, self._released = None, table
@@ -212,6 +213,13 @@ def timeseries_from_steps(steps: Columns, end_s: float) -> Columns:
         rows = slice(a, b) if order is None else order[a:b]
         folds[int(sorted_rep[a])] = fold_columns(part(rows))
     return RunFolds(folds, grouped=True).series(end_s)
+
+
+def gap_stats(order: ItlOrder) -> dict:
+    """stats(gaps) of the NaN-free, non-empty gaps buffer `order` partitioned at PERCENTILES: the
+    same mean (taken in the values' order) and the same order statistics."""
+    return {"mean": order.mean_s, **{f"p{p}": v for p, v in zip(PERCENTILES, order.seconds())},
+            "count": order.stats.n}
 
 
 def stats(values, scratch: bool = False) -> dict:

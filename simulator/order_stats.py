@@ -131,3 +131,24 @@ def median_and_percentiles(values: np.ndarray, ps: Sequence[float], own: bool = 
     n = len(values)
     stats = OrderStatistics(values, [*median_ranks(n), *percentile_ranks(n, ps)], own=own)
     return median_from(stats), percentiles_from(stats, ps) if len(ps) else []
+
+
+def mean_and_std(values: np.ndarray) -> tuple[float, float]:
+    """(float(values.mean()), float(values.std())) of a non-empty float64 scratch array, which is
+    overwritten: np.std's own operations (numpy's _var) with its deviations squared in the array
+    itself instead of a new one of its size (a 32 MB temporary on the Azure hour's 4 M gaps, most
+    of whose cost was the first touch of its pages). Each step is the one numpy takes on a copy of
+    the same contiguous values: the pairwise sum of the values (kept as a one-element array, as
+    _var keeps it) divided by their count, each value less that mean, squared, the pairwise sum of
+    those divided by the count, its square root (tests/test_order_stats.py: bit for bit)."""
+    if values.dtype != np.float64 or values.ndim != 1 or values.size == 0 or not values.flags.c_contiguous:
+        raise ValueError("mean_and_std of a non-empty, contiguous, one-dimensional float64 array")
+    mean = float(values.mean())  # before the values change
+    count = np.intp(values.size)
+    arrmean = np.add.reduce(values, keepdims=True)
+    np.true_divide(arrmean, count, out=arrmean, casting="unsafe")
+    np.subtract(values, arrmean, out=values)
+    np.square(values, out=values)
+    total = np.add.reduce(values)
+    variance = total.dtype.type(total / np.maximum(count, 0))
+    return mean, float(variance.dtype.type(np.sqrt(variance)))

@@ -56,7 +56,7 @@ class _LastSegments:
     def segments_of(self, spec: RequestSpec) -> tuple[TokenSegment, ...] | None:
         if spec is not self.spec:
             runs = spec.token_segments()
-            self.segments = None if runs is None else tuple([TokenSegment(*run) for run in runs])
+            self.segments = None if runs is None else tuple([TokenSegment(run[0], run[1], run[2]) for run in runs])
             self.spec = spec
         return self.segments
 

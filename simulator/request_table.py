@@ -17,34 +17,16 @@ from servesim.simulator.request_records import RequestRecord
 
 def pooled_gaps(records: list[RequestRecord]) -> FlatList:
     """Every request's inter-token gaps laid end to end (request order), with each request's
-    offsets: per chunk of requests, one np.diff over their token times laid end to end, less the
-    gaps that straddle two requests (a gap kept is the same subtraction np.diff per request made).
+    offsets: per chunk of requests (POOL_CHUNK_TOKENS times each), their token times laid end to
+    end in one copy, then each gap the same subtraction np.diff per request makes (gather_gaps).
     Converting each request's times to an array separately cost more than the whole rest of the
-    frame; the chunks (POOL_CHUNK_TOKENS times each) bound the temporaries, so pooling a day of a
-    fleet's ~10^8-10^9 tokens holds the result and a chunk, not three copies of every token.
+    frame; the chunks bound the temporaries, so pooling a day of a fleet's ~10^8-10^9 tokens holds
+    the result and a chunk, not every token twice.
 
     Read-only: each request's itl_s is a view of it (FlatList.row_list; 8 bytes a gap: as lists of floats
     a cluster hour's 65 M gaps took ~2 GB per frame), and the summary's statistics and
     requests.parquet's list column read the buffer itself."""
     lens = np.fromiter((len(r.token_times_s) for r in records), dtype=np.int64, count=len(records))
-    # a chunk's arrays laid end to end in one copy (bytes.join reads each array's buffer: no numpy
-    # view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
-    return _pooled(lens, lambda a, b: np.frombuffer(b"".join([r.token_times_s for r in records[a:b]]),
-                                                    dtype=np.float64))
-
-
-def gaps_of(lens: np.ndarray, flat: np.ndarray) -> FlatList:
-    """pooled_gaps of requests whose token counts are `lens` and token times `flat` (end to end)."""
-    starts = np.cumsum(lens) - lens
-    return _pooled(lens, lambda a, b: flat[starts[a]:starts[b - 1] + lens[b - 1]])
-
-
-POOL_CHUNK_TOKENS = 1 << 22  # token times pooled at a time (32 MB of them)
-
-
-def _pooled(lens: np.ndarray, times_of: Callable[[int, int], np.ndarray]) -> FlatList:
-    """The gaps of requests with `lens` token times each; times_of(a, b): requests [a, b)'s token
-    times end to end (read a chunk at a time)."""
     num_gaps = np.maximum(lens - 1, 0)
     offsets = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(num_gaps, out=offsets[1:])
@@ -54,24 +36,51 @@ def _pooled(lens: np.ndarray, times_of: Callable[[int, int], np.ndarray]) -> Fla
     while a < len(lens):
         # the requests [a, b): at least one, at most POOL_CHUNK_TOKENS times unless one request has more
         b = max(int(np.searchsorted(ends, ends[a] - lens[a] + POOL_CHUNK_TOKENS, side="right")), a + 1)
-        _chunk_gaps(times_of(a, b), lens[a:b], gaps[offsets[a]:offsets[b]])
+        # a chunk's arrays laid end to end in one copy (bytes.join reads each array's buffer: no numpy
+        # view per request, ~3x faster than concatenating views on the Azure hour's 19 k)
+        times = np.frombuffer(b"".join([r.token_times_s for r in records[a:b]]), dtype=np.float64)
+        fill_gaps(times, ends[a:b] - lens[a:b] - (ends[a] - lens[a]), offsets[a:b + 1] - offsets[a],
+                  gaps[offsets[a]:offsets[b]])
         a = b
     gaps.flags.writeable = False
     return FlatList(gaps, offsets)
 
 
-def _chunk_gaps(flat: np.ndarray, lens: np.ndarray, out: np.ndarray) -> None:
-    """Some requests' gaps, in order, into `out` (exactly their number), from their token times `flat`."""
-    if flat.size <= 1:
-        return
-    diffs = np.diff(flat)
-    firsts = (np.cumsum(lens) - lens)[(lens > 0)][1:]  # each request's first token but the first's
-    if firsts.size:  # the gap into a request's first token straddles two requests
-        keep = np.ones(diffs.size, dtype=bool)
-        keep[firsts - 1] = False
-        out[:] = diffs[keep]
-    else:
-        out[:] = diffs
+def gather_gaps(times: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> FlatList:
+    """pooled_gaps of rows whose token times lie anywhere in one buffer: row r's are
+    times[starts[r]:starts[r] + lens[r]] (a row's times contiguous, the rows in any order)."""
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(np.maximum(lens - 1, 0), out=offsets[1:])
+    gaps = np.empty(int(offsets[-1]))
+    fill_gaps(times, starts, offsets, gaps)
+    gaps.flags.writeable = False
+    return FlatList(gaps, offsets)
+
+
+POOL_CHUNK_TOKENS = 1 << 22  # token times pooled at a time (32 MB of them)
+GAP_CHUNK = 1 << 16  # gaps computed at a time: the index temporaries stay cache-sized and are reused
+
+
+def fill_gaps(times: np.ndarray, starts: np.ndarray, offsets: np.ndarray, out: np.ndarray) -> None:
+    """Rows' gaps into `out` (exactly their number, row after row): row r's times start at
+    times[starts[r]] and its offsets[r + 1] - offsets[r] gaps go to out[offsets[r]:offsets[r + 1]]
+    (offsets from 0), each times[j + 1] - times[j]: the subtraction np.diff of the row makes.
+    Rows are taken a chunk of GAP_CHUNK gaps at a time (a row with more, alone): each gap's first
+    time is found by index (no copy of the times, no mask over them)."""
+    num_rows = len(starts)
+    steps = np.arange(min(GAP_CHUNK, len(out)), dtype=np.int64)
+    a = 0
+    while a < num_rows:
+        # rows [a, b): offsets[b] - offsets[a] <= GAP_CHUNK, or the one row a alone
+        b = max(int(np.searchsorted(offsets, offsets[a] + GAP_CHUNK, side="right")) - 1, a + 1)
+        b = min(b, num_rows)
+        lo, hi = int(offsets[a]), int(offsets[b])
+        if hi > lo:
+            counts = np.diff(offsets[a:b + 1])
+            first = np.repeat(starts[a:b] - (offsets[a:b] - lo), counts)  # row's start less its first gap's place
+            first += steps[:hi - lo] if hi - lo <= len(steps) else np.arange(hi - lo, dtype=np.int64)
+            np.subtract(times[first + 1], times[first], out=out[lo:hi])
+        a = b
 
 
 def append_row(cols: dict[str, list], r: RequestRecord, itl: np.ndarray | list) -> None:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.simulator.bench_metrics import GoodputSlo, bench_serve_result, concat_gaps
+from servesim.simulator.bench_metrics import GoodputSlo, ItlOrder, bench_serve_result, concat_gaps
 from servesim.simulator.columns import notna
-from servesim.simulator.metrics import stats
+from servesim.simulator.metrics import PERCENTILES, gap_stats, stats
 from servesim.simulator.summary_metrics import compute_metrics
 
 if TYPE_CHECKING:
@@ -100,9 +100,13 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
     cols = collector.columns()
     req, steps = cols.requests, cols.folds.figures()
     ok = finished_requests(req)
-    # Every gap end to end is the summary's largest array (~65 M in a cluster hour): its statistics
-    # are taken now and the array dropped before bench_serve_result builds its own.
-    itl_stats = stats(*concat_gaps(ok))
+    # Every gap end to end is the summary's largest array (~65 M in a cluster hour): one partition
+    # of it answers this summary's percentiles and bench_serve's (ItlOrder), where bench_serve's
+    # completed requests have the very same buffer (every request finished: the table's own).
+    gaps, scratch = concat_gaps(ok)
+    itl_order = ItlOrder.of(gaps, scratch, PERCENTILES)
+    itl_stats = stats(gaps, scratch) if itl_order is None else gap_stats(itl_order)
+    del gaps
     out_tokens = int(ok["output_len"].sum())
     in_tokens = int(ok["prompt_len"].sum())
     dur = max(sim_duration_s, 1e-12)
@@ -143,7 +147,8 @@ def summarize(collector: MetricsCollector, sim_duration_s: float, wall_time_s: f
         **({} if cols.folds.rows_kept else {"step_rows_kept": False}),
         # The same run in `vllm bench serve --save-result` terms (completed/failed, *_ms statistics).
         "bench_serve": bench_serve_result(req, GoodputSlo(ttft_ms=slo.ttft_s * 1e3, tpot_ms=slo.tpot_s * 1e3,
-                                                          e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3)),
+                                                          e2el_ms=None if slo.e2e_s is None else slo.e2e_s * 1e3),
+                                          itl_order=itl_order),
         # The plug-in metrics (simulator/summary_metrics/: one file each).
         "metrics": compute_metrics(ok, steps, sim_duration_s),
     }

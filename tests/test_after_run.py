@@ -13,6 +13,7 @@ import pytest
 
 from servesim.simulator import metrics as M
 from servesim.simulator import outputs as O
+from servesim.simulator import bench_metrics as B
 from servesim.simulator import request_table as T
 from servesim.simulator.bench_metrics import bench_serve_result, concat_gaps
 from servesim.simulator.build import build_engine
@@ -133,3 +134,106 @@ def test_row_groups_from_row_slices_write_the_same_bytes(group_rows, monkeypatch
 def test_a_flat_list_must_cover_the_rows():
     with pytest.raises(ValueError, match="flat rows"):
         Columns({"x": [[1.0]]}, flat={"x": FlatList(np.array([1.0]), np.array([0, 1, 1]))})
+
+
+def _gaps_table(rows: list[list[float]]) -> Columns:
+    """A completed requests table whose rows' gaps are `rows` (pooled: the table's flat buffer)."""
+    lens = np.array([len(r) for r in rows], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    flat = FlatList(np.array([g for r in rows for g in r], dtype=np.float64), offsets)
+    n = len(rows)
+    data = {"request_id": [str(i) for i in range(n)], "arrival_s": np.zeros(n), "prompt_len": np.full(n, 8),
+            "output_len": lens + 1, "first_token_s": np.full(n, 0.5), "finish_s": np.full(n, 2.0),
+            "status": ["completed"] * n}
+    return Columns(data, [*data, "itl_s"], flat={"itl_s": flat})
+
+
+@pytest.mark.parametrize("rows", [
+    [[0.25, 0.0, 0.5], [0.0, 0.0], [1.5, 0.125, 0.125, 0.0, 3.0]],  # zero gaps (a chunk's tokens) among them
+    [[0.0, 0.0], [0.0]],  # no positive gap: bench_serve's ITL has no figure
+    [[0.375]],  # one gap
+], ids=["zeros", "no_positive", "one"])
+@pytest.mark.parametrize("chunk", [1, 2, 1 << 16])
+def test_one_partition_gives_the_summary_and_bench_serve_itl_figures(rows, chunk, monkeypatch):
+    """ItlOrder's figures are np.percentile's and np.median's of each array, bit for bit, and
+    bench_serve's result is the same with the summary's partition as without it (its ITL array
+    compacted into the partition's copy however many gaps at a time)."""
+    monkeypatch.setattr(B, "_COMPACT_CHUNK", chunk)
+    table = _gaps_table(rows)
+    gaps, scratch = concat_gaps(table)
+    assert not scratch and gaps is table.flat("itl_s").values
+    order = B.ItlOrder.of(gaps, scratch, M.PERCENTILES)
+    assert order is not None and order.gaps is gaps
+    assert M.gap_stats(order) == M.stats(gaps) and json.dumps(M.gap_stats(order)) == json.dumps(M.stats(gaps))
+    positive = gaps[gaps > 0] * 1e3
+    if positive.size:
+        median, found = order.positive_ms()
+        assert median == float(np.median(positive)) and found == np.percentile(positive, B.BENCH_PERCENTILES).tolist()
+    else:
+        assert order.positive_ms() is None
+    assert order.itl_ms().tobytes() == positive.tobytes()
+    with pytest.raises(ValueError, match="handed out"):
+        order.itl_ms()
+    order = B.ItlOrder.of(gaps, scratch, M.PERCENTILES)
+    shared = bench_serve_result(table, itl_order=order)
+    assert json.dumps(shared) == json.dumps(bench_serve_result(table))
+    assert gaps.tobytes() == np.array([g for r in rows for g in r]).tobytes()  # the table's buffer untouched
+
+
+def test_a_partition_of_other_gaps_or_percentiles_is_not_used():
+    table = _gaps_table([[0.25, 0.5], [1.0]])
+    other = B.ItlOrder.of(np.array([9.0, 8.0, 7.0]), False, M.PERCENTILES)
+    assert json.dumps(bench_serve_result(table, itl_order=other)) == json.dumps(bench_serve_result(table))
+    gaps, _ = concat_gaps(table)
+    mine = B.ItlOrder.of(gaps, False, M.PERCENTILES, (50, 75))
+    assert json.dumps(bench_serve_result(table, itl_order=mine)) == json.dumps(bench_serve_result(table))
+    own = B.ItlOrder.of(gaps.copy(), True, M.PERCENTILES)  # partitioned in place: nothing to share
+    assert own.gaps is None and own.mean_s == float(gaps.mean())
+    assert B.ItlOrder.of(np.array([0.5, np.nan]), False, M.PERCENTILES) is None
+    assert B.ItlOrder.of(np.empty(0), False, M.PERCENTILES) is None
+
+
+def _fail_on(name: str, real):
+    def write(table, path, *args):
+        if path.name == name:
+            raise OSError(28, "No space left on device", str(path))
+        return real(table, path, *args)
+    return write
+
+
+@pytest.mark.parametrize("failing", ["steps.parquet", "requests.parquet"])
+def test_a_failed_file_written_in_the_background_or_not_leaves_no_folder(failing, monkeypatch, tmp_path):
+    """The steps file is written on its own thread beside the requests file: a failure of either
+    is raised (the main thread's wins), after both are done, and nothing is left behind."""
+    table = Columns({"a": np.arange(5.0)})
+    monkeypatch.setattr(O, "write_parquet", _fail_on(failing, O.write_parquet))
+    with pytest.raises(OSError, match="No space left"):
+        O.write_result_folder(tmp_path / "out", "replay", requests=table, steps=table, timeseries=table,
+                              config={}, summary={})
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_background_steps_file_is_the_one_written_alone(tmp_path):
+    cols = _collector(_small()).columns()
+    steps = cols.steps
+    O.write_result_folder(tmp_path / "out", "replay", requests=cols.requests, steps=steps,
+                          timeseries=cols.timeseries(100.0), config={}, summary={})
+    O.write_parquet(steps, tmp_path / "alone.parquet", O._STEP_DICTIONARY)
+    assert (tmp_path / "out" / "steps.parquet").read_bytes() == (tmp_path / "alone.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("group_rows", [4, 10_000])
+def test_writing_a_pooled_column_builds_no_view_per_row(group_rows, monkeypatch, tmp_path):
+    """requests.parquet's gaps come from the flat buffer, in one group or several: the same bytes
+    as from the rows listed one by one, and no view per row is built for it."""
+    monkeypatch.setattr(O, "ROW_GROUP_ROWS", group_rows)
+    listed = _collector(_small()).request_columns()
+    listed = Columns({n: listed.raw(n) for n in listed.columns}, listed.columns, listed.none_in_frame)
+    O.write_requests_parquet(listed, tmp_path / "listed.parquet")
+    table = _collector(_small()).request_columns(release=True)  # the gaps only as the flat buffer
+
+    def no_views(self):
+        raise AssertionError("a view per row was built")
+    monkeypatch.setattr(FlatList, "row_list", no_views)
+    O.write_requests_parquet(table, tmp_path / "flat.parquet")
+    assert (tmp_path / "flat.parquet").read_bytes() == (tmp_path / "listed.parquet").read_bytes()

@@ -3,8 +3,10 @@ the requests table, the summary and the result files are the same as with every 
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
+import math
 from array import array
 
 import numpy as np
@@ -16,7 +18,9 @@ from servesim.simulator.build import build_engine
 from servesim.simulator.config import SimConfig
 from servesim.simulator.config_values import apply_overrides
 from servesim.simulator.engine import Engine
-from servesim.simulator.finished_records import FinishedRecords
+from servesim.simulator.columns import Columns
+from servesim.simulator.finished_records import FinishedRecords, retired_table
+from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.request_records import RequestRecord
 from servesim.traces.bench import BenchConfig, bench_workload
 
@@ -81,21 +85,55 @@ def _record(rid: str, order: int, times: list[float], **kw) -> RequestRecord:
                          token_times_s=array("d", times), finish_reason="length", order=order, **kw)
 
 
-def test_a_record_reads_back_as_it_went_in():
-    fin = FinishedRecords()
+def _kept_table(records: list[RequestRecord]) -> Columns:
+    """The table of these records built the plain way (none retired)."""
+    collector = MetricsCollector()
+    collector.requests.update({r.request_id: r for r in records})
+    return collector.request_columns()
+
+
+def _copy(rec: RequestRecord) -> RequestRecord:
+    return dataclasses.replace(rec, token_times_s=array("d", rec.token_times_s))
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_retired_columns_are_the_records_table(release):
+    """Hand-built rows: retired in an order other than arrival, a float column missing in some
+    rows and in all, a row with one token (no gap, no TPOT), one with none, live rows among them
+    (one still running, one timed out: the row path)."""
     a = _record("a", 3, [1.0, 1.5, 2.25], num_preemptions=2, num_cached_tokens=16, grammar_wait_s=0.125)
     b = _record("b", 1, [0.875])
-    for rec in (a, b):
-        assert fin.takes(rec)
-        fin.add(rec)
-    starts = fin.starts()
-    assert starts.tolist() == [0, 3, 4] and len(fin) == 2
-    assert fin.record(0, 0) == a and fin.record(1, 3) == b
-    assert fin.record(1, 3).grammar_wait_s is None and fin.record(1, 3).first_scheduled_s == 0.75
-    assert fin.last_finish_s() == 2.25
+    c = _record("c", 0, [0.25, 0.5, 0.625, 0.75])
+    d = RequestRecord("d", 0.0, 5, 3, first_scheduled_s=0.1, finish_s=0.3, finish_reason="stop", order=5)  # no token
+    running = _record("e", 2, [0.5, 0.75])
+    running.finish_s = running.finish_reason = None
+    timed_out = _record("f", 4, [0.5, 0.625, 1.0])
+    timed_out.finish_reason, timed_out.status = "abort", "timed_out"
+    for live in ([], [running], [running, timed_out]):
+        fin = FinishedRecords()
+        for rec in (a, b, c, d):
+            assert fin.takes(rec)
+            fin.add(_copy(rec))
+        table = retired_table([_copy(r) for r in live], fin, release)
+        kept = _kept_table([_copy(r) for r in sorted((a, b, c, d, *live), key=lambda r: r.order)])
+        pd.testing.assert_frame_equal(table.frame(), kept.frame(), check_exact=True)
+        assert table.none_in_frame == kept.none_in_frame and "input_wait_s" in table.none_in_frame
+        assert (table.flat("itl_s") is None) == (kept.flat("itl_s") is None) == (timed_out in live)
+        if table.flat("itl_s") is not None:
+            assert table.flat("itl_s").values.tobytes() == kept.flat("itl_s").values.tobytes()
+    assert table["request_id"].tolist() == ["c", "b", "e", "a", "f", "d"]
+    assert np.isnan(table["tpot_s"][[1, 5]]).all() and table["tpot_s"][0] == (0.75 - 0.25) / 3
+
+
+def test_delay_moves_every_output_time():
+    fin = FinishedRecords()
+    fin.add(_record("a", 0, [1.0, 1.5, 2.25]))
+    fin.add(RequestRecord("d", 0.0, 5, 3, first_scheduled_s=0.1, finish_s=0.3, finish_reason="stop", order=1))
+    assert fin.last_finish_s() == 2.25 and fin.starts().tolist() == [0, 3, 3]
     fin.delay(0.1)
-    assert list(fin.token_times_s) == [t + 0.1 for t in (1.0, 1.5, 2.25, 0.875)]
-    assert fin.record(0, 0).first_token_s == 1.0 + 0.1 and fin.record(0, 0).arrival_s == 0.5
+    assert list(fin.token_times_s) == [t + 0.1 for t in (1.0, 1.5, 2.25)]
+    assert list(fin.finish_s) == [2.25 + 0.1, 0.3 + 0.1] and fin.first_token_s[0] == 1.0 + 0.1
+    assert math.isnan(fin.first_token_s[1]) and list(fin.arrival_s) == [0.5, 0.0]
 
 
 def test_only_completed_records_are_taken():
@@ -110,14 +148,12 @@ def test_only_completed_records_are_taken():
 
 
 def test_small_chunks_give_the_same_table(monkeypatch):
-    """Rows gathered and built a few at a time (the last chunk short) as in one go."""
-    import servesim.simulator.finished_records as FR
-    import servesim.simulator.metrics as M
+    """Gaps gathered a few at a time (the last chunk short, rows longer than a chunk alone) as in one go."""
+    import servesim.simulator.request_table as T
 
     sets = {"client.timeout_s": "0.4"}
     whole, _, _, _ = _frames(sets, retire=True)
-    monkeypatch.setattr(FR, "_GATHER_ROWS", 7)
-    monkeypatch.setattr(M, "RELEASE_ROWS", 7)
+    monkeypatch.setattr(T, "GAP_CHUNK", 7)
     chunked, _, _, retired = _frames(sets, retire=True)
     assert retired > 7
     pd.testing.assert_frame_equal(chunked, whole, check_exact=True)

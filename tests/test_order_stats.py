@@ -73,3 +73,28 @@ def test_refuses_nan_and_ranks_it_was_not_given():
     stats = OrderStatistics(np.array([3.0, 1.0, 2.0]), [1])
     with pytest.raises(KeyError):
         stats.at(np.array([0]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 127, 128, 129, 1000, 8193, 100_003])
+def test_mean_and_std_in_place_are_numpys_bit_for_bit(n):
+    """The pairwise sums do not depend on where the values lie: views at odd offsets of a larger
+    buffer give numpy's figures of a fresh copy."""
+    from servesim.simulator.order_stats import mean_and_std
+
+    rng = np.random.default_rng(n)
+    for values in (rng.random(n) * 1e3, rng.exponential(8.0, n), np.round(rng.random(n) * 7, 2) + 1e-3):
+        for offset in (0, 1, 3):
+            buf = np.empty(n + offset + 2)
+            view = buf[offset:offset + n]
+            view[:] = values
+            got = mean_and_std(view)
+            assert got == (float(values.mean()), float(values.std()))
+            assert repr(got) == repr((float(values.mean()), float(values.std())))
+
+
+def test_mean_and_std_refuse_what_numpy_would_read_otherwise():
+    from servesim.simulator.order_stats import mean_and_std
+
+    for bad in (np.empty(0), np.arange(4), np.ones((2, 2)), np.ones(8)[::2]):
+        with pytest.raises(ValueError):
+            mean_and_std(bad)

@@ -248,3 +248,52 @@ def test_paced_runs_meet_events_on_an_update_instant_as_stepping_does():
         ties = sum((tl.decode.time_s in starts[tl.decode.replica]) + (tl.transfer_end_s in starts[tl.decode.replica])
                    for tl in cluster.timelines.values() if tl.decode is not None)
         assert ties > 50
+
+
+def _prefixed_workload(n: int, rate: float, seed: int):
+    """Four 320-token system prompts on 80 % of the requests: decode replicas hit them in their
+    prefix cache, so requests hold shared prompt blocks (ref_cnt > 1) when they finish."""
+    return make_workload("poisson", {
+        "num_requests": n, "arrival": {"rate_per_s": rate},
+        "prompt_len": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max_value": 2000},
+        "output_len": {"dist": "lognormal", "median": 60, "sigma": 0.6, "max_value": 400},
+        "prefix": {"num_groups": 4, "prefix_len": {"dist": "fixed", "value": 320}, "fraction": 0.8},
+    }, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("sim", [{}, {"cache.num_gpu_blocks": 500, "scheduler.max_model_len": 2400}],
+                         ids=["roomy", "tight"])
+def test_least_kv_reads_through_finishers_holding_shared_blocks(sim):
+    """least_kv reads a paced run's KV usage from its plan (planned_reads.py _RunBlocks): a
+    finisher's blocks free only where it held the last reference. With shared system prompts the
+    decode replicas hold prompt blocks together; outputs stay stepping's, and the planned reads
+    did count finishers' shared blocks."""
+    from servesim.simulator.fastpath import planned_reads
+
+    shared_seen = []
+    free_next = planned_reads._RunBlocks._free_next
+    refs_by_run: dict[int, tuple[object, dict[int, int]]] = {}  # by _RunBlocks (kept alive: ids stay unique)
+
+    def counting(self):
+        # the reference count: every block of the finisher in a dict, shared or not
+        _, r, new = self._finishers[len(self.fin_cum)]
+        mgr = self.sched.kv_cache_manager._single_full
+        blocks = [b for b in mgr.req_to_blocks.get(r.request_id, ()) if not b.is_null]
+        shared_seen.append(sum(b.ref_cnt > 1 for b in blocks))
+        refs = refs_by_run.setdefault(id(self), (self, {}))[1]
+        freed = new
+        for b in blocks:
+            refs[b.block_id] = left = refs.get(b.block_id, b.ref_cnt) - 1
+            freed += left == 0
+        before = self.fin_cum[-1] if self.fin_cum else 0
+        free_next(self)
+        assert self.fin_cum[-1] - before == freed
+
+    planned_reads._RunBlocks._free_next = counting
+    try:
+        cluster, res = _both(_prefixed_workload(160, 25.0, seed=4), sim=sim, decode_router=RouterConfig("least_kv"))
+    finally:
+        planned_reads._RunBlocks._free_next = free_next
+    assert res.summary["prefix_cache_hit_tokens"] > 0
+    assert sum(1 for n in shared_seen if n) > 5  # reads walked finishers holding shared blocks
+    assert _macro_fraction(cluster) > 0.3

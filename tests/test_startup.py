@@ -100,3 +100,34 @@ def test_a_replay_needs_neither_torch_nor_triton_nor_ray(tmp_path):
                          cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("given", [{}, {"OPENBLAS_NUM_THREADS": "4"}, {"OMP_NUM_THREADS": "2"}, {"GOTO_NUM_THREADS": "3"}])
+def test_the_cli_caps_blas_threads_unless_the_user_chose(given, monkeypatch):
+    from servesim import cli
+
+    for name in cli.BLAS_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    cli.cap_blas_threads()
+    import os
+
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == given.get("OPENBLAS_NUM_THREADS", None if given else "1")
+    for name, value in given.items():
+        assert os.environ[name] == value
+
+
+def test_a_replay_process_runs_one_blas_thread():
+    """Set before numpy is imported: OpenBLAS reads it once, when numpy loads it (then no thread
+    but the main one, where /proc lists them)."""
+    probe = ("import json, os, sys\nsys.argv = ['servesim', '--help']\nfrom servesim.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\nimport numpy\n"
+             "threads = len(os.listdir('/proc/self/task')) if os.path.isdir('/proc/self/task') else 1\n"
+             "print('@@' + os.environ.get('OPENBLAS_NUM_THREADS', '') + ' ' + str(threads))")
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.rpartition("@@")[2].split() == ["1", "1"]

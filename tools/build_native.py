@@ -73,13 +73,14 @@ COMPILED: dict[str, tuple[str, ...]] = {
     # The engine (the reference core and the objects it owns) around every scheduler call, what it
     # calls at every step (step table, request records, the simulated executor), the fast path's
     # planner (simulator/fastpath/) and the numeric kernels (simulator/kernels.py). The cost
-    # models, clients, metrics built after the run, router proofs and SimPy stay interpreted.
+    # models, metrics built after the run, router proofs and SimPy stay interpreted.
     "simulator": (
         "step_table.py", "request_records.py", "finished_records.py", "executor.py", "request_factory.py", "step_book.py",
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
         "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/run_length.py",
         "fastpath/planned_reads.py",  # a state-reading router's reads, on every replica at every decision
+        "client.py",  # the clients' send loop, at every arrival
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

@@ -206,6 +206,8 @@ class RequestSpec:
         """The synthetic prompt as (stream key, first position, count) runs, in order: Mooncake hash
         ids (one run each) or a shared-prefix group, then the request's (or session's) own stream."""
         n, covered = self.prompt_len, 0
+        if not self.prefix_hash_ids and self.prefix_group is None and not self.mm_items:
+            return [(self._stream_key(), 0, n)]  # the common case, read at every arrival: what the rest gives
         runs: list[tuple[int, int, int]] = []
         if self.prefix_hash_ids:
             for key in hash_block_streams(self.prefix_hash_ids):

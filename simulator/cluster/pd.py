@@ -175,16 +175,26 @@ class PrefillEngine(Engine):
         refuse_kv_offload(cfg, "a P/D prefill engine's connector is the P/D one")
         super().__init__(cfg, scheduler=_pd_scheduler(PrefillSchedulerMixin, cfg, resolve_cache(cfg)[0]), **kwargs)
         self.scheduler.connector = RemoteDecodeConnector()
-        # The clock's reading when the loop applies the step it waits for (None: it waits for none).
-        # Its prompts finish, and are handed off, no earlier (simulator/fastpath/pd_runs.py).
+        # The clock's reading when the loop applies the last step it waited for (None: none yet).
+        # While it is not before now, the loop waits for that update or applies it at this instant;
+        # once the clock is past it, the update was applied (the loop applies a step at its
+        # timeout's instant) and it says nothing. Its prompts finish, and are handed off, no
+        # earlier (awaited_update_s_at; simulator/fastpath/pd_runs.py).
         self.awaited_update_s: float | None = None
 
     def _apply_oldest(self, in_flight):
-        """Engine._apply_oldest, noting when the update it waits for lands (the timeout's own sum)."""
+        """Engine._apply_oldest, noting when the update it waits for lands (the timeout's own sum).
+        Returns the base generator itself (no generator of its own to resume at each wait)."""
         end_s, now = in_flight[0][2], self.env.now
         self.awaited_update_s = now + (end_s - now) if end_s > now else now
-        yield from super()._apply_oldest(in_flight)
-        self.awaited_update_s = None
+        return super()._apply_oldest(in_flight)
+
+    def awaited_update_s_at(self, now: float) -> float | None:
+        """When the update the loop waits for lands, as the clock will read it; None where it
+        waits for none. At the instant it applied that update it answers `now` whatever it waits
+        for next: a lower bound all the same."""
+        t = self.awaited_update_s
+        return t if t is not None and t >= now else None
 
     def kv_sent(self, request_id: str) -> None:
         self.scheduler.finish_sending(request_id)

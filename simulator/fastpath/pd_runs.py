@@ -20,7 +20,7 @@ every loop top where the planner may start a run: MacroPlanner.next_arrival_fn):
   any hand-off bounds every decode replica), then a submit. It follows a prefill replica's update
   that finishes a prompt, by `handoff_latency_s` (a timeout of the clock's now + delay: its time is
   recorded when it is set, Cluster.pending_handoffs_s). A prefill replica waiting for a step's
-  update (PrefillEngine.awaited_update_s) finishes nothing before that update: every later step
+  update (PrefillEngine.awaited_update_s_at) finishes nothing before that update: every later step
   ends after it (one GPU, steps in order). One with work but no update awaited may schedule now.
   An idle one (no unfinished request, not stalled) does nothing until a dispatch reaches it (the
   next dispatch time: Cluster._dispatch_at), its step ending after that. A stalled one (its pool
@@ -82,8 +82,9 @@ class PDBounds:
         t = float("inf")
         idle = False
         for p in self.prefills:
-            if p.awaited_update_s is not None:
-                t = min(t, p.awaited_update_s)
+            awaited_s = p.awaited_update_s_at(now)
+            if awaited_s is not None:
+                t = min(t, awaited_s)
             elif p.in_flight or p.scheduler.stalled or p.scheduler.has_unfinished_requests():
                 t = now  # it schedules at this instant (or waits for a landing): a step may end soon
             else:

@@ -149,12 +149,20 @@ class _RunBlocks:
         _, r, new = self._finishers[len(self.fin_cum)]
         mgr = self.sched.kv_cache_manager._single_full
         assert mgr is not None
-        refs = self._refs  # references left on a held block, where finishes dropped some
+        # References left on a shared block (ref_cnt > 1), where finishes dropped some. A block
+        # with ref_cnt 1 is this finisher's alone (no other finisher holds it, none dropped a
+        # reference to it before: ref_cnt is read, never written here), so it is freed outright
+        # and needs no entry.
+        refs = self._refs
         freed = new  # the run's new blocks are the finisher's alone
         for b in mgr.req_to_blocks.get(r.request_id, ()):
             if b.is_null:
                 continue
-            left = refs.get(b.block_id, b.ref_cnt) - 1
+            held = b.ref_cnt
+            if held == 1:
+                freed += 1
+                continue
+            left = refs.get(b.block_id, held) - 1
             refs[b.block_id] = left
             freed += left == 0
         self.fin_cum.append((self.fin_cum[-1] if self.fin_cum else 0) + freed)

@@ -1,0 +1,129 @@
+"""The arrival path's shortcuts give exactly what the general code gives.
+
+- BlockKeyPlan builds its runs and bases in one pass from the prompt's segments: its keys are the
+  documented chain (scheduler/block_keys.py) computed here from scratch, for random segment
+  layouts, extra keys, block sizes and any split of extend_keys calls;
+- a plain spec's prompt is one run of its own stream, taken without the general walk: equal to the
+  walk's answer (the same spec through the general path);
+- SpecColumns builds a read-back spec with one unpacking store: every field set, equal to the one
+  stored, for every field set away from its default;
+- Admission.blocks_needed sums its groups in a loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servesim.scheduler import TokenSegment
+from servesim.scheduler.block_keys import BlockKeyPlan
+from servesim.scheduler.multimodal import MultiModalFeatureSpec
+from servesim.simulator.liveness import Admission
+from servesim.traces.spec_columns import SpecColumns
+from servesim.traces.workload import RequestSpec
+
+_TAG = b"servesim-provenance\x00"
+_OPEN = 1 << 61
+
+
+def _field(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "little") + data
+
+
+def _reference_keys(segments, open_source, extra, num_tokens, block_size) -> list[bytes]:
+    """The docstring's chain, eagerly: merge runs continuing their predecessor, hash each base,
+    key block j by the base of the run holding its last id and its end."""
+    runs: list[list] = []
+    for seg in segments:
+        if runs and runs[-1][0] == seg.source and runs[-1][1] + runs[-1][2] == seg.start:
+            runs[-1][2] += seg.num_tokens
+        else:
+            runs.append([seg.source, seg.start, seg.num_tokens])
+    if open_source is not None:
+        runs.append([open_source, 0, _OPEN])
+    base, prev_n, pos = hashlib.sha256(_TAG + _field(extra)).digest(), 0, 0
+    bases, ends = [], []
+    for source, start, n in runs:
+        base = hashlib.sha256(base + prev_n.to_bytes(8, "little") + _field(source)
+                              + start.to_bytes(8, "little")).digest()
+        pos = min(pos + n, _OPEN)
+        prev_n = n
+        bases.append(base)
+        ends.append(pos)
+    keys = []
+    for j in range(min(num_tokens, ends[-1]) // block_size):
+        end = (j + 1) * block_size
+        t = next(i for i, e in enumerate(ends) if e >= end)
+        keys.append(bases[t] + end.to_bytes(8, "little"))
+    return keys
+
+
+_segment = st.builds(TokenSegment, st.sampled_from([b"a", b"b", b"stream:x"]), st.sampled_from([0, 3, 4, 8, 11]),
+                     st.integers(1, 40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_segment, min_size=1, max_size=6), st.sampled_from([None, b"o"]), st.sampled_from([b"", b"L3"]),
+       st.sampled_from([1, 4, 16]), st.integers(0, 120), st.lists(st.integers(0, 60), max_size=4))
+def test_plan_keys_are_the_documented_chain(segments, open_source, extra, block_size, num_outputs, cuts):
+    num_prompt = sum(s.num_tokens for s in segments)
+    plan = BlockKeyPlan(tuple(segments), num_prompt, open_source, extra)
+    total = num_prompt + num_outputs
+    keys: list[bytes] = []
+    for cut in sorted(c for c in cuts if c < total):  # asked as tokens arrive, in any steps
+        plan.extend_keys(keys, cut, block_size)
+    plan.extend_keys(keys, total, block_size)
+    assert keys == _reference_keys(segments, open_source, extra, total, block_size)
+    assert plan.root == hashlib.sha256(hashlib.sha256(_TAG + _field(extra)).digest() + bytes(8)
+                                       + _field(segments[0].source) + segments[0].start.to_bytes(8, "little")).digest()
+
+
+def test_plan_refuses_a_provenance_that_does_not_cover_the_prompt():
+    with pytest.raises(ValueError, match="covers 9 ids, the prompt has 10"):
+        BlockKeyPlan((TokenSegment(b"a", 0, 4), TokenSegment(b"a", 4, 5)), 10, None, b"")
+
+
+@pytest.mark.parametrize("spec", [
+    RequestSpec("r1", 0.0, 37, 5),
+    RequestSpec("r2", 0.0, 300, 5, session_id="s1", is_last_turn=False),
+], ids=lambda s: s.request_id)
+def test_plain_prompt_shortcut_is_what_the_general_walk_gives(spec):
+    # The same prompt through the general walk: a group with no shared tokens, or an encoder
+    # input (no decoder tokens), adds no run.
+    walked = [
+        RequestSpec(spec.request_id, 0.0, spec.prompt_len, 5, session_id=spec.session_id, prefix_group=2),
+        RequestSpec(spec.request_id, 0.0, spec.prompt_len, 5, session_id=spec.session_id,
+                    mm_items=(MultiModalFeatureSpec(0, 4, "img", in_prompt=False),)),
+    ]
+    assert len(spec.token_segments()) == 1
+    for other in walked:
+        assert other.token_segments() == spec.token_segments()
+    assert spec.token_array().tolist() == walked[0].token_array().tolist()
+
+
+def test_every_field_reads_back_from_columns():
+    specs = [
+        RequestSpec("a", 0.0, 5, 2),
+        RequestSpec("b", 1.5, 9, 3, prefix_hash_ids=(1, 2), prefix_block_len=4, prefix_group=None, priority=-1,
+                    session_id="s", is_last_turn=False, lora_id=2, arrival_step=7, timeout_s=2.0,
+                    grammar_compile_ms=3.0, parent_request_id="a", think_time_s=0.5, tenant="t", slo_class="gold"),
+        RequestSpec("c", 2.0, 6, 1, prompt_token_ids=(1, 2, 3, 4, 5, 6), input_chunk_offsets_s=(1.0,),
+                    input_chunk_lens=(3,), mm_items=(MultiModalFeatureSpec(1, 2, "i"),)),
+    ]
+    cols = SpecColumns.of(specs)
+    names = RequestSpec.__slots__
+    for got, want in zip(cols, specs):
+        assert type(got) is RequestSpec
+        assert [getattr(got, n) for n in names] == [getattr(want, n) for n in names]
+    assert cols[1] == specs[1]
+
+
+def test_blocks_needed_sums_every_group():
+    adm = Admission(4096, 16, 1000, 0, full_groups=2, window_blocks=5, bounded_groups=(3, 40))
+    # 100 tokens: 7 blocks; 2 full groups, the window's 5, bounded min(3, 7) and min(40, 7)
+    assert adm.blocks_needed(100) == 2 * 7 + 5 + 3 + 7
+    assert Admission(4096, 16, 1000, 0).blocks_needed(17) == 2
+    assert Admission(4096, 16, 1000, 0, full_groups=0, window_blocks=4).blocks_needed(1000) == 4
