@@ -193,8 +193,7 @@ class Request:
         # Prefix-cache keys from the ids' provenance (block_keys.py) while it declares them.
         self._key_plan: BlockKeyPlan | None = None
         if token_provenance is not None and not self.mm_features:  # provenance keys carry no mm hashes
-            # (no LoRA id and no salt: no extra keys, as extra_keys_bytes says, without the call)
-            extra = extra_keys_bytes(self, 0) if lora_id is not None or cache_salt else b""
+            extra = extra_keys_bytes(self, 0) if lora_id is not None or cache_salt else b""  # (b"": none)
             self._key_plan = BlockKeyPlan(token_provenance.prompt, self.num_prompt_tokens,
                                           token_provenance.output_source, extra)
         self.update_block_hashes()

@@ -61,9 +61,10 @@ class Clients:
         each has reached the engine."""
         env = self.env
         for spec in requests:
-            if spec.arrival_time_s > env.now:
-                self._expect_next(spec.arrival_time_s)
-                yield env.timeout(spec.arrival_time_s - env.now)
+            arrival_s, now = spec.arrival_time_s, env.now
+            if arrival_s > now:
+                self._expect_next(arrival_s)
+                yield env.timeout(arrival_s - now)
             if self.max_concurrency is None:  # no slot to wait for: send() would not wait
                 self._send_now(spec)
             else:
