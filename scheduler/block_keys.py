@@ -26,9 +26,12 @@ from dataclasses import dataclass
 from typing import Final
 
 try:  # CPython's own SHA-256: OpenSSL's digests, without its context set-up (most of a short hash's cost)
-    from _sha256 import sha256 as _sha256
-except ImportError:  # an interpreter built without it
-    from hashlib import sha256 as _sha256
+    from _sha256 import sha256 as _sha256  # Python 3.11
+except ImportError:
+    try:
+        from _sha2 import sha256 as _sha256  # Python 3.12 and later
+    except ImportError:  # an interpreter built without it
+        from hashlib import sha256 as _sha256
 
 
 @dataclass(frozen=True, slots=True)
