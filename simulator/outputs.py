@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -300,29 +298,6 @@ def write_csv(table, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _in_background(write, *args) -> Callable[[bool], None]:
-    """Run write(*args) on a thread of its own; the function returned waits for it and (given
-    True) raises what it raised. Why: Arrow encodes and compresses a Parquet file without the GIL, so the steps
-    file is written while this thread builds and writes the requests file (the Azure hour: ~0.1 s
-    each); the files are the same bytes whichever finishes first."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            write(*args)
-        except BaseException as e:  # handed to the waiting thread
-            failed.append(e)
-
-    thread = threading.Thread(target=run, name="servesim-write", daemon=True)
-    thread.start()
-
-    def wait(check: bool) -> None:
-        thread.join()
-        if failed and check:
-            raise failed[0]
-    return wait
-
-
 def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, timeseries, config: dict, summary: dict,
                         overwrite: bool = False, identity: dict | None = None,
                         extra_csv: dict | None = None) -> Path:
@@ -336,17 +311,10 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
     try:
         with naming(out_dir):  # a full disk names the result folder, not nothing
             mark(tmp, kind)
-            steps_written = None if steps is None else \
-                _in_background(write_parquet, steps, tmp / "steps.parquet", _STEP_DICTIONARY)
-            try:
-                write_requests_parquet(requests, tmp / "requests.parquet")
-                write_csv(timeseries, tmp / "timeseries.csv")
-            except BaseException:  # the steps file finished or failed before the folder goes; this error wins
-                if steps_written is not None:
-                    steps_written(False)
-                raise
-            if steps_written is not None:
-                steps_written(True)
+            write_requests_parquet(requests, tmp / "requests.parquet")
+            if steps is not None:
+                write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+            write_csv(timeseries, tmp / "timeseries.csv")
             (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")
             for name, table in (extra_csv or {}).items():  # e.g. a cluster's autoscaling tables: NAME.csv

@@ -202,24 +202,14 @@ def _fail_on(name: str, real):
 
 
 @pytest.mark.parametrize("failing", ["steps.parquet", "requests.parquet"])
-def test_a_failed_file_written_in_the_background_or_not_leaves_no_folder(failing, monkeypatch, tmp_path):
-    """The steps file is written on its own thread beside the requests file: a failure of either
-    is raised (the main thread's wins), after both are done, and nothing is left behind."""
+def test_a_failed_table_file_leaves_no_folder(failing, monkeypatch, tmp_path):
+    """A full disk while either table is written: raised, and nothing is left behind."""
     table = Columns({"a": np.arange(5.0)})
     monkeypatch.setattr(O, "write_parquet", _fail_on(failing, O.write_parquet))
     with pytest.raises(OSError, match="No space left"):
         O.write_result_folder(tmp_path / "out", "replay", requests=table, steps=table, timeseries=table,
                               config={}, summary={})
     assert not any(tmp_path.iterdir())
-
-
-def test_the_background_steps_file_is_the_one_written_alone(tmp_path):
-    cols = _collector(_small()).columns()
-    steps = cols.steps
-    O.write_result_folder(tmp_path / "out", "replay", requests=cols.requests, steps=steps,
-                          timeseries=cols.timeseries(100.0), config={}, summary={})
-    O.write_parquet(steps, tmp_path / "alone.parquet", O._STEP_DICTIONARY)
-    assert (tmp_path / "out" / "steps.parquet").read_bytes() == (tmp_path / "alone.parquet").read_bytes()
 
 
 @pytest.mark.parametrize("group_rows", [4, 10_000])

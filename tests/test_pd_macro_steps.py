@@ -195,6 +195,8 @@ def test_paced_runs_go_on_through_hand_offs_to_other_decoders():
     assert sum(p.num_deferred_runs for p in planners) > 100
     # a run is applied early only for this replica's own hand-offs and landings (two per request)
     assert sum(p.num_deferred_routed for p in planners) <= 2 * num_routed
+    # most early applications take the next update with them (it finishes nobody: pd_runs.py)
+    assert sum(p.num_runs_past_arrival for p in planners) > sum(p.num_deferred_routed for p in planners) // 2
     assert _macro_fraction(cluster) > 0.6
     sync = Cluster(_config(True, async_=False, decode_router=RouterConfig("least_kv")), _workload(4, 10.0, seed=1))
     assert not any(r.engine.planner.deferred.paced for r in sync.replicas if r.role == "decode")
@@ -243,6 +245,7 @@ def test_paced_runs_meet_events_on_an_update_instant_as_stepping_does():
         assert _summary(plain) == _summary(res)
         decode = [r.engine for r in cluster.replicas if r.role == "decode"]
         assert sum(e.planner.num_deferred_routed for e in decode) > 20
+        assert sum(e.planner.num_runs_past_arrival for e in decode) > 10  # with the next update
         # the case is what it claims: hand-offs and landings on a decode replica's update instants
         starts = {rep: set(g.start_s) for rep, g in res.steps.groupby("replica")}
         ties = sum((tl.decode.time_s in starts[tl.decode.replica]) + (tl.transfer_end_s in starts[tl.decode.replica])
@@ -295,5 +298,6 @@ def test_least_kv_reads_through_finishers_holding_shared_blocks(sim):
     finally:
         planned_reads._RunBlocks._free_next = free_next
     assert res.summary["prefix_cache_hit_tokens"] > 0
-    assert sum(1 for n in shared_seen if n) > 5  # reads walked finishers holding shared blocks
+    if planned_reads.__file__.endswith(".py"):  # interpreted: the patch above is what ran
+        assert sum(1 for n in shared_seen if n) > 5  # reads walked finishers holding shared blocks
     assert _macro_fraction(cluster) > 0.3

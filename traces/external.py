@@ -5,6 +5,7 @@ LLMServingSim workload JSONL. Units are converted to seconds; nothing is tokenis
 from __future__ import annotations
 
 import math
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from servesim.traces.rows import (
     require_keys,
     require_rows,
 )
+from servesim.traces.spec_columns import SpecColumns
 from servesim.traces.synthetic_config import ArrivalConfig
 from servesim.traces.tokens import TOKEN_ID_LIMIT
 from servesim.traces.workload import DEFAULT_PREFIX_BLOCK_LEN, RequestSpec, Workload
@@ -111,14 +113,23 @@ def load_azure(path: Path, *, require_sorted: bool = True) -> Workload:
     seconds = (ns - ns.min()) / 1e9  # relative to the first arrival
     prompt = int_column(frame, "ContextTokens", path, min_value=1)
     output = int_column(frame, "GeneratedTokens", path, min_value=1)
-    requests = [
-        RequestSpec(f"azure-{i}", float(t), int(p), int(o))
-        for i, (t, p, o) in enumerate(zip(seconds.tolist(), prompt.tolist(), output.tolist()))
-    ]
-    return _sorted_or_not(requests, path, require_sorted)
+    if not require_sorted:
+        requests = [RequestSpec(f"azure-{i}", float(t), int(p), int(o))
+                    for i, (t, p, o) in enumerate(zip(seconds.tolist(), prompt.tolist(), output.tolist()))]
+        return _sorted_or_not(requests, path, require_sorted)
+    # Sorted (checked above): the workload's columns straight from these, no RequestSpec per row.
+    # Every field a plain spec's checks read is valid already (RequestSpec._problem: a non-empty
+    # id, an arrival finite and >= 0 (ns - min, exact int64), both lengths >= 1: int_column), and
+    # the values are those RequestSpec would hold (float64 seconds, int64 lengths).
+    columns = SpecColumns()
+    columns.request_ids = [f"azure-{i}" for i in range(len(seconds))]
+    columns.arrival_times_s = array("d", seconds.astype(np.float64).tobytes())
+    columns.prompt_lens = array("q", prompt.astype(np.int64).tobytes())
+    columns.output_lens = array("q", output.astype(np.int64).tobytes())
+    return _sorted_or_not(columns, path, require_sorted)
 
 
-def _sorted_or_not(requests: list[RequestSpec], path: Path, already_sorted: bool) -> Workload:
+def _sorted_or_not(requests: list[RequestSpec] | SpecColumns, path: Path, already_sorted: bool) -> Workload:
     if already_sorted:
         return Workload(requests, name=trace_name(path), source=str(path))
     return Workload.from_unsorted(requests, name=trace_name(path), source=str(path))

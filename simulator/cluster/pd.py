@@ -191,8 +191,8 @@ class PrefillEngine(Engine):
 
     def awaited_update_s_at(self, now: float) -> float | None:
         """When the update the loop waits for lands, as the clock will read it; None where it
-        waits for none. At the instant it applied that update it answers `now` whatever it waits
-        for next: a lower bound all the same."""
+        waits for none. At the instant it applied that update, until it waits for another, it
+        answers `now`: a lower bound all the same."""
         t = self.awaited_update_s
         return t if t is not None and t >= now else None
 

@@ -33,8 +33,11 @@ the replica is processed before or after each of its updates as in stepping (by 
 instants: every event is created in the same order). DeferredRun.woken counts the updates the clock
 has reached; an application at an outside event takes exactly those (the read's view too:
 planned_reads.py, load_drop), then the tail step, and the timeout already set for the next update
-applies the older step in flight, as the loop does. The plan needs no dispatch-free times, and its
-runs never go past an arrival (no commuting).
+applies the older step in flight, as the loop does. The plan needs no dispatch-free times. Where
+the update the clock reaches next finishes nobody and what the outside events read of the replica
+is its load or KV usage (commuting_arrivals: fastpath/pd_runs.py), the early application takes that
+update too (as the non-paced past_arrival does): its timeout, already set, then only resumes the
+loop at its instant.
 """
 
 from __future__ import annotations
@@ -229,8 +232,9 @@ class DeferredRuns:
             if due > env.now:  # _apply_oldest's timeout; none where the GPU is already done
                 yield env.timeout(due - env.now)
             if plan.resume_at_s is not None:  # applied early: this is the update the loop waits for
-                so, mro, _end, rec, row = in_flight.popleft()
-                self.engine.apply_output(so, mro, rec, row)
+                if not plan.past_arrival:  # (past_arrival: it came with the run; the loop resumes)
+                    so, mro, _end, rec, row = in_flight.popleft()
+                    self.engine.apply_output(so, mro, rec, row)
                 return
             j += 1
             plan.woken = j

@@ -12,6 +12,18 @@ DeferredRuns.load_drop). Nothing else reads a decode replica: the front router p
 prefill replicas, and transfers to this replica start only at its own schedules, which a run's
 plain steps are not. Runs go on through finishes, heard when the run is applied (below).
 
+An early application takes the update the clock reaches next too (the in-flight step's, at the
+timeout already set: DeferredRuns.apply_at's past_arrival) where that update finishes nobody and
+the decode router reads the load, KV usage or nothing (not the prefix cache: prefix_aware would
+see the blocks the update caches early; a router with no proof is not paced). Whatever meets the
+replica between the outside event and that update (at its instant too, before its timeout) is
+then: a hand-off (add_request, which commutes with an update that finishes nobody:
+VllmDecodeRuns.arrivals_commute_with_decode_updates), a landing (mark_kv_received adds the id to
+finished_recving_kv_req_ids and clears `_stalled`, which no update reads or writes), or a read of
+its load (no finish: the same) or KV usage (the free count: an update that finishes nobody frees
+no block, and caching moves none). So every event sees what stepping shows it, and the loop
+resumes at the update's instant in stepping's state there.
+
 Bounded runs (otherwise), by the next outside event instead of the next arrival. What reaches a
 decode replica from outside, and the earliest time each can come (`PDBounds.bound_s`, recomputed at
 every loop top where the planner may start a run: MacroPlanner.next_arrival_fn):
@@ -138,7 +150,7 @@ def attach_pd_bounds(cluster: Cluster) -> None:
             planner.defer_runs(_no_dispatch, reads_state=reads)
             if planner.deferred.collides is not None:
                 planner.deferred.paced = True
-                planner.deferred.commuting_arrivals = False
+                planner.deferred.commuting_arrivals = reads is False or cluster.cfg.pd.decode_router.name == "least_kv"
 
 
 def _decode_router_reads(cluster: Cluster) -> bool | None:
