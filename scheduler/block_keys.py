@@ -26,12 +26,9 @@ from dataclasses import dataclass
 from typing import Final
 
 try:  # CPython's own SHA-256: OpenSSL's digests, without its context set-up (most of a short hash's cost)
-    from _sha256 import sha256 as _sha256  # Python 3.11
-except ImportError:
-    try:
-        from _sha2 import sha256 as _sha256  # Python 3.12 and later
-    except ImportError:  # an interpreter built without it
-        from hashlib import sha256 as _sha256
+    from _sha256 import sha256 as _sha256
+except ImportError:  # Python 3.12 on (its module is _sha2, outside 3.11's stdlib names), or built without it
+    from hashlib import sha256 as _sha256
 
 
 @dataclass(frozen=True, slots=True)
