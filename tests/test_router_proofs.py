@@ -31,7 +31,7 @@ def test_every_proof_names_a_registered_router():
         assert name in ROUTERS
         proof = proof_for(make_router(name, {}, np.random.default_rng(0)))
         assert proof is not None
-        for member in ("reads_all_candidates", "reads_only_load", "reads_planned_state", "arrivals_elsewhere",
+        for member in ("reads_all_candidates", "reads_only_load", "reads_planned_state", "reads_prefix_cache", "arrivals_elsewhere",
                        "arrivals_unread"):
             assert hasattr(proof, member), (name, member)  # RouterProof's members
 

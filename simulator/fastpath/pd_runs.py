@@ -150,7 +150,7 @@ def attach_pd_bounds(cluster: Cluster) -> None:
             planner.defer_runs(_no_dispatch, reads_state=reads)
             if planner.deferred.collides is not None:
                 planner.deferred.paced = True
-                planner.deferred.commuting_arrivals = reads is False or cluster.cfg.pd.decode_router.name == "least_kv"
+                planner.deferred.commuting_arrivals = not _decode_router_reads_prefix(cluster)
 
 
 def _decode_router_reads(cluster: Cluster) -> bool | None:
@@ -168,6 +168,15 @@ def _decode_router_reads(cluster: Cluster) -> bool | None:
     if proof.reads_only_load or isinstance(proof, RoundRobinProof):
         return False
     return None
+
+
+def _decode_router_reads_prefix(cluster: Cluster) -> bool:
+    """Whether the decode router's decisions read a decode replica's prefix cache (its proof's
+    reads_prefix_cache): what an update caches is then seen, so no update goes early."""
+    from servesim.simulator.fastpath.router_proofs import proof_for
+
+    proof = proof_for(cluster.decode_router)
+    return proof is None or proof.reads_prefix_cache
 
 
 def _no_dispatch(times: Sequence[float]) -> int:

@@ -23,6 +23,7 @@ import bisect
 import copy
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servesim.scheduler.registry import Registry
@@ -56,6 +57,10 @@ class RouterProof(Protocol):
     # replica with a deferred run answers from its plan as stepping shows them (fastpath/
     # planned_reads.py): its runs may be deferred as reads_only_load's are.
     reads_planned_state: bool
+    # True: a decision reads a candidate's prefix cache (Engine.cached_prefix_tokens), which sees
+    # the blocks an update caches: no update of a replica's run may be applied before its time
+    # (a P/D decode replica's paced runs: fastpath/pd_runs.py). KV usage and load do not see them.
+    reads_prefix_cache: bool
 
     def arrivals_elsewhere(self, candidate: int, load: int, candidates: Sequence[Replica],
                            upcoming: Sequence[RequestSpec], first: int) -> int:
@@ -95,6 +100,7 @@ class RoundRobinProof:
     reads_all_candidates = False
     reads_only_load = False
     reads_planned_state = False
+    reads_prefix_cache = False
 
     def __init__(self, router: RoundRobin) -> None:
         self._router = router
@@ -113,6 +119,7 @@ class LeastOutstandingProof:
     reads_all_candidates = True
     reads_only_load = True
     reads_planned_state = False
+    reads_prefix_cache = False
 
     def __init__(self, router: Router) -> None:
         pass
@@ -147,8 +154,8 @@ class StateReadingProof:
     reads_only_load = False
     reads_planned_state = True
 
-    def __init__(self, router: Router) -> None:
-        pass
+    def __init__(self, router: Router, reads_prefix_cache: bool) -> None:
+        self.reads_prefix_cache = reads_prefix_cache  # prefix_aware's; least_kv reads KV usage and load
 
     def arrivals_elsewhere(self, candidate, load, candidates, upcoming, first):
         return 0  # every decision reads state a run changes
@@ -157,8 +164,8 @@ class StateReadingProof:
         return 0  # every decision reads every candidate
 
 
-ROUTER_PROOFS.add("least_kv", StateReadingProof)
-ROUTER_PROOFS.add("prefix_aware", StateReadingProof)
+ROUTER_PROOFS.add("least_kv", partial(StateReadingProof, reads_prefix_cache=False))
+ROUTER_PROOFS.add("prefix_aware", partial(StateReadingProof, reads_prefix_cache=True))
 
 
 @ROUTER_PROOFS.register("jsq_power_of_two")
@@ -175,6 +182,7 @@ class PowerOfTwoProof:
     reads_all_candidates = False  # a decision reads only the two drawn
     reads_only_load = True  # ... and only their loads
     reads_planned_state = False
+    reads_prefix_cache = False
 
     def __init__(self, router: PowerOfTwo) -> None:
         self._router = router
@@ -232,6 +240,7 @@ class SessionAffinityProof:
     reads_all_candidates = False  # a session's turn reads nothing; only the fallback reads loads
     reads_only_load = True
     reads_planned_state = False
+    reads_prefix_cache = False
 
     def __init__(self, router: Router) -> None:
         self._pins: _SessionPins | None = None  # the arrival sequence's targets
