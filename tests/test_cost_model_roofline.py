@@ -40,7 +40,12 @@ def test_monotonic_in_tokens_and_context(reqs, which, extra):
     more_new = list(new)
     more_new[i] += extra
     assert cm.step_time_s(StepShape(tuple(new), tuple(more_ctx), len(new))) >= base
-    assert cm.step_time_s(StepShape(tuple(more_new), tuple(ctx), len(new))) >= base
+    if new[i] > 1 or sum(n == 1 for n in new) == 1:
+        # More new tokens cost more within a class. A one-token request is a decode (vLLM's
+        # query_len == 1, split-KV); its longest-context imbalance with the other decodes
+        # (decode_skew) leaves with it when it becomes a prefill, which can outweigh the
+        # added tokens: reqs=[(1, 0), (1, 1247)], bumping the first, is 1.4 ns cheaper.
+        assert cm.step_time_s(StepShape(tuple(more_new), tuple(ctx), len(new))) >= base
     # one more request never makes the step cheaper
     assert cm.step_time_s(StepShape(tuple(new) + (1,), tuple(ctx) + (extra,), len(new) + 1)) >= base
 
