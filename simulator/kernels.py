@@ -160,11 +160,7 @@ class DenseRooflinePricer:
         norm = tokens * self.tok_bytes * m + ko
         if num_sampled == 0:
             return self.num_layers * layer + (embed + norm)  # + 0.0 + 0.0: the same float
-        compute = num_sampled * self.head_flops * self.head_c
-        memory = (self.head_wbytes + num_sampled * self.head_rbytes) * m
-        lm_head = (memory if memory > compute else compute) + ko
-        if self.has_gather:
-            lm_head += gather_s
+        lm_head = self._lm_head_s(num_sampled, gather_s)
         sampler = num_sampled * self.sampler_bytes * m + 2 * ko
         return self.num_layers * layer + (embed + norm + lm_head + sampler)
 
@@ -181,6 +177,17 @@ class DenseRooflinePricer:
         if self.has_moe:
             gemm += experts_s
         return gemm
+
+    def _lm_head_s(self, num_sampled: int, gather_s: float) -> float:
+        """The LM head over num_sampled rows, and the logits gather (has_gather): step_s's and
+        verify_steps_s' one expression."""
+        m = self.m
+        compute = num_sampled * self.head_flops * self.head_c
+        memory = (self.head_wbytes + num_sampled * self.head_rbytes) * m
+        lm_head = (memory if memory > compute else compute) + self.ko
+        if self.has_gather:
+            lm_head += gather_s
+        return lm_head
 
     def verify_steps_s(self, num_new: int, num_requests: int, ctx_sums: list[int], experts_s: float,
                        comm_s: float, gather_s: float) -> list[float]:
@@ -200,11 +207,7 @@ class DenseRooflinePricer:
         elementwise = tokens * self.ew_bytes * m + self.ew_kernels * ko
         embed = tokens * self.tok_bytes * m + ko
         norm = tokens * self.tok_bytes * m + ko
-        compute = num_requests * self.head_flops * self.head_c
-        memory = (self.head_wbytes + num_requests * self.head_rbytes) * m
-        lm_head = (memory if memory > compute else compute) + ko
-        if self.has_gather:
-            lm_head += gather_s
+        lm_head = self._lm_head_s(num_requests, gather_s)
         sampler = num_requests * self.sampler_bytes * m + 2 * ko
         head = embed + norm + lm_head + sampler
         half_pairs = 0.5 * float(num_requests * num_new * num_new + tokens)  # step_s's 0.5 * float(cc + tokens)
