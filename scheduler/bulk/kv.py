@@ -128,6 +128,16 @@ class KVDecodeRuns:
             num_steps = min(num_steps, max(0, (m + 1) * bs - c0 - min(1, r.num_tokens - c0)))
         return num_steps
 
+    def admission_surely_fits(self, request: Request) -> bool:
+        """Whether the blocks of request's whole prompt (no hit) are free now: then neither
+        admission_fails' allocation nor can_fit_full_sequence can refuse it, whatever its prefix
+        hit (one full-attention group, supports_decode_runs: a hit of h blocks takes at most h
+        blocks off the free queue and spares h new ones). Checks no hit: a waiting request's
+        lookup is the costly part of a failed run proof (one per arrival, the Azure hour)."""
+        kvm = self.kvm
+        full = min(request.num_tokens, kvm.max_model_len)
+        return -(-full // kvm.block_size) <= kvm.block_pool.get_num_free_blocks()
+
     def admission_fails(self, request: Request, num_new_tokens: int, hit: KVCacheBlocks,
                         num_hit_tokens: int, reserve_full_isl: bool) -> bool:
         """Whether schedule() now stops at this waiting request for lack of blocks: can_fit_full_sequence

@@ -193,8 +193,10 @@ class VllmDecodeRuns:
                 or head.num_computed_tokens or (sched.max_loras is not None and head.lora_id is not None)
                 or cfg.use_eagle):
             return None
-        hit, num_hit = sched.kv_cache_manager.peek_computed_blocks(head)
         budget = sched.max_num_scheduled_tokens - num_batch
+        if (cfg.enable_chunked_prefill or head.num_tokens <= budget) and self.kv.admission_surely_fits(head):
+            return None  # admitted, whatever its hit: the lookup below would only confirm it
+        hit, num_hit = sched.kv_cache_manager.peek_computed_blocks(head)
         num_new = head.num_tokens - num_hit
         threshold = cfg.long_prefill_token_threshold
         if 0 < threshold < num_new:
