@@ -109,13 +109,14 @@ class FreeKVCacheBlockQueue:
             end = head + n
             out = cast(list[KVCacheBlock], order[head:end])  # no hole among them
         else:
-            out = []
-            end = head
-            while len(out) < n:  # n free blocks follow the head
-                block = order[end]
-                end += 1
-                if block is not None:
-                    out.append(block)
+            # Slices, not one item at a time: a slice's copy touches its blocks in a tight loop,
+            # so their cache misses overlap (the filter then finds them in cache).
+            end = head + n
+            out = [block for block in order[head:end] if block is not None]
+            while len(out) < n:  # n free blocks follow the head: the loop ends
+                need = n - len(out)
+                out.extend([block for block in order[end:end + need] if block is not None])
+                end += need
             self._num_holes -= end - head - n
         self._head = end
         self._trim()
