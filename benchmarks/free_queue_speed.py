@@ -4,13 +4,15 @@
     python benchmarks/free_queue_speed.py --cold 0     # caches left warm between operations
 
 A BlockPool of 28,000 blocks (the hour's Llama-3.1-8B / H100 pool) with caching on. Each round
-allocates a request of 60-100 blocks (get_new_blocks), a third of them first taking a prefix hit on
-the blocks of a recently finished request (touch: removes from the middle of the free queue), and
-frees whole requests, tail first, in random order when the pool runs short (free_blocks): after a
-while the queue's order is the LRU order of frees, scattered over the blocks. With --cold N (the
-default) an array of N MiB is read between rounds, so each round finds the blocks out of cache as
-the simulator does (it touches far more memory between two allocations); only the pool's calls
-are timed. The choices are seeded: the same operations on every build.
+pops 60-100 blocks (get_new_blocks) and deals them out to 32 requests in flight, as a step's
+allocations interleave; while more than 5 % of the pool is in use (the hour keeps 3-5 %) a random
+request finishes (free_blocks, tail first) and a third of the newcomers take a prefix hit on a
+recently finished request's blocks (touch: removals from the middle of the free queue). After a
+while the queue's order is the order of frees, scattered over the blocks in memory. With --cold N
+(default 64) an array of N MiB is read between rounds, so each round finds the blocks out of cache
+as the simulator does (it touches far more memory between two allocations); only the pool's calls
+are timed, and each reports the median over its calls of ns per block (the machine is shared: a
+preempted call says nothing of the pool). The choices are seeded: the same operations every build.
 """
 
 from __future__ import annotations
