@@ -244,16 +244,11 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference from each; those reaching 0 join the free queue in the given order.
-
-        One pass: no block (the null block aside, never queued) appears twice in one call (a
-        request's blocks of one group), so a block reaches 0 at its only occurrence."""
-        freed = []
-        for block in ordered_blocks:
+        """Drop one reference from each; those reaching 0 join the free queue in the given order."""
+        blocks = list(ordered_blocks)
+        for block in blocks:
             block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
-                freed.append(block)
-        self.free_block_queue.append_n(freed)
+        self.free_block_queue.append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         for block_id in block_ids:
