@@ -183,6 +183,9 @@ class BlockKeyPlan:
             # blocks j .. last - 1 all end inside run t (after the run before it ends, by the loop)
             last = min(stop, ends[t] // block_size)
             base = bases[t]
-            for i in range(j, last):  # (appended one by one: no slice and no list to extend from)
-                keys.append(base + encoded[i])
+            if last - j == 1:  # a decode step's one new block: no list to extend from
+                keys.append(base + encoded[j])
+            else:  # a prompt's blocks: built from a slice (compiled, a list of known length), the
+                # request's list grown once
+                keys.extend([base + e for e in encoded[j:last]])
             j = last

@@ -236,8 +236,8 @@ class Engine:
 
     def _add(self, spec: RequestSpec, sent_s: float) -> None:
         sched, now = self.scheduler, self.env.now
-        self.book.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
         prompt_len, output_len = spec.prompt_len, spec.output_len
+        self.book.metrics.on_arrival(spec.request_id, sent_s, prompt_len, output_len)
         if output_len < 1 or prompt_len + output_len > self._admitted_tokens:  # (Admission.admitted_tokens)
             reason = self.admission.reject_reason(prompt_len, output_len)
             if reason is not None:  # the frontend refuses it: it never reaches the scheduler

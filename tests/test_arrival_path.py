@@ -10,19 +10,25 @@
 - Admission.blocks_needed sums its groups in a loop;
 - the engine asks Admission.reject_reason only past Admission.admitted_tokens: every request within
   it is admitted (all of them, for random admission shapes), the bound is the largest such, and an
-  engine's rejections are reject_reason's answers on both sides of it.
+  engine's rejections are reject_reason's answers on both sides of it;
+- KVCacheManager.note_request tests and adds a key root in one probe (KeyRootSet.add says whether
+  it was new): each request with a new root caches privately until a root repeats, then private
+  caching ends, as the test-then-add it replaces.
 """
 
 from __future__ import annotations
 
 import hashlib
+from array import array
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.scheduler import TokenSegment
+from sched_helpers import make_sched
+from servesim.scheduler import Request, SamplingParams, TokenProvenance, TokenSegment
 from servesim.scheduler.block_keys import BlockKeyPlan
+from servesim.scheduler.kv.root_set import KeyRootSet
 from servesim.api import run
 from servesim.overrides import apply_overrides
 from servesim.scheduler.multimodal import MultiModalFeatureSpec
@@ -170,3 +176,34 @@ def test_engine_rejects_what_reject_reason_rejects_around_the_bound(engine):
         if engine == "sglang" and want is None and got is not None:
             continue  # SGLang's own input-length rule (a margin of a few tokens) refuses more, later
         assert got == want, spec.request_id
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b"b", b"c", b"d"]), min_size=1, max_size=7))
+def test_note_request_caches_privately_until_a_root_repeats(sources):
+    sched = make_sched(block_size=4, enable_prefix_caching=True)
+    kvm = sched.kv_cache_manager
+    seen: set[bytes] = set()
+    private: set[str] = set()
+    ended = False
+    for i, source in enumerate(sources):
+        req = Request(f"r{i}", array("i", range(9)), SamplingParams(max_tokens=2, ignore_eos=True),
+                      block_hasher=sched.block_hasher, token_provenance=TokenProvenance((TokenSegment(source, 0, 9),)))
+        kvm.note_request(req)
+        if not ended and source in seen:  # the test-then-add rule: a repeated root ends it all
+            ended, private = True, set()
+        elif not ended:
+            seen.add(source)
+            private.add(req.request_id)
+        assert kvm._private_caching is not ended
+        assert kvm.block_pool.private_ids == private
+
+
+def test_key_root_set_add_says_whether_the_root_was_new():
+    roots = KeyRootSet()
+    words = [hashlib.sha256((i % 700).to_bytes(2, "little")).digest() for i in range(2100)]  # repeats, past doublings
+    for root in words:
+        was_in = root in roots
+        assert roots.add(root) is not was_in
+        assert root in roots
+    assert len(roots) == 700
