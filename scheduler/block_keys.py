@@ -93,8 +93,9 @@ def _field(data: bytes) -> bytes:
 
 
 # block_size -> the 8-byte ends of blocks 0, 1, ... ((j + 1) * block_size, little-endian): shared
-# by every request, grown on demand (to_bytes per block was half of a key's cost)
-_ENDS: dict[int, list[bytes]] = {}
+# by every request, grown on demand (to_bytes per block was half of a key's cost). Final: the dict
+# is only mutated, and compiled a rebindable global is a dictionary lookup at each read.
+_ENDS: Final[dict[int, list[bytes]]] = {}
 
 
 def _block_ends(block_size: int, num_blocks: int) -> list[bytes]:
@@ -182,5 +183,9 @@ class BlockKeyPlan:
             # blocks j .. last - 1 all end inside run t (after the run before it ends, by the loop)
             last = min(stop, ends[t] // block_size)
             base = bases[t]
-            keys.extend([base + e for e in encoded[j:last]])
+            if last - j == 1:  # a decode step's one new block: no list to extend from
+                keys.append(base + encoded[j])
+            else:  # a prompt's blocks: built from a slice (compiled, a list of known length), the
+                # request's list grown once
+                keys.extend([base + e for e in encoded[j:last]])
             j = last

@@ -93,6 +93,11 @@ class Engine:
         self.requests_in = RequestFactory(executor, cfg.prefix_cache_keys == "provenance")
         self.grammar_times = GrammarTimes(cfg.structured_output, cfg.seed)
         self.admission = Admission.of(cfg.scheduler, self.cache, pool_rule=cfg.engine != "sglang")
+        # Admission, grammars and sessions are interpreted: _add asks them only where they can
+        # refuse or add something (most requests are within _admitted_tokens, have no grammar,
+        # are not sessions)
+        self._admitted_tokens = self.admission.admitted_tokens()
+        self._grammar_may_block = self.grammar_times.may_block
         self.cpu = cfg.cost_model.cpu_overhead
         self.env = env if env is not None else simpy.Environment()
         self.book = StepBook(MetricsCollector(cfg.step_rows), step_trace, progress)
@@ -231,11 +236,13 @@ class Engine:
 
     def _add(self, spec: RequestSpec, sent_s: float) -> None:
         sched, now = self.scheduler, self.env.now
-        self.book.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
-        reason = self.admission.reject_reason(spec.prompt_len, spec.output_len)
-        if reason is not None:  # the frontend refuses it: it never reaches the scheduler
-            self._rejected(spec.request_id, reason)
-            return
+        prompt_len, output_len = spec.prompt_len, spec.output_len
+        self.book.metrics.on_arrival(spec.request_id, sent_s, prompt_len, output_len)
+        if output_len < 1 or prompt_len + output_len > self._admitted_tokens:  # (Admission.admitted_tokens)
+            reason = self.admission.reject_reason(prompt_len, output_len)
+            if reason is not None:  # the frontend refuses it: it never reaches the scheduler
+                self._rejected(spec.request_id, reason)
+                return
         timeout_s = spec.timeout_s if spec.timeout_s is not None else self._timeout_s
         if timeout_s is not None:
             deadline_s = sent_s + timeout_s
@@ -243,8 +250,11 @@ class Engine:
                 self._gone(spec.request_id)
                 return
             self.deadlines.push(deadline_s, spec.request_id)
-        compile_s = self.grammar_times.compile_s(spec, self.cfg.engine, self.planner is not None)
-        session = SessionInputs.check(spec, self.cfg.engine, self.planner is not None, self.clients.loop is not None)
+        # (None and False without a grammar field or rate, or input chunks: what each returns then)
+        compile_s = None if spec.grammar_compile_ms is None and not self._grammar_may_block else \
+            self.grammar_times.compile_s(spec, self.cfg.engine, self.planner is not None)
+        session = spec.input_chunk_offsets_s is not None and \
+            SessionInputs.check(spec, self.cfg.engine, self.planner is not None, self.clients.loop is not None)
         req = self.requests_in.make(spec, now, structured_output=compile_s is not None, resumable=session)
         sched.add_request(req, now_s=now)
         if session:

@@ -90,6 +90,23 @@ class Admission:
             needed += min(b, blocks)
         return needed
 
+    def admitted_tokens(self) -> int:
+        """The largest n such that reject_reason admits every request with output_len >= 1 and
+        prompt_len + output_len <= n (0: none proven), so a caller can skip asking below it.
+
+        Why (n - 1, 1) decides: with output_len >= 1 and a sum s <= n <= max_model_len, the prompt
+        is shorter than max_model_len, so reject_reason's answer depends on s alone and only grows
+        with it (blocks_needed is non-decreasing); (n - 1, 1) has the largest s and the largest
+        prompt. The answer for (n - 1, 1) only grows with n too, hence the bisection."""
+        lo, hi = 0, self.max_model_len  # lo: proven (vacuously for n < 2); hi: the most possible
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if mid < 2 or self.reject_reason(mid - 1, 1) is None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def reject_reason(self, prompt_len: int, output_len: int) -> str | None:
         """Why a request can never run, or None when it can."""
         if prompt_len > self.max_model_len:

@@ -200,7 +200,11 @@ class RequestSpec:
         equal runs mean equal ids, and the prefix cache can key blocks by these runs alone."""
         if self.prompt_token_ids is not None:
             return None
-        return tuple([(stream_source(key), start, n) for key, start, n in self._runs()])
+        runs = self._runs()
+        if len(runs) == 1:  # a plain prompt, at every arrival: without a comprehension's frame
+            key, start, n = runs[0]
+            return ((stream_source(key), start, n),)
+        return tuple([(stream_source(key), start, n) for key, start, n in runs])
 
     def _runs(self) -> list[tuple[int, int, int]]:
         """The synthetic prompt as (stream key, first position, count) runs, in order: Mooncake hash

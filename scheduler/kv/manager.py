@@ -207,12 +207,15 @@ class KVCacheManager:
         """A request reaches the scheduler (before any lookup of its blocks). It caches privately
         when its key root is new; a root seen before means two requests may share keys: every
         private block is published and private caching ends (block_pool.py, "Private blocks")."""
-        if not self._private_caching or self.note_lookup(request):
+        if not self._private_caching:
             return
         root = request.key_root
-        if root is not None:  # None: hashed ids, never private
-            self._key_roots.add(root)
+        if root is None:  # hashed ids, never private
+            return
+        if self._key_roots.add(root):  # (note_lookup's test and the add in one probe)
             self.block_pool.private_ids.add(request.request_id)
+        else:
+            self._end_private_caching()
 
     def note_lookup(self, request: Request) -> bool:
         """Keys like request's are about to be looked up (its own admission, or a router probing
@@ -226,12 +229,16 @@ class KVCacheManager:
             return False  # hashed ids: its keys cannot equal a provenance key (block_keys.py)
         if root not in self._key_roots:
             return False
+        self._end_private_caching()
+        return True
+
+    def _end_private_caching(self) -> None:
+        """Publish every private block (two requests may share keys now); private caching ends."""
         mgr = self._single_full
         assert mgr is not None
         self.block_pool.end_private_caching(mgr.group_id)
         self._private_caching = False
         self._key_roots = KeyRootSet()
-        return True
 
     def free(self, request: Request) -> None:
         rid = request.request_id

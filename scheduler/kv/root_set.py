@@ -41,11 +41,14 @@ class KeyRootSet:
         word = _word(root)
         return self._slots[self._probe(word)] == word
 
-    def add(self, root: bytes) -> None:
+    def add(self, root: bytes) -> bool:
+        """Add root; True when it was not in the set (`in` and add in one probe)."""
         if 2 * (self._size + 1) > len(self._slots):
             self._grow()
         if self._insert(_word(root)):
             self._size += 1
+            return True
+        return False
 
     def _probe(self, word: int) -> int:
         """The slot holding `word`, or the empty slot where it would go (one always exists: at
