@@ -25,6 +25,7 @@ from servesim.scheduler.request import Request, RequestStatus
 from servesim.simulator.engine import Engine, resolve_cache
 from servesim.simulator.kv_offload import refuse_kv_offload
 from servesim.simulator.startup import resolved
+from servesim.traces.workload import RequestSpec
 
 
 class RemotePrefillConnector:
@@ -211,8 +212,41 @@ class DecodeEngine(Engine):
         self.scheduler.connector = connector
         self.connector = connector
 
+    def submit_handed_over(self, spec: RequestSpec, prefill: Engine) -> None:
+        """A request the prefill engine `prefill` finished is handed over now (Engine.submit),
+        its Request taking the prefill side's prompt keys where they are this side's (key_donor)."""
+        rid, factory = spec.request_id, self.requests_in
+        donor = key_donor(prefill, self, rid)
+        if donor is not None:
+            factory.key_donors[rid] = donor
+        self.submit(spec)
+        if donor is not None:
+            factory.key_donors.pop(rid, None)  # refused before it was built (admission, its client gone)
+
     def kv_received(self, request_id: str) -> None:
         if self.planner is not None:  # a landing is an arrival: no run may have gone past it
             self.planner.before_submit(self.env.now)
         self.scheduler.mark_kv_received(request_id)
         self.notify()
+
+
+def key_donor(prefill: Engine, decode: Engine, request_id: str) -> Request | None:
+    """The prefill side's Request of a request handed over to `decode`, where the decode side's
+    Request would build the very same key plan and prompt-block keys (Request.take_prompt_keys),
+    else None (build them). The same spec reaches both sides but for output_len, so the prompt's
+    provenance and extra keys (LoRA id) are the same; the keys are the same where both sides key by
+    provenance (not by hashing ids), both hash blocks of one size, the prefill side keyed its
+    Request with a plan (key_root: a hasher attached, blocks of more than one token; no multimodal
+    input), and both executors name the same output id stream (a plan's last run). The prefill
+    side keeps its finished Request until the decode side has read its KV (RemoteDecodeConnector)."""
+    donor = prefill.scheduler.requests.get(request_id)
+    if donor is None or donor.key_root is None:
+        return None
+    p_in, d_in = prefill.requests_in, decode.requests_in
+    if not (p_in.keys_from_provenance and d_in.keys_from_provenance):
+        return None
+    if decode.scheduler.block_hasher is None or prefill.scheduler.block_size != decode.scheduler.block_size:
+        return None
+    if p_in.executor.output_token_source(request_id) != d_in.executor.output_token_source(request_id):
+        return None
+    return donor
