@@ -58,7 +58,11 @@ class RemotePrefillConnector:
                 self.on_alloc(request, num_external)
 
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
-        return False, None  # decode side: nothing to send, free now
+        return self.delays_free(request, any(block_ids)), None
+
+    def delays_free(self, request: Request, holds_blocks: bool) -> bool:
+        """request_finished's answer from whether the request holds a block (StallAwareMixin)."""
+        return False  # decode side: nothing to send, free now
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
         return None  # the transfer is driven outside the step (no per-step worker metadata)
@@ -84,8 +88,12 @@ class RemoteDecodeConnector:
         pass
 
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
+        return self.delays_free(request, any(block_ids)), None
+
+    def delays_free(self, request: Request, holds_blocks: bool) -> bool:
+        """request_finished's answer from whether the request holds a block (StallAwareMixin)."""
         # Aborted or ignored prompts are never read: free them at once.
-        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and any(block_ids), None
+        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and holds_blocks
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
         return None  # the transfer is driven outside the step (no per-step worker metadata)
@@ -126,6 +134,15 @@ class StallAwareMixin:
 
     def has_unfinished_requests(self) -> bool:
         return not self._stalled and super().has_unfinished_requests()
+
+    def _connector_finished(self, request: Request) -> bool:
+        """Scheduler._connector_finished without building the finished request's block table: a
+        P/D connector reads no more of it than whether any group holds a block (delays_free), which
+        is whether the table has a non-empty group (KVCacheManager.num_blocks_held counts the same
+        lists get_block_ids copies). Every P/D request finishes on both sides."""
+        kvm = self.kv_cache_manager
+        kvm.coordinator.remove_skipped_blocks(request.request_id, request.num_tokens)
+        return self.connector.delays_free(request, kvm.num_blocks_held(request.request_id) > 0)
 
     def add_request(self, request: Request, now_s: float | None = None) -> None:
         self._stalled = False
