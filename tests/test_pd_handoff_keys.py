@@ -84,20 +84,31 @@ def _run(cfg: ClusterConfig, wl, spy: _Spy | None = None):
     return c, c.run()
 
 
-@pytest.mark.parametrize("prefix", [False, True], ids=["one-run", "prefixed"])
-def test_taken_keys_are_the_ones_the_decode_side_builds(monkeypatch, prefix):
+_TIGHT = {"cache.num_gpu_blocks": 500, "scheduler.max_model_len": 2400}
+KEY_CASES = {  # (shared system prompts, decode router, both sides' settings)
+    "one-run": (False, "least_kv", {}),
+    "prefixed": (True, "least_kv", {}),
+    # the decode router reads the prefix cache the taken keys fill; requests wait and preempt
+    "prefixed-prefix-aware-tight": (True, "prefix_aware", _TIGHT),
+    "prefixed-least-outstanding-sync": (True, "least_outstanding", {"scheduler.async_scheduling": False}),
+}
+
+
+@pytest.mark.parametrize("case", list(KEY_CASES))
+def test_taken_keys_are_the_ones_the_decode_side_builds(monkeypatch, case):
     """At every hand-off the decode side's Request, as add_request keys it, holds exactly the keys
     and plan a fresh build gives; whole outputs equal those with no donor at all (each side builds
     its own), and equal plain stepping's."""
+    prefix, router, sim = KEY_CASES[case]
     wl = _workload(80, seed=5, prefix=prefix)
     spy = _Spy(monkeypatch)
-    cluster, res = _run(_config(), wl, spy)
+    cluster, res = _run(_config(prefill_sim=sim, decode_sim=sim, router=router), wl, spy)
     assert spy.num_taken == spy.num_checked == len(wl.requests)  # every hand-off took its keys
     if prefix:
         assert res.summary["prefix_cache_hit_tokens"] > 0
     monkeypatch.setattr(pd_mod, "key_donor", lambda prefill, decode, rid: None)
-    _, built = _run(_config(), wl)
-    _, plain = _run(_config(macro=False), wl)
+    _, built = _run(_config(prefill_sim=sim, decode_sim=sim, router=router), wl)
+    _, plain = _run(_config(macro=False, prefill_sim=sim, decode_sim=sim, router=router), wl)
     for other in (built, plain):
         pd.testing.assert_frame_equal(res.requests, other.requests)
         pd.testing.assert_frame_equal(res.steps, other.steps)
