@@ -278,6 +278,16 @@ class Request:
             return None
         return plan.root
 
+    def take_prompt_keys(self, donor: Request) -> None:
+        """Take `donor`'s key plan and its prompt blocks' keys instead of building them (a P/D
+        hand-off: the decode side's request, built without provenance, of the prefill side's;
+        simulator/cluster/pd.py). The caller's promise: donor has this prompt's provenance, output
+        source and extra keys and was keyed with this request's hasher block size, so its plan is
+        the one this request would build (a pure function of them, never changed once built) and
+        its first num_prompt_tokens // block size keys are what extend_keys would hand out here."""
+        self._key_plan = donor._key_plan
+        self.block_hashes = donor.block_hashes[: self.num_prompt_tokens // donor._hash_block_size]
+
     def attach_block_hasher(self, block_hasher: BlockHasher, block_size: int) -> None:
         """Key this request's blocks with the scheduler's hasher (a request built without one), now
         and as tokens are appended; block_size is its tokens per hashed block."""

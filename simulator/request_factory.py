@@ -21,14 +21,22 @@ class RequestFactory:
     def __init__(self, executor: Executor, keys_from_provenance: bool) -> None:
         self.executor = executor  # knows each request's output id stream (or that it is not known)
         self.keys_from_provenance = keys_from_provenance
+        # request id -> a Request whose prompt keys the next one made with that id takes
+        # (Request.take_prompt_keys: a P/D hand-off, simulator/cluster/pd.py key_donor)
+        self.key_donors: dict[str, Request] = {}
 
     def make(self, spec: RequestSpec, now: float, structured_output: bool = False, resumable: bool = False) -> Request:
-        return Request(spec.request_id, prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
-                       arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
-                       job_id=spec.session_id, is_last_step=spec.is_last_turn,
-                       token_provenance=self.provenance(spec),  # add_request keys its blocks
-                       structured_output=structured_output, resumable=resumable,
-                       mm_features=spec.mm_items)
+        donor = self.key_donors.pop(spec.request_id, None) if self.key_donors else None
+        req = Request(spec.request_id, prompt_ids(spec), SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+                      arrival_time=now, priority=spec.priority, lora_id=spec.lora_id,
+                      job_id=spec.session_id, is_last_step=spec.is_last_turn,
+                      # add_request keys its blocks (a donor's keys are this provenance's)
+                      token_provenance=self.provenance(spec) if donor is None else None,
+                      structured_output=structured_output, resumable=resumable,
+                      mm_features=spec.mm_items)
+        if donor is not None:
+            req.take_prompt_keys(donor)
+        return req
 
     def provenance(self, spec: RequestSpec) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash

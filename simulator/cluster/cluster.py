@@ -358,7 +358,7 @@ class Cluster:
         rep, rec = self._route(self.decode_router, spec, self.decoders)
         self.timelines[request_id].decode = rec
         rep.engine.connector.expect(request_id)
-        rep.engine.submit(spec)
+        rep.engine.submit_handed_over(spec, self.replicas[self.routes[request_id].replica].engine)
 
     def _start_transfer(self, decode_idx: int, request: Request, num_external: int) -> None:
         rid = request.request_id

@@ -25,6 +25,7 @@ from servesim.scheduler.request import Request, RequestStatus
 from servesim.simulator.engine import Engine, resolve_cache
 from servesim.simulator.kv_offload import refuse_kv_offload
 from servesim.simulator.startup import resolved
+from servesim.traces.workload import RequestSpec
 
 
 class RemotePrefillConnector:
@@ -57,7 +58,11 @@ class RemotePrefillConnector:
                 self.on_alloc(request, num_external)
 
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
-        return False, None  # decode side: nothing to send, free now
+        return self.delays_free(request, any(block_ids)), None
+
+    def delays_free(self, request: Request, holds_blocks: bool) -> bool:
+        """request_finished's answer from whether the request holds a block (StallAwareMixin)."""
+        return False  # decode side: nothing to send, free now
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
         return None  # the transfer is driven outside the step (no per-step worker metadata)
@@ -83,8 +88,12 @@ class RemoteDecodeConnector:
         pass
 
     def request_finished(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
+        return self.delays_free(request, any(block_ids)), None
+
+    def delays_free(self, request: Request, holds_blocks: bool) -> bool:
+        """request_finished's answer from whether the request holds a block (StallAwareMixin)."""
         # Aborted or ignored prompts are never read: free them at once.
-        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and any(block_ids), None
+        return request.status == RequestStatus.FINISHED_LENGTH_CAPPED and holds_blocks
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> None:
         return None  # the transfer is driven outside the step (no per-step worker metadata)
@@ -125,6 +134,15 @@ class StallAwareMixin:
 
     def has_unfinished_requests(self) -> bool:
         return not self._stalled and super().has_unfinished_requests()
+
+    def _connector_finished(self, request: Request) -> bool:
+        """Scheduler._connector_finished without building the finished request's block table: a
+        P/D connector reads no more of it than whether any group holds a block (delays_free), which
+        is whether the table has a non-empty group (KVCacheManager.num_blocks_held counts the same
+        lists get_block_ids copies). Every P/D request finishes on both sides."""
+        kvm = self.kv_cache_manager
+        kvm.coordinator.remove_skipped_blocks(request.request_id, request.num_tokens)
+        return self.connector.delays_free(request, kvm.num_blocks_held(request.request_id) > 0)
 
     def add_request(self, request: Request, now_s: float | None = None) -> None:
         self._stalled = False
@@ -211,8 +229,41 @@ class DecodeEngine(Engine):
         self.scheduler.connector = connector
         self.connector = connector
 
+    def submit_handed_over(self, spec: RequestSpec, prefill: Engine) -> None:
+        """A request the prefill engine `prefill` finished is handed over now (Engine.submit),
+        its Request taking the prefill side's prompt keys where they are this side's (key_donor)."""
+        rid, factory = spec.request_id, self.requests_in
+        donor = key_donor(prefill, self, rid)
+        if donor is not None:
+            factory.key_donors[rid] = donor
+        self.submit(spec)
+        if donor is not None:
+            factory.key_donors.pop(rid, None)  # refused before it was built (admission, its client gone)
+
     def kv_received(self, request_id: str) -> None:
         if self.planner is not None:  # a landing is an arrival: no run may have gone past it
             self.planner.before_submit(self.env.now)
         self.scheduler.mark_kv_received(request_id)
         self.notify()
+
+
+def key_donor(prefill: Engine, decode: Engine, request_id: str) -> Request | None:
+    """The prefill side's Request of a request handed over to `decode`, where the decode side's
+    Request would build the very same key plan and prompt-block keys (Request.take_prompt_keys),
+    else None (build them). The same spec reaches both sides but for output_len, so the prompt's
+    provenance and extra keys (LoRA id) are the same; the keys are the same where both sides key by
+    provenance (not by hashing ids), both hash blocks of one size, the prefill side keyed its
+    Request with a plan (key_root: a hasher attached, blocks of more than one token; no multimodal
+    input), and both executors name the same output id stream (a plan's last run). The prefill
+    side keeps its finished Request until the decode side has read its KV (RemoteDecodeConnector)."""
+    donor = prefill.scheduler.requests.get(request_id)
+    if donor is None or donor.key_root is None:
+        return None
+    p_in, d_in = prefill.requests_in, decode.requests_in
+    if not (p_in.keys_from_provenance and d_in.keys_from_provenance):
+        return None
+    if decode.scheduler.block_hasher is None or prefill.scheduler.block_size != decode.scheduler.block_size:
+        return None
+    if p_in.executor.output_token_source(request_id) != d_in.executor.output_token_source(request_id):
+        return None
+    return donor
