@@ -23,6 +23,7 @@ chained from the last key (Request.update_block_hashes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Final
 
 try:  # CPython's own SHA-256: OpenSSL's digests, without its context set-up (most of a short hash's cost)
@@ -78,6 +79,24 @@ class TokenProvenance:
             segments.append(seg if seg.num_tokens <= left else TokenSegment(seg.source, seg.start, left))
             left -= seg.num_tokens
         return TokenProvenance(tuple(segments))
+
+
+# A synthetic prompt's own stream (traces/tokens.py: a request's or session's ids) is keyed, and a
+# stream named in a provenance, here, compiled: a plain prompt's segment is made at every arrival.
+_TAG_TEXT: Final = 0x3C6EF372FE94F82B  # the text streams' domain tag (traces/tokens.py has the others)
+_MASK64: Final = (1 << 64) - 1
+
+
+def text_stream(ident: str) -> int:
+    """Stream key of a request or session id (stable across processes and platforms)."""
+    digest = blake2b(ident.encode("utf-8"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") ^ _TAG_TEXT) & _MASK64
+
+
+def stream_source(key: int) -> bytes:
+    """The identity of stream `key` in a token provenance (TokenSegment.source): equal bytes
+    exactly when the keys, hence every id of the streams, are equal."""
+    return b"stream:" + key.to_bytes(8, "little")
 
 
 _TAG: Final = b"servesim-provenance\x00"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servesim.scheduler import LazyTokenIds, Request, SamplingParams, SchedulerConfig, TokenProvenance, TokenSegment
+from servesim.scheduler.block_keys import stream_source
 from servesim.scheduler.encoder_cache import compute_mm_encoder_budget
 from servesim.simulator.executor import Executor
 from servesim.traces.errors import InputError
@@ -63,8 +64,12 @@ class _LastSegments:
 
     def segments_of(self, spec: RequestSpec) -> tuple[TokenSegment, ...] | None:
         if spec is not self.spec:
-            runs = spec.token_segments()
-            self.segments = None if runs is None else tuple([TokenSegment(run[0], run[1], run[2]) for run in runs])
+            plain = spec.plain_stream_key()  # (most prompts: token_segments' one run, made here compiled)
+            if plain is not None:
+                self.segments = (TokenSegment(stream_source(plain), 0, spec.prompt_len),)
+            else:
+                runs = spec.token_segments()
+                self.segments = None if runs is None else tuple([TokenSegment(r[0], r[1], r[2]) for r in runs])
             self.spec = spec
         return self.segments
 

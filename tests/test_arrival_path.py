@@ -5,6 +5,9 @@
   layouts, extra keys, block sizes and any split of extend_keys calls;
 - a plain spec's prompt is one run of its own stream, taken without the general walk: equal to the
   walk's answer (the same spec through the general path);
+- the request factory makes a plain prompt's one segment from RequestSpec.plain_stream_key (the
+  stream key compiled in block_keys.py): the segments token_segments' general walk gives, for
+  random specs of every kind (plain, sessions, groups, Mooncake ids, images, real ids);
 - SpecColumns builds a read-back spec with one unpacking store: every field set, equal to the one
   stored, for every field set away from its default;
 - Admission.blocks_needed sums its groups in a loop;
@@ -34,6 +37,7 @@ from servesim.overrides import apply_overrides
 from servesim.scheduler.multimodal import MultiModalFeatureSpec
 from servesim.simulator.config import SimConfig
 from servesim.simulator.liveness import Admission
+from servesim.simulator.request_factory import _LastSegments
 from servesim.traces.spec_columns import SpecColumns
 from servesim.traces.workload import RequestSpec, Workload
 
@@ -207,3 +211,31 @@ def test_key_root_set_add_says_whether_the_root_was_new():
         assert roots.add(root) is not was_in
         assert root in roots
     assert len(roots) == 700
+
+
+_spec_kind = st.sampled_from(["plain", "session", "group", "group_empty", "hash_ids", "image", "encoder", "real"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_spec_kind, st.integers(1, 600), st.integers(0, 3)), min_size=1, max_size=6))
+def test_factory_segments_are_token_segments_walk(rows):
+    last = _LastSegments()
+    for i, (kind, prompt_len, k) in enumerate(rows):
+        kw: dict = {}
+        if kind == "session":
+            kw = {"session_id": f"s{k}", "is_last_turn": False}
+        elif kind in ("group", "group_empty"):
+            kw = {"prefix_group": k, "prefix_len": 0 if kind == "group_empty" else min(prompt_len, 37)}
+        elif kind == "hash_ids":
+            kw = {"prefix_hash_ids": tuple(range(min(k + 1, -(-prompt_len // 16)))), "prefix_block_len": 16}
+        elif kind in ("image", "encoder"):
+            kw = {"mm_items": (MultiModalFeatureSpec(0, 1, f"img{k}", in_prompt=kind == "image"),)}
+        elif kind == "real":
+            kw = {"prompt_token_ids": tuple(range(prompt_len))}
+        spec = RequestSpec(f"r{i}", 0.0, prompt_len, 3, **kw)
+        want = spec.token_segments()
+        got = last.segments_of(spec)
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert [(seg.source, seg.start, seg.num_tokens) for seg in got] == list(want)
+        assert (spec.plain_stream_key() is not None) == (kind in ("plain", "session"))  # (others: the walk)

@@ -200,18 +200,24 @@ class RequestSpec:
         equal runs mean equal ids, and the prefix cache can key blocks by these runs alone."""
         if self.prompt_token_ids is not None:
             return None
-        runs = self._runs()
-        if len(runs) == 1:  # a plain prompt, at every arrival: without a comprehension's frame
-            key, start, n = runs[0]
-            return ((stream_source(key), start, n),)
-        return tuple([(stream_source(key), start, n) for key, start, n in runs])
+        return tuple([(stream_source(key), start, n) for key, start, n in self._runs()])
+
+    def plain_stream_key(self) -> int | None:
+        """The key of the one stream a plain synthetic prompt (no real ids, shared prefix or image)
+        reads from position 0: its request's or session's; None for any other prompt. The common
+        case, read at every arrival (simulator/request_factory.py): what _runs' walk gives."""
+        if self.prompt_token_ids is not None or self.prefix_hash_ids or self.prefix_group is not None \
+                or self.mm_items:
+            return None
+        return self._stream_key()
 
     def _runs(self) -> list[tuple[int, int, int]]:
         """The synthetic prompt as (stream key, first position, count) runs, in order: Mooncake hash
         ids (one run each) or a shared-prefix group, then the request's (or session's) own stream."""
         n, covered = self.prompt_len, 0
-        if not self.prefix_hash_ids and self.prefix_group is None and not self.mm_items:
-            return [(self._stream_key(), 0, n)]  # the common case, read at every arrival: what the rest gives
+        plain = self.plain_stream_key()
+        if plain is not None:
+            return [(plain, 0, n)]
         runs: list[tuple[int, int, int]] = []
         if self.prefix_hash_ids:
             for key in hash_block_streams(self.prefix_hash_ids):

@@ -15,9 +15,11 @@ Streams are domain-separated so that different kinds never collide by constructi
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+
+# The text streams' key and a stream's provenance identity are compiled with the scheduler's block
+# keys (a plain prompt's segment is made from them at every arrival); imported from here as before.
+from servesim.scheduler.block_keys import stream_source, text_stream  # noqa: F401
 
 TOKEN_ID_LIMIT = 2**31  # ids are in [0, TOKEN_ID_LIMIT): fits int32 tensors and any signed index
 
@@ -28,8 +30,7 @@ _MASK64 = (1 << 64) - 1
 
 # Domain tags (arbitrary odd 64-bit constants) keep the three stream kinds apart.
 _TAG_HASH_BLOCK = 0x6A09E667F3BCC909
-_TAG_GROUP = 0xBB67AE8584CAA73B
-_TAG_TEXT = 0x3C6EF372FE94F82B
+_TAG_GROUP = 0xBB67AE8584CAA73B  # (the text streams' tag: scheduler/block_keys.py, with text_stream)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -55,21 +56,9 @@ def hash_block_streams(hash_ids: tuple[int, ...]) -> list[int]:
     return _mix((ids * _GOLDEN) ^ np.uint64(_TAG_HASH_BLOCK)).tolist()
 
 
-def stream_source(key: int) -> bytes:
-    """The identity of stream `key` in a token provenance (scheduler TokenSegment.source): equal
-    bytes exactly when the keys, hence every id of the streams, are equal."""
-    return b"stream:" + key.to_bytes(8, "little")
-
-
 def group_stream(group: int) -> int:
     """Stream key of a shared-prefix group."""
     return _key_from_int(_TAG_GROUP, group)
-
-
-def text_stream(ident: str) -> int:
-    """Stream key of a request or session id (stable across processes and platforms)."""
-    digest = hashlib.blake2b(ident.encode("utf-8"), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") ^ _TAG_TEXT) & _MASK64
 
 
 def stream_tokens(key: int, start: int, stop: int) -> np.ndarray:
