@@ -21,6 +21,9 @@ def check_invariants(sched: Scheduler) -> None:
     kvm = sched.kv_cache_manager
     pool = kvm.block_pool
     free_list = pool.free_block_queue.get_all_free_blocks()
+    problem = pool.free_block_queue.check()
+    if problem is not None:
+        _fail(problem)
     free_ids = {b.block_id for b in free_list}
     if len(free_ids) != len(free_list):
         _fail("a block appears twice in the free queue")

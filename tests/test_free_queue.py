@@ -44,13 +44,9 @@ class ListQueue:
 
 
 def _check_layout(q: FreeKVCacheBlockQueue) -> None:
-    """The module docstring's invariants, read from the queue's private fields."""
-    live = q._order[q._head:]
-    assert sum(b is None for b in live) == q._num_holes
-    assert len(live) - q._num_holes == q.num_free_blocks == len(q)
-    for i, block in enumerate(q._order):
-        if block is not None and i >= q._head:
-            assert block.free_pos - q._base == i
+    """The module docstring's invariants (FreeKVCacheBlockQueue.check)."""
+    assert q.check() is None
+    assert len(q._order) - q._head == q.num_free_blocks + q._num_holes
 
 
 def _outcome(fn, *args):
@@ -198,3 +194,13 @@ def test_null_block_is_never_free() -> None:
     pool.touch([pool.null_block])  # a sliding-window placeholder in a hit: no queue operation
     pool.free_blocks([got[1], pool.null_block, got[0]])
     assert [b.block_id for b in q.get_all_free_blocks()] == [3, 4, 2, 1]
+
+
+def test_check_reports_a_broken_layout() -> None:
+    """check() (run by scheduler/invariants.py) names a block whose position is off."""
+    blocks = [KVCacheBlock(i) for i in range(3)]
+    q = FreeKVCacheBlockQueue(blocks)
+    q.remove(blocks[0])
+    assert q.check() is None
+    blocks[2].free_pos = 1
+    assert q.check() == "free queue: KVCacheBlock(id=2, ref_cnt=0, hashed=False) at 2, its free_pos says 1"

@@ -168,6 +168,19 @@ class FreeKVCacheBlockQueue:
         """Free blocks front (evicted first) to back. O(n): for tests and invariant checks."""
         return [block for block in self._order[self._head:] if block is not None]
 
+    def check(self) -> str | None:
+        """The module docstring's invariants: what is broken, or None. O(n): for invariant checks."""
+        live = self._order[self._head:]
+        holes = sum(1 for block in live if block is None)
+        if holes != self._num_holes:
+            return f"free queue: {holes} holes, counted {self._num_holes}"
+        if len(live) - holes != self.num_free_blocks:
+            return f"free queue: {len(live) - holes} blocks, counted {self.num_free_blocks}"
+        for i, block in enumerate(live, self._head):
+            if block is not None and block.free_pos - self._base != i:
+                return f"free queue: {block} at {i}, its free_pos says {block.free_pos - self._base}"
+        return None
+
     def _trim(self) -> None:
         """Drop the consumed prefix once it is longer than the rest (the move is paid for by the
         pops that consumed it); positions stay valid: _base moves instead."""
