@@ -107,3 +107,40 @@ def test_bundled_data_is_small_and_attributed():
     assert {"README.md", "MIT-LLMServingSim.txt", "Apache-2.0.txt"} <= names
     assert "Copyright (c) 2024, CASYS Lab at KAIST" in (DATA / "LICENSES" /
                                                        "MIT-LLMServingSim.txt").read_text()
+
+
+def mixed() -> Workload:
+    """Specs with sparse fields set on some requests, ties and arrivals on the cut points."""
+    specs = [RequestSpec("a", 0.0, 5, 1), RequestSpec("b", 0.3, 7, 2, priority=2, lora_id=1),
+             RequestSpec("c", 1.0, 3, 4, session_id="s", is_last_turn=False),
+             RequestSpec("d", 1.0, 9, 1, prompt_token_ids=tuple(range(9)), timeout_s=4.0),
+             RequestSpec("e", 2.7, 4, 3, prefix_group=1, prefix_len=2), RequestSpec("f", 3.0, 6, 6)]
+    return Workload(specs, name="mixed", source="test")
+
+
+@pytest.mark.parametrize("factor", [0.3, 1.0, 3.0, 1e300])
+def test_rate_scale_is_replace_per_spec(factor):
+    from dataclasses import replace
+
+    w = mixed()
+    got = rate_scale(w, factor)
+    assert list(got.requests) == [replace(r, arrival_time_s=r.arrival_time_s / factor) for r in w.requests]
+    assert list(w.requests) == list(mixed().requests)  # the input is untouched
+
+
+@pytest.mark.parametrize("limit_s", [0.0, 0.3, 1.0, 1.5, 3.0, 99.0])
+def test_time_limit_keeps_the_arrivals_before(limit_s):
+    w = mixed()
+    assert list(time_limit(w, limit_s).requests) == [r for r in w.requests if r.arrival_time_s < limit_s]
+
+
+@pytest.mark.parametrize(("start_s", "end_s"), [(0.0, 0.0), (0.3, 1.0), (1.0, 1.0), (1.0, 3.0), (0.5, 99.0)])
+@pytest.mark.parametrize("rebase", [True, False])
+def test_time_window_is_the_per_spec_filter(start_s, end_s, rebase):
+    from dataclasses import replace
+
+    w = mixed()
+    kept = [r for r in w.requests if start_s <= r.arrival_time_s < end_s]
+    if rebase and start_s > 0:
+        kept = [replace(r, arrival_time_s=max(r.arrival_time_s - start_s, 0.0)) for r in kept]
+    assert list(time_window(w, start_s, end_s, rebase=rebase).requests) == kept
