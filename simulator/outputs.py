@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -298,6 +299,20 @@ def write_csv(table, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _write_tables(requests, steps, tmp: Path) -> None:
+    """requests.parquet and steps.parquet, side by side: Parquet's encoding and compression release
+    the GIL, so the two files are encoded at once on two cores (the Azure hour's: 141 and 84 ms
+    one after the other). Each file's bytes are what one thread writes; an error in either is
+    raised here once both are done (the staging folder is then removed whole)."""
+    if steps is None:
+        write_requests_parquet(requests, tmp / "requests.parquet")
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="servesim-steps") as pool:
+        steps_written = pool.submit(write_parquet, steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+        write_requests_parquet(requests, tmp / "requests.parquet")
+    steps_written.result()  # (leaving the pool waited for it: no file is left being written)
+
+
 def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, timeseries, config: dict, summary: dict,
                         overwrite: bool = False, identity: dict | None = None,
                         extra_csv: dict | None = None) -> Path:
@@ -311,9 +326,7 @@ def write_result_folder(out_dir: str | Path, kind: str, *, requests, steps, time
     try:
         with naming(out_dir):  # a full disk names the result folder, not nothing
             mark(tmp, kind)
-            write_requests_parquet(requests, tmp / "requests.parquet")
-            if steps is not None:
-                write_parquet(steps, tmp / "steps.parquet", _STEP_DICTIONARY)
+            _write_tables(requests, steps, tmp)
             write_csv(timeseries, tmp / "timeseries.csv")
             (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n")

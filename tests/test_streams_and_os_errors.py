@@ -104,6 +104,31 @@ def test_a_full_disk_while_writing_results_names_the_folder(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no staging folder left behind
 
 
+@pytest.mark.parametrize("failing", ["steps", "requests"])
+def test_a_full_disk_while_writing_a_table_names_the_folder(tmp_path, monkeypatch, failing):
+    """The steps table is written on a second thread beside the requests table (outputs._write_tables):
+    a full disk in either names the result folder, and nothing is left (the other file is finished
+    or abandoned before the staging folder is removed)."""
+    import servesim.simulator.outputs as outputs
+
+    real_parquet = outputs.write_parquet  # (write_requests_parquet writes through it)
+    written: list[str] = []
+
+    def maybe_full(table, path, *a, **k):
+        if path.name == f"{failing}.parquet":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_parquet(table, path, *a, **k)
+        written.append(path.name)
+
+    monkeypatch.setattr(outputs, "write_parquet", maybe_full)
+    out = tmp_path / "res"
+    with pytest.raises(OSError) as e:
+        run(SimConfig(), Workload([RequestSpec("a", 0.0, 10, 2)], "t", "t"), out_dir=out)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(out)
+    assert written == [{"steps": "requests", "requests": "steps"}[failing] + ".parquet"]  # the other one finished
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_a_full_disk_while_writing_one_file_names_it(tmp_path):
     from servesim.simulator.outfile import atomic_path
 
