@@ -131,3 +131,19 @@ def test_a_replay_process_runs_one_blas_thread():
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.rpartition("@@")[2].split() == ["1", "1"]
+
+
+@pytest.mark.parametrize("given", [None, "1", "0"])
+def test_a_replay_process_asks_for_no_huge_pages_unless_the_user_chose(given):
+    """cli.no_huge_page_faults: set before numpy is imported (numpy reads it once, at import)."""
+    probe = ("import sys\nsys.argv = ['servesim', '--help']\nfrom servesim.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\nimport numpy\n"
+             "print('@@' + str(numpy._core.multiarray._get_madvise_hugepage()))")
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    if given is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = given
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.rpartition("@@")[2].strip() == str(given == "1")
