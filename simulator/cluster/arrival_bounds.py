@@ -52,8 +52,8 @@ class ArrivalBounds:
 
     def announce(self, i: int) -> None:
         """Tell each front replica when its next arrival can come (request i is the next to be
-        dispatched; all before it were): what lets a replica's macro-steps run, as Engine._arrivals
-        tells its own engine. The first decision that may pick a replica or read its state bounds
+        dispatched; all before it were): what lets a replica's macro-steps run, as a replay tells its own
+        engine (WorkloadReplay.arrivals). The first decision that may pick a replica or read its state bounds
         it: with a router that reads every replica that is request i's, for every replica; with
         one that reads only some, each replica's own, which stays valid until that decision is
         made (RouterProof.arrivals_unread), so only the replicas whose decision was made are asked again."""

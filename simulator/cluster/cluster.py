@@ -265,7 +265,7 @@ class Cluster:
         pending = len(self.workload.requests) - sum(r.engine.num_done for r in self.replicas) \
             - (len(self.gateway.rejected) + len(self.gateway.gone) if self.gateway is not None else 0) \
             if self.cfg.pd is None else len(self.routes) - self.handoffs.num_final
-        _stuck_replica(self.replicas).engine.raise_stall(
+        _stuck_replica(self.replicas).engine.ends.raise_stall(
             f"the cluster is idle with {pending} request(s) unfinished and nothing left that could wake it "
             "(no arrival, handoff, KV transfer or pin expiry)")
 
