@@ -27,7 +27,7 @@ from servesim.simulator.cluster.config import ClusterConfig, ReplicaGroup
 from servesim.simulator.cluster.host_memory import check_node_memory
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
-from servesim.simulator.cluster.pd_handoffs import PDHandoffs, PDTimeline
+from servesim.simulator.cluster.pd_handoffs import PDHandoffs
 from servesim.simulator.cluster.pd_links import PDLinks
 from servesim.simulator.cluster.request_done import RequestDone
 from servesim.simulator.cluster.routers import Decision, make_router
@@ -39,8 +39,6 @@ from servesim.simulator.engine import Engine
 from servesim.simulator.gateway.wiring import attach_to_cluster
 from servesim.traces.errors import InputError
 from servesim.traces.workload import RequestSpec, Workload
-
-__all__ = ["Cluster", "PDTimeline", "Replica", "RouteRecord", "run_cluster"]
 
 
 @dataclass(slots=True)
