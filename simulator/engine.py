@@ -8,8 +8,10 @@ nothing is waiting or running the engine sleeps until the next arrival: no busy 
 
 The engine owns small objects, each with its own state: the scheduler, the executor, the
 `Clients` that send the workload (simulator/client.py), the `StepBook` (rows, step-trace records,
-token times, finishes: simulator/step_book.py), the `Watchdog` (simulator/watchdog.py) and the
-`ClientDeadlines` (simulator/deadlines.py). A `RunPlanner` (simulator/run_planner.py) may plug in
+token times, finishes: simulator/step_book.py), the `Watchdog` (simulator/watchdog.py), the
+`ClientDeadlines` (simulator/deadlines.py), the `RequestEnds` (how requests end, who hears it:
+simulator/request_ends.py) and the `IdleWait` (what the idle loop waits for:
+simulator/idle_wait.py). A `RunPlanner` (simulator/run_planner.py) may plug in
 beside the loop and apply runs of steps at once; `Engine(...)` alone has none and steps every step
 (simulator/build.py attaches the fast path's). What a run hands back, `EngineResult`, is assembled
 from the book by simulator/engine_result.py.
@@ -17,14 +19,13 @@ from the book by simulator/engine_result.py.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import IO, Any
 
 import simpy
 
-from servesim.scheduler import RequestStatus, TokenProvenance
+from servesim.scheduler import TokenProvenance
 from servesim.scheduler.config import max_concurrent_batches
 from servesim.scheduler.interface import SchedulerInterface
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -38,20 +39,23 @@ from servesim.simulator.engine_result import EngineResult, engine_result
 from servesim.simulator.executor import Executor, SimExecutor
 from servesim.simulator.finished_records import FinishedRecords
 from servesim.simulator.gateway.wiring import attach_to_engine
+from servesim.simulator.idle_wait import IdleWait
 from servesim.simulator.kv_offload import attach_kv_offload
 from servesim.simulator.liveness import Admission, StallError
 from servesim.simulator.metrics import MetricsCollector
 from servesim.simulator.pipeline_clock import pipeline_clock_for
+from servesim.simulator.request_ends import RequestEnds
 from servesim.simulator.request_factory import RequestFactory, check_multimodal
 from servesim.simulator.run_planner import InFlight, RunPlanner
 from servesim.simulator.sampling import sampler_cost_for
-from servesim.simulator.sessions import SessionTurns, hook_engine, plan_turns
+from servesim.simulator.sessions import SessionTurns
 from servesim.simulator.scheduler_kinds import make_engine_scheduler
 from servesim.simulator.startup import resolve_cache, resolved
 from servesim.simulator.step_book import StepBook
 from servesim.simulator.streaming_input import SessionInputs
 from servesim.simulator.structured_output import GrammarTimes
 from servesim.simulator.watchdog import Watchdog
+from servesim.simulator.workload_replay import WorkloadReplay
 from servesim.traces.workload import RequestSpec, Workload
 
 __all__ = ["Engine", "InFlight", "StallError", "resolve_cache"]
@@ -69,7 +73,6 @@ class Engine:
         self.cfg = cfg
         self.workload = workload
         self.name = name
-        self.on_finish = on_finish  # (request_id, finish_reason) -> None, e.g. for a router
         self.cache, self.kv_capacity = resolve_cache(cfg)
         # A ready-made scheduler (e.g. a P/D decode scheduler) must match self.cache.
         self.scheduler: SchedulerInterface = scheduler if scheduler is not None else make_engine_scheduler(
@@ -105,20 +108,15 @@ class Engine:
         # reaches them (simulator/client.py).
         self.clients = Clients(self.env, cfg.frontend if cfg.frontend.enabled else None, cfg.client.max_concurrency,
                                self.submit, self.expect_next_arrival, self.book.metrics)
-        # Closed-loop session turns sent after their parent's answer (simulator/sessions.py); None
-        # when no request of the workload waits for another.
-        # (columns read first: a workload without closed-loop turns is not read spec by spec)
-        needs_plan = workload is not None and workload.columns.any_set("parent_request_id")
-        plan = plan_turns(workload.requests) if workload is not None and needs_plan else None
-        self.turns = None if plan is None else SessionTurns(self.env, plan, self.clients.send)
-        if self.turns is not None:
-            self.on_finish = hook_engine(self.turns, self, on_finish)
         self.watchdog = Watchdog(cfg.liveness)
-        self._stranded_policy = cfg.liveness.stranded_requests
         self.deadlines = ClientDeadlines()
+        # on_finish: (request_id, finish_reason) -> None, e.g. for a router (RequestEnds.on_finish)
+        self.ends = RequestEnds(name, self.env, self.scheduler, self.book, self.clients, self.watchdog,
+                                self.deadlines, cfg.liveness.stranded_requests, on_finish)
+        # Its own workload's replay (run()) and closed-loop turns, or None (its owner submits).
+        self.replay = None if workload is None else WorkloadReplay(self, workload, on_finish)
         self._timeout_s = cfg.client.timeout_s
-        self._wake: simpy.Event | None = None  # what the idle loop waits for (an arrival, close(), notify())
-        self._all_arrived = False
+        self.idle = IdleWait(self.env, self.scheduler, self.deadlines, self.kv_offload)
         self.gpu_free_at = 0.0  # when the GPU finishes the last submitted step
         self.in_flight: InFlight = deque()  # the loop's steps in flight (scheduled, not yet updated)
         self.planner: RunPlanner | None = None
@@ -181,42 +179,35 @@ class Engine:
         return self.scheduler.cached_prefix_tokens(token_ids, lora_id, provenance)
 
     @property
-    def all_arrived(self) -> bool:
-        """No more requests will be submitted (close() was called)."""
-        return self._all_arrived
+    def on_finish(self) -> Callable[[str, str | None], None] | None:
+        """Who hears that a request is done here (RequestEnds.on_finish; its owner may set it)."""
+        return self.ends.on_finish
+
+    @on_finish.setter
+    def on_finish(self, listener: Callable[[str, str | None], None] | None) -> None:
+        self.ends.on_finish = listener
+
+    @property
+    def turns(self) -> SessionTurns | None:
+        """Its own workload's closed-loop session turns (simulator/sessions.py), or None."""
+        return None if self.replay is None else self.replay.turns
 
     # --- requests in -----------------------------------------------------------------------------
-    def _arrivals(self) -> Generator[simpy.Event, Any, None]:
-        assert self.workload is not None
-        if self.turns is None:
-            yield from self.clients.send_all(self.workload.requests)
-        else:
-            yield from self.clients.send_all(self.turns.first_requests)
-            yield from self.turns.wait_all_sent()
-            yield from self.clients.drain()
-        self.expect_next_arrival(float("inf"))
-        self.close()
-
     def submit(self, spec: RequestSpec, sent_s: float | None = None) -> None:
         """A request arrives now (from the workload, or from a router in a cluster); `sent_s` is when
         its client sent it (default: now), which latencies and the client timeout count from."""
         if self.planner is not None:
             self.planner.before_submit(self.env.now)
         self._add(spec, self.env.now if sent_s is None else sent_s)
-        self._wake_up()
+        self.idle.wake_up()
 
     def close(self) -> None:
         """No more requests will be submitted: the loop ends once the engine drains."""
-        self._all_arrived = True
-        self._wake_up()
-
-    def _wake_up(self) -> None:
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self.idle.close()
 
     def notify(self) -> None:
         """Something outside changed what the scheduler can do (a KV transfer landed, blocks freed)."""
-        self._wake_up()
+        self.idle.wake_up()
 
     def expect_next_arrival(self, t_s: float) -> None:
         """The next request submitted from outside will not arrive before t_s, and nothing outside
@@ -241,13 +232,13 @@ class Engine:
         if output_len < 1 or prompt_len + output_len > self._admitted_tokens:  # (Admission.admitted_tokens)
             reason = self.admission.reject_reason(prompt_len, output_len)
             if reason is not None:  # the frontend refuses it: it never reaches the scheduler
-                self._rejected(spec.request_id, reason)
+                self.ends.rejected(spec.request_id, reason)
                 return
         timeout_s = spec.timeout_s if spec.timeout_s is not None else self._timeout_s
         if timeout_s is not None:
             deadline_s = sent_s + timeout_s
             if deadline_s <= now:  # the client gave up while the frontend still held the request
-                self._gone(spec.request_id)
+                self.ends.gone(spec.request_id)
                 return
             self.deadlines.push(deadline_s, spec.request_id)
         # (None and False without a grammar field or rate, or input chunks: what each returns then)
@@ -266,7 +257,7 @@ class Engine:
         for out in sched.take_ignored_outputs():  # the scheduler's own rule (SGLang keeps a margin)
             if out.reject_reason is None:
                 raise RuntimeError(f"{self.name}: the scheduler refused {out.request_id} without a reject_reason")
-            self._rejected(out.request_id, out.reject_reason)
+            self.ends.rejected(out.request_id, out.reject_reason)
 
     def _grammar_ready(self, request_id: str) -> None:
         self.scheduler.mark_grammar_ready(request_id)
@@ -278,7 +269,7 @@ class Engine:
 
     # --- the loop --------------------------------------------------------------------------------
     def _engine_loop(self) -> Generator[simpy.Event, Any, None]:
-        env, sched, planner = self.env, self.scheduler, self.planner
+        env, sched, planner, idle, ends = self.env, self.scheduler, self.planner, self.idle, self.ends
         caps = sched.capabilities  # fixed at construction: read once, not per step
         depth, idle_is_stable = caps.max_steps_in_flight, caps.idle_is_stable
         pipe = self._pipeline
@@ -290,14 +281,14 @@ class Engine:
         self.gpu_free_at = 0.0
         while True:
             if not sched.has_unfinished_requests() and not in_flight:
-                if self._all_arrived and not self.sessions.pending:
+                if idle.all_arrived and not self.sessions.pending:
                     return
-                yield self.wake_event()
-                self.mark_progress(env.now)  # idle time with nothing to do is no stall
+                yield idle.wake_event()
+                ends.mark_progress(env.now)  # idle time with nothing to do is no stall
                 continue
             now = env.now
             if self.deadlines.is_due(now):
-                self._expire_deadlines(now)
+                ends.expire_deadlines(now)
                 continue
             if planner is not None and len(in_flight) == depth - 1:  # sync: none in flight; async: one
                 delays_s = planner.advance(now, in_flight)
@@ -313,7 +304,7 @@ class Engine:
             had_in_flight = bool(in_flight)  # their updates (applied below) may change what can run
             so = sched.schedule(now_s=now)
             rec, row = self.record_schedule(so, now)
-            if self.watchdog.due(self.book.num_steps, now) and not self.abort_stranded(now):
+            if self.watchdog.due(self.book.num_steps, now) and not ends.abort_stranded(now):
                 raise self.watchdog.stall_error(self.name, sched, self.book.num_steps, now, self.book.num_preemptions)
             mro, gpu_s = self.executor.execute(so)
             cpu_s = self.cpu.step_s(len(so.num_scheduled_tokens), so.total_num_scheduled_tokens) if so.num_scheduled_tokens else 0.0
@@ -338,8 +329,8 @@ class Engine:
                     and idle_is_stable and sched.has_unfinished_requests()):
                 # Nothing ran and nothing changed: the same schedule() would decide the same nothing
                 # again at this instant (unless the head can never be admitted: aborted, go on).
-                if not self.abort_stranded(now):
-                    yield self.idle_event()
+                if not ends.abort_stranded(now):
+                    yield idle.idle_event()
 
     def _apply_oldest(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         """Wait for the oldest in-flight step's GPU end, then apply its output (a generator)."""
@@ -362,7 +353,7 @@ class Engine:
         eco = self.scheduler.update_from_output(so, mro, now_s=now)
         outputs = eco.outputs
         if outputs:
-            self.mark_progress(now)
+            self.ends.mark_progress(now)
             self.book.metrics.on_step_outputs(outputs, now)  # token times first: a finish reads none of them
             for out in outputs:
                 if out.finish_reason is not None and not self.sessions.is_chunk_end(out.request_id):
@@ -371,96 +362,12 @@ class Engine:
         self.book.record_update(row, now, mro, eco, rec)
 
     def record_finish(self, request_id: str, now: float, reason: str | None, num_cached: int) -> None:
-        """A request finished at `now` (its last token already recorded)."""
-        self.book.record_finish(request_id, now, reason, num_cached)
-        self.clients.on_done(finished=True)
-        if self.on_finish is not None:
-            self.on_finish(request_id, reason)
+        """A request finished at `now` (its last token already recorded): RequestEnds.finished."""
+        self.ends.finished(request_id, now, reason, num_cached)
 
-    def _rejected(self, request_id: str, reason: str) -> None:
-        self.book.record_reject(request_id, reason)
-        self.clients.on_done()
-        self.mark_progress(self.env.now)
-        if self.on_finish is not None:
-            self.on_finish(request_id, None)
-
-    def reject(self, request_id: str, reason: str) -> None:
-        """A recorded arrival refused before it reached the scheduler (the gateway's HTTP 429)."""
-        self._rejected(request_id, reason)
-
-    def client_gone(self, request_id: str) -> None:
-        """A recorded arrival whose client gave up before it reached the scheduler (in the gateway's queue)."""
-        self._gone(request_id)
-
-    def _gone(self, request_id: str) -> None:
-        """A client gave up: the request is done for the run (and that is progress)."""
-        self.book.record_gone(request_id)
-        self.clients.on_done()
-        self.mark_progress(self.env.now)
-        if self.on_finish is not None:
-            self.on_finish(request_id, "abort")
-
-    def expire_due_deadlines(self, now: float) -> None:
-        """Abort the requests whose client gave up by now (the loop does it before scheduling)."""
-        if self.deadlines.is_due(now):
-            self._expire_deadlines(now)
-
-    def _expire_deadlines(self, now: float) -> None:
-        """Clients whose deadline passed disconnect; the server aborts their requests (vLLM's
-        abort between engine steps: blocks are freed, the request never runs again)."""
-        rid = self.deadlines.pop_due(now)
-        while rid is not None:
-            if self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED, now_s=now):
-                self._gone(rid)
-            rid = self.deadlines.pop_due(now)
-
-    # --- liveness --------------------------------------------------------------------------------
     def mark_progress(self, now: float) -> None:
-        """Something advanced (a token, a finish, a rejection): restart the watchdog's window."""
-        self.watchdog.mark(now, self.book.num_steps, self.book.num_preemptions)
-
-    def abort_stranded(self, now: float) -> bool:
-        """Abort the scheduler's stranded head (SchedulerInterface.stranded_request: it can never be
-        admitted, and it blocks every request behind it) unless liveness.stranded_requests is
-        "wait" (vLLM's behaviour: the watchdog then stops the run). True when one was aborted."""
-        if self._stranded_policy != "abort":
-            return False
-        stranded = self.scheduler.stranded_request()
-        if stranded is None:
-            return False
-        rid = stranded.request_id
-        self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ABORTED, now_s=now)
-        self.book.record_stranded(rid, f"stranded_{stranded.reason}", stranded.detail)
-        self.clients.on_done()
-        self.mark_progress(now)
-        if self.on_finish is not None:
-            self.on_finish(rid, "abort")
-        return True
-
-    def raise_stall(self, why: str, limit: str = "") -> None:
-        raise self.watchdog.error(self.name, self.scheduler, why, self.book.num_preemptions, limit)
-
-    # --- waiting ---------------------------------------------------------------------------------
-    def wake_event(self) -> simpy.Event:
-        """A fresh event the next submit, close() or notify() triggers (the loop's idle wait)."""
-        wake = self._wake = self.env.event()
-        return wake
-
-    def idle_event(self) -> simpy.Event:
-        """Nothing ran and nothing is in flight: what the loop waits for (an outside event, a
-        client deadline, the scheduler's own next state change, e.g. a policy releasing KV, or a copy
-        of the CPU KV tier landing)."""
-        wake = self.wake_event()
-        wakes: list[float] = []
-        copy_s = None if self.kv_offload is None else self.kv_offload.next_event_s(self.env.now)
-        for own in (self.scheduler.next_event_s(), copy_s):
-            if own is not None:
-                wakes.append(own)
-        if self.deadlines:  # a client giving up frees KV: that can unblock the others
-            wakes.append(self.deadlines.next_s)
-        if wakes:
-            return self.env.any_of([wake, self.env.timeout(max(min(wakes) - self.env.now, 0.0))])
-        return wake
+        """Something advanced (a planner's run's token or finish): RequestEnds.mark_progress."""
+        self.ends.mark_progress(now)
 
     # --- run -------------------------------------------------------------------------------------
     def start(self) -> simpy.Process:
@@ -468,28 +375,9 @@ class Engine:
         return self.env.process(self._engine_loop())
 
     def run(self) -> EngineResult:
-        """Replay this engine's own workload to the end (single-engine use)."""
-        t0 = time.perf_counter()
-        self.env.process(self._arrivals())
-        proc = self.start()
-        # The run ends with an event the loop's end triggers, not the process itself: SimPy's
-        # error for a run out of events names its `until` by the generator's __name__, which a
-        # compiled generator has not. (A failed loop still raises its own error.)
-        done = self.env.event()
-
-        def end(_event: simpy.Event) -> None:
-            done.succeed()
-
-        proc.callbacks.append(end)
-        try:
-            self.env.run(until=done)
-        except RuntimeError:
-            if proc.triggered:
-                raise
-            # SimPy ran out of events with the loop still waiting: nothing could ever wake it.
-            self.raise_stall("the engine is idle with requests unfinished and nothing left that could wake it "
-                             "(no arrival, no KV transfer, no pin expiry)")
-        return self.result(time.perf_counter() - t0)
+        """Replay this engine's own workload to the end (single-engine use: WorkloadReplay.run)."""
+        assert self.replay is not None, "an engine without a workload of its own is run by its owner"
+        return self.replay.run()
 
     def result(self, wall_time_s: float) -> EngineResult:
         """The run's result, once its environment stopped (a cluster asks each replica)."""

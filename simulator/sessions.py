@@ -21,7 +21,7 @@ output and the new tokens (tool output, user message); the token streams (traces
 the shared part identical ids, so the prefix cache really hits it.
 
 `SessionTurns` is the one implementation both arrival processes use: a single engine's
-(Engine._arrivals, through its Clients, so client.max_concurrency and the frontend apply) and a
+(WorkloadReplay.arrivals, through its Clients, so client.max_concurrency and the frontend apply) and a
 cluster's (Cluster._arrivals, through the router after routing_latency_s). Without dependent turns
 neither builds one, and nothing here runs.
 """

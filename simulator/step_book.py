@@ -130,7 +130,7 @@ class StepBook:
         self.num_done += 1
 
     def record_stranded(self, request_id: str, reason: str, detail: str) -> None:
-        """The engine aborted a request the scheduler could never admit (Engine.abort_stranded);
+        """The engine aborted a request the scheduler could never admit (RequestEnds.abort_stranded);
         one warning line names it, as rejections are never silent."""
         self.metrics.on_stranded(request_id, reason)
         self.num_done += 1

@@ -89,15 +89,15 @@ def test_arrivals_on_a_grid_with_no_routing_latency():
 
 
 def test_a_plan_ends_before_an_update_at_a_dispatch_time():
-    """Cluster._first_dispatch_at: the first time at which the clock reads a dispatch. SimPy lands
+    """ArrivalBounds.first_dispatch_at: the first time at which the clock reads a dispatch. SimPy lands
     a timeout at now + (t - now), which can miss t in the last bit; the cluster knows each landing
     in advance (0.00016189957807444255 then 1.510323792226935 lands at 1.5103237922269352)."""
     prev, t = 0.00016189957807444255, 1.510323792226935
     specs = [RequestSpec("a", prev, 100, 10), RequestSpec("b", t, 100, 10), RequestSpec("c", 3.0, 100, 10)]
     cluster = Cluster(_config(True, 2, latency_s=0.0), Workload.from_unsorted(specs, name="t", source="test"))
     landed = prev + (t - prev)
-    assert landed != t and cluster._landing_s == [prev, landed, landed + (3.0 - landed)]
-    first = cluster._first_dispatch_at
+    assert landed != t and cluster.arrival_bounds.landing_s == [prev, landed, landed + (3.0 - landed)]
+    first = cluster.arrival_bounds.first_dispatch_at
     assert first([0.1, 0.2, 0.3]) == 3 and first([]) == 0
     assert first([0.1, landed, 2.0]) == 1
     assert first([0.1, t, 2.0]) == 3  # the trace's time is not where the clock reads it
@@ -105,7 +105,7 @@ def test_a_plan_ends_before_an_update_at_a_dispatch_time():
     # the clock at every submit: each engine's arrival records it (a routing latency of 0; the
     # records are the replicas' tables once the results are built)
     seen = [float(x) for rr in res.replicas for x in rr.result.metrics.request_columns()["arrival_s"]]
-    assert sorted(seen) == cluster._landing_s
+    assert sorted(seen) == cluster.arrival_bounds.landing_s
 
 
 @pytest.mark.parametrize("router", ["jsq_power_of_two", "session_affinity"])

@@ -249,7 +249,7 @@ def test_paced_runs_meet_events_on_an_update_instant_as_stepping_does():
         # the case is what it claims: hand-offs and landings on a decode replica's update instants
         starts = {rep: set(g.start_s) for rep, g in res.steps.groupby("replica")}
         ties = sum((tl.decode.time_s in starts[tl.decode.replica]) + (tl.transfer_end_s in starts[tl.decode.replica])
-                   for tl in cluster.timelines.values() if tl.decode is not None)
+                   for tl in cluster.handoffs.timelines.values() if tl.decode is not None)
         assert ties > 50
 
 

@@ -70,7 +70,7 @@ def test_a_cluster_asks_for_proofs_only_where_replicas_run_macro_steps():
     def proof(macro: bool) -> RouterProof | None:
         sim = sim_config_from_dict({"macro_steps": macro})
         cfg = ClusterConfig(replicas=[ReplicaGroup(3, sim)], router=RouterConfig("least_outstanding"))
-        return Cluster(cfg, wl)._proof
+        return Cluster(cfg, wl).arrival_bounds.proof
 
     assert proof(False) is None
     assert proof(True) is not None and proof(True).reads_only_load

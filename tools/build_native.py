@@ -81,6 +81,8 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/run_length.py",
         "fastpath/planned_reads.py",  # a state-reading router's reads, on every replica at every decision
         "client.py",  # the clients' send loop, at every arrival
+        # the engine's own parts it calls per step or per request (split out of engine.py)
+        "request_ends.py", "idle_wait.py", "workload_replay.py",
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

@@ -7,13 +7,14 @@
 See docs/CLUSTER.md.
 """
 
-from servesim.simulator.cluster.cluster import Cluster, PDTimeline, Replica, RouteRecord, run_cluster
+from servesim.simulator.cluster.cluster import Cluster, Replica, RouteRecord, run_cluster
 from servesim.simulator.cluster.config import (
     ClusterConfig, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, cluster_config_from_dict,
     cluster_config_to_dict, sim_config_from_dict,
 )
 from servesim.simulator.cluster.link import KVLink
 from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine, RemotePrefillConnector
+from servesim.simulator.cluster.pd_handoffs import PDTimeline
 from servesim.simulator.cluster.results import ClusterResult, ReplicaResult, write_cluster_results
 from servesim.simulator.cluster.routers import Decision, Router, available_routers, make_router, register_router
 

@@ -123,16 +123,16 @@ class LockstepGroup:
         while True:
             busy = [e.scheduler.has_unfinished_requests() for e in engines]
             if not any(busy) and not in_flight:
-                if all(e.all_arrived for e in engines):
+                if all(e.idle.all_arrived for e in engines):
                     return
                 waits = []
                 for e in engines:
-                    waits.append(e.wake_event())
+                    waits.append(e.idle.wake_event())
                 yield env.any_of(waits)
                 continue
             now = env.now
             for e in engines:
-                e.expire_due_deadlines(now)
+                e.ends.expire_due_deadlines(now)
             had_in_flight = bool(in_flight)
             wave, times, tokens, cpu_s, any_work = [], [], [], 0.0, False
             for i, e in enumerate(engines):
@@ -170,7 +170,7 @@ class LockstepGroup:
                 for e, so, mro, rec, row in wave0:
                     e.apply_output(so, mro, rec, row)
             if not any_work and not had_in_flight and any(e.scheduler.has_unfinished_requests() for e in engines):
-                yield env.any_of([e.idle_event() for e in engines])
+                yield env.any_of([e.idle.idle_event() for e in engines])
 
     def _wave_gpu_s(self, times: list[float], tokens: list[int]) -> float:
         """The slowest rank's step, every rank's MoE layers holding the wave's tokens."""

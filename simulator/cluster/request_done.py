@@ -6,7 +6,7 @@ The cluster is done with a request when
 - colocated: its replica finishes, rejects or aborts it (the replica's on_finish);
 - P/D: its decode replica finishes, rejects or aborts it, or its prefill replica ends it without
   the first token (never fit, or its client gave up), so no decode side ever sees it
-  (Cluster._final);
+  (PDHandoffs._final);
 - either: the gateway rejects it (HTTP 429, a queue timeout) or its client gives up while it waits
   in the gateway's queue; no replica ever sees it.
 
@@ -61,7 +61,7 @@ class RequestDone:
 
     def hook(self, rep: Replica) -> None:
         """Hook one replica (also one an autoscaler adds mid-run): its finishes (colocated: P/D
-        finishes come through Cluster._final), its serial loop's deliveries, and no planner."""
+        finishes come through PDHandoffs._final), its serial loop's deliveries, and no planner."""
         if not self.hooked:
             return
         if rep.role != "decode":  # a decode replica's planner: fastpath/pd_runs.py declines it with its own reason

@@ -164,7 +164,7 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
     front = cluster.replicas[cluster.routes[rid].replica].engine.metrics.requests[rid]
     if cluster.cfg.pd is None:
         return replace(front, arrival_s=spec.arrival_time_s)
-    tl = cluster.timelines[rid]
+    tl = cluster.handoffs.timelines[rid]
     if tl.decode is None:  # ignored on the prefill side
         return replace(front, arrival_s=spec.arrival_time_s, output_len_target=spec.output_len)
     back = cluster.replicas[tl.decode.replica].engine.metrics.requests[rid]
@@ -189,7 +189,7 @@ def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
         pos += 1
     else:
         df.insert(pos, "prefill_replica", [r.replica for r in routes])
-        tls = [cluster.timelines[rid] for rid in df["request_id"]]
+        tls = [cluster.handoffs.timelines[rid] for rid in df["request_id"]]
         df.insert(pos + 1, "decode_replica", pd.array([t.decode.replica if t.decode else None for t in tls],
                                                       dtype="Int64"))
         pos += 2
@@ -216,7 +216,7 @@ def _pd_frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
     """A P/D run's routing and P/D columns where the gateway refused some requests: empty for those
     (no prefill or decode replica, no transfer)."""
     routes = [cluster.routes.get(rid) for rid in df["request_id"]]
-    tls = [cluster.timelines.get(rid) for rid in df["request_id"]]
+    tls = [cluster.handoffs.timelines.get(rid) for rid in df["request_id"]]
     df.insert(1, "prefill_replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
     df.insert(2, "decode_replica", pd.array([t.decode.replica if t is not None and t.decode else None for t in tls],
                                             dtype="Int64"))
@@ -228,7 +228,7 @@ def _pd_frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
-    tls = [cluster.timelines.get(rid) for rid in df["request_id"]]  # None: the gateway refused it
+    tls = [cluster.handoffs.timelines.get(rid) for rid in df["request_id"]]  # None: the gateway refused it
     arrival, first_sched, first_tok = (df[c].to_numpy(dtype=float) for c in
                                        ("arrival_s", "first_scheduled_s", "first_token_s"))
     nan = float("nan")

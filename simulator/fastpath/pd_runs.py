@@ -31,11 +31,11 @@ every loop top where the planner may start a run: MacroPlanner.next_arrival_fn):
 - A hand-off: the decode router's decision (least_kv reads every decode replica's KV usage, so
   any hand-off bounds every decode replica), then a submit. It follows a prefill replica's update
   that finishes a prompt, by `handoff_latency_s` (a timeout of the clock's now + delay: its time is
-  recorded when it is set, Cluster.pending_handoffs_s). A prefill replica waiting for a step's
+  recorded when it is set, PDHandoffs.pending_handoffs_s). A prefill replica waiting for a step's
   update (PrefillEngine.awaited_update_s_at) finishes nothing before that update: every later step
   ends after it (one GPU, steps in order). One with work but no update awaited may schedule now.
   An idle one (no unfinished request, not stalled) does nothing until a dispatch reaches it (the
-  next dispatch time: Cluster._dispatch_at), its step ending after that. A stalled one (its pool
+  next dispatch time: ArrivalBounds.dispatch_at), its step ending after that. A stalled one (its pool
   full of finished prompts' KV) waits for any landing: no bound but now.
 - A landing (kv_received): a transfer to this replica on one of its links lands no earlier than
   KVLink.next_event_s (transfers to it start only at its own schedules, which a run's plain steps
@@ -49,7 +49,7 @@ assert that none went past (MacroPlanner.before_submit).
 Finishes inside a bounded run are only the async skip-ahead's, at the run's first update, heard
 when the run is applied, before their time; a paced run's (through finishes) are heard when it is
 applied, after their time (MacroPlanner.finishes_heard_any_time). The cluster's decode-finish
-callback (Cluster._on_decode_finish) then only counts the request final: its transfer has started
+callback (PDHandoffs.on_decode_finish) then only counts the request final: its transfer has started
 (a decode-side lookup hits at most num_tokens - 1 tokens, so every admitted request loads at least
 one), and the last final closes the engines, all idle but this one, whose end nothing reads. The
 last final is never heard late: a paced run is applied early only for a hand-off or a landing, of
@@ -102,10 +102,10 @@ class PDBounds:
             else:
                 idle = True
         if idle:
-            t = min(t, cluster._dispatch_at(cluster._next_spec))
+            t = min(t, cluster.arrival_bounds.dispatch_at(cluster.arrival_bounds.next_spec))
         if self.handoff_latency_s > 0:
             t = t + self.handoff_latency_s
-        pending = cluster.pending_handoffs_s
+        pending = cluster.handoffs.pending_handoffs_s
         while pending and pending[0] < now:  # fired (one due now may not have)
             heapq.heappop(pending)
         return min(t, pending[0]) if pending else t
@@ -145,7 +145,7 @@ def attach_pd_bounds(cluster: Cluster) -> None:
             r.engine.set_planner(None, why or "a P/D decode replica's planner must be the MacroPlanner")
             continue
         planner.next_arrival_fn = partial(bounds.bound_s, _links_to(cluster, r))
-        planner.finishes_heard_any_time = True  # Cluster._on_decode_finish: module docstring
+        planner.finishes_heard_any_time = True  # PDHandoffs.on_decode_finish: module docstring
         if reads is not None and r.cfg.scheduler.async_scheduling:  # paced runs (module docstring)
             planner.defer_runs(_no_dispatch, reads_state=reads)
             if planner.deferred.collides is not None:

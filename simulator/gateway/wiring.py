@@ -32,7 +32,7 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
 
     def reject(spec: RequestSpec, sent_s: float, reason: str) -> None:
         engine.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
-        engine.reject(spec.request_id, reason)
+        engine.ends.rejected(spec.request_id, reason)
 
     if engine.workload is None:  # its owner submits (a closed loop, a cluster): not through the clients
         raise InputError("the gateway runs in front of a replay's clients; this engine's owner submits its "
@@ -40,7 +40,7 @@ def attach_to_engine(engine: Engine) -> Gateway | None:
                          allowed="false here (a cluster's gateway is its top-level `gateway:`)")
     def gone(spec: RequestSpec, sent_s: float) -> None:
         engine.metrics.on_arrival(spec.request_id, sent_s, spec.prompt_len, spec.output_len)
-        engine.client_gone(spec.request_id)
+        engine.ends.gone(spec.request_id)
 
     gateway = Gateway(engine.env, cfg, engine.clients.forward, reject, gone, engine.cfg.client.timeout_s)
     engine.clients.gateway = gateway

@@ -169,11 +169,12 @@ class Autoscaler:
         """Each front replica's next arrival (at each dispatch and each change): the router
         proof's bound for its position (none: the next dispatch), capped at the next change."""
         c, change = self.cluster, self.next_change_s()
-        i, proof = c._next_spec, c._proof
-        nxt = c._dispatch_at(i)
+        bounds = c.arrival_bounds
+        i, proof = bounds.next_spec, bounds.proof
+        nxt = bounds.dispatch_at(i)
         unread = proof is not None and not proof.reads_all_candidates
         for pos, r in enumerate(c.front):
-            t = c._dispatch_at(i + proof.arrivals_unread(pos, c.front, c.workload.requests, i)) if unread else nxt
+            t = bounds.dispatch_at(i + proof.arrivals_unread(pos, c.front, c.workload.requests, i)) if unread else nxt
             r.engine.expect_next_arrival(min(t, change))
         for pool in self.pools:
             if pool.group.role != "decode":
@@ -193,7 +194,7 @@ class Autoscaler:
         self.announce()
 
     def _load_bound(self, pos: int, load: int) -> float:
-        return min(self.cluster._arrival_bound(pos, load), self.next_change_s())
+        return min(self.cluster.arrival_bounds.arrival_bound(pos, load), self.next_change_s())
 
     # --- routing ---------------------------------------------------------------------------------
     def routed(self, replica: Replica, spec) -> None:

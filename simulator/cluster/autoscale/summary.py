@@ -17,7 +17,7 @@ DEFERRED_DECLINED = "deferred runs declined: a decision reads KV usage and queue
 
 
 def _router_proof_note(cluster: Cluster) -> str:
-    if cluster._proof is not None:
+    if cluster.arrival_bounds.proof is not None:
         return (f"{cluster.router.name}'s proof, rebuilt at each change of the candidate set; runs stop at the next "
                 "decision or cold-start end")
     why = "not proved exact when the candidate set changes" if cluster.router.name not in PROVED_ROUTERS \
