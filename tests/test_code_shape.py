@@ -25,8 +25,14 @@ MAX_FUNCTION_LINES = 80
 MAX_CLASS_FILES = 2
 MAX_CHAIN_DEPTH = 2
 
-# Classes exempt from the rules, each with its reason: none.
-ALLOWED_CLASSES: frozenset[str] = frozenset()
+# Classes exempt from the rules, each with its reason.
+ALLOWED_CLASSES: frozenset[str] = frozenset({
+    # The async P/D schedulers are native compiled classes (so the compiled scheduler's calls on
+    # itself stay vtable calls), and mypyc takes a class's one native base as written in its
+    # source: AsyncScheduler, itself below Scheduler (simulator/cluster/pd_schedulers.py).
+    "servesim.simulator.cluster.pd_schedulers.PrefillAsyncScheduler",
+    "servesim.simulator.cluster.pd_schedulers.DecodeAsyncScheduler",
+})
 
 _PROTOCOLS = frozenset({"typing.Protocol", "typing_extensions.Protocol", "abc.ABC"})
 

@@ -81,6 +81,10 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/run_length.py",
         "fastpath/planned_reads.py",  # a state-reading router's reads, on every replica at every decision
         "client.py",  # the clients' send loop, at every arrival
+        # P/D: the schedulers and engines subclass the compiled ones natively (their calls on
+        # themselves stay vtable calls), the connectors are consulted per request. pd_keys.py stays
+        # interpreted (once per hand-off; tests spy on it).
+        "cluster/pd_connectors.py", "cluster/pd_schedulers.py", "cluster/pd.py",
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).
