@@ -11,10 +11,11 @@ vtable calls. `key_donor` stays interpreted (simulator/cluster/pd_keys.py), call
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
+from servesim.scheduler.interface import SchedulerInterface
 from servesim.simulator.cluster import pd_keys
 from servesim.simulator.cluster.pd_connectors import RemoteDecodeConnector, RemotePrefillConnector
 from servesim.simulator.cluster.pd_schedulers import (
@@ -39,7 +40,7 @@ class PrefillEngine(Engine):
         # The engine's `scheduler`, typed as the P/D scheduler it is.
         self.pd_scheduler: PrefillScheduler | PrefillAsyncScheduler = prefill_scheduler(
             cfg, resolve_cache(cfg)[0], RemoteDecodeConnector())
-        super().__init__(cfg, env=env, name=name, on_finish=on_finish, scheduler=self.pd_scheduler)
+        super().__init__(cfg, env=env, name=name, on_finish=on_finish, scheduler=_as_interface(self.pd_scheduler))
         # The clock's reading when the loop applies the last step it waited for (None: none yet).
         # While it is not before now, the loop waits for that update or applies it at this instant;
         # once the clock is past it, the update was applied (the loop applies a step at its
@@ -77,7 +78,7 @@ class DecodeEngine(Engine):
         # The engine's `scheduler`, typed as the P/D scheduler it is.
         self.pd_scheduler: DecodeScheduler | DecodeAsyncScheduler = decode_scheduler(
             cfg, resolve_cache(cfg)[0], connector)
-        super().__init__(cfg, env=env, name=name, on_finish=on_finish, scheduler=self.pd_scheduler)
+        super().__init__(cfg, env=env, name=name, on_finish=on_finish, scheduler=_as_interface(self.pd_scheduler))
         self.connector = connector
 
     def submit_handed_over(self, spec: RequestSpec, prefill: Engine) -> None:
@@ -96,3 +97,11 @@ class DecodeEngine(Engine):
             self.planner.before_submit(self.env.now)
         self.pd_scheduler.mark_kv_received(request_id)
         self.notify()
+
+
+def _as_interface(scheduler: PrefillScheduler | PrefillAsyncScheduler | DecodeScheduler | DecodeAsyncScheduler
+                  ) -> SchedulerInterface:
+    """The scheduler as the Engine takes it. A cast: mypy finds vLLM's Scheduler short of the
+    Protocol on one attribute's declared type (kv_cache_manager: KVCacheManager, not the Protocol's
+    KVCacheUsage: a settable attribute is invariant), which every scheduler of ours shares."""
+    return cast(SchedulerInterface, scheduler)
