@@ -13,9 +13,12 @@ and the engine sleeps; the cluster wakes it, and closes P/D engines only when ev
 Why four explicit classes: they are native compiled classes, so that the compiled scheduler's calls
 on itself (a request's update, a finish, the stats at every step) stay vtable calls and the P/D
 methods run compiled. mypyc compiles a class whose one native base is written in its source: not a
-class built at run time from a mixin and a base, and a trait cannot call super(). So the behaviour
-lives once, in `StallGate` (the stall bookkeeping, a small object each scheduler owns) and the
-functions below; each class only wires its overrides to them, the same few lines in the four.
+class built at run time from a mixin and a base; nor can a trait carry the overrides (mypyc wants
+the native base first among the bases, so a trait comes after it in the MRO and its methods never
+override the base's). So the behaviour lives once, in `StallGate` (the stall bookkeeping, a small
+object each scheduler owns) and the functions below; each class only wires its overrides to them,
+the same few lines in the four. The async two are the one chain three deep below Scheduler
+(tests/test_code_shape.py allows them for this reason).
 """
 
 from __future__ import annotations
