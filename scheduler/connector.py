@@ -1,7 +1,7 @@
 """The scheduler side of a KV connector (vLLM's KVConnectorBase_V1, scheduler role), as a Protocol.
 
 A connector moves KV between this instance and somewhere else: another instance (P/D
-disaggregation, simulator/cluster/pd.py) or a CPU tier (vLLM's OffloadingConnector,
+disaggregation, simulator/cluster/pd_connectors.py) or a CPU tier (vLLM's OffloadingConnector,
 scheduler/kv_offload/). The scheduler consults it exactly where vLLM 0.19.1 does:
 
 - admission (`Scheduler.schedule`, waiting phase): `get_num_new_matched_tokens` for a request with

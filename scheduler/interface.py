@@ -2,7 +2,7 @@
 
 Implementations: the vLLM V1 `Scheduler` / `AsyncScheduler` (scheduler/scheduler.py), the
 `SGLangScheduler` (scheduler/sglang/scheduler.py) and the P/D prefill and decode schedulers built
-on the vLLM ones (simulator/cluster/pd.py). Callers: the engine loop (simulator/engine.py), the
+on the vLLM ones (simulator/cluster/pd_schedulers.py). Callers: the engine loop (simulator/engine.py), the
 executors (they read only the SchedulerOutput), fast-forward, the routers, the metrics, the step
 traces (scheduler/oracle_trace.py) and the liveness diagnosis (simulator/liveness.py).
 

@@ -281,7 +281,7 @@ class Request:
     def take_prompt_keys(self, donor: Request) -> None:
         """Take `donor`'s key plan and its prompt blocks' keys instead of building them (a P/D
         hand-off: the decode side's request, built without provenance, of the prefill side's;
-        simulator/cluster/pd.py). The caller's promise: donor has this prompt's provenance, output
+        simulator/cluster/pd_keys.py). The caller's promise: donor has this prompt's provenance, output
         source and extra keys and was keyed with this request's hasher block size, so its plan is
         the one this request would build (a pure function of them, never changed once built) and
         its first num_prompt_tokens // block size keys are what extend_keys would hand out here."""

@@ -46,7 +46,7 @@ class Scheduler:
     # Sync scheduling: schedule, execute, update, repeat (AsyncScheduler keeps two steps in flight).
     max_steps_in_flight: ClassVar[int] = 1  # ClassVar: a subclass may override it, compiled too
     # The bulk decode path (scheduler/bulk/vllm.py) replays this class's steps; a subclass that
-    # changes what a step does declares None (simulator/cluster/pd.py).
+    # changes what a step does declares None (simulator/cluster/pd_schedulers.py).
     decode_runs: ClassVar[str | None] = "vllm"
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,

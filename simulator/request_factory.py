@@ -23,7 +23,7 @@ class RequestFactory:
         self.executor = executor  # knows each request's output id stream (or that it is not known)
         self.keys_from_provenance = keys_from_provenance
         # request id -> a Request whose prompt keys the next one made with that id takes
-        # (Request.take_prompt_keys: a P/D hand-off, simulator/cluster/pd.py key_donor)
+        # (Request.take_prompt_keys: a P/D hand-off, simulator/cluster/pd_keys.py key_donor)
         self.key_donors: dict[str, Request] = {}
 
     def make(self, spec: RequestSpec, now: float, structured_output: bool = False, resumable: bool = False) -> Request:

@@ -168,13 +168,13 @@ def test_decode_scheduler_without_a_connector_matches_the_plain_scheduler(sets):
     """A decode-side scheduler with no connector behaves exactly like the plain scheduler."""
     import pandas as pd
 
-    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, _pd_scheduler
+    from servesim.simulator.cluster.pd_schedulers import decode_scheduler
     from servesim.simulator.engine import Engine
 
     class Patched(Engine):
         def __init__(self, cfg, wl):
             super().__init__(cfg, wl)
-            self.scheduler = _pd_scheduler(DecodeSchedulerMixin, cfg, self.cache)
+            self.scheduler = decode_scheduler(cfg, self.cache, None)
 
     cfg = sim_config_from_dict(sets)
     wl = workload(30)

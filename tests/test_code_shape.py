@@ -30,6 +30,15 @@ MAX_CHAIN_DEPTH = 2
 
 # Classes exempt from the rules, each with its reason: none.
 ALLOWED_CLASSES: frozenset[str] = frozenset()
+# Classes allowed one level deeper (and one file more) than MAX_CHAIN_DEPTH, each with its reason;
+# unlike ALLOWED_CLASSES this exempts neither their other rules nor their bases. The async P/D
+# schedulers are native compiled classes (the compiled scheduler's calls on itself stay vtable
+# calls), and mypyc takes a class's one native base as written: AsyncScheduler, itself below
+# Scheduler; their stall behaviour is an object they own (simulator/cluster/pd_schedulers.py).
+NATIVE_DEEP_CLASSES: frozenset[str] = frozenset({
+    "servesim.simulator.cluster.pd_schedulers.PrefillAsyncScheduler",
+    "servesim.simulator.cluster.pd_schedulers.DecodeAsyncScheduler",
+})
 # Files over MAX_FILE_LINES not yet split by ownership (an entry goes once its file is under).
 LONG_FILES: frozenset[str] = frozenset({
     "scheduler/request.py", "scheduler/oracle_trace.py", "scheduler/scheduler.py",
@@ -202,9 +211,11 @@ def long_functions(classes: Classes, allowed: frozenset[str] = ALLOWED_CLASSES) 
     return out
 
 
-def spread_classes(classes: Classes, allowed: frozenset[str] = ALLOWED_CLASSES) -> list[str]:
+def spread_classes(classes: Classes, allowed: frozenset[str] = ALLOWED_CLASSES,
+                   deeper: frozenset[str] = NATIVE_DEEP_CLASSES) -> list[str]:
     """Classes in more than two files or more than two deep; allowed classes (and their mixins)
-    aside, and not looked through when a class of ours inherits from one."""
+    aside, and not looked through when a class of ours inherits from one; a class in `deeper` may
+    be one deeper and in one file more."""
     stop = frozenset(allowed & classes.nodes.keys())
     exempt = _allowed(classes, allowed)
     out = []
@@ -213,7 +224,8 @@ def spread_classes(classes: Classes, allowed: frozenset[str] = ALLOWED_CLASSES) 
             continue
         files = {classes.nodes[a][0].path for a in [q, *classes.ancestors(q, stop)]}
         depth = classes.depth(q, stop)
-        if len(files) > MAX_CLASS_FILES or depth > MAX_CHAIN_DEPTH:
+        extra = 1 if q in deeper else 0
+        if len(files) > MAX_CLASS_FILES + extra or depth > MAX_CHAIN_DEPTH + extra:
             out.append(f"{q}: {len(files)} files, {depth} deep (bases {classes.own_bases(q)})")
     return out
 
@@ -243,7 +255,7 @@ def test_no_class_over_two_files_or_two_deep():
 
 def test_the_allow_list_names_classes_that_exist():
     """So an entry cannot outlive its class unnoticed (a renamed class would be checked again)."""
-    assert ALLOWED_CLASSES <= _repository().nodes.keys()
+    assert ALLOWED_CLASSES | NATIVE_DEEP_CLASSES <= _repository().nodes.keys()
 
 
 # ---- the checks themselves, on a made-up tree that breaks each rule ----------------------------
@@ -326,3 +338,8 @@ def test_a_class_from_mixins_in_other_files_and_a_deep_chain_are_found(tmp_path)
     # an allowed class is neither checked nor looked through
     assert [f.split(":")[0] for f in spread_classes(classes, frozenset({"servesim.pkg.c.B"}))] == \
         ["servesim.pkg.c.Spread"]
+    # a class allowed one level deeper is checked at that depth, and nothing else is exempted
+    assert [f.split(":")[0] for f in spread_classes(classes, frozenset(), frozenset({"servesim.pkg.c.Deep"}))] == \
+        ["servesim.pkg.c.Spread"]
+    assert [f.split(":")[0] for f in spread_classes(classes, frozenset(), frozenset({"servesim.pkg.c.B"}))] == \
+        ["servesim.pkg.c.Deep", "servesim.pkg.c.Spread"]

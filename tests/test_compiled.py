@@ -29,7 +29,7 @@ import build_native  # noqa: E402
 OTHER_BUILD_TESTS = ("tests/test_sched_golden.py", "tests/test_sched_vllm_parity_fixes.py",
                      "tests/test_sched_interface.py", "tests/test_sched_policies.py", "tests/test_sim_engine.py",
                      "tests/test_macro_runs.py", "tests/test_deferred_runs.py", "tests/test_sglang_decode_run.py",
-                     "tests/test_sglang_macro_steps.py")
+                     "tests/test_sglang_macro_steps.py", "tests/test_pd_golden.py")
 
 
 def _fresh_build() -> bool:
@@ -217,7 +217,7 @@ def test_interpreted_subclasses_behave_as_in_python():
 
 
 def test_an_interpreted_engine_subclass_overrides_the_compiled_engine():
-    # The P/D engines and test doubles subclass Engine from Python: the compiled loop calls their
+    # Test doubles subclass Engine from Python: the compiled loop calls their
     # overrides, and they may hold attributes the compiled class does not declare.
     from servesim.simulator.config import SimConfig
     from servesim.simulator.engine import Engine

@@ -106,13 +106,16 @@ def test_pd_gateway_priority_reaches_both_sides():
     seen: dict[str, list[tuple[str, int]]] = {"prefill": [], "decode": []}
     gateway = gw(slo_classes={"gold": {"ttft_s": 1.0, "tpot_s": 1.0, "priority": -3}})
     c = Cluster(pd_cluster(gateway=gateway), Workload([RequestSpec("r0", 0.0, 40, 4, slo_class="gold")], "t", "hand"))
+    # Each side's Request as its scheduler queues it (the policy is interpreted in both builds;
+    # the P/D engines and schedulers are compiled classes, whose methods cannot be patched).
     for r in c.replicas:
-        submit = r.engine.submit
+        policy = r.engine.scheduler.policy
+        on_arrival = policy.on_arrival
 
-        def spy(spec, sent_s=None, _submit=submit, _role=r.role):
-            seen[_role].append((spec.request_id, spec.priority))
-            _submit(spec, sent_s)
-        r.engine.submit = spy
+        def spy(request, now_s, _on_arrival=on_arrival, _role=r.role):
+            seen[_role].append((request.request_id, request.priority))
+            _on_arrival(request, now_s)
+        policy.on_arrival = spy
     c.run()
     assert seen == {"prefill": [("r0", -3)], "decode": [("r0", -3)]}
 

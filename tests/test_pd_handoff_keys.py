@@ -1,5 +1,5 @@
 """A P/D hand-off's decode-side Request takes the prefill side's key plan and prompt-block keys
-(simulator/cluster/pd.py key_donor, Request.take_prompt_keys) instead of building them: the very
+(simulator/cluster/pd_keys.py key_donor, Request.take_prompt_keys) instead of building them: the very
 keys the decode side would build itself (checked at every hand-off), whole outputs unchanged, and
 no donor where the two sides would key differently."""
 
@@ -14,7 +14,7 @@ import pytest
 from servesim import _native
 from servesim.scheduler.request import Request
 from servesim.simulator.cluster import Cluster, ClusterConfig, PDConfig, ReplicaGroup, RouterConfig, sim_config_from_dict
-from servesim.simulator.cluster import pd as pd_mod
+from servesim.simulator.cluster import pd_keys
 from servesim.simulator.request_factory import RequestFactory
 from servesim.traces.synthetic import make_workload
 
@@ -46,7 +46,7 @@ def _summary(res) -> str:
 
 
 class _Spy:
-    """Counts the donors key_donor offers (cluster/pd.py: interpreted in both builds) and, where the
+    """Counts the donors key_donor offers (cluster/pd_keys.py: interpreted in both builds) and, where the
     request factory is interpreted too (a compiled class's method cannot be patched), checks each
     decode-side Request's keys against a fresh build."""
 
@@ -56,7 +56,7 @@ class _Spy:
         self.num_checked = 0
         self.factory_patched = _native.scheduler_mode() != _native.COMPILED
         make = RequestFactory.make
-        donor_of = pd_mod.key_donor
+        donor_of = pd_keys.key_donor
         spy = self
 
         def counted_donor(prefill, decode, rid):
@@ -64,7 +64,7 @@ class _Spy:
             spy.num_donors += donor is not None
             return donor
 
-        monkeypatch.setattr(pd_mod, "key_donor", counted_donor)
+        monkeypatch.setattr(pd_keys, "key_donor", counted_donor)
 
         def checked_make(factory, spec, now, structured_output=False, resumable=False):
             donated = spec.request_id in factory.key_donors
@@ -121,7 +121,7 @@ def test_taken_keys_are_the_ones_the_decode_side_builds(monkeypatch, case):
         assert spy.num_taken == spy.num_checked == len(wl.requests)  # and the decode side took them
     if prefix:
         assert res.summary["prefix_cache_hit_tokens"] > 0
-    monkeypatch.setattr(pd_mod, "key_donor", lambda prefill, decode, rid: None)
+    monkeypatch.setattr(pd_keys, "key_donor", lambda prefill, decode, rid: None)
     _, built = _run(_config(prefill_sim=sim, decode_sim=sim, router=router), wl)
     _, plain = _run(_config(macro=False, prefill_sim=sim, decode_sim=sim, router=router), wl)
     for other in (built, plain):

@@ -136,14 +136,15 @@ def test_parked_requests_are_passed_over_and_a_new_one_stops_runs():
     head, no admissible waiter); a request not yet parked, or one whose KV landed, stops them."""
     from servesim.scheduler.bulk import decode_runs_for
     from servesim.scheduler.request import RequestStatus
-    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, RemotePrefillConnector, _pd_scheduler
+    from servesim.simulator.cluster.pd_connectors import RemotePrefillConnector
+    from servesim.simulator.cluster.pd_schedulers import decode_scheduler
     from servesim.simulator.startup import resolve_cache
     from tests.sched_helpers import req, step
 
     cfg = sim_config_from_dict({"scheduler.async_scheduling": False})
-    sched = _pd_scheduler(DecodeSchedulerMixin, cfg, resolve_cache(cfg)[0])
     started: list[str] = []
-    conn = sched.connector = RemotePrefillConnector(lambda r, n: started.append(r.request_id))
+    conn = RemotePrefillConnector(lambda r, n: started.append(r.request_id))
+    sched = decode_scheduler(cfg, resolve_cache(cfg)[0], conn)
     runs = decode_runs_for(sched)
     for i in range(3):  # three requests decoding locally (no connector: their prompts run here)
         sched.add_request(req(sched, f"r{i}", 64, max_tokens=50))

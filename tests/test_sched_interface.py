@@ -33,12 +33,15 @@ def sglang(**kw) -> SGLangScheduler:
 
 
 def pd_schedulers() -> list:
-    from servesim.simulator.cluster.pd import DecodeSchedulerMixin, PrefillSchedulerMixin, _pd_scheduler
+    from servesim.simulator.cluster.pd_connectors import RemoteDecodeConnector, RemotePrefillConnector
+    from servesim.simulator.cluster.pd_schedulers import decode_scheduler, prefill_scheduler
     from servesim.simulator.config import SimConfig
     from servesim.simulator.startup import resolve_cache
 
     cfg = SimConfig()
-    return [_pd_scheduler(m, cfg, resolve_cache(cfg)[0]) for m in (DecodeSchedulerMixin, PrefillSchedulerMixin)]
+    cache = resolve_cache(cfg)[0]
+    return [decode_scheduler(cfg, cache, RemotePrefillConnector(lambda r, n: None)),
+            prefill_scheduler(cfg, cache, RemoteDecodeConnector())]
 
 
 def all_schedulers() -> list:

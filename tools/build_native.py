@@ -83,6 +83,10 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "client.py",  # the clients' send loop, at every arrival
         # the engine's own parts it calls per step or per request (split out of engine.py)
         "request_ends.py", "idle_wait.py", "workload_replay.py",
+        # P/D: the schedulers and engines subclass the compiled ones natively (their calls on
+        # themselves stay vtable calls), the connectors are consulted per request. pd_keys.py stays
+        # interpreted (once per hand-off; tests spy on it).
+        "cluster/pd_connectors.py", "cluster/pd_schedulers.py", "cluster/pd.py",
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

@@ -19,7 +19,7 @@ sees. The right is declared here, member by member:
   `block_pool` (its free queue: allocations pop it in order), `coordinator`, `enable_caching`,
   `block_size`, `max_model_len`; allocates and caches through the group manager and the pool as
   allocate_slots does, and records lookups through get_computed_blocks.
-- `pd.PDDecodeRuns` on the P/D decode schedulers (simulator/cluster/pd.py): vLLM's, with the
+- `pd.PDDecodeRuns` on the P/D decode schedulers (simulator/cluster/pd_schedulers.py): vLLM's, with the
   requests parked for a KV transfer passed over; reads `waiting`, `skipped_waiting` and
   `finished_recving_kv_req_ids`.
 - `sglang.SGLangDecodeRuns` on `SGLangScheduler` (scheduler/sglang/scheduler.py, batching.py):

@@ -1,4 +1,4 @@
-"""The bulk decode path of a P/D decode-side scheduler (simulator/cluster/pd.py): vLLM's, with the
+"""The bulk decode path of a P/D decode-side scheduler (simulator/cluster/pd_schedulers.py): vLLM's, with the
 requests whose KV is still on its way passed over.
 
 A P/D decode scheduler is vLLM's with NixlConnector's scheduler side: a request handed over from

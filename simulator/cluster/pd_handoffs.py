@@ -131,7 +131,7 @@ class PDHandoffs:
 
     def _maybe_close_pd(self) -> None:
         # P/D engines stay open until every request is done: a handoff or a transfer can come at any
-        # time, and a stalled engine that was closed would stop (pd.StallAwareMixin).
+        # time, and a stalled engine that was closed would stop (pd_schedulers.StallGate).
         # Once arrivals are done every request that will reach the router has (the gateway and the
         # turns settled first): each routed request ends in exactly one _final.
         if self._arrivals_done and self.num_final == len(self.routes):

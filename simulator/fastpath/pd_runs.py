@@ -19,7 +19,7 @@ see the blocks the update caches early; a router with no proof is not paced). Wh
 replica between the outside event and that update (at its instant too, before its timeout) is
 then: a hand-off (add_request, which commutes with an update that finishes nobody:
 VllmDecodeRuns.arrivals_commute_with_decode_updates), a landing (mark_kv_received adds the id to
-finished_recving_kv_req_ids and clears `_stalled`, which no update reads or writes), or a read of
+finished_recving_kv_req_ids and opens the StallGate, which no update reads or writes), or a read of
 its load (no finish: the same) or KV usage (the free count: an update that finishes nobody frees
 no block, and caching moves none). So every event sees what stepping shows it, and the loop
 resumes at the update's instant in stepping's state there.

@@ -295,7 +295,7 @@ class Autoscaler:
 
     def _close_empty_pd(self, pool: Pool) -> None:
         """Close the draining P/D replicas that hold nothing (no request, no KV awaiting a
-        transfer): a P/D engine closed earlier would end at its first stall (pd.StallAwareMixin)
+        transfer): a P/D engine closed earlier would end at its first stall (pd_schedulers.StallGate)
         with a transfer still to come. Their loops end now, so they are removed at this decision."""
         for rep in pool.draining:
             if not rep.engine.scheduler.requests and not rep.engine.in_flight:
