@@ -36,11 +36,26 @@ class CalibrationGrid:
 
 
 class Timer:
-    def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
+    """Median seconds per call of a point's function.
+
+    On a GPU with ``graphs`` (the default) the function is captured once as a CUDA graph and the
+    replays are timed between CUDA events: the GPU's own time, as vLLM's graph-replayed steps run.
+    Timing one eager call instead records the host's dispatch wherever Python issues kernels slower
+    than the GPU runs them: on an H200 an 8B decode step took ~18 ms eagerly at every batch size and
+    7-12 ms replayed (docs/GPU_RUNNER.md, "Results on a GPU"). ``graphs=False`` times eager calls
+    (the CPU always does, with perf_counter)."""
+
+    def __init__(self, device: torch.device, repeats: int, warmup: int, graphs: bool = True) -> None:
         self.device, self.repeats, self.warmup = device, repeats, warmup
+        self.graphs = graphs and device.type == "cuda"
+
+    @property
+    def how(self) -> str:
+        return "CUDA graph replay" if self.graphs else "eager"
 
     def __call__(self, fn: Callable[[], object]) -> float:
-        """Median seconds per call (CUDA events on a GPU, perf_counter on the CPU)."""
+        if self.graphs:
+            return self._replayed(fn)
         for _ in range(self.warmup):
             fn()
         times = []
@@ -56,8 +71,41 @@ class Timer:
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
-        times.sort()
-        return times[len(times) // 2]
+        return _median(times)
+
+    def _replayed(self, fn: Callable[[], object]) -> float:
+        # Warm on a side stream first (torch's rule for capture: Triton compiles and cuBLAS picks
+        # its kernels there, never inside the capture).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(1, self.warmup)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except RuntimeError as e:
+            raise RuntimeError(f"this point could not be captured as a CUDA graph ({e}); "
+                               "`servesim calibrate --eager-timing` times eager calls instead") from e
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        del graph  # its memory pool goes back before the next point's capture
+        return _median(times)
+
+
+def _median(times: list[float]) -> float:
+    times.sort()
+    return times[len(times) // 2]
 
 
 def _paged_metadata(chunks: list[int], prefixes: list[int], block_size: int, device) -> AttentionMetadata:
@@ -84,12 +132,14 @@ def _paged_metadata(chunks: list[int], prefixes: list[int], block_size: int, dev
 
 
 def calibrate(model: LlamaModel, model_name: str, gpu_name: str, grid: CalibrationGrid, block_size: int = 16,
-              progress: Callable[[str], None] | None = None) -> list[dict]:
+              progress: Callable[[str], None] | None = None, graphs: bool = True) -> list[dict]:
+    """Profile rows for every grid point; on a GPU each point timed by CUDA graph replay unless
+    ``graphs`` is False (Timer). The rows' ``framework`` says which."""
     c, dev, dt = model.config, model.device, model.dtype
-    timer = Timer(dev, grid.repeats, grid.warmup)
+    timer = Timer(dev, grid.repeats, grid.warmup, graphs)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dt]
     base = {"source": "servesim", "gpu": gpu_name, "model": model_name, "tp": 1, "dtype": dtype_name,
-            "framework": f"servesim {model.backend}", "device": str(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else "cpu"}
+            "framework": f"servesim {model.backend}" + (f" ({timer.how})" if dev.type == "cuda" else ""), "device": str(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else "cpu"}
     rows: list[dict] = []
     lw = model.weights.layers[0]
     for n in grid.token_counts:

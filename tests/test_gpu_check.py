@@ -129,6 +129,26 @@ def test_cpu_rehearsal_passes_every_part(tmp_path):
     assert steps[0].startswith("kind,num_tokens,num_requests,prepare_s,measured_s,predicted_roofline_s")
     assert {line.split(",")[0] for line in steps[1:]} == {"prefill", "decode", "mixed"}
     assert (out / "tiny-llama__h100__fitted.json").is_file() and "Against the shipped profile" in report
+    assert "Where an eager step's time goes" in report and "| decode 2 x 32 | 2 | 2 |" in report
+
+
+def test_graph_probe_on_the_cpu_times_each_step_and_prices_it(tmp_path):
+    """tools/gpu_graph_probe.py's CPU path: tiny-llama's two steps timed (no graphs on the CPU),
+    priced by the roofline; --csv writes a new file and refuses an existing one."""
+    import gpu_graph_probe
+
+    out = tmp_path / "probe.csv"
+    assert gpu_graph_probe.main(["--device", "cpu", "--repeats", "1", "--gpu", "h100", "--csv", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == ",".join(gpu_graph_probe.FIELDS) and len(lines) == 3
+    rows = [dict(zip(gpu_graph_probe.FIELDS, line.split(","))) for line in lines[1:]]
+    assert [r["step"] for r in rows] == ["decode 2 x 32", "prefill 16"]
+    assert [r["num_tokens"] for r in rows] == ["2", "16"] and [r["num_requests"] for r in rows] == ["2", "1"]
+    assert all(float(r["eager_ms"]) > 0 and float(r["roofline_ms"]) > 0 and r["graph_ms"] == "" for r in rows)
+    assert not list(tmp_path.glob("*.partial"))
+    with pytest.raises(SystemExit):
+        gpu_graph_probe.main(["--device", "cpu", "--csv", str(out)])
+    assert out.read_text().splitlines() == lines  # the existing file kept as it was
 
 
 class _BrokenKernels:

@@ -25,6 +25,9 @@ def calibrate(
     quick: bool = typer.Option(False, "--quick/--no-quick", help="a few points only (smoke runs)"),
     overwrite: bool = typer.Option(False, "--overwrite/--no-overwrite", help="replace an existing --out file"),
     seed: int = typer.Option(0, "--seed"),
+    eager_timing: bool = typer.Option(False, "--eager-timing/--graph-timing", help="on a GPU, time one eager "
+                                      "call per run (host dispatch included) instead of replaying each point as a "
+                                      "CUDA graph (the default: the GPU's own time, as vLLM's graph-replayed steps)"),
     nccl_tests: list[Path] = typer.Option(None, "--nccl-tests", help="nccl-tests output measured on this host "
                                           "(all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf, "
                                           "sendrecv_perf; repeatable, e.g. one file per GPU count): its rows join the "
@@ -70,7 +73,7 @@ def calibrate(
             check_output_file(side, overwrite=overwrite, flag="--out (its .report file)")
     rows = _measure_collectives(groups, dev.type, dtype, quick, gpu_label) if groups else []
     if model:
-        rows += _sweep_model(model, dev, dtype, quick, seed, gpu_label)
+        rows += _sweep_model(model, dev, dtype, quick, seed, gpu_label, not eager_timing)
     rows += ar_rows
     link_rows = _measure_host_link(dev.type, quick, gpu_label) if host_link else []
     rows += link_rows
@@ -147,7 +150,7 @@ def _measure_collectives(groups: list[int], device: str, dtype: str, quick: bool
         raise typer.Exit(1) from None
 
 
-def _sweep_model(model: str, dev, dtype: str, quick: bool, seed: int, gpu_label: str) -> list[dict]:
+def _sweep_model(model: str, dev, dtype: str, quick: bool, seed: int, gpu_label: str, graphs: bool) -> list[dict]:
     import torch
 
     from servesim.gpu_runner.calibrate import CalibrationGrid, calibrate as sweep
@@ -158,7 +161,8 @@ def _sweep_model(model: str, dev, dtype: str, quick: bool, seed: int, gpu_label:
     m = LlamaModel.random(runner_model(model), seed=seed, dtype=torch_dtype, device=dev,
                           backend="triton" if dev.type == "cuda" else "torch")
     grid = CalibrationGrid.quick() if quick else CalibrationGrid()
-    return sweep(m, _model_name(model), gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True))
+    return sweep(m, _model_name(model), gpu_label, grid, progress=lambda msg: typer.echo(f"  {msg}", err=True),
+                 graphs=graphs)
 
 
 def _measure_host_link(device: str, quick: bool, gpu_label: str) -> list[dict]:

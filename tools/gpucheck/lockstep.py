@@ -188,3 +188,17 @@ def run_wallclock(part: Part, size: ReplaySize, gpu: str, device, out: Path) -> 
                    "measured - 1.", "", *error_table(rows, list(models))]
     counts = {k: sum(r["kind"] == k for r in rows) for k in KINDS}
     part.summary = f"{len(rows)} steps ({', '.join(f'{v} {k}' for k, v in counts.items())})"
+    where_time_goes(part, cfg.hardware.model, gpu, device)
+
+
+def where_time_goes(part: Part, model: str, gpu: str, device) -> None:
+    """The runner's forward is eager: tools/gpu_graph_probe.py's steps timed eagerly, as the host
+    issues them, and replayed as CUDA graphs, beside the cost models' prices."""
+    from gpu_graph_probe import probe, table
+
+    rows = probe(device.type, model, gpu, repeats=5, log=part.log)
+    _free(device)
+    part.lines += ["", "Where an eager step's time goes (`tools/gpu_graph_probe.py`, random weights, median of 5): "
+                   "eager = one forward + logits between CUDA events, as `--clock measured` times it; host = "
+                   "the wall time to issue that call; graph = the same call replayed as a CUDA graph.", "",
+                   table(rows)]
