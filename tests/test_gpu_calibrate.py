@@ -35,6 +35,7 @@ def test_sweep_rows_follow_the_profile_schema():
     m = LlamaModel.random(preset("tiny-llama"), dtype=torch.bfloat16, backend="torch")
     rows = calibrate(m, "tiny-llama", "h100", CalibrationGrid.quick())
     df = validate_profile(make_profile(rows))
+    assert set(df["framework"]) == {"servesim torch"}  # no graphs on the CPU, so no timing mode named
     ops = set(df["op"])
     assert {"qkv_proj", "down_proj", "attn_prefill", "attn_decode", "model_prefill", "model_decode"} <= ops
     assert (df["latency_s"] > 0).all()
@@ -48,7 +49,7 @@ def test_calibrate_cli_writes_profile_and_report_and_fit_accepts_it(tmp_path):
     nccl = tmp_path / "all_reduce_perf.txt"
     nccl.write_text(NCCL_TESTS_H100)
     p = subprocess.run([sys.executable, "-m", "servesim", "calibrate", "--model", "tiny-llama", "--device", "cpu",
-                        "--gpu-label", "h100", "--quick", "--out", str(out), "--nccl-tests", str(nccl)],
+                        "--gpu-label", "h100", "--quick", "--eager-timing", "--out", str(out), "--nccl-tests", str(nccl)],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     prof = pd.read_csv(out)
