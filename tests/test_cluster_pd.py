@@ -161,6 +161,51 @@ def test_lanes_queue_transfers_first_come_first_served():
     assert _link_times(two, [(0.0, 100), (0.0, 100), (0.0, 100)]) == pytest.approx([2.0, 2.0, 4.0])
 
 
+def _link_turns(cfg: LinkConfig) -> list[tuple[str, str, float]]:
+    """Transfers and watchers whose instants coincide: the order in which everything happened."""
+    env = simpy.Environment()
+    link = KVLink(env, cfg)
+    log: list[tuple[str, str, float]] = []
+
+    def send(name, t, b):
+        yield env.timeout(t)
+        log.append(("start", name, env.now))
+        link.transfer(b, lambda: log.append(("land", name, env.now)))
+
+    def watch(name, t):
+        yield env.timeout(t)
+        log.append(("watch", name, env.now))
+
+    for i, (t, b) in enumerate([(0.0, 100), (0.0, 100), (1.0, 50), (2.0, 100), (2.0, 0), (4.0, 100)]):
+        env.process(send(f"t{i}", t, b))
+    for j, t in enumerate([1.0, 1.25, 2.0, 3.0, 4.0, 5.0]):
+        env.process(watch(f"w{j}", t))
+    env.run()
+    return [(k, n, round(t, 9)) for k, n, t in log]
+
+
+def test_link_events_take_the_turns_a_process_would():
+    """Same-instant order on the clock, pinned from the link as SimPy processes (a transfer per
+    process, the fair server waiting on `timeout | changed`): its plain events and callbacks land
+    each transfer at the same turn, before or after whatever else is due at that instant."""
+    fair = _link_turns(LinkConfig(bandwidth_bytes_per_s=100.0, latency_s=0.0))
+    assert fair == [("start", "t0", 0.0), ("start", "t1", 0.0), ("start", "t2", 1.0), ("watch", "w0", 1.0),
+                    ("watch", "w1", 1.25), ("start", "t3", 2.0), ("start", "t4", 2.0), ("watch", "w2", 2.0),
+                    ("land", "t4", 2.0), ("land", "t0", 2.666666667), ("land", "t1", 2.666666667),
+                    ("land", "t2", 2.666666667), ("watch", "w3", 3.0), ("land", "t3", 3.5), ("start", "t5", 4.0),
+                    ("watch", "w4", 4.0), ("watch", "w5", 5.0), ("land", "t5", 5.0)]
+    lanes = _link_turns(LinkConfig(bandwidth_bytes_per_s=100.0, latency_s=0.0, sharing="lanes", lanes=2))
+    assert lanes == [("start", "t0", 0.0), ("start", "t1", 0.0), ("start", "t2", 1.0), ("watch", "w0", 1.0),
+                     ("watch", "w1", 1.25), ("start", "t3", 2.0), ("start", "t4", 2.0), ("watch", "w2", 2.0),
+                     ("land", "t0", 2.0), ("land", "t1", 2.0), ("watch", "w3", 3.0), ("land", "t2", 3.0),
+                     ("land", "t4", 3.0), ("start", "t5", 4.0), ("watch", "w4", 4.0), ("land", "t3", 4.0),
+                     ("watch", "w5", 5.0), ("land", "t5", 6.0)]
+    late = _link_turns(LinkConfig(bandwidth_bytes_per_s=100.0, latency_s=0.25))
+    assert [e for e in late if e[0] == "land"] == [("land", "t4", 2.25), ("land", "t0", 2.916666667),
+                                                   ("land", "t1", 2.916666667), ("land", "t2", 2.916666667),
+                                                   ("land", "t3", 3.75), ("land", "t5", 5.25)]
+
+
 @pytest.mark.parametrize("sets", [{}, {"cache.num_gpu_blocks": 200, "scheduler.max_model_len": 3200,
                                       "scheduler.long_prefill_token_threshold": 64},
                                   {"scheduler.async_scheduling": True, "scheduler.policy": "priority"}])

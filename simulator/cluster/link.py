@@ -15,14 +15,30 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
+from functools import partial
 
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from servesim.scheduler.copy_stream import TransferStream
 from servesim.simulator.cluster.config import LinkConfig
 
 
+# The fair server's states (KVLink._state).
+_DEAD, _STARTING, _ARMED, _WOKEN, _RUNNING = range(5)
+
+
 class KVLink:
+    """One link's transfers (module docstring), driven by plain events and callbacks.
+
+    Each callback runs at the event turn a SimPy process would run at: a transfer starts at an
+    urgent event at its call's instant (a process's initialisation), joins the wire when its
+    latency timeout fires, and lands when its lane's timeout fires; the fair server's wake-ups
+    take the hops a process waiting on `timeout | changed` takes (a join succeeds `changed`, which
+    triggers the condition, whose turn resumes the server; the timeout triggers the condition
+    directly). Only events that run nothing are left out (a finished process's own event, a
+    condition's losers), so every other event keeps its order on the clock."""
+
     def __init__(self, env: simpy.Environment, cfg: LinkConfig, name: str = "link") -> None:
         self.env = env
         self.cfg = cfg
@@ -37,8 +53,9 @@ class KVLink:
         self._seq = itertools.count()
         self._virtual = 0.0  # bytes each active transfer has received since the link was built
         self._last_s = 0.0
-        self._changed: simpy.Event | None = None
-        self._server: simpy.Process | None = None
+        self._state = _DEAD  # the fair server (class docstring)
+        self._wake_gen = 0  # the armed timeout's number: an earlier one fires into nothing
+        self._join_pending = False  # armed: a join already asked for a wake-up
         # When calls of done() can next come (next_event_s): the clock's readings at which the
         # transfers still in their latency join the wire, at which the lanes' transfers land, and
         # at which the fair server next wakes (inf: it is not running). Heaps, entries past dropped.
@@ -50,7 +67,7 @@ class KVLink:
         """Send nbytes; call done() (inside the simulation) when the last byte arrives."""
         now = self.env.now
         heapq.heappush(self._joins_s, now + self.cfg.latency_s if self.cfg.latency_s > 0 else now)
-        self.env.process(self._send(nbytes, done))
+        self._at_turn(partial(self._start, nbytes, done), URGENT)
 
     def next_event_s(self) -> float:
         """No transfer on this link lands before this time, from its state now (a lower bound:
@@ -66,22 +83,39 @@ class KVLink:
         return min(self._joins_s[0] if self._joins_s else self._wake_s,
                    self._lands_s[0] if self._lands_s else self._wake_s, self._wake_s)
 
-    def _send(self, nbytes: int, done: Callable[[], None]):
+    # --- event plumbing --------------------------------------------------------------------------
+    def _at_turn(self, fn: Callable[[], None], priority: int = NORMAL) -> None:
+        """Run fn at an event of its own at this instant (after those already due now)."""
+        ev = simpy.Event(self.env)
+        ev.callbacks.append(lambda _ev: fn())
+        ev._ok = True
+        ev._value = None
+        self.env.schedule(ev, priority)
+
+    def _after(self, delay_s: float, fn: Callable[[], None]) -> None:
+        self.env.timeout(delay_s).callbacks.append(lambda _ev: fn())
+
+    def _start(self, nbytes: int, done: Callable[[], None]) -> None:
         if self.cfg.latency_s > 0:
-            yield self.env.timeout(self.cfg.latency_s)
+            self._after(self.cfg.latency_s, partial(self._join, nbytes, done))
+        else:
+            self._join(nbytes, done)
+
+    def _join(self, nbytes: int, done: Callable[[], None]) -> None:
         if self._lanes is not None:
             end_s = self._on_lane(nbytes)
             now = self.env.now
             heapq.heappush(self._lands_s, now + (end_s - now))
-            yield self.env.timeout(end_s - now)
-            self._complete(nbytes, done)
+            self._after(end_s - now, partial(self._complete, nbytes, done))
             return
         self._advance()
         heapq.heappush(self._heap, (self._virtual + nbytes, next(self._seq), nbytes, done))
-        if self._server is None or not self._server.is_alive:
-            self._server = self.env.process(self._serve())
-        elif self._changed is not None and not self._changed.triggered:
-            self._changed.succeed()
+        if self._state == _DEAD:
+            self._state = _STARTING
+            self._at_turn(self._serve_start, URGENT)
+        elif self._state == _ARMED and not self._join_pending:
+            self._join_pending = True  # `changed` succeeded: the condition is checked at its turn
+            self._at_turn(self._changed_turn)
 
     def _advance(self) -> None:
         now = self.env.now
@@ -102,21 +136,43 @@ class KVLink:
         self._busy_until = max(self._busy_until, end_s)
         return end_s
 
-    def _serve(self):
-        env, bw = self.env, self.cfg.bandwidth_bytes_per_s
-        while self._heap:
-            tag = self._heap[0][0]
-            wait = max(tag - self._virtual, 0.0) * len(self._heap) / bw
-            self._changed = env.event()
-            self._wake_s = env.now + wait
-            yield env.timeout(wait) | self._changed
-            self._advance()
-            # Finish every transfer whose tag has been reached; the tolerance absorbs float rounding.
-            eps = 1e-9 * max(1.0, abs(self._virtual))
-            while self._heap and self._heap[0][0] <= self._virtual + eps:
-                _, _, nbytes, done = heapq.heappop(self._heap)
-                self._complete(nbytes, done)
-        self._wake_s = float("inf")
+    # --- the fair server -----------------------------------------------------------------------
+    def _serve_start(self) -> None:
+        self._state = _RUNNING
+        self._arm()
+
+    def _arm(self) -> None:
+        """Wait for the first finish tag on the wire, or for a join: whichever comes first."""
+        if not self._heap:
+            self._state = _DEAD
+            self._wake_s = float("inf")
+            return
+        tag = self._heap[0][0]
+        wait = max(tag - self._virtual, 0.0) * len(self._heap) / self.cfg.bandwidth_bytes_per_s
+        self._state, self._join_pending = _ARMED, False
+        self._wake_gen += 1
+        self._wake_s = self.env.now + wait
+        self._after(wait, partial(self._timer_turn, self._wake_gen))
+
+    def _changed_turn(self) -> None:
+        if self._state == _ARMED:  # the join came first: the condition's own turn resumes the server
+            self._state = _WOKEN
+            self._at_turn(self._serve)
+
+    def _timer_turn(self, gen: int) -> None:
+        if gen == self._wake_gen and self._state == _ARMED:
+            self._state = _WOKEN
+            self._at_turn(self._serve)
+
+    def _serve(self) -> None:
+        self._state = _RUNNING
+        self._advance()
+        # Finish every transfer whose tag has been reached; the tolerance absorbs float rounding.
+        eps = 1e-9 * max(1.0, abs(self._virtual))
+        while self._heap and self._heap[0][0] <= self._virtual + eps:
+            _, _, nbytes, done = heapq.heappop(self._heap)
+            self._complete(nbytes, done)
+        self._arm()
 
     def _complete(self, nbytes: int, done: Callable[[], None]) -> None:
         self.bytes_sent += nbytes
