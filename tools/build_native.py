@@ -87,6 +87,9 @@ COMPILED: dict[str, tuple[str, ...]] = {
         # themselves stay vtable calls), the connectors are consulted per request. pd_keys.py stays
         # interpreted (once per hand-off; tests spy on it).
         "cluster/pd_connectors.py", "cluster/pd_schedulers.py", "cluster/pd.py",
+        # ... and what each P/D request passes through once or twice: its hand-off and transfer
+        # callbacks, and the link's events.
+        "cluster/pd_handoffs.py", "cluster/link.py",
     ),
 }
 # Staged for mypy to read the types of whatever the compiled modules import (not compiled).

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from functools import partial
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import NORMAL, URGENT, EventPriority
 
 from servesim.scheduler.copy_stream import TransferStream
 from servesim.simulator.cluster.config import LinkConfig
@@ -84,7 +84,7 @@ class KVLink:
                    self._lands_s[0] if self._lands_s else self._wake_s, self._wake_s)
 
     # --- event plumbing --------------------------------------------------------------------------
-    def _at_turn(self, fn: Callable[[], None], priority: int = NORMAL) -> None:
+    def _at_turn(self, fn: Callable[[], None], priority: EventPriority = NORMAL) -> None:
         """Run fn at an event of its own at this instant (after those already due now)."""
         ev = simpy.Event(self.env)
         ev.callbacks.append(lambda _ev: fn())
@@ -129,6 +129,7 @@ class KVLink:
         (a lane's free time only grows and the clock only moves on), so busy_s, the union of the
         lanes' busy intervals, grows by the part of each new interval past the last one's end."""
         lanes, now = self._lanes, self.env.now
+        assert lanes is not None
         lane = min(lanes, key=lambda q: q.free_at_s)  # min keeps the first of equals: the lowest lane
         start_s = max(now, lane.free_at_s)
         end_s = lane.submit(now, nbytes / (self.cfg.bandwidth_bytes_per_s / self.cfg.lanes))

@@ -15,9 +15,10 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from servesim.scheduler.request import Request
+from servesim.simulator.cluster.pd import DecodeEngine, PrefillEngine
 from servesim.simulator.specs import resolve_model
 from servesim.simulator.specs.pipeline_stages import stage_kv_bytes_per_token
 
@@ -107,14 +108,22 @@ class PDHandoffs:
 
     def _transfer_done(self, request_id: str, decode_idx: int) -> None:
         self.timelines[request_id].transfer_end_s = self.env.now
-        self.replicas[self.routes[request_id].replica].engine.kv_sent(request_id)
-        self.replicas[decode_idx].engine.kv_received(request_id)
+        self._prefill_engine(request_id).kv_sent(request_id)
+        self._decode_engine(decode_idx).kv_received(request_id)
+
+    def _prefill_engine(self, request_id: str) -> PrefillEngine:
+        """The engine of the prefill replica the request was routed to (a P/D cluster's front
+        replicas are PrefillEngines: cluster.py builds them so)."""
+        return cast(PrefillEngine, self.replicas[self.routes[request_id].replica].engine)
+
+    def _decode_engine(self, idx: int) -> DecodeEngine:
+        return cast(DecodeEngine, self.replicas[idx].engine)
 
     def on_decode_finish(self, idx: int, request_id: str, reason: str | None) -> None:
         if self.timelines[request_id].transfer_start_s is None:
             # Never fit on the decode replica: nobody will read the prefill side's KV.
-            self.replicas[idx].engine.connector.forget(request_id)
-            self.replicas[self.routes[request_id].replica].engine.kv_sent(request_id)
+            self._decode_engine(idx).connector.forget(request_id)
+            self._prefill_engine(request_id).kv_sent(request_id)
         self._final(idx, request_id, reason)
 
     def _final(self, idx: int, request_id: str, reason: str | None) -> None:
