@@ -73,7 +73,7 @@ def _median_ms(samples: list[float]) -> float:
     return 1e3 * statistics.median(samples)
 
 
-def time_step(model, fn, device, repeats: int) -> tuple[float, float, float | None]:
+def time_step(fn, device, repeats: int) -> tuple[float, float, float | None]:
     """(eager_ms, host_ms, graph_ms) of fn; graph_ms None on the CPU."""
     import torch
 
@@ -98,33 +98,9 @@ def time_step(model, fn, device, repeats: int) -> tuple[float, float, float | No
             eager.append(host[-1])
     if not cuda:
         return _median_ms(eager), _median_ms(host), None
-    return _median_ms(eager), _median_ms(host), _graph_ms(fn, repeats)
+    from servesim.gpu_runner.calibrate import Timer  # the calibration's graph timing, one warm-up
 
-
-def _graph_ms(fn, repeats: int) -> float:
-    """Capture fn once (after warming it on a side stream, as torch's docs ask) and time replays."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    del graph
-    return _median_ms(times)
+    return _median_ms(eager), _median_ms(host), 1e3 * Timer(device, repeats, warmup=1, graphs=True)(fn)
 
 
 def cost_models(model_name: str, gpu: str) -> dict:
@@ -162,7 +138,7 @@ def probe(device_type: str, model_name: str, gpu: str, repeats: int, block_size:
         def fn(ids=ids, pos=pos, meta=meta, last=last):
             return model.compute_logits(model.forward(ids, pos, meta)[last])  # [S, vocab]
 
-        eager, host, graph = time_step(model, fn, device, repeats)
+        eager, host, graph = time_step(fn, device, repeats)
         row = {"step": label, "num_tokens": sum(shape.num_new_tokens), "num_requests": len(shape.num_new_tokens),
                "eager_ms": eager, "host_ms": host, "graph_ms": graph}
         for name in ("roofline", "calibrated"):
