@@ -41,7 +41,7 @@ class Timer:
     On a GPU with ``graphs`` (the default) the function is captured once as a CUDA graph and the
     replays are timed between CUDA events: the GPU's own time, as vLLM's graph-replayed steps run.
     Timing one eager call instead records the host's dispatch wherever Python issues kernels slower
-    than the GPU runs them: on an H200 an 8B decode step took 18-28 ms eagerly at every batch size and
+    than the GPU runs them: on an H200 an 8B decode step took 18-39 ms eagerly at every batch size and
     7-12 ms replayed (docs/GPU_RUNNER.md, "Results on a GPU"). ``graphs=False`` times eager calls
     (the CPU always does, with perf_counter)."""
 
