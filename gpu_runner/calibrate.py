@@ -193,20 +193,27 @@ def _attention_rows(model, grid, block_size, timer, base, progress) -> list[dict
     return rows
 
 
+def whole_step(model: LlamaModel, chunks: list[int], prefixes: list[int], block_size: int) -> Callable[[], object]:
+    """One step's forward + logits over the model's allocated caches, as a call to time: request i
+    computes chunks[i] tokens over prefixes[i] cached ones (random ids; _paged_metadata's layout),
+    its last token's logits sampled."""
+    dev = model.device
+    meta = _paged_metadata(chunks, prefixes, block_size, dev)
+    ids = torch.randint(0, model.config.vocab_size, (meta.num_tokens,), device=dev)  # [T]
+    pos = torch.cat([torch.arange(p, p + n, device=dev) for n, p in zip(chunks, prefixes)])  # [T]
+    last = (meta.query_start_loc[1:] - 1).long()  # [S]
+    return lambda: model.compute_logits(model.forward(ids, pos, meta)[last])  # [S, vocab]
+
+
 def _step_rows(model, grid, block_size, timer, base, progress) -> list[dict]:
     """Whole forward passes: the ground truth the calibration report checks predictions against."""
-    c, dev = model.config, model.device
     rows = []
     needed = 1 + max(max(b * -(-(L + 1) // block_size) for b in grid.decode_batches for L in grid.decode_contexts),
                      max(-(-n // block_size) for n in grid.prefill_chunks))
     model.allocate_kv_cache(needed, block_size)
 
     def step(chunks, prefixes):
-        meta = _paged_metadata(chunks, prefixes, block_size, dev)
-        ids = torch.randint(0, c.vocab_size, (meta.num_tokens,), device=dev)
-        pos = torch.cat([torch.arange(p, p + n, device=dev) for n, p in zip(chunks, prefixes)])
-        last = (meta.query_start_loc[1:] - 1).long()
-        return lambda: model.compute_logits(model.forward(ids, pos, meta)[last])
+        return whole_step(model, chunks, prefixes, block_size)
 
     for n in grid.prefill_chunks:
         rows.append({**base, "op": "model_prefill", "batch_size": 1, "chunk_len": n, "prefix_len": 0,

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bootstrap(carry: Path) -> None:
+def bootstrap(carry: Path) -> None:
     """The checkout's servesim and this folder's gpucheck first; the carried zips last (the
     machine's own packages win where it has them)."""
     for p in (str(ROOT / "tools"), str(ROOT)):
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", type=Path, default=None, help="with --make-carry: the SmolLM2 GGUF "
                     "(default: the test weights make test fetches)")
     args = ap.parse_args(argv)
-    _bootstrap(args.carry)
+    bootstrap(args.carry)
     if args.make_carry:
         from gpucheck.carry import make_carry
 

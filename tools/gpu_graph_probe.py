@@ -32,15 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from gpu_check import ROOT, bootstrap  # this script's folder (tools/) is first on sys.path
+
 FIELDS = ("step", "num_tokens", "num_requests", "eager_ms", "host_ms", "graph_ms", "roofline_ms", "calibrated_ms")
-
-
-def _bootstrap(carry: Path) -> None:
-    for p in (str(ROOT / "tools"), str(ROOT)):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    sys.path.extend(str(z) for z in sorted(carry.glob("*.zip")) if str(z) not in sys.path)
 
 
 def probe_steps(device_type: str):
@@ -52,21 +46,6 @@ def probe_steps(device_type: str):
     if device_type == "cuda":
         return probe_shapes()
     return [("decode 2 x 32", decode_shape(2, 32)), ("prefill 16", prefill_shape(16))]
-
-
-def step_inputs(shape, block_size: int, vocab_size: int, device):
-    """input_ids [T], positions [T], metadata and logits rows [S] for a StepShape, each request on
-    its own consecutive blocks from block 1 (calibration's layout)."""
-    import torch
-
-    from servesim.gpu_runner.calibrate import _paged_metadata
-
-    chunks, prefixes = list(shape.num_new_tokens), list(shape.num_context_tokens)
-    meta = _paged_metadata(chunks, prefixes, block_size, device)
-    positions = torch.cat([torch.arange(p, p + n) for n, p in zip(chunks, prefixes)]).to(device)  # [T]
-    ids = torch.randint(0, vocab_size, (sum(chunks),), device=device)  # [T]
-    last = torch.tensor(chunks, device=device).cumsum(0) - 1  # [S]: each request's last token
-    return ids, positions, meta, last
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -119,6 +98,7 @@ def probe(device_type: str, model_name: str, gpu: str, repeats: int, block_size:
     import torch
 
     from servesim.gpu import runner_model
+    from servesim.gpu_runner.calibrate import whole_step
     from servesim.gpu_runner.model import LlamaModel
 
     device = torch.device(device_type)
@@ -133,11 +113,7 @@ def probe(device_type: str, model_name: str, gpu: str, repeats: int, block_size:
     prices = cost_models(config.name, gpu)
     rows = []
     for label, shape in steps:
-        ids, pos, meta, last = step_inputs(shape, block_size, config.vocab_size, device)
-
-        def fn(ids=ids, pos=pos, meta=meta, last=last):
-            return model.compute_logits(model.forward(ids, pos, meta)[last])  # [S, vocab]
-
+        fn = whole_step(model, list(shape.num_new_tokens), list(shape.num_context_tokens), block_size)
         eager, host, graph = time_step(fn, device, repeats)
         row = {"step": label, "num_tokens": sum(shape.num_new_tokens), "num_requests": len(shape.num_new_tokens),
                "eager_ms": eager, "host_ms": host, "graph_ms": graph}
@@ -173,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats must be at least 1")
     if args.csv is not None and args.csv.exists():
         ap.error(f"--csv {args.csv}: the file exists; name a new one")
-    _bootstrap(args.carry)
+    bootstrap(args.carry)
     from servesim.traces.errors import InputError
 
     model = args.model or ("llama-3.1-8b" if args.device == "cuda" else "tiny-llama")
