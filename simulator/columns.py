@@ -16,6 +16,11 @@ A list column of float arrays may come with its values laid end to end in one bu
 FlatList, e.g. every request's inter-token gaps, which the summary pools and the result file
 stores as one list array): readers of every row take the buffer rather than concatenating the
 rows again, and a row range (`rows`) keeps its part of it.
+
+An integer column with missing values (a cluster request's decode replica: none for a request
+the gateway refused) is stored as the result file stores it, int64 while every value is there and
+float64 with NaN otherwise; `nullable_ints` names such columns, which the frame shows as pandas'
+nullable Int64.
 """
 
 from __future__ import annotations
@@ -48,16 +53,18 @@ class FlatList:
 class Columns:
     """Named columns of one length, in order (see the module docstring)."""
 
-    __slots__ = ("columns", "_data", "_arrays", "_len", "_none", "_flat")
+    __slots__ = ("columns", "_data", "_arrays", "_len", "_none", "_flat", "_nullable_ints")
 
     def __init__(self, data: dict[str, np.ndarray | list], columns: Sequence[str] | None = None,
-                 none_in_frame: Iterable[str] = (), flat: dict[str, FlatList] | None = None) -> None:
+                 none_in_frame: Iterable[str] = (), flat: dict[str, FlatList] | None = None,
+                 nullable_ints: Iterable[str] = ()) -> None:
         """`none_in_frame`: float columns whose every value is missing, which the frame shows as
         None (object), as pandas types a column of None alone (float_column says which). `flat`:
         list columns whose rows are exactly the slices of a FlatList (the rows' values as they are
         in the list: the FlatList is the same values, not other ones); such a column may be left
         out of `data`: its list of row views is then built when first read (never, for a replay's
-        summary and result files, which read the buffer: 1 M requests' views are ~0.1 GB)."""
+        summary and result files, which read the buffer: 1 M requests' views are ~0.1 GB).
+        `nullable_ints`: integer columns with missing values (the module docstring)."""
         self.columns: list[str] = list(data) if columns is None else list(columns)
         flat = dict(flat or {})
         lengths = {len(data[name]) if name in data else len(flat[name].offsets) - 1 for name in self.columns}
@@ -68,18 +75,21 @@ class Columns:
         self._len = lengths.pop() if lengths else 0
         self._none = frozenset(none_in_frame)
         self._flat = flat
+        self._nullable_ints = frozenset(nullable_ints)
         for name, fl in self._flat.items():
             if len(fl.offsets) != self._len + 1:
                 raise ValueError(f"column {name!r}: {len(fl.offsets) - 1} flat rows, the table has {self._len}")
 
     @staticmethod
     def of_frame(frame) -> Columns:
-        """A pandas DataFrame's columns: numbers as their arrays, the rest as lists."""
+        """A pandas DataFrame's columns: numbers as their arrays, the rest as lists (a nullable
+        Int64 column as int64, or float64 with NaN where values are missing)."""
         data: dict[str, np.ndarray | list] = {}
         for name in frame.columns:
             values = frame[name].to_numpy()
             data[str(name)] = values if values.dtype.kind in "biuf" else values.tolist()
-        return Columns(data, [str(name) for name in frame.columns])
+        nullable = [str(name) for name in frame.columns if str(frame[name].dtype) == "Int64"]
+        return Columns(data, [str(name) for name in frame.columns], nullable_ints=nullable)
 
     def __len__(self) -> int:
         return self._len
@@ -103,7 +113,18 @@ class Columns:
     def rows(self, start: int, stop: int) -> Columns:
         """Rows start..stop-1 (slices: views of the arrays, flat buffers kept)."""
         data = {name: self._data[name][start:stop] for name in self.columns if name in self._data}
-        return Columns(data, self.columns, self._none, {n: fl.rows(start, stop) for n, fl in self._flat.items()})
+        return Columns(data, self.columns, self._none, {n: fl.rows(start, stop) for n, fl in self._flat.items()},
+                       self._nullable_ints)
+
+    def inserted(self, position: int, new: dict[str, np.ndarray | list], nullable_ints: Iterable[str] = ()) -> Columns:
+        """A table with the `new` columns (in order) placed before the column at `position`; the
+        existing columns are shared, not copied."""
+        if set(new) & set(self.columns):
+            raise ValueError(f"columns already present: {sorted(set(new) & set(self.columns))}")
+        data = {name: self._data[name] for name in self.columns if name in self._data}
+        data.update(new)
+        order = [*self.columns[:position], *new, *self.columns[position:]]
+        return Columns(data, order, self._none, self._flat, self._nullable_ints | frozenset(nullable_ints))
 
     def raw(self, name: str) -> np.ndarray | list:
         """The column as stored (a list stays a list)."""
@@ -144,13 +165,15 @@ class Columns:
         for name in self.columns:
             values = self._column(name)
             data[name] = values[mask] if isinstance(values, np.ndarray) else [values[i] for i in rows]
-        return Columns(data, self.columns, self._none)
+        return Columns(data, self.columns, self._none, nullable_ints=self._nullable_ints)
 
     def frame(self):
         """The pandas DataFrame of these columns (pandas imported here, on first use)."""
         import pandas as pd
 
         data = {name: [None] * self._len if name in self._none else self._column(name) for name in self.columns}
+        for name in self._nullable_ints:  # NaN: a missing value (the module docstring)
+            data[name] = pd.array(data[name], dtype="Int64")
         return pd.DataFrame(data, columns=self.columns, copy=False)
 
 

@@ -41,8 +41,7 @@ class MetricsCollector(MetricsRecorder):
         super().__init__(keep_step_rows)
         self._columns: RunColumns | None = None  # built once, after the run (columns())
         self._tables: RunTables | None = None  # its frames, likewise (tables())
-        # (the frame tables() uses, as adopted; its column set as adopted) - adopt_steps_frame
-        self._adopted_steps: tuple[pd.DataFrame, pd.DataFrame] | None = None
+        self._adopted_steps: Columns | None = None  # this collector's steps, built elsewhere (adopt_steps)
         self._released: Columns | None = None  # the table the records went into (request_columns(release=True))
         self._folds: RunFolds | None = None  # the steps' figures and series (step_folds())
 
@@ -56,7 +55,7 @@ class MetricsCollector(MetricsRecorder):
         (request_columns): for a run whose records nobody reads again (running.py's replay)."""
         if self._columns is None:
             if self._adopted_steps is not None:
-                steps = Columns.of_frame(self._adopted_steps[0])
+                steps = self._adopted_steps
             elif self.steps.keep_rows:
                 steps = StepTable.move_to_columns([self.steps])
             else:  # folded as the run went (step_rows: false): no rows, the figures and series remain
@@ -77,20 +76,28 @@ class MetricsCollector(MetricsRecorder):
         self._columns = self._tables = None
 
     def tables(self) -> RunTables:
-        """The requests and steps frames of columns(), built once and kept."""
+        """The requests and steps frames of columns(), built once and kept (pandas imported here)."""
         if self._tables is None:
             cols = self.columns()
-            steps = self._adopted_steps[0] if self._adopted_steps is not None else cols.steps.frame()
-            self._tables = RunTables(cols.requests.frame(), steps, cols.folds)
+            self._tables = RunTables(cols.requests.frame(), cols.steps.frame(), cols.folds)
         return self._tables
 
-    def adopt_steps_frame(self, steps: pd.DataFrame) -> None:
-        """Use `steps`, a frame of exactly this collector's step rows built elsewhere, as its steps
-        frame instead of building one (a cluster builds one frame of every replica's steps, copying
-        each value once; each replica's is a view of its rows, the merged collector's the whole).
-        tables() hands out this very frame; steps_frame() a new frame of its columns as adopted."""
-        self._adopted_steps = (steps, steps.copy(deep=False))
+    def adopt_steps(self, steps: Columns) -> None:
+        """Use `steps`, columns of exactly this collector's step rows built elsewhere, as its steps
+        instead of building them (a cluster builds one table of every replica's steps, copying each
+        value once; each replica's are a view of its rows, the merged collector's the whole, with a
+        replica column). columns() and tables() hand them out; steps_frame() a new frame of them."""
+        self._adopted_steps = steps
         self._tables = self._columns = None  # built before (if at all), they hold other steps
+
+    def adopt_requests(self, requests: Columns) -> None:
+        """Use `requests`, this collector's requests table with columns added elsewhere (a cluster's
+        merged collector: the routing and P/D columns, cluster/results.py), as its table in
+        columns() and tables() from now on. The summary is built first, from the table as
+        request_columns() builds it, which requests_frame() still answers."""
+        cols = self.columns()
+        self._columns = RunColumns(requests, cols.steps, cols.folds)
+        self._tables = None
 
     def release_records(self) -> None:
         """Let go of the records once the tables are built (columns()): the requests table stays,
@@ -152,9 +159,9 @@ class MetricsCollector(MetricsRecorder):
 
     def steps_frame(self) -> pd.DataFrame:
         """A new steps frame (tables() keeps one), from the table's columns as they are (or a new
-        frame sharing an adopted frame's values: copy-on-write keeps them apart)."""
+        frame of the adopted columns' values: copy-on-write keeps the frames apart)."""
         if self._adopted_steps is not None:
-            return self._adopted_steps[1].copy(deep=False)
+            return self._adopted_steps.frame()
         return self.steps.frame()
 
     def timeseries_frame(self, end_s: float) -> pd.DataFrame:

@@ -73,6 +73,39 @@ def test_a_replay_imports_no_pandas(tmp_path):
         assert (tmp_path / args[-1] / "requests.parquet").is_file()
 
 
+def test_a_cluster_run_imports_no_pandas(tmp_path):
+    """`servesim cluster` (a generated workload, colocated and P/D, the results folder) runs without
+    pandas too: its summary and files read the tables as columns (simulator/cluster/results.py)."""
+    colocated = tmp_path / "colocated.yaml"
+    colocated.write_text("workload: {generator: poisson, num_requests: 40, arrival: {rate_per_s: 20}}\n"
+                         "replicas: [{count: 2}]\nrouter: least_kv\n")
+    pd_file = tmp_path / "pd.yaml"
+    pd_file.write_text("workload: {generator: poisson, num_requests: 40, arrival: {rate_per_s: 20}}\n"
+                       "replicas: [{count: 1, role: prefill}, {count: 1, role: decode}]\nrouter: least_outstanding\n"
+                       "pd: {decode_router: least_kv}\n")
+    for path in (colocated, pd_file):
+        out = tmp_path / f"{path.stem}-out"
+        loaded = _loaded(["cluster", str(path), "--out", str(out)])
+        assert not loaded & {"pandas", "matplotlib", "torch"}, f"`servesim cluster {path.name}` imported {sorted(loaded)}"
+        assert (out / "requests.parquet").is_file() and (out / "steps.parquet").is_file()
+
+
+def test_api_cluster_results_build_their_frames_on_first_read(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("workload: {generator: poisson, num_requests: 30, arrival: {rate_per_s: 20}}\n"
+                    "replicas: [{count: 2}]\n")
+    code = ("import sys\n"
+            "from servesim.api import cluster\n"
+            f"res = cluster({str(path)!r})\n"
+            "assert 'pandas' not in sys.modules, 'the cluster run imported pandas'\n"
+            "frame = res.requests\n"
+            "assert 'pandas' in sys.modules and len(frame) == 30 and res.requests is frame\n"
+            "assert list(frame.columns[:5]) == ['request_id', 'replica', 'route_time_s', 'route_reason', 'route_score']\n"
+            "assert list(res.steps.columns[:2]) == ['replica', 'step']\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
 def test_api_results_build_their_frames_on_first_read(tmp_path):
     code = ("import sys\n"
             "from servesim.api import replay\n"

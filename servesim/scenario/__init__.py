@@ -15,9 +15,25 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servesim.scenario.model import Scenario, Variant, load_scenario
-from servesim.scenario.results import SweepResults, load_results, load_sweep
+
+if TYPE_CHECKING:
+    from servesim.scenario.results import SweepResults, load_results, load_sweep
+
+# The result readers (results.py) import pandas: they load when first asked for, so a command that
+# only reads a scenario module (a cluster file's generated workload: scenario/workload.py) never
+# imports it.
+_READERS = ("SweepResults", "load_results", "load_sweep")
+
+
+def __getattr__(name: str):
+    if name in _READERS:
+        from servesim.scenario import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run_scenario(scenario: str | Path | dict | Scenario, *, out_dir: str | Path | None = None, smoke: bool = False,
@@ -32,6 +48,8 @@ def run_scenario(scenario: str | Path | dict | Scenario, *, out_dir: str | Path 
         scenario = load_scenario(scenario, sets=sets, smoke=smoke)
     out = Path(out_dir).expanduser() if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"servesim-{scenario.name}-"))
     run_sweep(scenario, out, backend=backend, workers=workers, ray_address=ray_address, progress=progress)
+    from servesim.scenario.results import load_sweep
+
     return load_sweep(out)
 
 

@@ -27,14 +27,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
 
 from servesim.simulator.cluster.cluster import run_cluster
 from servesim.simulator.cluster.config import ClusterConfig, _known, cluster_config_from_dict, deep_merge
 from servesim.traces.errors import InputError
 from servesim.traces.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(slots=True)
@@ -183,19 +186,21 @@ def cost_per_hour(plan: PlanConfig, cfg: ClusterConfig) -> float:
                for g in cfg.replicas)
 
 
-def goodput_fraction(requests: pd.DataFrame, slo) -> float:
+def goodput_fraction(requests, slo) -> float:
     """Fraction of ALL requests that produced output within TTFT and TPOT (what the search's
-    goodput_threshold is compared with)."""
-    ok = requests[requests["output_len"] > 0]
-    good = ok[(ok["ttft_s"] <= slo.ttft_s) & (ok["tpot_s"].fillna(0.0) <= slo.tpot_s)]
-    return len(good) / max(len(requests), 1)
+    goodput_threshold is compared with). `requests`: a cluster's requests table (its columns or
+    its frame); a missing TPOT (one output token) meets any."""
+    tpot = np.asarray(requests["tpot_s"], dtype=float)
+    good = ((np.asarray(requests["output_len"]) > 0) & (np.asarray(requests["ttft_s"], dtype=float) <= slo.ttft_s)
+            & (np.where(np.isnan(tpot), 0.0, tpot) <= slo.tpot_s))
+    return int(good.sum()) / max(len(requests), 1)
 
 
 def evaluate(plan: PlanConfig, shape: Shape, size: int, workload: Workload) -> dict:
     cfg = candidate_config(plan, shape, size)
     t0 = time.perf_counter()
     res = run_cluster(cfg, workload)
-    frac = goodput_fraction(res.requests, cfg.slo)
+    frac = goodput_fraction(res.metrics.columns().requests, cfg.slo)
     return {**candidate_row(plan, shape, size, cfg), "goodput_fraction": frac,
             "meets_slo": frac >= plan.search.goodput_threshold,
             "ttft_p90_s": res.summary["ttft_s"]["p90"], "tpot_p90_s": res.summary["tpot_s"]["p90"],
@@ -233,6 +238,8 @@ def search(plan: PlanConfig, workload: Workload, progress: Callable[[dict], None
                 progress(row)
             if row["meets_slo"] or row["error"] is not None:
                 break
+    import pandas as pd  # the plan table (imported here: a cluster run reading this module needs no pandas)
+
     return mark_frontier(pd.DataFrame(rows), plan.search.goodput_threshold)
 
 

@@ -23,9 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from servesim.simulator.cluster.autoscale.config import (
     AutoscaleConfig, PolicyConfig, PoolConfig, autoscale_config_from_dict,
@@ -35,6 +33,9 @@ from servesim.simulator.cluster.config import _known
 from servesim.simulator.cluster.plan import PlanConfig, Shape, candidate_config, goodput_fraction
 from servesim.traces.errors import InputError
 from servesim.traces.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _KEYS = ("policy", "sweep", "min_replicas", "max_replicas", "interval_s", "window_s", "percentile", "pool")
 
@@ -112,6 +113,8 @@ def search_autoscaled(plan: PlanConfig, search: AutoscaleSearch, workload: Workl
                 rows.append(_evaluate(plan, search, shape, m, v, workload))
                 if progress is not None:
                     progress(rows[-1])
+    import pandas as pd  # the plan table (imported here: the router registry imports this module)
+
     df = pd.DataFrame(rows)
     df["best"] = False
     ok = df[df["meets_slo"]].sort_values(["usd_per_day", "goodput_fraction"], ascending=[True, False])
@@ -129,7 +132,7 @@ def _evaluate(plan: PlanConfig, search: AutoscaleSearch, shape: Shape, m: int, v
         res = run_cluster(cfg, workload)
     except InputError as e:  # e.g. the model does not fit at this TP
         return {**row, "meets_slo": False, "goodput_fraction": math.nan, "usd_per_day": math.nan, "error": str(e)}
-    frac = goodput_fraction(res.requests, cfg.slo)
+    frac = goodput_fraction(res.metrics.columns().requests, cfg.slo)
     c, a = res.summary["cost"], res.summary["autoscale"]
     return {**row, "goodput_fraction": frac, "meets_slo": frac >= plan.search.goodput_threshold,
             "usd": c["usd"], "usd_per_day": c["usd_per_day"], "gpu_hours": c["gpu_hours"],

@@ -10,6 +10,10 @@ prefill_queue_s: arrival -> first scheduled on the prefill replica (routing late
 prefill_s: -> the prefill replica's token; transfer_s: -> the KV landed on the decode replica
 (handoff latency, waiting for decode-side blocks, link latency and bandwidth share;
 kv_link_s is the part on the link); first_decode_s: -> the decode replica's first token.
+
+The tables are columns (simulator/columns.py), as a replay's: the summary and the result files
+read them without pandas, which `servesim cluster` then never imports (~0.5 s); the frames
+(`ClusterResult.requests`, `.steps`) are built on first read.
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servesim.simulator.cluster.autoscale.cost import cost_summary
 from servesim.simulator.cluster.config import ClusterConfig, cluster_config_to_dict
 from servesim.simulator.collector import release_freed_heap
+from servesim.simulator.columns import Columns
 from servesim.simulator.config import SimConfig
 from servesim.simulator.engine_result import EngineResult
 from servesim.simulator.metrics import MetricsCollector, RequestRecord, stats
@@ -36,6 +40,8 @@ from servesim.simulator.step_table import StepTable
 from servesim.simulator.summary_metrics.classes import add_gateway_figures
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from servesim.simulator.cluster.cluster import Cluster
 
 PD_PARTS = ("prefill_queue_s", "prefill_s", "transfer_s", "first_decode_s")
@@ -64,23 +70,33 @@ class ReplicaResult:
 class ClusterResult:
     config: ClusterConfig
     replicas: list[ReplicaResult]
-    metrics: MetricsCollector  # merged: one record per request; its steps frame is every replica's (adopted)
-    requests: pd.DataFrame  # metrics.requests_frame() + replica / routing (/ P/D) columns
-    steps: pd.DataFrame  # every replica's steps + a replica column
+    # merged: one record per request; its tables (adopted) are the cluster's: the requests with the
+    # replica / routing (/ P/D) columns, every replica's steps with a replica column
+    metrics: MetricsCollector
     summary: dict
     wall_time_s: float
     # Extra CSV files of the run by name (autoscaling: scale_events, scale_timeline, replica_lifetimes)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request: metrics.requests_frame()'s columns and the routing (and P/D) ones."""
+        return self.metrics.tables().requests
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """Every replica's steps, with a replica column."""
+        return self.metrics.tables().steps
+
 
 def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
-    steps = _steps_frame(cluster)
+    steps = _steps_columns(cluster)
     reps = [ReplicaResult(r.index, r.name, r.role, r.cfg, r.engine.result(wall_time_s), r.num_routed)
             for r in cluster.replicas]  # (each engine's result first: its clients' token times delivered)
     merged = MetricsCollector()
     for spec in cluster.sent_requests():
         merged.requests[spec.request_id] = _merged_record(cluster, spec)
-    merged.adopt_steps_frame(steps)
+    merged.adopt_steps(steps)
     merged.adopt_step_folds(RunFolds({r.index: r.engine.metrics.steps.finish_fold() for r in cluster.replicas},
                                      grouped=True, rows_kept=_keeps_rows(cluster)))
     _share_gaps(merged, reps)
@@ -90,10 +106,11 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
     for collector in (merged, *(rr.result.metrics for rr in reps)):
         collector.release_records()
     release_freed_heap()  # (small arrays: their memory goes back to the system only when trimmed)
-    # The summary and requests.parquet share merged's one requests frame (tables()), which
-    # _requests_frame extends with the routing columns.
+    # The summary reads merged's requests table as the records made it; the cluster's table (what
+    # requests.parquet and the frame hold) is that table with the routing columns added.
     summary = _summary(cluster, reps, merged, wall_time_s, end_s)
-    requests = _requests_frame(cluster, merged)
+    requests = _requests_columns(cluster, merged.columns().requests)
+    merged.adopt_requests(requests)
     add_gateway_figures(summary, cluster.gateway, cluster.cfg, cluster.workload, requests)
     warn_rejected(requests)
     if has_sessions(cluster.workload.requests):  # per-session figures (simulator/session_metrics.py)
@@ -108,7 +125,7 @@ def build_result(cluster: Cluster, wall_time_s: float) -> ClusterResult:
 
         summary["autoscale"] = autoscale_summary(cluster, summary["sim_duration_s"])
         tables = autoscale_tables(cluster)
-    return ClusterResult(cluster.cfg, reps, merged, requests, merged.tables().steps, summary, wall_time_s, tables)
+    return ClusterResult(cluster.cfg, reps, merged, summary, wall_time_s, tables)
 
 
 def _share_gaps(merged: MetricsCollector, reps: list[ReplicaResult]) -> None:
@@ -124,7 +141,7 @@ def _share_gaps(merged: MetricsCollector, reps: list[ReplicaResult]) -> None:
             shared = gaps.get(id(rec.token_times_s))
             if shared is not None:
                 rec.itl_s = shared
-        rr.result.metrics.tables()  # its rows view the shared gaps (request_columns keeps what is current)
+        rr.result.metrics.columns()  # its rows view the shared gaps (request_columns keeps what is current)
 
 
 def _keeps_rows(cluster: Cluster) -> bool:
@@ -132,24 +149,21 @@ def _keeps_rows(cluster: Cluster) -> bool:
     return all(r.engine.metrics.steps.keep_rows for r in cluster.replicas)
 
 
-def _steps_frame(cluster: Cluster) -> pd.DataFrame:
-    """Every replica's steps in one frame with a `replica` column, each value copied once and held
-    once (a cluster hour has ~17 M steps): each replica's own frame is a view of its rows (adopted),
-    the merged collector's the whole, whose series is then the group's. No rows (step_rows:
-    false): the frame is empty, the figures and series come from the replicas' folds."""
+def _steps_columns(cluster: Cluster) -> Columns:
+    """Every replica's steps in one table with a `replica` column, each value copied once and held
+    once (a cluster hour has ~17 M steps): each replica's own steps are a view of its rows
+    (adopted), the merged collector's the whole, whose series is then the group's. No rows
+    (step_rows: false): the table is empty, the figures and series come from the replicas' folds."""
     tables = [r.engine.metrics.steps for r in cluster.replicas]
     if not _keeps_rows(cluster):
-        steps = StepTable().frame()
-        steps.insert(0, "replica", np.zeros(0, dtype=np.int64))
-        return steps
+        return StepTable().columns().inserted(0, {"replica": np.zeros(0, dtype=np.int64)})
     bounds = np.cumsum([0] + [len(t) for t in tables])
     # each column's freed arrays go back to the system before the next is copied (collector.py)
-    steps = StepTable.move_to_frame(tables, release_freed_heap)
+    steps = StepTable.move_to_columns(tables, release_freed_heap)
     for r, start, end in zip(cluster.replicas, bounds[:-1], bounds[1:]):
-        r.engine.metrics.adopt_steps_frame(steps.iloc[start:end].reset_index(drop=True))
-    steps.insert(0, "replica", np.repeat(np.array([r.index for r in cluster.replicas], dtype=np.int64),
-                                         np.diff(bounds)))
-    return steps
+        r.engine.metrics.adopt_steps(steps.rows(int(start), int(end)))
+    replica = np.repeat(np.array([r.index for r in cluster.replicas], dtype=np.int64), np.diff(bounds))
+    return steps.inserted(0, {"replica": replica})
 
 
 def _merged_record(cluster: Cluster, spec) -> RequestRecord:
@@ -176,73 +190,57 @@ def _merged_record(cluster: Cluster, spec) -> RequestRecord:
                          reject_reason=back.reject_reason, status=back.status)  # timed out on the decode side
 
 
-def _requests_frame(cluster: Cluster, merged: MetricsCollector) -> pd.DataFrame:
-    df = merged.tables().requests
-    if len(cluster.routes) < len(df) and cluster.cfg.pd is None:  # the gateway refused some: no replica, no route
-        return _frame_with_unrouted(cluster, df)
-    if len(cluster.routes) < len(df):  # P/D behind a gateway that refused some: empty routing columns for those
-        return _pd_frame_with_unrouted(cluster, df)
-    routes = [cluster.routes[rid] for rid in df["request_id"]]
-    pos = 1
-    if cluster.cfg.pd is None:
-        df.insert(pos, "replica", [r.replica for r in routes])
-        pos += 1
-    else:
-        df.insert(pos, "prefill_replica", [r.replica for r in routes])
-        tls = [cluster.handoffs.timelines[rid] for rid in df["request_id"]]
-        df.insert(pos + 1, "decode_replica", pd.array([t.decode.replica if t.decode else None for t in tls],
-                                                      dtype="Int64"))
-        pos += 2
-    df.insert(pos, "route_time_s", [r.time_s for r in routes])
-    df.insert(pos + 1, "route_reason", [r.reason for r in routes])
-    df.insert(pos + 2, "route_score", [r.score for r in routes])
+def _requests_columns(cluster: Cluster, table: Columns) -> Columns:
+    """The merged requests `table` with the routing columns after request_id (and P/D's at the
+    end). Each is typed as pandas types the list it is made of (_inferred), the frame and the
+    result file's types: a request the gateway refused has no route (its replica columns are then
+    nullable integers, as a P/D request's decode replica always is)."""
+    ids = table.raw("request_id")
+    routes = [cluster.routes.get(rid) for rid in ids]
+    unrouted = any(r is None for r in routes)
+    first = "replica" if cluster.cfg.pd is None else "prefill_replica"
+    new: dict[str, np.ndarray | list] = {first: _inferred([None if r is None else r.replica for r in routes])}
+    nullable = [first] if unrouted else []
+    tls = [cluster.handoffs.timelines.get(rid) for rid in ids] if cluster.cfg.pd is not None else []
     if cluster.cfg.pd is not None:
-        _add_pd_columns(cluster, df)
-    return df
+        new["decode_replica"] = _inferred([t.decode.replica if t is not None and t.decode else None for t in tls])
+        nullable.append("decode_replica")
+    new["route_time_s"] = _inferred([float("nan") if r is None else r.time_s for r in routes])
+    new["route_reason"] = [None if r is None else r.reason for r in routes]
+    new["route_score"] = _inferred([None if r is None else r.score for r in routes])
+    out = table.inserted(1, new, nullable)
+    return out if cluster.cfg.pd is None else _with_pd_columns(out, tls)
 
 
-def _frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
-    """The routing columns where some requests never reached the router (colocated replicas):
-    empty for those."""
-    routes = [cluster.routes.get(rid) for rid in df["request_id"]]
-    df.insert(1, "replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
-    df.insert(2, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
-    df.insert(3, "route_reason", [None if r is None else r.reason for r in routes])
-    df.insert(4, "route_score", [None if r is None else r.score for r in routes])
-    return df
-
-
-def _pd_frame_with_unrouted(cluster: Cluster, df: pd.DataFrame) -> pd.DataFrame:
-    """A P/D run's routing and P/D columns where the gateway refused some requests: empty for those
-    (no prefill or decode replica, no transfer)."""
-    routes = [cluster.routes.get(rid) for rid in df["request_id"]]
-    tls = [cluster.handoffs.timelines.get(rid) for rid in df["request_id"]]
-    df.insert(1, "prefill_replica", pd.array([None if r is None else r.replica for r in routes], dtype="Int64"))
-    df.insert(2, "decode_replica", pd.array([t.decode.replica if t is not None and t.decode else None for t in tls],
-                                            dtype="Int64"))
-    df.insert(3, "route_time_s", [float("nan") if r is None else r.time_s for r in routes])
-    df.insert(4, "route_reason", [None if r is None else r.reason for r in routes])
-    df.insert(5, "route_score", [None if r is None else r.score for r in routes])
-    _add_pd_columns(cluster, df)
-    return df
-
-
-def _add_pd_columns(cluster: Cluster, df: pd.DataFrame) -> None:
-    tls = [cluster.handoffs.timelines.get(rid) for rid in df["request_id"]]  # None: the gateway refused it
-    arrival, first_sched, first_tok = (df[c].to_numpy(dtype=float) for c in
+def _with_pd_columns(table: Columns, tls: list) -> Columns:
+    """The TTFT parts and the KV moved (the module docstring); `tls`: each row's timeline (None: the
+    gateway refused it)."""
+    arrival, first_sched, first_tok = (np.asarray(table[c], dtype=float) for c in
                                        ("arrival_s", "first_scheduled_s", "first_token_s"))
     nan = float("nan")
     done = np.array([t.prefill_done_s if t is not None and t.decode is not None and t.prefill_done_s is not None
                      else nan for t in tls])
     t_start = np.array([nan if t is None or t.transfer_start_s is None else t.transfer_start_s for t in tls])
     t_end = np.array([nan if t is None or t.transfer_end_s is None else t.transfer_end_s for t in tls])
-    df["prefill_queue_s"] = first_sched - arrival
-    df["prefill_s"] = done - first_sched
-    df["transfer_s"] = t_end - done
-    df["first_decode_s"] = first_tok - t_end
-    df["kv_link_s"] = t_end - t_start
-    df["kv_tokens"] = [0 if t is None else t.external_tokens for t in tls]
-    df["kv_bytes"] = [0 if t is None else t.kv_bytes for t in tls]
+    return table.inserted(len(table.columns), {
+        "prefill_queue_s": first_sched - arrival, "prefill_s": done - first_sched, "transfer_s": t_end - done,
+        "first_decode_s": first_tok - t_end, "kv_link_s": t_end - t_start,
+        "kv_tokens": _inferred([0 if t is None else t.external_tokens for t in tls]),
+        "kv_bytes": _inferred([0 if t is None else t.kv_bytes for t in tls])})
+
+
+def _inferred(values: list) -> np.ndarray | list:
+    """A column of Python values as pandas types such a list (the frame's type, and what the
+    result file stores): integers alone as int64, numbers with a float or a None among them as
+    float64 (None: NaN), anything else (strings, None alone) as the list."""
+    kinds = set(map(type, values))
+    if not kinds or kinds <= {type(None)} or any(k is bool or k is np.bool_ for k in kinds):
+        return values
+    if all(issubclass(k, (int, np.integer)) for k in kinds):
+        return np.array(values, dtype=np.int64)
+    if all(k is type(None) or issubclass(k, (int, float, np.integer, np.floating)) for k in kinds):
+        return np.array([float("nan") if v is None else v for v in values], dtype=np.float64)
+    return values
 
 
 def _summary(cluster: Cluster, reps: list[ReplicaResult], merged: MetricsCollector, wall_time_s: float,
@@ -281,7 +279,7 @@ def _offload_totals(tiers: list[dict]) -> dict:
     return out
 
 
-def _pd_summary(cluster: Cluster, requests: pd.DataFrame) -> dict:
+def _pd_summary(cluster: Cluster, requests: Columns) -> dict:
     ok = requests[requests["output_len"] > 0]
     return {
         "decode_router": cluster.cfg.pd.decode_router.name,
@@ -309,6 +307,7 @@ def write_cluster_results(out_dir: str | Path, res: ClusterResult, workload_meta
     resolved = cluster_config_to_dict(res.config)
     resolved["workload"] = workload_meta
     kept = res.metrics.step_folds().rows_kept
-    return write_result_folder(out_dir, "cluster", requests=res.requests, steps=res.steps if kept else None,
-                               timeseries=res.metrics.tables().timeseries(res.summary["sim_duration_s"]), config=resolved,
+    cols = res.metrics.columns()  # the tables as columns: written without pandas
+    return write_result_folder(out_dir, "cluster", requests=cols.requests, steps=cols.steps if kept else None,
+                               timeseries=cols.timeseries(res.summary["sim_duration_s"]), config=resolved,
                                summary=res.summary, overwrite=overwrite, identity=identity, extra_csv=res.tables)

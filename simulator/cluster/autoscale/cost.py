@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
+from servesim.simulator.columns import notna
 from servesim.traces.errors import InputError
 
 if TYPE_CHECKING:
     from servesim.simulator.cluster.cluster import Cluster
+    from servesim.simulator.columns import Columns
 
 @dataclass(slots=True)
 class Lifetime:
@@ -47,7 +47,7 @@ def lifetimes(cluster: Cluster) -> list[Lifetime]:
     return sorted(a.lifetimes.values(), key=lambda lt: (lt.start_s, lt.replica)) + a.cancelled + fixed
 
 
-def cost_summary(cluster: Cluster, end_s: float, requests: pd.DataFrame) -> dict:
+def cost_summary(cluster: Cluster, end_s: float, requests: Columns) -> dict:
     """The `cost` block of a cluster summary (prices: None where a GPU has no price)."""
     from servesim.simulator.specs.gpu_prices import price_per_gpu_hour
 
@@ -56,7 +56,7 @@ def cost_summary(cluster: Cluster, end_s: float, requests: pd.DataFrame) -> dict
     for lt in lives:
         until = end_s if lt.end_s is None else min(lt.end_s, end_s)
         gpu_hours[lt.gpu] = gpu_hours.get(lt.gpu, 0.0) + lt.num_gpus * max(until - lt.start_s, 0.0) / 3600.0
-    served = requests[requests["first_token_s"].notna()]
+    served = requests[notna(requests["first_token_s"])]
     tokens = int(served["prompt_len"].sum() + served["output_len"].sum())
     try:
         usd = sum(h * price_per_gpu_hour(g, cluster.cfg.gpu_cost_per_hour) for g, h in gpu_hours.items())

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def cost_line(summary: dict) -> str | None:
@@ -48,6 +51,7 @@ def print_autoscale(console, res) -> None:
     timeline = res.tables.get("scale_timeline")
     if timeline is None or timeline.empty:
         return
+    import pandas as pd  # (an autoscaled run's tables are frames: loaded already)
     from rich.table import Table
 
     span = float(timeline["time_s"].max())
