@@ -267,6 +267,15 @@ class Engine:
         """What spec's request would carry to key its KV blocks (a prefix-aware router asks)."""
         return self.requests_in.provenance(spec)
 
+    def prefix_hits(self, spec: RequestSpec, token_ids: Sequence[int], with_cpu: bool) -> tuple[int, int]:
+        """How many leading tokens of spec's prompt (token_ids) the GPU prefix cache would serve
+        now, and how many more the CPU KV tier would load (0 unless with_cpu): a prefix-aware
+        router's two reads of every replica at every decision, in one compiled call."""
+        provenance = self.requests_in.provenance(spec)
+        gpu = self.cached_prefix_tokens(token_ids, spec.lora_id, provenance)
+        cpu = self.scheduler.cpu_cached_prefix_tokens(token_ids, spec.lora_id, provenance, gpu) if with_cpu else 0
+        return gpu, cpu
+
     # --- the loop --------------------------------------------------------------------------------
     def _engine_loop(self) -> Generator[simpy.Event, Any, None]:
         env, sched, planner, idle, ends = self.env, self.scheduler, self.planner, self.idle, self.ends

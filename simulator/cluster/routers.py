@@ -213,13 +213,11 @@ class PrefixAware(Router):
         # no prompt to build when nothing caches; a tuple, which each replica's lookup may share
         # (scheduler/prefix_lookup.py: one probe for every replica that keys blocks alike)
         tokens = tuple(spec.token_ids()) if caching else ()
-        lora_id, prompt_len, load_weight = spec.lora_id, spec.prompt_len, self.load_weight
+        prompt_len, load_weight = spec.prompt_len, self.load_weight
         best, best_key, best_reason = 0, 0.0, ""
         for i, c in enumerate(candidates):
             engine = c.engine
-            provenance = engine.token_provenance(spec)
-            gpu = engine.cached_prefix_tokens(tokens, lora_id, provenance)
-            cpu = engine.scheduler.cpu_cached_prefix_tokens(tokens, lora_id, provenance, gpu) if caching else 0
+            gpu, cpu = engine.prefix_hits(spec, tokens, caching)
             worth = self.cpu_hit_worth(c, cpu) if cpu > 0 else 0.0
             key = -((gpu + worth) / prompt_len - load_weight * (engine.num_outstanding / c.cfg.scheduler.max_num_seqs))
             if i == 0 or key < best_key:  # _least's rule: the smallest, ties to the lowest index
