@@ -271,7 +271,7 @@ class Engine:
         """How many leading tokens of spec's prompt (token_ids) the GPU prefix cache would serve
         now, and how many more the CPU KV tier would load (0 unless with_cpu): a prefix-aware
         router's two reads of every replica at every decision, in one compiled call."""
-        provenance = self.requests_in.provenance(spec)
+        provenance = self.requests_in.provenance(spec, outputs=False)  # (the lookups read the prompt's)
         gpu = self.cached_prefix_tokens(token_ids, spec.lora_id, provenance)
         cpu = self.scheduler.cpu_cached_prefix_tokens(token_ids, spec.lora_id, provenance, gpu) if with_cpu else 0
         return gpu, cpu

@@ -39,15 +39,17 @@ class RequestFactory:
             req.take_prompt_keys(donor)
         return req
 
-    def provenance(self, spec: RequestSpec) -> TokenProvenance | None:
+    def provenance(self, spec: RequestSpec, outputs: bool = True) -> TokenProvenance | None:
         """Where spec's ids come from, for keying its KV blocks without hashing them (None: hash
-        them; real ids, or prefix_cache_keys: token_ids)."""
+        them; real ids, or prefix_cache_keys: token_ids). `outputs` False: the prompt's alone,
+        all that a lookup of the prompt's blocks reads (scheduler/prefix_lookup.py keys its probe
+        by the provenance's head)."""
         if not self.keys_from_provenance:
             return None
         segments = _LAST.segments_of(spec)
         if segments is None:
             return None
-        return TokenProvenance(segments, self.executor.output_token_source(spec.request_id))
+        return TokenProvenance(segments, self.executor.output_token_source(spec.request_id) if outputs else None)
 
 
 class _LastSegments:
