@@ -3,6 +3,8 @@ OffloadingConnector, SGLang's HiCache), the tier prices, and the router's exact 
 
 from __future__ import annotations
 
+from functools import partial
+
 from types import SimpleNamespace
 
 import pytest
@@ -157,11 +159,16 @@ def _replicas(*tiers: tuple[int, int], outstanding: tuple[int, ...] | None = Non
     cfg = SimConfig(scheduler=SchedulerConfig(max_num_seqs=8))
     loads = outstanding or (0,) * len(tiers)
     scheds = [_Sched(g, c) for g, c in tiers]
-    # the router reads the GPU hit through the engine (Engine.cached_prefix_tokens), the CPU tier's from the scheduler
+    # the router reads both hits through the engine (Engine.prefix_hits: the GPU cache's, then the
+    # CPU tier's past it)
     return [Replica(i, f"r{i}", "both", cfg, SimpleNamespace(scheduler=s, num_outstanding=n, cfg=cfg,
-                                                             cached_prefix_tokens=s.cached_prefix_tokens,
-                                                             token_provenance=lambda spec: None))
+                                                             prefix_hits=partial(_hits, s)))
             for i, (s, n) in enumerate(zip(scheds, loads))]
+
+
+def _hits(sched: _Sched, spec, token_ids, with_cpu: bool) -> tuple[int, int]:
+    gpu = sched.cached_prefix_tokens(token_ids)
+    return gpu, sched.cpu_cached_prefix_tokens(token_ids, num_gpu_cached_tokens=gpu) if with_cpu else 0
 
 
 SPEC = RequestSpec("q", 0.0, 128, 1)
