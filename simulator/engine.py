@@ -263,10 +263,6 @@ class Engine:
         self.scheduler.mark_grammar_ready(request_id)
         self.notify()
 
-    def token_provenance(self, spec: RequestSpec) -> TokenProvenance | None:
-        """What spec's request would carry to key its KV blocks (a prefix-aware router asks)."""
-        return self.requests_in.provenance(spec)
-
     def prefix_hits(self, spec: RequestSpec, token_ids: Sequence[int], with_cpu: bool) -> tuple[int, int]:
         """How many leading tokens of spec's prompt (token_ids) the GPU prefix cache would serve
         now, and how many more the CPU KV tier would load (0 unless with_cpu): a prefix-aware

@@ -124,8 +124,7 @@ def _keys_seen(monkeypatch, router_cls, cfg: ClusterConfig, wl) -> list:
     else:
         def spy(self, spec, candidates, now_s):
             tokens = tuple(spec.token_ids())
-            seen.append([(c.engine.cached_prefix_tokens(tokens, spec.lora_id, c.engine.token_provenance(spec)),
-                          c.engine.num_outstanding) for c in candidates])
+            seen.append([(c.engine.prefix_hits(spec, tokens, True), c.engine.num_outstanding) for c in candidates])
             return choose(self, spec, candidates, now_s)
     choose = router_cls.choose
     monkeypatch.setattr(router_cls, "choose", spy)

@@ -60,7 +60,7 @@ _C = RequestSpec("c", 10.0, 20, 1, prefix_group=1, prefix_len=16)
 def test_vllm_cpu_lookup_counts_the_offload_blocks_past_the_gpu_hit(offload):
     engine = Engine(_vllm_cfg(offload), Workload([_A, _B], name="t", source="test"))
     engine.run()
-    sched, tokens, prov = engine.scheduler, _C.token_ids(), engine.token_provenance(_C)
+    sched, tokens, prov = engine.scheduler, _C.token_ids(), engine.requests_in.provenance(_C)
     gpu = sched.cached_prefix_tokens(tokens, None, prov)
     assert gpu == 4  # one of a's prefix blocks survived b on the GPU
     # a's stores were reported at 5.0; its blocks 1..3 are in the tier, c's own 5th block is not.
