@@ -32,8 +32,8 @@ class PlanReplicateJob:
         from servesim.simulator.cluster.plan import goodput_fraction
 
         res = run_cluster(self.cfg, self.workload)
-        s = res.summary
-        return {"goodput_fraction": goodput_fraction(res.requests, self.cfg.slo), "ttft_p90_s": s["ttft_s"]["p90"],
+        s, frac = res.summary, goodput_fraction(res.metrics.columns().requests, self.cfg.slo)
+        return {"goodput_fraction": frac, "ttft_p90_s": s["ttft_s"]["p90"],
                 "tpot_p90_s": s["tpot_s"]["p90"], "num_finished": s["num_finished"], "num_rejected": s["num_rejected"]}
 
 

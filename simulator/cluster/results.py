@@ -198,18 +198,19 @@ def _requests_columns(cluster: Cluster, table: Columns) -> Columns:
     ids = table.raw("request_id")
     routes = [cluster.routes.get(rid) for rid in ids]
     unrouted = any(r is None for r in routes)
-    first = "replica" if cluster.cfg.pd is None else "prefill_replica"
+    pd_on = cluster.cfg.pd is not None
+    first = "prefill_replica" if pd_on else "replica"
     new: dict[str, np.ndarray | list] = {first: _inferred([None if r is None else r.replica for r in routes])}
     nullable = [first] if unrouted else []
-    tls = [cluster.handoffs.timelines.get(rid) for rid in ids] if cluster.cfg.pd is not None else []
-    if cluster.cfg.pd is not None:
+    tls = [cluster.handoffs.timelines.get(rid) for rid in ids] if pd_on else []  # None: refused
+    if pd_on:
         new["decode_replica"] = _inferred([t.decode.replica if t is not None and t.decode else None for t in tls])
         nullable.append("decode_replica")
     new["route_time_s"] = _inferred([float("nan") if r is None else r.time_s for r in routes])
     new["route_reason"] = [None if r is None else r.reason for r in routes]
     new["route_score"] = _inferred([None if r is None else r.score for r in routes])
     out = table.inserted(1, new, nullable)
-    return out if cluster.cfg.pd is None else _with_pd_columns(out, tls)
+    return _with_pd_columns(out, tls) if pd_on else out
 
 
 def _with_pd_columns(table: Columns, tls: list) -> Columns:
