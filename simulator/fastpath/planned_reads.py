@@ -66,9 +66,12 @@ if TYPE_CHECKING:
 class _RunBlocks:
     """One pending run's KV block arithmetic, derived when first read (nothing of the replica
     changes between the plan and its application but what a read publishes, which moves no
-    block): the free count before it and each request's (c0, blocks held, steps scheduled);
-    the updates that finish requests and the requests the in-flight step's update finishes
-    (skip-ahead), when first asked; the blocks each finish frees, when a read first gets past it."""
+    block): the free count before it and the blocks each request holds (its num_computed_tokens
+    is the plan's ctx0, the steps it is scheduled the plan's each, or every step); the updates
+    that finish requests and the requests the in-flight step's update finishes (skip-ahead), when
+    first asked; the blocks each finish frees, when a read first gets past it. Nothing per
+    request is built but the held counts (read once per plan, ~2 reads a plan behind least_kv:
+    a tuple per request cost more to build and free than the reads)."""
 
     def __init__(self, plan: DeferredRun, sched: Scheduler, block_size: int) -> None:
         kvm = sched.kv_cache_manager
@@ -77,10 +80,7 @@ class _RunBlocks:
         held_of = mgr.req_to_blocks
         self.plan, self.sched, self.block_size = plan, sched, block_size
         self.free0 = kvm.block_pool.free_block_queue.num_free_blocks
-        never = plan.max_steps  # scheduled in every step the run can reach
-        each = plan.each
-        self.starts = [(r.num_computed_tokens, len(held_of.get(r.request_id, ())),
-                        never if each is None else each[i]) for i, r in enumerate(plan.reqs)]
+        self.held = [len(held_of.get(r.request_id, ())) for r in plan.reqs]
         self._skipped: list[Request] | None = None
         self._cached_floor: int | None = None
         self.fin_update: list[int] | None = None
@@ -111,9 +111,15 @@ class _RunBlocks:
 
     def allocations(self, j: int) -> int:
         """Blocks schedules 0..j allocate."""
-        bs, out = self.block_size, 0
-        for c0, held, n in self.starts:
-            need = -(-(c0 + min(j + 1, n)) // bs) - held
+        bs, out, held, ctx0, each = self.block_size, 0, self.held, self.plan.ctx0, self.plan.each
+        if each is None:  # every request scheduled in every step the run can reach (j < max_steps)
+            for i, c0 in enumerate(ctx0):
+                need = -(-(c0 + j + 1) // bs) - held[i]
+                if need > 0:
+                    out += need
+            return out
+        for i, c0 in enumerate(ctx0):
+            need = -(-(c0 + min(j + 1, each[i])) // bs) - held[i]
             if need > 0:
                 out += need
         return out
@@ -135,10 +141,10 @@ class _RunBlocks:
         plan = self.plan
         finishers: list[tuple[int, Request, int]] = [(0, r, 0) for r in self.skipped()]
         if plan.each is not None:
-            bs = self.block_size
-            for r, (c0, held, n) in zip(plan.reqs, self.starts):
+            bs, held, ctx0 = self.block_size, self.held, plan.ctx0
+            for i, n in enumerate(plan.each):
                 if n < plan.max_steps:  # finishes at update n (a run through finishes)
-                    finishers.append((n, r, max(0, -(-(c0 + n) // bs) - held)))
+                    finishers.append((n, plan.reqs[i], max(0, -(-(ctx0[i] + n) // bs) - held[i])))
         finishers.sort(key=lambda f: f[0])  # stable: the order within an update changes no count
         self._finishers = finishers
         self.fin_update = [f[0] for f in finishers]
