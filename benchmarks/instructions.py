@@ -1,0 +1,128 @@
+"""Instructions a case's requests cost (valgrind's callgrind): a count that does not drift with the machine.
+
+    python benchmarks/instructions.py --only hour pd-hour                 # this checkout
+    python benchmarks/instructions.py --only pd-hour --vs ../before       # A/B against another checkout
+    python benchmarks/instructions.py --only hour --requests 1000 --json out.json
+
+Wall time on a shared 2-core machine drifts by more than most changes gain (docs/SPEED_CHECKS.md);
+an instruction count does not: the same command counts the same to within ~0.01 %. So small
+changes to a hot path are measured here and confirmed with `sim_speed.py` pairs.
+
+Each case is sim_speed.py's command (same arguments) on the trace's first `--requests` requests, run
+under `valgrind --tool=callgrind` twice: with those requests and with one. The difference is what
+the requests cost (simulation, result tables and files), start-up and imports cancelled out; both
+counts are printed. With `--vs`, the other checkout (its own compiled build, or its pure-Python
+sources, whatever it loads) runs the same commands, the two are compared case by case, and each
+side's requests.parquet, steps.parquet and timeseries.csv are compared byte for byte (a speed
+change must not change a result). A checkout without bytecode compiles its modules in every run:
+run `make compile` (or tools/precompile.py) in each first, as the script warns.
+
+Under callgrind a case runs ~50x slower: 3,000 requests of the Azure hour take ~1.5 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_speed import ROOT, Case, cases  # noqa: E402  (the benchmark's own cases and commands)
+
+COMPARED_FILES = ("requests.parquet", "steps.parquet", "timeseries.csv")
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def _count(root: Path, case: Case, num_requests: int, out: Path) -> int:
+    """Instructions of one run of the case in checkout `root` (its results go to `out`)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("error: valgrind not found (install it: apt-get install valgrind)")
+    with tempfile.TemporaryDirectory(prefix="servesim-instr-") as tmp:
+        cmd = [valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp}/callgrind.out",
+               sys.executable, "-m", "servesim", case.command, *case.args,
+               "--max-requests", str(num_requests), "--out", str(out), "--overwrite"]
+        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    found = _COLLECTED.search(res.stderr)
+    if res.returncode != 0 or found is None:
+        tail = " | ".join(res.stderr.strip().splitlines()[-3:])
+        raise SystemExit(f"error: {case.name} in {root} failed (exit {res.returncode}): {tail}")
+    return int(found.group(1))
+
+
+def _bytecode_missing(root: Path) -> bool:
+    """Whether the checkout's configuration module (always interpreted) has no bytecode: then every
+    run compiles the sources of the modules it imports (tools/precompile.py writes them)."""
+    return not any((root / "simulator" / "__pycache__").glob("config.*.pyc"))
+
+
+def _same_results(a: Path, b: Path) -> list[str]:
+    """The compared result files that differ between two runs' folders."""
+    return [name for name in COMPARED_FILES
+            if (a / name).exists() != (b / name).exists()
+            or ((a / name).exists() and (a / name).read_bytes() != (b / name).read_bytes())]
+
+
+def measure(root: Path, case: Case, num_requests: int, tmp: Path, tag: str) -> dict:
+    base = _count(root, case, 1, tmp / f"{tag}-{case.name}-1")
+    full = _count(root, case, num_requests, tmp / f"{tag}-{case.name}")
+    return {"checkout": str(root), "instructions": full, "startup_instructions": base,
+            "request_instructions": full - base, "out": str(tmp / f"{tag}-{case.name}")}
+
+
+def main() -> int:
+    names = [c.name for c in cases() if c.name != "vidur"]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=names, required=True, help="cases to count")
+    ap.add_argument("--requests", type=int, default=3000, help="the trace's first N requests (default 3000)")
+    ap.add_argument("--vs", type=Path, help="another checkout to compare with (A: this one, B: that one)")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args()
+    if args.requests < 2:
+        ap.error(f"--requests: got {args.requests} (allowed: an integer >= 2)")
+    roots = [ROOT] + ([args.vs.resolve()] if args.vs else [])
+    for root in roots:
+        if not (root / "servesim").is_dir():
+            ap.error(f"--vs: {root} is not a servesim checkout (no servesim/ folder)")
+        if _bytecode_missing(root):
+            print(f"warning: {root} has no bytecode for its modules: each run compiles them (make compile)",
+                  file=sys.stderr)
+    figures: dict[str, dict] = {}
+    print(f"{'case':16s} {'checkout':>10s} {'requests':>9s} {'instructions':>15s} {'start-up':>15s} "
+          f"{'per request':>12s}")
+    with tempfile.TemporaryDirectory(prefix="servesim-instr-") as tmp_name:
+        tmp = Path(tmp_name)
+        for case in cases():
+            if case.name not in args.only:
+                continue
+            if case.needs is not None and not case.needs.exists():
+                print(f"{case.name:16s} skipped ({case.needs} not found)")
+                continue
+            sides = {}
+            for tag, root in zip("AB", roots):
+                m = measure(root, case, args.requests, tmp, tag)
+                sides[tag] = m
+                print(f"{case.name:16s} {tag:>10s} {args.requests:9d} {m['request_instructions']:15,d} "
+                      f"{m['startup_instructions']:15,d} {m['request_instructions'] / args.requests:12,.0f}",
+                      flush=True)
+            if "B" in sides:
+                ratio = sides["A"]["request_instructions"] / sides["B"]["request_instructions"]
+                differ = _same_results(Path(sides["A"]["out"]), Path(sides["B"]["out"]))
+                print(f"{case.name:16s} {'A/B':>10s} {ratio:9.4f}  results: "
+                      + ("identical" if not differ else "DIFFER in " + ", ".join(differ)), flush=True)
+                sides["ratio"] = {"request_instructions": ratio, "results_differ": differ}
+            figures[case.name] = sides
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
