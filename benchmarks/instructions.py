@@ -14,7 +14,9 @@ the requests cost (simulation, result tables and files), start-up and imports ca
 counts are printed. With `--vs`, the other checkout (its own compiled build, or its pure-Python
 sources, whatever it loads) runs the same commands, the two are compared case by case, and each
 side's requests.parquet, steps.parquet and timeseries.csv are compared byte for byte (a speed
-change must not change a result). A checkout without bytecode compiles its modules in every run:
+change must not change a result). The build column says what each side ran: a source edited after
+`make compile` makes servesim fall back to its pure-Python modules ("pure"), whose count means
+nothing for the compiled build. A checkout without bytecode compiles its modules in every run:
 run `make compile` (or tools/precompile.py) in each first, as the script warns.
 
 Under callgrind a case runs ~50x slower: 3,000 requests of the Azure hour take ~1.5 minutes.
@@ -39,8 +41,10 @@ COMPARED_FILES = ("requests.parquet", "steps.parquet", "timeseries.csv")
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
-def _count(root: Path, case: Case, num_requests: int, out: Path) -> int:
-    """Instructions of one run of the case in checkout `root` (its results go to `out`)."""
+def _count(root: Path, case: Case, num_requests: int, out: Path) -> tuple[int, str]:
+    """Instructions of one run of the case in checkout `root` (its results go to `out`), and the
+    build it ran: "compiled", or "pure" (servesim warned that it fell back to the pure-Python
+    modules, e.g. a source edited since the build: not the code meant to be measured)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("error: valgrind not found (install it: apt-get install valgrind)")
@@ -54,7 +58,7 @@ def _count(root: Path, case: Case, num_requests: int, out: Path) -> int:
     if res.returncode != 0 or found is None:
         tail = " | ".join(res.stderr.strip().splitlines()[-3:])
         raise SystemExit(f"error: {case.name} in {root} failed (exit {res.returncode}): {tail}")
-    return int(found.group(1))
+    return int(found.group(1)), "pure" if "using the pure-Python modules" in res.stderr else "compiled"
 
 
 def _bytecode_missing(root: Path) -> bool:
@@ -71,9 +75,11 @@ def _same_results(a: Path, b: Path) -> list[str]:
 
 
 def measure(root: Path, case: Case, num_requests: int, tmp: Path, tag: str) -> dict:
-    base = _count(root, case, 1, tmp / f"{tag}-{case.name}-1")
-    full = _count(root, case, num_requests, tmp / f"{tag}-{case.name}")
-    return {"checkout": str(root), "instructions": full, "startup_instructions": base,
+    base, build_base = _count(root, case, 1, tmp / f"{tag}-{case.name}-1")
+    full, build = _count(root, case, num_requests, tmp / f"{tag}-{case.name}")
+    if build != build_base:  # the build changed between the two runs: the difference means nothing
+        build = "mixed"
+    return {"checkout": str(root), "build": build, "instructions": full, "startup_instructions": base,
             "request_instructions": full - base, "out": str(tmp / f"{tag}-{case.name}")}
 
 
@@ -96,7 +102,7 @@ def main() -> int:
                   file=sys.stderr)
     figures: dict[str, dict] = {}
     print(f"{'case':16s} {'checkout':>10s} {'requests':>9s} {'instructions':>15s} {'start-up':>15s} "
-          f"{'per request':>12s}")
+          f"{'per request':>12s} {'build':>9s}")
     with tempfile.TemporaryDirectory(prefix="servesim-instr-") as tmp_name:
         tmp = Path(tmp_name)
         for case in cases():
@@ -110,13 +116,15 @@ def main() -> int:
                 m = measure(root, case, args.requests, tmp, tag)
                 sides[tag] = m
                 print(f"{case.name:16s} {tag:>10s} {args.requests:9d} {m['request_instructions']:15,d} "
-                      f"{m['startup_instructions']:15,d} {m['request_instructions'] / args.requests:12,.0f}",
-                      flush=True)
+                      f"{m['startup_instructions']:15,d} {m['request_instructions'] / args.requests:12,.0f} "
+                      f"{m['build']:>9s}", flush=True)
             if "B" in sides:
                 ratio = sides["A"]["request_instructions"] / sides["B"]["request_instructions"]
                 differ = _same_results(Path(sides["A"]["out"]), Path(sides["B"]["out"]))
+                builds = "" if sides["A"]["build"] == sides["B"]["build"] else \
+                    f" (builds differ: A {sides['A']['build']}, B {sides['B']['build']})"
                 print(f"{case.name:16s} {'A/B':>10s} {ratio:9.4f}  results: "
-                      + ("identical" if not differ else "DIFFER in " + ", ".join(differ)), flush=True)
+                      + ("identical" if not differ else "DIFFER in " + ", ".join(differ)) + builds, flush=True)
                 sides["ratio"] = {"request_instructions": ratio, "results_differ": differ}
             figures[case.name] = sides
     if args.json:

@@ -275,12 +275,11 @@ def test_least_kv_reads_through_finishers_holding_shared_blocks(sim):
     from servesim.simulator.fastpath import planned_reads
 
     shared_seen = []
-    free_next = planned_reads._RunBlocks._free_next
+    frees = planned_reads._RunBlocks._frees
     refs_by_run: dict[int, tuple[object, dict[int, int]]] = {}  # by _RunBlocks (kept alive: ids stay unique)
 
-    def counting(self):
+    def counting(self, r, new):
         # the reference count: every block of the finisher in a dict, shared or not
-        _, r, new = self._finishers[len(self.fin_cum)]
         mgr = self.sched.kv_cache_manager._single_full
         blocks = [b for b in mgr.req_to_blocks.get(r.request_id, ()) if not b.is_null]
         shared_seen.append(sum(b.ref_cnt > 1 for b in blocks))
@@ -289,15 +288,15 @@ def test_least_kv_reads_through_finishers_holding_shared_blocks(sim):
         for b in blocks:
             refs[b.block_id] = left = refs.get(b.block_id, b.ref_cnt) - 1
             freed += left == 0
-        before = self.fin_cum[-1] if self.fin_cum else 0
-        free_next(self)
-        assert self.fin_cum[-1] - before == freed
+        got = frees(self, r, new)
+        assert got == freed
+        return got
 
-    planned_reads._RunBlocks._free_next = counting
+    planned_reads._RunBlocks._frees = counting
     try:
         cluster, res = _both(_prefixed_workload(160, 25.0, seed=4), sim=sim, decode_router=RouterConfig("least_kv"))
     finally:
-        planned_reads._RunBlocks._free_next = free_next
+        planned_reads._RunBlocks._frees = frees
     assert res.summary["prefix_cache_hit_tokens"] > 0
     if planned_reads.__file__.endswith(".py"):  # interpreted: the patch above is what ran
         assert sum(1 for n in shared_seen if n) > 5  # reads walked finishers holding shared blocks

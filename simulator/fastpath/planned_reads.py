@@ -68,8 +68,8 @@ class _RunBlocks:
     changes between the plan and its application but what a read publishes, which moves no
     block): the free count before it and the blocks each request holds (its num_computed_tokens
     is the plan's ctx0, the steps it is scheduled the plan's each, or every step); the updates
-    that finish requests and the requests the in-flight step's update finishes (skip-ahead), when
-    first asked; the blocks each finish frees, when a read first gets past it. Nothing per
+    that finish requests and the requests the in-flight step's update finishes (skip-ahead), and
+    the blocks each finish frees, when a read first gets past it. Nothing per
     request is built but the held counts (read once per plan, ~2 reads a plan behind least_kv:
     a tuple per request cost more to build and free than the reads)."""
 
@@ -83,10 +83,9 @@ class _RunBlocks:
         self.held = [len(held_of.get(r.request_id, ())) for r in plan.reqs]
         self._skipped: list[Request] | None = None
         self._cached_floor: int | None = None
-        self.fin_update: list[int] | None = None
-        self.fin_cum: list[int] = []  # blocks freed by the first len(fin_cum) finishers
-        self._finishers: list[tuple[int, Request, int]] = []  # (update, request, new blocks), by update
-        self._refs: dict[int, int] = {}
+        self._freed_upto = 0  # the finishes at updates before it are counted ...
+        self._freed = 0  # ... and free this many blocks
+        self._refs: dict[int, int] = {}  # block id -> references the counted finishes left on it
 
     def skipped(self) -> list[Request]:
         """The requests the in-flight step's update finishes (skip-ahead: in no step of the run)."""
@@ -126,33 +125,34 @@ class _RunBlocks:
 
     def free_blocks(self, j: int) -> int:
         """Free blocks after schedules 0..j and updates 0..j-1."""
-        if self.fin_update is None:
-            self._list_finishers()
-        assert self.fin_update is not None
-        k = bisect_left(self.fin_update, j)  # the finishes at updates before j
-        while len(self.fin_cum) < k:
-            self._free_next()
-        return self.free0 - self.allocations(j) + (self.fin_cum[k - 1] if k else 0)
+        if j < self._freed_upto:  # an earlier instant than the last read (reads come at growing
+            self._freed, self._freed_upto, self._refs = 0, 0, {}  # times): count again from the start
+        if j > self._freed_upto:
+            self._count_finishes(self._freed_upto, j)
+            self._freed_upto = j
+        return self.free0 - self.allocations(j) + self._freed
 
-    def _list_finishers(self) -> None:
-        """fin_update (ascending): the updates at which requests finish; the blocks each frees are
-        counted when a read first reaches it (_free_next): reads come at growing times and a run is
-        usually applied before most of its finishes, so its blocks are rarely walked."""
-        plan = self.plan
-        finishers: list[tuple[int, Request, int]] = [(0, r, 0) for r in self.skipped()]
-        if plan.each is not None:
-            bs, held, ctx0 = self.block_size, self.held, plan.ctx0
-            for i, n in enumerate(plan.each):
-                if n < plan.max_steps:  # finishes at update n (a run through finishes)
-                    finishers.append((n, plan.reqs[i], max(0, -(-(ctx0[i] + n) // bs) - held[i])))
-        finishers.sort(key=lambda f: f[0])  # stable: the order within an update changes no count
-        self._finishers = finishers
-        self.fin_update = [f[0] for f in finishers]
+    def _count_finishes(self, lo: int, hi: int) -> None:
+        """Add the blocks the finishes at updates lo..hi-1 free: the skip-ahead requests' at update
+        0, request i's at update each[i] in a run through finishes. Which blocks a set of finishes
+        frees does not depend on the order they are counted in (a block is freed once its last
+        holder among them has dropped it), so no finisher list is sorted: reads come at growing
+        times, a run is usually applied before most of its finishes, and each read walks only the
+        finishers it has just passed."""
+        if lo == 0:
+            for r in self.skipped():
+                self._freed += self._frees(r, 0)
+        each = self.plan.each
+        if each is None:
+            return
+        bs, held, ctx0, reqs, max_steps = self.block_size, self.held, self.plan.ctx0, self.plan.reqs, self.plan.max_steps
+        for i, n in enumerate(each):
+            if lo <= n < hi and n < max_steps:  # finishes at update n, inside the run
+                self._freed += self._frees(reqs[i], max(0, -(-(ctx0[i] + n) // bs) - held[i]))
 
-    def _free_next(self) -> None:
-        """Count the blocks the next finisher frees (a block is freed by the last finisher holding
-        it) and append the running total to fin_cum."""
-        _, r, new = self._finishers[len(self.fin_cum)]
+    def _frees(self, r: Request, new: int) -> int:
+        """The blocks finisher r frees: its `new` blocks (the run's, its alone) and each of its
+        blocks it held the last reference to among the finishers counted so far."""
         mgr = self.sched.kv_cache_manager._single_full
         assert mgr is not None
         # References left on a shared block (ref_cnt > 1), where finishes dropped some. A block
@@ -160,7 +160,7 @@ class _RunBlocks:
         # reference to it before: ref_cnt is read, never written here), so it is freed outright
         # and needs no entry.
         refs = self._refs
-        freed = new  # the run's new blocks are the finisher's alone
+        freed = new
         for b in mgr.req_to_blocks.get(r.request_id, ()):
             if b.is_null:
                 continue
@@ -171,7 +171,7 @@ class _RunBlocks:
             left = refs.get(b.block_id, held) - 1
             refs[b.block_id] = left
             freed += left == 0
-        self.fin_cum.append((self.fin_cum[-1] if self.fin_cum else 0) + freed)
+        return freed
 
 
 class PlannedReads:
