@@ -5,8 +5,9 @@
     python benchmarks/instructions.py --only hour --requests 1000 --json out.json
 
 Wall time on a shared 2-core machine drifts by more than most changes gain (docs/SPEED_CHECKS.md);
-an instruction count does not: the same command counts the same to within ~0.01 %. So small
-changes to a hot path are measured here and confirmed with `sim_speed.py` pairs.
+an instruction count hardly does (the children run with one hash seed; two runs of one
+checkout differ by ~0.05 %). So small changes to a hot path are measured here and confirmed with
+`sim_speed.py` pairs.
 
 Each case is sim_speed.py's command (same arguments) on the trace's first `--requests` requests, run
 under `valgrind --tool=callgrind` twice: with those requests and with one. The difference is what
@@ -52,7 +53,10 @@ def _count(root: Path, case: Case, num_requests: int, out: Path) -> tuple[int, s
         cmd = [valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp}/callgrind.out",
                sys.executable, "-m", "servesim", case.command, *case.args,
                "--max-requests", str(num_requests), "--out", str(out), "--overwrite"]
-        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # One hash seed for every run: a set of strings is walked in its hash order, so a random
+        # seed moves the count by ~0.2 % from run to run (results never depend on it).
+        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   PYTHONHASHSEED="0")
         res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     found = _COLLECTED.search(res.stderr)
     if res.returncode != 0 or found is None:
