@@ -69,9 +69,9 @@ class _RunBlocks:
     block): the free count before it and the blocks each request holds (its num_computed_tokens
     is the plan's ctx0, the steps it is scheduled the plan's each, or every step); the updates
     that finish requests and the requests the in-flight step's update finishes (skip-ahead), and
-    the blocks each finish frees, when a read first gets past it. Nothing per
-    request is built but the held counts (read once per plan, ~2 reads a plan behind least_kv:
-    a tuple per request cost more to build and free than the reads)."""
+    the blocks each finish frees, when a read first gets past it. Nothing per request is built
+    but the held counts: behind least_kv a plan is read about twice (P/D hand-offs), so building
+    and freeing a tuple per request cost more than the reads."""
 
     def __init__(self, plan: DeferredRun, sched: Scheduler, block_size: int) -> None:
         kvm = sched.kv_cache_manager
@@ -145,10 +145,10 @@ class _RunBlocks:
         each = self.plan.each
         if each is None:
             return
-        bs, held, ctx0, reqs, max_steps = self.block_size, self.held, self.plan.ctx0, self.plan.reqs, self.plan.max_steps
+        plan, bs, held = self.plan, self.block_size, self.held
         for i, n in enumerate(each):
-            if lo <= n < hi and n < max_steps:  # finishes at update n, inside the run
-                self._freed += self._frees(reqs[i], max(0, -(-(ctx0[i] + n) // bs) - held[i]))
+            if lo <= n < hi and n < plan.max_steps:  # finishes at update n, inside the run
+                self._freed += self._frees(plan.reqs[i], max(0, -(-(plan.ctx0[i] + n) // bs) - held[i]))
 
     def _frees(self, r: Request, new: int) -> int:
         """The blocks finisher r frees: its `new` blocks (the run's, its alone) and each of its
