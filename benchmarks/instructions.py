@@ -7,7 +7,10 @@
 Wall time on a shared 2-core machine drifts by more than most changes gain (docs/SPEED_CHECKS.md);
 an instruction count hardly does (the children run with one hash seed; two runs of one
 checkout differ by ~0.05 %). So small changes to a hot path are measured here and confirmed with
-`sim_speed.py` pairs.
+`sim_speed.py` pairs. A count is not a time: work bound by memory (allocations, cache misses on
+a large pool) weighs more in time than in instructions, and a trace's first N requests are not
+its busiest part, so a count says which side does less work on the slice, not by how much the
+whole run speeds up.
 
 Each case is sim_speed.py's command (same arguments) on the trace's first `--requests` requests, run
 under `valgrind --tool=callgrind` twice: with those requests and with one. The difference is what
