@@ -4,7 +4,6 @@ OffloadingConnector, SGLang's HiCache), the tier prices, and the router's exact 
 from __future__ import annotations
 
 from functools import partial
-
 from types import SimpleNamespace
 
 import pytest
