@@ -56,12 +56,19 @@ compile: $(CORE)
 run: $(CORE) compile
 	$(BIN)/servesim replay --out runs/default --overwrite
 
-test: $(STAMP) compile
-	$(BIN)/python -m pytest tests
+# Tests run on one worker per core (pytest-xdist; TEST_WORKERS=0 runs them in this process), and
+# pytest keeps its rewritten test modules even where PYTHONDONTWRITEBYTECODE is set (collecting
+# rewrites every test module's asserts: ~13 s of each worker's start otherwise).
+TEST_WORKERS ?= auto
+PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
-# The inner loop: everything but the tests marked slow (and the fuzz, deselected by default anyway).
+test: $(STAMP) compile
+	$(PYTEST) tests
+
+# The inner loop (~2 minutes on 2 cores): everything but the tests marked slow (tests/inner_loop.py
+# keeps a few cases of each long differential family here) and the fuzz.
 test-fast: $(STAMP) compile
-	$(BIN)/python -m pytest tests -m "not slow and not fuzz"
+	$(PYTEST) tests -m "not slow and not fuzz"
 
 parity: $(STAMP) compile
 	$(BIN)/python tools/parity.py

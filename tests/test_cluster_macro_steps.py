@@ -13,6 +13,7 @@ import pytest
 from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
 from servesim.traces.synthetic import make_workload
 from servesim.traces.workload import Workload
+from inner_loop import slow_unless  # tests/inner_loop.py
 
 
 def _workload(n: int, rate: float, seed: int):
@@ -44,7 +45,8 @@ def _run(router: str, async_: bool, macro: bool, replicas: int, wl):
     return run_cluster(_config(router, async_, macro, replicas), wl)
 
 
-@pytest.mark.parametrize("router", ["least_outstanding", "round_robin", "jsq_power_of_two", "least_kv"])
+@pytest.mark.parametrize("router", slow_unless(["least_outstanding", "round_robin", "jsq_power_of_two", "least_kv"],
+                                               ["least_outstanding", "least_kv"]))
 @pytest.mark.parametrize("async_", [False, True])
 def test_cluster_macro_steps_identical(router, async_):
     wl = _workload(300, 60.0, seed=3)

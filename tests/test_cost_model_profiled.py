@@ -318,6 +318,7 @@ def test_missing_attention_phase_is_filled_from_roofline():
     assert f.step_time_s(decode_shape(64, 8000)) > f.step_time_s(decode_shape(64, 100))
 
 
+@pytest.mark.slow
 @needs_shared
 def test_fp8_gemms_lose_the_activation_quantisation_vllm_fuses(tmp_path):
     """aiconfigurator's fp8 GEMM rows include the dynamic per-token quantisation of their input;

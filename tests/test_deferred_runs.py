@@ -17,6 +17,7 @@ from servesim.simulator.fastpath.deferred import DeferredRuns
 from servesim.simulator.fastpath.router_proofs import LeastOutstandingProof
 from servesim.traces.synthetic import make_workload
 from servesim.traces.workload import RequestSpec, Workload
+from inner_loop import share  # tests/inner_loop.py
 
 
 def _workload(n: int, rate: float, seed: int, output_median: int = 60):
@@ -43,7 +44,7 @@ def _deferred_counts(cluster: Cluster) -> tuple[int, int]:
             sum(r.engine.planner.num_deferred_routed for r in cluster.replicas))
 
 
-@pytest.mark.parametrize("rate,replicas,seed", [(100.0, 16, 1), (40.0, 4, 2), (400.0, 8, 3)])
+@pytest.mark.parametrize("rate,replicas,seed", share([(100.0, 16, 1), (40.0, 4, 2), (400.0, 8, 3)], [1, 2]))
 def test_deferred_runs_are_identical_to_plain_stepping(rate, replicas, seed):
     """Light, moderate and overloaded clusters (the last queues requests: waiting heads, refused
     admissions, runs that cannot be deferred); deferred runs were planned and applied at arrivals."""

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_import_graph import GRAPH, ROOT
 
 FASTPATH = "servesim.simulator.fastpath"
@@ -84,6 +86,7 @@ def test_an_engine_without_a_planner_loads_neither_package():
     assert out.stdout.startswith("ok")
 
 
+@pytest.mark.slow
 def test_a_checkout_without_the_fast_path_still_replays(tmp_path: Path):
     """Delete simulator/fastpath/ and scheduler/bulk/ from a copy of the checkout: every engine is
     the reference, says why, and the results equal the full checkout's."""

@@ -62,6 +62,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["popleft", "popleft_n", "remove", "rem
                          st.integers(0, 10**6), st.integers(0, 12)), min_size=30, max_size=400)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(num_blocks=st.integers(1, 24), min_trim=st.integers(1, 8), min_compact=st.integers(1, 8), ops=OPS)
 def test_queue_matches_a_list(num_blocks: int, min_trim: int, min_compact: int, ops) -> None:

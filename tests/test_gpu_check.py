@@ -76,6 +76,7 @@ def test_carried_package_zip_imports_without_the_installed_one(tmp_path):
     assert out.stdout.strip().startswith(str(z))
 
 
+@pytest.mark.slow
 def test_an_existing_foreign_output_folder_is_refused(tmp_path):
     (tmp_path / "mine.txt").write_text("keep")
     p = subprocess.run([sys.executable, "tools/gpu_check.py", "--device", "cpu", "--out", str(tmp_path)],

@@ -24,6 +24,7 @@ if importlib.util.find_spec("triton") is None:
 ops.use_triton_interpreter()  # before anything imports triton
 
 from servesim.gpu_runner.ops.testing import make_paged_batch  # noqa: E402
+from inner_loop import share  # noqa: E402  (tests/inner_loop.py)
 
 # Interpreter tolerances vs the fp32 reference: fp32 and bf16 run fp32 dots
 # (bf16 is upcast under the interpreter), so the difference is the final
@@ -60,7 +61,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype,group,kv_heads,head_dim,block_size", CASES)
+@pytest.mark.parametrize("dtype,group,kv_heads,head_dim,block_size", share(CASES, [0, 2]))
 def test_unified_attention_matches_reference(dtype, group, kv_heads, head_dim, block_size):
     b = make_paged_batch(QUERY_LENS, SEQ_LENS, num_heads=group * kv_heads, num_kv_heads=kv_heads,
                          head_dim=head_dim, block_size=block_size, dtype=dtype, num_padding=2, seed=group)

@@ -19,6 +19,7 @@ from servesim.simulator.config import SimConfig
 from servesim.simulator.build import build_engine
 from servesim.simulator.engine import Engine
 from servesim.traces.synthetic import make_workload
+from inner_loop import share  # tests/inner_loop.py
 
 
 def _workload(n: int, rate: float, seed: int, output_median: int = 80):
@@ -121,11 +122,11 @@ def _cluster(macro: bool, router: str, replicas: int) -> ClusterConfig:
     return ClusterConfig(replicas=[ReplicaGroup(replicas, sim)], router=RouterConfig(router), routing_latency_s=0.001)
 
 
-@pytest.mark.parametrize("router,rate,replicas", [
+@pytest.mark.parametrize("router,rate,replicas", share([
     ("least_outstanding", 40.0, 8),  # deferred runs, applied at routed arrivals or whole at a finish
     ("least_outstanding", 400.0, 4),  # overloaded: queues, runs that cannot be deferred
     ("round_robin", 60.0, 4),  # the eager path: runs cut by the replica's own arrivals, tail steps
-])
+], [0]))
 def test_cluster_runs_ending_at_finishes_are_identical_to_stepping(router, rate, replicas):
     wl = _workload(300, rate, seed=11)
     cluster = Cluster(_cluster(True, router, replicas), wl)

@@ -16,6 +16,7 @@ from servesim.simulator.cluster import (
     Cluster, ClusterConfig, KVLink, LinkConfig, PDConfig, ReplicaGroup, RouterConfig, sim_config_from_dict,
 )
 from servesim.traces.synthetic import make_workload
+from inner_loop import slow_unless  # tests/inner_loop.py
 
 
 def _workload(n: int, rate: float, seed: int, output_median: int = 80):
@@ -86,7 +87,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", slow_unless(CASES, ["fair", "least-kv", "tight-pools", "prefix-aware-3"]))
 @pytest.mark.parametrize("async_", [True, False])
 def test_pd_macro_steps_identical(case, async_):
     cluster, _ = _both(_workload(120, 12.0, seed=7), async_=async_, **CASES[case])

@@ -13,6 +13,7 @@ from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, Rou
 from servesim.simulator.cluster.routers import LeastKv, PrefixAware
 from servesim.simulator.fastpath.planned_reads import PlannedReads
 from servesim.traces.synthetic import make_workload
+from inner_loop import share  # tests/inner_loop.py
 
 _LENS = {"prompt_len": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max_value": 2000},
          "output_len": {"dist": "lognormal", "median": 60, "sigma": 0.6, "max_value": 400}}
@@ -92,7 +93,8 @@ CASES = [  # (name, router, workload, replicas, sim settings)
 ]
 
 
-@pytest.mark.parametrize("name,router,workload,replicas,sim", CASES, ids=[f"{c[1]}-{c[0]}" for c in CASES])
+@pytest.mark.parametrize("name,router,workload,replicas,sim", share(CASES, [2, 4, 8, 10],
+                                                                   ids=[f"{c[1]}-{c[0]}" for c in CASES]))
 def test_state_reading_routers_defer_and_stay_identical(name, router, workload, replicas, sim):
     wl = workload()
     cluster = Cluster(_config(router, True, replicas, **sim), wl)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -239,6 +240,7 @@ _configs = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_configs, st.lists(_op, min_size=1, max_size=70))
 def test_random_sequences_match_the_reference_step_by_step(cfg, ops):

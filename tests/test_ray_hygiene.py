@@ -86,7 +86,10 @@ def test_signal_handlers_come_back_after_a_library_replaces_them():
     def ours(signum, frame):
         pass
 
+    # Both handlers set here: what the process had before depends on its runner (an xdist worker
+    # ignores SIGINT, so the controller alone hears Ctrl-C).
     before = signal.signal(signal.SIGTERM, ours)
+    before_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with our_signal_handlers():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what ray.init does (its own handler)
@@ -95,6 +98,7 @@ def test_signal_handlers_come_back_after_a_library_replaces_them():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
 
 
 def _ray_processes() -> list[str]:

@@ -49,6 +49,7 @@ def test_replay_replicates_prints_and_writes_intervals(tmp_path):
     assert r1["workload"]["bench"]["dataset_name"] == "random"
 
 
+@pytest.mark.slow
 def test_a_replicate_reruns_alone_from_its_config(tmp_path):
     """Any replicate's folder holds what reproduces it: its config.yaml (seed, factors) reruns to the
     same requests."""

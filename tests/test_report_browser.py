@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-pytestmark = pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed (apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed (apt-get install chromium)"),
+              pytest.mark.slow]  # a browser start per test: make test only
 
 # Injected first in <head>: collects errors from the page's own scripts, then (after load and one
 # tick, so charts.js has drawn) hovers and legend-clicks the first chart and writes what it saw into

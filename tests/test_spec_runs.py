@@ -17,6 +17,7 @@ from servesim.simulator.config import SimConfig
 from servesim.simulator.summary import summarize
 from servesim.traces.errors import InputError
 from servesim.traces.synthetic import make_workload
+from inner_loop import share, slow_unless  # tests/inner_loop.py
 
 
 def _workload(n: int = 60, rate: float = 3.0, seed: int = 1, out: tuple[int, int] = (20, 300)):
@@ -51,7 +52,7 @@ def test_verify_runs_identical_and_mostly_bulk(async_, acceptance):
     assert eng.planner.num_macro_steps > macro.num_steps * 3 // 4  # light load: most steps in runs
 
 
-@pytest.mark.parametrize("sets", [
+@pytest.mark.parametrize("sets", share([
     # a tight pool: waiting requests and preemptions (runs stop; the steps between are stepped)
     {"cache.num_gpu_blocks": 300, "scheduler.max_model_len": 2048},
     {"cache.num_gpu_blocks": 300, "scheduler.max_model_len": 2048, "scheduler.async_scheduling": False},
@@ -67,7 +68,7 @@ def test_verify_runs_identical_and_mostly_bulk(async_, acceptance):
     {"cost_model.name": "perturbed", "cost_model.params.base": "roofline",  # bulk prices, scaled
      "cost_model.params.factors": {"prefill": 1.2, "decode": 0.8, "mixed": 1.0}},
     {"hardware.model": "qwen3-30b-a3b", "hardware.tp": 2},  # MoE experts and the all-reduce in each price
-])
+], [0, 2, 3, 4, 8]))
 def test_verify_runs_identical_under_pressure(sets):
     _pair(_spec([0.7, 0.6, 0.5], **sets), _workload(80, 6.0, 2))
 
@@ -218,7 +219,8 @@ def _cluster_pair(router: str, async_: bool, n: int = 150, replicas: int = 6):
     return cluster, macro
 
 
-@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "round_robin", "jsq_power_of_two"])
+@pytest.mark.parametrize("router", slow_unless(["least_outstanding", "least_kv", "round_robin", "jsq_power_of_two"],
+                                               ["least_kv", "round_robin"]))
 @pytest.mark.parametrize("async_", [True, False])
 def test_cluster_verify_runs_identical(router, async_):
     """Cluster replicas run verify steps in bulk up to the first arrival their router's proof cannot

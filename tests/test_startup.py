@@ -73,6 +73,7 @@ def test_a_replay_imports_no_pandas(tmp_path):
         assert (tmp_path / args[-1] / "requests.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_a_cluster_run_imports_no_pandas(tmp_path):
     """`servesim cluster` (a generated workload, colocated and P/D, the results folder) runs without
     pandas too: its summary and files read the tables as columns (simulator/cluster/results.py)."""
@@ -90,6 +91,7 @@ def test_a_cluster_run_imports_no_pandas(tmp_path):
         assert (out / "requests.parquet").is_file() and (out / "steps.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_api_cluster_results_build_their_frames_on_first_read(tmp_path):
     path = tmp_path / "cluster.yaml"
     path.write_text("workload: {generator: poisson, num_requests: 30, arrival: {rate_per_s: 20}}\n"
@@ -117,6 +119,7 @@ def test_api_results_build_their_frames_on_first_read(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_replay_needs_neither_torch_nor_triton_nor_ray(tmp_path):
     """`make run` installs the core only (Makefile): a replay, a scenario and a cluster run must not
     import the GPU runner's or the Ray backend's packages."""

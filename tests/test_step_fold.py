@@ -18,6 +18,7 @@ from servesim.simulator.step_fold import FOLD_BLOCK, StepFold, fold_columns, ste
 from servesim.simulator.step_table import FOLD_LAG, StepTable
 from servesim.traces.errors import InputError
 from servesim.traces.synthetic import make_workload
+from inner_loop import share  # tests/inner_loop.py
 
 
 def _rows(n: int, seed: int) -> dict[str, np.ndarray]:
@@ -172,11 +173,11 @@ def _same_results(kept, folded) -> None:
     assert len(folded.steps) == 0 and len(kept.steps) == kept.summary["num_steps"]
 
 
-@pytest.mark.parametrize("sets", [
+@pytest.mark.parametrize("sets", share([
     {"scheduler.async_scheduling": True},
     {"scheduler.async_scheduling": False, "cache.num_gpu_blocks": 600, "scheduler.max_model_len": 8192},  # preemptions
     {"hardware.pp": 2, "hardware.gpu": "h100", "scheduler.async_scheduling": True},
-])
+], [0]))
 def test_a_cluster_that_folds_its_rows_reports_the_same_bytes(sets, tmp_path):
     wl = _workload(200, 6.0, seed=4)
     kept = run_cluster(_cluster(True, sets), wl)

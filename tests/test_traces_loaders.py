@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from servesim.traces import available_formats, load_workload, sniff_format
+from inner_loop import share  # tests/inner_loop.py
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACES = SHARED / "data" / "traces"
@@ -88,11 +89,11 @@ def test_azure(name, rows, mean_prompt, mean_output, rate):
 
 @pytest.mark.parametrize(
     ("stem", "rows", "mean_prefill", "mean_decode"),
-    [
+    share([
         ("sharegpt_8k_filtered_stats_llama2_tokenizer", 30731, 2340, 439),
         ("bwb_stats_llama2_tokenizer_filtered_v2", 33768, 1067, 1613),
         ("arxiv_summarization_stats_llama2_tokenizer_filtered_v2", 28257, 2588, 291),
-    ],
+    ], [2]),
 )
 def test_length_datasets(stem, rows, mean_prefill, mean_decode):
     path = trace(f"request_length_datasets/{stem}.csv.gz")
