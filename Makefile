@@ -56,16 +56,17 @@ compile: $(CORE)
 run: $(CORE) compile
 	$(BIN)/servesim replay --out runs/default --overwrite
 
-# Tests run on one worker per core (pytest-xdist; TEST_WORKERS=0 runs them in this process), and
+# Tests run on one worker per core (pytest-xdist; TEST_WORKERS=0 runs them in this process; the
+# tests that start Ray share one worker: xdist_group("ray")), and
 # pytest keeps its rewritten test modules even where PYTHONDONTWRITEBYTECODE is set (collecting
 # rewrites every test module's asserts: ~13 s of each worker's start otherwise).
 TEST_WORKERS ?= auto
-PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS)
+PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test: $(STAMP) compile
 	$(PYTEST) tests
 
-# The inner loop (~2 minutes on 2 cores): everything but the tests marked slow (tests/inner_loop.py
+# The inner loop (~2.5 minutes on 2 cores): everything but the tests marked slow (tests/inner_loop.py
 # keeps a few cases of each long differential family here) and the fuzz.
 test-fast: $(STAMP) compile
 	$(PYTEST) tests -m "not slow and not fuzz"

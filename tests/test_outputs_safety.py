@@ -252,6 +252,7 @@ def test_local_ray_environment_binds_to_loopback_with_a_token():
     assert len(env["RAY_AUTH_TOKEN"]) == 64 and env["RAY_AUTH_TOKEN"] != local_ray_env()["RAY_AUTH_TOKEN"]
 
 
+@pytest.mark.xdist_group("ray")  # one worker runs every test that starts Ray (Makefile: --dist loadgroup)
 @pytest.mark.slow
 def test_local_ray_cluster_listens_only_on_loopback(tmp_path):
     pytest.importorskip("ray")
@@ -345,6 +346,7 @@ def test_cpu_device_fits_the_documented_budget():
     assert fit_cpu_kv_pool(given, "cpu") == (given, None)  # a pool the user set is kept
 
 
+@pytest.mark.xdist_group("ray")  # one worker runs every test that starts Ray (Makefile: --dist loadgroup)
 @pytest.mark.slow
 def test_ray_sweep_output_has_no_third_party_warnings(tmp_path):
     pytest.importorskip("ray")

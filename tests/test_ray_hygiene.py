@@ -107,6 +107,7 @@ def _ray_processes() -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line and "<defunct>" not in line]
 
 
+@pytest.mark.xdist_group("ray")  # one worker runs every test that starts Ray (Makefile: --dist loadgroup)
 @pytest.mark.slow
 @pytest.mark.skipif(not LINUX, reason="the reaper finds processes through /proc")
 @pytest.mark.parametrize("sig,status", [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])

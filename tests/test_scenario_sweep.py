@@ -141,6 +141,7 @@ def test_breakdowns_by_priority_and_job(tmp_path):
             "jobs.num_jobs"} <= set(t.columns)
 
 
+@pytest.mark.xdist_group("ray")  # one worker runs every test that starts Ray (Makefile: --dist loadgroup)
 @pytest.mark.slow
 def test_ray_backend_on_a_local_instance(tmp_path):
     pytest.importorskip("ray")
