@@ -5,13 +5,17 @@ summary) stay byte-identical to plain stepping, and so does every key the router
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servesim.simulator.cluster import Cluster, ClusterConfig, ReplicaGroup, RouterConfig, run_cluster, sim_config_from_dict
 from servesim.simulator.cluster.routers import LeastKv, PrefixAware
-from servesim.simulator.fastpath.planned_reads import PlannedReads
+from servesim.simulator.fastpath.planned_reads import PlannedReads, _first_at_or_after
 from servesim.traces.synthetic import make_workload
 from inner_loop import share  # tests/inner_loop.py
 
@@ -215,3 +219,12 @@ def test_sglang_replicas_do_not_defer_behind_state_readers():
     assert all(r.engine.planner is None or r.engine.planner.reads is None for r in cluster.replicas)
     assert _counts(cluster)[0] == 0
     _assert_same(run_cluster(_config("least_kv", False, 4, **sim), wl), macro)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 2.0]) | st.floats(0, 3), max_size=40),
+       st.sampled_from([-1.0, 0.0, 0.25, 1.0, 2.0, 5.0]) | st.floats(0, 3))
+def test_the_reads_search_is_bisect_left(times, t):
+    """A read counts the plan's updates strictly before now as bisect_left does (ties included)."""
+    times.sort()
+    assert _first_at_or_after(times, t) == bisect_left(times, t)
