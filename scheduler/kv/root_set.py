@@ -23,8 +23,8 @@ def _word(root: bytes) -> int:
     """The root's first 62 bits (little-endian), assembled byte by byte: in the compiled build a
     machine int throughout (int.from_bytes is a generic method call, ~10x the cost, and a
     prefix-aware router's probe asks every replica's set at every decision)."""
-    word = ((root[0] | root[1] << 8 | root[2] << 16 | root[3] << 24 | root[4] << 32 | root[5] << 40
-             | root[6] << 48 | (root[7] & 0x3F) << 56))
+    word = (root[0] | root[1] << 8 | root[2] << 16 | root[3] << 24 | root[4] << 32 | root[5] << 40
+            | root[6] << 48 | (root[7] & 0x3F) << 56)
     return word if word else 1  # 0 marks an empty slot (1 and 0 read as one: a false positive only)
 
 
