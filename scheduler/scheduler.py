@@ -202,12 +202,13 @@ class Scheduler:
         finished: list[str] = [o.request_id for o in outputs]
         stopped_running: set[Request] = set()
         stopped_preempted: set[Request] = set()
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
             if request is None or request.is_finished():
                 continue  # aborted while the step was executing
             new_ids = sampled[index[rid]] if sampled else []
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            drafts = spec_tokens.get(rid) if spec_tokens else None  # (no lookup without spec decode)
             if drafts and new_ids:
                 spec_stats = self._clawback_rejected(request, drafts, new_ids, spec_stats)
             stopped = False

@@ -183,7 +183,7 @@ class BatchTracker:
     def prepare(self, so: SchedulerOutput) -> tuple[list[str], list[int], list[int], list[bool]]:
         """(request order, new tokens, context tokens before the step, samples?) for this step."""
         self.forget(so.finished_req_ids)
-        computed = {}
+        computed: dict[str, int] = {}  # the new requests' (then every one's, if out of order below)
         requests = self._requests
         for nr in so.scheduled_new_reqs:
             computed[nr.req_id] = nr.num_computed_tokens
@@ -193,12 +193,22 @@ class BatchTracker:
             else:  # resumed after a preemption: the prompt it comes back with, its outputs kept
                 state.num_tokens = len(nr.prompt_token_ids)
         cached = so.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            computed[rid] = cached.num_computed_tokens[i]
+        cached_ids, cached_computed = cached.req_ids, cached.num_computed_tokens
+        num_cached, i = len(cached_ids), 0
         req_ids = list(so.num_scheduled_tokens)
         new, ctx, sample = [], [], []
-        for rid in req_ids:
-            n, c = so.num_scheduled_tokens[rid], computed[rid]
+        for rid, n in so.num_scheduled_tokens.items():
+            # vLLM's scheduler lists its cached requests in the order it scheduled them, so they
+            # come up here in order, new ones between them: read them off without a map
+            if i < num_cached and cached_ids[i] == rid:
+                c = cached_computed[i]
+                i += 1
+            else:
+                if i < num_cached and rid not in computed:  # another order: map every cached one
+                    for j in range(i, num_cached):
+                        computed[cached_ids[j]] = cached_computed[j]
+                    num_cached = i  # (the map answers from now on)
+                c = computed[rid]
             new.append(n)
             ctx.append(c)
             # Samples when the step reaches the end of the tokens the worker knows: the scheduler's
@@ -258,7 +268,7 @@ class BatchTracker:
                 continue
             state = self._requests[rid]
             k = state.num_out
-            n_drafts = len(spec.get(rid, ()))
+            n_drafts = len(spec.get(rid, ())) if spec else 0
             n_acc = self.tokens.num_accepted(rid, k, n_drafts) if n_drafts else 0
             toks = self.tokens.tokens(rid, k, n_acc + 1)  # token(rid, k + j) for each j, in one call
             if chosen is not None and rid in chosen:

@@ -7,16 +7,20 @@ simulator/metrics.py's MetricsCollector adds what is built from the records afte
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from servesim.scheduler.output import RequestOutput
 from servesim.simulator.step_table import StepTable
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+_DOUBLE: Final = struct.Struct("=d")  # array("d")'s item: a native double
 
 
 def _no_times() -> array:
@@ -108,16 +112,16 @@ class MetricsRecorder:
         """One step's outputs (RequestOutputs: request_id, new_token_ids) applied at t: their token
         times, in one call (a step's update carries every running request)."""
         requests = self.requests
+        # t's 8 bytes, copied into each request's times: array.append(t) converts the float again
+        # for every request (a format-parsing call), frombytes only copies
+        t_bytes = _DOUBLE.pack(t)
         for out in outputs:
             n = len(out.new_token_ids)
             if n:
                 rec = requests[out.request_id]
                 if rec.first_token_s is None:
                     rec.first_token_s = t
-                if n == 1:
-                    rec.token_times_s.append(t)
-                else:
-                    rec.token_times_s.extend([t] * n)
+                rec.token_times_s.frombytes(t_bytes if n == 1 else t_bytes * n)
 
     def on_decode_run(self, request_ids: list[str], times_s: list[float], counts: list[int] | None = None) -> None:
         """Each request got one token at each of times_s (a run of plain decode steps); with
