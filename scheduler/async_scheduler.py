@@ -28,13 +28,14 @@ class AsyncScheduler(Scheduler):
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         super()._update_after_schedule(out)
+        spec = out.scheduled_spec_decode_tokens
         for rid in out.num_scheduled_tokens:
             request = self.requests[rid]
             if request.is_prefill_chunk:
                 continue
             if request.structured_output_request is not None and request.num_output_placeholders > 0:
                 out.pending_structured_output_tokens = True
-            request.num_output_placeholders += 1 + len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            request.num_output_placeholders += 1 + (len(spec.get(rid, ())) if spec else 0)
             request.spec_token_ids = self._spec_placeholders
 
     def _update_request_with_output(self, request: Request, new_ids: list[int]) -> tuple[list[int], bool]:

@@ -71,7 +71,7 @@ class StepBook:
         for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
             if rid not in resumed and computed >= requests[rid].num_prompt_tokens:
                 n = num_new[rid]
-                if n - len(spec.get(rid, ())) == 1:
+                if n - (len(spec.get(rid, ())) if spec else 0) == 1:
                     shape_decode += n
         shape_prefill = sum(num_new.values()) - shape_decode
         running, waiting = sched.get_request_counts()
