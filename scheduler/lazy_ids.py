@@ -64,6 +64,11 @@ class OutputIdSource(Protocol):
         """Ids k .. k + n - 1 of req_id's stream (exactly n of them)."""
         ...
 
+    def tokens_at(self, req_ids: list[str], positions: list[int]) -> list[int]:
+        """Id positions[i] of req_ids[i]'s stream, for each i (one id of each of several streams:
+        a step of a run's batch, in one call)."""
+        ...
+
 
 class RunTokens:
     """Per request of a run's batch (in batch order): request i samples ids first[i] ..
@@ -92,7 +97,15 @@ class RunTokens:
     def at_step(self, j: int, rows: list[int] | None = None) -> list[int]:
         """The ids sampled at the run's step j by requests `rows` (indices; default every one, in
         batch order): e.g. the run's last step, left in flight with its tokens built."""
-        return [self.token(i, j) for i in (range(len(self.req_ids)) if rows is None else rows)]
+        counts, first, req_ids = self.counts, self.first, self.req_ids
+        ids: list[str] = []
+        positions: list[int] = []
+        for i in (range(len(req_ids)) if rows is None else rows):
+            if not 0 <= j < counts[i]:
+                raise IndexError(f"{req_ids[i]}: step {j} of a run that samples {counts[i]} ids for it")
+            ids.append(req_ids[i])
+            positions.append(first[i] + j)
+        return self.source.tokens_at(ids, positions)
 
     def ids(self, i: int, n: int) -> list[int]:
         """Request i's first n ids of the run, built (n <= counts[i])."""
@@ -114,6 +127,9 @@ class _Lists:
         if len(ids) != n:
             raise IndexError(f"{req_id}: ids {k}..{k + n - 1} asked of a list of {len(self.by_id[req_id])}")
         return ids
+
+    def tokens_at(self, req_ids: list[str], positions: list[int]) -> list[int]:
+        return [self.tokens(r, k, 1)[0] for r, k in zip(req_ids, positions)]
 
 
 def compact_ids(token_ids: Sequence[int]) -> array | list[int]:

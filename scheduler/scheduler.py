@@ -214,7 +214,10 @@ class Scheduler:
             stopped = False
             status_before = request.status
             if new_ids:
-                new_ids, stopped = self._update_request_with_output(request, new_ids[:])  # a copy: cut at a stop
+                # a copy where a stop may cut it (append_until_stop deletes past the stop in place,
+                # and the model runner's list is not ours); one id is never cut, so it needs none
+                new_ids, stopped = self._update_request_with_output(
+                    request, new_ids if len(new_ids) == 1 else new_ids[:])
             if stopped:
                 reason = request.get_finished_reason()  # before a session resets its status
                 # A session (resumable) takes its next chunk or parks instead of finishing.

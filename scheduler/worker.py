@@ -140,13 +140,7 @@ class TokenSource:
         pos, end = k, k + n
         while pos < end:
             tens = pos // 10
-            if tens != regs.tens:  # the register after the other digits, kept for the next call
-                reg = regs.after_prefix
-                if tens:
-                    for byte in b"%d" % tens:
-                        reg = table[(reg ^ byte) & 0xFF] ^ (reg >> 8)
-                regs.tens, regs.after_tens = tens, reg
-            reg = regs.after_tens
+            reg = _after_tens(regs, tens)
             stop = min(end, tens * 10 + 10)  # the positions sharing every digit but the last
             for digit in range(pos - tens * 10, stop - tens * 10):
                 crc = (table[(reg ^ (_ZERO_DIGIT + digit)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF
@@ -154,11 +148,36 @@ class TokenSource:
             pos = stop
         return out
 
+    def tokens_at(self, req_ids: list[str], positions: list[int]) -> list[int]:
+        """Output token positions[i] of req_ids[i], for each i: one step of a run's batch in one
+        call (tokens() per request built and dropped a list each, through a generic call)."""
+        table = _CRC32
+        out: list[int] = []
+        for req_id, pos in zip(req_ids, positions):
+            tens = pos // 10
+            reg = _after_tens(self._stream(req_id), tens)
+            crc = (table[(reg ^ (_ZERO_DIGIT + pos - tens * 10)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF
+            out.append(1000 + crc % 40000)
+        return out
+
     def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
         """Drafts proposed after output k-1: the target's own next tokens, so acceptance is what
         the acceptance model says (a rejected draft is simply not used). oracle_token's ids,
         through tokens()' cached registers."""
         return self.tokens(req_id, k, num_spec_tokens)
+
+
+def _after_tens(regs: _StreamRegisters, tens: int) -> int:
+    """The CRC-32 register after "req_id:" and the decimal digits of tens (a position // 10; none
+    for 0), kept in regs for the next position of the same tens."""
+    if tens != regs.tens:
+        table = _CRC32
+        reg = regs.after_prefix
+        if tens:
+            for byte in b"%d" % tens:
+                reg = table[(reg ^ byte) & 0xFF] ^ (reg >> 8)
+        regs.tens, regs.after_tens = tens, reg
+    return regs.after_tens
 
 
 class _WorkerRequest:

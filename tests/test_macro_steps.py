@@ -150,6 +150,11 @@ def test_bulk_tokens_and_step_times_equal_the_per_step_ones():
     for _ in range(500):
         rid, k, n = pick.choice(("r0", "r1")), pick.randrange(0, 3000), pick.randrange(0, 25)
         assert shared.tokens(rid, k, n) == [oracle_token(rid, j) for j in range(k, k + n)]
+    # one position of each of several streams in one call (a run's step), on the same registers
+    for _ in range(300):
+        rids = [pick.choice(("r0", "r1", "é-unicode")) for _ in range(pick.randrange(0, 6))]
+        positions = [pick.choice((pick.randrange(0, 3000), 10**12 - pick.randrange(1, 4))) for _ in rids]
+        assert shared.tokens_at(rids, positions) == [oracle_token(r, k) for r, k in zip(rids, positions)]
     rng = random.Random(0)
     # dense TP1, dense TP4 (all-reduce), MoE (expert term), and the calibrated fit
     for name, model, tp in (("roofline", "llama-3.1-8b", 1), ("roofline", "llama-3.1-70b", 4),

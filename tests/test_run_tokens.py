@@ -121,6 +121,10 @@ class _CountingSource(TokenSource):
         self.num_built += n
         return super().tokens(req_id, k, n)
 
+    def tokens_at(self, req_ids: list[str], positions: list[int]) -> list[int]:
+        self.num_built += len(req_ids)
+        return super().tokens_at(req_ids, positions)
+
 
 class _Driver:
     """The engine loop's order over a scheduler and a worker's BatchTracker (as SimExecutor)."""

@@ -34,6 +34,9 @@ class _Source:
     def tokens(self, rid: str, k: int, n: int) -> list[int]:
         return [token(rid, k + j) for j in range(n)]
 
+    def tokens_at(self, rids: list[str], positions: list[int]) -> list[int]:
+        return [token(rid, k) for rid, k in zip(rids, positions)]
+
 
 def run_tokens(reqs, k: int) -> RunTokens:
     """The k tokens each request of a run samples, unbuilt (scheduler/lazy_ids.py)."""

@@ -15,6 +15,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 from servesim.scheduler.request import Request
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from servesim.simulator.cluster.config import ClusterConfig
 
 _SPEC_FIELDS = tuple(f.name for f in fields(RequestSpec))
+# prefill_spec's copy: every field read in one C call, each written through its slot's descriptor
+_READ_SPEC_FIELDS = attrgetter(*_SPEC_FIELDS)
+_WRITE_SPEC_FIELD = tuple(getattr(RequestSpec, name).__set__ for name in _SPEC_FIELDS)
 
 
 @dataclass(slots=True)
@@ -156,8 +160,8 @@ def prefill_spec(spec: RequestSpec) -> RequestSpec:
     validation again (interpreted, most of replace's ~10 us a request): every field but
     output_len is one that was valid when the workload was built, and 1 is a valid output_len."""
     new = object.__new__(RequestSpec)
-    for name in _SPEC_FIELDS:
-        object.__setattr__(new, name, getattr(spec, name))
+    for write, value in zip(_WRITE_SPEC_FIELD, _READ_SPEC_FIELDS(spec)):
+        write(new, value)
     new.output_len = 1
     return new
 
