@@ -155,7 +155,8 @@ class TokenSource:
         out: list[int] = []
         for req_id, pos in zip(req_ids, positions):
             tens = pos // 10
-            reg = _after_tens(self._stream(req_id), tens)
+            regs = self._stream(req_id)
+            reg = regs.after_tens if tens == regs.tens else _after_tens(regs, tens)
             crc = (table[(reg ^ (_ZERO_DIGIT + pos - tens * 10)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF
             out.append(1000 + crc % 40000)
         return out
