@@ -90,9 +90,7 @@ class RunTokens:
 
     def token(self, i: int, j: int) -> int:
         """Request i's id sampled at the run's step j (0-based; j < counts[i])."""
-        if not 0 <= j < self.counts[i]:
-            raise IndexError(f"{self.req_ids[i]}: step {j} of a run that samples {self.counts[i]} ids for it")
-        return self.source.tokens(self.req_ids[i], self.first[i] + j, 1)[0]
+        return self.at_step(j, [i])[0]
 
     def at_step(self, j: int, rows: list[int] | None = None) -> list[int]:
         """The ids sampled at the run's step j by requests `rows` (indices; default every one, in
