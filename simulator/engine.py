@@ -355,6 +355,8 @@ class Engine:
         finishes, progress; `row` is its steps row."""
         if now is None:
             now = self.env.now
+        if rec is None and self.planner is not None and self.planner.apply_update(so, mro, row, now):
+            return
         eco = self.scheduler.update_from_output(so, mro, now_s=now)
         outputs = eco.outputs
         if outputs:

@@ -43,6 +43,12 @@ class RunPlanner(Protocol):
         """A run was planned and is applied later (a cluster replica's deferred run)."""
         ...
 
+    def apply_update(self, so: SchedulerOutput, mro: ModelRunnerOutput, row: int, now: float) -> bool:
+        """Apply a step's output at `now` (`row`: its steps row; no step-trace record) exactly as
+        Engine.apply_output would, in bulk where the planner proves it simple (nobody stops);
+        False: nothing done, the engine applies it."""
+        ...
+
     def await_pending_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         """The loop's wait through the pending run: to its end, where it is applied, or to where
         an arrival that applied it early leaves the loop (a generator the loop yields from)."""

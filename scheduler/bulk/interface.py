@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from servesim.scheduler.lazy_ids import RunTokens
-    from servesim.scheduler.output import SchedulerOutput
+    from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, SchedulerStats
     from servesim.scheduler.request import Request
 
 
@@ -29,6 +29,15 @@ class DecodeRunEffects:
     finished: set[str]  # finished since the previous schedule: the first step hands them to the worker
     prefix_hits: list[int]  # per update (empty without updates): the prefix-cache stats it took
     prefix_queries: list[int]
+
+
+@dataclass(slots=True)
+class SampledStepUpdate:
+    """What update_sampled_step applied: the requests that got their one token, in the step's
+    order, and the update's statistics (update_from_output's EngineCoreOutputs.scheduler_stats)."""
+
+    req_ids: list[str]
+    stats: SchedulerStats
 
 
 class DecodeRuns(Protocol):
@@ -83,6 +92,16 @@ class DecodeRuns(Protocol):
 
     def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
         """The SchedulerOutput of the run's last step, left in flight for update_from_output."""
+        ...
+
+    def update_sampled_step(self, so: SchedulerOutput, mro: ModelRunnerOutput,
+                            now_s: float) -> SampledStepUpdate | None:
+        """update_from_output(so, mro, now_s) of one step, stepped or left in flight by a run, where
+        it is provably simple: no request of the step stops, none samples more than one token, no
+        drafts, connector report or ignored request. Everything update_from_output changes is
+        changed alike (tokens, counters, cached blocks, statistics); only the RequestOutputs it
+        would return are not built (the returned ids say who got a token). None: declined,
+        nothing done (the caller applies update_from_output)."""
         ...
 
     def finished_req_ids(self) -> set[str]:

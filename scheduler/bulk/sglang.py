@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk.interface import DecodeRunEffects
+from servesim.scheduler.bulk.interface import DecodeRunEffects, SampledStepUpdate
 from servesim.scheduler.bulk.sglang_memory import SGLangMemoryRuns
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.lazy_ids import RunTokens
-from servesim.scheduler.output import CachedRequestData, SchedulerOutput
+from servesim.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
 from servesim.scheduler.sglang.batching import Batch
 from servesim.scheduler.sglang.output import StepInfo
@@ -264,3 +264,9 @@ class SGLangDecodeRuns:
         sched._steps[id(so)] = (so, StepInfo(sampling=set(ids)))
         sched._recent.append((so, False))
         return so
+
+    def update_sampled_step(self, so: SchedulerOutput, mro: ModelRunnerOutput,
+                            now_s: float) -> SampledStepUpdate | None:
+        """Declined: SGLang's update reads the step's batch record (its merges, retractions and
+        the overlap's extra forward), which no bulk update replays yet."""
+        return None

@@ -37,6 +37,7 @@ import simpy
 
 from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.scheduler.hashing import TokenProvenance
+from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.fastpath.deferred import DeferredRuns
@@ -78,6 +79,9 @@ class MacroPlanner:
 
     def await_pending_run(self, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
         return self.deferred.await_run(in_flight)
+
+    def apply_update(self, so: SchedulerOutput, mro: ModelRunnerOutput, row: int, now: float) -> bool:
+        return self.applier.apply_update(so, mro, row, now)
 
     def before_submit(self, now: float) -> None:
         if self.deferred.pending is not None:  # apply it up to this arrival (fastpath/deferred.py)
@@ -127,6 +131,10 @@ class MacroPlanner:
     @property
     def num_bulk_finishes(self) -> int:
         return self.applier.num_bulk_finishes
+
+    @property
+    def num_bulk_updates(self) -> int:
+        return self.applier.num_bulk_updates
 
     @property
     def num_deferred_runs(self) -> int:

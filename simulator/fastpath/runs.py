@@ -15,6 +15,7 @@ left in flight behind the one already there.
 from __future__ import annotations
 
 from servesim.scheduler.bulk.interface import DecodeRuns
+from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.fastpath.through import progress_through, through_metrics, through_rows
@@ -32,6 +33,27 @@ class RunApplier:
         self.num_macro_runs = 0  # runs of two or more steps applied (sync or async, eager or deferred)
         self.num_runs_past_arrival = 0  # runs whose last update was due after an arrival
         self.num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
+        self.num_bulk_updates = 0  # step outputs applied by apply_update instead of update_from_output
+
+    def apply_update(self, so: SchedulerOutput, mro: ModelRunnerOutput, row: int, now: float) -> bool:
+        """Engine.apply_output of a step nobody's token stops (RunPlanner.apply_update): the
+        scheduler's side in bulk (DecodeRuns.update_sampled_step), then what apply_output records,
+        in its order: progress, one token time per request that got a token (on_step_outputs'
+        times for one-token outputs), the row's update and the book's statistics. Not where the
+        clients take each step's outputs (the API server's serial loop)."""
+        engine = self.engine
+        if engine.clients.loop is not None:
+            return False
+        update = self.runs.update_sampled_step(so, mro, now)
+        if update is None:
+            return False
+        book = engine.book
+        if update.req_ids:
+            engine.mark_progress(now)
+            book.metrics.on_decode_run(update.req_ids, [now])
+        book.record_update(row, now, mro, EngineCoreOutputs([], update.stats, []), None)
+        self.num_bulk_updates += 1
+        return True
 
     def tail_step(self, t: float, in_flight: InFlight, gpu_s: float | None, reqs: list[Request] | None = None) -> bool:
         """Schedule the async loop's next step, due at t (before the next arrival; nothing in the

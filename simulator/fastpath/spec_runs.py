@@ -88,6 +88,9 @@ class SpecPlanner:
         raise AssertionError("a spec run is never pending")
         yield  # a generator, as the protocol says
 
+    def apply_update(self, so: SchedulerOutput, mro: ModelRunnerOutput, row: int, now: float) -> bool:
+        return False  # a verify step's update claws drafts back: update_from_output's own
+
     def before_submit(self, now: float) -> None:
         if not now > self.until_s:  # a run's bound was wrong: not exact
             raise AssertionError(f"{self.engine.name}: a request arrived inside a spec run (before {self.until_s!r} s)")
