@@ -5,19 +5,13 @@ byte-identical to plain stepping."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
-import pandas as pd
 import pytest
 
-from servesim.overrides import apply_overrides
-from servesim.scheduler.bulk import decode_runs_for
-from servesim.simulator.build import build_engine
-from servesim.simulator.config import SimConfig
-from servesim.traces.synthetic import make_workload
-from sched_helpers import make_sched, req  # tests/sched_helpers.py
 from servesim.scheduler import ModelRunnerOutput
+from servesim.scheduler.bulk import decode_runs_for
+from sched_helpers import make_sched, req  # tests/sched_helpers.py
+from test_cluster_macro_steps import _workload  # poisson arrivals, ~300-token prompts, ~60-token outputs
+from test_macro_steps import _pair  # a config with and without macro-steps: outputs compared
 
 
 def _state(sched) -> tuple:
@@ -91,27 +85,14 @@ def test_bulk_update_declines_what_could_stop_and_changes_nothing(kw, max_tokens
     assert _state(sched) == before
 
 
-def _workload(n: int, rate: float, seed: int):
-    return make_workload("poisson", {
-        "num_requests": n, "arrival": {"rate_per_s": rate},
-        "prompt_len": {"dist": "lognormal", "median": 300, "sigma": 0.5, "max_value": 2000},
-        "output_len": {"dist": "lognormal", "median": 60, "sigma": 0.6, "max_value": 300},
-    }, np.random.default_rng(seed))
-
-
 @pytest.mark.parametrize("rate,sets", [
     (12.0, {}),
     (12.0, {"scheduler.async_scheduling": False}),
     (60.0, {"cache.num_gpu_blocks": 300, "scheduler.max_model_len": 4096}),  # preemptions, a queue
 ])
 def test_replays_with_bulk_updates_are_identical_to_stepping(rate, sets):
+    """Requests, step rows and prefix totals of a replay equal plain stepping's (_pair)."""
     wl = _workload(200, rate, seed=17)
-    cfg = apply_overrides(SimConfig(), sets)
-    plain = build_engine(dataclasses.replace(cfg, macro_steps=False), wl).run()
-    eng = build_engine(dataclasses.replace(cfg, macro_steps=True), wl)
-    macro = eng.run()
-    pd.testing.assert_frame_equal(plain.metrics.requests_frame(), macro.metrics.requests_frame(), check_exact=True)
-    pd.testing.assert_frame_equal(plain.metrics.steps_frame(), macro.metrics.steps_frame(), check_exact=True)
-    assert (plain.prefix_hits, plain.prefix_queries) == (macro.prefix_hits, macro.prefix_queries)
+    _plain, _macro, eng = _pair(sets, wl)
     # most stepped updates are simple (an admitting step's, a run's last step's)
     assert eng.planner.num_bulk_updates > len(wl.requests) // 2
