@@ -92,6 +92,10 @@ CASES = {
 def test_pd_macro_steps_identical(case, async_):
     cluster, _ = _both(_workload(120, 12.0, seed=7), async_=async_, **CASES[case])
     assert _macro_fraction(cluster) > 0.3  # the decode replicas did run in bulk
+    # and applied their stepped updates in bulk too: more than two per request (each hand-off
+    # step's and landing step's, then a run's last step's)
+    decoders = [r.engine.planner for r in cluster.replicas if r.role == "decode"]
+    assert sum(p.num_bulk_updates for p in decoders) > 2 * 120
 
 
 def test_tight_pools_preempt_on_the_decode_side():
