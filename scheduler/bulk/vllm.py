@@ -342,13 +342,10 @@ class VllmDecodeRuns:
             ids.append(rid)
             toks.append(new_ids[0])
         sched.now_s = now_s
-        if is_async:
-            kv = sched.kv_cache_manager
-            for r, tok in zip(batch, toks):
-                r.append_output_token_ids(tok)
+        kv = sched.kv_cache_manager
+        for r, tok in zip(batch, toks):
+            r.append_output_token_ids(tok)
+            if is_async:  # AsyncScheduler._update_request_with_output
                 r.num_output_placeholders -= 1
                 kv.cache_blocks(r, r.num_computed_tokens - r.num_output_placeholders)
-        else:
-            for r, tok in zip(batch, toks):
-                r.append_output_token_ids(tok)
         return SampledStepUpdate(ids, sched.make_stats(None))
