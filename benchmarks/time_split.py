@@ -109,11 +109,11 @@ def split_case(case: Case, num_requests: int | None) -> dict:
         if num_requests is not None:
             argv += ["--max-requests", str(num_requests)]
         out_json = str(Path(tmp) / "split.json")
-        code = subprocess.run([sys.executable, __file__, "--child", out_json, "--", *argv], cwd=ROOT,
+        proc = subprocess.run([sys.executable, __file__, "--child", out_json, "--", *argv], cwd=ROOT,
                               env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if code.returncode != 0:
-            tail = " | ".join(code.stderr.strip().splitlines()[-3:])
-            return {"case": case.name, "error": f"exit {code.returncode}: {tail}"}
+        if proc.returncode != 0:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            return {"case": case.name, "error": f"exit {proc.returncode}: {tail}"}
         return {"case": case.name, **json.loads(Path(out_json).read_text())}
 
 
