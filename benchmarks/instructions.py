@@ -23,6 +23,11 @@ change must not change a result). The build column says what each side ran: a so
 nothing for the compiled build. A checkout without bytecode compiles its modules in every run:
 run `make compile` (or tools/precompile.py) in each first, as the script warns.
 
+Where both cases of one of sim_speed.py's paired goals were counted (PAIRS: P/D against colocated
+replicas on the same traffic, ...), the ratio of their requests' instructions per simulated second
+follows, for each checkout: the goal's measure without the machine's drift (memory-bound work
+weighs less in it than in time, above).
+
 Under callgrind a case runs ~50x slower: 3,000 requests of the Azure hour take ~1.5 minutes.
 """
 
@@ -39,7 +44,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_speed import ROOT, Case, cases  # noqa: E402  (the benchmark's own cases and commands)
+from sim_speed import ROOT, Case, cases, pair_lines  # noqa: E402  (the benchmark's own cases and commands)
 
 COMPARED_FILES = ("requests.parquet", "steps.parquet", "timeseries.csv")
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
@@ -86,8 +91,10 @@ def measure(root: Path, case: Case, num_requests: int, tmp: Path, tag: str) -> d
     full, build = _count(root, case, num_requests, tmp / f"{tag}-{case.name}")
     if build != build_base:  # the build changed between the two runs: the difference means nothing
         build = "mixed"
+    out = tmp / f"{tag}-{case.name}"
+    sim_s = json.loads((out / "summary.json").read_text())["sim_duration_s"]
     return {"checkout": str(root), "build": build, "instructions": full, "startup_instructions": base,
-            "request_instructions": full - base, "out": str(tmp / f"{tag}-{case.name}")}
+            "request_instructions": full - base, "sim_s": sim_s, "out": str(out)}
 
 
 def main() -> int:
@@ -134,6 +141,11 @@ def main() -> int:
                       + ("identical" if not differ else "DIFFER in " + ", ".join(differ)) + builds, flush=True)
                 sides["ratio"] = {"request_instructions": ratio, "results_differ": differ}
             figures[case.name] = sides
+    for tag, root in zip("AB", roots):
+        costs = {name: sides[tag]["request_instructions"] / sides[tag]["sim_s"]
+                 for name, sides in figures.items() if sides[tag]["sim_s"]}
+        for line in pair_lines(costs, f"{tag}, {root.name}: the requests' instructions per simulated s"):
+            print(line)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

@@ -8,6 +8,9 @@ Each case is one `servesim replay` in a fresh child process (imports, trace load
 writing results included: what a user waits for) on one core; peak RSS is that child's ru_maxrss.
 "engine x" is the simulation alone (summary.json's wall_time_s: no start-up, loading or writing).
 `--set KEY=VALUE` is passed to every replay case (cluster cases read their YAML) (e.g. `--set scheduler.async_scheduling=false`).
+Where both cases of a paired goal ran (PAIRS: spec decode, SGLang and P/D against the plain case on
+the same traffic, ...), their ratio of wall seconds per simulated second follows the table. One run
+each on a shared machine is noisy: judge a pair with farm-bench runs or instructions.py's counts.
 
 Cases (Llama-3.1-8B on one H100 with vLLM 0.19 defaults unless said):
 - default: the bundled trace (`make run`);
@@ -107,6 +110,47 @@ def cases() -> list[Case]:
                        "--tp", "2", "--set", "scheduler.max_num_seqs=128",
                        "--set", "scheduler.max_num_batched_tokens=4096"), VIDUR_WL / "vidur_workload_servesim.csv.gz"),
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A speed goal between two cases on the same traffic (docs/SPEED.md, "Goals"): `case` costs at
+    most `goal` times what `plain` costs per simulated second."""
+
+    case: str
+    plain: str
+    goal: float
+
+
+# Issue 43's paired goals: spec decode, SGLang and P/D against the plain vLLM case on the same
+# traffic; the state-reading routers against least_outstanding; Mooncake against its own run with
+# the fast path off (no slower).
+PAIRS = (
+    Pair("spec-hour", "hour", 1.5),
+    Pair("sglang-hour", "hour", 1.5),
+    Pair("pd-hour", "colocated-hour", 1.5),
+    Pair("cluster32-kv", "cluster32-lo", 1.5),
+    Pair("cluster32-prefix", "cluster32-lo", 1.5),
+    Pair("mooncake", "mooncake-steps", 1.0),
+)
+
+
+def paired_ratios(cost_per_sim_s: dict[str, float]) -> list[tuple[Pair, float]]:
+    """Each goal of PAIRS whose two cases both have a cost (per simulated second), with its ratio."""
+    return [(p, cost_per_sim_s[p.case] / cost_per_sim_s[p.plain]) for p in PAIRS
+            if p.case in cost_per_sim_s and p.plain in cost_per_sim_s and cost_per_sim_s[p.plain] > 0]
+
+
+def pair_lines(cost_per_sim_s: dict[str, float], what: str) -> list[str]:
+    """The paired goals as printed lines (none when no pair was measured)."""
+    ratios = paired_ratios(cost_per_sim_s)
+    if not ratios:
+        return []
+    lines = [f"paired goals ({what}):"]
+    for p, r in ratios:
+        verdict = "met" if r <= p.goal else "not met"
+        lines.append(f"  {p.case} / {p.plain}: {r:.3f} (goal <= {p.goal:g}: {verdict})")
+    return lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +258,10 @@ def main() -> int:
         m = run_servesim(case, extra)
         print(_row(case.name, m), flush=True)
         figures[case.name] = {f: getattr(m, f) for f in Measured.__slots__}
+    costs = {name: f["wall_s"] / f["sim_s"] for name, f in figures.items() if not f["error"] and f["sim_s"]}
+    for line in pair_lines(costs, "whole-process wall s per simulated s, one run each: pair them with "
+                                  "farm-bench, or count instructions.py"):
+        print(line)
     if args.vidur_python:
         m = run_vidur(args.vidur_python)
         sim_s = figures.get("vidur", {}).get("sim_s")  # Vidur's simulated span ~ ours on the same arrivals
