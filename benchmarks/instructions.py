@@ -88,10 +88,10 @@ def _same_results(a: Path, b: Path) -> list[str]:
 
 def measure(root: Path, case: Case, num_requests: int, tmp: Path, tag: str) -> dict:
     base, build_base = _count(root, case, 1, tmp / f"{tag}-{case.name}-1")
-    full, build = _count(root, case, num_requests, tmp / f"{tag}-{case.name}")
+    out = tmp / f"{tag}-{case.name}"
+    full, build = _count(root, case, num_requests, out)
     if build != build_base:  # the build changed between the two runs: the difference means nothing
         build = "mixed"
-    out = tmp / f"{tag}-{case.name}"
     sim_s = json.loads((out / "summary.json").read_text())["sim_duration_s"]
     return {"checkout": str(root), "build": build, "instructions": full, "startup_instructions": base,
             "request_instructions": full - base, "sim_s": sim_s, "out": str(out)}
