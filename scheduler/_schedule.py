@@ -18,7 +18,7 @@ from servesim.scheduler import blocked_waits
 from servesim.scheduler.encoder_cache import (commit_encoder_inputs, cross_attention_tokens,
                                               try_schedule_encoder_inputs)
 from servesim.scheduler.kv.manager import KVCacheBlocks
-from servesim.scheduler.output import NewRequestData, SchedulerOutput
+from servesim.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -302,6 +302,25 @@ def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
         return True
     return blocked_waits.try_promote(self, request)  # grammar and streaming-input waits
 
+# --- behind a bulk path's decodes ----------------------------------------------------------
+def schedule_waiting_behind(self: Scheduler, num_batch: int) -> list[Request]:
+    """The WAITING phase of a schedule() whose RUNNING phase a bulk decode path applied
+    (scheduler/bulk/pd.py: a run's first schedule, landed transfers joining it): num_batch
+    one-token decodes, nobody preempted, their tokens taken from the budget. _schedule_waiting
+    on what is left, then what _build_output and _update_after_schedule do for the requests it
+    schedules (the previous step's ids, the counters and placeholders); the bulk path builds the
+    step's output. Returns them, in scheduling order."""
+    st = _StepState(token_budget=self.max_num_scheduled_tokens - num_batch,
+                    encoder_budget=self.max_num_encoder_input_tokens)
+    _schedule_waiting(self, st)
+    scheduled = st.num_scheduled_tokens
+    if not scheduled:
+        return []
+    self.prev_step_scheduled_req_ids.update(scheduled)
+    self._update_after_schedule(SchedulerOutput([], CachedRequestData(), scheduled, sum(scheduled.values()),
+                                                st.spec_decode_tokens, [], set(), set()))
+    return [self.requests[rid] for rid in scheduled]
+
 # --- output --------------------------------------------------------------------------------
 def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
     total = sum(st.num_scheduled_tokens.values())
@@ -333,8 +352,6 @@ def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
 
 
 def _make_cached_request_data(self: Scheduler, st: _StepState):
-    from servesim.scheduler.output import CachedRequestData
-
     data = CachedRequestData()
     prev = self.prev_step_scheduled_req_ids
     num_running = len(st.running_reqs)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from servesim.scheduler import blocked_waits
-from servesim.scheduler._schedule import schedule_step
+from servesim.scheduler._schedule import schedule_step, schedule_waiting_behind
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.encoder_cache import (EncoderCache, EncoderCacheManager, compute_mm_encoder_budget,
@@ -119,6 +119,11 @@ class Scheduler:
     def schedule(self, now_s: float | None = None) -> SchedulerOutput:
         """Decide the next step (scheduler/_schedule.py: running requests first, then waiting ones)."""
         return schedule_step(self, now_s)
+
+    def schedule_waiting_behind(self, num_batch: int) -> list[Request]:
+        """schedule()'s waiting phase alone, behind num_batch one-token decodes a bulk decode path
+        scheduled (scheduler/_schedule.py); returns the requests it scheduled."""
+        return schedule_waiting_behind(self, num_batch)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance num_computed_tokens right away so the next schedule() can continue a chunked

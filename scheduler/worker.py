@@ -207,11 +207,7 @@ class BatchTracker:
         requests = self._requests
         for nr in so.scheduled_new_reqs:
             computed[nr.req_id] = nr.num_computed_tokens
-            state = requests.get(nr.req_id)
-            if state is None:
-                requests[nr.req_id] = _WorkerRequest(len(nr.prompt_token_ids))
-            else:  # resumed after a preemption: the prompt it comes back with, its outputs kept
-                state.num_tokens = len(nr.prompt_token_ids)
+            self.admit(nr.req_id, len(nr.prompt_token_ids))
         cached = so.scheduled_cached_reqs
         cached_ids, cached_computed = cached.req_ids, cached.num_computed_tokens
         num_cached, i = len(cached_ids), 0
@@ -236,6 +232,15 @@ class BatchTracker:
             # already holds the tokens that were placeholders when this step was scheduled.
             sample.append(c + n >= requests[rid].num_tokens)
         return req_ids, new, ctx, sample
+
+    def admit(self, req_id: str, num_prompt_tokens: int) -> None:
+        """A new request of a step (NewRequestData): its state, or, resumed after a preemption,
+        the prompt it comes back with, its outputs kept."""
+        state = self._requests.get(req_id)
+        if state is None:
+            self._requests[req_id] = _WorkerRequest(num_prompt_tokens)
+        else:
+            state.num_tokens = num_prompt_tokens
 
     def forget(self, finished_req_ids: set[str]) -> None:
         """Drop finished requests (what prepare() does with a step's finished_req_ids)."""

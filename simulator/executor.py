@@ -124,6 +124,11 @@ class SimExecutor:
         self.last_shape = StepShape((1,) * n, tuple(last), n)
         return self.batch.sample_decode_run(req_ids, num_steps, steps_each)
 
+    def admit_joined(self, req_id: str, num_prompt_tokens: int) -> None:
+        """A request a run's first schedule admitted (DecodeRunEffects.joined): the worker learns
+        it as execute() learns a step's new request."""
+        self.batch.admit(req_id, num_prompt_tokens)
+
     def forget(self, finished_req_ids: set[str]) -> None:
         """A step's output handed these finished ids over (a macro-step's later step)."""
         self.batch.forget(finished_req_ids)

@@ -92,10 +92,14 @@ CASES = {
 def test_pd_macro_steps_identical(case, async_):
     cluster, _ = _both(_workload(120, 12.0, seed=7), async_=async_, **CASES[case])
     assert _macro_fraction(cluster) > 0.3  # the decode replicas did run in bulk
-    # and applied their stepped updates in bulk too: more than two per request (each hand-off
-    # step's and landing step's, then a run's last step's)
+    # and applied their stepped updates in bulk too: more than one per request (each hand-off
+    # step's, then a run's last step's)
     decoders = [r.engine.planner for r in cluster.replicas if r.role == "decode"]
-    assert sum(p.num_bulk_updates for p in decoders) > 2 * 120
+    assert sum(p.num_bulk_updates for p in decoders) > 120
+    # async: most landed requests joined a run at its first schedule (the rest were stepped:
+    # preempted, or landed with a request waiting); sync loops run no joins
+    joined = sum(p.num_joined for p in decoders)
+    assert joined > 0.6 * 120 if async_ else joined == 0
 
 
 def test_tight_pools_preempt_on_the_decode_side():

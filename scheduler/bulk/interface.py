@@ -7,12 +7,18 @@ and (but through finishes) finishes nobody. A run of them applied by a `DecodeRu
 exactly the state their schedule() and update_from_output() calls leave one by one: block or page
 ids, cache state, counters, queues and the SchedulerOutput left in flight. The engine needs
 nothing else from the scheduler beyond `SchedulerInterface`.
+
+Joins: an async run's first schedule may also admit waiting requests that compute one token each
+and need no block (P/D's landed transfers: scheduler/bulk/pd.py), by the scheduler's own waiting
+phase behind the batch's decodes; from the second schedule on they decode with the batch.
+`decode_run_joining` names them, the run's batch ends with them, and the first schedule reports
+them (DecodeRunEffects.joined) for what the engine records of a request's first scheduling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -29,6 +35,7 @@ class DecodeRunEffects:
     finished: set[str]  # finished since the previous schedule: the first step hands them to the worker
     prefix_hits: list[int]  # per update (empty without updates): the prefix-cache stats it took
     prefix_queries: list[int]
+    joined: list[Request] = field(default_factory=list)  # admitted by a run's first schedule (joins)
 
 
 @dataclass(slots=True)
@@ -78,6 +85,13 @@ class DecodeRuns(Protocol):
         """The batch of the next plain decode step, in scheduling order."""
         ...
 
+    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
+        """The requests the next schedule admits behind decode_run_requests() (module docstring,
+        "Joins"), in admission order, and the context each computes its one token at; empty lists
+        for none. Read after decode_run_horizon counted them (only with one step in flight): a run
+        then schedules decode_run_requests() + these, its first schedule admitting them."""
+        ...
+
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps schedules take each request of `batch` (through finishes)."""
         ...
@@ -87,7 +101,9 @@ class DecodeRuns(Protocol):
                               update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """Apply num_steps plain decode schedules of `batch` and after each the update of one step
         (`tokens`: each request's sampled ids, as positions of their streams, appended unbuilt:
-        scheduler/lazy_ids.py; None for schedules only); see scheduler/bulk/vllm.py."""
+        scheduler/lazy_ids.py; None for schedules only); see scheduler/bulk/vllm.py. A batch that
+        ends with decode_run_joining()'s requests is a run's first schedule (num_steps 1, no
+        tokens): they are admitted behind the others' decodes (DecodeRunEffects.joined)."""
         ...
 
     def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:

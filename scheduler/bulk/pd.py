@@ -17,20 +17,37 @@ Only with nothing in `waiting` (a request there would reserve blocks and start a
 FCFS policy (a priority queue's order is its heap's). A landing or a hand-off comes from outside:
 the cluster bounds a run by the earliest time one can come (simulator/fastpath/pd_runs.py).
 
+Joins (DecodeRuns.decode_run_joining). The schedule after a landing is the batch's plain decodes
+and, in the waiting phase, the landed requests' promotion: each loaded its whole prompt, steps
+back one token to sample (_try_promote_blocked) and is admitted computing that token, in blocks it
+reserved when it was parked, so the step allocates nothing for it. An async run's first schedule
+may be that step: the batch's decodes are applied in bulk, then the scheduler's own waiting phase
+(Scheduler.schedule_waiting_behind) promotes and admits exactly the landed ones, passing the parked
+ones over as above; from the next schedule on they are running requests decoding with the batch.
+Only where every landed request qualifies (no preemption behind it, no multimodal input, its
+blocks in place, a seat and a token for each) and the scheduler checks no LoRA slot and schedules
+no lookahead.
+
 `PDDecodeRuns` is registered as "pd_decode" (scheduler/bulk/__init__.py), the name the P/D decode
 schedulers declare (SchedulerCapabilities.decode_runs); it is a friend of `Scheduler` as its base
-is, and reads `waiting`, `skipped_waiting`, `finished_recving_kv_req_ids` and the policy's name.
+is, and reads `waiting`, `skipped_waiting`, `finished_recving_kv_req_ids`, the policy's name and
+the KV manager's block tables.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from servesim.scheduler.bulk.interface import DecodeRunEffects
 from servesim.scheduler.bulk.vllm import VllmDecodeRuns
 from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
+    from servesim.scheduler.lazy_ids import RunTokens
     from servesim.scheduler.request import Request
+
+_PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class PDDecodeRuns(VllmDecodeRuns):
@@ -46,13 +63,87 @@ class PDDecodeRuns(VllmDecodeRuns):
         return all(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.request_id not in landed
                    for r in sched.skipped_waiting)
 
+    def _joining(self) -> list[Request] | None:
+        """The landed requests the next schedule admits (module docstring, "Joins"), [] when none
+        has landed and the connector passes the step over; None otherwise."""
+        sched = self.scheduler
+        if sched.waiting or sched.scheduler_config.policy != "fcfs":
+            return None
+        landed = sched.finished_recving_kv_req_ids
+        joining: list[Request] = []
+        for r in sched.skipped_waiting:
+            if r.status != _PARKED:
+                return None
+            if r.request_id in landed:
+                joining.append(r)
+        if not joining:
+            return joining
+        # (scheduler_reserve_full_isl's gate asks for blocks for the whole prompt: it holds them)
+        if (sched.max_loras is not None or sched.num_lookahead_tokens
+                or len(sched.running) + len(joining) > sched.max_num_running_reqs):
+            return None
+        kvm = sched.kv_cache_manager
+        mgr = kvm._single_full
+        if mgr is None:
+            return None
+        held, bs = mgr.req_to_blocks, kvm.block_size
+        for r in joining:
+            if (r.num_computed_tokens != r.num_tokens or r.num_preemptions or r.mm_features
+                    or len(held.get(r.request_id, ())) < -(-r.num_tokens // bs)):
+                return None
+        return joining
+
+    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
+        """The landed requests, each computing its prompt's last token (module docstring)."""
+        joining = self._joining()
+        if not joining:
+            return [], []
+        return joining, [r.num_tokens - 1 for r in joining]
+
+    def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
+        """A joining request (still parked: a run's batch ends with them) is scheduled once more
+        than a running one with as many outputs: it has no step in flight."""
+        each = super().decode_run_steps(batch, num_steps)
+        i = len(batch)
+        while i and batch[i - 1].status == _PARKED:
+            i -= 1
+            r = batch[i]
+            each[i] = min(r.max_tokens - r.num_output_tokens, num_steps)
+        return each
+
+    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
+                              now_s: float, steps_each: list[int] | None = None,
+                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
+        """VllmDecodeRuns', and at a run's first schedule the joins that end its batch (module
+        docstring): the others' decodes in bulk, then the scheduler's waiting phase behind them."""
+        m = len(batch)
+        while m and batch[m - 1].status == _PARKED:
+            m -= 1
+        if m == len(batch):
+            return super().schedule_decode_steps(batch, num_steps, tokens, now_s, steps_each, update_times_s)
+        if num_steps != 1 or tokens is not None:
+            raise ValueError("requests join a run at its first schedule only (one step, no update)")
+        joining = list(batch[m:])
+        eff = super().schedule_decode_steps(batch[:m], 1, None, now_s)
+        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
+        num_free = queue.num_free_blocks
+        joined = self.scheduler.schedule_waiting_behind(m)
+        if (len(joined) != len(joining) or any(a is not b for a, b in zip(joined, joining))
+                or queue.num_free_blocks != num_free):
+            raise AssertionError(f"a run's first schedule admitted {[r.request_id for r in joined]}, not the "
+                                 f"joining {[r.request_id for r in joining]}, or allocated for them")
+        eff.joined = joined
+        return eff
+
     def anyone_admissible_waits(self) -> bool:
-        """False while only parked requests wait: a seat or blocks freed inside a run admit none of
-        them (they are promoted only when their transfer lands, which no run goes past)."""
-        return not self.connector_passes_decode_steps() and super().anyone_admissible_waits()
+        """False while only parked requests wait, and behind joins: a seat or blocks freed inside a
+        run admit none of them (they are promoted only when their transfer lands, which no run goes
+        past; the landed ones join at its first schedule)."""
+        return self._joining() is None and super().anyone_admissible_waits()
 
     def _waiting_head(self, num_batch: int) -> Request | None:
-        """No head while only parked requests wait: a schedule pops and puts them back unread."""
-        if not self.scheduler.waiting and self.connector_passes_decode_steps():
+        """No head while only parked requests wait (a schedule pops and puts them back unread), nor
+        behind joins (the first schedule admits the landed ones, the later ones pass the rest)."""
+        if self._joining() is not None:
             return None
         return super()._waiting_head(num_batch)

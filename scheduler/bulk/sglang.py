@@ -157,6 +157,10 @@ class SGLangDecodeRuns:
         step merges from the last prefill batch (its first schedule does the merge)."""
         return self.scheduler.running + self._to_merge()[0]
 
+    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
+        """None: what a first schedule merges is in decode_run_requests() already."""
+        return [], []
+
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps steps bring each request of `batch` a token (it is
         scheduled once more, the extra forward, when that is fewer): up to its last token. A

@@ -104,8 +104,9 @@ class VllmDecodeRuns:
         admit it). A waiting request schedule() reaches must stay refused through the run
         (_refused_head_hit). Conservative: any state not recognised answers 0."""
         sched = self.scheduler
-        if (not self.connector_passes_decode_steps() or sched.num_spec_tokens or sched.num_lookahead_tokens
-                or sched.tracer is not None or sched.policy.next_event_s() is not None):
+        joining = self._joining()  # (joins: the async loop's first schedule only)
+        if (joining is None or (joining and num_in_flight != 1) or sched.num_spec_tokens
+                or sched.num_lookahead_tokens or sched.tracer is not None or sched.policy.next_event_s() is not None):
             return 0
         running = sched.running
         n = len(running)
@@ -153,13 +154,49 @@ class VllmDecodeRuns:
                 k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
             if k < 1:
                 return 0
-        if num_batch == 0 or num_batch > sched.max_num_scheduled_tokens:
-            return 0
         if num_batch < n and anyone_waits:
             return 0  # the finish frees a seat (and blocks): the next schedule may admit a waiting request
+        if joining:
+            k = self._joining_bound(joining, k, through, caps)
+            num_batch += len(joining)
+        if k < 1 or num_batch == 0 or num_batch > sched.max_num_scheduled_tokens:
+            return 0
         if through:
             k = min(k, max(caps))  # the run's last step keeps a batch (someone's last step, at least)
-        return self.kv.decode_run_fit(self.decode_run_requests(), k, head, head_hit, caps if through else None)
+        return self.kv.decode_run_fit(self.decode_run_requests() + joining, k, head, head_hit,
+                                      caps if through else None)
+
+    def _joining_bound(self, joining: list[Request], k: int, through: bool, caps: list[int]) -> int:
+        """decode_run_horizon's k bounded for the requests joining at the run's first schedule
+        (through: their caps appended); 0 where one refuses the run. A joining request computes
+        one token there, so update i + 1 brings it o + i + 1 outputs: one step more than a running
+        request with o outputs and one in flight. Its num_computed_tokens is its whole prompt, one
+        more than that schedule's context: decode_run_fit overestimates its blocks, never under."""
+        max_len = self.scheduler.max_model_len
+        for r in joining:
+            sp = r.sampling_params
+            if sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos):
+                return 0
+            if through:
+                if sp.min_tokens > r.max_tokens:
+                    return 0
+                caps.append(r.max_tokens - r.num_output_tokens)  # exact: decode_run_steps' count
+                k = min(k, max_len - r.num_tokens - 2)
+            else:
+                k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - r.num_tokens - 2)
+            if k < 1:
+                return 0
+        return k
+
+    def _joining(self) -> list[Request] | None:
+        """The requests the next schedule's waiting phase admits behind the plain decodes, one
+        token each and no block (DecodeRuns.decode_run_joining); [] for none; None when that
+        schedule does anything a run does not replay (here: a connector's step)."""
+        return [] if self.connector_passes_decode_steps() else None
+
+    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
+        """None here (P/D's decode side joins its landed transfers: bulk/pd.py)."""
+        return [], []
 
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps schedules (one step in flight when it starts) take each

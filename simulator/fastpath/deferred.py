@@ -267,7 +267,7 @@ class DeferredRuns:
                                            plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
             tailed = applier.tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
         else:  # the eager path: a tail-only step, then (one update before t) step, then tail
-            tailed = applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs)
+            tailed = applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs, plan.ctx0)
             if tailed and j == 1:
                 so, mro, _end, rec, row = in_flight.popleft()
                 self.engine.apply_output(so, mro, rec, row, now=plan.upd_t[0])

@@ -2,7 +2,8 @@
 can touch one.
 
 A decode replica's steps between outside events are vLLM's plain decode steps, its parked
-requests passed over (scheduler/bulk/pd.py), so its planner (MacroPlanner) runs them in bulk.
+requests passed over (scheduler/bulk/pd.py), so its planner (MacroPlanner) runs them in bulk; the
+step after a landing opens a run (async), its first schedule admitting the landed requests (joins).
 
 Paced runs (async scheduling, a decode router with a proof: _decode_router_reads). The run is
 deferred (fastpath/deferred.py, "Paced runs") and applied when a hand-off (Engine.submit) or a

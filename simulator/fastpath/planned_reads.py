@@ -19,7 +19,9 @@ through finishes' at update each[i]) drops one reference from each of its blocks
 count reaches 0 is free again (the run's new blocks are its alone; prompt blocks it shares with
 another request are freed only by the last holder). So the free count after j updates and j + 1
 schedules is free0 - allocations(0..j) + freed(updates < j): KVDecodeRuns.decode_run_fit
-already proved no allocation of the run needs a block that was not free when it began.
+already proved no allocation of the run needs a block that was not free when it began. A request
+joining at the run's first schedule (scheduler/bulk/pd.py, "Joins") is one of them, its context
+starting at its prompt's last token in the blocks it reserved (that schedule allocates none).
 
 Prefix cache: the router's lookup (scheduler/prefix_lookup.py, gpu_prefix_hit) finds the
 longest run of leading prompt blocks whose hashes are in the map, stopping at the first miss m.
@@ -33,7 +35,8 @@ The run's steps before t change that answer only by
     s <= j); a hash not computed yet may match, one already computed is compared; the requests
     the in-flight step's update finishes (skip-ahead) cache their last block there too.
 Frees keep a block's hash (it stays hit until evicted) and no run touches a block. Where neither
-can happen before t the lookup on the unapplied state is stepping's answer; otherwise the replica
+can happen before t (and no request joins the run: its first schedule caches their prompts) the
+lookup on the unapplied state is stepping's answer; otherwise the replica
 applies its run up to t first (DeferredRuns.apply_at, as a routed arrival would: exact) and is
 looked up then. A lookup may publish private blocks (KVCacheManager.note_lookup); the run's
 blocks cached after it enter the map directly instead of being published: the same map, since a
@@ -52,6 +55,7 @@ from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.scheduler.bulk.kv import KVDecodeRuns
 from servesim.scheduler.bulk.vllm import VllmDecodeRuns
 from servesim.scheduler.prefix_lookup import gpu_prefix_hit
+from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
     from servesim.scheduler.hashing import TokenProvenance
@@ -240,9 +244,9 @@ class PlannedReads:
         plan = self.deferred.pending
         assert plan is not None
         blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
-        if probe is None or self._unchanged(plan, self._updates_before_now(plan), blocks[0], hit, probe,
-                                            len(token_ids)):
-            return hit
+        if probe is None or (plan.reqs[-1].status != RequestStatus.WAITING_FOR_REMOTE_KVS and self._unchanged(
+                plan, self._updates_before_now(plan), blocks[0], hit, probe, len(token_ids))):
+            return hit  # (a run that opens with joins caches their prompts at its first schedule: applied first)
         self.num_reads_applied += 1
         self.deferred.apply_at(engine.env.now, engine.in_flight, routed=False)
         return sched.cached_prefix_tokens(token_ids, lora_id, provenance)

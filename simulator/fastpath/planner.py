@@ -137,6 +137,10 @@ class MacroPlanner:
         return self.applier.num_bulk_updates
 
     @property
+    def num_joined(self) -> int:
+        return self.applier.num_joined
+
+    @property
     def num_deferred_runs(self) -> int:
         return self.deferred.num_deferred_runs
 
@@ -181,14 +185,18 @@ class MacroPlanner:
         if k < 2 or engine.watchdog.due(engine.book.num_steps + 1, now):
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = runs.decode_run_requests()
-        if len(reqs) < engine.scheduler.get_request_counts()[0] and not (
-                self.finishes_heard_any_time or self._finishes_stay_inside()):
+        num_running = engine.scheduler.get_request_counts()[0]
+        if len(reqs) < num_running and not (self.finishes_heard_any_time or self._finishes_stay_inside()):
             return None
+        load_change = len(reqs) - num_running  # the skipped-ahead requests the first update finishes
+        ctx0 = [r.num_computed_tokens for r in reqs]
+        joining, join_ctx = runs.decode_run_joining()  # admitted by the run's first schedule
+        if joining:
+            reqs += joining
+            ctx0 += join_ctx
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and min(each) >= k:
             each = None  # nobody finishes inside: the fixed batch
-        ctx0 = [r.num_computed_tokens for r in reqs]
-        load_change = len(reqs) - engine.scheduler.get_request_counts()[0]
         if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each):
             return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
         if paced:

@@ -34,6 +34,7 @@ class RunApplier:
         self.num_runs_past_arrival = 0  # runs whose last update was due after an arrival
         self.num_bulk_finishes = 0  # requests finished inside a run's bulk update (not a stepped one)
         self.num_bulk_updates = 0  # step outputs applied by apply_update instead of update_from_output
+        self.num_joined = 0  # requests admitted by a run's first schedule (DecodeRuns.decode_run_joining)
 
     def apply_update(self, so: SchedulerOutput, mro: ModelRunnerOutput, row: int, now: float) -> bool:
         """Engine.apply_output of a step nobody's token stops (RunPlanner.apply_update): the
@@ -55,29 +56,37 @@ class RunApplier:
         self.num_bulk_updates += 1
         return True
 
-    def tail_step(self, t: float, in_flight: InFlight, gpu_s: float | None, reqs: list[Request] | None = None) -> bool:
+    def tail_step(self, t: float, in_flight: InFlight, gpu_s: float | None, reqs: list[Request] | None = None,
+                  ctx: list[int] | None = None) -> bool:
         """Schedule the async loop's next step, due at t (before the next arrival; nothing in the
         loop happens between), as the stepping loop would, and leave it in flight behind the
         step already there; False (nothing done) unless it is provably plain. The scheduler is in
         the loop-top state of time t (a run just applied is complete); gpu_s is the step's price
         when the run already has it (same contexts). `reqs`: that run's batch, given only when the
         run's own horizon covers this schedule too (it priced it: gpu_s), which then needs no
-        second proof: the batch and its plainness are what the run's next schedule would have had."""
+        second proof: the batch and its plainness are what the run's next schedule would have had;
+        `ctx`, that run's contexts for it where it opens the run (joins: DecodeRuns.decode_run_joining)."""
         engine, runs = self.engine, self.runs
         if ((reqs is None and runs.decode_run_horizon(1, 1) < 1)
                 or engine.watchdog.due(engine.book.num_steps + 1, t) or not t < self.clock.deadline_s()):
             return False
         if reqs is None:
             reqs = runs.decode_run_requests()
+            joining, join_ctx = runs.decode_run_joining()
+            ctx = [r.num_computed_tokens for r in reqs] + join_ctx
+            reqs += joining
+        elif ctx is None:
+            ctx = [r.num_computed_tokens for r in reqs]  # the run (if any) already advanced them
         ids, n = [r.request_id for r in reqs], len(reqs)
-        ctx = [r.num_computed_tokens for r in reqs]  # the run (if any) already advanced them
         sim = self.clock.sim
         if gpu_s is None:
             (gpu_s,) = sim.decode_step_times_s(ctx, 1)
         finished = runs.finished_req_ids()
         eff = runs.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
+        if eff.joined:
+            self.joined(eff.joined, t)
         tokens = sim.sample_decode_run(ids, ctx, 1, finished)
-        row = self.decode_row(t, n, eff.free_after[0], gpu_s)
+        row = self.decode_row(t, n, eff.free_after[0], gpu_s, len(eff.joined))
         self.num_macro_steps += 1
         end = max(t + engine.cpu.step_s(n, n), engine.gpu_free_at) + gpu_s  # the loop's start + GPU time
         mro = sim.decode_step_output(ids, tokens.at_step(0))
@@ -86,18 +95,32 @@ class RunApplier:
         self.until_s = max(self.until_s, t)
         return True
 
-    def decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float) -> int:
+    def decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float, num_joined: int = 0) -> int:
         """The step row of one plain decode step of n requests scheduled at t, as the book writes
-        it when stepping (counts after the schedule); its update completes it. Returns the row."""
+        it when stepping (counts after the schedule); its update completes it. Returns the row.
+        `num_joined` of them joined at this schedule: their one token each counts as a prefill
+        token, as StepBook.record_schedule counts a new request's."""
         runs, book = self.runs, self.engine.book
         running, waiting = self.engine.scheduler.get_request_counts()
         steps = book.metrics.steps
-        row = steps.append(book.num_steps, t, n, 0, n, runs.usage_at(num_free_blocks),
+        row = steps.append(book.num_steps, t, n, num_joined, n - num_joined, runs.usage_at(num_free_blocks),
                            running, waiting, 0)
         steps.set_gpu_time(row, gpu_s)
         book.num_steps += 1
         book.arrived_since_step = []
         return row
+
+    def joined(self, reqs: list[Request], t: float) -> None:
+        """Requests a run's first schedule (at t) admitted (DecodeRunEffects.joined), recorded as
+        StepBook.record_schedule and the executor record a step's new requests: the first time
+        each was scheduled, and the worker's state of it."""
+        records, sim = self.engine.book.metrics.requests, self.clock.sim
+        self.num_joined += len(reqs)
+        for r in reqs:
+            record = records[r.request_id]
+            if record.first_scheduled_s is None:
+                record.first_scheduled_s = t
+            sim.admit_joined(r.request_id, r.num_prompt_tokens)
 
     def rows(self, first_step: int, sched_t: list[float], duration_s: list[float], gpu: list[float],
              free_after: list[int], n: int, hits: list[int], queries: list[int]) -> None:
@@ -150,8 +173,10 @@ class RunApplier:
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = runs.finished_req_ids()
         eff_first = runs.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
+        if eff_first.joined:  # the batch's last ones joined at this schedule (DecodeRuns.decode_run_joining)
+            self.joined(eff_first.joined, sched_t[0])
         tokens = sim.sample_decode_run(ids, ctx0, k, finished, self.clock.scheduled_each(each))
-        first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0])
+        first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0], len(eff_first.joined))
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         engine.apply_output(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped
