@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 
 _HEAD_POLICIES = ("fcfs", "priority")  # waiting queues whose head a plain run provably keeps
+# No joins (DecodeRuns.decode_run_joining), shared: read at every planning attempt, never written.
+_NO_JOINS: list[Request] = []
+_NO_CONTEXTS: list[int] = []
 _ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
@@ -192,11 +195,11 @@ class VllmDecodeRuns:
         """The requests the next schedule's waiting phase admits behind the plain decodes, one
         token each and no block (DecodeRuns.decode_run_joining); [] for none; None when that
         schedule does anything a run does not replay (here: a connector's step)."""
-        return [] if self.connector_passes_decode_steps() else None
+        return _NO_JOINS if self.connector_passes_decode_steps() else None
 
     def decode_run_joining(self) -> tuple[list[Request], list[int]]:
         """None here (P/D's decode side joins its landed transfers: bulk/pd.py)."""
-        return [], []
+        return _NO_JOINS, _NO_CONTEXTS
 
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps schedules (one step in flight when it starts) take each
