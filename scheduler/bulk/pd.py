@@ -53,19 +53,10 @@ _PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
 class PDDecodeRuns(VllmDecodeRuns):
     """Implements scheduler.bulk.interface.DecodeRuns for a P/D decode-side vLLM scheduler."""
 
-    def connector_passes_decode_steps(self) -> bool:
-        """True when every waiting request is parked for a transfer that has not landed (module
-        docstring): the next schedules pass them over, and the connector does nothing."""
-        sched = self.scheduler
-        if sched.waiting or sched.scheduler_config.policy != "fcfs":
-            return False
-        landed = sched.finished_recving_kv_req_ids
-        return all(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.request_id not in landed
-                   for r in sched.skipped_waiting)
-
     def _joining(self) -> list[Request] | None:
-        """The landed requests the next schedule admits (module docstring, "Joins"), [] when none
-        has landed and the connector passes the step over; None otherwise."""
+        """The landed requests the next schedule admits (module docstring, "Joins"); [] when every
+        waiting request is parked for a transfer that has not landed (the schedules pass them
+        over and the connector does nothing); None otherwise."""
         sched = self.scheduler
         if sched.waiting or sched.scheduler_config.policy != "fcfs":
             return None
@@ -104,9 +95,7 @@ class PDDecodeRuns(VllmDecodeRuns):
         """A joining request (still parked: a run's batch ends with them) is scheduled once more
         than a running one with as many outputs: it has no step in flight."""
         each = super().decode_run_steps(batch, num_steps)
-        i = len(batch)
-        while i and batch[i - 1].status == _PARKED:
-            i -= 1
+        for i in range(_num_running(batch), len(batch)):
             r = batch[i]
             each[i] = min(r.max_tokens - r.num_output_tokens, num_steps)
         return each
@@ -116,9 +105,7 @@ class PDDecodeRuns(VllmDecodeRuns):
                               update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
         """VllmDecodeRuns', and at a run's first schedule the joins that end its batch (module
         docstring): the others' decodes in bulk, then the scheduler's waiting phase behind them."""
-        m = len(batch)
-        while m and batch[m - 1].status == _PARKED:
-            m -= 1
+        m = _num_running(batch)
         if m == len(batch):
             return super().schedule_decode_steps(batch, num_steps, tokens, now_s, steps_each, update_times_s)
         if num_steps != 1 or tokens is not None:
@@ -147,3 +134,11 @@ class PDDecodeRuns(VllmDecodeRuns):
         if self._joining() is not None:
             return None
         return super()._waiting_head(num_batch)
+
+
+def _num_running(batch: Sequence[Request]) -> int:
+    """The batch's requests before the joining ones (still parked) that end it."""
+    m = len(batch)
+    while m and batch[m - 1].status == _PARKED:
+        m -= 1
+    return m

@@ -77,11 +77,6 @@ class VllmDecodeRuns:
         sched = self.scheduler
         return bool(sched.waiting or sched.skipped_waiting)
 
-    def connector_passes_decode_steps(self) -> bool:
-        """Whether the scheduler's KV connector does nothing in a plain decode step: none here (a
-        connector loads and saves at steps); P/D's decode side says otherwise (bulk/pd.py)."""
-        return self.scheduler.connector is None
-
     def usage_at(self, num_free_blocks: int) -> float:
         return self.kv.usage_at(num_free_blocks)
 
@@ -194,8 +189,9 @@ class VllmDecodeRuns:
     def _joining(self) -> list[Request] | None:
         """The requests the next schedule's waiting phase admits behind the plain decodes, one
         token each and no block (DecodeRuns.decode_run_joining); [] for none; None when that
-        schedule does anything a run does not replay (here: a connector's step)."""
-        return _NO_JOINS if self.connector_passes_decode_steps() else None
+        schedule does anything a run does not replay (here: a KV connector's, which loads and saves
+        at steps; P/D's decode side answers otherwise: bulk/pd.py)."""
+        return _NO_JOINS if self.scheduler.connector is None else None
 
     def decode_run_joining(self) -> tuple[list[Request], list[int]]:
         """None here (P/D's decode side joins its landed transfers: bulk/pd.py)."""
