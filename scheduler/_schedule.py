@@ -303,23 +303,23 @@ def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
     return blocked_waits.try_promote(self, request)  # grammar and streaming-input waits
 
 # --- behind a bulk path's decodes ----------------------------------------------------------
-def schedule_waiting_behind(self: Scheduler, num_batch: int) -> list[Request]:
+def schedule_waiting_behind(self: Scheduler, num_batch: int) -> tuple[list[Request], list[int]]:
     """The WAITING phase of a schedule() whose RUNNING phase a bulk decode path applied
-    (scheduler/bulk/pd.py: a run's first schedule, landed transfers joining it): num_batch
-    one-token decodes, nobody preempted, their tokens taken from the budget. _schedule_waiting
-    on what is left, then what _build_output and _update_after_schedule do for the requests it
-    schedules (the previous step's ids, the counters and placeholders); the bulk path builds the
-    step's output. Returns them, in scheduling order."""
+    (scheduler/bulk/: a run's first schedule, requests joining it): num_batch one-token decodes,
+    nobody preempted, their tokens taken from the budget. _schedule_waiting on what is left, then
+    what _build_output and _update_after_schedule do for the requests it schedules (the previous
+    step's ids, the counters and placeholders); the bulk path builds the step's output. Returns
+    them, in scheduling order, and the tokens each was scheduled."""
     st = _StepState(token_budget=self.max_num_scheduled_tokens - num_batch,
                     encoder_budget=self.max_num_encoder_input_tokens)
     _schedule_waiting(self, st)
     scheduled = st.num_scheduled_tokens
     if not scheduled:
-        return []
+        return [], []
     self.prev_step_scheduled_req_ids.update(scheduled)
     self._update_after_schedule(SchedulerOutput([], CachedRequestData(), scheduled, sum(scheduled.values()),
                                                 st.spec_decode_tokens, [], set(), set()))
-    return [self.requests[rid] for rid in scheduled]
+    return [self.requests[rid] for rid in scheduled], list(scheduled.values())
 
 # --- output --------------------------------------------------------------------------------
 def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:

@@ -120,9 +120,9 @@ class Scheduler:
         """Decide the next step (scheduler/_schedule.py: running requests first, then waiting ones)."""
         return schedule_step(self, now_s)
 
-    def schedule_waiting_behind(self, num_batch: int) -> list[Request]:
+    def schedule_waiting_behind(self, num_batch: int) -> tuple[list[Request], list[int]]:
         """schedule()'s waiting phase alone, behind num_batch one-token decodes a bulk decode path
-        scheduled (scheduler/_schedule.py); returns the requests it scheduled."""
+        scheduled (scheduler/_schedule.py); returns the requests it scheduled and their tokens."""
         return schedule_waiting_behind(self, num_batch)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:

@@ -96,6 +96,15 @@ class SimExecutor:
             times = [t + extra for t in times]
         return times
 
+    def mixed_step_time_s(self, num_new_tokens: list[int], num_context_tokens: list[int]) -> float:
+        """GPU time of one step scheduling num_new_tokens[i] tokens on num_context_tokens[i]
+        computed ones for each request, in that order, every one sampling and no encoder input (a
+        run's first schedule where a prompt joins it): the very float execute() would return."""
+        n = len(num_new_tokens)
+        extra_s = self.sampler.seconds(n) if self.sampler is not None and n else 0.0
+        shape = StepShape(tuple(num_new_tokens), tuple(num_context_tokens), n, ())
+        return (self.cost_model.step_time_s(shape) if n else 0.0) + extra_s
+
     def verify_step_times_s(self, num_new_tokens: int, num_requests: int,
                             context_sums: list[int]) -> list[float] | None:
         """GPU time of verify steps of num_requests requests computing num_new_tokens tokens each,

@@ -74,13 +74,16 @@ def test_a_runs_first_schedule_admits_the_landed_requests_as_schedule_does():
 
     runs = runs_of(bulk)
     assert runs.decode_run_horizon(64, 1, True) >= 2
-    joining, ctx = runs.decode_run_joining()
-    assert [r.request_id for r in joining] == ["p1", "p2"] and ctx == [PROMPTS["p1"] - 1, PROMPTS["p2"] - 1]
+    joins = runs.decode_run_joining()
+    joining = joins.requests
+    assert [r.request_id for r in joining] == ["p1", "p2"]
+    assert joins.decode_contexts() == joins.contexts == [PROMPTS["p1"] - 1, PROMPTS["p2"] - 1]
+    assert joins.num_new_tokens == [1, 1] and not joins.prompt_tokens()
     batch = runs.decode_run_requests() + joining
     assert [r.request_id for r in batch] == list(ref_out.num_scheduled_tokens)
     handed = set(runs.finished_req_ids())
     eff = runs.schedule_decode_steps(batch, 1, None, ref.now_s)
-    assert [r.request_id for r in eff.joined] == ["p1", "p2"]
+    assert [r.request_id for r in eff.joined] == ["p1", "p2"] and eff.joined_tokens == [1, 1]
     assert eff.finished == handed == ref_out.finished_req_ids
     assert eff.free_after == [ref.get_num_free_blocks()]
     assert _state(bulk) == _state(ref)

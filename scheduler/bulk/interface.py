@@ -8,11 +8,13 @@ exactly the state their schedule() and update_from_output() calls leave one by o
 ids, cache state, counters, queues and the SchedulerOutput left in flight. The engine needs
 nothing else from the scheduler beyond `SchedulerInterface`.
 
-Joins: an async run's first schedule may also admit waiting requests that compute one token each
-and need no block (P/D's landed transfers: scheduler/bulk/pd.py), by the scheduler's own waiting
-phase behind the batch's decodes; from the second schedule on they decode with the batch.
-`decode_run_joining` names them, the run's batch ends with them, and the first schedule reports
-them (DecodeRunEffects.joined) for what the engine records of a request's first scheduling.
+Joins: an async run's first schedule may also admit waiting requests, by the scheduler's own
+waiting phase behind the batch's decodes, each computing the rest of its prompt there (vLLM's new
+request whose whole prompt fits the step: scheduler/bulk/vllm.py; P/D's landed transfer, one
+token in blocks it holds: scheduler/bulk/pd.py); from the second schedule on they decode with
+the batch. `decode_run_joining` names them and what each computes, the run's batch ends with
+them, and the first schedule reports them (DecodeRunEffects.joined) for what the engine records
+of a request's first scheduling and the step's price (a mixed step where a prompt joins).
 """
 
 from __future__ import annotations
@@ -36,6 +38,29 @@ class DecodeRunEffects:
     prefix_hits: list[int]  # per update (empty without updates): the prefix-cache stats it took
     prefix_queries: list[int]
     joined: list[Request] = field(default_factory=list)  # admitted by a run's first schedule (joins)
+    joined_tokens: list[int] = field(default_factory=list)  # the tokens each of them computed there
+
+
+@dataclass(slots=True)
+class Joins:
+    """The requests a run's first schedule admits behind its batch (module docstring, "Joins"),
+    in admission order: request i computes num_new_tokens[i] tokens there on contexts[i] computed
+    ones, its whole prompt (num_tokens = contexts[i] + num_new_tokens[i]), and samples; it then
+    decodes one token a schedule, as a running request with one step in flight does."""
+
+    requests: list[Request]
+    contexts: list[int]  # its computed tokens (prefix hit, or P/D's loaded prompt less one) at that schedule
+    num_new_tokens: list[int]  # the tokens it computes there (>= 1)
+
+    def decode_contexts(self) -> list[int]:
+        """Each one's context as a run of decodes would have it at the first schedule (its whole
+        prompt less one: one token a step after it), for the later steps' prices and blocks."""
+        return [c + n - 1 for c, n in zip(self.contexts, self.num_new_tokens)]
+
+    def prompt_tokens(self) -> bool:
+        """Whether one computes more than one token: the first step is then a mixed step, priced
+        as such (a one-token join is priced as a decode on the same context)."""
+        return any(n > 1 for n in self.num_new_tokens)
 
 
 @dataclass(slots=True)
@@ -85,11 +110,11 @@ class DecodeRuns(Protocol):
         """The batch of the next plain decode step, in scheduling order."""
         ...
 
-    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
+    def decode_run_joining(self) -> Joins:
         """The requests the next schedule admits behind decode_run_requests() (module docstring,
-        "Joins"), in admission order, and the context each computes its one token at; empty lists
-        for none. Read after decode_run_horizon counted them (only with one step in flight): a run
-        then schedules decode_run_requests() + these, its first schedule admitting them."""
+        "Joins") and what each computes there; empty for none. Read after decode_run_horizon
+        counted them (only with one step in flight): a run then schedules decode_run_requests()
+        + these, its first schedule admitting them."""
         ...
 
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
@@ -106,8 +131,9 @@ class DecodeRuns(Protocol):
         tokens): they are admitted behind the others' decodes (DecodeRunEffects.joined)."""
         ...
 
-    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
-        """The SchedulerOutput of the run's last step, left in flight for update_from_output."""
+    def decode_step_output(self, batch: Sequence[Request], joined_tokens: Sequence[int] = ()) -> SchedulerOutput:
+        """The SchedulerOutput of the run's last step, left in flight for update_from_output;
+        `joined_tokens`: the batch's last requests joined at that schedule, computing these."""
         ...
 
     def update_sampled_step(self, so: SchedulerOutput, mro: ModelRunnerOutput,

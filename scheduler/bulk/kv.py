@@ -54,12 +54,18 @@ class KVDecodeRuns:
         return kvm._single_full is not None and not kvm.block_pool.enable_kv_cache_events
 
     def decode_run_fit(self, requests: Sequence[Request], num_steps: int, head: Request | None = None,
-                       head_hit: KVCacheBlocks | None = None, caps: list[int] | None = None) -> int:
+                       head_hit: KVCacheBlocks | None = None, caps: list[int] | None = None,
+                       joining: Sequence[Request] = ()) -> int:
         """The largest k <= num_steps whose decode allocations all fit in the free blocks (no
         eviction of a running request's KV, so no preemption): free blocks only ever shrink.
         `caps`: request i is scheduled at most caps[i] of the k steps (a run through finishes,
         apply_decode_run's steps_each); the blocks its finish frees are not counted, so every
         allocation pops a block that was free when the run began.
+
+        `joining` (after `requests`, caps appended): requests the run's first schedule admits
+        with their whole prompt (DecodeRuns.decode_run_joining), counted as decodes from the
+        prompt less one token, in the blocks they hold now: every block a prompt's admission
+        takes (a hit on a block others hold takes none) counts as one the run pops.
 
         `head`: the waiting request every schedule() of the run looks up (its hit now:
         `head_hit`, from peek_computed_blocks). The run then also keeps that lookup constant:
@@ -74,12 +80,15 @@ class KVDecodeRuns:
         bs = kvm.block_size
         queue = kvm.block_pool.free_block_queue
         room = queue.num_free_blocks
-        limits = caps if caps is not None else [num_steps] * len(requests)
-        starts = [(r.num_computed_tokens, len(mgr.req_to_blocks.get(r.request_id, ())), cap)
-                  for r, cap in zip(requests, limits)]
+        limits = caps if caps is not None else [num_steps] * (len(requests) + len(joining))
+        held = mgr.req_to_blocks
+        starts = [(r.num_computed_tokens, len(held.get(r.request_id, ())), cap) for r, cap in zip(requests, limits)]
+        if joining:
+            starts += [(r.num_tokens - 1, len(held.get(r.request_id, ())), cap)
+                       for r, cap in zip(joining, limits[len(requests):])]
 
         def need(k: int) -> int:
-            return sum(max(0, -(-(c + min(k, cap)) // bs) - held) for c, held, cap in starts)
+            return sum(max(0, -(-(c + min(k, cap)) // bs) - h) for c, h, cap in starts)
 
         if head is not None and head_hit is not None and kvm.enable_caching and not head.skip_reading_prefix_cache:
             num_steps = self._first_miss_bound(requests, num_steps, head, len(head_hit.blocks[0]))
@@ -127,6 +136,27 @@ class KVDecodeRuns:
             c0 = r.num_computed_tokens
             num_steps = min(num_steps, max(0, (m + 1) * bs - c0 - min(1, r.num_tokens - c0)))
         return num_steps
+
+    def hit_survives_decodes(self, batch: Sequence[Request], request: Request, hit: KVCacheBlocks) -> bool:
+        """Whether `request` finds the prefix-cache hit it finds now (`hit`: peek_computed_blocks)
+        after one decode schedule of `batch`, whose waiting phase then looks it up (a run's first
+        schedule, a prompt joining it: DecodeRuns.decode_run_joining): those decodes' allocations
+        pop no free block of the hit off the queue's front, and cache no block under its first
+        missing hash. Only blocks of the hit with no holder are in the free queue."""
+        kvm = self.kvm
+        if not kvm.enable_caching or request.skip_reading_prefix_cache:
+            return True
+        blocks = hit.blocks[0]
+        protected = {b.block_id for b in blocks if b.ref_cnt == 0}
+        if protected:
+            mgr = kvm._single_full
+            assert mgr is not None
+            bs = kvm.block_size
+            held = mgr.req_to_blocks
+            pops = sum([1 for r in batch if -(-(r.num_computed_tokens + 1) // bs) > len(held.get(r.request_id, ()))])
+            if pops and kvm.block_pool.free_block_queue.index_of_first(protected, pops) < pops:
+                return False
+        return self._first_miss_bound(batch, 1, request, len(blocks)) >= 1
 
     def admission_surely_fits(self, request: Request) -> bool:
         """Whether the blocks of request's whole prompt (no hit) are free now: then neither

@@ -36,15 +36,13 @@ the KV manager's block tables.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk.interface import DecodeRunEffects
+from servesim.scheduler.bulk.interface import Joins
 from servesim.scheduler.bulk.vllm import VllmDecodeRuns
 from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
-    from servesim.scheduler.lazy_ids import RunTokens
     from servesim.scheduler.request import Request
 
 _PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -84,43 +82,9 @@ class PDDecodeRuns(VllmDecodeRuns):
                 return None
         return joining
 
-    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
-        """The landed requests, each computing its prompt's last token (module docstring)."""
-        joining = self._joining()
-        if not joining:
-            return [], []
-        return joining, [r.num_tokens - 1 for r in joining]
-
-    def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
-        """A joining request (still parked: a run's batch ends with them) is scheduled once more
-        than a running one with as many outputs: it has no step in flight."""
-        each = super().decode_run_steps(batch, num_steps)
-        for i in range(_num_running(batch), len(batch)):
-            r = batch[i]
-            each[i] = min(r.max_tokens - r.num_output_tokens, num_steps)
-        return each
-
-    def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
-                              now_s: float, steps_each: list[int] | None = None,
-                              update_times_s: Sequence[float] = ()) -> DecodeRunEffects:
-        """VllmDecodeRuns', and at a run's first schedule the joins that end its batch (module
-        docstring): the others' decodes in bulk, then the scheduler's waiting phase behind them."""
-        m = _num_running(batch)
-        if m == len(batch):
-            return super().schedule_decode_steps(batch, num_steps, tokens, now_s, steps_each, update_times_s)
-        if num_steps != 1 or tokens is not None:
-            raise ValueError("requests join a run at its first schedule only (one step, no update)")
-        joining = list(batch[m:])
-        eff = super().schedule_decode_steps(batch[:m], 1, None, now_s)
-        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
-        num_free = queue.num_free_blocks
-        joined = self.scheduler.schedule_waiting_behind(m)
-        if (len(joined) != len(joining) or any(a is not b for a, b in zip(joined, joining))
-                or queue.num_free_blocks != num_free):
-            raise AssertionError(f"a run's first schedule admitted {[r.request_id for r in joined]}, not the "
-                                 f"joining {[r.request_id for r in joining]}, or allocated for them")
-        eff.joined = joined
-        return eff
+    def _join_plan(self, batch: list[Request], joining: list[Request]) -> Joins | None:
+        """Each landed request computes its prompt's last token (module docstring, "Joins")."""
+        return Joins(joining, [r.num_tokens - 1 for r in joining], [1] * len(joining))
 
     def anyone_admissible_waits(self) -> bool:
         """False while only parked requests wait, and behind joins: a seat or blocks freed inside a
@@ -134,11 +98,3 @@ class PDDecodeRuns(VllmDecodeRuns):
         if self._joining() is not None:
             return None
         return super()._waiting_head(num_batch)
-
-
-def _num_running(batch: Sequence[Request]) -> int:
-    """The batch's requests before the joining ones (still parked) that end it."""
-    m = len(batch)
-    while m and batch[m - 1].status == _PARKED:
-        m -= 1
-    return m

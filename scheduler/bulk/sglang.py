@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk.interface import DecodeRunEffects, SampledStepUpdate
+from servesim.scheduler.bulk.interface import DecodeRunEffects, Joins, SampledStepUpdate
 from servesim.scheduler.bulk.sglang_memory import SGLangMemoryRuns
 from servesim.scheduler.kv.manager import PrefixCacheStats
 from servesim.scheduler.lazy_ids import RunTokens
@@ -157,9 +157,9 @@ class SGLangDecodeRuns:
         step merges from the last prefill batch (its first schedule does the merge)."""
         return self.scheduler.running + self._to_merge()[0]
 
-    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
+    def decode_run_joining(self) -> Joins:
         """None: what a first schedule merges is in decode_run_requests() already."""
-        return [], []
+        return Joins([], [], [])
 
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps steps bring each request of `batch` a token (it is
@@ -256,10 +256,10 @@ class SGLangDecodeRuns:
             raise AssertionError(f"{request.request_id}: a run's last step did not finish it")
         sched._finish(request)
 
-    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
+    def decode_step_output(self, batch: Sequence[Request], joined_tokens: Sequence[int] = ()) -> SchedulerOutput:
         """The SchedulerOutput of the last plain decode step of `batch` scheduled by
         schedule_decode_steps, as update_from_output reads it (one sampled token per request, in
-        order); registered like a step schedule() returned. Page ids are not repeated: no
+        order; nobody joins here); registered like a step schedule() returned. Page ids are not repeated: no
         executor reads an output after its step ran."""
         sched = self.scheduler
         ids = [r.request_id for r in batch]

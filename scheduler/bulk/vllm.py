@@ -8,6 +8,14 @@ order), and each update appends the sampled token. A waiting request may be ther
 then looks it up in the prefix cache and stops at it, which a run repeats as long as its
 admission provably fails alike (_refused_head_hit).
 
+Joins (DecodeRuns.decode_run_joining). A new request the next schedule surely admits with its
+whole prompt (the only one waiting, a seat and the token budget for its prompt behind the
+decodes, no chunk cut, its blocks free: bulk/joins.py) joins an async run there: the batch's
+decodes are applied in bulk and the scheduler's own waiting phase
+(Scheduler.schedule_waiting_behind) admits it; it samples at that step and decodes from the next
+on. The step's price reads its prefix hit, read ahead (peek) and proven unchanged by that step's
+decodes (KVDecodeRuns.hit_survives_decodes).
+
 `VllmDecodeRuns` is the owner of these operations for one Scheduler or AsyncScheduler (a friend
 of theirs: scheduler/bulk/__init__.py); it owns the KV manager's bulk path (`KVDecodeRuns`) and
 holds no state of its own besides the two references.
@@ -18,8 +26,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk.interface import DecodeRunEffects, SampledStepUpdate
+from servesim.scheduler.bulk.interface import DecodeRunEffects, Joins, SampledStepUpdate
+from servesim.scheduler.bulk.joins import join_plan, joining_bound, joining_prompt, num_running
 from servesim.scheduler.bulk.kv import KVDecodeRuns
+from servesim.scheduler.bulk.sampled_update import update_sampled_step
 from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
@@ -32,8 +42,8 @@ if TYPE_CHECKING:
 
 _HEAD_POLICIES = ("fcfs", "priority")  # waiting queues whose head a plain run provably keeps
 # No joins (DecodeRuns.decode_run_joining), shared: read at every planning attempt, never written.
-_NO_JOINS: list[Request] = []
-_NO_CONTEXTS: list[int] = []
+_NOBODY: list[Request] = []
+_NO_JOINS = Joins(_NOBODY, [], [])
 _ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
@@ -102,30 +112,26 @@ class VllmDecodeRuns:
         admit it). A waiting request schedule() reaches must stay refused through the run
         (_refused_head_hit). Conservative: any state not recognised answers 0."""
         sched = self.scheduler
-        joining = self._joining()  # (joins: the async loop's first schedule only)
+        joining = self._joining()  # (joins: the async loop's first schedule only; no waiting head then)
         if (joining is None or (joining and num_in_flight != 1) or sched.num_spec_tokens
                 or sched.num_lookahead_tokens or sched.tracer is not None or sched.policy.next_event_s() is not None):
             return 0
         running = sched.running
         n = len(running)
-        if n == 0:
-            return 0
         threshold = sched.scheduler_config.long_prefill_token_threshold
-        if 0 < threshold < 1:
+        if n == 0 or 0 < threshold < 1:
             return 0
         # First (cheap, and most often the answer when a request waits): does the head get in?
         # With a request waiting the batch must be all of `running` (checked below).
-        head = self._waiting_head(n)
-        head_hit = None
-        if head is not None:
-            head_hit = self._refused_head_hit(head, n)
-            if head_hit is None:
-                return 0
+        head = None if joining else self._waiting_head(n)
+        head_hit = None if head is None else self._refused_head_hit(head, n)
+        if head is not None and head_hit is None:
+            return 0
         k = max_steps
         max_len = sched.max_model_len
         ph = num_in_flight
         num_batch = 0
-        anyone_waits = self.anyone_admissible_waits()
+        anyone_waits = not joining and self.anyone_admissible_waits()
         through = through_finishes and ph == 1 and not anyone_waits
         caps: list[int] = []  # through: each request's steps before its last (decode_run_steps)
         for r in running:
@@ -155,53 +161,57 @@ class VllmDecodeRuns:
         if num_batch < n and anyone_waits:
             return 0  # the finish frees a seat (and blocks): the next schedule may admit a waiting request
         if joining:
-            k = self._joining_bound(joining, k, through, caps)
+            k = joining_bound(sched, joining, k, through, caps)
             num_batch += len(joining)
         if k < 1 or num_batch == 0 or num_batch > sched.max_num_scheduled_tokens:
             return 0
         if through:
             k = min(k, max(caps))  # the run's last step keeps a batch (someone's last step, at least)
-        return self.kv.decode_run_fit(self.decode_run_requests() + joining, k, head, head_hit,
-                                      caps if through else None)
-
-    def _joining_bound(self, joining: list[Request], k: int, through: bool, caps: list[int]) -> int:
-        """decode_run_horizon's k bounded for the requests joining at the run's first schedule
-        (through: their caps appended); 0 where one refuses the run. A joining request computes
-        one token there, so update i + 1 brings it o + i + 1 outputs: one step more than a running
-        request with o outputs and one in flight. Its num_computed_tokens is its whole prompt, one
-        more than that schedule's context: decode_run_fit overestimates its blocks, never under."""
-        max_len = self.scheduler.max_model_len
-        for r in joining:
-            sp = r.sampling_params
-            if sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos):
-                return 0
-            if through:
-                if sp.min_tokens > r.max_tokens:
-                    return 0
-                caps.append(r.max_tokens - r.num_output_tokens)  # exact: decode_run_steps' count
-                k = min(k, max_len - r.num_tokens - 2)
-            else:
-                k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - r.num_tokens - 2)
-            if k < 1:
-                return 0
+        batch = self.decode_run_requests()
+        k = self.kv.decode_run_fit(batch, k, head, head_hit, caps if through else None, joining)
+        if k and joining and self._join_plan(batch, joining) is None:
+            return 0
         return k
 
     def _joining(self) -> list[Request] | None:
-        """The requests the next schedule's waiting phase admits behind the plain decodes, one
-        token each and no block (DecodeRuns.decode_run_joining); [] for none; None when that
-        schedule does anything a run does not replay (here: a KV connector's, which loads and saves
-        at steps; P/D's decode side answers otherwise: bulk/pd.py)."""
-        return _NO_JOINS if self.scheduler.connector is None else None
+        """The requests the next schedule's waiting phase admits behind the plain decodes with
+        their whole prompt (module docstring, "Joins"; DecodeRuns.decode_run_joining); [] for
+        none (a waiting request is then a head the run must keep refused); None when that
+        schedule does anything a run does not replay (here: a KV connector's, which loads and
+        saves at steps; P/D's decode side answers otherwise: bulk/pd.py)."""
+        sched = self.scheduler
+        if sched.connector is not None:
+            return None
+        if not sched.waiting:
+            return _NOBODY
+        head = joining_prompt(sched, self.kv)
+        return _NOBODY if head is None else [head]
 
-    def decode_run_joining(self) -> tuple[list[Request], list[int]]:
-        """None here (P/D's decode side joins its landed transfers: bulk/pd.py)."""
-        return _NO_JOINS, _NO_CONTEXTS
+    def _join_plan(self, batch: list[Request], joining: list[Request]) -> Joins | None:
+        """What the joining requests compute at the run's first schedule behind `batch`'s decodes
+        (bulk/joins.py); None where not proven."""
+        return join_plan(self.scheduler, self.kv, batch, joining)
+
+    def decode_run_joining(self) -> Joins:
+        """The request that joins the next schedule, if any (module docstring, "Joins")."""
+        joining = self._joining()
+        if not joining:
+            return _NO_JOINS
+        plan = self._join_plan(self.decode_run_requests(), joining)
+        assert plan is not None, "decode_run_joining read where decode_run_horizon refused the joins"
+        return plan
 
     def decode_run_steps(self, batch: Sequence[Request], num_steps: int) -> list[int]:
         """How many of a run's num_steps schedules (one step in flight when it starts) take each
         request of `batch`: all of them, or fewer when its last step (the one that reaches
-        max_tokens) comes earlier; skip-ahead passes it over after that."""
-        return [min(r.max_tokens - r.num_output_tokens - 1, num_steps) for r in batch]
+        max_tokens) comes earlier; skip-ahead passes it over after that. A joining request (not
+        yet running: a run's batch ends with them) has no step in flight: one schedule more than
+        a running one with as many outputs."""
+        each = [min(r.max_tokens - r.num_output_tokens - 1, num_steps) for r in batch]
+        for i in range(num_running(batch), len(batch)):
+            r = batch[i]
+            each[i] = min(r.max_tokens - r.num_output_tokens, num_steps)
+        return each
 
     def _waiting_head(self, num_batch: int) -> Request | None:
         """The waiting request each schedule() of a plain run of num_batch decodes looks at, or
@@ -265,7 +275,39 @@ class VllmDecodeRuns:
         scheduled steps_each[i] times; when that is fewer than num_steps, update steps_each[i]
         (at update_times_s[steps_each[i]]) applies its last token and finishes it, as
         update_from_output does (stop rule, _free_request, `running`); the schedule after it
-        hands the id over (in the returned `finished`), or the next one after the run does."""
+        hands the id over (in the returned `finished`), or the next one after the run does.
+
+        A batch that ends with requests not yet running (decode_run_joining's) is a run's first
+        schedule, which admits them (module docstring, "Joins")."""
+        m = num_running(batch)
+        if m < len(batch):
+            return self._schedule_joins(batch, m, num_steps, tokens, now_s)
+        return self._decode_steps(batch, num_steps, tokens, now_s, steps_each, update_times_s,
+                                  self._waiting_head(len(batch)))
+
+    def _schedule_joins(self, batch: Sequence[Request], m: int, num_steps: int, tokens: RunTokens | None,
+                        now_s: float) -> DecodeRunEffects:
+        """A run's first schedule with joins: batch[:m]'s decodes in bulk (no lookup: the waiting
+        phase looks the joining ones up itself), then the scheduler's waiting phase behind them,
+        which must admit exactly batch[m:], each with its whole prompt."""
+        if num_steps != 1 or tokens is not None:
+            raise ValueError("requests join a run at its first schedule only (one step, no update)")
+        joining = batch[m:]
+        eff = self._decode_steps(batch[:m], 1, None, now_s, None, (), None)
+        joined, joined_tokens = self.scheduler.schedule_waiting_behind(m)
+        if (len(joined) != len(joining) or any(a is not b for a, b in zip(joined, joining))
+                or any(r.num_computed_tokens != r.num_tokens for r in joined)):
+            raise AssertionError(f"a run's first schedule admitted {[r.request_id for r in joined]}, not the "
+                                 f"joining {[r.request_id for r in joining]} with their whole prompts")
+        eff.joined, eff.joined_tokens = joined, joined_tokens
+        eff.free_after[0] = self.scheduler.kv_cache_manager.block_pool.free_block_queue.num_free_blocks  # theirs too
+        return eff
+
+    def _decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None, now_s: float,
+                      steps_each: list[int] | None, update_times_s: Sequence[float],
+                      head: Request | None) -> DecodeRunEffects:
+        """schedule_decode_steps of a batch of running requests; `head`: the waiting request each
+        schedule looks up (_waiting_head)."""
         sched = self.scheduler
         sched.now_s = now_s
         t0 = [r.num_tokens for r in batch]
@@ -293,7 +335,7 @@ class VllmDecodeRuns:
         free_after = self.kv.apply_decode_run(batch, num_steps, t0, steps_each,
                                               finish if steps_each is not None else None)
         sched.now_s = now_s
-        hits, queries = self.kv.decode_run_lookups(self._waiting_head(len(batch)), num_steps, with_updates)
+        hits, queries = self.kv.decode_run_lookups(head, num_steps, with_updates)
         if steps_each is None:
             for r in batch:  # spec_token_ids stay empty (no drafts: decode_run_horizon checked)
                 r.num_computed_tokens += num_steps
@@ -330,58 +372,21 @@ class VllmDecodeRuns:
                 sched.finished_req_ids = {rid for rid in sched.finished_req_ids if rid not in handed}
         return finished
 
-    def decode_step_output(self, batch: Sequence[Request]) -> SchedulerOutput:
+    def decode_step_output(self, batch: Sequence[Request], joined_tokens: Sequence[int] = ()) -> SchedulerOutput:
         """The SchedulerOutput of the last plain decode step of `batch` scheduled by
         schedule_decode_steps, as update_from_output reads it (one token per request, in order; no
-        drafts). Block ids are not repeated: no executor reads an output after its step ran."""
-        cached = CachedRequestData(req_ids=[r.request_id for r in batch])
-        return SchedulerOutput([], cached, {r.request_id: 1 for r in batch}, len(batch), {},
+        drafts; `joined_tokens`: the last ones joined at it, computing these). Block ids are not
+        repeated: no executor reads an output after its step ran."""
+        m = len(batch) - len(joined_tokens)
+        cached = CachedRequestData(req_ids=[r.request_id for r in batch[:m]])
+        num = {r.request_id: 1 for r in batch}
+        for r, n in zip(batch[m:], joined_tokens):
+            num[r.request_id] = n
+        return SchedulerOutput([], cached, num, sum(num.values()), {},
                                [0] * self.scheduler.kv_cache_manager.num_kv_cache_groups, set(), set())
 
     def update_sampled_step(self, so: SchedulerOutput, mro: ModelRunnerOutput,
                             now_s: float) -> SampledStepUpdate | None:
-        """update_from_output of a step none of whose requests stops (DecodeRuns.update_sampled_step).
-
-        Proven before anything changes: every request the update reaches (scheduled, still
-        there, unfinished) is RUNNING, samples at most one token, holds a placeholder for it
-        (async) and no token to discard, and has no stop rule that could fire: no EOS or stop
-        ids, and the token brings it below max_tokens and max_model_len (check_stop then answers
-        False whatever min_tokens says). Then, in the step's order, as update_from_output does:
-        the token appended, (async) the placeholder released and the blocks cached up to the
-        computed tokens; then the statistics (make_stats)."""
-        sched = self.scheduler
-        if (so.scheduled_spec_decode_tokens or mro.kv_connector_output is not None or mro.draft_token_ids
-                or sched._ignored or not sched.log_stats):
-            return None
-        sampled, index, requests = mro.sampled_token_ids, mro.req_id_to_index, sched.requests
-        if not sampled:
-            return None
-        is_async = sched.scheduler_config.async_scheduling
-        max_len = sched.max_model_len
-        batch: list[Request] = []
-        ids: list[str] = []
-        toks: list[int] = []
-        for rid in so.num_scheduled_tokens:
-            r = requests.get(rid)
-            if r is None or r.is_finished():
-                continue  # aborted while the step ran: update_from_output passes it over too
-            new_ids = sampled[index[rid]]
-            if not new_ids:
-                continue  # a prefill chunk short of the prompt's end: nothing to apply
-            sp = r.sampling_params
-            if (len(new_ids) != 1 or r.status != RequestStatus.RUNNING or r.discard_latest_async_tokens
-                    or sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos)
-                    or r.num_tokens + 1 >= max_len or r.num_output_tokens + 1 >= r.max_tokens
-                    or (is_async and r.num_output_placeholders < 1)):
-                return None
-            batch.append(r)
-            ids.append(rid)
-            toks.append(new_ids[0])
-        sched.now_s = now_s
-        kv = sched.kv_cache_manager
-        for r, tok in zip(batch, toks):
-            r.append_output_token_ids(tok)
-            if is_async:  # AsyncScheduler._update_request_with_output
-                r.num_output_placeholders -= 1
-                kv.cache_blocks(r, r.num_computed_tokens - r.num_output_placeholders)
-        return SampledStepUpdate(ids, sched.make_stats(None))
+        """update_from_output of a step none of whose requests stops (DecodeRuns.update_sampled_step;
+        bulk/sampled_update.py)."""
+        return update_sampled_step(self.scheduler, so, mro, now_s)

@@ -44,7 +44,7 @@ from servesim.simulator.fastpath.deferred import DeferredRuns
 from servesim.simulator.fastpath.planned_reads import PlannedReads
 from servesim.simulator.fastpath.run_length import PlanGate
 from servesim.simulator.fastpath.runs import RunApplier
-from servesim.simulator.fastpath.timeline import RunClock, Timeline, batch_at, exact_delays
+from servesim.simulator.fastpath.timeline import FirstStep, RunClock, Timeline, batch_at, exact_delays
 
 MAX_MACRO_STEPS = 4096  # one run's length cap (bounds the step-time vector built per call)
 
@@ -190,10 +190,14 @@ class MacroPlanner:
             return None
         load_change = len(reqs) - num_running  # the skipped-ahead requests the first update finishes
         ctx0 = [r.num_computed_tokens for r in reqs]
-        joining, join_ctx = runs.decode_run_joining()  # admitted by the run's first schedule
-        if joining:
-            reqs += joining
-            ctx0 += join_ctx
+        joins = runs.decode_run_joining()  # admitted by the run's first schedule
+        first: FirstStep | None = None
+        if joins.requests:
+            reqs += joins.requests
+            ctx0 += joins.decode_contexts()
+            first = clock.first_step(ctx0, joins)
+            if first is not None and (deferrable or paced):
+                return None  # a prompt joining: a deferred plan prices decode steps only
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and min(each) >= k:
             each = None  # nobody finishes inside: the fixed batch
@@ -211,7 +215,7 @@ class MacroPlanner:
             # a cluster router's proof covers the first update too (its arrivals-elsewhere count
             # decides the same whatever this replica's load); past it, only the tail step
             return [] if applier.tail_step(now, in_flight, None) else None
-        gpu, tl = self._price(now, ctx0, each, k, num_in_flight, len(reqs), later_s)
+        gpu, tl = self._price(now, ctx0, each, k, num_in_flight, len(reqs), later_s, first)
         if len(tl[0]) < 2:
             return None
         if not num_in_flight:
@@ -227,22 +231,27 @@ class MacroPlanner:
         return exact_delays(now, resume_s)
 
     def _price(self, now: float, ctx0: list[int], each: list[int] | None, k: int, num_in_flight: int,
-               n: int, later_s: float) -> tuple[list[float], Timeline]:
+               n: int, later_s: float, first: FirstStep | None) -> tuple[list[float], Timeline]:
         """Price and time up to k steps of the run. In growing chunks: an arrival usually ends the
         run long before the scheduler's own horizon. In a cluster (eager path) every replica's
         runs stop at the cluster's next arrival, often within two steps: the first chunk is just
         the two a run needs. A single engine's runs average ~13 steps (the Azure hour): a first
         chunk of 16 prices most in one call (one timeline instead of two; a step priced past the
-        arrival costs ~0.25 us). A step's price does not depend on the chunking."""
+        arrival costs ~0.25 us). A step's price does not depend on the chunking. `first`: the
+        first step's price where a prompt joins it (RunClock.first_step)."""
         clock = self.clock
         if each is not None:  # the batch shrinks at finishes (fastpath/through.py)
-            return clock.plan_through(now, ctx0, each, k, later_s)
+            return clock.plan_through(now, ctx0, each, k, later_s, first=first)
         gpu: list[float] = []
-        first = 16 if self.arrival_bound is None and self.engine.on_finish is None else 2
+        first_chunk = 16 if self.arrival_bound is None and self.engine.on_finish is None else 2
+        first_cpu_s = None if first is None else first.cpu_s
         while True:
-            m = min(k, max(16, 4 * len(gpu)) if gpu else first)
+            m = min(k, max(16, 4 * len(gpu)) if gpu else first_chunk)
+            priced = len(gpu)
             gpu += clock.sim.decode_step_times_s([c + len(gpu) for c in ctx0], m - len(gpu))
-            tl = clock.timeline(now, gpu, num_in_flight, n, later_s)
+            if not priced and first is not None:
+                gpu[0] = first.gpu_s
+            tl = clock.timeline(now, gpu, num_in_flight, n, later_s, None, first_cpu_s)
             if len(tl[0]) < len(gpu) or len(gpu) == k:
                 return gpu, tl
 

@@ -14,6 +14,8 @@ left in flight behind the one already there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
@@ -70,40 +72,47 @@ class RunApplier:
         if ((reqs is None and runs.decode_run_horizon(1, 1) < 1)
                 or engine.watchdog.due(engine.book.num_steps + 1, t) or not t < self.clock.deadline_s()):
             return False
+        first = None  # a prompt joining: a mixed step (RunClock.first_step)
         if reqs is None:
             reqs = runs.decode_run_requests()
-            joining, join_ctx = runs.decode_run_joining()
-            ctx = [r.num_computed_tokens for r in reqs] + join_ctx
-            reqs += joining
+            joins = runs.decode_run_joining()
+            ctx = [r.num_computed_tokens for r in reqs] + joins.decode_contexts()
+            reqs += joins.requests
+            first = self.clock.first_step(ctx, joins)
         elif ctx is None:
             ctx = [r.num_computed_tokens for r in reqs]  # the run (if any) already advanced them
         ids, n = [r.request_id for r in reqs], len(reqs)
         sim = self.clock.sim
-        if gpu_s is None:
+        if first is not None:
+            gpu_s = first.gpu_s
+        elif gpu_s is None:
             (gpu_s,) = sim.decode_step_times_s(ctx, 1)
         finished = runs.finished_req_ids()
         eff = runs.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
         if eff.joined:
             self.joined(eff.joined, t)
         tokens = sim.sample_decode_run(ids, ctx, 1, finished)
-        row = self.decode_row(t, n, eff.free_after[0], gpu_s, len(eff.joined))
+        row = self.decode_row(t, n, eff.free_after[0], gpu_s, eff.joined_tokens)
         self.num_macro_steps += 1
-        end = max(t + engine.cpu.step_s(n, n), engine.gpu_free_at) + gpu_s  # the loop's start + GPU time
+        cpu_s = engine.cpu.step_s(n, n) if first is None else first.cpu_s
+        end = max(t + cpu_s, engine.gpu_free_at) + gpu_s  # the loop's start + GPU time
         mro = sim.decode_step_output(ids, tokens.at_step(0))
-        in_flight.append((runs.decode_step_output(reqs), mro, end, None, row))
+        in_flight.append((runs.decode_step_output(reqs, eff.joined_tokens), mro, end, None, row))
         engine.gpu_free_at = end
         self.until_s = max(self.until_s, t)
         return True
 
-    def decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float, num_joined: int = 0) -> int:
+    def decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float,
+                   joined_tokens: Sequence[int] = ()) -> int:
         """The step row of one plain decode step of n requests scheduled at t, as the book writes
         it when stepping (counts after the schedule); its update completes it. Returns the row.
-        `num_joined` of them joined at this schedule: their one token each counts as a prefill
-        token, as StepBook.record_schedule counts a new request's."""
+        The last len(joined_tokens) of them joined at this schedule, computing these: prefill
+        tokens, as StepBook.record_schedule counts a new request's."""
         runs, book = self.runs, self.engine.book
         running, waiting = self.engine.scheduler.get_request_counts()
         steps = book.metrics.steps
-        row = steps.append(book.num_steps, t, n, num_joined, n - num_joined, runs.usage_at(num_free_blocks),
+        num_joined = len(joined_tokens)
+        row = steps.append(book.num_steps, t, n, sum(joined_tokens), n - num_joined, runs.usage_at(num_free_blocks),
                            running, waiting, 0)
         steps.set_gpu_time(row, gpu_s)
         book.num_steps += 1
@@ -176,7 +185,7 @@ class RunApplier:
         if eff_first.joined:  # the batch's last ones joined at this schedule (DecodeRuns.decode_run_joining)
             self.joined(eff_first.joined, sched_t[0])
         tokens = sim.sample_decode_run(ids, ctx0, k, finished, self.clock.scheduled_each(each))
-        first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0], len(eff_first.joined))
+        first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0], eff_first.joined_tokens)
         # ... then S's own update, exactly as the loop applies it ...
         so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         engine.apply_output(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped

@@ -11,13 +11,24 @@ is split: a timeline continued from its last update and GPU end gives the same s
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import dataclass
 
+from servesim.scheduler.bulk.interface import Joins
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine
 from servesim.simulator.executor import SimExecutor
 from servesim.simulator.kernels import step_timeline
 
 Timeline = tuple[list[float], list[float], list[float]]  # (schedule times, GPU ends, update times) of a run's steps
+
+
+@dataclass(slots=True)
+class FirstStep:
+    """A run's first step where a prompt joins it (DecodeRuns.decode_run_joining): a mixed step,
+    its GPU and CPU seconds the ones stepping computes for it (not a decode step's)."""
+
+    gpu_s: float
+    cpu_s: float
 
 
 def exact_delays(now: float, t: float) -> list[float]:
@@ -58,25 +69,47 @@ class RunClock:
         x = self.extra_steps
         return each if each is None or x == 0 else [m + x for m in each]
 
+    def first_step(self, ctx0: list[int], joins: Joins) -> FirstStep | None:
+        """The price of a run's first schedule where a prompt joins it: the batch's decodes on
+        their contexts (ctx0, the joining requests' last) and each joining request's tokens on
+        its prefix hit, in scheduling order, as the stepping loop prices it (the executor's
+        step time, the CPU model's time for its requests and tokens); None where the decode
+        step's price holds (nobody joins, or each computes one token)."""
+        if not joins.prompt_tokens():
+            return None
+        m = len(ctx0) - len(joins.requests)
+        new = [1] * m + joins.num_new_tokens
+        return FirstStep(self.sim.mixed_step_time_s(new, ctx0[:m] + joins.contexts),
+                         self.engine.cpu.step_s(len(new), sum(new)))
+
     def deadline_s(self) -> float:
         """The first pending client deadline (inf: none): every schedule of a run precedes it."""
         return self.engine.deadlines.next_s
 
     def timeline(self, now: float, gpu: list[float], num_in_flight: int, n: int, later_s: float,
-                 free_at: float | None = None) -> Timeline:
+                 free_at: float | None = None, first_cpu_s: float | None = None) -> Timeline:
         """(schedule times, GPU end times, update times) of the steps of n requests priced `gpu`
         that fit before any outside event: the update after schedule j is step j's own (sync) or
         the previous one's (async); every update precedes `later_s` (the next arrival, or the
         first one a router cannot prove goes elsewhere) and every schedule the first client
         deadline. `free_at` (default: the engine's GPU-free time) continues a timeline from its
-        last update at `now`, where the GPU frees at its last end (a deferred run growing)."""
+        last update at `now`, where the GPU frees at its last end (a deferred run growing).
+        `first_cpu_s`: the first step's CPU time where it is not a decode step's (FirstStep): it
+        is timed alone and the rest continue from it."""
         engine = self.engine
-        return step_timeline(now, gpu, num_in_flight, engine.cpu.step_s(n, n), later_s, self.deadline_s(),
-                             engine.gpu_free_at if free_at is None else free_at)
+        free = engine.gpu_free_at if free_at is None else free_at
+        cpu_s, deadline_s = engine.cpu.step_s(n, n), self.deadline_s()
+        if first_cpu_s is None or not gpu:
+            return step_timeline(now, gpu, num_in_flight, cpu_s, later_s, deadline_s, free)
+        s, e, u = step_timeline(now, gpu[:1], num_in_flight, first_cpu_s, later_s, deadline_s, free)
+        if not s or len(gpu) == 1:
+            return s, e, u
+        s2, e2, u2 = step_timeline(u[0], gpu[1:], num_in_flight, cpu_s, later_s, deadline_s, e[0])
+        return s + s2, e + e2, u + u2
 
     def plan_through(self, now: float, ctx0: list[int], each: list[int], k: int, later_s: float,
                      first_step: int = 0, free_at: float | None = None,
-                     priced: list[float] | None = None) -> tuple[list[float], Timeline]:
+                     priced: list[float] | None = None, first: FirstStep | None = None) -> tuple[list[float], Timeline]:
         """Price and time steps first_step..k-1 (gpu, (schedule times, GPU ends, update times)) of
         a run whose batch shrinks (step j's batch: each[i] > j; simulator/fastpath/through.py).
         Piece by piece: a piece is one batch's steps, up to 16, 64, 256, ... steps in all, priced
@@ -85,7 +118,7 @@ class RunClock:
         (the CPU time of a step reads its batch size); stops at the first piece cut short. A run
         growing (fastpath/deferred.py) continues from its last update `now`, where the GPU frees
         at `free_at`. `priced`: the steps' prices are known (priced[j] for step j): they are only
-        timed, a batch at a time."""
+        timed, a batch at a time. `first`: step 0's price where a prompt joins it."""
         gpu: list[float] = []
         sched_t: list[float] = []
         ends: list[float] = []
@@ -101,10 +134,13 @@ class RunClock:
                 b = min(b, max(16, 4 * a))
                 batch_ctx = [ctx + a for ctx, m in zip(ctx0, scheduled) if m > a]
                 piece, n = self.sim.decode_step_times_s(batch_ctx, b - a), len(batch_ctx)
+                if a == 0 and first is not None:
+                    piece[0] = first.gpu_s
             else:
                 piece, n = priced[a:b], sum([1 for m in scheduled if m > a])
             gpu += piece
-            s, e, u = self.timeline(t, piece, 1, n, later_s, free_at)
+            s, e, u = self.timeline(t, piece, 1, n, later_s, free_at,
+                                    first.cpu_s if a == 0 and first is not None else None)
             sched_t += s
             ends += e
             upd_t += u
