@@ -216,7 +216,9 @@ class MacroPlanner:
             # decides the same whatever this replica's load); past it, only the tail step
             return [] if applier.tail_step(now, in_flight, None) else None
         gpu, tl = self._price(now, ctx0, each, k, num_in_flight, len(reqs), later_s, first)
-        if len(tl[0]) < 2:
+        if len(tl[0]) < 2:  # one schedule fits before the arrival: the loop's next, as a tail step
+            if num_in_flight and tl[0] and applier.tail_step(now, in_flight, gpu[0], reqs, ctx0, first):
+                return []
             return None
         if not num_in_flight:
             return exact_delays(now, applier.apply_sync(reqs, ctx0, gpu, *tl))

@@ -21,7 +21,7 @@ from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, Sche
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.fastpath.through import progress_through, through_metrics, through_rows
-from servesim.simulator.fastpath.timeline import RunClock
+from servesim.simulator.fastpath.timeline import FirstStep, RunClock
 from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
 
 
@@ -59,7 +59,7 @@ class RunApplier:
         return True
 
     def tail_step(self, t: float, in_flight: InFlight, gpu_s: float | None, reqs: list[Request] | None = None,
-                  ctx: list[int] | None = None) -> bool:
+                  ctx: list[int] | None = None, first: FirstStep | None = None) -> bool:
         """Schedule the async loop's next step, due at t (before the next arrival; nothing in the
         loop happens between), as the stepping loop would, and leave it in flight behind the
         step already there; False (nothing done) unless it is provably plain. The scheduler is in
@@ -67,12 +67,12 @@ class RunApplier:
         when the run already has it (same contexts). `reqs`: that run's batch, given only when the
         run's own horizon covers this schedule too (it priced it: gpu_s), which then needs no
         second proof: the batch and its plainness are what the run's next schedule would have had;
-        `ctx`, that run's contexts for it where it opens the run (joins: DecodeRuns.decode_run_joining)."""
+        `ctx`, that run's contexts for it where it opens the run (joins: DecodeRuns.decode_run_joining),
+        and `first` its price where a prompt joins it (RunClock.first_step)."""
         engine, runs = self.engine, self.runs
         if ((reqs is None and runs.decode_run_horizon(1, 1) < 1)
                 or engine.watchdog.due(engine.book.num_steps + 1, t) or not t < self.clock.deadline_s()):
             return False
-        first = None  # a prompt joining: a mixed step (RunClock.first_step)
         if reqs is None:
             reqs = runs.decode_run_requests()
             joins = runs.decode_run_joining()
