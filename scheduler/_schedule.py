@@ -65,11 +65,12 @@ def schedule_step(self: Scheduler, now_s: float | None = None) -> SchedulerOutpu
     return out
 
 # --- phase 1: RUNNING ----------------------------------------------------------------------
-def _schedule_running(self: Scheduler, st: _StepState) -> None:
+def _schedule_running(self: Scheduler, st: _StepState, start: int = 0) -> None:
+    """The RUNNING phase, from running[start] on (0: all of it; more: behind a bulk path's decodes)."""
     cfg = self.scheduler_config
     threshold = cfg.long_prefill_token_threshold
     lookahead = self.num_lookahead_tokens
-    req_index = 0
+    req_index = start
     while req_index < len(self.running) and st.token_budget > 0:
         request = self.running[req_index]
         # Async skip-ahead: the in-flight step already reaches max_tokens even if every draft
@@ -303,16 +304,20 @@ def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
     return blocked_waits.try_promote(self, request)  # grammar and streaming-input waits
 
 # --- behind a bulk path's decodes ----------------------------------------------------------
-def schedule_waiting_behind(self: Scheduler, num_batch: int) -> tuple[list[Request], list[int]]:
-    """The WAITING phase of a schedule() whose RUNNING phase a bulk decode path applied
+def schedule_behind(self: Scheduler, num_batch: int, start: int) -> tuple[list[Request], list[int]]:
+    """The rest of a schedule() whose RUNNING phase a bulk decode path applied up to running[start]
     (scheduler/bulk/: a run's first schedule, requests joining it): num_batch one-token decodes,
-    nobody preempted, their tokens taken from the budget. _schedule_waiting on what is left, then
-    what _build_output and _update_after_schedule do for the requests it schedules (the previous
+    nobody preempted, their tokens taken from the budget. The RUNNING phase from running[start]
+    on (a prefill chunk completing) and the WAITING phase on what is left, then what
+    _build_output and _update_after_schedule do for the requests they schedule (the previous
     step's ids, the counters and placeholders); the bulk path builds the step's output. Returns
     them, in scheduling order, and the tokens each was scheduled."""
     st = _StepState(token_budget=self.max_num_scheduled_tokens - num_batch,
                     encoder_budget=self.max_num_encoder_input_tokens)
-    _schedule_waiting(self, st)
+    if start < len(self.running):
+        _schedule_running(self, st, start)
+    if not st.preempted_reqs:
+        _schedule_waiting(self, st)
     scheduled = st.num_scheduled_tokens
     if not scheduled:
         return [], []

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from servesim.scheduler import blocked_waits
-from servesim.scheduler._schedule import schedule_step, schedule_waiting_behind
+from servesim.scheduler._schedule import schedule_behind, schedule_step
 from servesim.scheduler.config import CacheConfig, SchedulerConfig
 from servesim.scheduler.connector import KVConnector
 from servesim.scheduler.encoder_cache import (EncoderCache, EncoderCacheManager, compute_mm_encoder_budget,
@@ -120,10 +120,11 @@ class Scheduler:
         """Decide the next step (scheduler/_schedule.py: running requests first, then waiting ones)."""
         return schedule_step(self, now_s)
 
-    def schedule_waiting_behind(self, num_batch: int) -> tuple[list[Request], list[int]]:
-        """schedule()'s waiting phase alone, behind num_batch one-token decodes a bulk decode path
-        scheduled (scheduler/_schedule.py); returns the requests it scheduled and their tokens."""
-        return schedule_waiting_behind(self, num_batch)
+    def schedule_behind(self, num_batch: int, start: int) -> tuple[list[Request], list[int]]:
+        """The rest of a schedule(), behind num_batch one-token decodes a bulk decode path scheduled
+        for `running` up to running[start] (scheduler/_schedule.py): the running phase from there
+        on, then the waiting phase; returns the requests they scheduled and their tokens."""
+        return schedule_behind(self, num_batch, start)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance num_computed_tokens right away so the next schedule() can continue a chunked

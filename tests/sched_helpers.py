@@ -84,3 +84,25 @@ def runs_of(sched):
     runs = decode_runs_for(sched)
     assert runs is not None, f"{type(sched).__name__} declares no bulk decode path"
     return runs
+
+
+def scheduler_state(sched) -> dict:
+    """Everything a schedule changes that a later step reads (twin schedulers compare it)."""
+    kvm = sched.kv_cache_manager
+    mgr = kvm._single_full
+    return {
+        "running": [r.request_id for r in sched.running],
+        "waiting": [r.request_id for r in sched.waiting],
+        "skipped": [r.request_id for r in sched.skipped_waiting],
+        "requests": {rid: (r.status, r.num_computed_tokens, r.num_output_placeholders, r.is_prefill_chunk,
+                           r.num_cached_tokens, r.num_tokens) for rid, r in sched.requests.items()},
+        "blocks": {rid: [b.block_id for b in bl] for rid, bl in mgr.req_to_blocks.items()},
+        "cached": dict(mgr.num_cached_block),
+        "free": [b.block_id for b in kvm.block_pool.free_block_queue.get_all_free_blocks()],
+        "hashes": sorted((b.block_id, b.block_hash) for bl in mgr.req_to_blocks.values() for b in bl
+                         if b.block_hash is not None),
+        "landed": set(sched.finished_recving_kv_req_ids),
+        "prev": set(sched.prev_step_scheduled_req_ids),
+        "finished": set(sched.finished_req_ids),
+        "stats": (kvm.prefix_cache_stats.hits, kvm.prefix_cache_stats.queries),
+    }

@@ -77,3 +77,21 @@ def test_session_affinity_macro_steps_identical(async_):
     macro = _run("session_affinity", async_, True, 6, wl)
     pd.testing.assert_frame_equal(plain.requests, macro.requests)
     pd.testing.assert_frame_equal(plain.steps, macro.steps)
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "prefix_aware"])
+def test_deferred_runs_open_with_joins(router):
+    """A replica's deferred run opens with the prompt its first schedule completes (a new one, or
+    a chunk of one over the token budget: scheduler/bulk/joins.py), read from the plan or applied
+    first by the state-reading routers (fastpath/planned_reads.py): identical to stepping."""
+    wl = make_workload("poisson", {
+        "num_requests": 150, "arrival": {"rate_per_s": 20.0},
+        "prompt_len": {"dist": "lognormal", "median": 900, "sigma": 0.9, "max_value": 6000},
+        "output_len": {"dist": "lognormal", "median": 60, "sigma": 0.6, "max_value": 300},
+    }, np.random.default_rng(11))
+    plain = _run(router, True, False, 3, wl)
+    cluster = Cluster(_config(router, True, True, 3), wl)
+    macro = cluster.run()
+    pd.testing.assert_frame_equal(plain.requests, macro.requests)
+    pd.testing.assert_frame_equal(plain.steps, macro.steps)
+    assert sum(r.engine.planner.num_joined for r in cluster.replicas) > 0.3 * len(wl.requests)

@@ -141,9 +141,9 @@ def test_a_run_whose_first_update_finishes_requests_is_deferred_too(monkeypatch)
     drops = []
 
     class Spy(DeferredRuns):  # (a subclass: a compiled object's own methods cannot be patched)
-        def plan(self, now, reqs, ctx0, k, load_drop, each):
+        def plan(self, now, reqs, ctx0, k, load_drop, each, num_joining=0, first=None):
             drops.append(load_drop)
-            return super().plan(now, reqs, ctx0, k, load_drop, each)
+            return super().plan(now, reqs, ctx0, k, load_drop, each, num_joining, first)
 
     wl = _workload(300, 100.0, seed=8, output_median=30)
     cluster = _with_deferred(Cluster(_config(True, 12), wl), Spy)
@@ -202,7 +202,7 @@ def test_a_refused_plan_falls_back_to_the_eager_run_without_finishes(monkeypatch
     refused = []
 
     class Refusing(DeferredRuns):
-        def plan(self, now, reqs, ctx0, k, load_drop, each):
+        def plan(self, now, reqs, ctx0, k, load_drop, each, num_joining=0, first=None):
             refused.append(each is not None)
             return False
 

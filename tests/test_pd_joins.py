@@ -13,7 +13,7 @@ from servesim.simulator.cluster import sim_config_from_dict
 from servesim.simulator.cluster.pd_connectors import RemotePrefillConnector
 from servesim.simulator.cluster.pd_schedulers import decode_scheduler
 from servesim.simulator.startup import resolve_cache
-from tests.sched_helpers import apply_due, decode_output, output_for, req, runs_of
+from tests.sched_helpers import apply_due, decode_output, output_for, req, runs_of, scheduler_state
 
 PROMPTS = {"p1": 70, "p2": 48, "p3": 33}  # handed over from a prefill side (p2: a whole number of blocks)
 
@@ -45,30 +45,10 @@ def _twin(seed_tokens: int = 7):
     return sched, in_flight
 
 
-def _state(sched) -> dict:
-    """Everything a schedule changes that a later step reads."""
-    kvm = sched.kv_cache_manager
-    mgr = kvm._single_full
-    return {
-        "running": [r.request_id for r in sched.running],
-        "skipped": [r.request_id for r in sched.skipped_waiting],
-        "requests": {rid: (r.status, r.num_computed_tokens, r.num_output_placeholders, r.is_prefill_chunk,
-                           r.num_cached_tokens, r.num_tokens) for rid, r in sched.requests.items()},
-        "blocks": {rid: [b.block_id for b in bl] for rid, bl in mgr.req_to_blocks.items()},
-        "cached": dict(mgr.num_cached_block),
-        "free": [b.block_id for b in kvm.block_pool.free_block_queue.get_all_free_blocks()],
-        "hashes": sorted((b.block_id, b.block_hash) for bl in mgr.req_to_blocks.values() for b in bl
-                         if b.block_hash is not None),
-        "landed": set(sched.finished_recving_kv_req_ids),
-        "prev": set(sched.prev_step_scheduled_req_ids),
-        "finished": set(sched.finished_req_ids),
-    }
-
-
 def test_a_runs_first_schedule_admits_the_landed_requests_as_schedule_does():
     ref, ref_flight = _twin()
     bulk, bulk_flight = _twin()
-    assert _state(ref) == _state(bulk)
+    assert scheduler_state(ref) == scheduler_state(bulk)
     ref_out = ref.schedule()
     assert [nr.req_id for nr in ref_out.scheduled_new_reqs] == ["p1", "p2"]
 
@@ -86,7 +66,7 @@ def test_a_runs_first_schedule_admits_the_landed_requests_as_schedule_does():
     assert [r.request_id for r in eff.joined] == ["p1", "p2"] and eff.joined_tokens == [1, 1]
     assert eff.finished == handed == ref_out.finished_req_ids
     assert eff.free_after == [ref.get_num_free_blocks()]
-    assert _state(bulk) == _state(ref)
+    assert scheduler_state(bulk) == scheduler_state(ref)
     assert ref.requests["p3"].status == RequestStatus.WAITING_FOR_REMOTE_KVS  # passed over, still parked
 
     # the steps after it: the same decisions, whatever the run's own output object holds
@@ -106,7 +86,7 @@ def test_a_runs_first_schedule_admits_the_landed_requests_as_schedule_does():
             flight.append((out, output_for(out)))
             apply_due(sched, flight, 2, out.total_num_scheduled_tokens == 0)
         assert outs[0] == outs[1]
-    assert _state(bulk) == _state(ref)
+    assert scheduler_state(bulk) == scheduler_state(ref)
 
 
 @pytest.mark.parametrize("why", ["preempted", "waiting", "sync"])

@@ -1,8 +1,9 @@
-"""Joins of new prompts (scheduler/bulk/vllm.py and bulk/joins.py, "Joins"): a run's first schedule
-applied by the bulk path (the batch's decodes in bulk, then the scheduler's own waiting phase
-admitting the waiting request with its whole prompt) leaves exactly the state schedule() leaves,
-computes exactly the tokens on exactly the prefix hit the bulk path read ahead (what the step is
-priced from), and the steps after it are the same. Twin async schedulers driven by hand, as vLLM's
+"""Joins of prompts (scheduler/bulk/vllm.py and bulk/joins.py, "Joins"): a run's first schedule
+applied by the bulk path (the batch's decodes in bulk, then the scheduler's own phases admitting
+the waiting request with its whole prompt, or completing the last running request's prefill
+chunk) leaves exactly the state schedule() leaves, computes exactly the tokens on exactly the
+context the bulk path read ahead (what the step is priced from), and the steps after it are the
+same. Twin async schedulers driven by hand, as vLLM's
 tests drive theirs; a seeded random workload with shared prefixes and a tight block pool."""
 
 from __future__ import annotations
@@ -11,29 +12,9 @@ import random
 
 import pytest
 
-from servesim.scheduler.request import RequestStatus
 from servesim.scheduler import ModelRunnerOutput
-from tests.sched_helpers import apply_due, make_sched, req, runs_of
-
-
-def _state(sched) -> dict:
-    """Everything a schedule changes that a later step reads."""
-    kvm = sched.kv_cache_manager
-    mgr = kvm._single_full
-    return {
-        "running": [r.request_id for r in sched.running],
-        "waiting": [r.request_id for r in sched.waiting],
-        "requests": {rid: (r.status, r.num_computed_tokens, r.num_output_placeholders, r.is_prefill_chunk,
-                           r.num_cached_tokens, r.num_tokens) for rid, r in sched.requests.items()},
-        "blocks": {rid: [b.block_id for b in bl] for rid, bl in mgr.req_to_blocks.items()},
-        "cached": dict(mgr.num_cached_block),
-        "free": [b.block_id for b in kvm.block_pool.free_block_queue.get_all_free_blocks()],
-        "hashes": sorted((b.block_id, b.block_hash) for bl in mgr.req_to_blocks.values() for b in bl
-                         if b.block_hash is not None),
-        "prev": set(sched.prev_step_scheduled_req_ids),
-        "finished": set(sched.finished_req_ids),
-        "stats": (kvm.prefix_cache_stats.hits, kvm.prefix_cache_stats.queries),
-    }
+from servesim.scheduler.request import RequestStatus
+from tests.sched_helpers import apply_due, make_sched, req, runs_of, scheduler_state
 
 
 def _pair(**kw):
@@ -67,9 +48,11 @@ def _step_both(ref, bulk, flights, joined: list) -> None:
         batch = runs.decode_run_requests() + joins.requests
         assert [r.request_id for r in batch] == list(ref_out.num_scheduled_tokens)
         eff = runs.schedule_decode_steps(batch, 1, None, ref.now_s)
-        new = {nr.req_id: nr.num_computed_tokens for nr in ref_out.scheduled_new_reqs}
+        cached = ref_out.scheduled_cached_reqs
+        before = dict(zip(cached.req_ids, cached.num_computed_tokens))
+        before.update({nr.req_id: nr.num_computed_tokens for nr in ref_out.scheduled_new_reqs})
         ids = [r.request_id for r in joins.requests]
-        assert list(new) == ids and [new[rid] for rid in ids] == joins.contexts  # the hit read ahead
+        assert [before[rid] for rid in ids] == joins.contexts  # a new one's hit read ahead, or its chunk
         assert [ref_out.num_scheduled_tokens[rid] for rid in ids] == joins.num_new_tokens == eff.joined_tokens
         assert eff.free_after == [ref.kv_cache_manager.block_pool.get_num_free_blocks()]
         assert eff.finished == ref_out.finished_req_ids
@@ -82,7 +65,7 @@ def _step_both(ref, bulk, flights, joined: list) -> None:
         bulk_flight.append((bulk_out, mro))
     for sched, flight in ((ref, ref_flight), (bulk, bulk_flight)):
         apply_due(sched, flight, 2, not flight[-1][0].total_num_scheduled_tokens)
-    assert _state(bulk) == _state(ref)
+    assert scheduler_state(bulk) == scheduler_state(ref)
 
 
 def test_a_new_prompt_joins_a_runs_first_schedule_as_schedule_admits_it():
@@ -143,6 +126,23 @@ def test_no_run_opens_where_the_batchs_decodes_would_evict_the_prompts_hit():
     assert not joined and ref.requests["n"].num_cached_tokens == 0
 
 
+def test_a_prefill_chunk_completing_joins_a_runs_first_schedule():
+    ref, bulk = _pair(num_blocks=80, block_size=4, max_num_batched_tokens=32)
+    flights: tuple[list, list] = ([], [])
+    _add((ref, bulk), "a", 5, 30)
+    joined: list[int] = []
+    for _ in range(3):
+        _step_both(ref, bulk, flights, joined)
+    _add((ref, bulk), "n", 40, 8)  # over the budget behind a's decode: its first chunk steps
+    _step_both(ref, bulk, flights, joined)
+    assert not joined and ref.requests["n"].is_prefill_chunk
+    _step_both(ref, bulk, flights, joined)  # its last chunk: the run's first schedule
+    assert joined == [31] and not ref.requests["n"].is_prefill_chunk
+    for _ in range(10):
+        _step_both(ref, bulk, flights, joined)
+    assert joined == [31]
+
+
 @pytest.mark.parametrize("why", ["two waiting", "budget", "seats", "preempted", "sync"])
 def test_no_run_opens_with_a_prompt_that_cannot_join_whole(why):
     ref, bulk = _pair(num_blocks=80, block_size=4, max_num_batched_tokens=32, max_num_seqs=3)
@@ -176,17 +176,19 @@ def test_no_run_opens_with_a_prompt_that_cannot_join_whole(why):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_arrivals_join_exactly(seed):
-    """Arrivals of prompts from a few shared prefixes into a tight pool: every join the bulk path
-    proves is schedule()'s admission, on the hit it read ahead; preemptions and refusals step."""
+    """Arrivals of prompts from a few shared prefixes, a quarter of them over the token budget
+    (chunked), into pools from tight to roomy: every join the bulk path proves (a new prompt or a
+    completing chunk) is schedule()'s, on the context it read ahead; preemptions and refusals step."""
     rng = random.Random(seed)
-    ref, bulk = _pair(num_blocks=rng.choice([20, 28, 40, 120]), block_size=4, max_num_batched_tokens=48,
+    ref, bulk = _pair(num_blocks=rng.choice([28, 60, 120, 200]), block_size=4, max_num_batched_tokens=48,
                       max_num_seqs=rng.choice([4, 8]), max_model_len=128)
     flights: tuple[list, list] = ([], [])
     prefixes = [[rng.randrange(1, 900) for _ in range(rng.randrange(4, 20))] for _ in range(3)]
     joined: list[int] = []
     for i in range(200):
         if rng.random() < 0.3:
-            tail = [rng.randrange(1, 900) for _ in range(rng.randrange(1, 16))]
+            num_tail = rng.randrange(30, 60) if rng.random() < 0.25 else rng.randrange(1, 16)
+            tail = [rng.randrange(1, 900) for _ in range(num_tail)]
             _add((ref, bulk), f"r{i}", rng.choice(prefixes) + tail, rng.randrange(1, 30))
         _step_both(ref, bulk, flights, joined)
-    assert len(joined) >= 2 and any(joined)  # some joined, some on a prefix hit
+    assert len(joined) >= 3 and any(joined)  # some joined, some past a prefix hit or a chunk

@@ -49,8 +49,9 @@ class Joins:
     decodes one token a schedule, as a running request with one step in flight does."""
 
     requests: list[Request]
-    contexts: list[int]  # its computed tokens (prefix hit, or P/D's loaded prompt less one) at that schedule
+    contexts: list[int]  # its computed tokens (prefix hit, chunk, or P/D's loaded prompt less one) at that schedule
     num_new_tokens: list[int]  # the tokens it computes there (>= 1)
+    num_running: int = 0  # the first ones are running already (a prefill chunk completing), the rest admitted
 
     def decode_contexts(self) -> list[int]:
         """Each one's context as a run of decodes would have it at the first schedule (its whole

@@ -22,7 +22,7 @@ and, in the waiting phase, the landed requests' promotion: each loaded its whole
 back one token to sample (_try_promote_blocked) and is admitted computing that token, in blocks it
 reserved when it was parked, so the step allocates nothing for it. An async run's first schedule
 may be that step: the batch's decodes are applied in bulk, then the scheduler's own waiting phase
-(Scheduler.schedule_waiting_behind) promotes and admits exactly the landed ones, passing the parked
+(Scheduler.schedule_behind) promotes and admits exactly the landed ones, passing the parked
 ones over as above; from the next schedule on they are running requests decoding with the batch.
 Only where every landed request qualifies (no preemption behind it, no multimodal input, its
 blocks in place, a seat and a token for each) and the scheduler checks no LoRA slot and schedules

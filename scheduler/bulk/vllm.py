@@ -6,15 +6,12 @@ steps are all plain, their effect is fixed: each request's num_computed_tokens g
 manager allocates and caches blocks at the block boundaries (scheduler/bulk/kv.py, in vLLM's
 order), and each update appends the sampled token. A waiting request may be there: each schedule
 then looks it up in the prefix cache and stops at it, which a run repeats as long as its
-admission provably fails alike (_refused_head_hit).
+admission provably fails alike (bulk/heads.py).
 
-Joins (DecodeRuns.decode_run_joining). A new request the next schedule surely admits with its
-whole prompt (the only one waiting, a seat and the token budget for its prompt behind the
-decodes, no chunk cut, its blocks free: bulk/joins.py) joins an async run there: the batch's
-decodes are applied in bulk and the scheduler's own waiting phase
-(Scheduler.schedule_waiting_behind) admits it; it samples at that step and decodes from the next
-on. The step's price reads its prefix hit, read ahead (peek) and proven unchanged by that step's
-decodes (KVDecodeRuns.hit_survives_decodes).
+Joins (DecodeRuns.decode_run_joining; who joins: bulk/joins.py). A request whose prompt the next
+schedule completes (a new one admitted whole, or the last running one's prefill chunk) joins an
+async run there: the batch's decodes in bulk, the rest by the scheduler's own phases
+(Scheduler.schedule_behind); it samples at that step and decodes from the next on.
 
 `VllmDecodeRuns` is the owner of these operations for one Scheduler or AsyncScheduler (a friend
 of theirs: scheduler/bulk/__init__.py); it owns the KV manager's bulk path (`KVDecodeRuns`) and
@@ -26,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from servesim.scheduler.bulk.heads import refused_head_hit
 from servesim.scheduler.bulk.interface import DecodeRunEffects, Joins, SampledStepUpdate
-from servesim.scheduler.bulk.joins import join_plan, joining_bound, joining_prompt, num_running
+from servesim.scheduler.bulk.joins import completing_chunk, join_plan, joining_bound, joining_prompt, num_running
 from servesim.scheduler.bulk.kv import KVDecodeRuns
 from servesim.scheduler.bulk.sampled_update import update_sampled_step
 from servesim.scheduler.lazy_ids import RunTokens
@@ -40,11 +38,9 @@ if TYPE_CHECKING:
     from servesim.scheduler.scheduler import Scheduler
 
 
-_HEAD_POLICIES = ("fcfs", "priority")  # waiting queues whose head a plain run provably keeps
 # No joins (DecodeRuns.decode_run_joining), shared: read at every planning attempt, never written.
 _NOBODY: list[Request] = []
 _NO_JOINS = Joins(_NOBODY, [], [])
-_ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class VllmDecodeRuns:
@@ -110,13 +106,15 @@ class VllmDecodeRuns:
         next schedule (vLLM's async skip-ahead) and finished by that step's update: it leaves the
         batch, the rest stays fixed (not while a request waits: the freed seat and blocks may
         admit it). A waiting request schedule() reaches must stay refused through the run
-        (_refused_head_hit). Conservative: any state not recognised answers 0."""
+        (bulk/heads.py). Conservative: any state not recognised answers 0."""
         sched = self.scheduler
         joining = self._joining()  # (joins: the async loop's first schedule only; no waiting head then)
         if (joining is None or (joining and num_in_flight != 1) or sched.num_spec_tokens
                 or sched.num_lookahead_tokens or sched.tracer is not None or sched.policy.next_event_s() is not None):
             return 0
         running = sched.running
+        if joining and joining[0].status == RequestStatus.RUNNING:
+            running = running[:-1]  # the prefill chunk that joins (_joining)
         n = len(running)
         threshold = sched.scheduler_config.long_prefill_token_threshold
         if n == 0 or 0 < threshold < 1:
@@ -124,7 +122,7 @@ class VllmDecodeRuns:
         # First (cheap, and most often the answer when a request waits): does the head get in?
         # With a request waiting the batch must be all of `running` (checked below).
         head = None if joining else self._waiting_head(n)
-        head_hit = None if head is None else self._refused_head_hit(head, n)
+        head_hit = None if head is None else refused_head_hit(sched, self.kv, head, n)
         if head is not None and head_hit is None:
             return 0
         k = max_steps
@@ -167,8 +165,14 @@ class VllmDecodeRuns:
             return 0
         if through:
             k = min(k, max(caps))  # the run's last step keeps a batch (someone's last step, at least)
+        return self._fit(k, head, head_hit, caps if through else None, joining)
+
+    def _fit(self, k: int, head: Request | None, head_hit: KVCacheBlocks | None, caps: list[int] | None,
+             joining: list[Request]) -> int:
+        """decode_run_horizon's last bound, k at most: the run's blocks (KVDecodeRuns.decode_run_fit),
+        and what the joining requests compute at its first schedule proven (_join_plan)."""
         batch = self.decode_run_requests()
-        k = self.kv.decode_run_fit(batch, k, head, head_hit, caps if through else None, joining)
+        k = self.kv.decode_run_fit(batch, k, head, head_hit, caps, joining)
         if k and joining and self._join_plan(batch, joining) is None:
             return 0
         return k
@@ -182,6 +186,10 @@ class VllmDecodeRuns:
         sched = self.scheduler
         if sched.connector is not None:
             return None
+        running = sched.running
+        if running and running[-1].is_prefill_chunk:  # it joins, alone, or the run proof fails
+            chunk = completing_chunk(sched)
+            return [chunk] if chunk is not None and not (sched.waiting or sched.skipped_waiting) else _NOBODY
         if not sched.waiting:
             return _NOBODY
         head = joining_prompt(sched, self.kv)
@@ -223,40 +231,11 @@ class VllmDecodeRuns:
             return None
         return sched._select_waiting_queue(sched.waiting, sched.skipped_waiting).peek_request()
 
-    def _refused_head_hit(self, head: Request, num_batch: int) -> KVCacheBlocks | None:
-        """The head's prefix-cache hit now if the next plain schedule of num_batch decodes stops at
-        the waiting `head` and every later one provably will, as long as the hit stays the same
-        (decode_run_fit then bounds the run so); None if not proven. Each schedule looks the head
-        up, then stops (chunked prefill off and its tokens over the budget) or its admission fails
-        for lack of blocks (KVDecodeRuns.admission_fails). Through a run the token budget is
-        constant (the batch is), free blocks only fall (no request finishes: decode_run_horizon)
-        and so does nothing else the decision reads. Only the fcfs and priority queues (whose
-        head changes only by arrivals and admissions), a head with no LoRA slot to check, and
-        no request skipped in an earlier step."""
-        sched = self.scheduler
-        cfg = sched.scheduler_config
-        if (sched.skipped_waiting or cfg.policy not in _HEAD_POLICIES or head.status not in _ADMITTABLE
-                or head.num_computed_tokens or (sched.max_loras is not None and head.lora_id is not None)
-                or cfg.use_eagle):
-            return None
-        budget = sched.max_num_scheduled_tokens - num_batch
-        if (cfg.enable_chunked_prefill or head.num_tokens <= budget) and self.kv.admission_surely_fits(head):
-            return None  # admitted, whatever its hit: the lookup below would only confirm it
-        hit, num_hit = sched.kv_cache_manager.peek_computed_blocks(head)
-        num_new = head.num_tokens - num_hit
-        threshold = cfg.long_prefill_token_threshold
-        if 0 < threshold < num_new:
-            num_new = threshold
-        if (cfg.enable_chunked_prefill or num_new <= budget) and not self.kv.admission_fails(
-                head, min(num_new, budget), hit, num_hit, cfg.scheduler_reserve_full_isl):
-            return None
-        return hit
-
     def decode_run_requests(self) -> list[Request]:
         """The batch of the next plain decode step, in scheduling order: the running requests but
         those the async skip-ahead rule passes over (their in-flight step reaches max_tokens)."""
-        return [r for r in self.scheduler.running
-                if not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
+        return [r for r in self.scheduler.running if not r.is_prefill_chunk
+                and not (r.num_output_placeholders > 0 and r.num_output_tokens + 1 >= r.max_tokens)]
 
     def schedule_decode_steps(self, batch: Sequence[Request], num_steps: int, tokens: RunTokens | None,
                               now_s: float, steps_each: list[int] | None = None,
@@ -288,13 +267,18 @@ class VllmDecodeRuns:
     def _schedule_joins(self, batch: Sequence[Request], m: int, num_steps: int, tokens: RunTokens | None,
                         now_s: float) -> DecodeRunEffects:
         """A run's first schedule with joins: batch[:m]'s decodes in bulk (no lookup: the waiting
-        phase looks the joining ones up itself), then the scheduler's waiting phase behind them,
-        which must admit exactly batch[m:], each with its whole prompt."""
+        phase looks the joining ones up itself), then the rest of the schedule behind them (a
+        prefill chunk, last in `running`; the waiting phase), which must schedule exactly
+        batch[m:], each completing its prompt."""
         if num_steps != 1 or tokens is not None:
             raise ValueError("requests join a run at its first schedule only (one step, no update)")
         joining = batch[m:]
         eff = self._decode_steps(batch[:m], 1, None, now_s, None, (), None)
-        joined, joined_tokens = self.scheduler.schedule_waiting_behind(m)
+        sched = self.scheduler
+        start = len(sched.running)
+        if joining[0].status == RequestStatus.RUNNING:
+            start -= 1  # the prefill chunk joining (bulk/joins.py completing_chunk)
+        joined, joined_tokens = sched.schedule_behind(m, start)
         if (len(joined) != len(joining) or any(a is not b for a, b in zip(joined, joining))
                 or any(r.num_computed_tokens != r.num_tokens for r in joined)):
             raise AssertionError(f"a run's first schedule admitted {[r.request_id for r in joined]}, not the "

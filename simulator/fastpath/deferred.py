@@ -53,7 +53,7 @@ import simpy
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.fastpath.runs import RunApplier
-from servesim.simulator.fastpath.timeline import RunClock, batch_at, exact_delays
+from servesim.simulator.fastpath.timeline import FirstStep, RunClock, batch_at, exact_delays
 
 # Steps priced when a deferred run is planned; each time the clock reaches the end of what is
 # priced, the run grows by as many again (up to the scheduler's horizon), so a run that no
@@ -82,6 +82,8 @@ class DeferredRun:
     past_arrival: bool = False  # applied early with that update too (MacroPlanner._past_arrival)
     scheduled: list[int] | None = None  # reqs[i] is scheduled in the first scheduled[i] steps (each + extra forward)
     woken: int = 0  # paced: the updates whose time the clock has reached (DeferredRuns.paced)
+    num_joining: int = 0  # reqs' last ones join at its first schedule (DecodeRuns.decode_run_joining)
+    first: FirstStep | None = None  # that schedule's price where a prompt joins it (RunClock.first_step)
 
     def set_drop_times(self) -> None:
         """The load falls by load_drop at the first update and by one at each finishing update
@@ -119,16 +121,21 @@ class DeferredRuns:
         self.num_deferred_routed = 0  # applied at a routed arrival
 
     def plan(self, now: float, reqs: list[Request], ctx0: list[int], k: int, load_drop: int,
-             each: list[int] | None) -> bool:
+             each: list[int] | None, num_joining: int = 0, first: FirstStep | None = None) -> bool:
         """Plan a deferred run of at most k steps from this loop-top state (one step in flight,
-        whose update finishes load_drop requests; `each`: a run through finishes); False when it
+        whose update finishes load_drop requests; `each`: a run through finishes; reqs' last
+        num_joining join at its first schedule, priced `first` where a prompt does); False when it
         would be shorter than two updates."""
         clock = self.clock
         if each is None:
             gpu = clock.sim.decode_step_times_s(ctx0, min(k, FIRST_CHUNK))
-            sched_t, ends, upd_t = clock.timeline(now, gpu, 1, len(reqs), math.inf)
+            if first is not None:
+                gpu[0] = first.gpu_s
+            sched_t, ends, upd_t = clock.timeline(now, gpu, 1, len(reqs), math.inf, None,
+                                                  None if first is None else first.cpu_s)
         else:
-            gpu, (sched_t, ends, upd_t) = clock.plan_through(now, ctx0, each, min(k, FIRST_CHUNK), math.inf)
+            gpu, (sched_t, ends, upd_t) = clock.plan_through(now, ctx0, each, min(k, FIRST_CHUNK), math.inf,
+                                                             first=first)
         assert self.collides is not None
         n = self.collides(upd_t)  # the plan ends before an update landing on a dispatch time
         if n < 2:
@@ -136,7 +143,8 @@ class DeferredRuns:
         if n < len(upd_t):
             del sched_t[n:], ends[n:], upd_t[n:]
         plan = DeferredRun(now, reqs, ctx0, gpu, sched_t, ends, upd_t, self.engine.env.event(), k,
-                           len(upd_t) < len(gpu), load_drop, each, [], scheduled=clock.scheduled_each(each))
+                           len(upd_t) < len(gpu), load_drop, each, [], scheduled=clock.scheduled_each(each),
+                           num_joining=num_joining, first=first)
         plan.set_drop_times()
         self.pending = plan
         self.num_deferred_runs += 1
@@ -267,7 +275,7 @@ class DeferredRuns:
                                            plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
             tailed = applier.tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
         else:  # the eager path: a tail-only step, then (one update before t) step, then tail
-            tailed = applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs, plan.ctx0)
+            tailed = applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs, plan.ctx0, plan.first)
             if tailed and j == 1:
                 so, mro, _end, rec, row = in_flight.popleft()
                 self.engine.apply_output(so, mro, rec, row, now=plan.upd_t[0])

@@ -20,8 +20,10 @@ count reaches 0 is free again (the run's new blocks are its alone; prompt blocks
 another request are freed only by the last holder). So the free count after j updates and j + 1
 schedules is free0 - allocations(0..j) + freed(updates < j): KVDecodeRuns.decode_run_fit
 already proved no allocation of the run needs a block that was not free when it began. A request
-joining at the run's first schedule (scheduler/bulk/pd.py, "Joins") is one of them, its context
-starting at its prompt's last token in the blocks it reserved (that schedule allocates none).
+joining at the run's first schedule with one token (scheduler/bulk/pd.py, "Joins") is one of them,
+its context starting at its prompt's last token in the blocks it reserved (that schedule allocates
+none); where a prompt joins (bulk/joins.py: its blocks, hit or new, taken at that schedule), the
+replica applies its run up to the read first (DeferredRuns.apply_at, exact) and is read then.
 
 Prefix cache: the router's lookup (scheduler/prefix_lookup.py, gpu_prefix_hit) finds the
 longest run of leading prompt blocks whose hashes are in the map, stopping at the first miss m.
@@ -55,7 +57,6 @@ from servesim.scheduler.bulk.interface import DecodeRuns
 from servesim.scheduler.bulk.kv import KVDecodeRuns
 from servesim.scheduler.bulk.vllm import VllmDecodeRuns
 from servesim.scheduler.prefix_lookup import gpu_prefix_hit
-from servesim.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
     from servesim.scheduler.hashing import TokenProvenance
@@ -232,6 +233,10 @@ class PlannedReads:
         """The KV usage stepping shows now (the module docstring)."""
         plan = self.deferred.pending
         assert plan is not None
+        if plan.first is not None:  # a prompt joins at its first schedule: applied first (exact)
+            self.num_reads_applied += 1
+            self.deferred.apply_at(self.engine.env.now, self.engine.in_flight, routed=False)
+            return self.sched.kv_cache_manager.usage
         j = self._updates_before_now(plan)
         return self.kv.usage_at(self._run_blocks(plan).free_blocks(j))
 
@@ -243,10 +248,11 @@ class PlannedReads:
         engine, sched = self.engine, self.sched
         plan = self.deferred.pending
         assert plan is not None
-        blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
-        if probe is None or (plan.reqs[-1].status != RequestStatus.WAITING_FOR_REMOTE_KVS and self._unchanged(
-                plan, self._updates_before_now(plan), blocks[0], hit, probe, len(token_ids))):
-            return hit  # (a run that opens with joins caches their prompts at its first schedule: applied first)
+        if plan.first is None:  # (a prompt joining looks the cache up at the first schedule: after it)
+            blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
+            if probe is None or (not plan.num_joining and self._unchanged(
+                    plan, self._updates_before_now(plan), blocks[0], hit, probe, len(token_ids))):
+                return hit  # (a run that opens with joins caches their prompts at its first schedule: applied first)
         self.num_reads_applied += 1
         self.deferred.apply_at(engine.env.now, engine.in_flight, routed=False)
         return sched.cached_prefix_tokens(token_ids, lora_id, provenance)

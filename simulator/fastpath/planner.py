@@ -185,23 +185,22 @@ class MacroPlanner:
         if k < 2 or engine.watchdog.due(engine.book.num_steps + 1, now):
             return None  # too short to pay, or the watchdog fires at the next schedule: step
         reqs = runs.decode_run_requests()
-        num_running = engine.scheduler.get_request_counts()[0]
-        if len(reqs) < num_running and not (self.finishes_heard_any_time or self._finishes_stay_inside()):
+        joins = runs.decode_run_joining()  # completing their prompts at the run's first schedule
+        # the skipped-ahead requests, which the first update finishes
+        num_skipped = engine.scheduler.get_request_counts()[0] - len(reqs) - joins.num_running
+        if num_skipped and not (self.finishes_heard_any_time or self._finishes_stay_inside()):
             return None
-        load_change = len(reqs) - num_running  # the skipped-ahead requests the first update finishes
+        load_change = -num_skipped
         ctx0 = [r.num_computed_tokens for r in reqs]
-        joins = runs.decode_run_joining()  # admitted by the run's first schedule
         first: FirstStep | None = None
         if joins.requests:
             reqs += joins.requests
             ctx0 += joins.decode_contexts()
             first = clock.first_step(ctx0, joins)
-            if first is not None and (deferrable or paced):
-                return None  # a prompt joining: a deferred plan prices decode steps only
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and min(each) >= k:
             each = None  # nobody finishes inside: the fixed batch
-        if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each):
+        if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each, len(joins.requests), first):
             return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
         if paced:
             return None
