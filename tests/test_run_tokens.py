@@ -154,14 +154,15 @@ class _Driver:
         """A run of k plain decode steps through the bulk path, as simulator/fastpath/planner.py applies it."""
         sched = self.sched
         runs = runs_of(sched)
-        reqs = runs.decode_run_requests()
+        reqs = runs.decode_run_requests() + runs.decode_run_joining().requests  # (joins: async only)
         ids = [r.request_id for r in reqs]
         if not self.in_flight:
             self.worker.forget(sched.finished_req_ids)
             runs.schedule_decode_steps(reqs, k, self.worker.sample_decode_run(ids, k), 0.0)
         else:
             self.worker.forget(sched.finished_req_ids)
-            runs.schedule_decode_steps(reqs, 1, None, 0.0)
+            for r in runs.schedule_decode_steps(reqs, 1, None, 0.0).joined:  # the worker learns a new one
+                self.worker.admit(r.request_id, r.num_prompt_tokens)
             tokens = self.worker.sample_decode_run(ids, k)
             old, mro = self.in_flight.pop(0)
             sched.update_from_output(old, mro)
