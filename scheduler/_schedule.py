@@ -322,13 +322,15 @@ def schedule_behind(self: Scheduler, num_batch: int, start: int) -> tuple[list[R
     if not scheduled:
         return [], []
     self.prev_step_scheduled_req_ids.update(scheduled)
-    self._update_after_schedule(SchedulerOutput([], CachedRequestData(), scheduled, sum(scheduled.values()),
+    self._update_after_schedule(SchedulerOutput([], CachedRequestData(), scheduled, sum(n for n in scheduled.values()),
                                                 st.spec_decode_tokens, [], set(), set()))
     return [self.requests[rid] for rid in scheduled], list(scheduled.values())
 
 # --- output --------------------------------------------------------------------------------
 def _build_output(self: Scheduler, st: _StepState) -> SchedulerOutput:
-    total = sum(st.num_scheduled_tokens.values())
+    # sum over a generator, not a view: mypyc compiles it to a loop (a view is summed by a call into the
+    # interpreter's builtin); the same below and in the hot paths that sum per step
+    total = sum(n for n in st.num_scheduled_tokens.values())
     assert total <= self.max_num_scheduled_tokens and st.token_budget >= 0
     assert len(self.running) <= self.max_num_running_reqs
     num_common = [0] * self.kv_cache_manager.num_kv_cache_groups

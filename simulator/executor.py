@@ -54,7 +54,8 @@ class SimExecutor:
 
     def execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, float]:
         req_ids, new, ctx, sample = self.batch.prepare(scheduler_output)
-        shape = StepShape(tuple(new), tuple(ctx), sum(sample), self._encoder_tokens(scheduler_output))
+        # (sum of a generator: mypyc compiles it to a loop, not a call to the builtin)
+        shape = StepShape(tuple(new), tuple(ctx), sum(1 for s in sample if s), self._encoder_tokens(scheduler_output))
         self.last_shape = shape
         extra_s = self.sampler.seconds(shape.num_sampled) if self.sampler is not None and shape.num_sampled else 0.0
         if self.pipeline is None:

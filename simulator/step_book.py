@@ -73,7 +73,7 @@ class StepBook:
                 n = num_new[rid]
                 if n - (len(spec.get(rid, ())) if spec else 0) == 1:
                     shape_decode += n
-        shape_prefill = sum(num_new.values()) - shape_decode
+        shape_prefill = sum(n for n in num_new.values()) - shape_decode  # (a generator: a compiled loop)
         running, waiting = sched.get_request_counts()
         row = self.metrics.steps.append(self.num_steps, now, len(so.num_scheduled_tokens), shape_prefill,
                                         shape_decode, sched.kv_cache_manager.usage, running, waiting,

@@ -84,7 +84,7 @@ def join_plan(sched: Scheduler, kv: KVDecodeRuns, batch: list[Request], joining:
         if not kv.hit_survives_decodes(batch, r, hit):
             return None
         contexts.append(num_hit)
-    num_running = sum([1 for r in joining if r.status == RequestStatus.RUNNING])
+    num_running = sum(1 for r in joining if r.status == RequestStatus.RUNNING)
     return Joins(joining, contexts, [r.num_tokens - c for r, c in zip(joining, contexts)], num_running)
 
 
@@ -104,7 +104,7 @@ def joining_bound(sched: Scheduler, joining: list[Request], k: int, through: boo
             caps.append(r.max_tokens - r.num_output_tokens)  # exact: decode_run_steps' count
             k = min(k, max_len - r.num_tokens - 2)
         else:
-            k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - r.num_tokens - 2)
+            k = min(min(k, r.max_tokens - r.num_output_tokens - 1), max_len - r.num_tokens - 2)
         if k < 1:
             return 0
     return k

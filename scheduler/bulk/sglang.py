@@ -131,7 +131,7 @@ class SGLangDecodeRuns:
                 last = max(last, room + 1 - ph)
                 k = min(k, max_len - ntok - 2)
             else:
-                k = min(k, room, max_len - ntok - 2)
+                k = min(min(k, room), max_len - ntok - 2)  # (two-argument mins compile inline)
             if k < 1:
                 return 0
         if through:

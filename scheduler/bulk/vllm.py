@@ -153,7 +153,8 @@ class VllmDecodeRuns:
                 caps.append(r.max_tokens - r.num_output_tokens - 1)
                 k = min(k, max_len - ntok - 2)
             else:
-                k = min(k, r.max_tokens - r.num_output_tokens - 1, max_len - ntok - 2)
+                # (two-argument mins: mypyc compiles those inline, a three-argument one is a call)
+                k = min(min(k, r.max_tokens - r.num_output_tokens - 1), max_len - ntok - 2)
             if k < 1:
                 return 0
         if num_batch < n and anyone_waits:
@@ -163,14 +164,19 @@ class VllmDecodeRuns:
             num_batch += len(joining)
         if k < 1 or num_batch == 0 or num_batch > sched.max_num_scheduled_tokens:
             return 0
-        if through:
-            k = min(k, max(caps))  # the run's last step keeps a batch (someone's last step, at least)
         return self._fit(k, head, head_hit, caps if through else None, joining)
 
     def _fit(self, k: int, head: Request | None, head_hit: KVCacheBlocks | None, caps: list[int] | None,
              joining: list[Request]) -> int:
-        """decode_run_horizon's last bound, k at most: the run's blocks (KVDecodeRuns.decode_run_fit),
-        and what the joining requests compute at its first schedule proven (_join_plan)."""
+        """decode_run_horizon's last bounds, k at most: through finishes (`caps`), the run's last
+        step keeps a batch (someone's last step, at least); the run's blocks
+        (KVDecodeRuns.decode_run_fit); and what the joining requests compute at its first
+        schedule proven (_join_plan)."""
+        if caps is not None:
+            longest = 0  # max(caps), as a compiled loop (max of a list is a call to the builtin)
+            for cap in caps:
+                longest = max(longest, cap)
+            k = min(k, longest)
         batch = self.decode_run_requests()
         k = self.kv.decode_run_fit(batch, k, head, head_hit, caps, joining)
         if k and joining and self._join_plan(batch, joining) is None:
@@ -366,7 +372,7 @@ class VllmDecodeRuns:
         num = {r.request_id: 1 for r in batch}
         for r, n in zip(batch[m:], joined_tokens):
             num[r.request_id] = n
-        return SchedulerOutput([], cached, num, sum(num.values()), {},
+        return SchedulerOutput([], cached, num, sum(n for n in num.values()), {},
                                [0] * self.scheduler.kv_cache_manager.num_kv_cache_groups, set(), set())
 
     def update_sampled_step(self, so: SchedulerOutput, mro: ModelRunnerOutput,

@@ -288,5 +288,6 @@ class KVCacheManager:
                    for i, m in enumerate(self.coordinator.managers))
 
     def _blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+        # (any over a generator: mypyc compiles it to a loop, not a call to the builtin)
+        return KVCacheBlocks(blocks) if any(group for group in blocks) else self.empty_kv_cache_blocks
 

@@ -80,8 +80,9 @@ class KVLink:
         for times in (self._joins_s, self._lands_s):
             while times and times[0] < now:
                 heapq.heappop(times)
-        return min(self._joins_s[0] if self._joins_s else self._wake_s,
-                   self._lands_s[0] if self._lands_s else self._wake_s, self._wake_s)
+        # (two-argument mins: mypyc compiles those inline, a three-argument one is a call)
+        return min(min(self._joins_s[0] if self._joins_s else self._wake_s,
+                       self._lands_s[0] if self._lands_s else self._wake_s), self._wake_s)
 
     # --- event plumbing --------------------------------------------------------------------------
     def _at_turn(self, fn: Callable[[], None], priority: EventPriority = NORMAL) -> None:

@@ -198,7 +198,7 @@ class MacroPlanner:
             ctx0 += joins.decode_contexts()
             first = clock.first_step(ctx0, joins)
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
-        if each is not None and min(each) >= k:
+        if each is not None and all(m >= k for m in each):  # (min(each) >= k, as a compiled loop)
             each = None  # nobody finishes inside: the fixed batch
         if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each, len(joins.requests), first):
             return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
@@ -273,7 +273,7 @@ class MacroPlanner:
                 or not self._finishes_stay_inside() or j >= len(gpu)):
             return None
         t, free_at = tl[2][j - 1], tl[1][j - 1]  # j >= 2: advance refuses shorter runs
-        if each is None or min(each) > j:
+        if each is None or all(m > j for m in each):
             step = self.clock.timeline(t, gpu[j:j + 1], 1, n, math.inf, free_at)
         elif j in each:
             return None  # update j finishes a request

@@ -112,7 +112,8 @@ class RunApplier:
         running, waiting = self.engine.scheduler.get_request_counts()
         steps = book.metrics.steps
         num_joined = len(joined_tokens)
-        row = steps.append(book.num_steps, t, n, sum(joined_tokens), n - num_joined, runs.usage_at(num_free_blocks),
+        row = steps.append(book.num_steps, t, n, sum(c for c in joined_tokens), n - num_joined,
+                           runs.usage_at(num_free_blocks),
                            running, waiting, 0)
         steps.set_gpu_time(row, gpu_s)
         book.num_steps += 1
@@ -141,8 +142,8 @@ class RunApplier:
         book.metrics.steps.extend_decode_run(first_step, sched_t, duration_s, gpu, n,
                                              runs.usages_at(free_after), running, waiting,
                                              hits, queries)
-        book.prefix_hits += sum(hits)
-        book.prefix_queries += sum(queries)
+        book.prefix_hits += sum(h for h in hits)  # (generators: compiled loops)
+        book.prefix_queries += sum(q for q in queries)
 
     def apply_sync(self, reqs: list[Request], ctx0: list[int], gpu: list[float], sched_t: list[float],
                    ends: list[float], upd_t: list[float]) -> float:
@@ -177,7 +178,7 @@ class RunApplier:
         k = len(ends)
         ids = [r.request_id for r in reqs]
         steps = book.metrics.steps
-        if each is not None and min(each) >= k:
+        if each is not None and all(m >= k for m in each):  # (min(each) >= k, as a compiled loop)
             each = None  # the run stops before any finish (an arrival or a deadline cut it)
         # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
         finished = runs.finished_req_ids()

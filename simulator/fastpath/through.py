@@ -60,8 +60,8 @@ def through_rows(applier: RunApplier, first_step: int, each: list[int], schedule
     book.metrics.steps.extend_decode_run(first_step, sched_t[1:], durations, gpu[1:k], sizes,
                                          runs.usages_at(free_after), running, waiting,
                                          hits_ext[1:], queries_ext[1:])
-    book.prefix_hits += sum(hits_ext[1:])  # step 0's (hits[0]) the caller adds with its row
-    book.prefix_queries += sum(queries_ext[1:])
+    book.prefix_hits += sum(h for h in hits_ext[1:])  # step 0's (hits[0]) the caller adds with its row
+    book.prefix_queries += sum(q for q in queries_ext[1:])
 
 
 def through_metrics(engine: Engine, reqs: list[Request], each: list[int], upd_t: list[float]) -> list[int]:

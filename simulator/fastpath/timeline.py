@@ -80,7 +80,7 @@ class RunClock:
         m = len(ctx0) - len(joins.requests)
         new = [1] * m + joins.num_new_tokens
         return FirstStep(self.sim.mixed_step_time_s(new, ctx0[:m] + joins.contexts),
-                         self.engine.cpu.step_s(len(new), sum(new)))
+                         self.engine.cpu.step_s(len(new), sum(n for n in new)))
 
     def deadline_s(self) -> float:
         """The first pending client deadline (inf: none): every schedule of a run precedes it."""
@@ -137,7 +137,7 @@ class RunClock:
                 if a == 0 and first is not None:
                     piece[0] = first.gpu_s
             else:
-                piece, n = priced[a:b], sum([1 for m in scheduled if m > a])
+                piece, n = priced[a:b], sum(1 for m in scheduled if m > a)
             gpu += piece
             s, e, u = self.timeline(t, piece, 1, n, later_s, free_at,
                                     first.cpu_s if a == 0 and first is not None else None)
