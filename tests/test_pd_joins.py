@@ -89,21 +89,13 @@ def test_a_runs_first_schedule_admits_the_landed_requests_as_schedule_does():
     assert scheduler_state(bulk) == scheduler_state(ref)
 
 
-@pytest.mark.parametrize("why", ["preempted", "sync"])
+@pytest.mark.parametrize("why", ["preempted", "waiting", "sync"])
 def test_no_run_opens_with_a_request_that_cannot_join(why):
     sched, _flight = _twin()
     runs = runs_of(sched)
     if why == "preempted":  # it would come back as a resumed request, not a new one
         sched.requests["p1"].num_preemptions = 1
+    elif why == "waiting":  # a hand-off in `waiting` reserves blocks and starts a transfer
+        sched.add_request(req(sched, "w", 40, max_tokens=4))
     num_in_flight = 0 if why == "sync" else 1
     assert runs.decode_run_horizon(64, num_in_flight, True) == 0
-
-
-def test_a_hand_off_waiting_parks_at_the_runs_first_schedule():
-    # it reserves blocks and parks there, behind the landed ones' joins (tests/test_pd_parks.py)
-    sched, _flight = _twin()
-    sched.add_request(req(sched, "w", 40, max_tokens=4))
-    runs = runs_of(sched)
-    assert runs.decode_run_horizon(64, 1, True) >= 2
-    joins = runs.decode_run_joining()
-    assert [r.request_id for r in joins.requests] == ["p1", "p2"] and [r.request_id for r in joins.parks] == ["w"]

@@ -14,9 +14,7 @@ request whose whole prompt fits the step: scheduler/bulk/vllm.py; P/D's landed t
 token in blocks it holds: scheduler/bulk/pd.py); from the second schedule on they decode with
 the batch. `decode_run_joining` names them and what each computes, the run's batch ends with
 them, and the first schedule reports them (DecodeRunEffects.joined) for what the engine records
-of a request's first scheduling and the step's price (a mixed step where a prompt joins). P/D's
-first schedule may also park new hand-offs (Joins.parks: blocks reserved, a KV transfer started),
-which the engine then applies at its time.
+of a request's first scheduling and the step's price (a mixed step where a prompt joins).
 """
 
 from __future__ import annotations
@@ -54,10 +52,6 @@ class Joins:
     contexts: list[int]  # its computed tokens (prefix hit, chunk, or P/D's loaded prompt less one) at that schedule
     num_new_tokens: list[int]  # the tokens it computes there (>= 1)
     num_running: int = 0  # the first ones are running already (a prefill chunk completing), the rest admitted
-    # Waiting requests that schedule parks behind them for a KV transfer (P/D's hand-offs:
-    # scheduler/bulk/pd.py), computing nothing: the transfer starts there, so the engine applies
-    # that schedule at its time, not deferred.
-    parks: list[Request] = field(default_factory=list)
 
     def decode_contexts(self) -> list[int]:
         """Each one's context as a run of decodes would have it at the first schedule (its whole

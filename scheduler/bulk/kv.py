@@ -55,7 +55,7 @@ class KVDecodeRuns:
 
     def decode_run_fit(self, requests: Sequence[Request], num_steps: int, head: Request | None = None,
                        head_hit: KVCacheBlocks | None = None, caps: list[int] | None = None,
-                       joining: Sequence[Request] = (), reserved_blocks: int = 0) -> int:
+                       joining: Sequence[Request] = ()) -> int:
         """The largest k <= num_steps whose decode allocations all fit in the free blocks (no
         eviction of a running request's KV, so no preemption): free blocks only ever shrink.
         `caps`: request i is scheduled at most caps[i] of the k steps (a run through finishes,
@@ -66,9 +66,6 @@ class KVDecodeRuns:
         with their whole prompt (DecodeRuns.decode_run_joining), counted as decodes from the
         prompt less one token, in the blocks they hold now: every block a prompt's admission
         takes (a hit on a block others hold takes none) counts as one the run pops.
-
-        `reserved_blocks`: blocks the first schedule takes after its decodes (P/D's parks:
-        bulk/pd.py), kept free from the run's allocations.
 
         `head`: the waiting request every schedule() of the run looks up (its hit now:
         `head_hit`, from peek_computed_blocks). The run then also keeps that lookup constant:
@@ -82,7 +79,7 @@ class KVDecodeRuns:
         assert mgr is not None
         bs = kvm.block_size
         queue = kvm.block_pool.free_block_queue
-        room = queue.num_free_blocks - reserved_blocks
+        room = queue.num_free_blocks
         limits = caps if caps is not None else [num_steps] * (len(requests) + len(joining))
         held = mgr.req_to_blocks
         starts = [(r.num_computed_tokens, len(held.get(r.request_id, ())), cap) for r, cap in zip(requests, limits)]

@@ -28,22 +28,6 @@ Only where every landed request qualifies (no preemption behind it, no multimoda
 blocks in place, a seat and a token for each) and the scheduler checks no LoRA slot and schedules
 no lookahead.
 
-Parks. A hand-off reaches a decode replica as a new request in `waiting`; the next schedule's
-waiting phase looks its prompt up, reserves blocks for it and parks it (no token scheduled; the
-connector starts its transfer then). That schedule may open an async run: the batch's decodes in
-bulk, then the scheduler's own waiting phase (Scheduler.schedule_behind), which must park every
-waiting request and admit nobody but the landed ones that join; the later schedules pass the
-parked ones over as above. The connector acts at that schedule, so the engine applies it at its
-time, not deferred (Joins.parks). Only where every waiting request is a new hand-off (no computed
-token, no preemption: the connector loads its prompt asynchronously, as it expects every hand-off;
-a full local hit is capped one token short, so it always loads one) and the waiting phase reaches
-each: a seat and a token left after the running requests and the joins, no LoRA slot or
-lookahead to check, and their blocks, counted whole (a prompt's blocks, hit or not, at most), kept
-free by the run's fit after its decodes (decode_run_fit's reserved blocks; the full-prompt gate
-asks no more). FCFS reads `skipped_waiting` first: the landed requests are promoted and admitted
-as joins before any park is looked up, so the parks change nothing the joins compute; the first
-schedule asserts that every park took place.
-
 `PDDecodeRuns` is registered as "pd_decode" (scheduler/bulk/__init__.py), the name the P/D decode
 schedulers declare (SchedulerCapabilities.decode_runs); it is a friend of `Scheduler` as its base
 is, and reads `waiting`, `skipped_waiting`, `finished_recving_kv_req_ids`, the policy's name and
@@ -62,7 +46,6 @@ if TYPE_CHECKING:
     from servesim.scheduler.request import Request
 
 _PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
-_NO_PARKS: list[Request] = []  # shared, never written
 
 
 class PDDecodeRuns(VllmDecodeRuns):
@@ -71,10 +54,9 @@ class PDDecodeRuns(VllmDecodeRuns):
     def _joining(self) -> list[Request] | None:
         """The landed requests the next schedule admits (module docstring, "Joins"); [] when every
         waiting request is parked for a transfer that has not landed (the schedules pass them
-        over and the connector does nothing); None otherwise. New hand-offs in `waiting` are
-        parked by that schedule behind the joins ("Parks": _parks_ahead)."""
+        over and the connector does nothing); None otherwise."""
         sched = self.scheduler
-        if sched.scheduler_config.policy != "fcfs":
+        if sched.waiting or sched.scheduler_config.policy != "fcfs":
             return None
         landed = sched.finished_recving_kv_req_ids
         joining: list[Request] = []
@@ -83,8 +65,6 @@ class PDDecodeRuns(VllmDecodeRuns):
                 return None
             if r.request_id in landed:
                 joining.append(r)
-        if sched.waiting and not self._parks_ahead(len(joining)):
-            return None
         if not joining:
             return joining
         # (scheduler_reserve_full_isl's gate asks for blocks for the whole prompt: it holds them)
@@ -101,50 +81,6 @@ class PDDecodeRuns(VllmDecodeRuns):
                     or len(held.get(r.request_id, ())) < -(-r.num_tokens // bs)):
                 return None
         return joining
-
-    def _parks_ahead(self, num_joining: int) -> bool:
-        """Whether the next schedule's waiting phase reaches every waiting request, each a new
-        hand-off it parks, behind num_joining joins (module docstring, "Parks"): a seat and a
-        token left after the running requests and the joins, and no LoRA slot or lookahead to
-        check. Their blocks: decode_run_fit's reserved ones (_parks)."""
-        sched = self.scheduler
-        num_before = len(sched.running) + num_joining  # (running: every decode of the batch, and more)
-        if (sched.max_loras is not None or sched.num_lookahead_tokens or sched.connector is None
-                or num_before >= sched.max_num_running_reqs or num_before >= sched.max_num_scheduled_tokens):
-            return False
-        for r in sched.waiting:
-            if (r.status != RequestStatus.WAITING or r.num_computed_tokens or r.num_preemptions or r.mm_features
-                    or r.num_tokens != r.num_prompt_tokens):
-                return False
-        return True
-
-    def _parks(self) -> list[Request]:
-        """The requests the next schedule parks: every waiting one where a run opens
-        (decode_run_horizon proved _parks_ahead); none while nothing waits."""
-        waiting = self.scheduler.waiting
-        return list(waiting) if waiting else _NO_PARKS
-
-    def _parked_blocks(self) -> int:
-        """The most blocks the parks take from the free queue: each one's whole prompt (a prefix
-        hit on a free block takes it off the queue too; a hit on a held one takes none)."""
-        sched = self.scheduler
-        bs, max_len = sched.kv_cache_manager.block_size, sched.max_model_len
-        return sum(-(-min(r.num_tokens, max_len) // bs) for r in self._parks())
-
-    def decode_run_horizon(self, max_steps: int, num_in_flight: int, through_finishes: bool = False) -> int:
-        """VllmDecodeRuns' horizon; parks only where one step is in flight (the async loop: the
-        first schedule is then a run's own, applied at its time: module docstring, "Parks")."""
-        if self.scheduler.waiting and num_in_flight != 1:
-            return 0
-        return super().decode_run_horizon(max_steps, num_in_flight, through_finishes)
-
-    def decode_run_joining(self) -> Joins:
-        """VllmDecodeRuns' joins, and the parks (Joins.parks)."""
-        joins = super().decode_run_joining()
-        parks = self._parks()
-        if not parks:
-            return joins
-        return Joins(joins.requests, joins.contexts, joins.num_new_tokens, joins.num_running, parks)
 
     def _join_plan(self, batch: list[Request], joining: list[Request]) -> Joins | None:
         """Each landed request computes its prompt's last token (module docstring, "Joins")."""

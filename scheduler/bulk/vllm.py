@@ -178,7 +178,7 @@ class VllmDecodeRuns:
                 longest = max(longest, cap)
             k = min(k, longest)
         batch = self.decode_run_requests()
-        k = self.kv.decode_run_fit(batch, k, head, head_hit, caps, joining, self._parked_blocks())
+        k = self.kv.decode_run_fit(batch, k, head, head_hit, caps, joining)
         if k and joining and self._join_plan(batch, joining) is None:
             return 0
         return k
@@ -265,42 +265,30 @@ class VllmDecodeRuns:
         A batch that ends with requests not yet running (decode_run_joining's) is a run's first
         schedule, which admits them (module docstring, "Joins")."""
         m = num_running(batch)
-        if m < len(batch) or self._parks():
+        if m < len(batch):
             return self._schedule_joins(batch, m, num_steps, tokens, now_s)
         return self._decode_steps(batch, num_steps, tokens, now_s, steps_each, update_times_s,
                                   self._waiting_head(len(batch)))
-
-    def _parks(self) -> list[Request]:
-        """The waiting requests the next schedule parks for a KV transfer (P/D's: bulk/pd.py); none
-        here (Joins.parks)."""
-        return _NOBODY
-
-    def _parked_blocks(self) -> int:
-        """The most free blocks the parks take (decode_run_fit's reserved blocks)."""
-        return 0
 
     def _schedule_joins(self, batch: Sequence[Request], m: int, num_steps: int, tokens: RunTokens | None,
                         now_s: float) -> DecodeRunEffects:
         """A run's first schedule with joins: batch[:m]'s decodes in bulk (no lookup: the waiting
         phase looks the joining ones up itself), then the rest of the schedule behind them (a
         prefill chunk, last in `running`; the waiting phase), which must schedule exactly
-        batch[m:], each completing its prompt, and park every one of _parks()."""
+        batch[m:], each completing its prompt."""
         if num_steps != 1 or tokens is not None:
             raise ValueError("requests join a run at its first schedule only (one step, no update)")
-        joining, parks = batch[m:], self._parks()
+        joining = batch[m:]
         eff = self._decode_steps(batch[:m], 1, None, now_s, None, (), None)
         sched = self.scheduler
         start = len(sched.running)
-        if joining and joining[0].status == RequestStatus.RUNNING:
+        if joining[0].status == RequestStatus.RUNNING:
             start -= 1  # the prefill chunk joining (bulk/joins.py completing_chunk)
         joined, joined_tokens = sched.schedule_behind(m, start)
         if (len(joined) != len(joining) or any(a is not b for a, b in zip(joined, joining))
                 or any(r.num_computed_tokens != r.num_tokens for r in joined)):
             raise AssertionError(f"a run's first schedule admitted {[r.request_id for r in joined]}, not the "
                                  f"joining {[r.request_id for r in joining]} with their whole prompts")
-        if any(r.status != RequestStatus.WAITING_FOR_REMOTE_KVS for r in parks):
-            raise AssertionError(f"a run's first schedule left {[r.request_id for r in sched.waiting]} waiting, "
-                                 f"not parked for their transfers")
         eff.joined, eff.joined_tokens = joined, joined_tokens
         eff.free_after[0] = self.scheduler.kv_cache_manager.block_pool.free_block_queue.num_free_blocks  # theirs too
         return eff

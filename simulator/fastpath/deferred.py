@@ -50,7 +50,6 @@ from typing import Any
 
 import simpy
 
-from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.fastpath.runs import RunApplier
@@ -85,7 +84,6 @@ class DeferredRun:
     woken: int = 0  # paced: the updates whose time the clock has reached (DeferredRuns.paced)
     num_joining: int = 0  # reqs' last ones join at its first schedule (DecodeRuns.decode_run_joining)
     first: FirstStep | None = None  # that schedule's price where a prompt joins it (RunClock.first_step)
-    first_done: RunTokens | None = None  # that schedule applied at its time (apply_first), sampling these
 
     def set_drop_times(self) -> None:
         """The load falls by load_drop at the first update and by one at each finishing update
@@ -121,8 +119,6 @@ class DeferredRuns:
         self.pending: DeferredRun | None = None  # the planned run not yet applied
         self.num_deferred_runs = 0  # planned
         self.num_deferred_routed = 0  # applied at a routed arrival
-        self.num_first_applied = 0  # runs whose first schedule was applied at its time (apply_first)
-        self.num_routed_before_first_update = 0  # of those, applied early with nothing left to apply then
 
     def plan(self, now: float, reqs: list[Request], ctx0: list[int], k: int, load_drop: int,
              each: list[int] | None, num_joining: int = 0, first: FirstStep | None = None) -> bool:
@@ -252,18 +248,7 @@ class DeferredRuns:
             plan.woken = j
         self.pending = None
         self.applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
-                                 plan.ends, plan.upd_t, each=plan.each, first_done=plan.first_done)
-
-    def apply_first(self, in_flight: InFlight) -> None:
-        """Apply the pending run's first schedule now, at its time (the loop top it was planned at),
-        leaving its step in flight behind the one there: a schedule that acts outside the engine
-        (P/D's parks start KV transfers: Joins.parks) is not deferred. The rest of the run is."""
-        plan = self.pending
-        assert plan is not None and self.paced and plan.first_done is None and plan.now_s == self.engine.env.now
-        self.num_first_applied += 1
-        plan.first_done = self.applier.schedule_one(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs, plan.ctx0,
-                                                    plan.first)
-        assert in_flight[-1][2] == plan.ends[0], "a run's first schedule ends off its plan"
+                                 plan.ends, plan.upd_t, each=plan.each)
 
     def apply_at(self, t: float, in_flight: InFlight, routed: bool = True) -> None:
         """A request is routed here at t (or, `routed` False, a router's read needs the state at t:
@@ -283,19 +268,14 @@ class DeferredRuns:
             # the arrival commutes with it (MacroPlanner._past_arrival): the run takes it too, the
             # tail step as its last schedule, leaving one step in flight
             applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t[:j + 1],
-                                plan.ends[:j + 1], plan.upd_t[:j + 1], each=plan.each, past_arrival=True,
-                                first_done=plan.first_done)
+                                plan.ends[:j + 1], plan.upd_t[:j + 1], each=plan.each, past_arrival=True)
             plan.past_arrival = tailed = True
         elif j >= 2:
             resume_s = applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s,
-                                           plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each,
-                                           first_done=plan.first_done)
+                                           plan.sched_t[:j], plan.ends[:j], plan.upd_t[:j], each=plan.each)
             tailed = applier.tail_step(resume_s, in_flight, plan.gpu_s[j], plan.step_batch(j))
-        else:  # the eager path: a tail-only step (none where apply_first applied it), then (one update
-            # before t) step, then tail
-            tailed = plan.first_done is not None or applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0],
-                                                                       plan.reqs, plan.ctx0, plan.first)
-            self.num_routed_before_first_update += plan.first_done is not None and j == 0
+        else:  # the eager path: a tail-only step, then (one update before t) step, then tail
+            tailed = applier.tail_step(plan.now_s, in_flight, plan.gpu_s[0], plan.reqs, plan.ctx0, plan.first)
             if tailed and j == 1:
                 so, mro, _end, rec, row = in_flight.popleft()
                 self.engine.apply_output(so, mro, rec, row, now=plan.upd_t[0])

@@ -148,10 +148,6 @@ class MacroPlanner:
     def num_deferred_routed(self) -> int:
         return self.deferred.num_deferred_routed
 
-    @property
-    def num_first_applied(self) -> int:
-        return self.deferred.num_first_applied
-
     # --- planning ----------------------------------------------------------------------------------
     def advance(self, now: float, in_flight: InFlight) -> list[float] | None:
         """Apply a run of plain decode steps from this loop-top state (RunPlanner.advance), when
@@ -204,10 +200,7 @@ class MacroPlanner:
         each = runs.decode_run_steps(reqs, k) if through else None  # each request's schedules
         if each is not None and all(m >= k for m in each):  # (min(each) >= k, as a compiled loop)
             each = None  # nobody finishes inside: the fixed batch
-        if (deferrable and (self.deferred.paced or not joins.parks)
-                and self.deferred.plan(now, reqs, ctx0, k, -load_change, each, len(joins.requests), first)):
-            if joins.parks:  # they start KV transfers at that schedule: applied now, the rest deferred
-                self.deferred.apply_first(in_flight)
+        if deferrable and self.deferred.plan(now, reqs, ctx0, k, -load_change, each, len(joins.requests), first):
             return []  # fastpath/deferred.py: applied when a request is routed here, or at its end
         if paced:
             return None

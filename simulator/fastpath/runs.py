@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servesim.scheduler.bulk.interface import DecodeRuns
-from servesim.scheduler.lazy_ids import RunTokens
 from servesim.scheduler.output import EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
@@ -82,21 +81,12 @@ class RunApplier:
             first = self.clock.first_step(ctx, joins)
         elif ctx is None:
             ctx = [r.num_computed_tokens for r in reqs]  # the run (if any) already advanced them
+        ids, n = [r.request_id for r in reqs], len(reqs)
+        sim = self.clock.sim
         if first is not None:
             gpu_s = first.gpu_s
         elif gpu_s is None:
-            (gpu_s,) = self.clock.sim.decode_step_times_s(ctx, 1)
-        self.schedule_one(t, in_flight, gpu_s, reqs, ctx, first)
-        return True
-
-    def schedule_one(self, t: float, in_flight: InFlight, gpu_s: float, reqs: list[Request], ctx: list[int],
-                     first: FirstStep | None) -> RunTokens:
-        """The async loop's schedule at t of `reqs` (contexts `ctx`, proven plain; priced gpu_s, or
-        `first` where a prompt joins), left in flight behind the step already there, as stepping
-        leaves it: a tail step, or a deferred run's first schedule applied at its time (P/D's
-        parks: DeferredRuns.apply_first). Returns the tokens it sampled."""
-        engine, runs, sim = self.engine, self.runs, self.clock.sim
-        ids, n = [r.request_id for r in reqs], len(reqs)
+            (gpu_s,) = sim.decode_step_times_s(ctx, 1)
         finished = runs.finished_req_ids()
         eff = runs.schedule_decode_steps(reqs, 1, None, t)  # its prefix lookup is taken by the next update
         if eff.joined:
@@ -110,7 +100,7 @@ class RunApplier:
         in_flight.append((runs.decode_step_output(reqs, eff.joined_tokens), mro, end, None, row))
         engine.gpu_free_at = end
         self.until_s = max(self.until_s, t)
-        return tokens
+        return True
 
     def decode_row(self, t: float, n: int, num_free_blocks: int, gpu_s: float,
                    joined_tokens: Sequence[int] = ()) -> int:
@@ -179,36 +169,26 @@ class RunApplier:
 
     def apply_async(self, now: float, in_flight: InFlight, reqs: list[Request], ctx0: list[int],
                     gpu: list[float], sched_t: list[float], ends: list[float], upd_t: list[float],
-                    each: list[int] | None = None, past_arrival: bool = False,
-                    first_done: RunTokens | None = None) -> float:
+                    each: list[int] | None = None, past_arrival: bool = False) -> float:
         """The async run of k = len(ends) >= 2 steps from the loop-top state at `now` (one step in
         flight); returns the last update's time. `each` (a run through finishes): reqs[i] takes
         the first each[i] steps. `past_arrival`: the last update is due after the next arrival,
-        which commutes with it (MacroPlanner._past_arrival); an arrival may land before it.
-        `first_done`: the run's first schedule was applied at its time (schedule_one: in flight
-        behind S), sampling these tokens."""
+        which commutes with it (MacroPlanner._past_arrival); an arrival may land before it."""
         engine, runs, sim, book = self.engine, self.runs, self.clock.sim, self.engine.book
         k = len(ends)
         ids = [r.request_id for r in reqs]
         steps = book.metrics.steps
         if each is not None and all(m >= k for m in each):  # (min(each) >= k, as a compiled loop)
             each = None  # the run stops before any finish (an arrival or a deadline cut it)
-        scheduled = self.clock.scheduled_each(each)
-        if first_done is None:
-            # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
-            finished = runs.finished_req_ids()
-            eff_first = runs.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
-            if eff_first.joined:  # the batch's last ones joined at this schedule (DecodeRuns.decode_run_joining)
-                self.joined(eff_first.joined, sched_t[0])
-            tokens = sim.sample_decode_run(ids, ctx0, k, finished, scheduled)
-            first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0], eff_first.joined_tokens)
-            so0, mro0, _end0, rec0, row0 = in_flight.popleft()
-        else:  # (its step in flight behind S: its update is the run's second, applied in bulk)
-            so0, mro0, _end0, rec0, row0 = in_flight.popleft()
-            first = in_flight.popleft()[4]
-            tokens = self._tokens_after(first_done, sim.sample_decode_run(
-                ids, [c + 1 for c in ctx0], k - 1, set(), None if scheduled is None else [m - 1 for m in scheduled]))
+        # Schedule the run's first step (its CPU work overlaps the in-flight step S) ...
+        finished = runs.finished_req_ids()
+        eff_first = runs.schedule_decode_steps(reqs, 1, None, now)  # its prefix lookup: S's update takes it
+        if eff_first.joined:  # the batch's last ones joined at this schedule (DecodeRuns.decode_run_joining)
+            self.joined(eff_first.joined, sched_t[0])
+        tokens = sim.sample_decode_run(ids, ctx0, k, finished, self.clock.scheduled_each(each))
+        first = self.decode_row(sched_t[0], len(ids), eff_first.free_after[0], gpu[0], eff_first.joined_tokens)
         # ... then S's own update, exactly as the loop applies it ...
+        so0, mro0, _end0, rec0, row0 = in_flight.popleft()
         engine.apply_output(so0, mro0, rec0, row0, now=upd_t[0])  # finishes the requests the run skipped
         # ... then k - 1 x (schedule the next step, apply the previous one's update).
         rest_each = None if each is None else [min(m, k) - 1 for m in each]
@@ -247,14 +227,6 @@ class RunApplier:
         self.until_s = upd_t[-2] if past_arrival else upd_t[-1]
         self.num_runs_past_arrival += past_arrival
         return upd_t[-1]
-
-    @staticmethod
-    def _tokens_after(first: RunTokens, rest: RunTokens) -> RunTokens:
-        """A run's tokens: its first step's (sampled when that schedule was applied), then the rest's,
-        the next positions of the same streams (nothing sampled for them in between)."""
-        if rest.first != [f + c for f, c in zip(first.first, first.counts)]:
-            raise AssertionError("a run's tokens sampled apart are not consecutive in their streams")
-        return RunTokens(first.source, first.req_ids, first.first, [a + b for a, b in zip(first.counts, rest.counts)])
 
     def progress(self, first_num_steps: int, update_times: list[float]) -> None:
         """The progress callback at the updates where the stepping loop would call it."""
