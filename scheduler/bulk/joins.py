@@ -37,11 +37,11 @@ def joining_prompt(sched: Scheduler, kv: KVDecodeRuns) -> Request | None:
         return None
     head = waiting.peek_request()
     num_prompt = head.num_tokens
-    num_running = len(sched.running)
+    num_seated = len(sched.running)
     if (head.status != RequestStatus.WAITING or head.num_computed_tokens or head.num_preemptions
             or head.mm_features or (sched.max_loras is not None and head.lora_id is not None)
-            or num_running >= sched.max_num_running_reqs
-            or num_running + num_prompt > sched.max_num_scheduled_tokens
+            or num_seated >= sched.max_num_running_reqs
+            or num_seated + num_prompt > sched.max_num_scheduled_tokens
             or 0 < cfg.long_prefill_token_threshold < num_prompt
             or not kv.admission_surely_fits(head)):
         return None
@@ -84,8 +84,8 @@ def join_plan(sched: Scheduler, kv: KVDecodeRuns, batch: list[Request], joining:
         if not kv.hit_survives_decodes(batch, r, hit):
             return None
         contexts.append(num_hit)
-    num_running = sum(1 for r in joining if r.status == RequestStatus.RUNNING)
-    return Joins(joining, contexts, [r.num_tokens - c for r, c in zip(joining, contexts)], num_running)
+    num_chunks = sum(1 for r in joining if r.status == RequestStatus.RUNNING)  # prefill chunks, running already
+    return Joins(joining, contexts, [r.num_tokens - c for r, c in zip(joining, contexts)], num_chunks)
 
 
 def joining_bound(sched: Scheduler, joining: list[Request], k: int, through: bool, caps: list[int]) -> int:
