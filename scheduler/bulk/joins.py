@@ -76,15 +76,16 @@ def join_plan(sched: Scheduler, kv: KVDecodeRuns, batch: list[Request], joining:
     None where not proven."""
     kvm = sched.kv_cache_manager
     contexts: list[int] = []
+    num_chunks = 0  # prefill chunks, running already
     for r in joining:
         if r.status == RequestStatus.RUNNING:  # a prefill chunk: no lookup
             contexts.append(r.num_computed_tokens)
+            num_chunks += 1
             continue
         hit, num_hit = kvm.peek_computed_blocks(r)
         if not kv.hit_survives_decodes(batch, r, hit):
             return None
         contexts.append(num_hit)
-    num_chunks = sum(1 for r in joining if r.status == RequestStatus.RUNNING)  # prefill chunks, running already
     return Joins(joining, contexts, [r.num_tokens - c for r, c in zip(joining, contexts)], num_chunks)
 
 
