@@ -26,18 +26,18 @@ arrival can land on one of its updates and order never depends on when the plan 
 
 Paced runs (DeferredRuns.paced: P/D decode replicas, fastpath/pd_runs.py). Hand-offs and KV
 landings come at times not known in advance, so one may land on an update's very instant, where
-SimPy orders the two by when each event was created. A paced wait sets one timeout per planned
-update, exactly when and as stepping's loop sets it (at the previous update's instant, for the GPU
-end of the step that update applies: Engine._apply_oldest), so every event that reads or reaches
-the replica is processed before or after each of its updates as in stepping (by induction over the
-instants: every event is created in the same order). DeferredRun.woken counts the updates the clock
-has reached; an application at an outside event takes exactly those (the read's view too:
-planned_reads.py, load_drop), then the tail step, and the timeout already set for the next update
-applies the older step in flight, as the loop does. The plan needs no dispatch-free times. Where
-the update the clock reaches next finishes nobody and what the outside events read of the replica
-is its load or KV usage (commuting_arrivals: fastpath/pd_runs.py), the early application takes that
-update too (as the non-paced past_arrival does): its timeout, already set, then only resumes the
-loop at its instant.
+SimPy orders the two by when each event was created. A paced wait sets one wake-up per planned
+update (Pacer), exactly when and as stepping's loop sets its timeout (at the previous update's
+instant, for the GPU end of the step that update applies: Engine._apply_oldest), so every event
+that reads or reaches the replica is processed before or after each of its updates as in stepping
+(by induction over the instants: every event is created in the same order). DeferredRun.woken
+counts the updates the clock has reached; an application at an outside event takes exactly those
+(the read's view too: planned_reads.py, load_drop), then the tail step, and the wake-up already set
+for the next update resumes the loop, which applies the older step in flight there as stepping's
+loop does. The plan needs no dispatch-free times. Where the update the clock reaches next finishes
+nobody and what the outside events read of the replica is its load or KV usage (commuting_arrivals:
+fastpath/pd_runs.py), the early application takes that update too (as the non-paced past_arrival
+does): its wake-up, already set, then only resumes the loop at its instant.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from servesim.scheduler.request import Request
 from servesim.simulator.engine import Engine, InFlight
@@ -98,6 +99,83 @@ class DeferredRun:
         return batch_at(self.reqs, self.scheduled, j)
 
 
+class Pacer:
+    """A paced run's wake-ups (module docstring, "Paced runs"): one event rescheduled for each
+    planned update, at the turn stepping's timeout for it takes, in place of a timeout that resumes
+    the engine loop at each update (a loop resumption costs about twice a bare event's turn).
+
+    Each wake-up is set when and as Engine._apply_oldest sets its timeout: at the previous update's
+    instant (at the start, for the step in flight), for the GPU end of the step the update applies,
+    as the clock's now + delay; none where that end is not in the future. So it takes stepping's
+    place among same-instant events. At each wake-up the clock has reached one more update
+    (DeferredRun.woken). The loop itself resumes only where stepping's does more than wait: at the
+    run's end, and at the wake-up after an early application (apply_at sets resume_at_s). It resumes
+    at an urgent event the wake-up schedules at its instant, processed next: no urgent event at this
+    instant is waiting (urgent ones sort before the normal one being processed), so nothing comes
+    between the wake-up and the loop's resumption, and what the loop then does comes at stepping's
+    place. At most one wake-up is set at a time; a run starts pacing once the last one's loop
+    resumed, so one event serves every run."""
+
+    def __init__(self, runs: DeferredRuns) -> None:
+        self.runs = runs
+        self.env = runs.engine.env
+        # Rescheduled once processed (SimPy's step then holds callbacks None); never failed.
+        self.tick = simpy.Event(self.env)
+        self.tick._ok = True
+        self.tick._value = None
+        self._on_tick_cb = self._on_tick  # one bound method for every wake-up
+        self.plan: DeferredRun | None = None
+        self.due0_s = 0.0  # the GPU end of the step in flight when the run was planned
+        self.j = 0  # the next update the clock has not reached
+        self.resume: simpy.Event | None = None  # what the loop waits on
+
+    def start(self, plan: DeferredRun, due0_s: float) -> simpy.Event | None:
+        """Pace `plan` from its start (due0_s: the in-flight step's GPU end): the event the loop
+        waits on, or None where the loop goes on at once (no update in the future)."""
+        self.plan, self.due0_s, self.j = plan, due0_s, 0
+        if self._advance():
+            return None
+        self.resume = resume = simpy.Event(self.env)
+        return resume
+
+    def _advance(self) -> bool:
+        """Reach every update whose wake-up would not be in the future; set the next wake-up and
+        return False, or return True where the loop goes on now (the run's end: it cannot grow;
+        or the run was applied early)."""
+        plan, env = self.plan, self.env
+        assert plan is not None
+        while True:
+            j = self.j
+            if j == len(plan.upd_t) and not self.runs._grow(plan):
+                return True
+            due_s = self.due0_s if j == 0 else plan.ends[j - 1]
+            if due_s > env.now:
+                tick = self.tick
+                tick.callbacks = [self._on_tick_cb]
+                env.schedule(tick, NORMAL, due_s - env.now)
+                return False
+            if self._reached():
+                return True
+
+    def _reached(self) -> bool:
+        """The clock reached update j: True where the run was applied early (the loop applies it)."""
+        plan = self.plan
+        assert plan is not None
+        if plan.resume_at_s is not None:
+            return True
+        self.j += 1
+        plan.woken = self.j
+        return False
+
+    def _on_tick(self, _event: simpy.Event) -> None:
+        if self._reached() or self._advance():
+            resume = self.resume
+            assert resume is not None
+            resume._ok = True
+            resume._value = None
+            self.env.schedule(resume, URGENT)
+
+
 class DeferredRuns:
     """Plans, waits for and applies one engine's deferred runs (the module docstring)."""
 
@@ -116,6 +194,7 @@ class DeferredRuns:
         # on an update's instant, meets the run where stepping would (P/D decode replicas, whose
         # outside events come at times not known in advance: fastpath/pd_runs.py).
         self.paced = False
+        self._pacer: Pacer | None = None  # a paced run's wake-ups (made at the first)
         self.pending: DeferredRun | None = None  # the planned run not yet applied
         self.num_deferred_runs = 0  # planned
         self.num_deferred_routed = 0  # applied at a routed arrival
@@ -224,28 +303,20 @@ class DeferredRuns:
         self.engine.apply_output(so, mro, rec, row)
 
     def _await_paced(self, plan: DeferredRun, in_flight: InFlight) -> Generator[simpy.Event, Any, None]:
-        """await_run, paced: one timeout per planned update, set when and as the stepping loop sets
-        it (at the previous update's instant, for the GPU end of the step it applies: the in-flight
-        step's first, then each step's of the plan), so SimPy orders it among same-instant events
-        as stepping does. After each, plan.woken counts the updates the clock has reached; one
-        applied early (apply_at) ends the wait at the next, which applies the older step in flight
-        exactly as the loop would."""
-        env = self.engine.env
-        due0 = in_flight[0][2]  # the GPU end of the step in flight when the run was planned
-        j = 0
-        while True:
-            if j == len(plan.upd_t) and (plan.resume_at_s is not None or not self._grow(plan)):
-                break
-            due = due0 if j == 0 else plan.ends[j - 1]
-            if due > env.now:  # _apply_oldest's timeout; none where the GPU is already done
-                yield env.timeout(due - env.now)
-            if plan.resume_at_s is not None:  # applied early: this is the update the loop waits for
-                if not plan.past_arrival:  # (past_arrival: it came with the run; the loop resumes)
-                    so, mro, _end, rec, row = in_flight.popleft()
-                    self.engine.apply_output(so, mro, rec, row)
-                return
-            j += 1
-            plan.woken = j
+        """await_run, paced (Pacer: the wake-ups at each planned update). Resumed at the run's end,
+        it applies the run whole; after an early application (apply_at), at the update the loop
+        waits for, which it applies to the older step in flight exactly as the loop would."""
+        pacer = self._pacer
+        if pacer is None:
+            pacer = self._pacer = Pacer(self)
+        resume = pacer.start(plan, in_flight[0][2])
+        if resume is not None:
+            yield resume
+        if plan.resume_at_s is not None:  # applied early: this is the update the loop waits for
+            if not plan.past_arrival:  # (past_arrival: it came with the run; the loop resumes)
+                so, mro, _end, rec, row = in_flight.popleft()
+                self.engine.apply_output(so, mro, rec, row)
+            return
         self.pending = None
         self.applier.apply_async(plan.now_s, in_flight, plan.reqs, plan.ctx0, plan.gpu_s, plan.sched_t,
                                  plan.ends, plan.upd_t, each=plan.each)
