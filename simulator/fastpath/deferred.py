@@ -127,32 +127,36 @@ class Pacer:
         self.plan: DeferredRun | None = None
         self.due0_s = 0.0  # the GPU end of the step in flight when the run was planned
         self.j = 0  # the next update the clock has not reached
+        self.tick_at_s = 0.0  # when the wake-up set last comes (the clock's now then)
         self.resume: simpy.Event | None = None  # what the loop waits on
 
     def start(self, plan: DeferredRun, due0_s: float) -> simpy.Event | None:
         """Pace `plan` from its start (due0_s: the in-flight step's GPU end): the event the loop
         waits on, or None where the loop goes on at once (no update in the future)."""
         self.plan, self.due0_s, self.j = plan, due0_s, 0
-        if self._advance():
+        if self._advance(self.env.now):
             return None
         self.resume = resume = simpy.Event(self.env)
         return resume
 
-    def _advance(self) -> bool:
-        """Reach every update whose wake-up would not be in the future; set the next wake-up and
-        return False, or return True where the loop goes on now (the run's end: it cannot grow;
-        or the run was applied early)."""
-        plan, env = self.plan, self.env
+    def _advance(self, now: float) -> bool:
+        """Reach every update whose wake-up would not be in the future (now: the clock); set the
+        next wake-up and return False, or return True where the loop goes on now (the run's end:
+        it cannot grow; or the run was applied early)."""
+        plan = self.plan
         assert plan is not None
         while True:
             j = self.j
             if j == len(plan.upd_t) and not self.runs._grow(plan):
                 return True
             due_s = self.due0_s if j == 0 else plan.ends[j - 1]
-            if due_s > env.now:
+            if due_s > now:
                 tick = self.tick
                 tick.callbacks = [self._on_tick_cb]
-                env.schedule(tick, NORMAL, due_s - env.now)
+                delay_s = due_s - now
+                self.env.schedule(tick, NORMAL, delay_s)
+                # the clock's reading at the wake-up: SimPy schedules at its now + delay, this sum
+                self.tick_at_s = now + delay_s
                 return False
             if self._reached():
                 return True
@@ -168,7 +172,7 @@ class Pacer:
         return False
 
     def _on_tick(self, _event: simpy.Event) -> None:
-        if self._reached() or self._advance():
+        if self._reached() or self._advance(self.tick_at_s):
             resume = self.resume
             assert resume is not None
             resume._ok = True
