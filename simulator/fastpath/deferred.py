@@ -101,8 +101,8 @@ class DeferredRun:
 
 class Pacer:
     """A paced run's wake-ups (module docstring, "Paced runs"): one event rescheduled for each
-    planned update, at the turn stepping's timeout for it takes, in place of a timeout that resumes
-    the engine loop at each update (a loop resumption costs about twice a bare event's turn).
+    planned update, at the turn stepping's timeout for it takes (a bare event's turn costs about
+    half of resuming the engine loop there).
 
     Each wake-up is set when and as Engine._apply_oldest sets its timeout: at the previous update's
     instant (at the start, for the step in flight), for the GPU end of the step the update applies,
@@ -147,7 +147,7 @@ class Pacer:
         assert plan is not None
         while True:
             j = self.j
-            if j == len(plan.upd_t) and not self.runs._grow(plan):
+            if j == len(plan.upd_t) and not self.runs.grow(plan):
                 return True
             due_s = self.due0_s if j == 0 else plan.ends[j - 1]
             if due_s > now:
@@ -233,7 +233,7 @@ class DeferredRuns:
         self.num_deferred_runs += 1
         return True
 
-    def _grow(self, plan: DeferredRun) -> bool:
+    def grow(self, plan: DeferredRun) -> bool:
         """Price and time the run's next chunk (as many steps again, within its horizon), from
         where it ends; False when it cannot grow."""
         m = len(plan.gpu_s)
@@ -288,7 +288,7 @@ class DeferredRuns:
                 yield env.any_of([env.timeout(delay_s), routed])
                 if routed.triggered:
                     break
-            if not routed.triggered and not self._grow(plan):
+            if not routed.triggered and not self.grow(plan):
                 break
         if not routed.triggered:  # nothing was routed here: the whole run, as planned
             self.pending = None

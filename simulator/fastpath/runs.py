@@ -113,8 +113,7 @@ class RunApplier:
         steps = book.metrics.steps
         num_joined = len(joined_tokens)
         row = steps.append(book.num_steps, t, n, sum(c for c in joined_tokens), n - num_joined,
-                           runs.usage_at(num_free_blocks),
-                           running, waiting, 0)
+                           runs.usage_at(num_free_blocks), running, waiting, 0)
         steps.set_gpu_time(row, gpu_s)
         book.num_steps += 1
         book.arrived_since_step = []
