@@ -40,8 +40,9 @@ class CachedRequestData:
     new_token_ids: list[list[int]] = field(default_factory=list)  # only with pipeline parallelism
     # req_id -> all token ids (a copy: vLLM's req.all_token_ids.copy()), only for requests not
     # scheduled in the previous step; in the request's own compact form (an int array, or a list
-    # for ids beyond int64), so a sync pipeline's alternating batches copy bytes, not boxed ints.
-    all_token_ids: dict[str, array | list[int]] = field(default_factory=dict)
+    # for ids beyond int64), so a sync pipeline's alternating batches copy bytes, not boxed ints;
+    # SGLang's unbuilt ids stay unbuilt until read (Request.all_token_ids_copy).
+    all_token_ids: dict[str, array | list[int] | LazyTokenIds] = field(default_factory=dict)
     new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)  # None: no new blocks
     num_computed_tokens: list[int] = field(default_factory=list)  # before this step's tokens
     num_output_tokens: list[int] = field(default_factory=list)  # incl. async placeholders

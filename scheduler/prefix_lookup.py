@@ -5,7 +5,8 @@ Both build a throwaway Request with the scheduler's own block hasher, so the blo
 exactly those the request itself will carry (LoRA keys, block size and provenance included), and
 ask the structures the scheduler asks at admission without changing them: the KV cache
 coordinator's `find_longest_cache_hit` (no LRU touch, no stats) and the connector's
-`peek_num_matched_tokens` (the OffloadingConnector's manager `lookup`, no `touch`).
+`peek_num_matched_tokens` (the OffloadingConnector's manager `lookup`, no `touch`). SGLang's
+page-keyed radix tree reads its keys from the same probes (`shared_probe`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.request import Request, SamplingParams
+from servesim.scheduler.request import BlockHasher, Request, SamplingParams
 
 if TYPE_CHECKING:
     from servesim.scheduler.hashing import TokenProvenance
@@ -23,12 +24,13 @@ if TYPE_CHECKING:
 PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
 
 
-def probe_request(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
+def probe_request(block_hasher: BlockHasher | None, token_ids: Sequence[int], lora_id: int | None,
                   provenance: TokenProvenance | None) -> Request:
-    """A request over `token_ids` carrying the block hashes the scheduler would give it."""
+    """A request over `token_ids` carrying the block hashes a scheduler keying blocks with
+    `block_hasher` would give it."""
     head_provenance = None if provenance is None else provenance.head(len(token_ids))
     return Request(PROBE_ID, list(token_ids), SamplingParams(max_tokens=1), lora_id=lora_id,
-                   block_hasher=sched.block_hasher, token_provenance=head_provenance)
+                   block_hasher=block_hasher, token_provenance=head_provenance)
 
 
 class _SharedProbes:
@@ -51,26 +53,33 @@ class _SharedProbes:
         # replicas share one segments tuple: simulator/request_factory.py), kept alive by the entry
         self.probes: dict[tuple, tuple[object, Request]] = {}
 
-    def probe(self, sched: Scheduler, token_ids: Sequence[int], n_tokens: int, lora_id: int | None,
-              provenance: TokenProvenance | None) -> Request:
-        """probe_request(sched, token_ids[:n_tokens], lora_id, provenance), or its equal made
-        for another scheduler of this prompt."""
+    def probe(self, block_hasher: BlockHasher, hash_algo: str, token_ids: Sequence[int], n_tokens: int,
+              lora_id: int | None, provenance: TokenProvenance | None) -> Request:
+        """probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance) (`hash_algo`: the
+        hasher's algorithm), or its equal made for another scheduler of this prompt."""
         if type(token_ids) is not tuple:
-            return probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+            return probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
         if token_ids is not self.token_ids:
             self.token_ids = token_ids
             self.probes = {}
         prompt = None if provenance is None else provenance.prompt
-        key = (n_tokens, sched.block_size, sched.cache_config.hash_algo, lora_id, id(prompt))
+        key = (n_tokens, block_hasher.block_size, hash_algo, lora_id, id(prompt))
         entry = self.probes.get(key)
         if entry is not None and entry[0] is prompt:
             return entry[1]
-        req = probe_request(sched, token_ids[:n_tokens], lora_id, provenance)
+        req = probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
         self.probes[key] = (prompt, req)
         return req
 
 
 _SHARED = _SharedProbes()
+
+
+def shared_probe(block_hasher: BlockHasher, hash_algo: str, token_ids: Sequence[int], n_tokens: int,
+                 lora_id: int | None, provenance: TokenProvenance | None) -> Request:
+    """A probe of the prompt's first n_tokens (probe_request), shared by every scheduler that
+    keys blocks alike while the router asks about one prompt (_SharedProbes)."""
+    return _SHARED.probe(block_hasher, hash_algo, token_ids, n_tokens, lora_id, provenance)
 
 
 def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
@@ -98,7 +107,8 @@ def gpu_prefix_hit(sched: Scheduler, token_ids: Sequence[int], lora_id: int | No
     n_tokens = 8 * sched.block_size if growing else len(token_ids)
     while True:
         n_head = min(n_tokens, len(token_ids))
-        req = _SHARED.probe(sched, token_ids, n_head, lora_id, provenance)
+        assert sched.block_hasher is not None  # caching on: the scheduler keys blocks
+        req = _SHARED.probe(sched.block_hasher, sched.cache_config.hash_algo, token_ids, n_head, lora_id, provenance)
         kvm.note_lookup(req)  # a private block it could hit is published first
         blocks, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, n_head))
         if n_head == len(token_ids) or hit < n_head // sched.block_size * sched.block_size:
@@ -114,5 +124,5 @@ def cpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id
     connector = sched.connector
     if connector is None or not sched.kv_cache_manager.enable_caching or len(token_ids) < 2:
         return 0
-    req = probe_request(sched, token_ids, lora_id, provenance)
+    req = probe_request(sched.block_hasher, token_ids, lora_id, provenance)
     return connector.peek_num_matched_tokens(req, num_gpu_cached_tokens)

@@ -356,6 +356,15 @@ class Request:
             self._all_token_ids = ids
         return ids
 
+    def all_token_ids_copy(self) -> array | list[int] | LazyTokenIds:
+        """A copy of all the ids as they are now (a step's CachedRequestData.all_token_ids). Ids not
+        built stay unbuilt until the copy is read, which reads this request's first num_tokens ids
+        then: these, unless continue_session replaced them (a streaming session's copy is made now)."""
+        if self._all_token_ids is not None or self.resumable:
+            return self.all_token_ids[:]
+        n = self.num_tokens
+        return LazyTokenIds(n, lambda: self.all_token_ids[:n])
+
     @property
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + len(self._output_token_ids)

@@ -25,7 +25,7 @@ from collections.abc import Hashable, Sequence
 
 from servesim.scheduler.sglang.hicache import HiCacheController
 from servesim.scheduler.sglang.hicache_config import LOAD_BACK_THRESHOLD_TOKENS, WRITE_THROUGH_THRESHOLD
-from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode, as_key
+from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
 
 
 def _path(node: TreeNode) -> list[TreeNode]:
@@ -49,7 +49,7 @@ class HiRadixCache(RadixCache):
         self._pinned: set[TreeNode] = set()
 
     # --- lookup ----------------------------------------------------------------------------------
-    def match_prefix_host(self, tokens: Sequence[int], extra: Hashable = None
+    def match_prefix_host(self, tokens: Sequence[Hashable], extra: Hashable = None
                           ) -> tuple[TreeNode, int, TreeNode, int]:
         """SGLang's match_prefix: (last device node, device tokens, last host node, host-only tokens).
         Every matched node counts a hit (_match_prefix_helper's inc_hit_count)."""
@@ -62,15 +62,14 @@ class HiRadixCache(RadixCache):
             dev = dev.up()
         return dev, matched - host_len, node, host_len
 
-    def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
+    def match_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> tuple[TreeNode, int]:
         """The device-resident part of the match (what a request can use without a load)."""
         dev, dev_len, _, _ = self.match_prefix_host(tokens, extra)
         return dev, dev_len
 
-    def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
+    def peek_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> int:
         """Device-resident tokens a match would find, changing nothing."""
-        ps = self.page_size
-        node, matched, partial, n = self._walk(as_key(tokens[:len(tokens) // ps * ps]), extra, None)
+        node, matched, partial, n = self._walk(self._as_key(tokens), extra, None)
         if partial is not None and partial.evicted:
             matched -= n
         while node.evicted:
@@ -78,7 +77,7 @@ class HiRadixCache(RadixCache):
             node = node.up()
         return matched
 
-    def peek_host_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
+    def peek_host_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> int:
         """Host-only tokens a match would find below its device part (what load_back would
         bring back), changing nothing."""
         return RadixCache.peek_prefix(self, tokens, extra) - self.peek_prefix(tokens, extra)
@@ -93,7 +92,7 @@ class HiRadixCache(RadixCache):
         return upper
 
     # --- insert and write-through ------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], pages: Sequence[int], extra: Hashable = None) -> int:
+    def insert(self, tokens: Sequence[Hashable], pages: Sequence[int], extra: Hashable = None) -> int:
         """_insert_helper: evicted nodes on the path take the new pages (recomputed KV), device nodes
         count a hit, the new leaf counts one (not under write_back). Returns the tokens that were
         already on device (pages after them now belong to the tree)."""

@@ -41,9 +41,10 @@ def check_tree(tree: RadixCache, lockers: list | None = None) -> list:
             evictable += len(node.key)
         if (not node.children) != (node in tree._leaves):
             _fail(f"{node!r}: leaf set out of date")
-    if evictable != tree.evictable_size() or protected != tree.protected_size():
-        _fail(f"sizes: evictable {tree.evictable_size()} (counted {evictable}), "
-              f"protected {tree.protected_size()} (counted {protected})")
+    unit = tree.key_tokens  # sizes are in tokens, node keys in elements (tokens or page keys)
+    if evictable * unit != tree.evictable_size() or protected * unit != tree.protected_size():
+        _fail(f"sizes: evictable {tree.evictable_size()} (counted {evictable * unit}), "
+              f"protected {tree.protected_size()} (counted {protected * unit})")
     if lockers is not None:
         users = Counter()
         for node in lockers:
@@ -134,7 +135,21 @@ def check_invariants(sched: SGLangScheduler) -> None:
             _fail(f"{rid}: a page of its block table is neither private nor cached")
         if kv.cached_len % mem.page_size or kv.cached_len > len(kv.pages) * mem.page_size:
             _fail(f"{rid}: cached_len {kv.cached_len} does not fit its pages")
+        request = sched.requests.get(rid)  # (one missing is reported by _check_queues)
+        if kv.last_node is not None and mem.hicache is None and request is not None:
+            _check_locked_path(mem, request, kv.last_node, kv.cached_len)
     _check_queues(sched)
+
+
+def _check_locked_path(mem, request, node, cached_len: int) -> None:
+    """The path a request locks spells its own first cached_len tokens' key (ids or page keys)."""
+    parts = []
+    while node is not mem.tree.root:
+        parts.append(list(node.key))
+        node = node.parent
+    path = [k for part in reversed(parts) for k in part]
+    if path != list(mem.tree_key(request, cached_len)):
+        _fail(f"{request.request_id}: its locked path is not its own first {cached_len} tokens' key")
 
 
 def _check_queues(sched: SGLangScheduler) -> None:

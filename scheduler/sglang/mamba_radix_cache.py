@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 
-from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode, as_key
+from servesim.scheduler.sglang.radix_cache import RadixCache, TokenToKVPool, TreeNode
 
 
 class MambaPool:
@@ -78,11 +78,11 @@ class MambaRadixCache(RadixCache):
             node = node.up()
         return node, matched
 
-    def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
+    def match_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> tuple[TreeNode, int]:
         """(node, tokens) of the longest cached prefix that ends at a node with a state. The walk
         splits a partly matched node as RadixCache does; only the usable node and its ancestors
         count as accessed (SGLang's _match_post_processor)."""
-        key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
+        key = self._as_key(tokens)
         node, matched, partial, n = self._walk(key, extra, None)
         if partial is not None:
             node = self._split(partial, n)
@@ -95,15 +95,15 @@ class MambaRadixCache(RadixCache):
             up = up.up()
         return best, depth
 
-    def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
-        key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
+    def peek_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> int:
+        key = self._as_key(tokens)
         node, matched, partial, n = self._walk(key, extra, None)
         if partial is not None:
             matched -= n  # a part of a node: a split would leave it without a state
         return self._best(node, matched)[1]
 
     # --- insert ----------------------------------------------------------------------------------
-    def insert_with_state(self, tokens: Sequence[int], pages: Sequence[int], extra: Hashable,
+    def insert_with_state(self, tokens: Sequence[Hashable], pages: Sequence[int], extra: Hashable,
                           mamba_slot: int) -> tuple[int, bool]:
         """Cache `tokens` with their pages and the state after them. Returns (tokens already
         cached, whether the end node already held a state): then `mamba_slot` stays the caller's

@@ -8,6 +8,12 @@ it as vLLM deltas. Its leading pages may belong to the tree (shared, protected b
 another request already cached the same tokens, SGLang frees the duplicate slots at once and
 rewrites req_to_token; we keep the duplicates private until the request lets go (see
 docs/SGLANG_MODEL.md), which keeps block tables append-only.
+
+Page keys (`page_keys`, with the plain radix tree and pages of more than one token): the tree is
+keyed by each page's prefix-cache key (the request's `block_hashes` at page_size tokens a block:
+scheduler/block_keys.py) instead of its token ids. Equal keys mean equal ids up to the page's
+end, so it matches, splits, inserts and evicts exactly where the token tree does, and a
+synthetic prompt's ids are never built (the scheduler attaches the hasher: SGLangScheduler).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ def extra_key(request: Request) -> Hashable:
 class SGLangMemory:
     def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool,
                  hicache: HiCacheController | None = None, write_policy: str = "write_through",
-                 mamba_slots: int = 0) -> None:
+                 mamba_slots: int = 0, page_keys: bool = False) -> None:
         self.page_size = page_size
         self.pool = TokenToKVPool(num_pages, page_size)
         self.hicache = hicache
@@ -62,8 +68,13 @@ class SGLangMemory:
         self.hi_tree: HiRadixCache | None = None
         if self.mamba_tree is None and hicache is not None:
             self.hi_tree = HiRadixCache(page_size, self.pool, hicache, write_policy)
+        # Page keys: only the plain tree (the host tier and the Mamba tree key tokens), and only
+        # where a page is more than one token (a key per token would cost more than the ids).
+        self.page_keys = (page_keys and enable_radix_cache and self.hi_tree is None and self.mamba_tree is None
+                          and page_size > 1)
         self.tree: RadixCache = self.mamba_tree if self.mamba_tree is not None else \
-            self.hi_tree if self.hi_tree is not None else RadixCache(page_size, self.pool)
+            self.hi_tree if self.hi_tree is not None else \
+            RadixCache(1, self.pool, key_tokens=page_size) if self.page_keys else RadixCache(page_size, self.pool)
         self.cache_enabled = enable_radix_cache
         self.reqs: dict[str, ReqKV] = {}
         # HiCache: waiting requests whose load from host is in flight (request id -> its last node),
@@ -86,11 +97,27 @@ class SGLangMemory:
         return self.pool.available_size() + self.tree.evictable_size()
 
     # --- prefix lookup and admission ---------------------------------------------------------------
+    def tree_key(self, request: Request, num_tokens: int) -> Sequence[Hashable]:
+        """The tree's key for the request's first num_tokens tokens: its ids, or with page keys the
+        keys of its whole pages among them."""
+        if not self.page_keys:
+            return request.all_token_ids[:num_tokens]
+        n = num_tokens // self.page_size
+        keys = request.block_hashes
+        if len(keys) < n:  # the hasher keys every full page as tokens are appended
+            raise AssertionError(f"{request.request_id}: {len(keys)} page keys for {num_tokens} tokens")
+        return keys[:n]
+
+    def lookup(self, request: Request, num_tokens: int) -> tuple[TreeNode, int]:
+        """The tree's match of the request's first num_tokens tokens: (last node, tokens matched,
+        whole pages). Visited nodes count as accessed; a node matched in part is split."""
+        return self.tree.match_prefix(self.tree_key(request, num_tokens), extra_key(request))
+
     def match(self, request: Request, limit: int) -> tuple[list[int], TreeNode | None, int]:
         """Cached prefix of the request's first `limit` tokens: (pages, node, tokens)."""
         if not self.cache_enabled:
             return [], None, 0
-        node, n = self.tree.match_prefix(request.all_token_ids[:limit], extra_key(request))
+        node, n = self.lookup(request, limit)
         return self.tree.path_pages(node), node, n
 
     def match_with_host(self, request: Request, limit: int
@@ -140,11 +167,12 @@ class SGLangMemory:
         self.loading.pop(rid, None)
         self.loaded_tokens.pop(rid, None)
 
-    def peek(self, token_ids: Sequence[int], lora_id: Hashable = None) -> int:
-        """Tokens `match` would find for a prompt (whole pages), changing nothing."""
+    def peek(self, key: Sequence[Hashable], lora_id: Hashable = None) -> int:
+        """Tokens `match` would find for a prompt (whole pages), changing nothing. `key`: the
+        prompt's tree key (its ids, or with page keys its pages' keys)."""
         if not self.cache_enabled:
             return 0
-        return self.tree.peek_prefix(token_ids, None if lora_id is None else (lora_id, None))
+        return self.tree.peek_prefix(key, None if lora_id is None else (lora_id, None))
 
     def peek_host(self, token_ids: Sequence[int], lora_id: Hashable = None) -> int:
         """Tokens past `peek`'s that a match would find on the host tier only, changing nothing
@@ -234,7 +262,7 @@ class SGLangMemory:
         aligned = kv_len // self.page_size * self.page_size
         if aligned <= kv.cached_len:
             return kv.cached_len, False  # its end node (the locked last node) holds a state
-        tokens = request.all_token_ids[:aligned]
+        tokens = self.tree_key(request, aligned)
         n_pages = aligned // self.page_size
         took = False
         if self.mamba_tree is not None:
@@ -261,7 +289,7 @@ class SGLangMemory:
             self.mamba_pool.free(fork)
         if aligned <= kv.cached_len:
             return
-        node, matched = self.tree.match_prefix(request.all_token_ids[:aligned], extra_key(request))
+        node, matched = self.lookup(request, aligned)
         assert matched == aligned, (matched, aligned)
         assert kv.last_node is not None, "with the cache on, a request locks its matched node (the root at least)"
         self.tree.inc_lock_ref(node)

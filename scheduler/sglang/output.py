@@ -41,7 +41,7 @@ def _add_cached(data: CachedRequestData, sched: SGLangScheduler, req: Request, p
     if resumed:
         data.resumed_req_ids.add(rid)
     if rid not in sched.prev_step_scheduled_req_ids:
-        data.all_token_ids[rid] = req.all_token_ids[:]  # as the vLLM scheduler: a copy of the same type
+        data.all_token_ids[rid] = req.all_token_ids_copy()  # as the vLLM scheduler (unbuilt ids stay so)
     data.new_block_ids.append((pages,) if pages else None)
     data.num_computed_tokens.append(req.num_computed_tokens)
     data.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)

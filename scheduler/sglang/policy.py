@@ -91,10 +91,10 @@ def compute_prefix_matches(waiting: list, ctx: QueueContext) -> tuple[dict[str, 
     deprioritized: set[str] = set()
     in_batch = RadixCache(page_size=1)  # simulated tree over the waiting queue
     for r in waiting:
-        tokens = r.all_token_ids
-        node, n = ctx.memory.tree.match_prefix(tokens, extra_key(r))
+        node, n = ctx.memory.lookup(r, r.num_tokens)
         matched[r.request_id], last_node[r.request_id] = n, node
         if n <= cfg.in_batch_prefix_check_threshold:
+            tokens = r.all_token_ids  # (token-granular: the in-batch tree reads ids whatever the cache's keys)
             _, shared = in_batch.match_prefix(tokens, extra_key(r))
             if shared >= cfg.in_batch_prefix_deprioritize_threshold:
                 deprioritized.add(r.request_id)

@@ -8,9 +8,13 @@ exactly what a vLLM block id means to the executors; with page_size 1 every toke
 Page 0 is never handed out (SGLang reserves slot 0 for padding; vLLM reserves block 0 as its null
 block), so ids start at 1.
 
-The tree. Keys are token tuples, matched in whole pages: a child is found by its first page of
+The tree. Keys are token ids, matched in whole pages: a child is found by its first page of
 tokens (namespaced by an extra key: LoRA id and cache salt), and a partial match splits the node
-so the matched part is a node of its own. Each node holds the pages of its tokens. Nodes used by
+so the matched part is a node of its own. A tree may instead be keyed by page keys (`key_tokens`
+> 1): one element per page, each the prefix-cache key of the page and everything before it (a
+vLLM block key: scheduler/block_keys.py), so two pages' keys are equal exactly when the tokens up
+to their ends are; it matches, splits and evicts at the same page boundaries as a token tree over
+those ids, and counts sizes in tokens alike. Each node holds the pages of its tokens. Nodes used by
 running requests are locked (lock_ref counts the requests whose matched path goes through the
 node; inc/dec walk up to the root); unlocked leaves are evicted least-recently-used first.
 evictable_size + protected_size is always the number of tokens in the tree.
@@ -23,6 +27,7 @@ import itertools
 from array import array
 from collections import deque
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 
 class TokenToKVPool:
@@ -53,10 +58,10 @@ class TreeNode:
     __slots__ = ("id", "key", "value", "children", "parent", "lock_ref", "last_access", "extra",
                  "host_value", "hit_count", "loading", "evicted", "mamba_slot", "mamba_lock_ref")
 
-    def __init__(self, node_id: int, key: Sequence[int] = (), value: list[int] | None = None,
+    def __init__(self, node_id: int, key: Sequence[Hashable] = (), value: list[int] | None = None,
                  parent: TreeNode | None = None, extra: Hashable = None) -> None:
         self.id = node_id
-        self.key = key  # tokens of this edge; a whole number of pages
+        self.key = key  # key elements of this edge (tokens, or page keys); a whole number of pages
         self.value = value if value is not None else []  # page ids, len(key) // page_size
         self.children: dict[tuple, TreeNode] = {}  # (extra, first page of tokens) -> child
         self.parent = parent
@@ -111,7 +116,7 @@ def as_key(tokens: Sequence[int]) -> array:
         raise ValueError("token ids must fit int64 (traces hold ids in [0, 2**31))") from None
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int], off: int, page_size: int) -> int:
+def _common_prefix_len(a: Sequence[Hashable], b: Sequence[Hashable], off: int, page_size: int) -> int:
     """Length of the common prefix of a and b[off:], rounded down to whole pages (slice
     comparisons in C: the whole overlap first, else a bisection for the first difference)."""
     n = min(len(a), len(b) - off)
@@ -128,21 +133,28 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int], off: int, page_size: 
 
 
 class RadixCache:
-    """Radix tree over token ids whose node values are KV page ids.
+    """Radix tree over token ids (or page keys) whose node values are KV page ids.
 
     `pool` receives the pages of evicted nodes; None builds a "simulated" tree (values are
     placeholders, nothing is freed) such as the one the LPM policy uses for in-batch dedup.
+    `key_tokens`: tokens one key element stands for: 1 for token ids (`page_size` elements a
+    page); a page's tokens for page keys (page_size is then 1: one element a page). Sizes,
+    matches and evictions are counted in tokens either way; keys and node lengths in elements.
     """
 
-    def __init__(self, page_size: int, pool: TokenToKVPool | None = None) -> None:
+    def __init__(self, page_size: int, pool: TokenToKVPool | None = None, key_tokens: int = 1) -> None:
+        if key_tokens < 1 or (key_tokens > 1 and page_size != 1):
+            raise ValueError(f"a page-keyed tree has one element a page (page_size 1), got page_size {page_size}, "
+                             f"{key_tokens} tokens an element")
         self.page_size = page_size
+        self.key_tokens = key_tokens
         self.pool = pool
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self.root = TreeNode(0)
         self.root.lock_ref = 1  # the root is never evictable
-        self.evictable_size_ = 0  # tokens in nodes with lock_ref == 0
-        self.protected_size_ = 0  # tokens in nodes with lock_ref > 0
+        self.evictable_size_ = 0  # key elements in nodes with lock_ref == 0
+        self.protected_size_ = 0  # key elements in nodes with lock_ref > 0
         self._leaves: set[TreeNode] = set()  # childless non-root nodes (eviction candidates)
         # Eviction order, kept between calls: (last access, id, node) for every unlocked leaf at its
         # current access time, plus stale entries evict skips (_offer says when entries are made).
@@ -150,13 +162,15 @@ class RadixCache:
 
     # --- sizes -----------------------------------------------------------------------------------
     def evictable_size(self) -> int:
-        return self.evictable_size_
+        """Tokens in unlocked nodes."""
+        return self.evictable_size_ * self.key_tokens
 
     def protected_size(self) -> int:
-        return self.protected_size_
+        """Tokens in locked nodes."""
+        return self.protected_size_ * self.key_tokens
 
     def total_size(self) -> int:
-        return sum(len(n.key) for n in self.nodes())
+        return sum(len(n.key) for n in self.nodes()) * self.key_tokens
 
     def nodes(self) -> list[TreeNode]:
         """Every non-root node (iterative walk: trees can be deep)."""
@@ -168,12 +182,19 @@ class RadixCache:
         return out
 
     # --- lookup ----------------------------------------------------------------------------------
-    def _child_key(self, extra: Hashable, key: Sequence[int], off: int = 0) -> tuple:
+    def _as_key(self, keys: Sequence[Hashable]) -> Sequence[Hashable]:
+        """The tree's own copy of a lookup or insert key, cut to whole pages: token ids as a
+        compact array (as_key), page keys as a list."""
+        cut = keys[:len(keys) // self.page_size * self.page_size]
+        return cut if self.key_tokens > 1 else as_key(cast(Sequence[int], cut))
+
+    def _child_key(self, extra: Hashable, key: Sequence[Hashable], off: int = 0) -> tuple:
         """A child's entry in its parent: the namespace and the first page of its tokens (those of
         key[off:])."""
         return (extra, tuple(key[off:off + self.page_size]))
 
-    def _walk(self, key: Sequence[int], extra: Hashable, now: int | None) -> tuple[TreeNode, int, TreeNode | None, int]:
+    def _walk(self, key: Sequence[Hashable], extra: Hashable,
+              now: int | None) -> tuple[TreeNode, int, TreeNode | None, int]:
         """Follow `key` (whole pages) down from the root: (the last node matched whole, tokens
         matched, the child matched only partly or None, its common length). Visited children
         count as accessed at `now` (None: a read-only walk). Positions move by an offset: no
@@ -193,22 +214,21 @@ class RadixCache:
             node, off = child, off + n
         return node, off, None, 0
 
-    def match_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> tuple[TreeNode, int]:
-        """(last node, matched tokens) of the longest cached prefix, in whole pages.
+    def match_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> tuple[TreeNode, int]:
+        """(last node, matched tokens) of the longest cached prefix, in whole pages (`tokens`: the
+        key elements, token ids or page keys).
 
         A match ending inside a node splits it, so the last node covers exactly the match (what
         a request then locks). Visited nodes count as accessed (LRU)."""
-        key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
-        node, matched, partial, n = self._walk(key, extra, next(self._clock))
+        node, matched, partial, n = self._walk(self._as_key(tokens), extra, next(self._clock))
         if partial is not None:
             node = self._split(partial, n)
-        return node, matched
+        return node, matched * self.key_tokens
 
-    def peek_prefix(self, tokens: Sequence[int], extra: Hashable = None) -> int:
+    def peek_prefix(self, tokens: Sequence[Hashable], extra: Hashable = None) -> int:
         """Tokens match_prefix would match, in whole pages, without touching the tree (no LRU
         access, no split): for queries such as a router's."""
-        key = as_key(tokens[:len(tokens) // self.page_size * self.page_size])
-        return self._walk(key, extra, None)[1]
+        return self._walk(self._as_key(tokens), extra, None)[1] * self.key_tokens
 
     def path_pages(self, node: TreeNode) -> list[int]:
         """Pages of the cached prefix that ends at `node` (SGLang's prefix_indices)."""
@@ -231,19 +251,19 @@ class RadixCache:
         return upper
 
     # --- insert ----------------------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], pages: Sequence[int], extra: Hashable = None) -> int:
-        """Cache `tokens` (truncated to whole pages) with their `pages`; returns how many leading
-        tokens were already cached. Pages of that leading part stay the caller's (SGLang frees
-        them as duplicates); the pages of the rest now belong to the tree."""
-        return self._insert_at(tokens, pages, extra)[1]
+    def insert(self, tokens: Sequence[Hashable], pages: Sequence[int], extra: Hashable = None) -> int:
+        """Cache `tokens` (the key elements, truncated to whole pages) with their `pages`; returns
+        how many leading tokens were already cached. Pages of that leading part stay the caller's
+        (SGLang frees them as duplicates); the pages of the rest now belong to the tree."""
+        return self._insert_at(tokens, pages, extra)[1] * self.key_tokens
 
-    def _insert_at(self, tokens: Sequence[int], pages: Sequence[int], extra: Hashable) -> tuple[TreeNode, int]:
-        """insert's work: (the node that ends at the inserted key, tokens already cached)."""
+    def _insert_at(self, tokens: Sequence[Hashable], pages: Sequence[int], extra: Hashable) -> tuple[TreeNode, int]:
+        """insert's work: (the node that ends at the inserted key, key elements already cached)."""
         ps = self.page_size
-        key = as_key(tokens[:len(tokens) // ps * ps])
+        key = self._as_key(tokens)
         pages = list(pages[:len(key) // ps])
         if len(pages) * ps != len(key):
-            raise ValueError(f"{len(key)} tokens need {len(key) // ps} pages, got {len(pages)}")
+            raise ValueError(f"{len(key)} key elements need {len(key) // ps} pages, got {len(pages)}")
         now = next(self._clock)
         node, matched, partial, n = self._walk(key, extra, now)
         if partial is not None:
@@ -297,17 +317,19 @@ class RadixCache:
         num_tokens are freed (or none is left); a parent left childless and unlocked becomes a
         candidate. Returns tokens freed. The order is kept between calls (_offer), so a call costs
         what it evicts, not a pass over every leaf."""
+        unit = self.key_tokens
+        target = -(-num_tokens // unit)  # key elements: whole pages either way
         freed = 0
-        while freed < num_tokens and self._lru:
+        while freed < target and self._lru:
             last, _, node = heapq.heappop(self._lru)
             if node.lock_ref > 0 or node.last_access != last or node not in self._leaves:
                 continue  # stale: locked, accessed since, or no longer a leaf of the tree
             freed += self._evict_leaf(node)
-        return freed
+        return freed * unit
 
     def _evict_leaf(self, node: TreeNode) -> int:
         """Free an unlocked leaf's pages and delete it; its parent may become a candidate.
-        Returns tokens freed (MambaRadixCache also drops the tombstones left childless)."""
+        Returns key elements freed (MambaRadixCache also drops the tombstones left childless)."""
         if self.pool is not None:
             self.pool.free(node.value)
         self._delete_leaf(node)

@@ -18,9 +18,10 @@ import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from servesim.scheduler.hashing import TokenProvenance
+from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities, StrandedRequest
 from servesim.scheduler.kv.manager import PrefixCacheStats
+from servesim.scheduler.prefix_lookup import shared_probe
 from servesim.scheduler.output import (
     EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats, SpecDecodingStats,
 )
@@ -39,7 +40,11 @@ MAX_INPUT_MARGIN = 5  # SGLang: max_req_input_len = max_req_len - 5
 class SGLangScheduler(BatchingMixin):
     """Implements scheduler.interface.SchedulerInterface."""
 
-    def __init__(self, config: SGLangConfig, max_model_len: int, log_stats: bool = True) -> None:
+    def __init__(self, config: SGLangConfig, max_model_len: int, log_stats: bool = True,
+                 page_keys_hash_algo: str | None = None) -> None:
+        """`page_keys_hash_algo`: key the radix tree by page keys (memory.py), hashing the ids of
+        requests whose provenance is not declared with this algorithm (CacheConfig.hash_algo);
+        None keys it by token ids, as SGLang does. Either way it hits and misses alike."""
         missing = config.unresolved_fields()
         if missing:
             raise ValueError(f"SGLangConfig fields still None: {', '.join(missing)} "
@@ -54,7 +59,12 @@ class SGLangScheduler(BatchingMixin):
         self.hicache = HiCacheController(hc, page_size, config.num_pages * page_size) \
             if hc.enable_hierarchical_cache else None
         self.kv_cache_manager = SGLangMemory(config.num_pages, page_size, enable_radix_cache,
-                                             self.hicache, hc.hicache_write_policy, check_resolved(config))
+                                             self.hicache, hc.hicache_write_policy, check_resolved(config),
+                                             page_keys=page_keys_hash_algo is not None)
+        # Keys each request's pages as its tokens are appended (page keys only: None otherwise).
+        self.page_keys_hash_algo = page_keys_hash_algo if self.kv_cache_manager.page_keys else None
+        self.block_hasher = None if self.page_keys_hash_algo is None else \
+            make_block_hasher(page_size, self.page_keys_hash_algo)
         # Tokens a decode step computes per request: 1, or a speculative verify's 1 + k (k drafts,
         # placeholders here: the worker proposes them and draws their acceptance).
         self.num_decode_tokens = 1 + config.speculative_num_steps
@@ -114,6 +124,8 @@ class SGLangScheduler(BatchingMixin):
             self._pending.append(RequestOutput(rid, [], "length", 0, reject_reason=self._refusal_reason(request)))
             return
         request.max_tokens = min(request.max_tokens, max_new)
+        if self.block_hasher is not None:
+            request.attach_block_hasher(self.block_hasher, self.page_size)
         self.requests[rid] = request
         self._enqueue(request)
 
@@ -340,8 +352,17 @@ class SGLangScheduler(BatchingMixin):
     def cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
                              provenance: TokenProvenance | None = None) -> int:
         """Leading tokens the radix tree would match now: whole pages of the first
-        len(token_ids) - 1 tokens (as _match_prefix limits a request's match); read-only."""
-        return self.kv_cache_manager.peek(token_ids[:len(token_ids) - 1], lora_id) if token_ids else 0
+        len(token_ids) - 1 tokens (as _match_prefix limits a request's match); read-only. With
+        page keys, the prompt's are a probe's (prefix_lookup.py: shared with every replica that
+        keys pages alike)."""
+        if not token_ids:
+            return 0
+        n = len(token_ids) - 1
+        if self.block_hasher is None or self.page_keys_hash_algo is None:
+            return self.kv_cache_manager.peek(token_ids[:n], lora_id)
+        probe = shared_probe(self.block_hasher, self.page_keys_hash_algo, token_ids, len(token_ids), lora_id,
+                             provenance)
+        return self.kv_cache_manager.peek(probe.block_hashes[:n // self.page_size], lora_id)
 
     def cpu_cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,
                                  provenance: TokenProvenance | None = None, num_gpu_cached_tokens: int = 0) -> int:

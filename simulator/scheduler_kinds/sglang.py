@@ -101,4 +101,8 @@ def _sglang(scheduler_config, cache_config, sim_config=None):
         hardware = getattr(sim_config, "hardware", None)
         sglang = resolve_mamba(resolve_hicache(sglang, hardware), hardware, scheduler_config.num_spec_tokens)
     cfg = map_sglang_config(scheduler_config, cache_config, sglang, seed)
-    return SGLangScheduler(cfg, scheduler_config.max_model_len)
+    # prefix_cache_keys: provenance keys the radix tree by page keys (no synthetic id is built);
+    # token_ids by the ids, as SGLang does. The tree hits and misses alike either way.
+    page_keys = getattr(sim_config, "prefix_cache_keys", "provenance") == "provenance"
+    return SGLangScheduler(cfg, scheduler_config.max_model_len,
+                           page_keys_hash_algo=cache_config.hash_algo if page_keys else None)
