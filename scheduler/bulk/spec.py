@@ -66,12 +66,22 @@ class SpecRunPlan:
         """(requests, context sum) of each step first .. num_steps - 1: what a verify step's price
         reads (every request computes 1 + num_spec_tokens tokens)."""
         k = self.num_steps
-        sizes = [0] * (k - first)
-        sums = [0] * (k - first)
-        for cs, m in zip(self.ctx, self.steps_each):
-            for j in range(first, min(m, k)):
-                sizes[j - first] += 1
-                sums[j - first] += cs[j]
+        # Step j's batch is the requests scheduled more than j times: with them ordered by that
+        # count, a prefix. Each sum is a local int (a list item's `+=` is a generic call compiled).
+        order = sorted(range(len(self.ctx)), key=self.steps_each.__getitem__, reverse=True)
+        ctxs = [self.ctx[i] for i in order]
+        counts = [min(self.steps_each[i], k) for i in order]
+        n = len(order)
+        sizes: list[int] = []
+        sums: list[int] = []
+        for j in range(first, k):
+            while n and counts[n - 1] <= j:
+                n -= 1
+            total = 0
+            for x in range(n):
+                total += ctxs[x][j]
+            sizes.append(n)
+            sums.append(total)
         return sizes, sums
 
     def batch_at(self, j: int) -> list[int]:
