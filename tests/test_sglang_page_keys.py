@@ -133,7 +133,8 @@ def _sched(keyed: bool, policy: str) -> SGLangScheduler:
 
 def _output_view(so) -> tuple:
     c = so.scheduled_cached_reqs
-    return (dict(so.num_scheduled_tokens), [(n.req_id, n.block_ids, n.num_computed_tokens) for n in so.scheduled_new_reqs],
+    new = [(n.req_id, n.block_ids, n.num_computed_tokens) for n in so.scheduled_new_reqs]
+    return (dict(so.num_scheduled_tokens), new,
             c.req_ids, c.new_block_ids, c.num_computed_tokens, sorted(c.resumed_req_ids), sorted(so.preempted_req_ids),
             sorted(so.finished_req_ids), sorted(c.all_token_ids))
 
@@ -164,7 +165,8 @@ def test_page_keyed_scheduler_schedules_as_the_token_tree_without_building_ids(p
                 sampled.append([] if r.is_prefill_chunk else _stream_ids(1000 + k, r.num_output_tokens, 1))
             sched.update_from_output(so, ModelRunnerOutput(ids, {r: i for i, r in enumerate(ids)}, sampled))
             sched.check_invariants()
-            views[keyed] = (_output_view(so), [sched.cached_prefix_tokens(t, None, TokenProvenance(s)) for t, s in probes])
+            reads = [sched.cached_prefix_tokens(t, None, TokenProvenance(s)) for t, s in probes]  # a router's
+            views[keyed] = (_output_view(so), reads)
             retracted += len(so.preempted_req_ids)
             hits += sum(n.num_computed_tokens for n in so.scheduled_new_reqs)
         assert views[True] == views[False], step_no
@@ -187,8 +189,9 @@ def test_simulations_identical_with_either_keying(tmp_path, sets):
     outs = {}
     for keys in ("provenance", "token_ids"):
         # a small pool: evictions and retractions exercise the tree
-        cfg = apply_overrides(SimConfig(), {"engine": "sglang", "prefix_cache_keys": keys, "scheduler.max_model_len": 2048,
-                                            "cache.num_gpu_blocks": 260, "derive_num_gpu_blocks": False, **sets})
+        cfg = apply_overrides(SimConfig(), {"engine": "sglang", "prefix_cache_keys": keys,
+                                            "scheduler.max_model_len": 2048, "cache.num_gpu_blocks": 260,
+                                            "derive_num_gpu_blocks": False, **sets})
         outs[keys] = run(cfg, _sharing_workload(), tmp_path / keys)
     summary = outs["provenance"].summary
     assert summary["prefix_cache_hit_tokens"] > 2000  # the workload shares prefixes: the comparison means something

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from servesim.scheduler.hashing import TokenProvenance, make_block_hasher
 from servesim.scheduler.interface import SchedulerCapabilities, StrandedRequest
 from servesim.scheduler.kv.manager import PrefixCacheStats
-from servesim.scheduler.prefix_lookup import shared_probe
 from servesim.scheduler.output import (
     EngineCoreOutputs, ModelRunnerOutput, RequestOutput, SchedulerOutput, SchedulerStats, SpecDecodingStats,
 )
+from servesim.scheduler.prefix_lookup import shared_probe
 from servesim.scheduler.request import Request, RequestStatus, append_until_stop
 from servesim.scheduler.sglang.batching import Batch, BatchingMixin
 from servesim.scheduler.sglang.config import SGLangConfig
