@@ -64,14 +64,15 @@ def test_page_keyed_tree_is_the_token_tree_node_for_node(seed):
                 got[name] = (n, peeked, tuple(tree.path_pages(node)))
                 if lock:
                     tree.inc_lock_ref(node)
-                    locked.append({}) if name == "tokens" else None
+                    if name == "tokens":  # (the first tree: a new pair of locked nodes)
+                        locked.append({})
                     locked[-1][name] = node
             elif op < 0.85:
                 if locked:
                     tree.dec_lock_ref(locked[0][name])
             else:
                 got[name] = (tree.evict(amount), len(tree.pool.free_pages))
-        if op >= 0.75 and op < 0.85 and locked:
+        if 0.75 <= op < 0.85 and locked:  # (the unlock above, in both trees)
             locked.pop(0)
         assert got.get("tokens") == got.get("pages"), (op, tokens)
         assert _shape(trees["tokens"]) == _shape(trees["pages"])
