@@ -33,6 +33,20 @@ def probe_request(block_hasher: BlockHasher | None, token_ids: Sequence[int], lo
                    block_hasher=block_hasher, token_provenance=head_provenance)
 
 
+class ProbeKeys:
+    """What a scheduler's probes depend on besides the prompt, read from its configuration once
+    (a router reads every replica at every decision): its block hasher, block size and hash
+    algorithm, and whether a growing head of a prompt may be looked up (gpu_prefix_hit)."""
+
+    __slots__ = ("block_hasher", "block_size", "hash_algo", "growing")
+
+    def __init__(self, block_hasher: BlockHasher, block_size: int, hash_algo: str, growing: bool) -> None:
+        self.block_hasher = block_hasher
+        self.block_size = block_size
+        self.hash_algo = hash_algo
+        self.growing = growing
+
+
 class _SharedProbes:
     """The probes of the last prompt looked up, shared by every scheduler that keys blocks alike.
 
@@ -42,9 +56,12 @@ class _SharedProbes:
     and its hashes are a function of the ids, the block size, the hash algorithm, the LoRA id and
     the prompt's provenance alone (Request's block hasher or provenance keys; a probe carries no
     salt and no multimodal item): schedulers equal in those get the same hashes from one probe.
-    Holds the prompt, so its identity cannot be reused by another object while it is the key."""
+    Holds the prompt, so its identity cannot be reused by another object while it is the key.
+    The last probe handed out is checked first, field by field: replicas configured alike ask
+    for it in turn, and the dict's tuple key costs more to build and hash than the comparison."""
 
-    __slots__ = ("token_ids", "probes")
+    __slots__ = ("token_ids", "probes", "last", "last_n", "last_block_size", "last_hash_algo", "last_lora_id",
+                 "last_prompt")
 
     def __init__(self) -> None:
         self.token_ids: Sequence[int] | None = None
@@ -52,34 +69,49 @@ class _SharedProbes:
         # segments): (those segments, the probe); identity, not equality, is what is compared (the
         # replicas share one segments tuple: simulator/request_factory.py), kept alive by the entry
         self.probes: dict[tuple, tuple[object, Request]] = {}
+        self.last: Request | None = None  # of token_ids, with the fields below (kept alive by probes)
+        self.last_n = 0
+        self.last_block_size = 0
+        self.last_hash_algo = ""
+        self.last_lora_id: int | None = None
+        self.last_prompt: object = None
 
-    def probe(self, block_hasher: BlockHasher, hash_algo: str, token_ids: Sequence[int], n_tokens: int,
-              lora_id: int | None, provenance: TokenProvenance | None) -> Request:
-        """probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance) (`hash_algo`: the
-        hasher's algorithm), or its equal made for another scheduler of this prompt."""
+    def probe(self, block_hasher: BlockHasher, block_size: int, hash_algo: str, token_ids: Sequence[int],
+              n_tokens: int, lora_id: int | None, provenance: TokenProvenance | None) -> Request:
+        """probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance) (`block_size`,
+        `hash_algo`: the hasher's), or its equal made for another scheduler of this prompt."""
         if type(token_ids) is not tuple:
             return probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
-        if token_ids is not self.token_ids:
+        prompt = None if provenance is None else provenance.prompt
+        last = self.last
+        if token_ids is self.token_ids:
+            if (last is not None and n_tokens == self.last_n and block_size == self.last_block_size
+                    and prompt is self.last_prompt and lora_id == self.last_lora_id
+                    and hash_algo == self.last_hash_algo):
+                return last
+        else:
             self.token_ids = token_ids
             self.probes = {}
-        prompt = None if provenance is None else provenance.prompt
-        key = (n_tokens, block_hasher.block_size, hash_algo, lora_id, id(prompt))
+        key = (n_tokens, block_size, hash_algo, lora_id, id(prompt))
         entry = self.probes.get(key)
         if entry is not None and entry[0] is prompt:
-            return entry[1]
-        req = probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
-        self.probes[key] = (prompt, req)
+            req = entry[1]
+        else:
+            req = probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
+            self.probes[key] = (prompt, req)
+        self.last, self.last_n, self.last_block_size, self.last_hash_algo = req, n_tokens, block_size, hash_algo
+        self.last_lora_id, self.last_prompt = lora_id, prompt
         return req
 
 
 _SHARED = _SharedProbes()
 
 
-def shared_probe(block_hasher: BlockHasher, hash_algo: str, token_ids: Sequence[int], n_tokens: int,
-                 lora_id: int | None, provenance: TokenProvenance | None) -> Request:
+def shared_probe(block_hasher: BlockHasher, block_size: int, hash_algo: str, token_ids: Sequence[int],
+                 n_tokens: int, lora_id: int | None, provenance: TokenProvenance | None) -> Request:
     """A probe of the prompt's first n_tokens (probe_request), shared by every scheduler that
     keys blocks alike while the router asks about one prompt (_SharedProbes)."""
-    return _SHARED.probe(block_hasher, hash_algo, token_ids, n_tokens, lora_id, provenance)
+    return _SHARED.probe(block_hasher, block_size, hash_algo, token_ids, n_tokens, lora_id, provenance)
 
 
 def gpu_cached_prefix_tokens(sched: Scheduler, token_ids: Sequence[int], lora_id: int | None,
@@ -97,21 +129,19 @@ def gpu_prefix_hit(sched: Scheduler, token_ids: Sequence[int], lora_id: int | No
     ... blocks) and stop at the first head with a miss: hashing a long prompt costs more than the
     lookups. The probe then holds the hash of the first block missed, if the prompt reaches past
     it (a fast-path reader compares it with blocks a pending run caches: fastpath/planned_reads.py)."""
+    keys = sched.probe_keys
     kvm = sched.kv_cache_manager
-    if not kvm.enable_caching or len(token_ids) < 2:
+    if keys is None or not kvm.enable_caching or len(token_ids) < 2:
         return (), 0, None
     max_hit = len(token_ids) - 1
-    # A head's hit is the prompt's hit up to the head's end only for plain full attention
-    # (a sliding window or eagle's dropped last block depend on where the prompt ends).
-    growing = sched.cache_config.attention == "full" and not sched.scheduler_config.use_eagle
-    n_tokens = 8 * sched.block_size if growing else len(token_ids)
+    block_size = keys.block_size
+    n_tokens = 8 * block_size if keys.growing else len(token_ids)
     while True:
         n_head = min(n_tokens, len(token_ids))
-        assert sched.block_hasher is not None  # caching on: the scheduler keys blocks
-        req = _SHARED.probe(sched.block_hasher, sched.cache_config.hash_algo, token_ids, n_head, lora_id, provenance)
+        req = _SHARED.probe(keys.block_hasher, block_size, keys.hash_algo, token_ids, n_head, lora_id, provenance)
         kvm.note_lookup(req)  # a private block it could hit is published first
         blocks, hit = kvm.coordinator.find_longest_cache_hit(req.block_hashes, min(max_hit, n_head))
-        if n_head == len(token_ids) or hit < n_head // sched.block_size * sched.block_size:
+        if n_head == len(token_ids) or hit < n_head // block_size * block_size:
             return blocks, hit, req
         n_tokens *= 4
 

@@ -33,7 +33,7 @@ from servesim.scheduler.output import (
     EngineCoreOutputs, KVConnectorOutput, ModelRunnerOutput, RequestOutput, SchedulerOutput,
     SchedulerStats, SpecDecodingStats,
 )
-from servesim.scheduler.prefix_lookup import cpu_cached_prefix_tokens, gpu_cached_prefix_tokens
+from servesim.scheduler.prefix_lookup import ProbeKeys, cpu_cached_prefix_tokens, gpu_cached_prefix_tokens
 from servesim.scheduler.pyset import set_order
 from servesim.scheduler.policies import SchedulingPolicy, make_policy
 from servesim.scheduler.request import BLOCKED_WAITING_STATES, Request, RequestStatus, append_until_stop
@@ -66,6 +66,11 @@ class Scheduler:
             make_block_hasher(cache_config.block_size, cache_config.hash_algo)
             if cache_config.enable_prefix_caching else None
         )
+        # A head's hit is the prompt's hit up to the head's end only for plain full attention (a
+        # sliding window or eagle's dropped last block depend on where the prompt ends).
+        self.probe_keys = None if self.block_hasher is None else ProbeKeys(
+            self.block_hasher, self.block_size, cache_config.hash_algo,
+            growing=cache_config.attention == "full" and not scheduler_config.use_eagle)
         # A schedule() that scheduled and preempted nothing, with no output pending, decides the
         # same again until something outside changes (an arrival, a KV transfer) or a pin expires.
         self.capabilities = SchedulerCapabilities(

@@ -48,6 +48,14 @@ def _evicting(n: int, rate: float, seed: int):
 _EVICTING = {"cache.num_gpu_blocks": 300, "scheduler.max_model_len": 2048}
 
 
+def _grouped(n: int, rate: float, seed: int):
+    """Twenty shared prefixes of 200 tokens on every request: a prefix's first request on a
+    replica often joins its pending run just before the next request of that prefix reads it."""
+    return make_workload("poisson", {"num_requests": n, "arrival": {"rate_per_s": rate}, **_LENS,
+                                     "prefix": {"num_groups": 20, "prefix_len": {"dist": "fixed", "value": 200},
+                                                "fraction": 1.0}}, np.random.default_rng(seed))
+
+
 def _sessions(n: int, rate: float, seed: int):
     """Multi-turn sessions with short think times: a turn's prompt is the previous turn's prompt and
     output, often sent while that turn's replica still decodes it (its run caches the blocks the
@@ -144,6 +152,7 @@ def _keys_seen(monkeypatch, router_cls, cfg: ClusterConfig, wl) -> list:
     (LeastKv, "least_kv", lambda: _sessions(200, 40.0, 9), 4, _TIGHT),
     (PrefixAware, "prefix_aware", lambda: _evicting(250, 40.0, 1), 2, _EVICTING),
     (PrefixAware, "prefix_aware", lambda: _sessions(200, 30.0, 6), 6, {}),
+    (PrefixAware, "prefix_aware", lambda: _grouped(200, 100.0, 5), 6, {}),  # joiners caching a read's prefix
 ])
 def test_every_read_is_what_stepping_shows(monkeypatch, router_cls, router, wl, replicas, sim):
     """The KV usage, load and prefix hit of every replica at every decision, answered from
@@ -157,6 +166,11 @@ def test_every_read_is_what_stepping_shows(monkeypatch, router_cls, router, wl, 
 class _NeverChanged(PlannedReads):  # (test doubles are subclasses: a compiled class's methods cannot be patched)
     def _unchanged(self, *args):
         return True
+
+
+class _JoinersNeverCache(PlannedReads):
+    def _joiners_may_cache(self, *args):
+        return False
 
 
 class _UnappliedUsage(PlannedReads):
@@ -186,6 +200,28 @@ def test_the_prefix_check_is_what_keeps_reads_exact(monkeypatch):
     macro = _keys_seen(monkeypatch, PrefixAware, _config("prefix_aware", True, 2, **_EVICTING), w)
     plain = _keys_seen(monkeypatch, PrefixAware, _config("prefix_aware", False, 2, **_EVICTING), w)
     assert macro != plain
+
+
+def test_the_joiner_check_is_what_keeps_reads_of_joined_runs_exact(monkeypatch):
+    """A prompt joining a pending run caches its prompt's blocks at the run's first schedule: a
+    read that ignored them (the first request of a shared prefix on a replica joins, the next
+    one reads) differs from stepping's."""
+    _with_reads(monkeypatch, _JoinersNeverCache)
+    w = _grouped(200, 100.0, 5)
+    macro = _keys_seen(monkeypatch, PrefixAware, _config("prefix_aware", True, 6), w)
+    plain = _keys_seen(monkeypatch, PrefixAware, _config("prefix_aware", False, 6), w)
+    assert macro != plain
+
+
+def test_reads_of_runs_a_distinct_prompt_joins_apply_nothing():
+    """Distinct prompts (no shared block): a read of a replica whose pending run a prompt joins is
+    answered from the unapplied state, since the joiner's blocks are not the prompt's; no read
+    applies a run, and the results stay identical."""
+    wl = _plain(200, 100.0, 1)
+    cluster = Cluster(_config("prefix_aware", True, 12), wl)
+    macro = cluster.run()
+    assert _counts(cluster)[0] > 0 and _counts(cluster)[1] == 0
+    _assert_same(run_cluster(_config("prefix_aware", False, 12), wl), macro)
 
 
 def test_kv_usage_from_the_plan_is_what_keeps_least_kv_exact(monkeypatch):

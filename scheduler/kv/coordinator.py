@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from servesim.scheduler.kv.block import KVCacheBlock
 from servesim.scheduler.kv.block_pool import BlockPool
 from servesim.scheduler.kv.kinds import MANAGERS
-from servesim.scheduler.kv.single_type import KVCacheGroupSpec, SingleTypeKVCacheManager
+from servesim.scheduler.kv.single_type import KVCacheGroupSpec, SingleTypeKVCacheManager, full_attention_hit
 
 if TYPE_CHECKING:
     from servesim.scheduler.request import Request
@@ -114,11 +114,18 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         assert len(self.groups) == 1
         self.spec = self.groups[0]
         self.block_size = self.spec.block_size
+        # plain full attention: its manager's lookup is full_attention_hit, called directly (a
+        # router reads every replica's cache at every decision; the classmethod call is generic)
+        self._full = self.spec.kind == "full"
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        hit = type(self.managers[0]).find_longest_cache_hit(
-            block_hashes, max_cache_hit_length, [0], self.block_pool, self.spec, self.use_eagle, self.block_size
-        )
+        if self._full:
+            hit = full_attention_hit(block_hashes, max_cache_hit_length, [0], self.block_pool, self.spec,
+                                     self.use_eagle, self.block_size)
+        else:
+            hit = type(self.managers[0]).find_longest_cache_hit(
+                block_hashes, max_cache_hit_length, [0], self.block_pool, self.spec, self.use_eagle, self.block_size
+            )
         return hit, len(hit[0]) * self.block_size
 
 

@@ -360,8 +360,8 @@ class SGLangScheduler(BatchingMixin):
         n = len(token_ids) - 1
         if self.block_hasher is None or self.page_keys_hash_algo is None:
             return self.kv_cache_manager.peek(token_ids[:n], lora_id)
-        probe = shared_probe(self.block_hasher, self.page_keys_hash_algo, token_ids, len(token_ids), lora_id,
-                             provenance)
+        probe = shared_probe(self.block_hasher, self.page_size, self.page_keys_hash_algo, token_ids, len(token_ids),
+                             lora_id, provenance)
         return self.kv_cache_manager.peek(probe.block_hashes[:n // self.page_size], lora_id)
 
     def cpu_cached_prefix_tokens(self, token_ids: Sequence[int], lora_id: int | None = None,

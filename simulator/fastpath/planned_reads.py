@@ -248,11 +248,10 @@ class PlannedReads:
         engine, sched = self.engine, self.sched
         plan = self.deferred.pending
         assert plan is not None
-        if plan.first is None:  # (a prompt joining looks the cache up at the first schedule: after it)
-            blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
-            if probe is None or (not plan.num_joining and self._unchanged(
-                    plan, self._updates_before_now(plan), blocks[0], hit, probe, len(token_ids))):
-                return hit  # (a run that opens with joins caches their prompts at its first schedule: applied first)
+        blocks, hit, probe = gpu_prefix_hit(sched, token_ids, lora_id, provenance)
+        if probe is None or self._unchanged(plan, self._updates_before_now(plan), blocks[0], hit, probe,
+                                            len(token_ids)):
+            return hit
         self.num_reads_applied += 1
         self.deferred.apply_at(engine.env.now, engine.in_flight, routed=False)
         return sched.cached_prefix_tokens(token_ids, lora_id, provenance)
@@ -263,8 +262,16 @@ class PlannedReads:
         kv = self.kv
         bs = kv.kvm.block_size
         run = self._run_blocks(plan)
-        free_hits = {b.block_id for b in hit_blocks if not b.ref_cnt}
-        if free_hits:
+        joining = plan.num_joining
+        free_hits: set[int] | None = None  # (built only when a hit block is free: most reads hit none)
+        for b in hit_blocks:
+            if not b.ref_cnt:
+                if free_hits is None:
+                    free_hits = set()
+                free_hits.add(b.block_id)
+        if free_hits is not None:
+            if joining:
+                return False  # a joiner's blocks (hits it touches, new ones) move the free queue: not counted
             popped = run.allocations(j)
             if popped and kv.kvm.block_pool.free_block_queue.index_of_first(free_hits, popped) < popped:
                 return False  # an allocation evicts a hit block
@@ -274,8 +281,28 @@ class PlannedReads:
         if m < run.cached_floor():
             return True  # every request of the run has cached its block m already
         miss = probe.block_hashes[m]
-        if kv.steps_before_caching(plan.reqs, j + 1, m, miss) <= j:
+        decoding = plan.reqs
+        if joining:
+            decoding = decoding[:len(decoding) - joining]
+            if self._joiners_may_cache(plan.reqs[len(decoding):], m, miss):
+                return False
+        if kv.steps_before_caching(decoding, j + 1, m, miss) <= j:
             return False
         if j == 0 or not plan.load_drop:
             return True
         return kv.steps_before_caching(run.skipped(), 2, m, miss) > 1
+
+    def _joiners_may_cache(self, joiners: Sequence[Request], m: int, miss: bytes) -> bool:
+        """Whether a request joining the run at its first schedule may cache its block m under the
+        hash `miss` during the run: its prompt's block m hash is known (Request hashes every full
+        prompt block on arrival) and compared; a block m past its prompt's full blocks is filled
+        by its outputs, whose hashes are not known yet (it may)."""
+        mgr = self.kv.kvm._single_full
+        assert mgr is not None
+        for r in joiners:
+            if mgr.num_cached_block.get(r.request_id, 0) > m:
+                continue  # its block m is cached already (and was missed)
+            hashes = r.block_hashes
+            if len(hashes) <= m or hashes[m] == miss:
+                return True
+        return False
