@@ -35,14 +35,19 @@ The run's steps before t change that answer only by
     fill (AsyncScheduler), so block m of request r enters the map at update (m + 1) x block_size
     - c0 - 1 (KVDecodeRuns.steps_before_caching: step s = that update + 1, before the read iff
     s <= j); a hash not computed yet may match, one already computed is compared; the requests
-    the in-flight step's update finishes (skip-ahead) cache their last block there too.
-Frees keep a block's hash (it stays hit until evicted) and no run touches a block. Where neither
-can happen before t (and no request joins the run: its first schedule caches their prompts) the
-lookup on the unapplied state is stepping's answer; otherwise the replica
-applies its run up to t first (DeferredRuns.apply_at, as a routed arrival would: exact) and is
-looked up then. A lookup may publish private blocks (KVCacheManager.note_lookup); the run's
-blocks cached after it enter the map directly instead of being published: the same map, since a
-private key is no other block's (block_pool.py, "Private blocks").
+    the in-flight step's update finishes (skip-ahead) cache their last block there too;
+  - a request joining the run at its first schedule (bulk/joins.py: a new prompt admitted whole,
+    a prefill's last chunk; P/D's one-token joins) caching its block m there or later: a prompt's
+    full blocks are hashed on arrival, so its block m hash is compared, and a block m past them
+    (filled by its outputs) may match. Its blocks, hits it takes and new ones, move the free
+    queue in ways allocations(0..j) does not count: with a joiner, a free hit block may be evicted.
+Frees keep a block's hash (it stays hit until evicted) and no decode touches a block. Where none
+of these can happen before t, the lookup on the unapplied state is stepping's answer; otherwise
+the replica applies its run up to t first (DeferredRuns.apply_at, as a routed arrival would:
+exact) and is looked up then. A lookup may publish private blocks (KVCacheManager.note_lookup);
+the run's blocks cached after it (a joiner's too, whose own lookup then follows the read) enter
+the map directly or stay private: the read's answer is the same either way, since a private
+key is no other root's (block_pool.py, "Private blocks").
 
 Only the vLLM scheduler's bulk path (scheduler/bulk/vllm.py: one full-attention group) is read so;
 the planner defers no run under a state-reading router otherwise (MacroPlanner.defer_runs).
