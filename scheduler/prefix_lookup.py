@@ -11,9 +11,10 @@ page-keyed radix tree reads its keys from the same probes (`shared_probe`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.request import BlockHasher, Request, SamplingParams
 
 if TYPE_CHECKING:
@@ -24,13 +25,61 @@ if TYPE_CHECKING:
 PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
 
 
+class PromptIds:
+    """A prompt's ids for a router's lookups, a tuple built on first read: a lookup keyed by the
+    prompt's provenance reads its length alone (probe_request), and building a synthetic
+    prompt's ids at every decision cost more than the lookups. Indexing and slicing answer as
+    the tuple does; shared by every replica asked about the prompt (_SharedProbes), as a tuple."""
+
+    __slots__ = ("num_tokens", "_build", "_ids")
+
+    def __init__(self, num_tokens: int, build: Callable[[], Sequence[int]]) -> None:
+        self.num_tokens = num_tokens
+        self._build = build
+        self._ids: tuple[int, ...] | None = None
+
+    def ids(self) -> tuple[int, ...]:
+        if self._ids is None:
+            ids = tuple(self._build())
+            if len(ids) != self.num_tokens:  # the builder's contract: exactly num_tokens ids
+                raise ValueError(f"prompt ids: built {len(ids)}, declared {self.num_tokens}")
+            self._ids = ids
+        return self._ids
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids())
+
+    def __getitem__(self, index: Any) -> Any:  # an int or a slice, as a tuple's
+        return self.ids()[index]
+
+
+class _Head:
+    """The first num_tokens ids of a prompt, read only when a probe's ids are (LazyTokenIds)."""
+
+    __slots__ = ("token_ids", "num_tokens")
+
+    def __init__(self, token_ids: Sequence[int], num_tokens: int) -> None:
+        self.token_ids = token_ids
+        self.num_tokens = num_tokens
+
+    def ids(self) -> Sequence[int]:
+        return self.token_ids[:self.num_tokens]
+
+
 def probe_request(block_hasher: BlockHasher | None, token_ids: Sequence[int], lora_id: int | None,
-                  provenance: TokenProvenance | None) -> Request:
-    """A request over `token_ids` carrying the block hashes a scheduler keying blocks with
-    `block_hasher` would give it."""
-    head_provenance = None if provenance is None else provenance.head(len(token_ids))
-    return Request(PROBE_ID, list(token_ids), SamplingParams(max_tokens=1), lora_id=lora_id,
-                   block_hasher=block_hasher, token_provenance=head_provenance)
+                  provenance: TokenProvenance | None, num_tokens: int | None = None) -> Request:
+    """A request over the first num_tokens of `token_ids` (all by default) carrying the block
+    hashes a scheduler keying blocks with `block_hasher` would give it. Keyed by `provenance`,
+    its ids are left unbuilt until read (a lookup reads its keys alone)."""
+    n = len(token_ids) if num_tokens is None else num_tokens
+    if provenance is None:
+        return Request(PROBE_ID, list(token_ids[:n]), SamplingParams(max_tokens=1), lora_id=lora_id,
+                       block_hasher=block_hasher)
+    return Request(PROBE_ID, LazyTokenIds(n, _Head(token_ids, n).ids), SamplingParams(max_tokens=1),
+                   lora_id=lora_id, block_hasher=block_hasher, token_provenance=provenance.head(n))
 
 
 class ProbeKeys:
@@ -47,11 +96,18 @@ class ProbeKeys:
         self.growing = growing
 
 
+def _immutable(token_ids: object) -> bool:
+    """Whether the ids cannot change while they are asked about (a tuple, PromptIds). A function,
+    not a condition in place: the compiled build would narrow the ids to a tuple after it."""
+    kind = type(token_ids)
+    return kind is tuple or kind is PromptIds
+
+
 class _SharedProbes:
     """The probes of the last prompt looked up, shared by every scheduler that keys blocks alike.
 
-    A router asks each replica in turn about one prompt (the same `token_ids` tuple: only a tuple
-    is shared, whose ids cannot change between the questions). A probe is
+    A router asks each replica in turn about one prompt (the same `token_ids` tuple or PromptIds:
+    only those are shared, whose ids cannot change between the questions). A probe is
     never changed by a lookup (note_lookup reads its key root, find_longest_cache_hit its hashes),
     and its hashes are a function of the ids, the block size, the hash algorithm, the LoRA id and
     the prompt's provenance alone (Request's block hasher or provenance keys; a probe carries no
@@ -80,8 +136,8 @@ class _SharedProbes:
               n_tokens: int, lora_id: int | None, provenance: TokenProvenance | None) -> Request:
         """probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance) (`block_size`,
         `hash_algo`: the hasher's), or its equal made for another scheduler of this prompt."""
-        if type(token_ids) is not tuple:
-            return probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
+        if not _immutable(token_ids):
+            return probe_request(block_hasher, token_ids, lora_id, provenance, n_tokens)
         prompt = None if provenance is None else provenance.prompt
         last = self.last
         if token_ids is self.token_ids:
@@ -97,7 +153,7 @@ class _SharedProbes:
         if entry is not None and entry[0] is prompt:
             req = entry[1]
         else:
-            req = probe_request(block_hasher, token_ids[:n_tokens], lora_id, provenance)
+            req = probe_request(block_hasher, token_ids, lora_id, provenance, n_tokens)
             self.probes[key] = (prompt, req)
         self.last, self.last_n, self.last_block_size, self.last_hash_algo = req, n_tokens, block_size, hash_algo
         self.last_lora_id, self.last_prompt = lora_id, prompt
