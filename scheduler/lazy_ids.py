@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class LazyTokenIds:
     """A prompt's ids, built on first read. A synthetic prompt's ids are a pure function of its
     trace row, and the simulated engine reads only their count (its prefix-cache keys come from
     the ids' provenance, block_keys.py), so most prompts never need them built; a reader that does
-    (the GPU runner, a real-id hasher, a resumed request's output data) gets exactly the ids."""
+    (the GPU runner, a real-id hasher, a resumed request's output data) gets exactly the ids.
+    A prefix-aware router asks every replica about one (scheduler/prefix_lookup.py): a lookup
+    keyed by provenance reads its length alone."""
 
     __slots__ = ("num_tokens", "_build", "_ids")
 
@@ -53,7 +55,7 @@ class LazyTokenIds:
     def __iter__(self) -> Iterator[int]:
         return iter(self.ids())
 
-    def __getitem__(self, index: int) -> int:
+    def __getitem__(self, index: Any) -> Any:  # an int or a slice, as the built ids answer
         return self.ids()[index]
 
 

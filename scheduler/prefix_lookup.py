@@ -11,8 +11,8 @@ page-keyed radix tree reads its keys from the same probes (`shared_probe`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.request import BlockHasher, Request, SamplingParams
@@ -23,37 +23,6 @@ if TYPE_CHECKING:
     from servesim.scheduler.scheduler import Scheduler
 
 PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
-
-
-class PromptIds:
-    """A prompt's ids for a router's lookups, a tuple built on first read: a lookup keyed by the
-    prompt's provenance reads its length alone (probe_request), and building a synthetic
-    prompt's ids at every decision cost more than the lookups. Indexing and slicing answer as
-    the tuple does; shared by every replica asked about the prompt (_SharedProbes), as a tuple."""
-
-    __slots__ = ("num_tokens", "_build", "_ids")
-
-    def __init__(self, num_tokens: int, build: Callable[[], Sequence[int]]) -> None:
-        self.num_tokens = num_tokens
-        self._build = build
-        self._ids: tuple[int, ...] | None = None
-
-    def ids(self) -> tuple[int, ...]:
-        if self._ids is None:
-            ids = tuple(self._build())
-            if len(ids) != self.num_tokens:  # the builder's contract: exactly num_tokens ids
-                raise ValueError(f"prompt ids: built {len(ids)}, declared {self.num_tokens}")
-            self._ids = ids
-        return self._ids
-
-    def __len__(self) -> int:
-        return self.num_tokens
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.ids())
-
-    def __getitem__(self, index: Any) -> Any:  # an int or a slice, as a tuple's
-        return self.ids()[index]
 
 
 class _Head:
@@ -97,16 +66,16 @@ class ProbeKeys:
 
 
 def _immutable(token_ids: object) -> bool:
-    """Whether the ids cannot change while they are asked about (a tuple, PromptIds). A function,
-    not a condition in place: the compiled build would narrow the ids to a tuple after it."""
+    """Whether the ids cannot change while they are asked about (a tuple, LazyTokenIds). A
+    function, not a condition in place: the compiled build would narrow the ids to a tuple after it."""
     kind = type(token_ids)
-    return kind is tuple or kind is PromptIds
+    return kind is tuple or kind is LazyTokenIds
 
 
 class _SharedProbes:
     """The probes of the last prompt looked up, shared by every scheduler that keys blocks alike.
 
-    A router asks each replica in turn about one prompt (the same `token_ids` tuple or PromptIds:
+    A router asks each replica in turn about one prompt (the same `token_ids` tuple or LazyTokenIds:
     only those are shared, whose ids cannot change between the questions). A probe is
     never changed by a lookup (note_lookup reads its key root, find_longest_cache_hit its hashes),
     and its hashes are a function of the ids, the block size, the hash algorithm, the LoRA id and

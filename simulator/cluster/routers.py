@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from servesim.scheduler.prefix_lookup import PromptIds
+from servesim.scheduler.lazy_ids import LazyTokenIds
 from servesim.scheduler.registry import Registry, UnknownNameError
 from servesim.simulator.cluster.tier_prices import TierPrices, tier_prices
 from servesim.traces.errors import InputError
@@ -214,7 +214,7 @@ class PrefixAware(Router):
         # no prompt to build when nothing caches; its ids built only if a lookup reads them (a
         # provenance-keyed one reads the length), shared by each replica's lookup
         # (scheduler/prefix_lookup.py: one probe for every replica that keys blocks alike)
-        tokens = PromptIds(spec.prompt_len, spec.token_ids) if caching else ()
+        tokens = LazyTokenIds(spec.prompt_len, spec.token_id_array) if caching else ()
         prompt_len, load_weight = spec.prompt_len, self.load_weight
         best, best_key, best_reason = 0, 0.0, ""
         for i, c in enumerate(candidates):
