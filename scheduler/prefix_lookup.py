@@ -25,19 +25,6 @@ if TYPE_CHECKING:
 PROBE_ID = "cached_prefix_tokens"  # the throwaway request's id (never added to the scheduler)
 
 
-class _Head:
-    """The first num_tokens ids of a prompt, read only when a probe's ids are (LazyTokenIds)."""
-
-    __slots__ = ("token_ids", "num_tokens")
-
-    def __init__(self, token_ids: Sequence[int], num_tokens: int) -> None:
-        self.token_ids = token_ids
-        self.num_tokens = num_tokens
-
-    def ids(self) -> Sequence[int]:
-        return self.token_ids[:self.num_tokens]
-
-
 def probe_request(block_hasher: BlockHasher | None, token_ids: Sequence[int], lora_id: int | None,
                   provenance: TokenProvenance | None, num_tokens: int | None = None) -> Request:
     """A request over the first num_tokens of `token_ids` (all by default) carrying the block
@@ -47,7 +34,7 @@ def probe_request(block_hasher: BlockHasher | None, token_ids: Sequence[int], lo
     if provenance is None:
         return Request(PROBE_ID, list(token_ids[:n]), SamplingParams(max_tokens=1), lora_id=lora_id,
                        block_hasher=block_hasher)
-    return Request(PROBE_ID, LazyTokenIds(n, _Head(token_ids, n).ids), SamplingParams(max_tokens=1),
+    return Request(PROBE_ID, LazyTokenIds(n, lambda: token_ids[:n]), SamplingParams(max_tokens=1),
                    lora_id=lora_id, block_hasher=block_hasher, token_provenance=provenance.head(n))
 
 
