@@ -90,9 +90,10 @@ class TokenSource:
             n += 1
         return n
 
-    def accepted_run(self, req_id: str, k: int, num_steps: int, num_drafts: int) -> list[int]:
+    def accepted_run(self, req_id: str, k: int, num_steps: int, num_drafts: int, until_k: int) -> list[int]:
         """num_accepted of num_steps consecutive verify steps of num_drafts drafts each, the first
-        one's first new output being the k-th (each next step's: k + 1 + accepted): a run of
+        one's first new output being the k-th (each next step's: k + 1 + accepted), fewer where a
+        step would start at until_k or later (a request's max_tokens: it stops before): a run of
         steps drawn in bulk (simulator/fastpath/spec_runs.py). The same u as _uniform, by zlib's
         CRC-32 register arithmetic (as tokens()): "seed:req_id:" once, the digits of k // 10
         once a decade of positions, then k's last digit, ":" and the draft's index."""
@@ -105,6 +106,8 @@ class TokenSource:
         tens = -1
         after_tens = after_prefix
         for _ in range(num_steps):
+            if k >= until_k:
+                break
             t = k // 10
             if t != tens:
                 after_tens = after_prefix

@@ -121,21 +121,25 @@ def test_accepted_run_is_num_accepted_step_after_step():
     for rid in ("r0", "chat-123", "x" * 40):
         for num_drafts in range(4):
             k = 37
-            run = source.accepted_run(rid, k, 60, num_drafts)
+            run = source.accepted_run(rid, k, 60, num_drafts, 10**9)
             assert len(run) == 60
             for a in run:
                 assert a == source.num_accepted(rid, k, num_drafts)
                 k += 1 + a
     many = TokenSource(seed=2, acceptance=(0.97,) * 12)  # draft indices of two digits
     for k in (0, 5, 99_990, 999_996):  # from position 0, across digit-count boundaries
-        run, at = many.accepted_run("r", k, 40, 12), k
+        run, at = many.accepted_run("r", k, 40, 12, 10**9), k
         for a in run:
             assert a == many.num_accepted("r", at, 12)
             at += 1 + a
-    assert any(a >= 10 for a in many.accepted_run("r", 0, 40, 12))
-    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 3, 2) == [2, 2, 2]
-    assert TokenSource(0, (0.0, 1.0)).accepted_run("a", 0, 3, 2) == [0, 0, 0]
-    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 2, 1) == [1, 1]  # only num_drafts positions
+    assert any(a >= 10 for a in many.accepted_run("r", 0, 40, 12, 10**9))
+    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 3, 2, 99) == [2, 2, 2]
+    assert TokenSource(0, (0.0, 1.0)).accepted_run("a", 0, 3, 2, 99) == [0, 0, 0]
+    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 2, 1, 99) == [1, 1]  # only num_drafts positions
+    # no step starts at until_k or later: steps from 0, 3, 6 (each accepts both drafts) then 9
+    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 9, 2, 9) == [2, 2, 2]
+    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 9, 2, 10) == [2, 2, 2, 2]
+    assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 12, 9, 2, 10) == []
 
 
 def test_layouts_it_does_not_replay_decline_with_the_reason():

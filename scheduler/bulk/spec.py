@@ -171,13 +171,14 @@ class VllmSpecRuns:
                 return None
         return list(batch)
 
-    def plan(self, batch: list[Request], gains: list[list[int]], rollbacks: list[list[int]],
+    def plan(self, batch: list[Request], num_steps: int, gains: list[list[int]], rollbacks: list[list[int]],
              num_in_flight: int, through_finishes: bool = True) -> SpecRunPlan:
-        """The longest prefix of the given updates' steps that stays plain: no schedule is cut by
+        """The longest prefix of num_steps steps that stays plain: no schedule is cut by
         max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
         the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
-        frees go to the free queue's tail) and every step schedules someone. Step j's update is
-        gains[i][j]'s (len(gains[i]) steps at most).
+        frees go to the free queue's tail) and every step schedules someone. Update j's gains are
+        gains[i][j]; a request's list may end early only past the update that stops it (its
+        max_tokens: the fast path draws no further), else the run ends where it does.
 
         max_tokens: sync, or async without `through_finishes` (a cluster replica, whose router
         reads its load), the run ends before an update that would stop a request. Async
@@ -194,7 +195,7 @@ class VllmSpecRuns:
         mgr = kvm._single_full
         assert mgr is not None
         through = num_in_flight == 1 and through_finishes
-        k = min(len(g) for g in gains)
+        k = num_steps
         lim = min(max_len - 1, max_len - la) - 1 - ns  # a schedule's context at most this (no cut)
         ctx: list[list[int]] = []
         finish_at: list[int | None] = []
@@ -202,12 +203,13 @@ class VllmSpecRuns:
         for i, r in enumerate(batch):
             c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
             # The first step where something happens (_first_event) and each schedule's context before it
-            first, kind, cs = _first_event(c0, gains[i], rollbacks[i], k, ns, lim, max_tokens - o0, max_len - t0,
-                                           num_in_flight > 0)
+            drawn = len(gains[i])
+            first, kind, cs = _first_event(c0, gains[i], rollbacks[i], k if k <= drawn else drawn, ns, lim,
+                                           max_tokens - o0, max_len - t0, num_in_flight > 0)
             fin: int | None = None
             num_scheduled = len(cs)
             if kind == _NONE:
-                pass
+                k = first  # its updates drawn end here (k unless it stops past them)
             elif kind == _SKIP and through and t0 + max_tokens - o0 < max_len:
                 fin = first  # its update stops it, its tokens cut at max_tokens
             elif kind == _STOP and through and t0 + max_tokens - o0 < max_len:

@@ -30,11 +30,10 @@ deferred (defer_runs is accepted and ignored: deferral is the plain decode plann
 from __future__ import annotations
 
 import math
-from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
@@ -156,7 +155,12 @@ class SpecPlanner:
         if bound is not None:  # the first arrival the router's proof cannot send elsewhere (constant load)
             later_s = max(later_s, bound(engine.num_outstanding))
         accepted: list[list[int]] = [[] for _ in batch]
+        # update j's gain and rollback per request (SpecRunPlan): sync, update j applies step j;
+        # async, update 0 applies the step in flight, update j step j - 1
+        gains = [[g0] for g0 in gains0] if num_in_flight else [[] for _ in batch]
+        rollbacks = [[r0] for r0 in rollbacks0] if num_in_flight else [[] for _ in batch]
         next_k = list(first_k)
+        drawing = [True] * len(batch)  # False: drawn past its max_tokens (its stop is in its gains)
         gpu: list[float] = []
         sched_t: list[float] = []
         ends: list[float] = []
@@ -167,11 +171,10 @@ class SpecPlanner:
             return None
         while True:
             for i, rid in enumerate(ids):  # draw steps len(accepted[i]) .. m - 1
-                more = tokens.accepted_run(rid, next_k[i], m - len(accepted[i]), ns)
-                accepted[i] += more
-                next_k[i] += len(more) + sum(more)
-            gains, rollbacks = self._updates(accepted, gains0, rollbacks0)
-            plan = self.runs.plan(batch, gains, rollbacks, num_in_flight, bound is None)
+                if drawing[i]:
+                    self._draw(batch[i], rid, next_k, i, m - len(accepted[i]), num_in_flight, accepted, gains,
+                               rollbacks, drawing)
+            plan = self.runs.plan(batch, m, gains, rollbacks, num_in_flight, bound is None)
             # Priced and timed a batch size at a time (the CPU time reads it), none past the piece
             # the cut falls in; the timeline continues exactly across pieces (timeline.py).
             sizes, sums = plan.step_sums(len(gpu))
@@ -195,7 +198,7 @@ class SpecPlanner:
                 a = b
             if cut or plan.num_steps < m or m >= MAX_SPEC_STEPS:
                 break
-            m = min(2 * m, MAX_SPEC_STEPS)
+            m = self._next_chunk(m, min(later_s, deadline_s) - t, gpu[-1], sizes[-1])
         k = len(sched_t)
         if k < 2:
             return None
@@ -229,16 +232,35 @@ class SpecPlanner:
             return 0  # not even the second update fits (the step before an arrival): step it
         return min(MAX_SPEC_STEPS, int(horizon_s / period_s) + 2)
 
-    def _updates(self, accepted: list[list[int]], gains0: list[int],
-                 rollbacks0: list[int]) -> tuple[list[list[int]], list[list[int]]]:
-        """Each update's gain and rollback per request (SpecRunPlan): sync, update j applies step
-        j; async, update 0 applies the step in flight, update j step j - 1."""
-        ns = self.num_spec_tokens
-        if not gains0:
-            return [[1 + a for a in acc] for acc in accepted], [[ns - a for a in acc] for acc in accepted]
-        gains = [[g0] + [1 + a for a in acc[:-1]] for g0, acc in zip(gains0, accepted)]
-        rollbacks = [[r0] + [ns - a for a in acc[:-1]] for r0, acc in zip(rollbacks0, accepted)]
-        return gains, rollbacks
+    def _next_chunk(self, m: int, horizon_s: float, last_gpu_s: float, n: int) -> int:
+        """How many steps to have drawn next, m drawn and all fitting: about as many more as fit in
+        horizon_s (what is left to the next arrival or deadline), each taking the last step's time
+        (finishes shrink the batch, so steps get shorter than the first chunk assumed); doubling
+        when nothing bounds the run. Only the work depends on it (as _first_chunk)."""
+        period_s = max(last_gpu_s, self.engine.cpu.step_s(n, n * (1 + self.num_spec_tokens)))
+        if horizon_s == math.inf or not period_s > 0:
+            return min(2 * m, MAX_SPEC_STEPS)
+        return min(MAX_SPEC_STEPS, m + max(2, int(horizon_s / period_s) + 2))
+
+    def _draw(self, r: Request, rid: str, next_k: list[int], i: int, num_steps: int, num_in_flight: int,
+              accepted: list[list[int]], gains: list[list[int]], rollbacks: list[list[int]],
+              drawing: list[bool]) -> None:
+        """Draw batch[i]'s next num_steps verify steps (their acceptances, gains and rollbacks), or
+        fewer: none starts at its max_tokens or later (its update stops it before), and async, the
+        step scheduled before the update that stops it (sampled, its tokens dropped) is drawn
+        too; then it draws no more (drawing[i])."""
+        ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
+        k = next_k[i]
+        more = tokens.accepted_run(rid, k, num_steps, ns, r.max_tokens)
+        if len(more) < num_steps:
+            drawing[i] = False
+            if num_in_flight:
+                end = k + len(more) + sum(more)
+                more += tokens.accepted_run(rid, end, 1, ns, end + 1)
+        accepted[i] += more
+        next_k[i] = k + len(more) + sum(more)
+        gains[i] += [1 + a for a in more]
+        rollbacks[i] += [ns - a for a in more]
 
     def _prices(self, plan: SpecRunPlan, first: int, n: int, ctx_sums: list[int]) -> list[float]:
         """GPU times of steps first, first + 1, ... of the plan, each of n requests, their contexts
@@ -356,10 +378,10 @@ class SpecPlanner:
         running_end, waiting = engine.scheduler.get_request_counts()
         usages = self.runs.usages_at(free_after)
         base = book.num_steps
-        scheduled = sorted(plan.steps_each)  # step j's batch: the requests scheduled more than j times
-        sizes = [len(scheduled) - bisect_right(scheduled, j) for j in range(k)]
-        nf = len(finish_updates)
-        running = [running_end + nf - bisect_left(finish_updates, j) for j in range(k)]  # not stopped before j
+        # step j's batch: the requests scheduled more than j times; running at j: those not stopped before j
+        sizes = _num_above(sorted(plan.steps_each), k, 0)
+        running = _num_above(finish_updates, k, -1)
+        running = [running_end + n for n in running]
         zeros = [0] * k
         # update j completes one row: async, the step before j (the in-flight step's at update 0,
         # this run's last row still to come); sync, its own
@@ -385,18 +407,32 @@ class SpecPlanner:
         request's last update brings its tokens up to max_tokens only)."""
         records = self.engine.book.metrics.requests
         k = plan.num_steps
+        # The times as the float objects upd_t holds: a token's is then a reference appended, not
+        # a new float boxed per token; the array converts each once.
+        at = cast("list[object]", upd_t)
         for r, g, f in zip(plan.batch, plan.gains, plan.finish_at):
             rec = records[r.request_id]
-            times: list[float] = []
+            times: list[object] = []
             for j in range(k if f is None else f):
-                t = upd_t[j]
+                t = at[j]
                 for _ in range(g[j]):
                     times.append(t)
             if f is not None:  # the request holds every token it was given now
-                times += [upd_t[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
+                times += [at[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
             if rec.first_token_s is None:
                 rec.first_token_s = upd_t[0]
-            rec.token_times_s.extend(array("d", times))
+            rec.token_times_s.fromlist(cast("list[float]", times))
+
+
+def _num_above(ascending: list[int], k: int, below: int) -> list[int]:
+    """For each j < k, how many of `ascending` exceed j + below (a walk: no bisect call a step)."""
+    n, p = len(ascending), 0
+    out: list[int] = []
+    for j in range(k):
+        while p < n and ascending[p] <= j + below:
+            p += 1
+        out.append(n - p)
+    return out
 
 
 def spec_planner_for(engine: Engine, sim: SimExecutor) -> tuple[SpecPlanner | None, str | None]:
