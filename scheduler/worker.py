@@ -38,10 +38,6 @@ _ZERO_DIGIT: Final = 48  # b"0"[0]
 _COLON: Final = 58  # b":"[0]
 
 
-def _uniform(seed: int, req_id: str, k: int, i: int) -> float:
-    return zlib.crc32(f"{seed}:{req_id}:{k}:{i}".encode()) / 2**32
-
-
 class _StreamRegisters:
     """One request's zlib CRC-32 registers (TokenSource.tokens): after "req_id:", and after
     "req_id:" and the decimal digits of `tens` (position // 10) for the last tens asked:
@@ -62,6 +58,12 @@ class TokenSource:
         # req_id -> its CRC-32 registers (tokens()): most calls build one id (a stepped step's, a
         # run's last), and formatting and hashing the prefix and the tens digits was most of that
         self._registers: dict[str, _StreamRegisters] = {}
+        # req_id -> the register after "seed:req_id:" (accepted_run: a stepped verify step draws
+        # every request's acceptance, formatting and hashing that prefix each time otherwise)
+        self._accept_prefix: dict[str, int] = {}
+        # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact
+        # floats), i.e. when the integer crc >= its ceiling
+        self._limits = [math.ceil(p * 2**32) for p in self.acceptance]
 
     def _stream(self, req_id: str) -> _StreamRegisters:
         regs = self._registers.get(req_id)
@@ -72,6 +74,7 @@ class TokenSource:
     def forget(self, req_id: str) -> None:
         """req_id is done: drop its cached registers (computed again if its ids are ever read)."""
         self._registers.pop(req_id, None)
+        self._accept_prefix.pop(req_id, None)
 
     def token(self, req_id: str, k: int) -> int:
         return oracle_token(req_id, k)
@@ -82,13 +85,10 @@ class TokenSource:
         return b"oracle:" + req_id.encode()
 
     def num_accepted(self, req_id: str, k: int, num_drafts: int) -> int:
-        """Accepted drafts (always a prefix) when the step's first new output is the k-th."""
-        n = 0
-        for i in range(min(num_drafts, len(self.acceptance))):
-            if _uniform(self.seed, req_id, k, i) >= self.acceptance[i]:
-                break
-            n += 1
-        return n
+        """Accepted drafts (always a prefix) when the step's first new output is the k-th: draft i
+        is when u(seed, req_id, k, i) = crc32(b"seed:req_id:k:i") / 2**32 < acceptance[i] and every
+        earlier one was (a run of one step)."""
+        return self.accepted_run(req_id, k, 1, num_drafts, k + 1)[0]
 
     def accepted_run(self, req_id: str, k: int, num_steps: int, num_drafts: int, until_k: int) -> list[int]:
         """num_accepted of num_steps consecutive verify steps of num_drafts drafts each, the first
@@ -98,10 +98,11 @@ class TokenSource:
         CRC-32 register arithmetic (as tokens()): "seed:req_id:" once, the digits of k // 10
         once a decade of positions, then k's last digit, ":" and the draft's index."""
         table = _CRC32
-        after_prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode()) ^ 0xFFFFFFFF
-        # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact
-        # floats), i.e. when the integer crc >= its ceiling
-        limits = [math.ceil(p * 2**32) for p in self.acceptance[:num_drafts]]
+        after_prefix = self._accept_prefix.get(req_id)
+        if after_prefix is None:
+            after_prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode()) ^ 0xFFFFFFFF
+            self._accept_prefix[req_id] = after_prefix
+        limits = self._limits if num_drafts >= len(self._limits) else self._limits[:num_drafts]
         out: list[int] = []
         tens = -1
         after_tens = after_prefix

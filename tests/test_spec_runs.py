@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 
 import numpy as np
+
 import pytest
 
 from servesim.overrides import apply_overrides
@@ -116,7 +118,18 @@ def test_random_spec_configs_identical_slow(seed):
     test_random_spec_configs_identical(seed)
 
 
-def test_accepted_run_is_num_accepted_step_after_step():
+def _accepted_by_definition(source: TokenSource, req_id: str, k: int, num_drafts: int) -> int:
+    """The acceptance model as worker.py's docstring states it: draft i is accepted when
+    crc32(b"seed:req_id:k:i") / 2**32 < acceptance[i] and every earlier draft was."""
+    n = 0
+    for i in range(min(num_drafts, len(source.acceptance))):
+        if zlib.crc32(f"{source.seed}:{req_id}:{k}:{i}".encode()) / 2**32 >= source.acceptance[i]:
+            break
+        n += 1
+    return n
+
+
+def test_accepted_run_is_the_acceptance_model_step_after_step():
     source = TokenSource(seed=11, acceptance=(0.9, 0.4, 0.7))
     for rid in ("r0", "chat-123", "x" * 40):
         for num_drafts in range(4):
@@ -124,13 +137,16 @@ def test_accepted_run_is_num_accepted_step_after_step():
             run = source.accepted_run(rid, k, 60, num_drafts, 10**9)
             assert len(run) == 60
             for a in run:
+                assert a == _accepted_by_definition(source, rid, k, num_drafts)
                 assert a == source.num_accepted(rid, k, num_drafts)
                 k += 1 + a
+        source.forget(rid)  # the cached prefix register is dropped, and built again alike
+        assert source.accepted_run(rid, 37, 60, 3, 10**9) == source.accepted_run(rid, 37, 60, 3, 10**9)
     many = TokenSource(seed=2, acceptance=(0.97,) * 12)  # draft indices of two digits
     for k in (0, 5, 99_990, 999_996):  # from position 0, across digit-count boundaries
         run, at = many.accepted_run("r", k, 40, 12, 10**9), k
         for a in run:
-            assert a == many.num_accepted("r", at, 12)
+            assert a == _accepted_by_definition(many, "r", at, 12)
             at += 1 + a
     assert any(a >= 10 for a in many.accepted_run("r", 0, 40, 12, 10**9))
     assert TokenSource(0, (1.0, 1.0)).accepted_run("a", 0, 3, 2, 99) == [2, 2, 2]

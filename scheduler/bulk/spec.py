@@ -24,7 +24,6 @@ the vLLM owners may touch; this one touches the same members).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -219,8 +218,11 @@ class VllmSpecRuns:
             if num_scheduled:
                 held = len(mgr.req_to_blocks[r.request_id])
                 need = -(-(cs[num_scheduled - 1] + 1 + ns + la) // bs)
-                for b in range(held + 1, need + 1):  # block b is first needed at schedule j
-                    allocs[bisect_right(cs, (b - 1) * bs - 1 - ns - la)] += 1
+                j = 0
+                for b in range(held + 1, need + 1):  # block b is first needed at the first schedule j
+                    while cs[j] <= (b - 1) * bs - 1 - ns - la:  # whose context is past this (cs ascends)
+                        j += 1
+                    allocs[j] = allocs[j] + 1
             ctx.append(cs)
             finish_at.append(fin)
         room = kvm.block_pool.free_block_queue.num_free_blocks
@@ -285,10 +287,14 @@ class VllmSpecRuns:
         num_updates = k if fin is None else fin + 1
         o = r.num_output_tokens
         gained = g[:num_updates]
+        total = 0  # the tokens its updates bring (a local sum: the builtin is a generic call)
+        for x in range(num_updates - 1 if fin is not None else num_updates):
+            total += gained[x]
         if fin is not None:
-            gained[fin] = r.max_tokens - o - sum(g[:fin])  # cut at max_tokens
-        r.append_output_tokens_from(source, o, sum(gained))
-        t = r.num_tokens - sum(gained)
+            gained[fin] = r.max_tokens - o - total  # cut at max_tokens
+            total = r.max_tokens - o
+        r.append_output_tokens_from(source, o, total)
+        t = r.num_tokens - total
         rid = r.request_id
         held = len(mgr.req_to_blocks[rid])
         cached = mgr.num_cached_block.get(rid, 0)

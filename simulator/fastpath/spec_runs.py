@@ -30,11 +30,13 @@ deferred (defer_runs is accepted and ignored: deferral is the plain decode plann
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
+import numpy as np
 import simpy
 
 from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
@@ -250,15 +252,18 @@ class SpecPlanner:
         step scheduled before the update that stops it (sampled, its tokens dropped) is drawn
         too; then it draws no more (drawing[i])."""
         ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
+        more = tokens.accepted_run(rid, next_k[i], num_steps, ns, r.max_tokens)
         k = next_k[i]
-        more = tokens.accepted_run(rid, k, num_steps, ns, r.max_tokens)
+        for a in more:
+            k += 1 + a
         if len(more) < num_steps:
             drawing[i] = False
             if num_in_flight:
-                end = k + len(more) + sum(more)
-                more += tokens.accepted_run(rid, end, 1, ns, end + 1)
+                last = tokens.accepted_run(rid, k, 1, ns, k + 1)[0]
+                more.append(last)
+                k += 1 + last
         accepted[i] += more
-        next_k[i] = k + len(more) + sum(more)
+        next_k[i] = k
         gains[i] += [1 + a for a in more]
         rollbacks[i] += [ns - a for a in more]
 
@@ -407,21 +412,32 @@ class SpecPlanner:
         request's last update brings its tokens up to max_tokens only)."""
         records = self.engine.book.metrics.requests
         k = plan.num_steps
-        # The times as the float objects upd_t holds: a token's is then a reference appended, not
-        # a new float boxed per token; the array converts each once.
-        at = cast("list[object]", upd_t)
+        # counts[i * k + j]: the tokens update j gives batch[i]; every request's times are then
+        # one repeat of the updates' times (a float converted per update, not per token)
+        counts: list[int] = []
+        zeros = [0] * k
         for r, g, f in zip(plan.batch, plan.gains, plan.finish_at):
             rec = records[r.request_id]
-            times: list[object] = []
-            for j in range(k if f is None else f):
-                t = at[j]
-                for _ in range(g[j]):
-                    times.append(t)
-            if f is not None:  # the request holds every token it was given now
-                times += [at[f]] * (r.num_output_tokens - len(rec.token_times_s) - len(times))
+            if f is None:
+                counts += g[:k]
+            else:  # its last update brings its tokens up to max_tokens only
+                before = 0
+                for j in range(f):
+                    before += g[j]
+                counts += g[:f]
+                counts.append(r.num_output_tokens - len(rec.token_times_s) - before)
+                counts += zeros[f + 1:]
             if rec.first_token_s is None:
                 rec.first_token_s = upd_t[0]
-            rec.token_times_s.fromlist(cast("list[float]", times))
+        times = array("d")
+        times.frombytes(np.repeat(np.tile(np.array(upd_t[:k]), len(plan.batch)), counts).tobytes())
+        start = 0
+        for i, r in enumerate(plan.batch):
+            n = 0
+            for j in range(i * k, i * k + k):
+                n += counts[j]
+            records[r.request_id].token_times_s += times[start:start + n]
+            start += n
 
 
 def _num_above(ascending: list[int], k: int, below: int) -> list[int]:
