@@ -105,17 +105,18 @@ def _first_event(c0: int, gains: list[int], rollbacks: list[int], k: int, ns: in
     cs: list[int] = []
     outputs = 0  # outputs the updates before step j brought
     c = c0  # schedule j's context
+    # One compare a check: sync never reaches skip_at at a schedule (the update before stopped it)
+    skip_at = to_max_tokens - 1 if async_ else to_max_tokens
+    stop_at = to_max_tokens if to_max_tokens < to_max_len else to_max_len
     for j in range(k):
-        if async_ and outputs + 1 >= to_max_tokens:
+        if outputs >= skip_at:
             return j, _SKIP, cs
         if c > lim:
             return j, _CUT, cs
         cs.append(c)
         outputs += gains[j]
-        if outputs >= to_max_tokens:
-            return j, _STOP, cs
-        if outputs >= to_max_len:
-            return j, _TOO_LONG, cs
+        if outputs >= stop_at:
+            return j, (_STOP if outputs >= to_max_tokens else _TOO_LONG), cs
         c += 1 + ns - rollbacks[j]
     return k, _NONE, cs
 
@@ -298,25 +299,34 @@ class VllmSpecRuns:
         rid = r.request_id
         held = len(mgr.req_to_blocks[rid])
         cached = mgr.num_cached_block.get(rid, 0)
+        # No division a step: schedule j allocates when its context passes alloc_above (its
+        # slots c + 1 + ns + la need more than held blocks), a caching happens when the tokens
+        # it caches reach cache_at (a block past the cached ones is full)
+        alloc_above = held * bs - 1 - ns - la
+        cache_at = (cached + 1) * bs
+        update_caching = caching and num_in_flight > 0
         for j in range(num_updates + in_tail):
             if j < m or j == k:  # schedule j takes it (j == k: the tail)
                 c = cs[j]
-                need = -(-(c + 1 + ns + la) // bs)
-                if need > held:
+                if c > alloc_above:
+                    need = -(-(c + 1 + ns + la) // bs)
                     events[2 * j].append((i, 0, need - held))
-                    allocs[j] += need - held
+                    allocs[j] = allocs[j] + need - held
                     held = need
+                    alloc_above = held * bs - 1 - ns - la
                 if caching:
-                    upto = min(c + 1 + ns, t)
-                    if upto // bs > cached:
+                    upto = c + 1 + ns if c + 1 + ns < t else t
+                    if upto >= cache_at:
                         events[2 * j].append((i, 1, upto))
                         cached = upto // bs
+                        cache_at = (cached + 1) * bs
             if j == k:
                 break
             t += gained[j]
-            if caching and num_in_flight and (t - 1) // bs > cached:
+            if update_caching and t - 1 >= cache_at:
                 events[2 * j + 1].append((i, 1, t - 1))
                 cached = (t - 1) // bs
+                cache_at = (cached + 1) * bs
         if fin is not None:
             events[2 * fin + 1].append((i, 2, 0))
         elif in_tail:  # after the tail's schedule: two steps in flight

@@ -30,13 +30,13 @@ deferred (defer_runs is accepted and ignored: deferral is the plain decode plann
 from __future__ import annotations
 
 import math
+import struct
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-import numpy as np
 import simpy
 
 from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
@@ -299,19 +299,27 @@ class SpecPlanner:
         tokens = sim.batch.tokens
         async_ = bool(in_flight)
         sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
-        # positions[i][j]: batch[i]'s first new output of step j (the worker's count then), j <= its steps
+        # positions[i][j - (k - 2)]: batch[i]'s first new output of step j (the worker's count
+        # then), for k - 2 <= j <= its steps (what the last steps' outputs read; a request done
+        # sooner keeps one: its count after its steps)
         positions: list[list[int]] = []
+        sampled: list[int] = []
         in_tail = set(tail.rows) if tail is not None else set()
         for i, (k0, acc, m) in enumerate(zip(first_k, accepted, plan.steps_each)):
             if i in in_tail:
                 m += 1  # the tail's step samples it too
-            pos = [k0]
-            for a in acc[:m]:
-                pos.append(pos[-1] + 1 + a)
+            p = k0
+            for j in range(m if m < k - 2 else k - 2):
+                p += 1 + acc[j]
+            pos = [p]
+            for j in range(k - 2, m):
+                p += 1 + acc[j]
+                pos.append(p)
             positions.append(pos)
-        sim.batch.sample_verify_run(ids, [pos[-1] - pos[0] for pos in positions])
+            sampled.append(p - k0)
+        sim.batch.sample_verify_run(ids, sampled)
         # drafts after the run's last update: proposed after step k - 2's tokens (async) or k - 1's
-        final = [tokens.drafts(rid, pos[k - 1] if async_ else pos[k], ns) if m == k else []
+        final = [tokens.drafts(rid, pos[1] if async_ else pos[2], ns) if m == k else []
                  for rid, pos, m in zip(ids, positions, plan.steps_each)]
         hits0, queries0 = runs.prefix_stats_taken()
         free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final, tail.rows if tail is not None else ())
@@ -349,15 +357,17 @@ class SpecPlanner:
     def _in_flight(self, plan: SpecRunPlan, ids: list[str], positions: list[list[int]], accepted: list[list[int]],
                    j: int, rows: list[int], end_s: float, row: int) -> tuple[SchedulerOutput, ModelRunnerOutput,
                                                                         float, None, int]:
-        """The loop's in-flight entry of the run's step j (batch `rows`): its SchedulerOutput (the
-        drafts update j - 1 gave: proposed after step j - 2's tokens), its sampled tokens and
-        drafts, its GPU end and its steps row."""
+        """The loop's in-flight entry of the run's step j (batch `rows`; j is k - 1 or k, the
+        positions' first being step k - 2's): its SchedulerOutput (the drafts update j - 1 gave:
+        proposed after step j - 2's tokens), its sampled tokens and drafts, its GPU end and its
+        steps row."""
         ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
+        at = j - plan.num_steps + 2  # step j's index into positions[i]
         step_ids = [ids[i] for i in rows]
-        so = self.runs.verify_step_output(step_ids, [tokens.drafts(ids[i], positions[i][j - 1], ns) for i in rows])
+        so = self.runs.verify_step_output(step_ids, [tokens.drafts(ids[i], positions[i][at - 1], ns) for i in rows])
         mro = ModelRunnerOutput(step_ids, {rid: x for x, rid in enumerate(step_ids)},
-                                [tokens.tokens(ids[i], positions[i][j], 1 + accepted[i][j]) for i in rows],
-                                {ids[i]: tokens.drafts(ids[i], positions[i][j + 1], ns) for i in rows})
+                                [tokens.tokens(ids[i], positions[i][at], 1 + accepted[i][j]) for i in rows],
+                                {ids[i]: tokens.drafts(ids[i], positions[i][at + 1], ns) for i in rows})
         return so, mro, end_s, None, row
 
     def _tail_row(self, plan: SpecRunPlan, tail: Tail, t: float, num_free_blocks: int) -> None:
@@ -412,32 +422,30 @@ class SpecPlanner:
         request's last update brings its tokens up to max_tokens only)."""
         records = self.engine.book.metrics.requests
         k = plan.num_steps
-        # counts[i * k + j]: the tokens update j gives batch[i]; every request's times are then
-        # one repeat of the updates' times (a float converted per update, not per token)
-        counts: list[int] = []
-        zeros = [0] * k
+        # Every token's time as the float object upd_t holds (a reference appended, no float boxed
+        # per token), converted in one struct call a run (array's own conversion parses each item
+        # as a format argument); each request's then one slice concatenated, as on_decode_run.
+        at = cast("list[object]", upd_t)
+        times: list[object] = []
+        ends: list[int] = []
         for r, g, f in zip(plan.batch, plan.gains, plan.finish_at):
             rec = records[r.request_id]
-            if f is None:
-                counts += g[:k]
-            else:  # its last update brings its tokens up to max_tokens only
-                before = 0
-                for j in range(f):
-                    before += g[j]
-                counts += g[:f]
-                counts.append(r.num_output_tokens - len(rec.token_times_s) - before)
-                counts += zeros[f + 1:]
+            start = len(times)
+            for j in range(k if f is None else f):
+                t = at[j]
+                for _ in range(g[j]):
+                    times.append(t)
+            if f is not None:  # its last update brings its tokens up to max_tokens only
+                times += [at[f]] * (r.num_output_tokens - len(rec.token_times_s) - (len(times) - start))
+            ends.append(len(times))
             if rec.first_token_s is None:
                 rec.first_token_s = upd_t[0]
-        times = array("d")
-        times.frombytes(np.repeat(np.tile(np.array(upd_t[:k]), len(plan.batch)), counts).tobytes())
+        packed = array("d")
+        packed.frombytes(struct.pack(f"{len(times)}d", *times))
         start = 0
-        for i, r in enumerate(plan.batch):
-            n = 0
-            for j in range(i * k, i * k + k):
-                n += counts[j]
-            records[r.request_id].token_times_s += times[start:start + n]
-            start += n
+        for r, end in zip(plan.batch, ends):
+            records[r.request_id].token_times_s += packed[start:end]
+            start = end
 
 
 def _num_above(ascending: list[int], k: int, below: int) -> list[int]:
