@@ -106,7 +106,7 @@ class TokenSource:
         out: list[int] = []
         tens = -1
         after_tens = after_prefix
-        for _ in range(num_steps):
+        for _step in range(num_steps):
             if k >= until_k:
                 break
             t = k // 10
@@ -299,12 +299,17 @@ class BatchTracker:
             k = state.num_out
             n_drafts = len(spec.get(rid, ())) if spec else 0
             n_acc = self.tokens.num_accepted(rid, k, n_drafts) if n_drafts else 0
-            toks = self.tokens.tokens(rid, k, n_acc + 1)  # token(rid, k + j) for each j, in one call
             if chosen is not None and rid in chosen:
                 toks = [chosen[rid]]
+                if drafts_next is not None:
+                    drafts_next[rid] = self.tokens.drafts(rid, k + 1, self.num_spec_tokens)
+            elif drafts_next is not None:  # the drafts are the outputs after these: one call for both
+                ids = self.tokens.tokens(rid, k, n_acc + 1 + self.num_spec_tokens)
+                toks = ids[:n_acc + 1]
+                drafts_next[rid] = ids[n_acc + 1:]
+            else:
+                toks = self.tokens.tokens(rid, k, n_acc + 1)  # token(rid, k + j) for each j, in one call
             sampled.append(toks)
             state.num_out = k + len(toks)
             state.num_tokens += len(toks)
-            if drafts_next is not None:
-                drafts_next[rid] = self.tokens.drafts(rid, k + len(toks), self.num_spec_tokens)
         return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled, drafts_next)

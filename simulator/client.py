@@ -153,7 +153,7 @@ class Clients:
                     self.on_answer_delivered(rec.request_id, done_s)
         if self.max_concurrency is None:
             return
-        for _ in range(job.num_finished):
+        for _job in range(job.num_finished):
             self._release_after(done_s - self.env.now)
 
     def deliver_all(self) -> None:

@@ -59,7 +59,7 @@ def decode_step_prices(ctx_sum: int, n: int, num_steps: int, num_layers: int, ge
     along the run; 0 = no term); a step adds ((gemm + attention) + elementwise) + comm per
     layer, then the head, in the order step_time_s sums them."""
     out: list[float] = []
-    for _ in range(num_steps):
+    for _step in range(num_steps):
         kv_tokens = ctx_sum + n
         compute = (kv_tokens + 0.0) * flops_per_pair * attn_c
         memory = (kv_tokens * kv_bytes_per_tok + q_bytes) * attn_m

@@ -194,7 +194,7 @@ class KVDecodeRuns:
         kvm = self.kvm
         if not with_updates:
             if head is not None:
-                for _ in range(num_steps):
+                for _step in range(num_steps):
                     kvm.get_computed_blocks(head)
             return [], []
         if head is not None:

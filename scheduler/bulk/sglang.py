@@ -234,7 +234,7 @@ class SGLangDecodeRuns:
         if dropped or cfg.enable_priority_scheduling:
             sched.batch_is_full = False
         ratio, decay, floor = sched.new_token_ratio, sched.ratio_decay, sched.min_ratio
-        for _ in range(num_steps):
+        for _step in range(num_steps):
             ratio = max(ratio - decay, floor)
         sched.new_token_ratio = ratio
         sched.prev_step_scheduled_req_ids = {r.request_id for r in last}

@@ -48,7 +48,7 @@ class TokenToKVPool:
     def alloc(self, num_pages: int) -> list[int] | None:
         if num_pages > len(self.free_pages):
             return None
-        return [self.free_pages.popleft() for _ in range(num_pages)]
+        return [self.free_pages.popleft() for _page in range(num_pages)]
 
     def free(self, pages: Sequence[int]) -> None:
         self.free_pages.extend(pages)

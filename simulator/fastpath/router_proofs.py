@@ -215,7 +215,7 @@ class PowerOfTwoProof:
         Generator drew exactly those; with none foreseen, start from its state now."""
         done = first - self._base
         if 0 < done <= len(self._ahead):
-            for _ in range(done):
+            for _state in range(done):
                 self._ahead.popleft()
                 self._states.popleft()
             self._base = first

@@ -39,7 +39,8 @@ from typing import Any, cast
 
 import simpy
 
-from servesim.scheduler.bulk.spec import SpecRunPlan, VllmSpecRuns
+from servesim.scheduler.bulk.spec import VllmSpecRuns
+from servesim.scheduler.bulk.spec_plan import SpecRunPlan
 from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from servesim.scheduler.request import Request
@@ -364,10 +365,20 @@ class SpecPlanner:
         ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
         at = j - plan.num_steps + 2  # step j's index into positions[i]
         step_ids = [ids[i] for i in rows]
-        so = self.runs.verify_step_output(step_ids, [tokens.drafts(ids[i], positions[i][at - 1], ns) for i in rows])
-        mro = ModelRunnerOutput(step_ids, {rid: x for x, rid in enumerate(step_ids)},
-                                [tokens.tokens(ids[i], positions[i][at], 1 + accepted[i][j]) for i in rows],
-                                {ids[i]: tokens.drafts(ids[i], positions[i][at + 1], ns) for i in rows})
+        verified: list[list[int]] = []
+        sampled: list[list[int]] = []
+        drafts: dict[str, list[int]] = {}
+        for i in rows:
+            # the drafts it verifies (outputs from step j - 1's next), its outputs and the drafts
+            # proposed after them (the outputs after those) are one stretch of its output ids
+            p0, p1 = positions[i][at - 1], positions[i][at]
+            p2 = p1 + 1 + accepted[i][j]
+            out = tokens.tokens(ids[i], p0, p2 + ns - p0)
+            verified.append(out[:ns])
+            sampled.append(out[p1 - p0:p2 - p0])
+            drafts[ids[i]] = out[p2 - p0:]
+        so = self.runs.verify_step_output(step_ids, verified)
+        mro = ModelRunnerOutput(step_ids, {rid: x for x, rid in enumerate(step_ids)}, sampled, drafts)
         return so, mro, end_s, None, row
 
     def _tail_row(self, plan: SpecRunPlan, tail: Tail, t: float, num_free_blocks: int) -> None:
@@ -433,7 +444,7 @@ class SpecPlanner:
             start = len(times)
             for j in range(k if f is None else f):
                 t = at[j]
-                for _ in range(g[j]):
+                for _token in range(g[j]):
                     times.append(t)
             if f is not None:  # its last update brings its tokens up to max_tokens only
                 times += [at[f]] * (r.num_output_tokens - len(rec.token_times_s) - (len(times) - start))
