@@ -34,6 +34,9 @@ def _crc32_table() -> list[int]:
 # Final: compiled, a module global that may be rebound is a dict lookup at every read (tokens()
 # read both per call: ~0.6 % of the hour)
 _CRC32: Final[list[int]] = _crc32_table()
+# A message's last byte: the register step and zlib's final complement in one entry (crc32 =
+# _CRC32_LAST[(reg & 0xFF) ^ byte] ^ (reg >> 8): the complement distributes over the xor)
+_CRC32_LAST: Final[list[int]] = [c ^ 0xFFFFFFFF for c in _CRC32]
 _ZERO_DIGIT: Final = 48  # b"0"[0]
 _COLON: Final = 58  # b":"[0]
 
@@ -58,9 +61,10 @@ class TokenSource:
         # req_id -> its CRC-32 registers (tokens()): most calls build one id (a stepped step's, a
         # run's last), and formatting and hashing the prefix and the tens digits was most of that
         self._registers: dict[str, _StreamRegisters] = {}
-        # req_id -> the register after "seed:req_id:" (accepted_run: a stepped verify step draws
-        # every request's acceptance, formatting and hashing that prefix each time otherwise)
-        self._accept_prefix: dict[str, int] = {}
+        # req_id -> its registers after "seed:req_id:" and the tens digits last asked (accepted_run:
+        # a stepped verify step draws every request's acceptance, and a run each request's next
+        # steps; formatting and hashing the prefix and the tens digits each call was most of that)
+        self._accept_registers: dict[str, _StreamRegisters] = {}
         # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact
         # floats), i.e. when the integer crc >= its ceiling
         self._limits = [math.ceil(p * 2**32) for p in self.acceptance]
@@ -74,7 +78,7 @@ class TokenSource:
     def forget(self, req_id: str) -> None:
         """req_id is done: drop its cached registers (computed again if its ids are ever read)."""
         self._registers.pop(req_id, None)
-        self._accept_prefix.pop(req_id, None)
+        self._accept_registers.pop(req_id, None)
 
     def token(self, req_id: str, k: int) -> int:
         return oracle_token(req_id, k)
@@ -96,37 +100,37 @@ class TokenSource:
         step would start at until_k or later (a request's max_tokens: it stops before): a run of
         steps drawn in bulk (simulator/fastpath/spec_runs.py). The same u as _uniform, by zlib's
         CRC-32 register arithmetic (as tokens()): "seed:req_id:" once, the digits of k // 10
-        once a decade of positions, then k's last digit, ":" and the draft's index."""
-        table = _CRC32
-        after_prefix = self._accept_prefix.get(req_id)
-        if after_prefix is None:
-            after_prefix = zlib.crc32(f"{self.seed}:{req_id}:".encode()) ^ 0xFFFFFFFF
-            self._accept_prefix[req_id] = after_prefix
+        once a decade of positions (both kept between calls, until forget), then k's last
+        digit, ":" and the draft's index."""
+        table, last = _CRC32, _CRC32_LAST
+        regs = self._accept_registers.get(req_id)
+        if regs is None:
+            regs = _StreamRegisters(zlib.crc32(f"{self.seed}:{req_id}:".encode()) ^ 0xFFFFFFFF)
+            self._accept_registers[req_id] = regs
         limits = self._limits if num_drafts >= len(self._limits) else self._limits[:num_drafts]
         out: list[int] = []
-        tens = -1
-        after_tens = after_prefix
+        tens, after_tens = regs.tens, regs.after_tens
         for _step in range(num_steps):
             if k >= until_k:
                 break
             t = k // 10
             if t != tens:
-                after_tens = after_prefix
-                if t:
-                    for byte in b"%d" % t:
-                        after_tens = table[(after_tens ^ byte) & 0xFF] ^ (after_tens >> 8)
+                after_tens = _after_tens(regs, t)
                 tens = t
             reg = table[(after_tens ^ (_ZERO_DIGIT + k - t * 10)) & 0xFF] ^ (after_tens >> 8)
             reg = table[(reg ^ _COLON) & 0xFF] ^ (reg >> 8)
+            # draft n < 10's u: one last byte after reg (its low byte xor a digit stays a byte)
+            low, high = reg & 0xFF, reg >> 8
             n = 0
             for limit in limits:
                 if n < 10:
-                    crc = table[(reg ^ (_ZERO_DIGIT + n)) & 0xFF] ^ (reg >> 8)
+                    crc = last[low ^ (_ZERO_DIGIT + n)] ^ high
                 else:
                     crc = reg
                     for byte in b"%d" % n:
                         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-                if (crc ^ 0xFFFFFFFF) >= limit:
+                    crc ^= 0xFFFFFFFF
+                if crc >= limit:
                     break
                 n += 1
             out.append(n)
@@ -138,31 +142,30 @@ class TokenSource:
         oracle_token's crc32 of "req_id:k", continued byte by byte from the crc of "req_id:" (the
         same register arithmetic as zlib's). Positions that differ only in their last decimal digit
         share the register after the other digits, so most tokens cost one table step."""
-        table = _CRC32
+        last = _CRC32_LAST
         regs = self._stream(req_id)
         out: list[int] = []
         pos, end = k, k + n
         while pos < end:
             tens = pos // 10
             reg = _after_tens(regs, tens)
+            low, high = reg & 0xFF, reg >> 8
             stop = min(end, tens * 10 + 10)  # the positions sharing every digit but the last
             for digit in range(pos - tens * 10, stop - tens * 10):
-                crc = (table[(reg ^ (_ZERO_DIGIT + digit)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF
-                out.append(1000 + crc % 40000)
+                out.append(1000 + (last[low ^ (_ZERO_DIGIT + digit)] ^ high) % 40000)
             pos = stop
         return out
 
     def tokens_at(self, req_ids: list[str], positions: list[int]) -> list[int]:
         """Output token positions[i] of req_ids[i], for each i: one step of a run's batch in one
         call (tokens() per request built and dropped a list each, through a generic call)."""
-        table = _CRC32
+        last = _CRC32_LAST
         out: list[int] = []
         for req_id, pos in zip(req_ids, positions):
             tens = pos // 10
             regs = self._stream(req_id)
             reg = regs.after_tens if tens == regs.tens else _after_tens(regs, tens)
-            crc = (table[(reg ^ (_ZERO_DIGIT + pos - tens * 10)) & 0xFF] ^ (reg >> 8)) ^ 0xFFFFFFFF
-            out.append(1000 + crc % 40000)
+            out.append(1000 + (last[(reg & 0xFF) ^ (_ZERO_DIGIT + pos - tens * 10)] ^ (reg >> 8)) % 40000)
         return out
 
     def drafts(self, req_id: str, k: int, num_spec_tokens: int) -> list[int]:
@@ -179,8 +182,14 @@ def _after_tens(regs: _StreamRegisters, tens: int) -> int:
         table = _CRC32
         reg = regs.after_prefix
         if tens:
-            for byte in b"%d" % tens:
-                reg = table[(reg ^ byte) & 0xFF] ^ (reg >> 8)
+            # its decimal digits, the most significant first, by arithmetic (formatting them was
+            # a generic call costing more than the hashing)
+            div = 1
+            while div * 10 <= tens:
+                div *= 10
+            while div:
+                reg = table[(reg ^ (_ZERO_DIGIT + tens // div % 10)) & 0xFF] ^ (reg >> 8)
+                div //= 10
         regs.tens, regs.after_tens = tens, reg
     return regs.after_tens
 

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 _NONE, _SKIP, _CUT, _STOP, _TOO_LONG = 0, 1, 2, 3, 4
 
 
-def _first_event(c0: int, gains: list[int], rollbacks: list[int], k: int, ns: int, lim: int, to_max_tokens: int,
-                 to_max_len: int, async_: bool) -> tuple[int, int, list[int]]:
+def _first_event(c0: int, gains: list[int], bump0: int, k: int, lim: int, to_max_tokens: int, to_max_len: int,
+                 async_: bool) -> tuple[int, int, list[int]]:
     """(j, what, contexts) for one request of a run of k steps: the first step j where something
     happens, in the order the loop meets them at a step (passed over at schedule j: async, its
     in-flight steps reach max_tokens; schedule j cut by max_model_len: its context above lim;
@@ -51,7 +51,9 @@ def _first_event(c0: int, gains: list[int], rollbacks: list[int], k: int, ns: in
     to_max_len more tokens), or (k, _NONE); and the contexts of the schedules that take it
     (through step j for a stop or too_long, before it otherwise). The outputs and contexts both
     grow strictly (every update appends one token or more; a schedule adds 1 + ns tokens and a
-    clawback takes back at most ns), so a scan stops at the first."""
+    clawback takes back at most ns), so a scan stops at the first. A verify of ns drafts
+    accepting a adds 1 + ns to the context and claws back ns - a: the context grows by the update's
+    gain, and by bump0 more at update 0 (SpecRunPlan.bumps)."""
     cs: list[int] = []
     outputs = 0  # outputs the updates before step j brought
     c = c0  # schedule j's context
@@ -64,10 +66,13 @@ def _first_event(c0: int, gains: list[int], rollbacks: list[int], k: int, ns: in
         if c > lim:
             return j, _CUT, cs
         cs.append(c)
-        outputs += gains[j]
+        g = gains[j]
+        outputs += g
         if outputs >= stop_at:
             return j, (_STOP if outputs >= to_max_tokens else _TOO_LONG), cs
-        c += 1 + ns - rollbacks[j]
+        c += g
+        if j == 0:
+            c += bump0
     return k, _NONE, cs
 
 
@@ -121,13 +126,13 @@ class VllmSpecRuns:
                 return None
         return list(batch)
 
-    def plan(self, batch: list[Request], num_steps: int, gains: list[list[int]], rollbacks: list[list[int]],
+    def plan(self, batch: list[Request], num_steps: int, gains: list[list[int]], bumps: list[int],
              num_in_flight: int, through_finishes: bool = True) -> SpecRunPlan:
         """The longest prefix of num_steps steps that stays plain: no schedule is cut by
         max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
         the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
         frees go to the free queue's tail) and every step schedules someone. Update j's gains are
-        gains[i][j]; a request's list may end early only past the update that stops it (its
+        gains[i][j] (bumps: SpecRunPlan's); a request's list may end early only past the update that stops it (its
         max_tokens: the fast path draws no further), else the run ends where it does.
 
         max_tokens: sync, or async without `through_finishes` (a cluster replica, whose router
@@ -154,7 +159,7 @@ class VllmSpecRuns:
             c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
             # The first step where something happens (_first_event) and each schedule's context before it
             drawn = len(gains[i])
-            first, kind, cs = _first_event(c0, gains[i], rollbacks[i], k if k <= drawn else drawn, ns, lim,
+            first, kind, cs = _first_event(c0, gains[i], bumps[i], k if k <= drawn else drawn, lim,
                                            max_tokens - o0, max_len - t0, num_in_flight > 0)
             fin: int | None = None
             num_scheduled = len(cs)
@@ -183,7 +188,7 @@ class VllmSpecRuns:
                 k = j
                 break
         k = min(k, max([min(len(cs), k) for cs in ctx]))  # the last step schedules someone
-        return SpecRunPlan(batch, k, gains, rollbacks, [cs if len(cs) <= k else cs[:k] for cs in ctx],
+        return SpecRunPlan(batch, k, gains, bumps, [cs if len(cs) <= k else cs[:k] for cs in ctx],
                            [min(len(cs), k) for cs in ctx],
                            [None if f is None or f >= k else f for f in finish_at])
 
@@ -233,7 +238,7 @@ class VllmSpecRuns:
         ns, la, bs = sched.num_spec_tokens, sched.num_lookahead_tokens, kvm.block_size
         caching = kvm.enable_caching
         k, r = plan.num_steps, plan.batch[i]
-        g, rb, cs = plan.gains[i], plan.rollbacks[i], plan.ctx[i]
+        g, cs = plan.gains[i], plan.ctx[i]
         m, fin = plan.steps_each[i], plan.finish_at[i]
         num_updates = k if fin is None else fin + 1
         o = r.num_output_tokens
@@ -285,7 +290,7 @@ class VllmSpecRuns:
             r.spec_token_ids = cast("AsyncScheduler", sched)._spec_placeholders  # the tail: async only
         else:
             # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
-            r.num_computed_tokens = cs[k - 1] + 1 + ns - rb[k - 1]
+            r.num_computed_tokens = cs[k - 1] + g[k - 1] + (plan.bumps[i] if k == 1 else 0)
             if num_in_flight:
                 r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
             r.spec_token_ids = final_drafts

@@ -14,15 +14,19 @@ if TYPE_CHECKING:
 class SpecRunPlan:
     """A run of verify steps of one fixed batch, as `VllmSpecRuns.plan` proved it.
 
-    gains[i][j] / rollbacks[i][j]: the tokens update j appends to batch[i] and the drafts it claws
-    back (update j applies step j sync, step j - 1 async: update 0 applies the step in flight when
-    the run starts). ctx[i][j]: batch[i]'s num_computed_tokens when step j is scheduled (the
-    step's context, what its price reads)."""
+    gains[i][j]: the tokens update j appends to batch[i] (update j applies step j sync, step j - 1
+    async: update 0 applies the step in flight when the run starts). A verify of n drafts accepting
+    a appends 1 + a and claws back n - a of the 1 + num_spec_tokens tokens its schedule added: the
+    context grows by the gain plus num_spec_tokens - n. That is bumps[i] at update 0 (async: the
+    step in flight verified n drafts, none where it ran the prompt's last chunk; 0 sync) and 0
+    at every later one (the run's steps verify num_spec_tokens drafts).
+    ctx[i][j]: batch[i]'s num_computed_tokens when step j is scheduled (the step's context, what
+    its price reads)."""
 
     batch: list[Request]
     num_steps: int
     gains: list[list[int]]
-    rollbacks: list[list[int]]
+    bumps: list[int]
     ctx: list[list[int]]
     steps_each: list[int]  # schedules of the run that take batch[i] (its first steps_each[i])
     finish_at: list[int | None]  # the update that stops batch[i] inside the run (async), or None

@@ -3,7 +3,7 @@
 A verify step of a steady batch (scheduler/bulk/spec.py) schedules 1 + num_spec_tokens tokens for
 every running request; how many drafts it accepts is a pure function of the request and its output
 position (TokenSource.accepted_run), so a run's acceptances, and with them every step's token
-counts, contexts, block allocations and rollbacks, are known before it is applied. The planner
+counts, contexts, block allocations and clawbacks, are known before it is applied. The planner
 draws them in chunks (the first sized to the time left before the next arrival, then doubling),
 lets the scheduler's bulk owner prove the steps plain and find the finishes inside
 (`VllmSpecRuns.plan`: no max_model_len cut, blocks without preemption; async, a request reaching
@@ -133,24 +133,24 @@ class SpecPlanner:
         worker = self.sim.batch
         first_k = [worker.num_sampled(rid) for rid in ids]  # each one's next output position
         gains0: list[int] = []
-        rollbacks0: list[int] = []
+        bumps: list[int] = [0] * len(batch)
         if so_s is not None:  # update 0 applies S: its sampled tokens and drafts
             mro_s = in_flight[0][1]
             drafts_s = so_s.scheduled_spec_decode_tokens
             if set(so_s.num_scheduled_tokens) != set(ids) or mro_s.draft_token_ids is None:
                 return None
-            for r in batch:
+            for i, r in enumerate(batch):
                 rid = r.request_id
                 idx = mro_s.req_id_to_index.get(rid)
                 got = 0 if idx is None else len(mro_s.sampled_token_ids[idx])
                 if not got or rid not in mro_s.draft_token_ids or r.num_output_tokens + got != worker.num_sampled(rid):
                     return None
                 gains0.append(got)
-                rollbacks0.append(len(drafts_s.get(rid, ())) - (got - 1))
-        return self._run(now, in_flight, batch, ids, first_k, gains0, rollbacks0)
+                bumps[i] = self.num_spec_tokens - len(drafts_s.get(rid, ()))  # SpecRunPlan.bumps
+        return self._run(now, in_flight, batch, ids, first_k, gains0, bumps)
 
     def _run(self, now: float, in_flight: InFlight, batch: list[Request], ids: list[str], first_k: list[int],
-             gains0: list[int], rollbacks0: list[int]) -> list[float] | None:
+             gains0: list[int], bumps: list[int]) -> list[float] | None:
         engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
         num_in_flight = len(in_flight)
         later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
@@ -158,10 +158,9 @@ class SpecPlanner:
         if bound is not None:  # the first arrival the router's proof cannot send elsewhere (constant load)
             later_s = max(later_s, bound(engine.num_outstanding))
         accepted: list[list[int]] = [[] for _ in batch]
-        # update j's gain and rollback per request (SpecRunPlan): sync, update j applies step j;
-        # async, update 0 applies the step in flight, update j step j - 1
+        # update j's gain per request (SpecRunPlan): sync, update j applies step j; async, update 0
+        # applies the step in flight, update j step j - 1
         gains = [[g0] for g0 in gains0] if num_in_flight else [[] for _ in batch]
-        rollbacks = [[r0] for r0 in rollbacks0] if num_in_flight else [[] for _ in batch]
         next_k = list(first_k)
         drawing = [True] * len(batch)  # False: drawn past its max_tokens (its stop is in its gains)
         gpu: list[float] = []
@@ -176,8 +175,8 @@ class SpecPlanner:
             for i, rid in enumerate(ids):  # draw steps len(accepted[i]) .. m - 1
                 if drawing[i]:
                     self._draw(batch[i], rid, next_k, i, m - len(accepted[i]), num_in_flight, accepted, gains,
-                               rollbacks, drawing)
-            plan = self.runs.plan(batch, m, gains, rollbacks, num_in_flight, bound is None)
+                               drawing)
+            plan = self.runs.plan(batch, m, gains, bumps, num_in_flight, bound is None)
             # Priced and timed a batch size at a time (the CPU time reads it), none past the piece
             # the cut falls in; the timeline continues exactly across pieces (timeline.py).
             sizes, sums = plan.step_sums(len(gpu))
@@ -246,9 +245,8 @@ class SpecPlanner:
         return min(MAX_SPEC_STEPS, m + max(2, int(horizon_s / period_s) + 2))
 
     def _draw(self, r: Request, rid: str, next_k: list[int], i: int, num_steps: int, num_in_flight: int,
-              accepted: list[list[int]], gains: list[list[int]], rollbacks: list[list[int]],
-              drawing: list[bool]) -> None:
-        """Draw batch[i]'s next num_steps verify steps (their acceptances, gains and rollbacks), or
+              accepted: list[list[int]], gains: list[list[int]], drawing: list[bool]) -> None:
+        """Draw batch[i]'s next num_steps verify steps (their acceptances and gains), or
         fewer: none starts at its max_tokens or later (its update stops it before), and async, the
         step scheduled before the update that stops it (sampled, its tokens dropped) is drawn
         too; then it draws no more (drawing[i])."""
@@ -266,7 +264,6 @@ class SpecPlanner:
         accepted[i] += more
         next_k[i] = k
         gains[i] += [1 + a for a in more]
-        rollbacks[i] += [ns - a for a in more]
 
     def _prices(self, plan: SpecRunPlan, first: int, n: int, ctx_sums: list[int]) -> list[float]:
         """GPU times of steps first, first + 1, ... of the plan, each of n requests, their contexts
