@@ -44,14 +44,17 @@ _COLON: Final = 58  # b":"[0]
 class _StreamRegisters:
     """One request's zlib CRC-32 registers (TokenSource.tokens): after "req_id:", and after
     "req_id:" and the decimal digits of `tens` (position // 10) for the last tens asked:
-    consecutive positions share it nine times in ten, so most ids cost one table step."""
+    consecutive positions share it nine times in ten, so most ids cost one table step. And after
+    the digits of `hundreds` (tens // 10) for the last ones asked: a new tens then costs one more."""
 
-    __slots__ = ("after_prefix", "tens", "after_tens")
+    __slots__ = ("after_prefix", "tens", "after_tens", "hundreds", "after_hundreds")
 
     def __init__(self, after_prefix: int) -> None:
         self.after_prefix = after_prefix
         self.tens = 0  # positions 0..9 have no digit before their last
         self.after_tens = after_prefix
+        self.hundreds = 0  # positions 0..99 have no digit before their tens digit
+        self.after_hundreds = after_prefix
 
 
 class TokenSource:
@@ -180,16 +183,22 @@ def _after_tens(regs: _StreamRegisters, tens: int) -> int:
     for 0), kept in regs for the next position of the same tens."""
     if tens != regs.tens:
         table = _CRC32
-        reg = regs.after_prefix
-        if tens:
-            # its decimal digits, the most significant first, by arithmetic (formatting them was
-            # a generic call costing more than the hashing)
-            div = 1
-            while div * 10 <= tens:
-                div *= 10
-            while div:
-                reg = table[(reg ^ (_ZERO_DIGIT + tens // div % 10)) & 0xFF] ^ (reg >> 8)
-                div //= 10
+        hundreds = tens // 10
+        if hundreds != regs.hundreds:
+            reg = regs.after_prefix
+            if hundreds:
+                # its decimal digits, the most significant first, by arithmetic (formatting them
+                # was a generic call costing more than the hashing)
+                div = 1
+                while div * 10 <= hundreds:
+                    div *= 10
+                while div:
+                    reg = table[(reg ^ (_ZERO_DIGIT + hundreds // div % 10)) & 0xFF] ^ (reg >> 8)
+                    div //= 10
+            regs.hundreds, regs.after_hundreds = hundreds, reg
+        reg = regs.after_hundreds
+        if tens:  # its last digit (its only one below 10)
+            reg = table[(reg ^ (_ZERO_DIGIT + tens - hundreds * 10)) & 0xFF] ^ (reg >> 8)
         regs.tens, regs.after_tens = tens, reg
     return regs.after_tens
 
