@@ -215,8 +215,8 @@ class SpecPlanner:
                 start = free_at
             tail = Tail(rows, gpu[k], start + gpu[k])
         plan.cut(k)
-        return exact_delays(now, self._apply(in_flight, plan, accepted, first_k, gpu[:k], (sched_t, ends, upd_t),
-                                             tail))
+        return exact_delays(now, self._apply(in_flight, plan, accepted, (first_k, next_k), gpu[:k],
+                                             (sched_t, ends, upd_t), tail))
 
     def _first_chunk(self, batch: list[Request], horizon_s: float) -> int:
         """How many steps to draw first: about as many as fit in horizon_s (to the next arrival or
@@ -253,17 +253,19 @@ class SpecPlanner:
         ns, tokens = self.num_spec_tokens, self.sim.batch.tokens
         more = tokens.accepted_run(rid, next_k[i], num_steps, ns, r.max_tokens)
         k = next_k[i]
-        for a in more:
+        drawn = gains[i]
+        for a in more:  # each step's gain, and the next one's first output
+            drawn.append(1 + a)
             k += 1 + a
         if len(more) < num_steps:
             drawing[i] = False
             if num_in_flight:
                 last = tokens.accepted_run(rid, k, 1, ns, k + 1)[0]
                 more.append(last)
+                drawn.append(1 + last)
                 k += 1 + last
         accepted[i] += more
         next_k[i] = k
-        gains[i] += [1 + a for a in more]
 
     def _prices(self, plan: SpecRunPlan, first: int, n: int, ctx_sums: list[int]) -> list[float]:
         """GPU times of steps first, first + 1, ... of the plan, each of n requests, their contexts
@@ -285,10 +287,12 @@ class SpecPlanner:
                                                     tuple([ctx[i][j] for i in rows]), n, ())) + extra_s
 
     # --- applying ------------------------------------------------------------------------------------
-    def _apply(self, in_flight: InFlight, plan: SpecRunPlan, accepted: list[list[int]], first_k: list[int],
-               gpu: list[float], tl: tuple[list[float], list[float], list[float]], tail: Tail | None) -> float:
+    def _apply(self, in_flight: InFlight, plan: SpecRunPlan, accepted: list[list[int]],
+               drawn: tuple[list[int], list[int]], gpu: list[float], tl: tuple[list[float], list[float], list[float]],
+               tail: Tail | None) -> float:
         """Apply the planned run (its num_steps steps, and its tail) as stepping would; returns the
-        last update's time."""
+        last update's time. drawn: each request's first output position before the run and after
+        its drawn steps (_positions)."""
         engine, sim, runs, ns = self.engine, self.sim, self.runs, self.num_spec_tokens
         book = engine.book
         sched_t, ends, upd_t = tl
@@ -297,24 +301,7 @@ class SpecPlanner:
         tokens = sim.batch.tokens
         async_ = bool(in_flight)
         sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
-        # positions[i][j - (k - 2)]: batch[i]'s first new output of step j (the worker's count
-        # then), for k - 2 <= j <= its steps (what the last steps' outputs read; a request done
-        # sooner keeps one: its count after its steps)
-        positions: list[list[int]] = []
-        sampled: list[int] = []
-        in_tail = set(tail.rows) if tail is not None else set()
-        for i, (k0, acc, m) in enumerate(zip(first_k, accepted, plan.steps_each)):
-            if i in in_tail:
-                m += 1  # the tail's step samples it too
-            p = k0
-            for j in range(m if m < k - 2 else k - 2):
-                p += 1 + acc[j]
-            pos = [p]
-            for j in range(k - 2, m):
-                p += 1 + acc[j]
-                pos.append(p)
-            positions.append(pos)
-            sampled.append(p - k0)
+        positions, sampled = _positions(plan, accepted, drawn, set(tail.rows) if tail is not None else set())
         sim.batch.sample_verify_run(ids, sampled)
         # drafts after the run's last update: proposed after step k - 2's tokens (async) or k - 1's
         final = [tokens.drafts(rid, pos[1] if async_ else pos[2], ns) if m == k else []
@@ -454,6 +441,32 @@ class SpecPlanner:
         for r, end in zip(plan.batch, ends):
             records[r.request_id].token_times_s += packed[start:end]
             start = end
+
+
+def _positions(plan: SpecRunPlan, accepted: list[list[int]], drawn: tuple[list[int], list[int]],
+               in_tail: set[int]) -> tuple[list[list[int]], list[int]]:
+    """(positions, sampled): positions[i][j - (k - 2)] is batch[i]'s first new output of step j
+    (the worker's count then), for k - 2 <= j <= its steps (what the last steps' outputs read; a
+    request done sooner keeps one: its count after its steps); sampled[i], the outputs its
+    steps (and the tail's) sample. drawn: each one's first output position before the run and
+    after its drawn steps, so a walk back over the steps drawn past its last (a few) finds it."""
+    k = plan.num_steps
+    first_k, next_k = drawn
+    positions: list[list[int]] = []
+    sampled: list[int] = []
+    for i, (k0, acc, m, p) in enumerate(zip(first_k, accepted, plan.steps_each, next_k)):
+        if i in in_tail:
+            m += 1  # the tail's step samples it too
+        for j in range(m, len(acc)):
+            p -= 1 + acc[j]
+        sampled.append(p - k0)
+        pos = [p]
+        for j in range(m - 1, k - 3, -1):  # back to step k - 2's
+            p -= 1 + acc[j]
+            pos.append(p)
+        pos.reverse()
+        positions.append(pos)
+    return positions, sampled
 
 
 def _num_above(ascending: list[int], k: int, below: int) -> list[int]:
