@@ -66,7 +66,7 @@ class TokenSource:
         self._registers: dict[str, _StreamRegisters] = {}
         # req_id -> its registers after "seed:req_id:" and the tens digits last asked (accepted_run:
         # a stepped verify step draws every request's acceptance, and a run each request's next
-        # steps; formatting and hashing the prefix and the tens digits each call was most of that)
+        # steps; formatting and hashing the prefix and the tens digits per call would be most of that)
         self._accept_registers: dict[str, _StreamRegisters] = {}
         # u >= p exactly when crc >= p * 2**32 (both sides scaled by a power of two: exact
         # floats), i.e. when the integer crc >= its ceiling
@@ -188,7 +188,7 @@ def _after_tens(regs: _StreamRegisters, tens: int) -> int:
             reg = regs.after_prefix
             if hundreds:
                 # its decimal digits, the most significant first, by arithmetic (formatting them
-                # was a generic call costing more than the hashing)
+                # is a generic call costing more than the hashing)
                 div = 1
                 while div * 10 <= hundreds:
                     div *= 10
