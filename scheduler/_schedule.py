@@ -304,15 +304,16 @@ def _try_promote_blocked(self: Scheduler, request: Request) -> bool:
     return blocked_waits.try_promote(self, request)  # grammar and streaming-input waits
 
 # --- behind a bulk path's decodes ----------------------------------------------------------
-def schedule_behind(self: Scheduler, num_batch: int, start: int) -> tuple[list[Request], list[int]]:
-    """The rest of a schedule() whose RUNNING phase a bulk decode path applied up to running[start]
-    (scheduler/bulk/: a run's first schedule, requests joining it): num_batch one-token decodes,
-    nobody preempted, their tokens taken from the budget. The RUNNING phase from running[start]
+def schedule_behind(self: Scheduler, num_batch_tokens: int, start: int) -> tuple[list[Request], list[int]]:
+    """The rest of a schedule() whose RUNNING phase a bulk path applied up to running[start]
+    (scheduler/bulk/: a run's first schedule, requests joining it): its requests scheduled
+    num_batch_tokens tokens (one-token decodes, or verifies of 1 + num_spec_tokens), nobody
+    preempted, those tokens taken from the budget. The RUNNING phase from running[start]
     on (a prefill chunk completing) and the WAITING phase on what is left, then what
     _build_output and _update_after_schedule do for the requests they schedule (the previous
     step's ids, the counters and placeholders); the bulk path builds the step's output. Returns
     them, in scheduling order, and the tokens each was scheduled."""
-    st = _StepState(token_budget=self.max_num_scheduled_tokens - num_batch,
+    st = _StepState(token_budget=self.max_num_scheduled_tokens - num_batch_tokens,
                     encoder_budget=self.max_num_encoder_input_tokens)
     if start < len(self.running):
         _schedule_running(self, st, start)

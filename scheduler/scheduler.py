@@ -125,11 +125,11 @@ class Scheduler:
         """Decide the next step (scheduler/_schedule.py: running requests first, then waiting ones)."""
         return schedule_step(self, now_s)
 
-    def schedule_behind(self, num_batch: int, start: int) -> tuple[list[Request], list[int]]:
-        """The rest of a schedule(), behind num_batch one-token decodes a bulk decode path scheduled
-        for `running` up to running[start] (scheduler/_schedule.py): the running phase from there
+    def schedule_behind(self, num_batch_tokens: int, start: int) -> tuple[list[Request], list[int]]:
+        """The rest of a schedule(), behind the num_batch_tokens tokens a bulk path scheduled for
+        `running` up to running[start] (scheduler/_schedule.py): the running phase from there
         on, then the waiting phase; returns the requests they scheduled and their tokens."""
-        return schedule_behind(self, num_batch, start)
+        return schedule_behind(self, num_batch_tokens, start)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance num_computed_tokens right away so the next schedule() can continue a chunked

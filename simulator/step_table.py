@@ -147,14 +147,16 @@ class StepTable:
     def extend_decode_run(self, first_step: int, start_s: list[float], duration_s: list[float],
                           gpu_time_s: list[float], num_requests: int | list[int], kv_usage: Iterable[float],
                           num_running: int | list[int], num_waiting: int, prefix_hit_tokens: list[int],
-                          prefix_query_tokens: list[int], num_decode_tokens: list[int] | None = None) -> None:
+                          prefix_query_tokens: list[int], num_decode_tokens: list[int] | None = None,
+                          num_prefill_tokens: list[int] | None = None) -> None:
         """len(start_s) plain decode steps of num_requests requests each (a macro-step): no prefill
         tokens, no preemptions; the prefix-cache stats each step's update took (a waiting
         request's lookups: it stays blocked). duration_s may be one shorter than start_s (the last
         step's update is still to come: set_update completes it, prefix stats included).
         num_requests and num_running may be lists, a value per step (a run through finishes);
         num_decode_tokens a list when a step's requests schedule more than a token each (speculative
-        verify steps), else each step's num_requests."""
+        verify steps), else each step's num_requests; num_prefill_tokens a list where a step
+        computes a prompt too (a verify run's first step, a prompt joining it), else none."""
         if self._moved is not None or self._fold_done:
             raise RuntimeError("step rows added after the run's rows were folded or moved to columns")
         k = len(start_s)
@@ -168,7 +170,7 @@ class StepTable:
         sizes = num_requests if isinstance(num_requests, list) else [num_requests] * k
         zeros = [0] * k
         self.num_requests.extend(sizes)
-        self.num_prefill_tokens.extend(zeros)
+        self.num_prefill_tokens.extend(zeros if num_prefill_tokens is None else num_prefill_tokens)
         self.num_decode_tokens.extend(sizes if num_decode_tokens is None else num_decode_tokens)
         self.kv_usage.extend(kv_usage)
         self.num_running.extend(num_running if isinstance(num_running, list) else [num_running] * k)

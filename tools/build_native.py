@@ -64,7 +64,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "pyset.py", "worker.py", "step_shape.py", "block_keys.py", "lazy_ids.py",
         "kv/block.py", "kv/block_pool.py", "kv/single_type.py", "kv/coordinator.py", "kv/manager.py",
         "kv/events.py", "bulk/interface.py", "bulk/kv.py", "bulk/heads.py", "bulk/joins.py",
-        "bulk/sampled_update.py", "bulk/vllm.py", "bulk/spec.py", "bulk/spec_plan.py", "bulk/pd.py",
+        "bulk/sampled_update.py", "bulk/vllm.py", "bulk/spec.py", "bulk/spec_plan.py", "bulk/spec_join.py", "bulk/pd.py",
         "prefix_lookup.py",  # a prefix-aware router's lookup, on every replica at every decision
         "kv/root_set.py",  # the KV manager's key roots, at every arrival
         "sglang/radix_cache.py", "sglang/hiradix_cache.py", "sglang/mamba_radix_cache.py", "sglang/memory.py",

@@ -15,7 +15,8 @@ sees. The right is declared here, member by member:
   `finished_req_ids` and `prev_step_scheduled_req_ids` as schedule() and update_from_output()
   write them. Its functions in `joins.py` (who joins a run's first schedule), `heads.py` (a
   refused waiting head) and `sampled_update.py` (a step's update in bulk, which also reads
-  `_ignored`) act with its rights.
+  `_ignored`) act with its rights, as do the verify runs of speculative decoding (`spec.py`,
+  and `spec_join.py`: a prompt joining one, admitted by the public `schedule_behind`).
 - `kv.KVDecodeRuns` on `KVCacheManager` (scheduler/kv/manager.py): reads `_single_full` (the one
   full-attention group's block tables and cached-block counts: the only layout a run replays),
   `block_pool` (its free queue: allocations pop it in order), `coordinator`, `enable_caching`,

@@ -18,6 +18,11 @@ gives it num_new = num_tokens_with_spec + P - num_computed_tokens = 1 + num_spec
 invariant holds again after each update (the clawback lowers num_computed_tokens and P alike, the
 appended tokens raise num_tokens and lower P alike).
 
+Joins (async; bulk/spec_join.py). Where one new request waits and the next schedule surely
+admits it whole behind the batch's verifies, a run starts there anyway: its schedule 0 applies
+the verifies in bulk and the scheduler's own waiting phase admits it (schedule_behind); from
+schedule 1 on it is one more request of the batch, one step behind (its first token at update 1).
+
 A friend of Scheduler / AsyncScheduler and KVCacheManager (scheduler/bulk/__init__.py lists what
 the vLLM owners may touch; this one touches the same members).
 """
@@ -27,7 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from servesim.scheduler.bulk.spec_plan import SpecRunPlan
+from servesim.scheduler.bulk.kv import KVDecodeRuns
+from servesim.scheduler.bulk.spec_join import SpecJoin, admit_joiner, hit_survives_verifies, spec_joiner
+from servesim.scheduler.bulk.spec_plan import NONE, SKIP, STOP, SpecRunPlan, first_event
 from servesim.scheduler.lazy_ids import OutputIdSource
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
 from servesim.scheduler.request import RequestStatus, check_stop
@@ -38,42 +45,19 @@ if TYPE_CHECKING:
     from servesim.scheduler.scheduler import Scheduler
 
 
-# What ends a request's part of a run first (_first_event), in the order the loop meets them at a step
-_NONE, _SKIP, _CUT, _STOP, _TOO_LONG = 0, 1, 2, 3, 4
-
-
-def _first_event(c0: int, gains: list[int], bump0: int, k: int, lim: int, to_max_tokens: int, to_max_len: int,
-                 async_: bool) -> tuple[int, int, list[int]]:
-    """(j, what, contexts) for one request of a run of k steps: the first step j where something
-    happens, in the order the loop meets them at a step (passed over at schedule j: async, its
-    in-flight steps reach max_tokens; schedule j cut by max_model_len: its context above lim;
-    update j stopping it: its outputs reach to_max_tokens more; update j reaching max_model_len:
-    to_max_len more tokens), or (k, _NONE); and the contexts of the schedules that take it
-    (through step j for a stop or too_long, before it otherwise). The outputs and contexts both
-    grow strictly (every update appends one token or more; a schedule adds 1 + ns tokens and a
-    clawback takes back at most ns), so a scan stops at the first. A verify of ns drafts
-    accepting a adds 1 + ns to the context and claws back ns - a: the context grows by the update's
-    gain, and by bump0 more at update 0 (SpecRunPlan.bumps)."""
-    cs: list[int] = []
-    outputs = 0  # outputs the updates before step j brought
-    c = c0  # schedule j's context
-    # One compare a check: sync never reaches skip_at at a schedule (the update before stopped it)
-    skip_at = to_max_tokens - 1 if async_ else to_max_tokens
-    stop_at = to_max_tokens if to_max_tokens < to_max_len else to_max_len
-    for j in range(k):
-        if outputs >= skip_at:
-            return j, _SKIP, cs
-        if c > lim:
-            return j, _CUT, cs
-        cs.append(c)
-        g = gains[j]
-        outputs += g
-        if outputs >= stop_at:
-            return j, (_STOP if outputs >= to_max_tokens else _TOO_LONG), cs
-        c += g
-        if j == 0:
-            c += bump0
-    return k, _NONE, cs
+def _add_allocs(cs: list[int], num_scheduled: int, start: int, held: int, slots: int, bs: int,
+                allocs: list[int]) -> None:
+    """Add to allocs[j] the blocks one request's schedule j allocates, for its schedules start ..
+    num_scheduled - 1 (contexts cs, ascending; held blocks before them; slots a schedule needs
+    past its context): block b is first needed at the first schedule whose context passes it."""
+    if num_scheduled <= start:
+        return
+    need = -(-(cs[num_scheduled - 1] + slots) // bs)
+    j = start
+    for b in range(held + 1, need + 1):
+        while cs[j] <= (b - 1) * bs - slots:
+            j += 1
+        allocs[j] = allocs[j] + 1
 
 
 class VllmSpecRuns:
@@ -81,6 +65,7 @@ class VllmSpecRuns:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        self.kv = KVDecodeRuns(scheduler.kv_cache_manager)  # (its admission check: spec_joiner)
 
     def spec_run_blocker(self) -> str | None:
         """Why no spec run can ever apply as configured; None: each run is proven by plan()."""
@@ -96,13 +81,14 @@ class VllmSpecRuns:
 
     def steady_batch(self, in_flight: SchedulerOutput | None) -> list[Request] | None:
         """The batch of the next verify steps (all of `running`, in order) when every request is in
-        the steady state (module docstring) and nothing else can enter a schedule: nothing waits,
-        no connector, no tracer, no timed policy. `in_flight`: the step in flight (async), which
+        the steady state (module docstring) and nothing else can enter a schedule: nothing waits
+        (async: but for a prompt the run's first schedule admits, `joiner`), no connector, no
+        tracer, no timed policy. `in_flight`: the step in flight (async), which
         must schedule every running request: with its drafts (a verify) or none (its prefill's
         last chunk: 1 placeholder, as a verify of no drafts). None when not proven."""
         sched = self.scheduler
         if (sched.connector is not None or sched.tracer is not None or sched.policy.next_event_s() is not None
-                or sched.waiting or sched.skipped_waiting or not sched.running or not sched.policy.fast_forward_safe
+                or (sched.waiting and in_flight is None) or sched.skipped_waiting or not sched.running or not sched.policy.fast_forward_safe
                 or sched._ignored):  # an ignored request's output goes out with the next update
             return None
         ns = sched.num_spec_tokens
@@ -126,8 +112,18 @@ class VllmSpecRuns:
                 return None
         return list(batch)
 
+    def someone_waits(self) -> bool:
+        """Whether a request waits (steady_batch lets one, async: a run then starts only with it joining)."""
+        return bool(self.scheduler.waiting)
+
+    def joiner(self, num_batch: int) -> SpecJoin | None:
+        """The waiting prompt a run's schedule 0 admits behind num_batch verifies (module
+        docstring, "Joins"; bulk/spec_join.py), or None where not proven: with a request waiting
+        the run starts only with it joining."""
+        return spec_joiner(self.scheduler, self.kv, num_batch)
+
     def plan(self, batch: list[Request], num_steps: int, gains: list[list[int]], bumps: list[int],
-             num_in_flight: int, through_finishes: bool = True) -> SpecRunPlan:
+             num_in_flight: int, through_finishes: bool = True, join: SpecJoin | None = None) -> SpecRunPlan:
         """The longest prefix of num_steps steps that stays plain: no schedule is cut by
         max_model_len, no update stops a request by max_model_len, every schedule's blocks fit in
         the blocks free now (so no preemption, and no allocation reaches a block a finish frees:
@@ -142,7 +138,12 @@ class VllmSpecRuns:
         (its tokens cut at max_tokens), or an update stops it with its next step already
         scheduled (that step's tokens are then dropped); either way its seat and blocks admit
         nobody. `SpecRunPlan.finish_at` says at which update, `steps_each` how many schedules
-        took it."""
+        took it.
+
+        `join` (async): batch's last request is that waiting prompt, admitted by schedule 0
+        (its gains: 0 at update 0, its prefill's one token at update 1, bumps: num_spec_tokens,
+        at update 1); its blocks there count as taken whole, and its hit must survive the
+        verifies before it (hit_survives_verifies), else no step is proven."""
         sched = self.scheduler
         kvm = sched.kv_cache_manager
         ns, la = sched.num_spec_tokens, sched.num_lookahead_tokens
@@ -155,30 +156,39 @@ class VllmSpecRuns:
         ctx: list[list[int]] = []
         finish_at: list[int | None] = []
         allocs = [0] * k  # blocks the schedules of step j allocate (over the batch)
+        num_running = len(batch) - (join is not None)
         for i, r in enumerate(batch):
             c0, t0, o0, max_tokens = r.num_computed_tokens, r.num_tokens, r.num_output_tokens, r.max_tokens
-            # The first step where something happens (_first_event) and each schedule's context before it
+            # The first step where something happens (first_event) and each schedule's context before it
             drawn = len(gains[i])
-            first, kind, cs = _first_event(c0, gains[i], bumps[i], k if k <= drawn else drawn, lim,
-                                           max_tokens - o0, max_len - t0, num_in_flight > 0)
+            if i < num_running:
+                first, kind, cs = first_event(c0, gains[i], bumps[i], k if k <= drawn else drawn, lim,
+                                               max_tokens - o0, max_len - t0, num_in_flight > 0)
+                held = len(mgr.req_to_blocks[r.request_id])
+            else:  # the joiner: its prefill at schedule 0, then as from a loop top with it in flight
+                assert join is not None
+                if not hit_survives_verifies(sched, [b for b, cs in zip(batch, ctx) if cs], [cs[0] for cs in ctx if cs],
+                                             join, allocs[0] if k else 0):
+                    return SpecRunPlan(batch, 0, gains, bumps, [[] for _ in batch], [0] * len(batch),
+                                       [None] * len(batch))
+                first, kind, cs = first_event(t0, gains[i][1:], bumps[i], (k if k <= drawn else drawn) - 1, lim,
+                                              max_tokens, max_len - t0, True)
+                first += 1
+                cs.insert(0, join.num_hit_tokens)
+                held = join.num_blocks
+                allocs[0] = allocs[0] + held  # whatever its hit: each block takes one off the free queue at most
             fin: int | None = None
             num_scheduled = len(cs)
-            if kind == _NONE:
+            if kind == NONE:
                 k = first  # its updates drawn end here (k unless it stops past them)
-            elif kind == _SKIP and through and t0 + max_tokens - o0 < max_len:
+            elif kind == SKIP and through and t0 + max_tokens - o0 < max_len:
                 fin = first  # its update stops it, its tokens cut at max_tokens
-            elif kind == _STOP and through and t0 + max_tokens - o0 < max_len:
+            elif kind == STOP and through and t0 + max_tokens - o0 < max_len:
                 fin = first
             else:
                 k = first
-            if num_scheduled:
-                held = len(mgr.req_to_blocks[r.request_id])
-                need = -(-(cs[num_scheduled - 1] + 1 + ns + la) // bs)
-                j = 0
-                for b in range(held + 1, need + 1):  # block b is first needed at the first schedule j
-                    while cs[j] <= (b - 1) * bs - 1 - ns - la:  # whose context is past this (cs ascends)
-                        j += 1
-                    allocs[j] = allocs[j] + 1
+            # (the joiner's schedule 0 is its admission)
+            _add_allocs(cs, num_scheduled, 1 if i >= num_running else 0, held, 1 + ns + la, bs, allocs)
             ctx.append(cs)
             finish_at.append(fin)
         room = kvm.block_pool.free_block_queue.num_free_blocks
@@ -190,18 +200,19 @@ class VllmSpecRuns:
         k = min(k, max([min(len(cs), k) for cs in ctx]))  # the last step schedules someone
         return SpecRunPlan(batch, k, gains, bumps, [cs if len(cs) <= k else cs[:k] for cs in ctx],
                            [min(len(cs), k) for cs in ctx],
-                           [None if f is None or f >= k else f for f in finish_at])
+                           [None if f is None or f >= k else f for f in finish_at], join)
 
     def apply(self, plan: SpecRunPlan, source: OutputIdSource, num_in_flight: int, upd_t: Sequence[float],
-              final_drafts: list[list[int]], tail: Sequence[int] = ()) -> list[int]:
+              final_drafts: list[list[int]], tail: Sequence[int] = (), now_s: float = 0.0) -> list[int]:
         """Apply the plan's schedules and updates (plan.num_steps of each, update j at upd_t[j]); the
         async run's last step stays scheduled, its update to come. `source`: the output id stream
         the updates append from (each request's next outputs, in order); final_drafts[i]:
         batch[i]'s spec_token_ids after the run's last update (unfinished requests). `tail`
         (async): the loop's next schedule, at the last update's time, is applied too (the batch
         indices it schedules: plan.batch_at(num_steps) of the plan before its cut), its update
-        left to the loop with the last step's. Returns the free-block count after each schedule
-        (the step rows' kv usage)."""
+        left to the loop with the last step's. `now_s`: schedule 0's time, where a prompt joins
+        (plan.join: admitted by that schedule's waiting phase, after the verifies' blocks).
+        Returns the free-block count after each schedule (the step rows' kv usage)."""
         sched = self.scheduler
         pool = sched.kv_cache_manager.block_pool
         k = plan.num_steps
@@ -212,8 +223,14 @@ class VllmSpecRuns:
         events: list[list[tuple[int, int, int]]] = [[] for _ in range(2 * k + 2)]
         allocs = [0] * (k + 1 if tail else k)
         in_tail = set(tail)
-        for i in range(len(plan.batch)):
+        n = len(plan.batch) - (plan.join is not None)
+        for i in range(n):
             self._request_events(plan, i, source, num_in_flight, final_drafts[i], i in in_tail, events, allocs)
+        if plan.join is not None:  # schedule 0: the verifies' blocks, then its waiting phase admits the joiner
+            self._apply_events(plan.batch, events[:1], k, upd_t)
+            events[0] = []
+            allocs[0] = allocs[0] + admit_joiner(self.scheduler, plan.join, plan.steps_each[:n], now_s)
+            self._request_events(plan, n, source, num_in_flight, final_drafts[n], n in in_tail, events, allocs, 1)
         freed = self._apply_events(plan.batch, events, k, upd_t) + [0]
         free = pool.free_block_queue.num_free_blocks + sum(allocs) - sum(freed)
         free_after: list[int] = []
@@ -227,10 +244,11 @@ class VllmSpecRuns:
 
     def _request_events(self, plan: SpecRunPlan, i: int, source: OutputIdSource, num_in_flight: int,
                         final_drafts: list[int], in_tail: bool, events: list[list[tuple[int, int, int]]],
-                        allocs: list[int]) -> None:
+                        allocs: list[int], start: int = 0) -> None:
         """batch[i]'s part of apply(): its tokens appended, its KV events (and blocks per schedule
         into allocs), its counters after the run (a finished request's are left as its stop leaves
-        them: nothing reads them)."""
+        them: nothing reads them). `start`: its first schedule in the run (1: the joiner, whose
+        schedule 0 admitted it; its bump is then update 1's)."""
         sched = self.scheduler
         kvm = sched.kv_cache_manager
         mgr = kvm._single_full
@@ -261,7 +279,7 @@ class VllmSpecRuns:
         cache_at = (cached + 1) * bs
         update_caching = caching and num_in_flight > 0
         for j in range(num_updates + in_tail):
-            if j < m or j == k:  # schedule j takes it (j == k: the tail)
+            if start <= j and (j < m or j == k):  # schedule j takes it (j == k: the tail)
                 c = cs[j]
                 if c > alloc_above:
                     need = -(-(c + 1 + ns + la) // bs)
@@ -290,7 +308,7 @@ class VllmSpecRuns:
             r.spec_token_ids = cast("AsyncScheduler", sched)._spec_placeholders  # the tail: async only
         else:
             # after schedule k - 1 and update k - 1 (sync: step k - 1's clawback; async: step k - 2's)
-            r.num_computed_tokens = cs[k - 1] + g[k - 1] + (plan.bumps[i] if k == 1 else 0)
+            r.num_computed_tokens = cs[k - 1] + g[k - 1] + (plan.bumps[i] if k - 1 == start else 0)
             if num_in_flight:
                 r.num_output_placeholders = 1 + ns  # step k - 1's, in flight
             r.spec_token_ids = final_drafts

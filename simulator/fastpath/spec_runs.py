@@ -40,6 +40,7 @@ from typing import Any, cast
 import simpy
 
 from servesim.scheduler.bulk.spec import VllmSpecRuns
+from servesim.scheduler.bulk.spec_join import SpecJoin
 from servesim.scheduler.bulk.spec_plan import SpecRunPlan
 from servesim.scheduler.hashing import TokenProvenance
 from servesim.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -81,6 +82,7 @@ class SpecPlanner:
         self.num_macro_steps = 0
         self.num_macro_runs = 0
         self.num_bulk_finishes = 0  # requests finished inside a run's bulk update
+        self.num_joined = 0  # prompts a run's first schedule admitted (bulk/spec_join.py)
 
     # --- RunPlanner --------------------------------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -147,10 +149,21 @@ class SpecPlanner:
                     return None
                 gains0.append(got)
                 bumps[i] = self.num_spec_tokens - len(drafts_s.get(rid, ()))  # SpecRunPlan.bumps
-        return self._run(now, in_flight, batch, ids, first_k, gains0, bumps)
+        join: SpecJoin | None = None
+        if self.runs.someone_waits():  # (async only: steady_batch) it joins at schedule 0, or no run
+            join = self.runs.joiner(len(batch))
+            if join is None:
+                return None
+            w = join.request  # from schedule 1 on, as a request with its prefill in flight (bulk/spec_join.py)
+            batch.append(w)
+            ids.append(w.request_id)
+            first_k.append(0)
+            gains0.append(0)
+            bumps.append(self.num_spec_tokens)
+        return self._run(now, in_flight, batch, ids, first_k, gains0, bumps, join)
 
     def _run(self, now: float, in_flight: InFlight, batch: list[Request], ids: list[str], first_k: list[int],
-             gains0: list[int], bumps: list[int]) -> list[float] | None:
+             gains0: list[int], bumps: list[int], join: SpecJoin | None) -> list[float] | None:
         engine, ns, tokens = self.engine, self.num_spec_tokens, self.sim.batch.tokens
         num_in_flight = len(in_flight)
         later_s, deadline_s = self.next_arrival_s, engine.deadlines.next_s
@@ -162,6 +175,10 @@ class SpecPlanner:
         # applies the step in flight, update j step j - 1
         gains = [[g0] for g0 in gains0] if num_in_flight else [[] for _ in batch]
         next_k = list(first_k)
+        if join is not None:  # its step 0 (the prefill) samples output 0, accepting no draft; update 1 brings it
+            accepted[-1].append(0)
+            gains[-1].append(1)
+            next_k[-1] = 1
         drawing = [True] * len(batch)  # False: drawn past its max_tokens (its stop is in its gains)
         gpu: list[float] = []
         sched_t: list[float] = []
@@ -176,7 +193,18 @@ class SpecPlanner:
                 if drawing[i]:
                     self._draw(batch[i], rid, next_k, i, m - len(accepted[i]), num_in_flight, accepted, gains,
                                drawing)
-            plan = self.runs.plan(batch, m, gains, bumps, num_in_flight, bound is None)
+            plan = self.runs.plan(batch, m, gains, bumps, num_in_flight, bound is None, join)
+            if join is not None and not gpu:  # step 0, a mixed step: priced and timed alone
+                if plan.num_steps < 2:
+                    return None
+                first = self._first_step(plan, join, t, num_in_flight, later_s, deadline_s, free_at)
+                if first is None:
+                    return None
+                gpu.append(first[0])
+                sched_t.append(first[1])
+                ends.append(first[2])
+                upd_t.append(first[3])
+                t, free_at = first[3], first[2]
             # Priced and timed a batch size at a time (the CPU time reads it), none past the piece
             # the cut falls in; the timeline continues exactly across pieces (timeline.py).
             sizes, sums = plan.step_sums(len(gpu))
@@ -208,15 +236,33 @@ class SpecPlanner:
         if cut and num_in_flight and t < deadline_s and not engine.watchdog.due(engine.book.num_steps + k + 1, t):
             # The update after schedule k meets the arrival, not schedule k itself: the loop schedules
             # it at t, the last update's time, before the arrival; the run does too (its tail).
-            rows = plan.batch_at(k)
-            n = len(rows)
-            start = t + engine.cpu.step_s(n, n * (1 + ns))
-            if free_at > start:  # the loop's max(now + cpu_s, GPU free)
-                start = free_at
-            tail = Tail(rows, gpu[k], start + gpu[k])
+            tail = self._tail(plan.batch_at(k), gpu[k], t, free_at)
         plan.cut(k)
         return exact_delays(now, self._apply(in_flight, plan, accepted, (first_k, next_k), gpu[:k],
                                              (sched_t, ends, upd_t), tail))
+
+    def _tail(self, rows: list[int], gpu_s: float, t: float, free_at: float) -> Tail:
+        """The tail (batch `rows`, priced gpu_s), scheduled at t with the GPU free at free_at."""
+        n = len(rows)
+        start = t + self.engine.cpu.step_s(n, n * (1 + self.num_spec_tokens))
+        if free_at > start:  # the loop's max(now + cpu_s, GPU free)
+            start = free_at
+        return Tail(rows, gpu_s, start + gpu_s)
+
+    def _first_step(self, plan: SpecRunPlan, join: SpecJoin, t: float, num_in_flight: int, later_s: float,
+                    deadline_s: float, free_at: float) -> tuple[float, float, float, float] | None:
+        """(GPU time, schedule time, GPU end, update time) of a run's step 0 where a prompt joins it:
+        the verifies on their contexts, then its prefill on its hit, as execute() prices that
+        mixed step and the loop times it (its own CPU time); None where it does not fit."""
+        ns = self.num_spec_tokens
+        rows = plan.batch_at(0)
+        new = [1 + ns] * (len(rows) - 1)
+        new.append(join.num_prefill_tokens)
+        gpu_s = self.sim.mixed_step_time_s(new, [plan.ctx[i][0] for i in rows])
+        num_tokens = (len(rows) - 1) * (1 + ns) + join.num_prefill_tokens
+        s, e, u = step_timeline(t, [gpu_s], num_in_flight, self.engine.cpu.step_s(len(rows), num_tokens), later_s,
+                                deadline_s, free_at)
+        return (gpu_s, s[0], e[0], u[0]) if s else None
 
     def _first_chunk(self, batch: list[Request], horizon_s: float) -> int:
         """How many steps to draw first: about as many as fit in horizon_s (to the next arrival or
@@ -301,13 +347,21 @@ class SpecPlanner:
         tokens = sim.batch.tokens
         async_ = bool(in_flight)
         sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
+        if plan.join is not None:  # schedule 0 admits it (as execute() learns a step's new request)
+            w = plan.join.request
+            sim.admit_joined(w.request_id, w.num_prompt_tokens)
+            record = book.metrics.requests[w.request_id]
+            if record.first_scheduled_s is None:
+                record.first_scheduled_s = sched_t[0]
+            self.num_joined += 1
         positions, sampled = _positions(plan, accepted, drawn, set(tail.rows) if tail is not None else set())
         sim.batch.sample_verify_run(ids, sampled)
         # drafts after the run's last update: proposed after step k - 2's tokens (async) or k - 1's
         final = [tokens.drafts(rid, pos[1] if async_ else pos[2], ns) if m == k else []
                  for rid, pos, m in zip(ids, positions, plan.steps_each)]
-        hits0, queries0 = runs.prefix_stats_taken()
-        free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final, tail.rows if tail is not None else ())
+        free_after = runs.apply(plan, tokens, len(in_flight), upd_t, final, tail.rows if tail is not None else (),
+                                sched_t[0])
+        hits0, queries0 = runs.prefix_stats_taken()  # (a joiner's lookup at schedule 0 among them)
         finishes = sorted((f, i) for i, f in enumerate(plan.finish_at) if f is not None)
         self._token_times(plan, upd_t)
         for f, i in finishes:  # each update's finishes after its tokens, in batch order
@@ -402,8 +456,14 @@ class SpecPlanner:
         else:
             durations = [upd_t[j] - sched_t[j] for j in range(k)]
             hits, queries = [hits0, *zeros[1:]], [queries0, *zeros[1:]]
+        decode = [n * (1 + ns) for n in sizes]
+        prefill: list[int] | None = None
+        if plan.join is not None:  # step 0 computes the joiner's prompt past its hit
+            decode[0] -= 1 + ns
+            prefill = [0] * k
+            prefill[0] = plan.join.num_prefill_tokens
         steps.extend_decode_run(base, sched_t[:k], durations, gpu[:k], sizes, usages[:k], running, waiting, hits,
-                                queries, num_decode_tokens=[n * (1 + ns) for n in sizes])
+                                queries, num_decode_tokens=decode, num_prefill_tokens=prefill)
         book.prefix_hits += hits0
         book.prefix_queries += queries0
         if book.progress is not None:
@@ -433,8 +493,8 @@ class SpecPlanner:
             if f is not None:  # its last update brings its tokens up to max_tokens only
                 times += [at[f]] * (r.num_output_tokens - len(rec.token_times_s) - (len(times) - start))
             ends.append(len(times))
-            if rec.first_token_s is None:
-                rec.first_token_s = upd_t[0]
+            if rec.first_token_s is None:  # (a joiner's first token comes with update 1)
+                rec.first_token_s = upd_t[0] if g[0] else upd_t[1]
         packed = array("d")
         packed.frombytes(struct.pack(f"{len(times)}d", *times))
         start = 0
