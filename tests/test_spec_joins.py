@@ -56,16 +56,34 @@ def test_joiners_finishing_inside_their_first_runs():
     assert eng.planner.num_joined > 10 and eng.planner.num_bulk_finishes > 20
 
 
+@pytest.mark.parametrize("sets", [
+    {},
+    {"scheduler.long_prefill_token_threshold": 1024},  # chunks cut by the threshold: the last one joins
+    {"cache.num_gpu_blocks": 450, "scheduler.max_model_len": 6000},  # a small pool: the last chunk's blocks
+])
+def test_long_prompts_last_chunks_join_runs_identical(sets):
+    """Prompts longer than the token budget are chunked; the run's schedule 0 computes the last
+    chunk of the last running one behind the verifies (a running joiner), also alone (nothing
+    else running)."""
+    wl = make_workload("poisson", {"num_requests": 50, "arrival": {"rate_per_s": 2.0},
+                                   "prompt_len": {"dist": "uniform", "low": 200, "high": 5000},
+                                   "output_len": {"dist": "uniform", "low": 5, "high": 300}},
+                       np.random.default_rng(11))
+    eng, _ = _pair(_spec([0.7, 0.5], **{"scheduler.max_model_len": 6000, **sets}), wl)
+    assert eng.planner.num_chunks_joined > 5 and eng.planner.num_joined > 5
+
+
 def test_no_join_in_the_sync_loop():
     """Sync: a request waiting at a loop top is scheduled by a stepped step (no join)."""
     eng, _ = _pair(_spec([0.7, 0.7], **{"scheduler.async_scheduling": False}), _load(40, 3.0, 2, (20, 200), False))
-    assert eng.planner.num_joined == 0 and eng.planner.num_macro_runs > 0
+    assert eng.planner.num_joined == eng.planner.num_chunks_joined == 0 and eng.planner.num_macro_runs > 0
 
 
 def _joining(sched, tokens: list[int]) -> SpecJoin:
     w = req(sched, "w", tokens)
     hit, num_hit = sched.kv_cache_manager.peek_computed_blocks(w)
-    return SpecJoin(w, hit, num_hit, w.num_tokens - num_hit, -(-w.num_tokens // sched.block_size))
+    num_blocks = -(-w.num_tokens // sched.block_size)
+    return SpecJoin(w, hit, num_hit, w.num_tokens - num_hit, num_blocks, num_blocks)
 
 
 def test_a_verify_popping_a_free_block_of_the_hit_refuses_it():

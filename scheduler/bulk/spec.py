@@ -18,10 +18,11 @@ gives it num_new = num_tokens_with_spec + P - num_computed_tokens = 1 + num_spec
 invariant holds again after each update (the clawback lowers num_computed_tokens and P alike, the
 appended tokens raise num_tokens and lower P alike).
 
-Joins (async; bulk/spec_join.py). Where one new request waits and the next schedule surely
-admits it whole behind the batch's verifies, a run starts there anyway: its schedule 0 applies
-the verifies in bulk and the scheduler's own waiting phase admits it (schedule_behind); from
-schedule 1 on it is one more request of the batch, one step behind (its first token at update 1).
+Joins (async; bulk/spec_join.py). Where the next schedule surely completes a prompt behind the
+batch's verifies (one new request waiting, admitted whole, or the last running request's last
+chunk), a run starts there anyway: its schedule 0 applies the verifies in bulk and the
+scheduler's own phases the prompt (schedule_behind); from schedule 1 on it is one more request
+of the batch, one step behind (its first token at update 1).
 
 A friend of Scheduler / AsyncScheduler and KVCacheManager (scheduler/bulk/__init__.py lists what
 the vLLM owners may touch; this one touches the same members).
@@ -33,7 +34,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from servesim.scheduler.bulk.kv import KVDecodeRuns
-from servesim.scheduler.bulk.spec_join import SpecJoin, admit_joiner, hit_survives_verifies, spec_joiner
+from servesim.scheduler.bulk.spec_join import (
+    SpecJoin, admit_joiner, completing_joiner, hit_survives_verifies, spec_joiner,
+)
 from servesim.scheduler.bulk.spec_plan import NONE, SKIP, STOP, SpecRunPlan, first_event
 from servesim.scheduler.lazy_ids import OutputIdSource
 from servesim.scheduler.output import CachedRequestData, SchedulerOutput
@@ -82,7 +85,8 @@ class VllmSpecRuns:
     def steady_batch(self, in_flight: SchedulerOutput | None) -> list[Request] | None:
         """The batch of the next verify steps (all of `running`, in order) when every request is in
         the steady state (module docstring) and nothing else can enter a schedule: nothing waits
-        (async: but for a prompt the run's first schedule admits, `joiner`), no connector, no
+        and no prompt is chunked (async: but for one prompt the run's first schedule completes,
+        `joiner`: the last running request's chunk is left out of the batch), no connector, no
         tracer, no timed policy. `in_flight`: the step in flight (async), which
         must schedule every running request: with its drafts (a verify) or none (its prefill's
         last chunk: 1 placeholder, as a verify of no drafts). None when not proven."""
@@ -93,6 +97,8 @@ class VllmSpecRuns:
             return None
         ns = sched.num_spec_tokens
         batch = sched.running
+        if in_flight is not None and batch[-1].is_prefill_chunk:
+            batch = batch[:-1]  # a prompt's chunk: it joins (the run's schedule 0 completes it), or no run
         if len(batch) * (1 + ns) > sched.max_num_scheduled_tokens:
             return None
         for r in batch:
@@ -112,15 +118,20 @@ class VllmSpecRuns:
                 return None
         return list(batch)
 
-    def someone_waits(self) -> bool:
-        """Whether a request waits (steady_batch lets one, async: a run then starts only with it joining)."""
-        return bool(self.scheduler.waiting)
+    def anyone_joins(self) -> bool:
+        """Whether the next schedule takes a prompt besides the batch (async, as steady_batch lets
+        it: a waiting request, or the last running one's next chunk): a run starts only with it joining."""
+        sched = self.scheduler
+        return bool(sched.waiting) or sched.running[-1].is_prefill_chunk
 
     def joiner(self, num_batch: int) -> SpecJoin | None:
-        """The waiting prompt a run's schedule 0 admits behind num_batch verifies (module
-        docstring, "Joins"; bulk/spec_join.py), or None where not proven: with a request waiting
-        the run starts only with it joining."""
-        return spec_joiner(self.scheduler, self.kv, num_batch)
+        """The prompt a run's schedule 0 completes behind num_batch verifies (module docstring,
+        "Joins"; bulk/spec_join.py): the waiting one admitted whole, or the last running one's
+        last chunk; None where not proven."""
+        sched = self.scheduler
+        if sched.running[-1].is_prefill_chunk:  # (none where a request waits too)
+            return completing_joiner(sched, num_batch)
+        return spec_joiner(sched, self.kv, num_batch)
 
     def plan(self, batch: list[Request], num_steps: int, gains: list[list[int]], bumps: list[int],
              num_in_flight: int, through_finishes: bool = True, join: SpecJoin | None = None) -> SpecRunPlan:
@@ -140,10 +151,10 @@ class VllmSpecRuns:
         nobody. `SpecRunPlan.finish_at` says at which update, `steps_each` how many schedules
         took it.
 
-        `join` (async): batch's last request is that waiting prompt, admitted by schedule 0
-        (its gains: 0 at update 0, its prefill's one token at update 1, bumps: num_spec_tokens,
-        at update 1); its blocks there count as taken whole, and its hit must survive the
-        verifies before it (hit_survives_verifies), else no step is proven."""
+        `join` (async): batch's last request is that prompt, completed by schedule 0 (its gains:
+        0 at update 0, its prefill's one token at update 1, bumps: num_spec_tokens, at update 1);
+        its blocks there count as taken whole, and a new one's hit must survive the verifies
+        before it (hit_survives_verifies), else no step is proven."""
         sched = self.scheduler
         kvm = sched.kv_cache_manager
         ns, la = sched.num_spec_tokens, sched.num_lookahead_tokens
@@ -176,7 +187,7 @@ class VllmSpecRuns:
                 first += 1
                 cs.insert(0, join.num_hit_tokens)
                 held = join.num_blocks
-                allocs[0] = allocs[0] + held  # whatever its hit: each block takes one off the free queue at most
+                allocs[0] = allocs[0] + join.num_blocks_taken  # (at most: a hit on blocks others hold takes none)
             fin: int | None = None
             num_scheduled = len(cs)
             if kind == NONE:

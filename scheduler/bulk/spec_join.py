@@ -1,16 +1,18 @@
-"""A new prompt joining a run of verify steps at its first schedule (scheduler/bulk/spec.py, "Joins").
+"""A prompt joining a run of verify steps at its first schedule (scheduler/bulk/spec.py, "Joins").
 
-Async loop only: the step in flight S schedules every running request, one request waits. The
-run's schedule 0 verifies the batch (the running phase, in bulk) and its waiting phase admits
-the prompt whole (Scheduler.schedule_behind: the scheduler's own lookup, allocation and
-counters). Its update 0 is S's, which does not carry the prompt; from schedule 1 on the joiner
+Async loop only: the step in flight S schedules every running request, and one request waits
+or the last running one is a prompt whose chunk is in S. The run's schedule 0 verifies the
+batch (the running phase, in bulk), then the scheduler's own phases (Scheduler.schedule_behind:
+its lookup, allocation and counters) compute the rest of the prompt: the waiting phase admits a
+new one whole, the running phase completes a chunked one. Update 0 is S's, which brings the
+prompt nothing (a chunk samples nothing); from schedule 1 on the joiner
 is in the steady state of a request whose in-flight step ran its prefill (one placeholder,
 num_spec_tokens placeholder drafts, num_computed_tokens == num_tokens), one step behind the
 batch: it verifies at schedules 1, 2, ..., update 1 brings its first token and grows its
 context by num_spec_tokens more (that prefill verified no drafts: its bump), and its
 acceptances are drawn from output position 1 on.
 
-What has to be proven before the run: the waiting phase admits exactly it, whole, and its
+What has to be proven before the run: schedule 0 completes exactly its prompt, and a new one's
 prefix hit is the one a peek finds now (the step's price reads it). Functions of the vLLM bulk
 path (a friend of the scheduler: bulk/__init__.py); all but admit_joiner read and change nothing.
 """
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from servesim.scheduler.bulk.joins import joining_prompt
+from servesim.scheduler.bulk.joins import completing_chunk, joining_prompt
 
 if TYPE_CHECKING:
     from servesim.scheduler.bulk.kv import KVDecodeRuns
@@ -32,13 +34,14 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class SpecJoin:
-    """The prompt a run's schedule 0 admits behind its verifies (spec_joiner)."""
+    """The prompt a run's schedule 0 completes behind its verifies (spec_joiner, completing_joiner)."""
 
     request: Request
-    hit: KVCacheBlocks  # its prefix hit now (peek_computed_blocks)
-    num_hit_tokens: int  # the context its prefill computes on
-    num_prefill_tokens: int  # the tokens it computes at schedule 0: the rest of its prompt past the hit
-    num_blocks: int  # blocks it holds once admitted: its whole prompt's (no lookahead at a first admission)
+    hit: KVCacheBlocks | None  # a new prompt's prefix hit now (peek_computed_blocks); None: a running chunk
+    num_hit_tokens: int  # the context its prefill computes on (its hit, or its chunks computed)
+    num_prefill_tokens: int  # the tokens it computes at schedule 0: the rest of its prompt
+    num_blocks: int  # blocks it holds after schedule 0: its whole prompt's (and, running, lookahead slots)
+    num_blocks_taken: int  # of them, at most this many come off the free queue at schedule 0
 
 
 def spec_joiner(sched: Scheduler, kv: KVDecodeRuns, num_batch: int) -> SpecJoin | None:
@@ -58,7 +61,31 @@ def spec_joiner(sched: Scheduler, kv: KVDecodeRuns, num_batch: int) -> SpecJoin 
         return None
     kvm = sched.kv_cache_manager
     hit, num_hit = kvm.peek_computed_blocks(head)
-    return SpecJoin(head, hit, num_hit, num_prompt - num_hit, -(-num_prompt // kvm.block_size))
+    num_blocks = -(-num_prompt // kvm.block_size)  # (no lookahead at a first admission)
+    return SpecJoin(head, hit, num_hit, num_prompt - num_hit, num_blocks, num_blocks)
+
+
+def completing_joiner(sched: Scheduler, num_batch: int) -> SpecJoin | None:
+    """The last running request, a prompt whose chunk is in flight, when the next schedule's
+    running phase computes the rest of it behind num_batch verifies (completing_chunk's rules, the
+    verifies' tokens in the budget too, a stop rule the run replays) and nothing waits; None where
+    not proven. No lookup: its blocks are its own, plus the rest's (and lookahead slots)."""
+    r = completing_chunk(sched)
+    if r is None or sched.waiting or sched.skipped_waiting:
+        return None
+    rest = r.num_tokens - r.num_computed_tokens
+    sp = r.sampling_params
+    if (num_batch * (1 + sched.num_spec_tokens) + rest > sched.max_num_scheduled_tokens
+            or r.structured_output_request is not None or r.resumable
+            or sp.stop_token_ids or (sp.eos_token_id is not None and not sp.ignore_eos)
+            or sp.min_tokens > r.max_tokens):
+        return None
+    kvm = sched.kv_cache_manager
+    mgr = kvm._single_full
+    assert mgr is not None
+    need = -(-min(r.num_tokens + sched.num_lookahead_tokens, sched.max_model_len) // kvm.block_size)
+    held = len(mgr.req_to_blocks.get(r.request_id, ()))
+    return SpecJoin(r, None, r.num_computed_tokens, rest, max(need, held), max(0, need - held))
 
 
 def hit_survives_verifies(sched: Scheduler, batch: Sequence[Request], contexts: Sequence[int], join: SpecJoin,
@@ -71,8 +98,8 @@ def hit_survives_verifies(sched: Scheduler, batch: Sequence[Request], contexts: 
     blocks of the hit with no holder are in the free queue."""
     kvm = sched.kv_cache_manager
     r = join.request
-    if not kvm.enable_caching or r.skip_reading_prefix_cache:
-        return True
+    if join.hit is None or not kvm.enable_caching or r.skip_reading_prefix_cache:
+        return True  # (a running chunk looks nothing up)
     blocks = join.hit.blocks[0]
     protected = {b.block_id for b in blocks if b.ref_cnt == 0}
     if protected and num_pops and kvm.block_pool.free_block_queue.index_of_first(protected, num_pops) < num_pops:
@@ -95,10 +122,11 @@ def hit_survives_verifies(sched: Scheduler, batch: Sequence[Request], contexts: 
 
 
 def admit_joiner(sched: Scheduler, join: SpecJoin, steps_each: Sequence[int], now_s: float) -> int:
-    """Schedule 0's waiting phase (Scheduler.schedule_behind) behind the verifies of the run's
-    running requests (steps_each: the schedules that take each; 0: skipped at schedule 0), which
-    must admit exactly the joiner, whole, computing the tokens the plan priced. Returns the blocks
-    it took off the free queue (new ones, and free ones its hit holds)."""
+    """The rest of schedule 0 (Scheduler.schedule_behind) behind the verifies of the run's running
+    requests (steps_each: the schedules that take each; 0: skipped at schedule 0): the running
+    phase from a running joiner, the waiting phase, which must complete exactly the joiner's
+    prompt, computing the tokens the plan priced. Returns the blocks it took off the free queue
+    (new ones, and free ones a new prompt's hit holds)."""
     queue = sched.kv_cache_manager.block_pool.free_block_queue
     before = queue.num_free_blocks
     num_verifies = 0
@@ -106,7 +134,8 @@ def admit_joiner(sched: Scheduler, join: SpecJoin, steps_each: Sequence[int], no
         if m:
             num_verifies += 1
     sched.now_s = now_s
-    joined, tokens = sched.schedule_behind(num_verifies * (1 + sched.num_spec_tokens), len(sched.running))
+    start = len(sched.running) - (join.hit is None)  # a running chunk: the running phase from it
+    joined, tokens = sched.schedule_behind(num_verifies * (1 + sched.num_spec_tokens), start)
     r = join.request
     if (len(joined) != 1 or joined[0] is not r or r.num_computed_tokens != r.num_tokens
             or tokens != [join.num_prefill_tokens]):

@@ -17,8 +17,11 @@ flight with the SchedulerOutput and ModelRunnerOutput stepping would have left.
 Sync loop (nothing in flight): k x (schedule, its update); runs end before an update that stops
 a request. Async loop (step S in flight): k x (schedule, the previous step's update), the first
 update being S's; the run's last step stays in flight, and where the next update meets the
-arrival the loop's next schedule (the tail) is applied too. Only for an engine without a finish
-callback or client slots, with nothing in the frontend.
+arrival the loop's next schedule (the tail) is applied too. Where one new request waits (async),
+the run's first schedule admits it (a join, scheduler/bulk/spec_join.py): that step is priced as
+the mixed step it is and timed alone, and the joiner is one more request of the batch from the
+next schedule on. Only for an engine without a finish callback or client slots, with nothing in
+the frontend.
 
 A cluster replica's run is bounded by its router's proof (expect_arrivals_by_load): updates
 strictly before the first arrival the proof cannot send elsewhere while this replica's load stays
@@ -83,6 +86,7 @@ class SpecPlanner:
         self.num_macro_runs = 0
         self.num_bulk_finishes = 0  # requests finished inside a run's bulk update
         self.num_joined = 0  # prompts a run's first schedule admitted (bulk/spec_join.py)
+        self.num_chunks_joined = 0  # prompts' last chunks a run's first schedule computed
 
     # --- RunPlanner --------------------------------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -132,6 +136,14 @@ class SpecPlanner:
         if batch is None:
             return None
         ids = [r.request_id for r in batch]
+        join: SpecJoin | None = None
+        expected = set(ids)  # the requests S scheduled
+        if so_s is not None and self.runs.anyone_joins():  # it joins at schedule 0, or no run
+            join = self.runs.joiner(len(batch))
+            if join is None:
+                return None
+            if join.hit is None:  # a running chunk: in S too
+                expected.add(join.request.request_id)
         worker = self.sim.batch
         first_k = [worker.num_sampled(rid) for rid in ids]  # each one's next output position
         gains0: list[int] = []
@@ -139,7 +151,7 @@ class SpecPlanner:
         if so_s is not None:  # update 0 applies S: its sampled tokens and drafts
             mro_s = in_flight[0][1]
             drafts_s = so_s.scheduled_spec_decode_tokens
-            if set(so_s.num_scheduled_tokens) != set(ids) or mro_s.draft_token_ids is None:
+            if set(so_s.num_scheduled_tokens) != expected or mro_s.draft_token_ids is None:
                 return None
             for i, r in enumerate(batch):
                 rid = r.request_id
@@ -149,11 +161,7 @@ class SpecPlanner:
                     return None
                 gains0.append(got)
                 bumps[i] = self.num_spec_tokens - len(drafts_s.get(rid, ()))  # SpecRunPlan.bumps
-        join: SpecJoin | None = None
-        if self.runs.someone_waits():  # (async only: steady_batch) it joins at schedule 0, or no run
-            join = self.runs.joiner(len(batch))
-            if join is None:
-                return None
+        if join is not None:
             w = join.request  # from schedule 1 on, as a request with its prefill in flight (bulk/spec_join.py)
             batch.append(w)
             ids.append(w.request_id)
@@ -347,7 +355,9 @@ class SpecPlanner:
         tokens = sim.batch.tokens
         async_ = bool(in_flight)
         sim.forget(runs.finished_req_ids())  # the run's first schedule hands them to the worker
-        if plan.join is not None:  # schedule 0 admits it (as execute() learns a step's new request)
+        if plan.join is not None and plan.join.hit is None:
+            self.num_chunks_joined += 1
+        elif plan.join is not None:  # schedule 0 admits it (as execute() learns a step's new request)
             w = plan.join.request
             sim.admit_joined(w.request_id, w.num_prompt_tokens)
             record = book.metrics.requests[w.request_id]
