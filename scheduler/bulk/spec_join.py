@@ -5,12 +5,11 @@ or the last running one is a prompt whose chunk is in S. The run's schedule 0 ve
 batch (the running phase, in bulk), then the scheduler's own phases (Scheduler.schedule_behind:
 its lookup, allocation and counters) compute the rest of the prompt: the waiting phase admits a
 new one whole, the running phase completes a chunked one. Update 0 is S's, which brings the
-prompt nothing (a chunk samples nothing); from schedule 1 on the joiner
-is in the steady state of a request whose in-flight step ran its prefill (one placeholder,
-num_spec_tokens placeholder drafts, num_computed_tokens == num_tokens), one step behind the
-batch: it verifies at schedules 1, 2, ..., update 1 brings its first token and grows its
-context by num_spec_tokens more (that prefill verified no drafts: its bump), and its
-acceptances are drawn from output position 1 on.
+prompt nothing (a chunk samples nothing); from schedule 1 on the joiner is in the steady state
+of a request whose in-flight step ran its prefill (one placeholder, num_spec_tokens placeholder
+drafts, num_computed_tokens == num_tokens), one step behind the batch: it verifies at schedules
+1, 2, ..., update 1 brings its first token and grows its context by num_spec_tokens more (that
+prefill verified no drafts: its bump), and its acceptances are drawn from output position 1 on.
 
 What has to be proven before the run: schedule 0 completes exactly its prompt, and a new one's
 prefix hit is the one a peek finds now (the step's price reads it). Functions of the vLLM bulk
