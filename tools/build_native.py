@@ -79,7 +79,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
         "step_table.py", "request_records.py", "finished_records.py", "executor.py", "request_factory.py", "step_book.py",
         "watchdog.py", "deadlines.py", "engine.py", "kernels.py",
         "fastpath/timeline.py", "fastpath/through.py", "fastpath/runs.py", "fastpath/deferred.py",
-        "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/run_length.py",
+        "fastpath/planner.py", "fastpath/spec_runs.py", "fastpath/spec_rows.py", "fastpath/run_length.py",
         "fastpath/planned_reads.py",  # a state-reading router's reads, on every replica at every decision
         "client.py",  # the clients' send loop, at every arrival
         # the engine's own parts it calls per step or per request (split out of engine.py)

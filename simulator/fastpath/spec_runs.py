@@ -33,12 +33,9 @@ deferred (defer_runs is accepted and ignored: deferral is the plain decode plann
 from __future__ import annotations
 
 import math
-import struct
-from array import array
-from bisect import bisect_right
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import simpy
 
@@ -51,9 +48,9 @@ from servesim.scheduler.request import Request
 from servesim.scheduler.step_shape import StepShape
 from servesim.simulator.engine import Engine, InFlight
 from servesim.simulator.executor import SimExecutor
+from servesim.simulator.fastpath.spec_rows import SpecRunRecorder
 from servesim.simulator.fastpath.timeline import exact_delays
 from servesim.simulator.kernels import step_timeline
-from servesim.simulator.step_book import PROGRESS_EVERY_STEPS
 
 MAX_SPEC_STEPS = 4096  # one run's length cap (as MacroPlanner's)
 FIRST_CHUNK_STEPS = 16  # steps drawn first when no arrival or deadline bounds the run; each next chunk doubles it
@@ -87,6 +84,7 @@ class SpecPlanner:
         self.num_bulk_finishes = 0  # requests finished inside a run's bulk update
         self.num_joined = 0  # prompts a run's first schedule admitted (bulk/spec_join.py)
         self.num_chunks_joined = 0  # prompts' last chunks a run's first schedule computed
+        self.recorder = SpecRunRecorder(engine, runs)  # a run's step rows and token times
 
     # --- RunPlanner --------------------------------------------------------------------------------
     def has_pending_run(self) -> bool:
@@ -373,13 +371,14 @@ class SpecPlanner:
                                 sched_t[0])
         hits0, queries0 = runs.prefix_stats_taken()  # (a joiner's lookup at schedule 0 among them)
         finishes = sorted((f, i) for i, f in enumerate(plan.finish_at) if f is not None)
-        self._token_times(plan, upd_t)
+        self.recorder.token_times(plan, upd_t)
         for f, i in finishes:  # each update's finishes after its tokens, in batch order
             r = batch[i]
             engine.record_finish(r.request_id, upd_t[f], r.get_finished_reason(), r.num_cached_tokens or 0)
         # handed over by the run's later schedules (the tail's hands over the last update's too)
         sim.forget({ids[i] for f, i in finishes if f < k - 1 or tail is not None})
-        self._rows(plan, in_flight, gpu, sched_t, upd_t, free_after, hits0, queries0, [f for f, _ in finishes])
+        self.recorder.rows(plan, in_flight, gpu, (sched_t, upd_t), free_after, (hits0, queries0),
+                           [f for f, _ in finishes])
         book.num_steps += k
         book.arrived_since_step = []
         engine.mark_progress(upd_t[-1])
@@ -391,7 +390,7 @@ class SpecPlanner:
             in_flight.append(self._in_flight(plan, ids, positions, accepted, k - 1, last, ends[-1],
                                              len(book.metrics.steps) - 1))
         if tail is not None:
-            self._tail_row(plan, tail, upd_t[-1], free_after[k])
+            self.recorder.tail_row(len(tail.rows), tail.gpu_s, upd_t[-1], free_after[k])
             sim.last_shape = StepShape((1 + ns,) * len(tail.rows), tuple([plan.ctx[i][k] for i in tail.rows]),
                                        len(tail.rows), ())
             in_flight.append(self._in_flight(plan, ids, positions, accepted, k, tail.rows, tail.end_s,
@@ -429,89 +428,6 @@ class SpecPlanner:
         mro = ModelRunnerOutput(step_ids, {rid: x for x, rid in enumerate(step_ids)}, sampled, drafts)
         return so, mro, end_s, None, row
 
-    def _tail_row(self, plan: SpecRunPlan, tail: Tail, t: float, num_free_blocks: int) -> None:
-        """The tail step's row, as StepBook.record_schedule writes it (its update completes it later)."""
-        book = self.engine.book
-        n = len(tail.rows)
-        running, waiting = self.engine.scheduler.get_request_counts()
-        row = book.metrics.steps.append(book.num_steps, t, n, 0, n * (1 + self.num_spec_tokens),
-                                        self.runs.usages_at([num_free_blocks])[0], running, waiting, 0)
-        book.metrics.steps.set_gpu_time(row, tail.gpu_s)
-        book.num_steps += 1
-
-    def _rows(self, plan: SpecRunPlan, in_flight: InFlight, gpu: list[float], sched_t: list[float],
-              upd_t: list[float], free_after: list[int], hits0: int, queries0: int, finish_updates: list[int]) -> None:
-        """The steps' rows as StepBook.record_schedule / record_update write them (counts after each
-        schedule; the update completes a row: sync its own, async the previous step's), the
-        in-flight step's row completed by update 0, and the progress callback at the updates it
-        runs at (the requests done by then: finish_updates, ascending, are the run's finishes)."""
-        engine, ns = self.engine, self.num_spec_tokens
-        book = engine.book
-        steps = book.metrics.steps
-        k = plan.num_steps
-        running_end, waiting = engine.scheduler.get_request_counts()
-        usages = self.runs.usages_at(free_after)
-        base = book.num_steps
-        # step j's batch: the requests scheduled more than j times; running at j: those not stopped before j
-        sizes = _num_above(sorted(plan.steps_each), k, 0)
-        running = _num_above(finish_updates, k, -1)
-        running = [running_end + n for n in running]
-        zeros = [0] * k
-        # update j completes one row: async, the step before j (the in-flight step's at update 0,
-        # this run's last row still to come); sync, its own
-        if in_flight:
-            steps.set_update(in_flight[0][4], upd_t[0], hits0, queries0)
-            durations = [upd_t[j + 1] - sched_t[j] for j in range(k - 1)]
-            hits, queries = zeros, zeros
-        else:
-            durations = [upd_t[j] - sched_t[j] for j in range(k)]
-            hits, queries = [hits0, *zeros[1:]], [queries0, *zeros[1:]]
-        decode = [n * (1 + ns) for n in sizes]
-        prefill: list[int] | None = None
-        if plan.join is not None:  # step 0 computes the joiner's prompt past its hit
-            decode[0] -= 1 + ns
-            prefill = [0] * k
-            prefill[0] = plan.join.num_prefill_tokens
-        steps.extend_decode_run(base, sched_t[:k], durations, gpu[:k], sizes, usages[:k], running, waiting, hits,
-                                queries, num_decode_tokens=decode, num_prefill_tokens=prefill)
-        book.prefix_hits += hits0
-        book.prefix_queries += queries0
-        if book.progress is not None:
-            done_before = book.num_done - len(finish_updates)
-            for j in range(k):
-                if (base + j + 1) % PROGRESS_EVERY_STEPS == 0:  # update j runs after schedule j
-                    book.progress(upd_t[j], done_before + bisect_right(finish_updates, j))
-
-    def _token_times(self, plan: SpecRunPlan, upd_t: list[float]) -> None:
-        """Each update's tokens at its time (MetricsRecorder.on_step_outputs, update by update; a
-        request's last update brings its tokens up to max_tokens only)."""
-        records = self.engine.book.metrics.requests
-        k = plan.num_steps
-        # Every token's time as the float object upd_t holds (a reference appended, no float boxed
-        # per token), converted in one struct call a run (array's own conversion parses each item
-        # as a format argument); each request's then one slice concatenated, as on_decode_run.
-        at = cast("list[object]", upd_t)
-        times: list[object] = []
-        ends: list[int] = []
-        for r, g, f in zip(plan.batch, plan.gains, plan.finish_at):
-            rec = records[r.request_id]
-            start = len(times)
-            for j in range(k if f is None else f):
-                t = at[j]
-                for _token in range(g[j]):
-                    times.append(t)
-            if f is not None:  # its last update brings its tokens up to max_tokens only
-                times += [at[f]] * (r.num_output_tokens - len(rec.token_times_s) - (len(times) - start))
-            ends.append(len(times))
-            if rec.first_token_s is None:  # (a joiner's first token comes with update 1)
-                rec.first_token_s = upd_t[0] if g[0] else upd_t[1]
-        packed = array("d")
-        packed.frombytes(struct.pack(f"{len(times)}d", *times))
-        start = 0
-        for r, end in zip(plan.batch, ends):
-            records[r.request_id].token_times_s += packed[start:end]
-            start = end
-
 
 def _positions(plan: SpecRunPlan, accepted: list[list[int]], drawn: tuple[list[int], list[int]],
                in_tail: set[int]) -> tuple[list[list[int]], list[int]]:
@@ -537,17 +453,6 @@ def _positions(plan: SpecRunPlan, accepted: list[list[int]], drawn: tuple[list[i
         pos.reverse()
         positions.append(pos)
     return positions, sampled
-
-
-def _num_above(ascending: list[int], k: int, below: int) -> list[int]:
-    """For each j < k, how many of `ascending` exceed j + below (a walk: no bisect call a step)."""
-    n, p = len(ascending), 0
-    out: list[int] = []
-    for j in range(k):
-        while p < n and ascending[p] <= j + below:
-            p += 1
-        out.append(n - p)
-    return out
 
 
 def spec_planner_for(engine: Engine, sim: SimExecutor) -> tuple[SpecPlanner | None, str | None]:
